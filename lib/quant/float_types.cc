@@ -1,0 +1,8 @@
+#include "lib/quant/quant.h"
+
+namespace kiln {
+
+// Placeholder until this family lands: registers nothing.
+void RegisterFloatTypes(QuantRegistry& r, CpuLevel level) {}
+
+}  // namespace kiln

@@ -1,0 +1,73 @@
+#include "lib/quant/quant.h"
+
+#include <array>
+
+#include "lib/common/cpu_features.h"
+
+namespace kiln {
+
+const char* CpuLevelName(CpuLevel level) {
+  switch (level) {
+    case CpuLevel::kScalar:
+      return "scalar";
+    case CpuLevel::kAvx2:
+      return "avx2";
+    case CpuLevel::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+CpuLevel BestCpuLevel() {
+  const CpuFeatures& f = GetCpuFeatures();
+  if (f.HasAvx512Set()) return CpuLevel::kAvx512;
+  if (f.HasAvx2Set()) return CpuLevel::kAvx2;
+  return CpuLevel::kScalar;
+}
+
+namespace {
+
+constexpr int kLevels = 3;
+
+// One registry per level; level L starts as a copy of level L-1, then the families overwrite
+// the slots they accelerate at L.
+std::array<QuantRegistry, kLevels> BuildRegistries() {
+  std::array<QuantRegistry, kLevels> regs{};
+  for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
+    regs[0].kernels[t].type = static_cast<GgmlType>(t);
+  }
+  for (int l = 0; l < kLevels; ++l) {
+    if (l > 0) regs[l] = regs[l - 1];
+    QuantRegistry fresh{};
+    const CpuLevel level = static_cast<CpuLevel>(l);
+    RegisterFloatTypes(fresh, level);
+    RegisterLegacyTypes(fresh, level);
+    RegisterKQuantTypes(fresh, level);
+    for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
+      QuantKernels& dst = regs[l].kernels[t];
+      const QuantKernels& src = fresh.kernels[t];
+      if (src.quantize) dst.quantize = src.quantize;
+      if (src.dequantize) dst.dequantize = src.dequantize;
+      if (src.vec_dot) {
+        dst.vec_dot = src.vec_dot;
+        dst.vec_dot_type = src.vec_dot_type;
+      }
+    }
+  }
+  return regs;
+}
+
+}  // namespace
+
+const QuantKernels* GetQuantKernels(GgmlType type, CpuLevel level) {
+  static const std::array<QuantRegistry, kLevels> regs = BuildRegistries();
+  const int t = static_cast<int>(type);
+  if (t < 0 || t >= static_cast<int>(GgmlType::kCount)) return nullptr;
+  const int l = static_cast<int>(level) < static_cast<int>(BestCpuLevel())
+                    ? static_cast<int>(level)
+                    : static_cast<int>(BestCpuLevel());
+  const QuantKernels& k = regs[l].kernels[t];
+  return k.IsSupported() ? &k : nullptr;
+}
+
+}  // namespace kiln

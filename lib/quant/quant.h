@@ -1,0 +1,57 @@
+// Tensor element types kiln computes with: reference quantizers, row dequantizers and the dot
+// product of one weight row with one activation row, per CPU level.
+//
+// Every weight type W has an activation ("vec dot") type A: activations are quantized to A once
+// per row, then dot(W row, A row) runs in integer or float SIMD. E.g. Q4_0 -> Q8_0,
+// Q4_1 -> Q8_1, K-quants -> Q8_K, F32 -> F32.
+//
+// Contract of every function: n is a multiple of the type's block size; pointers are valid for
+// the row's bytes; no alignment is required. Thread-safe (pure functions).
+#pragma once
+
+#include <cstdint>
+
+#include "lib/common/ggml_type.h"
+
+namespace kiln {
+
+enum class CpuLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* CpuLevelName(CpuLevel level);
+
+// Highest level this CPU supports (honours KILN_CPU_LEVEL, see cpu_features.h).
+CpuLevel BestCpuLevel();
+
+// x: n floats -> y: n/block_size blocks of the type.
+using QuantizeRowFn = void (*)(const float* x, void* y, int64_t n);
+// x: n/block_size blocks -> y: n floats.
+using DequantizeRowFn = void (*)(const void* x, float* y, int64_t n);
+// Sum over n elements of w[i] * a[i]; w is a row of the weight type, a a row of vec_dot_type.
+using VecDotFn = float (*)(int64_t n, const void* w, const void* a);
+
+struct QuantKernels {
+  GgmlType type;
+  QuantizeRowFn quantize = nullptr;      // reference quantizer (deterministic)
+  DequantizeRowFn dequantize = nullptr;  // exact block decode
+  GgmlType vec_dot_type = GgmlType::kF32;
+  VecDotFn vec_dot = nullptr;
+  bool IsSupported() const { return quantize && dequantize && vec_dot; }
+};
+
+// Kernels of `type` at `level` (falling back to lower levels where a type has no faster path),
+// or nullptr when kiln cannot compute with the type. The returned table lives forever.
+const QuantKernels* GetQuantKernels(GgmlType type, CpuLevel level);
+inline const QuantKernels* GetQuantKernels(GgmlType type) {
+  return GetQuantKernels(type, BestCpuLevel());
+}
+
+// --- Registration hooks, one per family; each fills the slots of its types for one level.
+// Leaving a slot null at a level means "use the next lower level's function".
+struct QuantRegistry {
+  QuantKernels kernels[static_cast<int>(GgmlType::kCount)];
+  QuantKernels& operator[](GgmlType t) { return kernels[static_cast<int>(t)]; }
+};
+void RegisterFloatTypes(QuantRegistry& r, CpuLevel level);   // F32, F16, BF16   (lib/quant/float_types.cc)
+void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level);  // Q4_0..Q8_1       (lib/quant/legacy.cc)
+void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level);  // Q2_K..Q6_K, Q8_K (lib/quant/kquants.cc)
+
+}  // namespace kiln

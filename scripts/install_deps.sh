@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing kiln needs on Debian 12. Idempotent: apt runs only when a
+# package is missing.
+set -euo pipefail
+
+packages=(build-essential cmake pkg-config git python3 python3-pip
+          libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
+          clang libclang-rt-14-dev clang-format)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

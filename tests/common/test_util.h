@@ -1,0 +1,19 @@
+// Helpers shared by the tests: where the default model and test data live.
+#pragma once
+
+#include <string>
+
+namespace kiln::testing {
+
+// Path of the default model (SmolLM2-135M-Instruct Q4_1), fetched by scripts/fetch_model.sh into
+// $KILN_MODEL_DIR (default ~/.cache/kiln). Fails the calling test (ADD_FAILURE) and returns ""
+// when it is missing: the README's test command fetches it first, so absence is a setup bug.
+std::string DefaultModelPath();
+
+// Absolute path of a file in the source tree, e.g. SourcePath("tests/data/x.txt").
+std::string SourcePath(const std::string& relative);
+
+// A fresh empty directory for the calling test (removed at process exit is not guaranteed).
+std::string TempDir();
+
+}  // namespace kiln::testing
