@@ -1,6 +1,7 @@
 #include "lib/sample/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -41,10 +42,38 @@ int64_t FirstBadLogit(std::span<const float> v) {
   return -1;
 }
 
-float MaxLogit(std::span<const float> v) {
+// Maximum of a block with 8 independent lanes so the compiler can use packed max (a plain
+// reduction `m = max(m, x)` is not vectorized without -ffast-math). No NaN here (validated).
+float BlockMax(const float* v, size_t n) {
+  float lanes[8] = {-kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] = v[i + j] > lanes[j] ? v[i + j] : lanes[j];
+  }
   float m = -kInf;
-  for (float x : v) m = x > m ? x : m;
+  for (float x : lanes) m = x > m ? x : m;
+  for (; i < n; ++i) m = v[i] > m ? v[i] : m;
   return m;
+}
+
+float MaxLogit(std::span<const float> v) { return BlockMax(v.data(), v.size()); }
+
+// Index of the maximum, lowest index on ties: block maxima in one vectorized pass, then a scan of
+// the first block holding the maximum.
+size_t ArgMax(std::span<const float> v) {
+  constexpr size_t kBlock = 1024;
+  float best = -kInf;
+  size_t best_block = 0;
+  for (size_t begin = 0; begin < v.size(); begin += kBlock) {
+    const float m = BlockMax(v.data() + begin, std::min(kBlock, v.size() - begin));
+    if (m > best) {
+      best = m;
+      best_block = begin;
+    }
+  }
+  size_t i = best_block;
+  while (i + 1 < v.size() && v[i] != best) ++i;
+  return i;
 }
 
 }  // namespace
@@ -85,6 +114,29 @@ void TopKCandidates(std::span<const float> values, size_t k, std::vector<Cand>* 
     }
   }
   std::sort_heap(heap->begin(), heap->end(), Better);
+}
+
+// Sorts best first (logit desc, token asc). Large sets sort 64-bit keys (order-preserving float
+// bits inverted, then the token) instead of calling a comparator: about twice as fast.
+void SortBetterFirst(std::vector<Cand>* cands) {
+  if (cands->size() < 256) {
+    std::sort(cands->begin(), cands->end(), Better);
+    return;
+  }
+  std::vector<uint64_t> keys(cands->size());
+  for (size_t i = 0; i < cands->size(); ++i) {
+    // + 0.0f turns -0 into +0 so both zeros tie, as they do under Better().
+    const uint32_t bits = std::bit_cast<uint32_t>((*cands)[i].logit + 0.0f);
+    // Ascending order-preserving map of IEEE floats (no NaN here), then inverted for "desc".
+    const uint32_t ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    keys[i] = (static_cast<uint64_t>(~ordered) << 32) | static_cast<uint32_t>((*cands)[i].token);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t ordered = ~static_cast<uint32_t>(keys[i] >> 32);
+    const uint32_t bits = (ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered;
+    (*cands)[i] = {std::bit_cast<float>(bits), static_cast<int32_t>(keys[i] & 0xffffffffu)};
+  }
 }
 
 }  // namespace
@@ -214,7 +266,7 @@ absl::Status Sampler::CollectCandidates(std::span<const float> view, bool* trunc
       for (size_t i = 0; i < vocab; ++i) {
         const float l = view[i];
         if (l == -kInf) continue;
-        mass[BucketOf(max_logit, l)] += std::exp(static_cast<double>(l - max_logit));
+        mass[BucketOf(max_logit, l)] += std::exp(l - max_logit);  // float exp, double sum
       }
       const double z = std::accumulate(mass.begin(), mass.end(), 0.0);
       const double target = static_cast<double>(params_.top_p) * z;
@@ -232,11 +284,11 @@ absl::Status Sampler::CollectCandidates(std::span<const float> view, bool* trunc
         if (l == -kInf || l < min_logit || BucketOf(max_logit, l) > last_bucket) continue;
         cands.push_back({l, static_cast<int32_t>(i)});
       }
-      std::sort(cands.begin(), cands.end(), Better);
+      SortBetterFirst(&cands);
       // Exact nucleus: the shortest prefix with mass >= top_p * z (at least one token).
       cum = 0.0;
       for (size_t i = 0; i < cands.size(); ++i) {
-        cum += std::exp(static_cast<double>(cands[i].logit - max_logit));
+        cum += std::exp(cands[i].logit - max_logit);  // same float values as the histogram
         if (cum >= target) {
           cands.resize(i + 1);
           break;
@@ -248,7 +300,7 @@ absl::Status Sampler::CollectCandidates(std::span<const float> view, bool* trunc
         if (l == -kInf || l < min_logit) continue;
         cands.push_back({l, static_cast<int32_t>(i)});
       }
-      std::sort(cands.begin(), cands.end(), Better);
+      SortBetterFirst(&cands);
     }
     *truncated_exactly = !typical_on;
   }
@@ -354,7 +406,7 @@ void Sampler::FillLogprobs(std::span<const float> logits, Distribution* out) {
   if (params_.n_logprobs <= 0) return;
   const float max_logit = MaxLogit(logits);
   double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - max_logit));
+  for (float l : logits) sum += std::exp(l - max_logit);  // float exp, double sum
   const double log_z = max_logit + std::log(sum);
   out->raw_log_normalizer = log_z;
   std::vector<Cand> top;
@@ -387,10 +439,7 @@ absl::Status Sampler::Apply(std::span<const float> logits, std::span<const int32
   const bool greedy = params_.temperature <= 0.0f;
   if (greedy && !(params_.typical_p < 1.0f)) {
     // Every remaining truncation stage keeps the best token: plain argmax, ties -> lowest id.
-    size_t best = 0;
-    for (size_t i = 1; i < view.size(); ++i) {
-      if (view[i] > view[best]) best = i;
-    }
+    const size_t best = ArgMax(view);
     if (view[best] == -kInf) {
       return absl::FailedPreconditionError(
           "no candidate tokens: every logit is -inf after logit bias and penalties");
