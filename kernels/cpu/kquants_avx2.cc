@@ -1,0 +1,424 @@
+// K-quants, AVX2+FMA+F16C level: Q8_K quantize, row dequantize and vec_dot for Q2_K..Q6_K.
+// Compiled with -mavx2 -mfma -mf16c -ffp-contract=off (kernels/cpu/sources.cmake); chosen at
+// run time by lib/quant/kquants.cc. Every function returns exactly the bits of its scalar
+// reference (lib/quant/kquants.h): integer sums are exact, and the float steps are the same
+// operations in the same order.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "lib/quant/kquants.h"
+
+namespace kiln::kquants {
+namespace {
+
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+inline int32_t HsumI32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float F16(uint16_t h) { return _cvtsh_ss(h); }  // exact, same as Fp16ToFp32
+
+// Scale vector for one maddubs result of 32 elements = 16 int16 lanes: lanes 0..7 (elements
+// 0..15) get scale byte `lo` of `scb`, lanes 8..15 get byte `hi`; scb holds 16 signed scale
+// bytes in both 128-bit halves. [s, s] byte pairs shifted right arithmetically = sign extension.
+inline __m256i ScalePair(__m256i scb, int lo, int hi) {
+  const __m256i idx =
+      _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(lo)), _mm_set1_epi8(static_cast<char>(hi)));
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(scb, idx), 8);
+}
+
+// Q4_K/Q5_K: the 12 scale bytes -> 16 bytes [sc0..sc7, m0..m7] (same math as UnpackQ4KScales,
+// four bytes at a time).
+inline __m128i UnpackQ4KScalesVec(const uint8_t* scales) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t sc_lo = u[0] & 0x3F3F3F3F;
+  const uint32_t sc_hi = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_lo = u[1] & 0x3F3F3F3F;
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(m_lo),
+                        static_cast<int>(m_hi));
+}
+
+// Q3_K: the 12 scale bytes -> 16 signed scales s[g]-32 (same math as UnpackQ3KScales).
+inline __m128i UnpackQ3KScalesVec(const uint8_t* scales) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t s0 = (u[0] & 0x0F0F0F0F) | ((u[2] & 0x03030303) << 4);
+  const uint32_t s1 = (u[1] & 0x0F0F0F0F) | (((u[2] >> 2) & 0x03030303) << 4);
+  const uint32_t s2 = ((u[0] >> 4) & 0x0F0F0F0F) | (((u[2] >> 4) & 0x03030303) << 4);
+  const uint32_t s3 = ((u[1] >> 4) & 0x0F0F0F0F) | (((u[2] >> 6) & 0x03030303) << 4);
+  const __m128i s = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1), static_cast<int>(s2),
+                                   static_cast<int>(s3));
+  return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+// y[0..31] = dl * q - ml for 32 signed bytes q; the first 16 use (dl0, ml0), the rest (dl1, ml1).
+inline void Dequant32(float* y, __m256i q, float dl0, float ml0, float dl1, float ml1) {
+  const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+  const float dl[2] = {dl0, dl1}, ml[2] = {ml0, ml1};
+  for (int h = 0; h < 2; ++h) {
+    const __m256 vd = _mm256_set1_ps(dl[h]), vm = _mm256_set1_ps(ml[h]);
+    const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
+    const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
+    _mm256_storeu_ps(y + 16 * h, _mm256_sub_ps(_mm256_mul_ps(vd, f0), vm));
+    _mm256_storeu_ps(y + 16 * h + 8, _mm256_sub_ps(_mm256_mul_ps(vd, f1), vm));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Q8_K
+
+void QuantizeRowQ8KAvx2(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8K*>(vy);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {  // x: [256] per block
+    BlockQ8K& b = y[i];
+    __m256 vmax = _mm256_setzero_ps();
+    for (int e = 0; e < kQK; e += 8) {
+      // Operand order: a NaN element leaves vmax unchanged (scalar: `ax > amax` is false).
+      vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + e), abs_mask), vmax);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float amax = _mm_cvtss_f32(m4);
+    float max = 0.0f;
+    const __m256 vamax = _mm256_set1_ps(amax);
+    for (int e = 0; e < kQK; e += 8) {  // the first element with |x| == amax, as in the scalar
+      const int hits = _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + e), abs_mask), vamax, _CMP_EQ_OQ));
+      if (hits) {
+        max = x[e + __builtin_ctz(static_cast<unsigned>(hits))];
+        break;
+      }
+    }
+    const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
+    if (!(amax > 0.0f) || !std::isfinite(iscale)) {
+      b.d = 0.0f;
+      std::memset(b.qs, 0, sizeof(b.qs));
+      std::memset(b.bsums, 0, sizeof(b.bsums));
+      continue;
+    }
+    const __m256 vis = _mm256_set1_ps(iscale);
+    const __m256i v127 = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256i quads[8];  // per 32 elements: 8 sums of 4 consecutive qs
+    for (int e = 0; e < kQK; e += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        __m256 v = _mm256_mul_ps(vis, _mm256_loadu_ps(x + e + 8 * k));
+        v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));                  // NaN -> 0
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // half to even
+        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(v), v127);
+      }
+      const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
+      const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i q8 =
+          _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), order);  // back in order
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.qs + e), q8);
+      quads[e / 32] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
+    }
+    for (int h = 0; h < 2; ++h) {  // groups 8h..8h+7 from quads[4h..4h+3]
+      const __m256i ab = _mm256_hadd_epi32(quads[4 * h], quads[4 * h + 1]);
+      const __m256i cd = _mm256_hadd_epi32(quads[4 * h + 2], quads[4 * h + 3]);
+      // [g0 g2 g4 g6 | g1 g3 g5 g7] -> g0..g7
+      const __m256i g = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ab, cd), order);
+      const __m128i g16 =
+          _mm_packs_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.bsums + 8 * h), g16);
+    }
+    b.d = 1.0f / iscale;
+  }
+}
+
+float VecDotQ8KAvx2(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ8K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    __m256i s = _mm256_setzero_si256();
+    for (int e = 0; e < kQK; e += 16) {
+      const __m256i wq = _mm256_cvtepi8_epi16(Load128(w[i].qs + e));
+      const __m256i aq = _mm256_cvtepi8_epi16(Load128(a[i].qs + e));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(wq, aq));
+    }
+    acc = AccumulateSuperBlock(acc, w[i].d * a[i].d, HsumI32(s), 0.0f, 0);
+  }
+  return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// vec_dot. Per super-block: maddubs(unsigned weight codes, signed activations) -> int16 pair
+// sums (no saturation: codes <= 63), madd with the sub-block scales -> int32 lanes, horizontal
+// sum -> the exact isum/msum of kquants.h, then AccumulateSuperBlock.
+
+float VecDotQ2KAvx2(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ2K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ2K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i sc8 = Load128(b.scales);
+    const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+    const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+    const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
+    const __m256i scb = _mm256_broadcastsi128_si256(scales);
+    __m256i isum_v = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);  // 4 x 2 bits per byte
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+        const __m256i p = _mm256_maddubs_epi16(q2, Load256(y.qs + 128 * half + 32 * j));
+        const int g = 8 * half + 2 * j;
+        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+      }
+    }
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
+                               HsumI32(msum_v));
+  }
+  return acc;
+}
+
+float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ3K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(4);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ3K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i s8 = UnpackQ3KScalesVec(b.scales);  // 16 x (s-32)
+    // sum_g s_g * bs_g, subtracted 4 times (q3 = u - 4).
+    const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
+    const __m256i scb = _mm256_broadcastsi128_si256(s8);
+    __m256i hbits = Load256(b.hmask);  // bit t of each byte -> shifted to bit 0 at step t
+    __m256i isum_v = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(hbits, 2), m4);
+        hbits = _mm256_srli_epi16(hbits, 1);
+        const __m256i u = _mm256_or_si256(q2, h);  // q3 + 4, 0..7
+        const __m256i p = _mm256_maddubs_epi16(u, Load256(y.qs + 128 * half + 32 * j));
+        const int g = 8 * half + 2 * j;
+        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+      }
+    }
+    isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 2));
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), 0.0f, 0);
+  }
+  return acc;
+}
+
+template <bool kHasHighBit, typename Block>
+static inline float VecDotQ45KAvx2(int64_t n, const Block* w, const BlockQ8K* a) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const Block& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+    // msum: m_j pairs with bsums 2j and 2j+1.
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+    const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
+    const __m256i scb = _mm256_broadcastsi128_si256(scm);  // scales < 64: sign extension is fine
+    __m256i hbits;
+    if constexpr (kHasHighBit) hbits = Load256(b.qh);
+    __m256i isum_v = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
+      const __m256i q = Load256(b.qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kHasHighBit) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      const __m256i p_lo = _mm256_maddubs_epi16(lo, Load256(y.qs + 64 * c));
+      const __m256i p_hi = _mm256_maddubs_epi16(hi, Load256(y.qs + 64 * c + 32));
+      isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_lo, ScalePair(scb, 2 * c, 2 * c)));
+      isum_v =
+          _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_hi, ScalePair(scb, 2 * c + 1, 2 * c + 1)));
+    }
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
+                               HsumI32(msum_v));
+  }
+  return acc;
+}
+
+float VecDotQ4KAvx2(int64_t n, const void* w, const void* a) {
+  return VecDotQ45KAvx2<false>(n, static_cast<const BlockQ4K*>(w), static_cast<const BlockQ8K*>(a));
+}
+float VecDotQ5KAvx2(int64_t n, const void* w, const void* a) {
+  return VecDotQ45KAvx2<true>(n, static_cast<const BlockQ5K*>(w), static_cast<const BlockQ8K*>(a));
+}
+
+// Q6_K: the four 32-element quarters of a 128-element half as unsigned 6-bit codes.
+inline void Q6KQuarters(const BlockQ6K& b, int half, __m256i out[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const __m256i ql0 = Load256(b.ql + 64 * half);
+  const __m256i ql1 = Load256(b.ql + 64 * half + 32);
+  const __m256i qh = Load256(b.qh + 32 * half);
+  out[0] =
+      _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+  out[1] =
+      _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+  out[2] =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+  out[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+}
+
+float VecDotQ6KAvx2(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ6K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ6K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i s8 = Load128(b.scales);
+    const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
+    const __m256i scb = _mm256_broadcastsi128_si256(s8);
+    __m256i isum_v = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      __m256i q[4];
+      Q6KQuarters(b, half, q);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i p = _mm256_maddubs_epi16(q[k], Load256(y.qs + 128 * half + 32 * k));
+        const int g = 8 * half + 2 * k;
+        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+      }
+    }
+    isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 5));  // q6 - 32
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), 0.0f, 0);
+  }
+  return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize: SIMD bit unpacking, then dl*q - ml with dl = d*scale and ml = dmin*min computed
+// exactly as the scalar reference (x - 0.0f == x, so types without a min use ml = 0).
+
+void DequantizeRowQ2KAvx2(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ2K*>(vx);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const BlockQ2K& b = x[i];
+    const float d = F16(b.d), dmin = F16(b.dmin);
+    float dl[16], ml[16];
+    for (int g = 0; g < 16; ++g) {
+      dl[g] = d * static_cast<float>(b.scales[g] & 0xF);
+      ml[g] = dmin * static_cast<float>(b.scales[g] >> 4);
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);
+      for (int j = 0; j < 4; ++j) {
+        const int g = 8 * half + 2 * j;
+        Dequant32(y + 16 * g, _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), dl[g], ml[g],
+                  dl[g + 1], ml[g + 1]);
+      }
+    }
+  }
+}
+
+void DequantizeRowQ3KAvx2(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ3K*>(vx);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(4);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const BlockQ3K& b = x[i];
+    const float d = F16(b.d);
+    int8_t s[16];
+    UnpackQ3KScales(b.scales, s);
+    float dl[16];
+    for (int g = 0; g < 16; ++g) dl[g] = d * static_cast<float>(s[g]);
+    __m256i hbits = Load256(b.hmask);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(hbits, 2), m4);
+        hbits = _mm256_srli_epi16(hbits, 1);
+        const __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(q2, h), m4);  // -4..3
+        const int g = 8 * half + 2 * j;
+        Dequant32(y + 16 * g, q3, dl[g], 0.0f, dl[g + 1], 0.0f);
+      }
+    }
+  }
+}
+
+template <bool kHasHighBit, typename Block>
+static void DequantizeRowQ45KAvx2(const Block* x, float* y, int64_t n) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const Block& b = x[i];
+    const float d = F16(b.d), dmin = F16(b.dmin);
+    uint8_t sc[8], m[8];
+    UnpackQ4KScales(b.scales, sc, m);
+    __m256i hbits;
+    if constexpr (kHasHighBit) hbits = Load256(b.qh);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = Load256(b.qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kHasHighBit) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      const float dl0 = d * static_cast<float>(sc[2 * c]);
+      const float ml0 = dmin * static_cast<float>(m[2 * c]);
+      const float dl1 = d * static_cast<float>(sc[2 * c + 1]);
+      const float ml1 = dmin * static_cast<float>(m[2 * c + 1]);
+      Dequant32(y + 64 * c, lo, dl0, ml0, dl0, ml0);
+      Dequant32(y + 64 * c + 32, hi, dl1, ml1, dl1, ml1);
+    }
+  }
+}
+
+void DequantizeRowQ4KAvx2(const void* x, float* y, int64_t n) {
+  DequantizeRowQ45KAvx2<false>(static_cast<const BlockQ4K*>(x), y, n);
+}
+void DequantizeRowQ5KAvx2(const void* x, float* y, int64_t n) {
+  DequantizeRowQ45KAvx2<true>(static_cast<const BlockQ5K*>(x), y, n);
+}
+
+void DequantizeRowQ6KAvx2(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ6K*>(vx);
+  const __m256i v32 = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const BlockQ6K& b = x[i];
+    const float d = F16(b.d);
+    float dl[16];
+    for (int g = 0; g < 16; ++g) dl[g] = d * static_cast<float>(b.scales[g]);
+    for (int half = 0; half < 2; ++half) {
+      __m256i q[4];
+      Q6KQuarters(b, half, q);
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * half + 2 * k;
+        Dequant32(y + 16 * g, _mm256_sub_epi8(q[k], v32), dl[g], 0.0f, dl[g + 1], 0.0f);
+      }
+    }
+  }
+}
+
+}  // namespace kiln::kquants

@@ -1,0 +1,312 @@
+// K-quants, AVX-512 F/BW/VL + VNNI level: Q8_K quantize and vec_dot for Q2_K..Q6_K.
+// Compiled with the AVX-512 flag set plus -ffp-contract=off (kernels/cpu/sources.cmake); chosen
+// at run time by lib/quant/kquants.cc. Every function returns exactly the bits of its scalar
+// reference (lib/quant/kquants.h).
+//
+// Shape of every vec_dot: 64 weight codes (unsigned bytes) line up with 64 contiguous
+// activation bytes; vpmaddubsw gives 32 int16 pair sums (no saturation: codes <= 63), and
+// vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes.
+// One horizontal sum per super-block gives the exact isum of the contract.
+// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves, which trips
+// -Wmaybe-uninitialized after inlining (GCC bug 105593); the warning is a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "lib/quant/kquants.h"
+
+namespace kiln::kquants {
+namespace {
+
+inline __m512i Load512(const void* p) { return _mm512_loadu_si512(p); }
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+inline int32_t HsumI32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+inline int32_t HsumI32(__m512i v) {
+  return HsumI32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+}
+
+inline float F16(uint16_t h) { return _cvtsh_ss(h); }
+
+// [lo (32 bytes), hi (32 bytes)] as one 512-bit vector.
+inline __m512i Concat(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// vpermw index tables. Group scales (16-element groups, Q2_K/Q3_K/Q6_K): for 64 elements
+// starting at group 4t, int16 lanes 8k..8k+7 take scale 4t+k. Sub-block scales (32-element
+// sub-blocks, Q4_K/Q5_K): for 64 elements starting at sub-block 2t, lanes 0..15 take 2t and
+// lanes 16..31 take 2t+1.
+struct ScaleIndexTables {
+  alignas(64) int16_t group[4][32];
+  alignas(64) int16_t sub_block[4][32];
+  constexpr ScaleIndexTables() : group(), sub_block() {
+    for (int t = 0; t < 4; ++t) {
+      for (int l = 0; l < 32; ++l) {
+        group[t][l] = static_cast<int16_t>(4 * t + l / 8);
+        sub_block[t][l] = static_cast<int16_t>(2 * t + l / 16);
+      }
+    }
+  }
+};
+constexpr ScaleIndexTables kScaleIndex;
+
+// `s16` holds the scales as int16 in lanes 0..15; g0 is a multiple of 4, j0 of 2.
+inline __m512i GroupScales(__m512i s16, int g0) {
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kScaleIndex.group[g0 / 4]), s16);
+}
+inline __m512i SubBlockScales(__m512i s16, int j0) {
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kScaleIndex.sub_block[j0 / 2]), s16);
+}
+
+inline __m512i Dot64(__m512i acc, __m512i codes, const int8_t* act, __m512i scales) {
+  return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(codes, Load512(act)), scales);
+}
+
+// Same bit math as kquants_avx2.cc / UnpackQ4KScales: 16 bytes [sc0..7, m0..7].
+inline __m128i UnpackQ4KScalesVec(const uint8_t* scales) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t sc_lo = u[0] & 0x3F3F3F3F;
+  const uint32_t sc_hi = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_lo = u[1] & 0x3F3F3F3F;
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(m_lo),
+                        static_cast<int>(m_hi));
+}
+// UnpackQ3KScales: 16 signed scales s[g]-32.
+inline __m128i UnpackQ3KScalesVec(const uint8_t* scales) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t s0 = (u[0] & 0x0F0F0F0F) | ((u[2] & 0x03030303) << 4);
+  const uint32_t s1 = (u[1] & 0x0F0F0F0F) | (((u[2] >> 2) & 0x03030303) << 4);
+  const uint32_t s2 = ((u[0] >> 4) & 0x0F0F0F0F) | (((u[2] >> 4) & 0x03030303) << 4);
+  const uint32_t s3 = ((u[1] >> 4) & 0x0F0F0F0F) | (((u[2] >> 6) & 0x03030303) << 4);
+  const __m128i s = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1), static_cast<int>(s2),
+                                   static_cast<int>(s3));
+  return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Q8_K
+
+void QuantizeRowQ8KAvx512(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8K*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {  // x: [256] per block
+    BlockQ8K& b = y[i];
+    __m512 vmax = _mm512_setzero_ps();
+    for (int e = 0; e < kQK; e += 16) {
+      // Operand order: a NaN element leaves vmax unchanged (scalar: `ax > amax` is false).
+      vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + e)), vmax);
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    float max = 0.0f;
+    const __m512 vamax = _mm512_set1_ps(amax);
+    for (int e = 0; e < kQK; e += 16) {  // the first element with |x| == amax
+      const __mmask16 hits =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + e)), vamax, _CMP_EQ_OQ);
+      if (hits) {
+        max = x[e + __builtin_ctz(static_cast<unsigned>(hits))];
+        break;
+      }
+    }
+    const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
+    if (!(amax > 0.0f) || !std::isfinite(iscale)) {
+      b.d = 0.0f;
+      std::memset(b.qs, 0, sizeof(b.qs));
+      std::memset(b.bsums, 0, sizeof(b.bsums));
+      continue;
+    }
+    const __m512 vis = _mm512_set1_ps(iscale);
+    const __m512i v127 = _mm512_set1_epi32(127);
+    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
+    for (int g = 0; g < 16; ++g) {  // one 16-element group per iteration
+      __m512 v = _mm512_mul_ps(vis, _mm512_loadu_ps(x + 16 * g));
+      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN -> 0
+      const __m512i q32 = _mm512_min_epi32(
+          _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), v127);
+      const __m128i q8 = _mm512_cvtsepi32_epi8(q32);  // values already in -127..127
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qs + 16 * g), q8);
+      // Sum of 16 signed bytes: sum of (q + 128) as unsigned, minus 16 * 128.
+      const __m128i sad = _mm_sad_epu8(_mm_xor_si128(q8, bias), _mm_setzero_si128());
+      b.bsums[g] = static_cast<int16_t>(_mm_cvtsi128_si32(sad) + _mm_extract_epi16(sad, 4) - 2048);
+    }
+    b.d = 1.0f / iscale;
+  }
+}
+
+float VecDotQ8KAvx512(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ8K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    __m512i s = _mm512_setzero_si512();
+    for (int e = 0; e < kQK; e += 32) {
+      const __m512i wq = _mm512_cvtepi8_epi16(Load256(w[i].qs + e));
+      const __m512i aq = _mm512_cvtepi8_epi16(Load256(a[i].qs + e));
+      s = _mm512_dpwssd_epi32(s, wq, aq);
+    }
+    acc = AccumulateSuperBlock(acc, w[i].d * a[i].d, HsumI32(s), 0.0f, 0);
+  }
+  return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// vec_dot
+
+float VecDotQ2KAvx512(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ2K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const __m512i m3 = _mm512_set1_epi8(3);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ2K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i sc8 = Load128(b.scales);
+    const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+    const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+    const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
+    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scales));
+    __m512i isum_v = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);
+      const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));               // shifts 0 | 2
+      const __m512i w01 = _mm512_and_si512(qx, m3);                        // j = 0, 1
+      const __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);  // j = 2, 3
+      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+    }
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
+                               HsumI32(msum_v));
+  }
+  return acc;
+}
+
+float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ3K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i v4 = _mm512_set1_epi8(4);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ3K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i s8 = UnpackQ3KScalesVec(b.scales);
+    const __m256i s16_256 = _mm256_cvtepi8_epi16(s8);
+    const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));  // sum_g s_g * bs_g
+    const __m512i s16 = _mm512_castsi256_si512(s16_256);
+    const __m256i hm = Load256(b.hmask);
+    const __m512i hmx = Concat(hm, _mm256_srli_epi16(hm, 1));  // lanes 32..63 see bit t+1
+    __m512i isum_v = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = Load256(b.qs + 32 * half);
+      const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));
+      __m512i w01 = _mm512_and_si512(qx, m3);
+      __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);
+      const __mmask64 h01 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half)));
+      const __mmask64 h23 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half + 2)));
+      w01 = _mm512_mask_add_epi8(w01, h01, w01, v4);  // u = q3 + 4
+      w23 = _mm512_mask_add_epi8(w23, h23, w23, v4);
+      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+    }
+    const int32_t isum = HsumI32(isum_v) - 4 * HsumI32(corr);
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), isum, 0.0f, 0);
+  }
+  return acc;
+}
+
+template <bool kHasHighBit, typename Block>
+static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* a) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const Block& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+    const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
+    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scm));
+    __m512i hbx;
+    if constexpr (kHasHighBit) {
+      const __m256i hb = Load256(b.qh);
+      hbx = Concat(hb, _mm256_srli_epi16(hb, 1));  // lanes 32..63 see bit t+1
+    }
+    __m512i isum_v = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {  // chunks 2h and 2h+1 = sub-blocks 4h..4h+3
+      const __m512i q = Load512(b.qs + 64 * h);
+      const __m512i lo = _mm512_and_si512(q, m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      // Elements 128h..128h+63 = [low nibbles of bytes 0..31, high nibbles of bytes 0..31].
+      __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+      __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+      if constexpr (kHasHighBit) {
+        const __mmask64 h0 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
+        const __mmask64 h1 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h + 2)));
+        w0 = _mm512_mask_add_epi8(w0, h0, w0, v16);
+        w1 = _mm512_mask_add_epi8(w1, h1, w1, v16);
+      }
+      isum_v = Dot64(isum_v, w0, y.qs + 128 * h, SubBlockScales(s16, 4 * h));
+      isum_v = Dot64(isum_v, w1, y.qs + 128 * h + 64, SubBlockScales(s16, 4 * h + 2));
+    }
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
+                               HsumI32(msum_v));
+  }
+  return acc;
+}
+
+float VecDotQ4KAvx512(int64_t n, const void* w, const void* a) {
+  return VecDotQ45KAvx512<false>(n, static_cast<const BlockQ4K*>(w),
+                                 static_cast<const BlockQ8K*>(a));
+}
+float VecDotQ5KAvx512(int64_t n, const void* w, const void* a) {
+  return VecDotQ45KAvx512<true>(n, static_cast<const BlockQ5K*>(w),
+                                static_cast<const BlockQ8K*>(a));
+}
+
+float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ6K*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const BlockQ6K& b = w[i];
+    const BlockQ8K& y = a[i];
+    const __m256i s16_256 = _mm256_cvtepi8_epi16(Load128(b.scales));
+    const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));
+    const __m512i s16 = _mm512_castsi256_si512(s16_256);
+    __m512i isum_v = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      const __m512i ql = Load512(b.ql + 64 * half);
+      const __m256i qh = Load256(b.qh + 32 * half);
+      const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
+      // Elements 0..63 of the half: low nibbles + qh bits 0-1 | 2-3.
+      const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                          _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
+      // Elements 64..127: high nibbles + qh bits 4-5 | 6-7.
+      const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                          _mm512_and_si512(qhx, m30));
+      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+    }
+    const int32_t isum = HsumI32(isum_v) - 32 * HsumI32(corr);
+    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), isum, 0.0f, 0);
+  }
+  return acc;
+}
+
+}  // namespace kiln::kquants
