@@ -1,0 +1,361 @@
+#include "lib/kv/kv_cache.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace kiln {
+namespace {
+
+int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout,
+                                                         const KvCacheOptions& options) {
+  if ((options.num_blocks != 0) == (options.capacity_bytes != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheOptions: set exactly one of num_blocks (", options.num_blocks,
+                     ") and capacity_bytes (", options.capacity_bytes, ")"));
+  }
+  int64_t n_blocks = options.num_blocks;
+  if (options.capacity_bytes != 0) {
+    n_blocks = static_cast<int64_t>(options.capacity_bytes / layout.block_bytes());
+    if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    if (n_blocks < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvCacheOptions.capacity_bytes ", options.capacity_bytes, " holds ", n_blocks,
+          " blocks of ", layout.block_bytes(), " bytes; need at least 2 (1 + the null block)"));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
+                        BlockPool::Create(layout, static_cast<int32_t>(n_blocks)));
+  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), options));
+}
+
+KvCache::KvCache(std::unique_ptr<BlockPool> pool, const KvCacheOptions& options)
+    : pool_(std::move(pool)),
+      block_size_(pool_->layout().block_size()),
+      prefix_caching_(options.enable_prefix_caching),
+      hash_seed_(options.hash_seed),
+      fill_scratch_(pool_->num_blocks(), 0) {}
+
+absl::StatusOr<KvCache::Sequence*> KvCache::Find(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache: unknown sequence id ", seq));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<const KvCache::Sequence*> KvCache::Find(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache: unknown sequence id ", seq));
+  }
+  return &it->second;
+}
+
+SeqId KvCache::CreateSequence(uint64_t extra_key) {
+  const SeqId id = next_seq_id_++;
+  seqs_[id].extra_key = extra_key;
+  return id;
+}
+
+BlockHash KvCache::ParentHash(const Sequence& s, size_t block_index) const {
+  return block_index == 0 ? RootBlockHash(s.extra_key, hash_seed_) : s.hashes[block_index - 1];
+}
+
+absl::StatusOr<int32_t> KvCache::AttachCachedPrefix(SeqId seq, std::span<const int32_t> tokens) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  if (!s->tokens.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KvCache::AttachCachedPrefix: sequence ", seq, " already holds ", s->tokens.size(),
+        " tokens; a prefix can only be attached to an empty sequence"));
+  }
+  ++stats_.prefix_lookups;
+  stats_.prefix_query_tokens += static_cast<int64_t>(tokens.size());
+  if (!prefix_caching_) return 0;
+  const size_t full_blocks = tokens.size() / static_cast<size_t>(block_size_);
+  BlockHash parent = RootBlockHash(s->extra_key, hash_seed_);
+  size_t i = 0;
+  for (; i < full_blocks; ++i) {
+    const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
+    const BlockHash h = ChainBlockHash(parent, s->extra_key, block_tokens);
+    const BlockId b = pool_->Lookup(h, parent, s->extra_key, block_tokens);
+    if (b == kNullBlock) break;
+    pool_->Ref(b);
+    s->table.push_back(b);
+    s->hashes.push_back(h);
+    parent = h;
+  }
+  const int32_t attached = static_cast<int32_t>(i) * block_size_;
+  s->tokens.assign(tokens.begin(), tokens.begin() + attached);
+  s->n_computed = attached;
+  stats_.prefix_hit_tokens += attached;
+  return attached;
+}
+
+absl::StatusOr<int32_t> KvCache::BlocksNeededToAppend(SeqId seq, int32_t n_tokens) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  if (n_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCache::BlocksNeededToAppend: n_tokens ", n_tokens, " < 0"));
+  }
+  if (n_tokens == 0) return 0;
+  const int64_t len = static_cast<int64_t>(s->tokens.size());
+  const int32_t fresh =
+      CeilDiv(len + n_tokens, block_size_) - static_cast<int32_t>(s->table.size());
+  const bool cow = len % block_size_ != 0 && !Writable(s->table.back());
+  return fresh + (cow ? 1 : 0);
+}
+
+void KvCache::CopyOnWrite(Sequence& s, size_t i) {
+  const BlockId old_block = s.table[i];
+  const BlockId new_block = pool_->Allocate();
+  std::memcpy(pool_->data(new_block), pool_->data(old_block), layout().block_bytes());
+  s.table[i] = new_block;
+  pool_->Release(old_block);  // a hashed block with no other holder goes to the LRU, still cached
+  ++stats_.cow_copies;
+}
+
+absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
+                                  std::span<KvSlot> slots_out) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  const int32_t n = static_cast<int32_t>(token_ids.size());
+  if (!slots_out.empty() && slots_out.size() != token_ids.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCache::AppendSlots: slots_out has ", slots_out.size(), " entries for ",
+                     token_ids.size(), " tokens (pass it empty or equal)"));
+  }
+  if (token_ids.size() > static_cast<size_t>(INT32_MAX) - s->tokens.size()) {
+    return absl::InvalidArgumentError("KvCache::AppendSlots: sequence length would overflow int32");
+  }
+  if (n == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(const int32_t needed, BlocksNeededToAppend(seq, n));
+  if (needed > pool_->num_available()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache full: appending ", n, " tokens to sequence ", seq, " (length ",
+                     s->tokens.size(), ") needs ", needed, " blocks, ", pool_->num_available(),
+                     " available (", pool_->num_free(), " free, ", pool_->num_cached(),
+                     " cached); free or preempt a sequence"
+                     " and retry"));
+  }
+  // Capacity is guaranteed from here on: mutate.
+  const int32_t len = static_cast<int32_t>(s->tokens.size());
+  if (len % block_size_ != 0 && !Writable(s->table.back())) CopyOnWrite(*s, s->table.size() - 1);
+  const int32_t total_blocks = CeilDiv(static_cast<int64_t>(len) + n, block_size_);
+  while (static_cast<int32_t>(s->table.size()) < total_blocks) {
+    s->table.push_back(pool_->Allocate());
+  }
+  s->tokens.insert(s->tokens.end(), token_ids.begin(), token_ids.end());
+  if (!slots_out.empty()) {
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t pos = len + j;
+      slots_out[j] = KvSlot{s->table[pos / block_size_], pos % block_size_};
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvSlot> KvCache::PrepareOverwrite(SeqId seq, int32_t pos, int32_t token_id) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  const int32_t len = static_cast<int32_t>(s->tokens.size());
+  if (pos < s->n_computed || pos >= len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCache::PrepareOverwrite: position ", pos, " of sequence ", seq,
+                     " is outside the writable range [", s->n_computed, ", ", len,
+                     ") (computed tokens are immutable)"));
+  }
+  const size_t i = static_cast<size_t>(pos / block_size_);
+  if (!Writable(s->table[i])) {
+    if (pool_->num_available() < 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache full: overwriting position ", pos, " of sequence ", seq,
+                       " needs a copy of shared block ", s->table[i], ", no block available"));
+    }
+    CopyOnWrite(*s, i);
+  }
+  s->tokens[pos] = token_id;
+  return KvSlot{s->table[i], pos % block_size_};
+}
+
+absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  const int32_t len = static_cast<int32_t>(s->tokens.size());
+  if (n_computed < s->n_computed || n_computed > len) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache::MarkComputed: n_computed ", n_computed,
+                                                   " of sequence ", seq, " is outside [",
+                                                   s->n_computed, ", ", len, "]"));
+  }
+  s->n_computed = n_computed;
+  const size_t full = static_cast<size_t>(n_computed / block_size_);
+  std::span<const int32_t> tokens(s->tokens);
+  while (s->hashes.size() < full) {
+    const size_t i = s->hashes.size();
+    const BlockHash parent = ParentHash(*s, i);
+    const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
+    const BlockHash h = ChainBlockHash(parent, s->extra_key, block_tokens);
+    s->hashes.push_back(h);
+    const BlockId b = s->table[i];
+    // An already hashed block (attached, or shared with a fork) keeps its entry; a duplicate of a
+    // block that is already cached stays unhashed (the index keeps the first copy).
+    if (prefix_caching_ && !pool_->has_hash(b)) {
+      pool_->RegisterHash(b, h, parent, s->extra_key, block_tokens);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SeqId> KvCache::Fork(SeqId seq) {
+  KILN_ASSIGN_OR_RETURN(const Sequence* src, Find(seq));
+  Sequence copy = *src;  // copied before insertion: the insert may rehash and move *src
+  for (BlockId b : copy.table) pool_->Ref(b);
+  const SeqId id = next_seq_id_++;
+  seqs_.emplace(id, std::move(copy));
+  return id;
+}
+
+void KvCache::ReleaseTail(Sequence& s, size_t keep_blocks) {
+  // Last block first: the tail of a cached chain enters the LRU before its parents, so it is
+  // evicted first.
+  while (s.table.size() > keep_blocks) {
+    pool_->Release(s.table.back());
+    s.table.pop_back();
+  }
+}
+
+absl::Status KvCache::Truncate(SeqId seq, int32_t new_len) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  const int32_t len = static_cast<int32_t>(s->tokens.size());
+  if (new_len < 0 || new_len > len) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache::Truncate: new length ", new_len,
+                                                   " of sequence ", seq, " is outside [0, ", len,
+                                                   "]"));
+  }
+  ReleaseTail(*s, static_cast<size_t>(CeilDiv(new_len, block_size_)));
+  s->tokens.resize(new_len);
+  s->n_computed = std::min(s->n_computed, new_len);
+  s->hashes.resize(std::min(s->hashes.size(), static_cast<size_t>(s->n_computed / block_size_)));
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Free(SeqId seq) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  ReleaseTail(*s, 0);
+  seqs_.erase(seq);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> KvCache::Length(SeqId seq) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  return static_cast<int32_t>(s->tokens.size());
+}
+
+absl::StatusOr<int32_t> KvCache::NumComputed(SeqId seq) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  return s->n_computed;
+}
+
+absl::StatusOr<std::span<const BlockId>> KvCache::BlockTable(SeqId seq) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  return std::span<const BlockId>(s->table);
+}
+
+absl::StatusOr<std::span<const int32_t>> KvCache::Tokens(SeqId seq) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  return std::span<const int32_t>(s->tokens);
+}
+
+absl::StatusOr<KvSlot> KvCache::SlotOf(SeqId seq, int32_t pos) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  if (pos < 0 || pos >= static_cast<int32_t>(s->tokens.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache::SlotOf: position ", pos,
+                                                   " of sequence ", seq, " is outside [0, ",
+                                                   s->tokens.size(), ")"));
+  }
+  return KvSlot{s->table[pos / block_size_], pos % block_size_};
+}
+
+absl::Status KvCache::BuildTables(std::span<const SeqId> seqs, KvTables* out) const {
+  out->indptr.clear();
+  out->indices.clear();
+  out->last_page_len.clear();
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    if (!seqs_.contains(seqs[j])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvCache::BuildTables: seqs[", j, "] = ", seqs[j], " is not a sequence"));
+    }
+  }
+  out->indptr.push_back(0);
+  for (SeqId id : seqs) {
+    const Sequence& s = seqs_.find(id)->second;
+    out->indices.insert(out->indices.end(), s.table.begin(), s.table.end());
+    out->indptr.push_back(static_cast<int32_t>(out->indices.size()));
+    const int32_t len = static_cast<int32_t>(s.tokens.size());
+    out->last_page_len.push_back(
+        len == 0 ? 0 : len - (static_cast<int32_t>(s.table.size()) - 1) * block_size_);
+  }
+  return absl::OkStatus();
+}
+
+KvCacheCounters KvCache::Counters() const {
+  KvCacheCounters c = stats_;
+  c.evictions = pool_->evictions();
+  c.blocks_total = pool_->num_usable();
+  c.blocks_free = pool_->num_free();
+  c.blocks_cached = pool_->num_cached();
+  c.blocks_used = pool_->num_used();
+  c.num_sequences = static_cast<int32_t>(seqs_.size());
+  c.bytes_per_token = layout().bytes_per_token();
+  c.block_bytes = layout().block_bytes();
+  // A shared block counts once, filled up to the furthest slot any holder uses.
+  std::fill(fill_scratch_.begin(), fill_scratch_.end(), 0);
+  for (const auto& [id, s] : seqs_) {
+    const int32_t len = static_cast<int32_t>(s.tokens.size());
+    for (size_t i = 0; i < s.table.size(); ++i) {
+      const int32_t filled = std::min(block_size_, len - static_cast<int32_t>(i) * block_size_);
+      int32_t& f = fill_scratch_[s.table[i]];
+      f = std::max(f, filled);
+    }
+  }
+  for (int32_t f : fill_scratch_) c.filled_slots += f;
+  c.allocated_slots = static_cast<int64_t>(c.blocks_used) * block_size_;
+  c.utilization = c.allocated_slots == 0 ? 1.0
+                                         : static_cast<double>(c.filled_slots) /
+                                               static_cast<double>(c.allocated_slots);
+  return c;
+}
+
+absl::Status KvCache::CheckInvariants() const {
+  KILN_RETURN_IF_ERROR(pool_->CheckInvariants());
+  std::vector<int32_t> holders(pool_->num_blocks(), 0);
+  for (const auto& [id, s] : seqs_) {
+    const size_t len = s.tokens.size();
+    if (s.table.size() != (len + block_size_ - 1) / block_size_) {
+      return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " has ", len,
+                                              " tokens but ", s.table.size(), " blocks"));
+    }
+    if (s.n_computed < 0 || static_cast<size_t>(s.n_computed) > len ||
+        s.hashes.size() > static_cast<size_t>(s.n_computed / block_size_)) {
+      return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " computed ", s.n_computed,
+                                              " hashes ", s.hashes.size()));
+    }
+    for (BlockId b : s.table) {
+      if (b <= kNullBlock || b >= pool_->num_blocks()) {
+        return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " points at block ", b));
+      }
+      ++holders[b];
+    }
+  }
+  for (BlockId b = 1; b < pool_->num_blocks(); ++b) {
+    if (holders[b] != pool_->ref_count(b)) {
+      return absl::InternalError(absl::StrCat("KvCache: block ", b, " has ref count ",
+                                              pool_->ref_count(b), " but ", holders[b],
+                                              " holders"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,86 @@
+#include "lib/kv/kv_layout.h"
+
+#include <limits>
+
+namespace kiln {
+
+absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, int32_t n_kv_heads,
+                                        int32_t row_elems, int32_t kv_lora_rank, int32_t rope_dim,
+                                        GgmlType elem_type, int32_t block_size) {
+  const char* what = kind == KvAttentionKind::kGqa ? "GQA" : "MLA";
+  if (n_layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout ", what, ": n_layers must be >= 1, got ", n_layers));
+  }
+  if (n_kv_heads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout ", what, ": n_kv_heads must be >= 1, got ", n_kv_heads));
+  }
+  if (row_elems < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout ", what,
+                     ": row width (head_dim or kv_lora_rank + rope_dim) must "
+                     "be >= 1, got ",
+                     row_elems));
+  }
+  if (block_size < 1 || block_size > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout ", what, ": block_size must be in [1, 4096], got ", block_size));
+  }
+  size_t elem_bytes = 0;
+  switch (elem_type) {
+    case GgmlType::kF32:
+      elem_bytes = 4;
+      break;
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      elem_bytes = 2;
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          "KvLayout ", what, ": element type ", GgmlTypeName(static_cast<uint32_t>(elem_type)),
+          " is not supported for the KV cache yet (f32, f16, bf16 are)"));
+  }
+  KvLayout layout;
+  layout.kind_ = kind;
+  layout.n_layers_ = n_layers;
+  layout.n_kv_heads_ = n_kv_heads;
+  layout.row_elems_ = row_elems;
+  layout.kv_lora_rank_ = kv_lora_rank;
+  layout.rope_dim_ = rope_dim;
+  layout.block_size_ = block_size;
+  layout.elem_type_ = elem_type;
+  layout.elem_bytes_ = elem_bytes;
+  // Overflow guard: all factors are < 2^31, so the product of the data size is computed in
+  // long double first to refuse absurd shapes instead of wrapping.
+  const long double data_bytes = static_cast<long double>(row_elems) * elem_bytes * block_size *
+                                 n_layers * layout.tiles_per_layer();
+  if (data_bytes > static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvLayout ", what, ": block of ", static_cast<double>(data_bytes), " bytes is too large"));
+  }
+  const size_t data = layout.block_data_bytes();
+  layout.block_bytes_ = (data + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment;
+  return layout;
+}
+
+absl::StatusOr<KvLayout> KvLayout::Gqa(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                       GgmlType elem_type, int32_t block_size) {
+  return Make(KvAttentionKind::kGqa, n_layers, n_kv_heads, head_dim, 0, 0, elem_type, block_size);
+}
+
+absl::StatusOr<KvLayout> KvLayout::Mla(int32_t n_layers, int32_t kv_lora_rank, int32_t rope_dim,
+                                       GgmlType elem_type, int32_t block_size) {
+  if (kv_lora_rank < 1 || rope_dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout MLA: kv_lora_rank and rope_dim must be >= 1, got ", kv_lora_rank,
+                     " and ", rope_dim));
+  }
+  if (static_cast<int64_t>(kv_lora_rank) + rope_dim > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError("KvLayout MLA: kv_lora_rank + rope_dim overflows int32");
+  }
+  return Make(KvAttentionKind::kMla, n_layers, 1, kv_lora_rank + rope_dim, kv_lora_rank, rope_dim,
+              elem_type, block_size);
+}
+
+}  // namespace kiln

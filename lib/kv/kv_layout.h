@@ -1,0 +1,151 @@
+// Byte layout of one physical KV-cache block, chosen by the model's attention type.
+//
+// A block holds `block_size` consecutive token slots of one sequence for every layer. Each block
+// is one contiguous region of `block_bytes()` bytes inside the pool's single allocation, so a
+// copy-on-write is one memcpy. Inside a block the data is a list of tiles; a tile is
+// [block_size, row_elems] elements of `elem_type`, row-major (one row per token slot):
+//
+//   GQA/MHA/MQA:  block = [n_layers][2 (K, V)][n_kv_heads] tiles of [block_size, head_dim]
+//   MLA:          block = [n_layers] tiles of [block_size, kv_lora_rank + rope_dim]
+//                 (per row: the compressed latent c_kv first, then the decoupled RoPE key k_r)
+//
+// One KV head's keys for a block are one contiguous tile, so an attention kernel reads each tile
+// once for all query heads of its group. Tiles are packed without padding; the block stride is
+// rounded up to 64 bytes so every block starts on a cache line.
+//
+// Element types: f32, f16, bf16. Quantized rows (q8_0: 34 bytes per 32 elements; fp8 with a
+// scale per tile) fit the same scheme later: only `row_bytes()` and a per-tile scale area change,
+// and Create() rejects them with Unimplemented until a kernel reads them.
+//
+// Thread-safety: immutable after creation; free to share between threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "lib/common/ggml_type.h"
+#include "lib/common/half.h"
+#include "lib/common/status.h"
+
+namespace kiln {
+
+enum class KvAttentionKind : uint8_t {
+  kGqa,  // separate K and V per KV head (MHA: n_kv_heads == n_heads, MQA: n_kv_heads == 1)
+  kMla,  // one latent row (kv_lora_rank + rope_dim) per token per layer
+};
+
+class KvLayout {
+ public:
+  static constexpr int32_t kDefaultBlockSize = 16;
+  static constexpr size_t kBlockAlignment = 64;
+
+  // MHA/GQA/MQA. Requires every count >= 1 and elem_type in {f32, f16, bf16}.
+  static absl::StatusOr<KvLayout> Gqa(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                      GgmlType elem_type, int32_t block_size = kDefaultBlockSize);
+  // MLA (DeepSeek-V2 style). kv_lora_rank = d_c, rope_dim = d_r; both >= 1.
+  static absl::StatusOr<KvLayout> Mla(int32_t n_layers, int32_t kv_lora_rank, int32_t rope_dim,
+                                      GgmlType elem_type, int32_t block_size = kDefaultBlockSize);
+
+  KvAttentionKind kind() const { return kind_; }
+  int32_t n_layers() const { return n_layers_; }
+  // GQA: KV heads per layer. MLA: 1 (one latent "head").
+  int32_t n_kv_heads() const { return n_kv_heads_; }
+  // Elements per token row of one tile: GQA head_dim, MLA kv_lora_rank + rope_dim.
+  int32_t row_elems() const { return row_elems_; }
+  int32_t head_dim() const { return row_elems_; }
+  int32_t kv_lora_rank() const { return kv_lora_rank_; }  // 0 for GQA
+  int32_t rope_dim() const { return rope_dim_; }          // 0 for GQA
+  int32_t block_size() const { return block_size_; }      // token slots per block
+  GgmlType elem_type() const { return elem_type_; }
+  size_t elem_bytes() const { return elem_bytes_; }
+  // Tiles per layer: 2 * n_kv_heads (GQA) or 1 (MLA).
+  int32_t tiles_per_layer() const { return kind_ == KvAttentionKind::kGqa ? 2 * n_kv_heads_ : 1; }
+
+  size_t row_bytes() const { return static_cast<size_t>(row_elems_) * elem_bytes_; }
+  size_t tile_bytes() const { return row_bytes() * static_cast<size_t>(block_size_); }
+  // Bytes of real data in one block, and the block stride (rounded up to kBlockAlignment).
+  size_t block_data_bytes() const {
+    return tile_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
+  }
+  size_t block_bytes() const { return block_bytes_; }
+  // K/V bytes one token occupies: 2·layers·kv_heads·head_dim·bytes (GQA) or
+  // layers·(d_c + d_r)·bytes (MLA). Excludes the block padding.
+  size_t bytes_per_token() const {
+    return row_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
+  }
+
+  // Byte offsets of tiles inside a block. Preconditions (checked only by assert): GQA layout for
+  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads.
+  size_t KeyTileOffset(int32_t layer, int32_t kv_head) const {
+    return TileIndex(layer, 0, kv_head) * tile_bytes();
+  }
+  size_t ValueTileOffset(int32_t layer, int32_t kv_head) const {
+    return TileIndex(layer, 1, kv_head) * tile_bytes();
+  }
+  size_t LatentTileOffset(int32_t layer) const { return static_cast<size_t>(layer) * tile_bytes(); }
+
+ private:
+  KvLayout() = default;
+  static absl::StatusOr<KvLayout> Make(KvAttentionKind kind, int32_t n_layers, int32_t n_kv_heads,
+                                       int32_t row_elems, int32_t kv_lora_rank, int32_t rope_dim,
+                                       GgmlType elem_type, int32_t block_size);
+  size_t TileIndex(int32_t layer, int32_t k_or_v, int32_t kv_head) const {
+    return (static_cast<size_t>(layer) * 2 + static_cast<size_t>(k_or_v)) *
+               static_cast<size_t>(n_kv_heads_) +
+           static_cast<size_t>(kv_head);
+  }
+
+  KvAttentionKind kind_ = KvAttentionKind::kGqa;
+  int32_t n_layers_ = 0;
+  int32_t n_kv_heads_ = 0;
+  int32_t row_elems_ = 0;
+  int32_t kv_lora_rank_ = 0;
+  int32_t rope_dim_ = 0;
+  int32_t block_size_ = 0;
+  GgmlType elem_type_ = GgmlType::kF32;
+  size_t elem_bytes_ = 0;
+  size_t block_bytes_ = 0;
+};
+
+// Element access for the plain KV element types (f32, f16, bf16): element `i` of a row or tile
+// starting at `base`. Conversions are exact on load; stores round to nearest even.
+inline float LoadKvElement(GgmlType type, const std::byte* base, size_t i) {
+  switch (type) {
+    case GgmlType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, base + 2 * i, 2);
+      return Fp16ToFp32(h);
+    }
+    case GgmlType::kBF16: {
+      uint16_t b;
+      std::memcpy(&b, base + 2 * i, 2);
+      return Bf16ToFp32(b);
+    }
+    default: {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+  }
+}
+
+inline void StoreKvElement(GgmlType type, std::byte* base, size_t i, float value) {
+  switch (type) {
+    case GgmlType::kF16: {
+      const uint16_t h = Fp32ToFp16(value);
+      std::memcpy(base + 2 * i, &h, 2);
+      return;
+    }
+    case GgmlType::kBF16: {
+      const uint16_t b = Fp32ToBf16(value);
+      std::memcpy(base + 2 * i, &b, 2);
+      return;
+    }
+    default:
+      std::memcpy(base + 4 * i, &value, 4);
+      return;
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,140 @@
+// KvLayout geometry for GQA and MLA, bytes per token, element access, and tile addressing through
+// a real cache.
+#include "lib/kv/kv_layout.h"
+
+#include <gtest/gtest.h>
+
+#include "lib/kv/kv_cache.h"
+
+namespace kiln {
+namespace {
+
+TEST(KvLayoutTest, GqaBytesPerTokenIsTwoLayersHeadsDimBytes) {
+  // SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64.
+  for (auto [type, bytes] :
+       {std::pair{GgmlType::kF32, 4}, {GgmlType::kF16, 2}, {GgmlType::kBF16, 2}}) {
+    auto layout = KvLayout::Gqa(30, 3, 64, type);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(layout->kind(), KvAttentionKind::kGqa);
+    EXPECT_EQ(layout->bytes_per_token(), size_t{2} * 30 * 3 * 64 * bytes);
+    EXPECT_EQ(layout->block_size(), 16);
+    EXPECT_EQ(layout->tile_bytes(), size_t{16} * 64 * bytes);
+    EXPECT_EQ(layout->block_data_bytes(), layout->bytes_per_token() * 16);
+    EXPECT_EQ(layout->block_bytes() % KvLayout::kBlockAlignment, 0u);
+    EXPECT_GE(layout->block_bytes(), layout->block_data_bytes());
+  }
+}
+
+TEST(KvLayoutTest, MlaBytesPerTokenIsLayersTimesLatentPlusRope) {
+  // DeepSeek-V2-Lite: 27 layers, d_c = 512, d_r = 64.
+  auto layout = KvLayout::Mla(27, 512, 64, GgmlType::kBF16);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->kind(), KvAttentionKind::kMla);
+  EXPECT_EQ(layout->bytes_per_token(), size_t{27} * (512 + 64) * 2);
+  EXPECT_EQ(layout->row_elems(), 576);
+  EXPECT_EQ(layout->kv_lora_rank(), 512);
+  EXPECT_EQ(layout->rope_dim(), 64);
+  EXPECT_EQ(layout->tiles_per_layer(), 1);
+  EXPECT_EQ(layout->LatentTileOffset(3), size_t{3} * 16 * 576 * 2);
+}
+
+TEST(KvLayoutTest, GqaTileOffsetsFollowLayerKvHeadOrder) {
+  // [layer][K|V][kv_head][block_size][head_dim], block_size 8, head_dim 4, f16: tile = 64 bytes.
+  auto layout = KvLayout::Gqa(2, 3, 4, GgmlType::kF16, 8);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->tile_bytes(), 64u);
+  EXPECT_EQ(layout->KeyTileOffset(0, 0), 0u);
+  EXPECT_EQ(layout->KeyTileOffset(0, 2), 128u);
+  EXPECT_EQ(layout->ValueTileOffset(0, 0), 192u);
+  EXPECT_EQ(layout->ValueTileOffset(0, 2), 320u);
+  EXPECT_EQ(layout->KeyTileOffset(1, 0), 384u);
+  EXPECT_EQ(layout->ValueTileOffset(1, 2), 704u);
+  EXPECT_EQ(layout->block_data_bytes(), 768u);
+  EXPECT_EQ(layout->block_bytes(), 768u);
+  // A 100-byte block is padded to 128.
+  auto odd = KvLayout::Gqa(1, 1, 5, GgmlType::kF16, 5);  // 2 tiles of 50 bytes
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->block_data_bytes(), 100u);
+  EXPECT_EQ(odd->block_bytes(), 128u);
+}
+
+TEST(KvLayoutTest, RejectsBadShapesAndUnsupportedTypes) {
+  EXPECT_EQ(KvLayout::Gqa(0, 1, 64, GgmlType::kF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvLayout::Gqa(1, 0, 64, GgmlType::kF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvLayout::Gqa(1, 1, 0, GgmlType::kF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvLayout::Gqa(1, 1, 64, GgmlType::kF16, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvLayout::Mla(1, 0, 64, GgmlType::kF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvLayout::Mla(1, 512, 0, GgmlType::kF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto q8 = KvLayout::Gqa(1, 1, 64, GgmlType::kQ8_0);
+  EXPECT_EQ(q8.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(q8.status().message().find("q8_0"), std::string_view::npos) << q8.status();
+}
+
+TEST(KvLayoutTest, ElementStoreLoadRoundTrips) {
+  std::byte buf[16] = {};
+  StoreKvElement(GgmlType::kF32, buf, 1, 3.14159f);
+  EXPECT_EQ(LoadKvElement(GgmlType::kF32, buf, 1), 3.14159f);
+  StoreKvElement(GgmlType::kF16, buf, 3, 1.5f);
+  EXPECT_EQ(LoadKvElement(GgmlType::kF16, buf, 3), 1.5f);
+  StoreKvElement(GgmlType::kF16, buf, 2, 1.0f / 3.0f);
+  EXPECT_NEAR(LoadKvElement(GgmlType::kF16, buf, 2), 1.0f / 3.0f, 1e-3f);
+  StoreKvElement(GgmlType::kBF16, buf, 0, -2.5f);
+  EXPECT_EQ(LoadKvElement(GgmlType::kBF16, buf, 0), -2.5f);
+  EXPECT_EQ(LoadKvElement(GgmlType::kF16, buf, 3), 1.5f);  // neighbours untouched
+}
+
+TEST(KvLayoutTest, CachePointersAddressDisjointTiles) {
+  auto layout = KvLayout::Gqa(2, 2, 4, GgmlType::kF32, 4);
+  ASSERT_TRUE(layout.ok());
+  auto cache = KvCache::Create(*layout, {.num_blocks = 4});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  KvCache& c = **cache;
+  EXPECT_EQ(c.BlockData(2) - c.BlockData(1), static_cast<ptrdiff_t>(layout->block_bytes()));
+  EXPECT_EQ(c.KeyPtr(1, 1, 1) - c.BlockData(1),
+            static_cast<ptrdiff_t>(layout->KeyTileOffset(1, 1)));
+  EXPECT_EQ(c.ValueRow(KvSlot{3, 2}, 0, 1) - c.BlockData(3),
+            static_cast<ptrdiff_t>(layout->ValueTileOffset(0, 1) + 2 * 4 * 4));
+  // Every (layer, K|V, head, slot, dim) element has its own address inside the block.
+  std::vector<int> seen(layout->block_bytes() / 4, 0);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 4; ++s) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const std::byte* row =
+              kv == 0 ? c.KeyRow(KvSlot{1, s}, l, h) : c.ValueRow(KvSlot{1, s}, l, h);
+          for (int d = 0; d < 4; ++d) ++seen[(row - c.BlockData(1)) / 4 + d];
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "element " << i;
+
+  auto mla = KvLayout::Mla(3, 6, 2, GgmlType::kBF16, 4);
+  ASSERT_TRUE(mla.ok());
+  auto mcache = KvCache::Create(*mla, {.num_blocks = 3});
+  ASSERT_TRUE(mcache.ok());
+  EXPECT_EQ((*mcache)->LatentRow(KvSlot{2, 3}, 2) - (*mcache)->BlockData(2),
+            static_cast<ptrdiff_t>(2 * 4 * 8 * 2 + 3 * 8 * 2));
+}
+
+TEST(KvLayoutTest, CacheSizedInBytesRoundsDownToBlocks) {
+  auto layout = KvLayout::Gqa(1, 1, 16, GgmlType::kF32, 16);  // 2 KiB blocks
+  ASSERT_TRUE(layout.ok());
+  auto cache = KvCache::Create(*layout, {.capacity_bytes = 10 * 2048 + 100});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ((*cache)->Counters().blocks_total, 9);  // 10 blocks, one of them the null block
+  EXPECT_EQ(KvCache::Create(*layout, {.capacity_bytes = 2048}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvCache::Create(*layout, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvCache::Create(*layout, {.num_blocks = 4, .capacity_bytes = 4096}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln
