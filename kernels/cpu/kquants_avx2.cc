@@ -9,21 +9,10 @@
 #include <cstring>
 
 #include "lib/quant/kquants.h"
+#include "lib/quant/kquants_x86.h"
 
 namespace kiln::kquants {
 namespace {
-
-inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-
-inline int32_t HsumI32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
-inline float F16(uint16_t h) { return _cvtsh_ss(h); }  // exact, same as Fp16ToFp32
 
 // Scale vector for one maddubs result of 32 elements = 16 int16 lanes: lanes 0..7 (elements
 // 0..15) get scale byte `lo` of `scb`, lanes 8..15 get byte `hi`; scb holds 16 signed scale
@@ -32,32 +21,6 @@ inline __m256i ScalePair(__m256i scb, int lo, int hi) {
   const __m256i idx =
       _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(lo)), _mm_set1_epi8(static_cast<char>(hi)));
   return _mm256_srai_epi16(_mm256_shuffle_epi8(scb, idx), 8);
-}
-
-// Q4_K/Q5_K: the 12 scale bytes -> 16 bytes [sc0..sc7, m0..m7] (same math as UnpackQ4KScales,
-// four bytes at a time).
-inline __m128i UnpackQ4KScalesVec(const uint8_t* scales) {
-  uint32_t u[3];
-  std::memcpy(u, scales, 12);
-  const uint32_t sc_lo = u[0] & 0x3F3F3F3F;
-  const uint32_t sc_hi = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-  const uint32_t m_lo = u[1] & 0x3F3F3F3F;
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-  return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(m_lo),
-                        static_cast<int>(m_hi));
-}
-
-// Q3_K: the 12 scale bytes -> 16 signed scales s[g]-32 (same math as UnpackQ3KScales).
-inline __m128i UnpackQ3KScalesVec(const uint8_t* scales) {
-  uint32_t u[3];
-  std::memcpy(u, scales, 12);
-  const uint32_t s0 = (u[0] & 0x0F0F0F0F) | ((u[2] & 0x03030303) << 4);
-  const uint32_t s1 = (u[1] & 0x0F0F0F0F) | (((u[2] >> 2) & 0x03030303) << 4);
-  const uint32_t s2 = ((u[0] >> 4) & 0x0F0F0F0F) | (((u[2] >> 4) & 0x03030303) << 4);
-  const uint32_t s3 = ((u[1] >> 4) & 0x0F0F0F0F) | (((u[2] >> 6) & 0x03030303) << 4);
-  const __m128i s = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1), static_cast<int>(s2),
-                                   static_cast<int>(s3));
-  return _mm_sub_epi8(s, _mm_set1_epi8(32));
 }
 
 // y[0..31] = dl * q - ml for 32 signed bytes q; the first 16 use (dl0, ml0), the rest (dl1, ml1).
@@ -146,17 +109,15 @@ void QuantizeRowQ8KAvx2(const float* x, void* vy, int64_t n) {
 float VecDotQ8KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ8K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     __m256i s = _mm256_setzero_si256();
     for (int e = 0; e < kQK; e += 16) {
       const __m256i wq = _mm256_cvtepi8_epi16(Load128(w[i].qs + e));
       const __m256i aq = _mm256_cvtepi8_epi16(Load128(a[i].qs + e));
       s = _mm256_add_epi32(s, _mm256_madd_epi16(wq, aq));
     }
-    acc = AccumulateSuperBlock(acc, w[i].d * a[i].d, HsumI32(s), 0.0f, 0);
-  }
-  return acc;
+    out = {s, _mm256_setzero_si256(), w[i].d * a[i].d, 0.0f};
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,8 +129,7 @@ float VecDotQ2KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ2K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m256i m3 = _mm256_set1_epi8(3);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ2K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i sc8 = Load128(b.scales);
@@ -187,10 +147,8 @@ float VecDotQ2KAvx2(int64_t n, const void* vw, const void* va) {
         isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
       }
     }
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
-                               HsumI32(msum_v));
-  }
-  return acc;
+    out = {isum_v, msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
+  });
 }
 
 float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
@@ -198,8 +156,7 @@ float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i m4 = _mm256_set1_epi8(4);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ3K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i s8 = UnpackQ3KScalesVec(b.scales);  // 16 x (s-32)
@@ -221,17 +178,15 @@ float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
       }
     }
     isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 2));
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), 0.0f, 0);
-  }
-  return acc;
+    out = {isum_v, _mm256_setzero_si256(), y.d * F16(b.d), 0.0f};
+  });
 }
 
 template <bool kHasHighBit, typename Block>
 static inline float VecDotQ45KAvx2(int64_t n, const Block* w, const BlockQ8K* a) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i bit4 = _mm256_set1_epi8(0x10);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const Block& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
@@ -257,10 +212,8 @@ static inline float VecDotQ45KAvx2(int64_t n, const Block* w, const BlockQ8K* a)
       isum_v =
           _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_hi, ScalePair(scb, 2 * c + 1, 2 * c + 1)));
     }
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
-                               HsumI32(msum_v));
-  }
-  return acc;
+    out = {isum_v, msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
+  });
 }
 
 float VecDotQ4KAvx2(int64_t n, const void* w, const void* a) {
@@ -290,8 +243,7 @@ inline void Q6KQuarters(const BlockQ6K& b, int half, __m256i out[4]) {
 float VecDotQ6KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ6K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ6K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i s8 = Load128(b.scales);
@@ -308,9 +260,8 @@ float VecDotQ6KAvx2(int64_t n, const void* vw, const void* va) {
       }
     }
     isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 5));  // q6 - 32
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), 0.0f, 0);
-  }
-  return acc;
+    out = {isum_v, _mm256_setzero_si256(), y.d * F16(b.d), 0.0f};
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

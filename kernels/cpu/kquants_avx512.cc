@@ -18,25 +18,17 @@
 #include <cstring>
 
 #include "lib/quant/kquants.h"
+#include "lib/quant/kquants_x86.h"
 
 namespace kiln::kquants {
 namespace {
 
 inline __m512i Load512(const void* p) { return _mm512_loadu_si512(p); }
-inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i Load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
-inline int32_t HsumI32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
+// 16 int32 lanes -> 8 lanes with the same total.
+inline __m256i Fold512(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
-inline int32_t HsumI32(__m512i v) {
-  return HsumI32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
-}
-
-inline float F16(uint16_t h) { return _cvtsh_ss(h); }
 
 // [lo (32 bytes), hi (32 bytes)] as one 512-bit vector.
 inline __m512i Concat(__m256i lo, __m256i hi) {
@@ -71,30 +63,6 @@ inline __m512i SubBlockScales(__m512i s16, int j0) {
 
 inline __m512i Dot64(__m512i acc, __m512i codes, const int8_t* act, __m512i scales) {
   return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(codes, Load512(act)), scales);
-}
-
-// Same bit math as kquants_avx2.cc / UnpackQ4KScales: 16 bytes [sc0..7, m0..7].
-inline __m128i UnpackQ4KScalesVec(const uint8_t* scales) {
-  uint32_t u[3];
-  std::memcpy(u, scales, 12);
-  const uint32_t sc_lo = u[0] & 0x3F3F3F3F;
-  const uint32_t sc_hi = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-  const uint32_t m_lo = u[1] & 0x3F3F3F3F;
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-  return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(m_lo),
-                        static_cast<int>(m_hi));
-}
-// UnpackQ3KScales: 16 signed scales s[g]-32.
-inline __m128i UnpackQ3KScalesVec(const uint8_t* scales) {
-  uint32_t u[3];
-  std::memcpy(u, scales, 12);
-  const uint32_t s0 = (u[0] & 0x0F0F0F0F) | ((u[2] & 0x03030303) << 4);
-  const uint32_t s1 = (u[1] & 0x0F0F0F0F) | (((u[2] >> 2) & 0x03030303) << 4);
-  const uint32_t s2 = ((u[0] >> 4) & 0x0F0F0F0F) | (((u[2] >> 4) & 0x03030303) << 4);
-  const uint32_t s3 = ((u[1] >> 4) & 0x0F0F0F0F) | (((u[2] >> 6) & 0x03030303) << 4);
-  const __m128i s = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1), static_cast<int>(s2),
-                                   static_cast<int>(s3));
-  return _mm_sub_epi8(s, _mm_set1_epi8(32));
 }
 
 }  // namespace
@@ -150,17 +118,15 @@ void QuantizeRowQ8KAvx512(const float* x, void* vy, int64_t n) {
 float VecDotQ8KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ8K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     __m512i s = _mm512_setzero_si512();
     for (int e = 0; e < kQK; e += 32) {
       const __m512i wq = _mm512_cvtepi8_epi16(Load256(w[i].qs + e));
       const __m512i aq = _mm512_cvtepi8_epi16(Load256(a[i].qs + e));
       s = _mm512_dpwssd_epi32(s, wq, aq);
     }
-    acc = AccumulateSuperBlock(acc, w[i].d * a[i].d, HsumI32(s), 0.0f, 0);
-  }
-  return acc;
+    out = {Fold512(s), _mm256_setzero_si256(), w[i].d * a[i].d, 0.0f};
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -170,8 +136,7 @@ float VecDotQ2KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ2K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m3 = _mm512_set1_epi8(3);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ2K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i sc8 = Load128(b.scales);
@@ -188,10 +153,8 @@ float VecDotQ2KAvx512(int64_t n, const void* vw, const void* va) {
       isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
       isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
     }
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
-                               HsumI32(msum_v));
-  }
-  return acc;
+    out = {Fold512(isum_v), msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
+  });
 }
 
 float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
@@ -199,8 +162,7 @@ float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i v4 = _mm512_set1_epi8(4);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ3K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i s8 = UnpackQ3KScalesVec(b.scales);
@@ -222,18 +184,16 @@ float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
       isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
       isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
     }
-    const int32_t isum = HsumI32(isum_v) - 4 * HsumI32(corr);
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), isum, 0.0f, 0);
-  }
-  return acc;
+    out = {_mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 2)), _mm256_setzero_si256(),
+           y.d * F16(b.d), 0.0f};
+  });
 }
 
 template <bool kHasHighBit, typename Block>
 static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* a) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i v16 = _mm512_set1_epi8(0x10);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const Block& b = w[i];
     const BlockQ8K& y = a[i];
     const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
@@ -262,10 +222,8 @@ static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* 
       isum_v = Dot64(isum_v, w0, y.qs + 128 * h, SubBlockScales(s16, 4 * h));
       isum_v = Dot64(isum_v, w1, y.qs + 128 * h + 64, SubBlockScales(s16, 4 * h + 2));
     }
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), HsumI32(isum_v), y.d * F16(b.dmin),
-                               HsumI32(msum_v));
-  }
-  return acc;
+    out = {Fold512(isum_v), msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
+  });
 }
 
 float VecDotQ4KAvx512(int64_t n, const void* w, const void* a) {
@@ -282,8 +240,7 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m30 = _mm512_set1_epi8(0x30);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
+  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
     const BlockQ6K& b = w[i];
     const BlockQ8K& y = a[i];
     const __m256i s16_256 = _mm256_cvtepi8_epi16(Load128(b.scales));
@@ -303,10 +260,9 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
       isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
       isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
     }
-    const int32_t isum = HsumI32(isum_v) - 32 * HsumI32(corr);
-    acc = AccumulateSuperBlock(acc, y.d * F16(b.d), isum, 0.0f, 0);
-  }
-  return acc;
+    out = {_mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 5)), _mm256_setzero_si256(),
+           y.d * F16(b.d), 0.0f};
+  });
 }
 
 }  // namespace kiln::kquants

@@ -79,10 +79,15 @@ static_assert(sizeof(BlockQ5K) == 176);
 static_assert(sizeof(BlockQ6K) == 210);
 static_assert(sizeof(BlockQ8K) == 292);
 
+// The helpers below are `static inline` on purpose: this header is included by translation
+// units compiled with different instruction sets (kernels/cpu/kquants_avx*.cc), and an
+// out-of-line copy of an ordinary inline function could be shared by the linker between them,
+// running AVX-512 code on a CPU without it.
+
 // Unpacks the 12 scale bytes of Q4_K/Q5_K into sc[0..7] and m[0..7] (each 0..63):
 // bytes 0-3: low 6 bits sc0..3, top 2 bits = bits 4-5 of sc4..7; bytes 4-7: same for m;
 // bytes 8-11: low nibble = bits 0-3 of sc4..7, high nibble = bits 0-3 of m4..7.
-inline void UnpackQ4KScales(const uint8_t* q, uint8_t* sc, uint8_t* m) {
+static inline void UnpackQ4KScales(const uint8_t* q, uint8_t* sc, uint8_t* m) {
   for (int j = 0; j < 4; ++j) {
     sc[j] = q[j] & 63;
     m[j] = q[j + 4] & 63;
@@ -91,7 +96,7 @@ inline void UnpackQ4KScales(const uint8_t* q, uint8_t* sc, uint8_t* m) {
   }
 }
 // Inverse of UnpackQ4KScales; sc[j], m[j] must be < 64.
-inline void PackQ4KScales(const uint8_t* sc, const uint8_t* m, uint8_t* q) {
+static inline void PackQ4KScales(const uint8_t* sc, const uint8_t* m, uint8_t* q) {
   for (int j = 0; j < 4; ++j) {
     q[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
     q[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
@@ -102,7 +107,7 @@ inline void PackQ4KScales(const uint8_t* sc, const uint8_t* m, uint8_t* q) {
 // Unpacks the 12 scale bytes of Q3_K into the signed scales s[g] - 32 (g = 0..15, -32..31).
 // For i = 0..3: s[i] = b[i]&15 | (b[8+i]&3)<<4; s[4+i] = b[4+i]&15 | ((b[8+i]>>2)&3)<<4;
 // s[8+i] = b[i]>>4 | ((b[8+i]>>4)&3)<<4; s[12+i] = b[4+i]>>4 | ((b[8+i]>>6)&3)<<4.
-inline void UnpackQ3KScales(const uint8_t* b, int8_t* s) {
+static inline void UnpackQ3KScales(const uint8_t* b, int8_t* s) {
   for (int i = 0; i < 4; ++i) {
     s[i] = static_cast<int8_t>(((b[i] & 15) | ((b[8 + i] & 3) << 4)) - 32);
     s[4 + i] = static_cast<int8_t>(((b[4 + i] & 15) | (((b[8 + i] >> 2) & 3) << 4)) - 32);
@@ -111,7 +116,7 @@ inline void UnpackQ3KScales(const uint8_t* b, int8_t* s) {
   }
 }
 // Inverse of UnpackQ3KScales; s[g] in -32..31.
-inline void PackQ3KScales(const int8_t* s, uint8_t* b) {
+static inline void PackQ3KScales(const int8_t* s, uint8_t* b) {
   for (int i = 0; i < 4; ++i) {
     const int s0 = s[i] + 32, s1 = s[4 + i] + 32, s2 = s[8 + i] + 32, s3 = s[12 + i] + 32;
     b[i] = static_cast<uint8_t>((s0 & 15) | ((s2 & 15) << 4));
@@ -122,7 +127,7 @@ inline void PackQ3KScales(const int8_t* s, uint8_t* b) {
 }
 
 // ggml's nearest_int: round half to even for |f| <= 2^22 (the magic-number trick).
-inline int NearestInt(float f) {
+static inline int NearestInt(float f) {
   const float v = f + 12582912.0f;
   const uint32_t bits = Fp32ToBits(v);
   return static_cast<int>(bits & 0x007FFFFF) - 0x00400000;
@@ -161,7 +166,8 @@ float VecDotQ6KScalar(int64_t n, const void* w, const void* a);
 float VecDotQ8KScalar(int64_t n, const void* w, const void* a);
 
 // The per-super-block float step of the contract above (kept in one place).
-inline float AccumulateSuperBlock(float acc, float d, int32_t isum, float dmin, int32_t msum) {
+static inline float AccumulateSuperBlock(float acc, float d, int32_t isum, float dmin,
+                                         int32_t msum) {
   const float t_scale = d * static_cast<float>(isum);
   const float t_min = dmin * static_cast<float>(msum);
   return acc + (t_scale - t_min);
