@@ -249,8 +249,8 @@ absl::Status GgufWriter::AddTensor(std::string_view name, uint32_t ggml_type,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint8_t>> GgufWriter::WriteToBuffer() const {
-  KILN_RETURN_IF_ERROR(status_);
+std::vector<uint8_t> GgufWriter::SerializeHeader(std::vector<uint64_t>* offsets,
+                                                 uint64_t* data_bytes) const {
   const uint64_t align = options_.alignment;
   std::vector<uint8_t> out;
   Append<uint32_t>(&out, kMagic);
@@ -263,19 +263,29 @@ absl::StatusOr<std::vector<uint8_t>> GgufWriter::WriteToBuffer() const {
     out.insert(out.end(), r.value.begin(), r.value.end());
   }
   uint64_t offset = 0;
-  std::vector<uint64_t> offsets;
-  offsets.reserve(tensors_.size());
+  offsets->clear();
+  offsets->reserve(tensors_.size());
   for (const Tensor& t : tensors_) {
     AppendString(&out, t.name);
     Append<uint32_t>(&out, static_cast<uint32_t>(t.ne.size()));
     for (uint64_t n : t.ne) Append<uint64_t>(&out, n);
     Append<uint32_t>(&out, t.type);
     Append<uint64_t>(&out, offset);
-    offsets.push_back(offset);
+    offsets->push_back(offset);
     offset = AlignUp(offset + t.bytes.size(), align);
   }
-  const uint64_t data_start = AlignUp(out.size(), align);
-  out.resize(data_start + offset, 0);  // zero padding everywhere
+  out.resize(AlignUp(out.size(), align), 0);  // zero padding up to the data section
+  *data_bytes = offset;
+  return out;
+}
+
+absl::StatusOr<std::vector<uint8_t>> GgufWriter::WriteToBuffer() const {
+  KILN_RETURN_IF_ERROR(status_);
+  std::vector<uint64_t> offsets;
+  uint64_t data_bytes = 0;
+  std::vector<uint8_t> out = SerializeHeader(&offsets, &data_bytes);
+  const uint64_t data_start = out.size();
+  out.resize(data_start + data_bytes, 0);  // zero padding between tensors
   for (size_t i = 0; i < tensors_.size(); ++i) {
     std::memcpy(out.data() + data_start + offsets[i], tensors_[i].bytes.data(),
                 tensors_[i].bytes.size());
@@ -283,37 +293,54 @@ absl::StatusOr<std::vector<uint8_t>> GgufWriter::WriteToBuffer() const {
   return out;
 }
 
-absl::Status GgufWriter::WriteToFile(const std::string& path) const {
-  KILN_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, WriteToBuffer());
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot create ", tmp));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::ErrnoToStatus(err, internal::Cat("gguf writer: cannot write ", tmp));
-    }
-    done += static_cast<size_t>(n);
-  }
-  const int sync_rc = ::fsync(fd);
-  const int sync_err = errno;
-  if (::close(fd) != 0 || sync_rc != 0) {
-    const int err = sync_rc != 0 ? sync_err : errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err, internal::Cat("gguf writer: cannot flush ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err,
-                               internal::Cat("gguf writer: cannot rename ", tmp, " to ", path));
+namespace {
+
+absl::Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot write ", path));
+    p += w;
+    n -= static_cast<size_t>(w);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GgufWriter::WriteToFile(const std::string& path) const {
+  KILN_RETURN_IF_ERROR(status_);
+  std::vector<uint64_t> offsets;
+  uint64_t data_bytes = 0;
+  const std::vector<uint8_t> header = SerializeHeader(&offsets, &data_bytes);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot create ", tmp));
+  }
+  // Streams the tensors (no second copy of the model in memory).
+  absl::Status st = WriteAll(fd, header.data(), header.size(), tmp);
+  const std::vector<uint8_t> zeros(options_.alignment, 0);
+  uint64_t written = 0;  // bytes of the data section so far
+  for (size_t i = 0; i < tensors_.size() && st.ok(); ++i) {
+    st = WriteAll(fd, zeros.data(), offsets[i] - written, tmp);
+    if (!st.ok()) break;
+    st = WriteAll(fd, tensors_[i].bytes.data(), tensors_[i].bytes.size(), tmp);
+    written = offsets[i] + tensors_[i].bytes.size();
+  }
+  if (st.ok()) st = WriteAll(fd, zeros.data(), data_bytes - written, tmp);
+  if (st.ok() && ::fsync(fd) != 0) {
+    st = absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot flush ", tmp));
+  }
+  if (::close(fd) != 0 && st.ok()) {
+    st = absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot close ", tmp));
+  }
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    st =
+        absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot rename ", tmp, " to ", path));
+  }
+  if (!st.ok()) ::unlink(tmp.c_str());
+  return st;
 }
 
 }  // namespace kiln::gguf

@@ -79,7 +79,7 @@ class GgufWriter {
   absl::Status status() const { return status_; }
 
   absl::StatusOr<std::vector<uint8_t>> WriteToBuffer() const;
-  // Atomic: writes `path`.tmp, fsyncs, renames over `path`.
+  // Atomic: streams to `path`.tmp, fsyncs, renames over `path` (removes the .tmp on failure).
   absl::Status WriteToFile(const std::string& path) const;
 
  private:
@@ -102,6 +102,9 @@ class GgufWriter {
   absl::Status ValidateTensor(std::string_view name, uint32_t ggml_type,
                               const std::vector<uint64_t>& ne, size_t nbytes) const;
   void Fail(absl::Status s);
+  // Header, KV records, tensor infos and padding up to the data section; the data offset of
+  // each tensor in *offsets and the data section's total size in *data_bytes.
+  std::vector<uint8_t> SerializeHeader(std::vector<uint64_t>* offsets, uint64_t* data_bytes) const;
 
   Options options_;
   absl::Status status_;

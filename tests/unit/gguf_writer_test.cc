@@ -270,6 +270,22 @@ TEST(GgufWriterTest, WriteToFileIsAtomicAndReadable) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(GgufWriterTest, StreamedFileEqualsBuffer) {
+  GgufWriter w(GgufWriter::Options{.alignment = 64});
+  w.SetString("general.name", "stream");
+  ASSERT_TRUE(w.AddTensor("a", 0, {3}, std::vector<uint8_t>(12, 1)).ok());
+  ASSERT_TRUE(w.AddTensor("b", 1, {5, 7}, std::vector<uint8_t>(70, 2)).ok());
+  ASSERT_TRUE(w.AddTensor("c", 0, {1}, std::vector<uint8_t>(4, 3)).ok());
+  auto buffer = w.WriteToBuffer();
+  ASSERT_TRUE(buffer.ok());
+  const std::string dir = kiln::testing::TempDir();
+  ASSERT_TRUE(w.WriteToFile(dir + "/s.gguf").ok());
+  std::ifstream in(dir + "/s.gguf", std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(file, *buffer);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GgufWriterTest, InvalidKeyIsReportedAtWrite) {
   GgufWriter w;
   w.SetUint32("", 1);

@@ -1,0 +1,444 @@
+#include "lib/gguf/random_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "lib/common/ggml_type.h"
+#include "lib/common/half.h"
+#include "lib/common/status.h"
+#include "lib/gguf/str_cat.h"
+#include "lib/quant/quant.h"
+
+namespace kiln::gguf {
+namespace {
+
+// --- deterministic random numbers (splitmix64 + Box-Muller: same bits on every platform)
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  float Normal() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    double u1 = Uniform();
+    while (u1 <= 0.0) u1 = Uniform();
+    const double u2 = Uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+    has_spare_ = true;
+    return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+  }
+
+ private:
+  uint64_t state_;
+  bool has_spare_ = false;
+  float spare_ = 0.0f;
+};
+
+// --- vocabulary
+
+// GPT-2 bytes_to_unicode (GGUF_FACTS.md §5.3): printable bytes map to themselves, the other 68
+// map to U+0100.. in byte order. Returns the UTF-8 spelling of byte b.
+std::string ByteToken(uint8_t b) {
+  auto printable = [](int c) {
+    return (c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+  };
+  uint32_t cp = b;
+  if (!printable(b)) {
+    uint32_t n = 0;
+    for (int c = 0; c < b; ++c) n += printable(c) ? 0 : 1;
+    cp = 0x100 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {  // < 0x800 for every value here
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// English text the tiny vocabulary's merges are learned from (written for this project).
+constexpr std::string_view kTrainingText =
+    "The kiln is a small engine that runs language models on the computer in front of you. "
+    "It reads a model file, maps its weights into memory, and turns text into tokens and tokens "
+    "into text. When you ask it a question, it reads the prompt, thinks about the words one at "
+    "a time, and writes an answer back to you. The model does not know anything about the "
+    "world beyond what it learned from the text it was trained on, so it can be wrong. "
+    "There is a cat in the garden and the cat is looking at the birds in the tree. "
+    "The birds are singing, the sun is shining, and the children are playing in the park. "
+    "We went to the market in the morning to buy bread, cheese, apples and a bottle of milk. "
+    "In the evening we read a book together and talked about the story until it was late. "
+    "This is the house that Jack built, and this is the rat that ate the malt that lay in the "
+    "house that Jack built. Once upon a time there was a little girl who lived in a village "
+    "near the forest. Whenever she went out, the little girl wore a red riding cloak, so "
+    "everyone in the village called her Little Red Riding Hood. One morning she asked her "
+    "mother if she could go to visit her grandmother, as it had been a while since they had "
+    "seen each other. The weather is nice today, and tomorrow it will be even better. "
+    "Please write a short poem about the sea. Hello! How are you? I am fine, thank you, and "
+    "you? What is the capital of France? The capital of France is Paris. What time is it? "
+    "It is ten past three in the afternoon. Count from one to ten: one, two, three, four, "
+    "five, six, seven, eight, nine, ten. The quick brown fox jumps over the lazy dog. "
+    "Numbers like 12, 345 and 2024 are split into digits. The assistant answers questions, "
+    "the user asks them, and the system sets the rules of the conversation.";
+
+// Splits like GPT-2's pre-tokenizer for ASCII: an optional leading space joined to a run of
+// letters, digits or other symbols; other whitespace on its own.
+std::vector<std::string> SplitWords(std::string_view text) {
+  auto cls = [](unsigned char c) {
+    if (std::isalpha(c)) return 0;
+    if (std::isdigit(c)) return 1;
+    if (std::isspace(c)) return 2;
+    return 3;
+  };
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = i;
+    if (text[j] == ' ' && j + 1 < text.size() && cls(text[j + 1]) != 2) ++j;
+    const int c = cls(static_cast<unsigned char>(text[j]));
+    ++j;
+    while (j < text.size() && cls(static_cast<unsigned char>(text[j])) == c) ++j;
+    words.emplace_back(text.substr(i, j - i));
+    i = j;
+  }
+  return words;
+}
+
+}  // namespace
+
+TinyVocab BuildTinyVocab(uint32_t min_size) {
+  TinyVocab v;
+  for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    v.tokens.emplace_back(s);
+    v.token_types.push_back(3);  // control
+  }
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(ByteToken(static_cast<uint8_t>(b)));
+    v.token_types.push_back(1);
+  }
+  std::set<std::string> known(v.tokens.begin(), v.tokens.end());
+
+  // Word frequencies; each word is a sequence of byte-token symbols.
+  std::map<std::string, int> freq;
+  for (const std::string& w : SplitWords(kTrainingText)) ++freq[w];
+  std::vector<std::pair<std::vector<std::string>, int>> words;
+  for (const auto& [w, n] : freq) {
+    std::vector<std::string> syms;
+    for (unsigned char c : w) syms.push_back(ByteToken(c));
+    words.emplace_back(std::move(syms), n);
+  }
+  constexpr int kMaxMerges = 300;
+  for (int m = 0; m < kMaxMerges; ++m) {
+    std::map<std::pair<std::string, std::string>, int> pairs;  // ordered: ties -> smallest pair
+    for (const auto& [syms, n] : words) {
+      for (size_t i = 0; i + 1 < syms.size(); ++i) pairs[{syms[i], syms[i + 1]}] += n;
+    }
+    const std::pair<std::string, std::string>* best = nullptr;
+    int best_n = 0;
+    for (const auto& [p, n] : pairs) {
+      if (n > best_n) {
+        best = &p;
+        best_n = n;
+      }
+    }
+    if (best == nullptr) break;  // every word is a single symbol
+    const std::string left = best->first, right = best->second;
+    v.merges.push_back(left + " " + right);
+    const std::string merged = left + right;
+    if (known.insert(merged).second) {
+      v.tokens.push_back(merged);
+      v.token_types.push_back(1);
+    }
+    for (auto& [syms, n] : words) {
+      std::vector<std::string> out;
+      for (size_t i = 0; i < syms.size(); ++i) {
+        if (i + 1 < syms.size() && syms[i] == left && syms[i + 1] == right) {
+          out.push_back(merged);
+          ++i;
+        } else {
+          out.push_back(syms[i]);
+        }
+      }
+      syms = std::move(out);
+    }
+  }
+  for (uint32_t i = 0; v.tokens.size() < min_size; ++i) {
+    v.tokens.push_back(absl::StrFormat("<|unused_%d|>", i));
+    v.token_types.push_back(5);
+  }
+  return v;
+}
+
+std::vector<std::string> LlamaShapeNames() {
+  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m"};
+}
+
+absl::StatusOr<LlamaShape> LlamaShapeByName(std::string_view name) {
+  LlamaShape s;
+  s.name = std::string(name);
+  if (name == "tiny-llama-gqa" || name == "tiny-llama-mha" || name == "tiny-llama-mqa") {
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 4;
+    s.n_head_kv = name == "tiny-llama-gqa" ? 2 : name == "tiny-llama-mha" ? 4 : 1;
+    s.n_layer = 2;
+    s.n_ctx = 512;
+    s.n_vocab = 0;
+    s.rope_freq_base = 10000.0f;
+    s.rms_eps = 1e-5f;
+    s.tied_output = false;
+    return s;
+  }
+  if (name == "smollm2-135m") {
+    s.n_embd = 576;
+    s.n_ff = 1536;
+    s.n_head = 9;
+    s.n_head_kv = 3;
+    s.n_layer = 30;
+    s.n_ctx = 8192;
+    s.n_vocab = 49152;
+    s.rope_freq_base = 100000.0f;
+    s.rms_eps = 1e-5f;
+    s.tied_output = true;
+    return s;
+  }
+  return absl::NotFoundError(internal::Cat(
+      "unknown model shape '", name, "' (known: ", absl::StrJoin(LlamaShapeNames(), ", "), ")"));
+}
+
+absl::StatusOr<uint32_t> WeightTypeByName(std::string_view name) {
+  static constexpr std::pair<std::string_view, GgmlType> kTypes[] = {
+      {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"bf16", GgmlType::kBF16},
+      {"q4_0", GgmlType::kQ4_0}, {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0},
+      {"q5_1", GgmlType::kQ5_1}, {"q8_0", GgmlType::kQ8_0}, {"q2_K", GgmlType::kQ2_K},
+      {"q3_K", GgmlType::kQ3_K}, {"q4_K", GgmlType::kQ4_K}, {"q5_K", GgmlType::kQ5_K},
+      {"q6_K", GgmlType::kQ6_K},
+  };
+  for (const auto& [n, t] : kTypes) {
+    if (n == name) return static_cast<uint32_t>(t);
+  }
+  return absl::InvalidArgumentError(
+      internal::Cat("unknown weight type '", name,
+                    "' (known: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K)"));
+}
+
+uint32_t FileTypeOf(uint32_t ggml_type) {
+  switch (static_cast<GgmlType>(ggml_type)) {
+    case GgmlType::kF32:
+      return 0;  // ALL_F32
+    case GgmlType::kF16:
+      return 1;  // MOSTLY_F16
+    case GgmlType::kQ4_0:
+      return 2;  // MOSTLY_Q4_0
+    case GgmlType::kQ4_1:
+      return 3;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kQ5_0:
+      return 8;
+    case GgmlType::kQ5_1:
+      return 9;
+    case GgmlType::kQ2_K:
+      return 10;
+    case GgmlType::kQ3_K:
+      return 11;  // Q3_K_S (every matrix q3_K)
+    case GgmlType::kQ4_K:
+      return 14;  // Q4_K_S
+    case GgmlType::kQ5_K:
+      return 16;  // Q5_K_S
+    case GgmlType::kQ6_K:
+      return 18;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
+namespace {
+
+// Encodes rows of f32 values (each `row_len` long) into `type`.
+absl::Status EncodeRows(uint32_t type, const float* x, uint64_t n_rows, uint64_t row_len,
+                        uint8_t* out) {
+  const GgmlTypeInfo info = *GgmlTypeInfoOf(type);
+  const size_t row_bytes = GgmlRowBytes(info, row_len);
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32:
+      std::memcpy(out, x, n_rows * row_len * 4);
+      return absl::OkStatus();
+    case GgmlType::kF16:
+      for (uint64_t i = 0; i < n_rows * row_len; ++i) {
+        const uint16_t h = Fp32ToFp16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return absl::OkStatus();
+    case GgmlType::kBF16:
+      for (uint64_t i = 0; i < n_rows * row_len; ++i) {
+        const uint16_t h = Fp32ToBf16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return absl::OkStatus();
+    default:
+      break;
+  }
+  const QuantKernels* k = GetQuantKernels(static_cast<GgmlType>(type), CpuLevel::kScalar);
+  if (k == nullptr || k->quantize == nullptr) {
+    return absl::FailedPreconditionError(internal::Cat("no quantizer is registered for type ",
+                                                       GgmlTypeName(type),
+                                                       " yet (lib/quant); pick another --type"));
+  }
+  for (uint64_t r = 0; r < n_rows; ++r) {
+    k->quantize(x + r * row_len, out + r * row_bytes, static_cast<int64_t>(row_len));
+  }
+  return absl::OkStatus();
+}
+
+// The type a tensor of row length `row_len` is stored in when `wanted` is requested.
+uint32_t StorageType(uint32_t wanted, uint64_t row_len) {
+  if (row_len % GgmlTypeInfoOf(wanted)->block_size == 0) return wanted;
+  if (row_len % 32 == 0) return static_cast<uint32_t>(GgmlType::kQ8_0);
+  return static_cast<uint32_t>(GgmlType::kF16);
+}
+
+}  // namespace
+
+absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
+  const LlamaShape& s = o.shape;
+  if (s.n_head == 0 || s.n_embd % s.n_head != 0 || s.n_head_kv == 0 ||
+      s.n_head % s.n_head_kv != 0 || s.n_layer == 0 || s.n_ff == 0) {
+    return absl::InvalidArgumentError(internal::Cat("inconsistent shape '", s.name, "'"));
+  }
+  if (!GgmlTypeInfoOf(o.type)) {
+    return absl::InvalidArgumentError(internal::Cat("unknown ggml type id ", o.type));
+  }
+  auto note = [&](const std::string& msg) {
+    if (o.note) o.note(msg);
+  };
+  const uint32_t head_dim = s.head_dim();
+
+  // --- metadata
+  w->SetString("general.architecture", "llama");
+  w->SetString("general.type", "model");
+  w->SetString("general.name",
+               internal::Cat("kiln-mkmodel ", s.name, " ", GgmlTypeName(o.type), " seed ", o.seed));
+  w->SetUint32("llama.block_count", s.n_layer);
+  w->SetUint32("llama.context_length", s.n_ctx);
+  w->SetUint32("llama.embedding_length", s.n_embd);
+  w->SetUint32("llama.feed_forward_length", s.n_ff);
+  w->SetUint32("llama.attention.head_count", s.n_head);
+  w->SetUint32("llama.attention.head_count_kv", s.n_head_kv);
+  w->SetFloat32("llama.rope.freq_base", s.rope_freq_base);
+  w->SetFloat32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
+  w->SetUint32("general.file_type", FileTypeOf(o.type));
+
+  uint32_t n_vocab = 0;
+  if (o.vocab_from != nullptr) {
+    const KeyValue* toks = o.vocab_from->FindKey("tokenizer.ggml.tokens");
+    if (toks == nullptr || toks->type != ValueType::kArray ||
+        toks->array_type != ValueType::kString || toks->array_count == 0) {
+      return absl::InvalidArgumentError(
+          "--vocab-from file has no tokenizer.ggml.tokens string array");
+    }
+    n_vocab = static_cast<uint32_t>(toks->array_count);
+    size_t copied = 0;
+    for (const KeyValue& kv : o.vocab_from->metadata()) {
+      if (kv.key.rfind("tokenizer.", 0) == 0) {
+        w->CopyKeyValue(kv);
+        ++copied;
+      }
+    }
+    note(absl::StrFormat("copied %d tokenizer keys (%d tokens)", copied, n_vocab));
+  } else {
+    const TinyVocab v = BuildTinyVocab(s.n_vocab);
+    n_vocab = static_cast<uint32_t>(v.tokens.size());
+    w->SetString("tokenizer.ggml.model", "gpt2");
+    w->SetString("tokenizer.ggml.pre", "default");
+    w->SetArrayString("tokenizer.ggml.tokens", v.tokens);
+    w->SetArrayInt32("tokenizer.ggml.token_type", v.token_types);
+    w->SetArrayString("tokenizer.ggml.merges", v.merges);
+    w->SetUint32("tokenizer.ggml.bos_token_id", 1);
+    w->SetUint32("tokenizer.ggml.eos_token_id", 2);
+    w->SetUint32("tokenizer.ggml.unknown_token_id", 0);
+    w->SetUint32("tokenizer.ggml.padding_token_id", 2);
+    w->SetBool("tokenizer.ggml.add_bos_token", false);
+    w->SetBool("tokenizer.ggml.add_space_prefix", false);
+    w->SetString("tokenizer.chat_template",
+                 "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                 "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  }
+  w->SetUint32("llama.vocab_size", n_vocab);
+  w->SetUint32("llama.rope.dimension_count", head_dim);
+  if (o.type != static_cast<uint32_t>(GgmlType::kF32) &&
+      o.type != static_cast<uint32_t>(GgmlType::kF16) &&
+      o.type != static_cast<uint32_t>(GgmlType::kBF16)) {
+    w->SetUint32("general.quantization_version", 2);
+  }
+  KILN_RETURN_IF_ERROR(w->status());
+
+  // --- tensors
+  Rng rng(o.seed * 0x2545F4914F6CDD1Dull + 0x1234567);
+  std::vector<float> values;
+  auto add_matrix = [&](const std::string& name, uint64_t row_len,
+                        uint64_t n_rows) -> absl::Status {  // ne = {row_len, n_rows}
+    const uint32_t type = StorageType(o.type, row_len);
+    if (type != o.type) {
+      note(absl::StrFormat("%s: row length %d is not a multiple of the %s block size; stored as %s",
+                           name, row_len, GgmlTypeName(o.type), GgmlTypeName(type)));
+    }
+    values.resize(row_len * n_rows);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(row_len));
+    for (float& v : values) v = rng.Normal() * scale;
+    std::vector<uint8_t> bytes(GgmlRowBytes(*GgmlTypeInfoOf(type), row_len) * n_rows);
+    KILN_RETURN_IF_ERROR(EncodeRows(type, values.data(), n_rows, row_len, bytes.data()));
+    return w->AddTensor(name, type, {row_len, n_rows}, std::move(bytes));
+  };
+  auto add_norm = [&](const std::string& name) -> absl::Status {  // [n_embd] f32
+    std::vector<float> g(s.n_embd);
+    for (float& v : g) v = 1.0f + 0.02f * rng.Normal();
+    std::vector<uint8_t> bytes(g.size() * 4);
+    std::memcpy(bytes.data(), g.data(), bytes.size());
+    return w->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {s.n_embd}, std::move(bytes));
+  };
+
+  const uint64_t q_dim = uint64_t{s.n_head} * head_dim;                      // == n_embd
+  const uint64_t kv_dim = uint64_t{s.n_head_kv} * head_dim;                  // GQA: < n_embd
+  KILN_RETURN_IF_ERROR(add_matrix("token_embd.weight", s.n_embd, n_vocab));  // [n_embd, n_vocab]
+  for (uint32_t l = 0; l < s.n_layer; ++l) {
+    const std::string p = absl::StrFormat("blk.%d.", l);
+    KILN_RETURN_IF_ERROR(add_norm(p + "attn_norm.weight"));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_q.weight", s.n_embd, q_dim));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", s.n_embd, kv_dim));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", s.n_embd, kv_dim));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", q_dim, s.n_embd));
+    KILN_RETURN_IF_ERROR(add_norm(p + "ffn_norm.weight"));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", s.n_embd, s.n_ff));
+    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_down.weight", s.n_ff, s.n_embd));
+  }
+  KILN_RETURN_IF_ERROR(add_norm("output_norm.weight"));
+  if (!s.tied_output) {
+    KILN_RETURN_IF_ERROR(add_matrix("output.weight", s.n_embd, n_vocab));  // [n_embd, n_vocab]
+  }
+  return w->status();
+}
+
+}  // namespace kiln::gguf
