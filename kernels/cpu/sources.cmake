@@ -1,5 +1,10 @@
 # One line per SIMD family; each owner edits only its own line(s).
-# kiln_simd_sources(avx2 ${CMAKE_CURRENT_SOURCE_DIR}/legacy_avx2.cc)
+# Float types + legacy quants (lib/quant/legacy_kernels.h); no FP contraction: FMAs are explicit.
+set(KILN_LEGACY_SIMD_AVX2 ${CMAKE_CURRENT_SOURCE_DIR}/legacy_avx2.cc ${CMAKE_CURRENT_SOURCE_DIR}/float_avx2.cc)
+set(KILN_LEGACY_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/legacy_avx512.cc ${CMAKE_CURRENT_SOURCE_DIR}/float_avx512.cc)
+kiln_simd_sources(avx2 ${KILN_LEGACY_SIMD_AVX2})
+kiln_simd_sources(avx512 ${KILN_LEGACY_SIMD_AVX512})
+set_property(SOURCE ${KILN_LEGACY_SIMD_AVX2} ${KILN_LEGACY_SIMD_AVX512} TARGET_DIRECTORY kiln_core APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
 # K-quants Q2_K..Q6_K, Q8_K (lib/quant/kquants.h); no FP contraction: results match the scalar bits.
 set(KILN_KQUANTS_SIMD_AVX2 ${CMAKE_CURRENT_SOURCE_DIR}/kquants_avx2.cc)
 set(KILN_KQUANTS_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/kquants_avx512.cc)

@@ -1,8 +1,50 @@
+// Registration of the legacy block quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1) at each CPU level.
+// Kernels: lib/quant/legacy_ref.cc (scalar), kernels/cpu/legacy_avx2.cc, legacy_avx512.cc.
+#include "lib/quant/legacy_kernels.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
 
-// Placeholder until this family lands: registers nothing.
-void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {}
+void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
+  using namespace quant;
+  auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, GgmlType dot_type,
+                  VecDotFn dot) {
+    QuantKernels& k = r[t];
+    k.type = t;
+    k.quantize = q;
+    k.dequantize = dq;
+    k.vec_dot_type = dot_type;
+    k.vec_dot = dot;
+  };
+  constexpr GgmlType kQ8_0 = GgmlType::kQ8_0;
+  constexpr GgmlType kQ8_1 = GgmlType::kQ8_1;
+  switch (level) {
+    case CpuLevel::kScalar:
+      set(GgmlType::kQ4_0, QuantizeRowQ4_0Ref, DequantizeRowQ4_0Ref, kQ8_0, VecDotQ4_0Q8_0Ref);
+      set(GgmlType::kQ4_1, QuantizeRowQ4_1Ref, DequantizeRowQ4_1Ref, kQ8_1, VecDotQ4_1Q8_1Ref);
+      set(GgmlType::kQ5_0, QuantizeRowQ5_0Ref, DequantizeRowQ5_0Ref, kQ8_0, VecDotQ5_0Q8_0Ref);
+      set(GgmlType::kQ5_1, QuantizeRowQ5_1Ref, DequantizeRowQ5_1Ref, kQ8_1, VecDotQ5_1Q8_1Ref);
+      set(kQ8_0, QuantizeRowQ8_0Ref, DequantizeRowQ8_0Ref, kQ8_0, VecDotQ8_0Q8_0Ref);
+      set(kQ8_1, QuantizeRowQ8_1Ref, DequantizeRowQ8_1Ref, kQ8_1, VecDotQ8_1Q8_1Ref);
+      break;
+    case CpuLevel::kAvx2:
+      // Weight quantizers stay scalar (offline use); activation quantizers are on the hot path.
+      set(GgmlType::kQ4_0, nullptr, DequantizeRowQ4_0Avx2, kQ8_0, VecDotQ4_0Q8_0Avx2);
+      set(GgmlType::kQ4_1, nullptr, DequantizeRowQ4_1Avx2, kQ8_1, VecDotQ4_1Q8_1Avx2);
+      set(GgmlType::kQ5_0, nullptr, DequantizeRowQ5_0Avx2, kQ8_0, VecDotQ5_0Q8_0Avx2);
+      set(GgmlType::kQ5_1, nullptr, DequantizeRowQ5_1Avx2, kQ8_1, VecDotQ5_1Q8_1Avx2);
+      set(kQ8_0, QuantizeRowQ8_0Avx2, DequantizeRowQ8_0Avx2, kQ8_0, VecDotQ8_0Q8_0Avx2);
+      set(kQ8_1, QuantizeRowQ8_1Avx2, DequantizeRowQ8_1Avx2, kQ8_1, VecDotQ8_1Q8_1Avx2);
+      break;
+    case CpuLevel::kAvx512:
+      set(GgmlType::kQ4_0, nullptr, nullptr, kQ8_0, VecDotQ4_0Q8_0Avx512);
+      set(GgmlType::kQ4_1, nullptr, nullptr, kQ8_1, VecDotQ4_1Q8_1Avx512);
+      set(GgmlType::kQ5_0, nullptr, nullptr, kQ8_0, VecDotQ5_0Q8_0Avx512);
+      set(GgmlType::kQ5_1, nullptr, nullptr, kQ8_1, VecDotQ5_1Q8_1Avx512);
+      set(kQ8_0, QuantizeRowQ8_0Avx512, nullptr, kQ8_0, VecDotQ8_0Q8_0Avx512);
+      set(kQ8_1, QuantizeRowQ8_1Avx512, nullptr, kQ8_1, VecDotQ8_1Q8_1Avx512);
+      break;
+  }
+}
 
 }  // namespace kiln

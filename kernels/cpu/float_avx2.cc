@@ -1,0 +1,153 @@
+// AVX2 + FMA + F16C kernels of the float types (F32, F16, BF16; activations F32). Compiled with
+// -ffp-contract=off (see sources.cmake); every FMA is explicit.
+//
+// Dot order at this level: elements are taken in chunks of 32; element i of a chunk goes to
+// accumulator acc[i / 8] lane i % 8 via acc = fma(w, a, acc). A last partial chunk is padded with
+// zeros (w = a = 0 leaves an accumulator unchanged). End: v = (acc0 + acc1) + (acc2 + acc3), then
+// 8 -> 4 -> 2 -> 1 lanes: v4 = v[0..3] + v[4..7]; v2 = v4[0..1] + v4[2..3]; r = v2[0] + v2[1].
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "lib/quant/legacy_kernels.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kChunk = 32;
+
+inline float Reduce4(const __m256 acc[4]) {
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+  return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+}
+
+// Weight loaders: 8 weights starting at element i of the row, widened to f32.
+struct LoadF32 {
+  static constexpr int kBytes = 4;
+  static __m256 Load(const uint8_t* w) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+  }
+};
+struct LoadF16 {
+  static constexpr int kBytes = 2;
+  static __m256 Load(const uint8_t* w) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  }
+};
+struct LoadBf16 {
+  static constexpr int kBytes = 2;
+  static __m256 Load(const uint8_t* w) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+};
+
+template <typename Loader>
+inline void AccumulateChunk(const uint8_t* w, const float* a, __m256 acc[4]) {
+  for (int k = 0; k < 4; ++k) {
+    acc[k] = _mm256_fmadd_ps(Loader::Load(w + 8 * k * Loader::kBytes), _mm256_loadu_ps(a + 8 * k),
+                             acc[k]);
+  }
+}
+
+template <typename Loader>
+inline float Dot(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const float*>(va);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) AccumulateChunk<Loader>(w + i * Loader::kBytes, a + i, acc);
+  if (i < n) {
+    alignas(32) uint8_t wpad[kChunk * 4] = {};
+    alignas(32) float apad[kChunk] = {};
+    const int64_t rest = n - i;
+    std::memcpy(wpad, w + i * Loader::kBytes, static_cast<size_t>(rest) * Loader::kBytes);
+    std::memcpy(apad, a + i, static_cast<size_t>(rest) * sizeof(float));
+    AccumulateChunk<Loader>(wpad, apad, acc);
+  }
+  return Reduce4(acc);
+}
+
+// bf16 round-to-nearest-even of 8 lanes, NaN kept quiet (same as Fp32ToBf16).
+inline __m256i Bf16Round(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF)),
+                                            _mm256_set1_epi32(0x7F800000));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+inline uint16_t Bf16RoundOne(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((x >> 16) | 0x40);
+  return static_cast<uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+}
+
+}  // namespace
+
+void QuantizeRowF16Avx2(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint8_t*>(vy);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + 2 * i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+    std::memcpy(y + 2 * i, &h, 2);
+  }
+}
+
+void DequantizeRowF16Avx2(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint8_t*>(vx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, LoadF16::Load(x + 2 * i));
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, x + 2 * i, 2);
+    y[i] = _cvtsh_ss(h);
+  }
+}
+
+void QuantizeRowBf16Avx2(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint8_t*>(vy);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i lo = Bf16Round(_mm256_loadu_ps(x + i));
+    const __m256i hi = Bf16Round(_mm256_loadu_ps(x + i + 8));
+    // packus interleaves 128-bit lanes: [lo0-3, hi0-3, lo4-7, hi4-7] -> restore order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 2 * i), packed);
+  }
+  for (; i < n; ++i) {
+    const uint16_t b = Bf16RoundOne(x[i]);
+    std::memcpy(y + 2 * i, &b, 2);
+  }
+}
+
+void DequantizeRowBf16Avx2(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint8_t*>(vx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, LoadBf16::Load(x + 2 * i));
+  for (; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, x + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(b) << 16;
+    std::memcpy(y + i, &bits, 4);
+  }
+}
+
+float VecDotF32F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadF32>(n, w, a); }
+float VecDotF16F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadF16>(n, w, a); }
+float VecDotBf16F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadBf16>(n, w, a); }
+
+}  // namespace kiln::quant

@@ -1,0 +1,160 @@
+// Kernels of the float types (F32, F16, BF16) and the legacy 32-element block quants (Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q8_1): block layouts, scalar references and the SIMD variants. Internal to
+// lib/quant and kernels/cpu; everyone else reaches these through GetQuantKernels() (quant.h).
+//
+// Contract (same as quant.h): n is a multiple of the type's block size (32 for the quants, 1 for
+// the float types); pointers are valid for the row's bytes; no alignment is required (blocks are
+// read through byte pointers). All functions are pure and thread-safe. The SIMD variants must only
+// be called on CPUs that have their instruction set (the registry guarantees it).
+//
+// Pairings (weight type -> activation type, the QuantKernels::vec_dot_type):
+//   F32 -> F32, F16 -> F32, BF16 -> F32 (the weight is widened exactly on the fly; activations stay
+//   F32, so these dots lose nothing to activation rounding; the weight bytes, not the arithmetic,
+//   bound the speed), Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1/Q8_1 -> Q8_1.
+//
+// Quantizers are bit-exact with ggml's reference quantizers (GGUF_FACTS.md §2): d and m are rounded
+// to f16 only when stored; the quantized values are computed with the unrounded float d. The SIMD
+// activation quantizers (Q8_0, Q8_1) produce the same bytes as the scalar ones.
+//
+// Dot-product accumulation order (all results are a pure function of (n, w, a)):
+//   Scalar (kScalar), quants: for each block b in order: isum_b = exact integer Σ qw*qa;
+//     acc += (dw_b * da_b) * float(isum_b)      (+ mw_b * sa_b for the _1 types, added to the
+//     same term before it joins acc). One float accumulator, block order.
+//   SIMD (kAvx2 and kAvx512 give bit-identical results), quants: for each block b, 8 int32 lanes
+//     P_b[l] = exact Σ of qw*qa over elements 4l..4l+3 of the block (l = 0..7);
+//     s_b = dw_b * da_b (float product); acc[b & 1][l] = fma(s_b, float(P_b[l]), acc[b & 1][l]).
+//     _1 types also keep two scalar chains mins[b & 1] += mw_b * sa_b (product rounded, then add).
+//     End: v = acc[0] + acc[1] (lane-wise); v4 = v[0..3] + v[4..7]; v2 = v4[0..1] + v4[2..3];
+//     r = v2[0] + v2[1]; then r += mins[0] + mins[1] (that order).
+//   Float types: see float_types.cc / float_avx*.cc (per-level lane layouts, documented there).
+//   A batched kernel (several rows or columns at once) reproduces vec_dot bit-for-bit by following
+//   exactly these steps for each (row, column) pair.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "lib/common/half.h"
+
+namespace kiln::quant {
+
+inline constexpr int kQK = 32;  // elements per legacy block
+
+// Block layouts (packed, byte-aligned; f16 fields as raw little-endian bytes).
+struct BlockQ4_0 {  // 18 B: element j = ((qs[j] & 15) - 8) * d, j+16 = ((qs[j] >> 4) - 8) * d
+  uint8_t d[2];     // f16
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ4_1 {  // 20 B: element j = (qs[j] & 15) * d + m, j+16 = (qs[j] >> 4) * d + m
+  uint8_t d[2];     // f16
+  uint8_t m[2];     // f16
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ5_0 {  // 22 B: 5-bit q = low nibble | bit j of qh (LE u32) << 4; value (q - 16) * d
+  uint8_t d[2];
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ5_1 {  // 24 B: value q * d + m with q as in Q5_0
+  uint8_t d[2];
+  uint8_t m[2];
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ8_0 {  // 34 B: element j = qs[j] * d
+  uint8_t d[2];
+  int8_t qs[kQK];
+};
+struct BlockQ8_1 {  // 36 B: element j = qs[j] * d; s = f16(d * Σ qs) for the min term of _1 dots
+  uint8_t d[2];
+  uint8_t s[2];
+  int8_t qs[kQK];
+};
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
+              sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
+
+inline float LoadHalf(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return Fp16ToFp32(h);
+}
+inline void StoreHalf(uint8_t* p, float f) {
+  const uint16_t h = Fp32ToFp16(f);
+  std::memcpy(p, &h, 2);
+}
+
+// --- Scalar references (lib/quant/legacy_ref.cc). Quantize: x [n] -> n/32 blocks.
+void QuantizeRowQ4_0Ref(const float* x, void* y, int64_t n);
+void QuantizeRowQ4_1Ref(const float* x, void* y, int64_t n);
+void QuantizeRowQ5_0Ref(const float* x, void* y, int64_t n);
+void QuantizeRowQ5_1Ref(const float* x, void* y, int64_t n);
+void QuantizeRowQ8_0Ref(const float* x, void* y, int64_t n);
+void QuantizeRowQ8_1Ref(const float* x, void* y, int64_t n);
+// Dequantize: n/32 blocks -> y [n]. _1 types compute q * d + m as a product, then a sum (no FMA).
+void DequantizeRowQ4_0Ref(const void* x, float* y, int64_t n);
+void DequantizeRowQ4_1Ref(const void* x, float* y, int64_t n);
+void DequantizeRowQ5_0Ref(const void* x, float* y, int64_t n);
+void DequantizeRowQ5_1Ref(const void* x, float* y, int64_t n);
+void DequantizeRowQ8_0Ref(const void* x, float* y, int64_t n);
+void DequantizeRowQ8_1Ref(const void* x, float* y, int64_t n);
+// Dots: w [n/32 blocks of the weight type] · a [n/32 blocks of the activation type].
+float VecDotQ4_0Q8_0Ref(int64_t n, const void* w, const void* a);
+float VecDotQ4_1Q8_1Ref(int64_t n, const void* w, const void* a);
+float VecDotQ5_0Q8_0Ref(int64_t n, const void* w, const void* a);
+float VecDotQ5_1Q8_1Ref(int64_t n, const void* w, const void* a);
+float VecDotQ8_0Q8_0Ref(int64_t n, const void* w, const void* a);
+float VecDotQ8_1Q8_1Ref(int64_t n, const void* w, const void* a);
+
+// --- AVX2 + FMA + F16C (kernels/cpu/legacy_avx2.cc). Same signatures and results as above for
+// quantize/dequantize; dots follow the SIMD order documented at the top of this file.
+void QuantizeRowQ8_0Avx2(const float* x, void* y, int64_t n);
+void QuantizeRowQ8_1Avx2(const float* x, void* y, int64_t n);
+void DequantizeRowQ4_0Avx2(const void* x, float* y, int64_t n);
+void DequantizeRowQ4_1Avx2(const void* x, float* y, int64_t n);
+void DequantizeRowQ5_0Avx2(const void* x, float* y, int64_t n);
+void DequantizeRowQ5_1Avx2(const void* x, float* y, int64_t n);
+void DequantizeRowQ8_0Avx2(const void* x, float* y, int64_t n);
+void DequantizeRowQ8_1Avx2(const void* x, float* y, int64_t n);
+float VecDotQ4_0Q8_0Avx2(int64_t n, const void* w, const void* a);
+float VecDotQ4_1Q8_1Avx2(int64_t n, const void* w, const void* a);
+float VecDotQ5_0Q8_0Avx2(int64_t n, const void* w, const void* a);
+float VecDotQ5_1Q8_1Avx2(int64_t n, const void* w, const void* a);
+float VecDotQ8_0Q8_0Avx2(int64_t n, const void* w, const void* a);
+float VecDotQ8_1Q8_1Avx2(int64_t n, const void* w, const void* a);
+
+// --- AVX-512 F/BW/VL + VNNI (kernels/cpu/legacy_avx512.cc). Dequantize falls back to AVX2.
+void QuantizeRowQ8_0Avx512(const float* x, void* y, int64_t n);
+void QuantizeRowQ8_1Avx512(const float* x, void* y, int64_t n);
+float VecDotQ4_0Q8_0Avx512(int64_t n, const void* w, const void* a);
+float VecDotQ4_1Q8_1Avx512(int64_t n, const void* w, const void* a);
+float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a);
+float VecDotQ5_1Q8_1Avx512(int64_t n, const void* w, const void* a);
+float VecDotQ8_0Q8_0Avx512(int64_t n, const void* w, const void* a);
+float VecDotQ8_1Q8_1Avx512(int64_t n, const void* w, const void* a);
+
+// --- Float types. Scalar in lib/quant/float_types.cc, SIMD in kernels/cpu/float_avx2.cc and
+// kernels/cpu/float_avx512.cc. F16/BF16 quantizers round to nearest even (NaN stays NaN; the
+// payload of a NaN is not preserved bit-exactly across levels).
+void QuantizeRowF32Ref(const float* x, void* y, int64_t n);
+void DequantizeRowF32Ref(const void* x, float* y, int64_t n);
+void QuantizeRowF16Ref(const float* x, void* y, int64_t n);
+void DequantizeRowF16Ref(const void* x, float* y, int64_t n);
+void QuantizeRowBf16Ref(const float* x, void* y, int64_t n);
+void DequantizeRowBf16Ref(const void* x, float* y, int64_t n);
+float VecDotF32F32Ref(int64_t n, const void* w, const void* a);
+float VecDotF16F32Ref(int64_t n, const void* w, const void* a);
+float VecDotBf16F32Ref(int64_t n, const void* w, const void* a);
+
+void QuantizeRowF16Avx2(const float* x, void* y, int64_t n);
+void DequantizeRowF16Avx2(const void* x, float* y, int64_t n);
+void QuantizeRowBf16Avx2(const float* x, void* y, int64_t n);
+void DequantizeRowBf16Avx2(const void* x, float* y, int64_t n);
+float VecDotF32F32Avx2(int64_t n, const void* w, const void* a);
+float VecDotF16F32Avx2(int64_t n, const void* w, const void* a);
+float VecDotBf16F32Avx2(int64_t n, const void* w, const void* a);
+
+float VecDotF32F32Avx512(int64_t n, const void* w, const void* a);
+float VecDotF16F32Avx512(int64_t n, const void* w, const void* a);
+float VecDotBf16F32Avx512(int64_t n, const void* w, const void* a);
+
+}  // namespace kiln::quant

@@ -1,0 +1,326 @@
+// Scalar reference kernels of the legacy block quants (layouts and order: legacy_kernels.h).
+// The quantizers follow ggml's reference quantizers step by step (same float operations in the
+// same order), so the bytes match files written by llama.cpp. This file must be compiled without
+// FP contraction (lib/quant/CMakeLists.txt adds -ffp-contract=off), or a * b + c could become an
+// FMA and change the rounding.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "lib/quant/legacy_kernels.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kHalf = kQK / 2;
+
+// ggml: the element with the largest |x| (first one on ties), signed.
+float SignedAbsMax(const float* x) {
+  float amax = 0.0f;
+  float max = 0.0f;
+  for (int j = 0; j < kQK; ++j) {
+    const float v = x[j];
+    if (amax < std::fabs(v)) {
+      amax = std::fabs(v);
+      max = v;
+    }
+  }
+  return max;
+}
+
+void MinMax(const float* x, float* min_out, float* max_out) {
+  float min = FLT_MAX;
+  float max = -FLT_MAX;
+  for (int j = 0; j < kQK; ++j) {
+    const float v = x[j];
+    if (v < min) min = v;
+    if (v > max) max = v;
+  }
+  *min_out = min;
+  *max_out = max;
+}
+
+float AbsMax(const float* x) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQK; ++j) {
+    const float v = std::fabs(x[j]);
+    amax = amax > v ? amax : v;  // ggml's MAX(amax, fabsf(v))
+  }
+  return amax;
+}
+
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 5-bit value j (0..31) of a Q5 block: low nibble from qs, bit j of qh as bit 4.
+inline int Q5Value(const uint8_t* qs, uint32_t qh, int j) {
+  const int nib = j < kHalf ? (qs[j] & 0x0F) : (qs[j - kHalf] >> 4);
+  return nib | static_cast<int>(((qh >> j) & 1u) << 4);
+}
+
+// Integer dot of 32 signed activations with weights given by `weight(j)`.
+template <typename WeightFn>
+inline int32_t IntDot(const int8_t* qa, WeightFn weight) {
+  int32_t sum = 0;
+  for (int j = 0; j < kQK; ++j) sum += weight(j) * qa[j];
+  return sum;
+}
+
+}  // namespace
+
+// --- Quantizers -------------------------------------------------------------------------------
+
+void QuantizeRowQ4_0Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ4_0*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    const float max = SignedAbsMax(x);
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    for (int j = 0; j < kHalf; ++j) {
+      const float x0 = x[j] * id;
+      const float x1 = x[kHalf + j] * id;
+      const uint8_t q0 = std::min<uint8_t>(15, static_cast<int8_t>(x0 + 8.5f));
+      const uint8_t q1 = std::min<uint8_t>(15, static_cast<int8_t>(x1 + 8.5f));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void QuantizeRowQ4_1Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ4_1*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    float min, max;
+    MinMax(x, &min, &max);
+    const float d = (max - min) / 15;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    StoreHalf(y[i].m, min);
+    for (int j = 0; j < kHalf; ++j) {
+      const float x0 = (x[j] - min) * id;
+      const float x1 = (x[kHalf + j] - min) * id;
+      const uint8_t q0 = std::min<uint8_t>(15, static_cast<int8_t>(x0 + 0.5f));
+      const uint8_t q1 = std::min<uint8_t>(15, static_cast<int8_t>(x1 + 0.5f));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void QuantizeRowQ5_0Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ5_0*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    const float max = SignedAbsMax(x);
+    const float d = max / -16;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    uint32_t qh = 0;
+    for (int j = 0; j < kHalf; ++j) {
+      const float x0 = x[j] * id;
+      const float x1 = x[kHalf + j] * id;
+      const uint8_t q0 = std::min<uint8_t>(31, static_cast<int8_t>(x0 + 16.5f));
+      const uint8_t q1 = std::min<uint8_t>(31, static_cast<int8_t>(x1 + 16.5f));
+      y[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+      qh |= ((q0 & 0x10u) >> 4) << j;
+      qh |= ((q1 & 0x10u) >> 4) << (j + kHalf);
+    }
+    std::memcpy(y[i].qh, &qh, 4);
+  }
+}
+
+void QuantizeRowQ5_1Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ5_1*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    float min, max;
+    MinMax(x, &min, &max);
+    const float d = (max - min) / 31;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    StoreHalf(y[i].m, min);
+    uint32_t qh = 0;
+    for (int j = 0; j < kHalf; ++j) {
+      const float x0 = (x[j] - min) * id;
+      const float x1 = (x[kHalf + j] - min) * id;
+      const uint8_t q0 = static_cast<uint8_t>(x0 + 0.5f);
+      const uint8_t q1 = static_cast<uint8_t>(x1 + 0.5f);
+      y[i].qs[j] = static_cast<uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+      qh |= ((q0 & 0x10u) >> 4) << j;
+      qh |= ((q1 & 0x10u) >> 4) << (j + kHalf);
+    }
+    std::memcpy(y[i].qh, &qh, 4);
+  }
+}
+
+void QuantizeRowQ8_0Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    const float amax = AbsMax(x);
+    const float d = amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    for (int j = 0; j < kQK; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void QuantizeRowQ8_1Ref(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_1*>(vy);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    const float amax = AbsMax(x);
+    const float d = amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    StoreHalf(y[i].d, d);
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+      sum += y[i].qs[j];
+    }
+    StoreHalf(y[i].s, static_cast<float>(sum) * d);
+  }
+}
+
+// --- Dequantizers -----------------------------------------------------------------------------
+
+void DequantizeRowQ4_0Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    for (int j = 0; j < kHalf; ++j) {
+      y[j] = static_cast<float>((x[i].qs[j] & 0x0F) - 8) * d;
+      y[j + kHalf] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void DequantizeRowQ4_1Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_1*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    const float m = LoadHalf(x[i].m);
+    for (int j = 0; j < kHalf; ++j) {
+      y[j] = static_cast<float>(x[i].qs[j] & 0x0F) * d + m;
+      y[j + kHalf] = static_cast<float>(x[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+void DequantizeRowQ5_0Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_0*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    const uint32_t qh = LoadU32(x[i].qh);
+    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(Q5Value(x[i].qs, qh, j) - 16) * d;
+  }
+}
+
+void DequantizeRowQ5_1Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_1*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    const float m = LoadHalf(x[i].m);
+    const uint32_t qh = LoadU32(x[i].qh);
+    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(Q5Value(x[i].qs, qh, j)) * d + m;
+  }
+}
+
+void DequantizeRowQ8_0Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(x[i].qs[j]) * d;
+  }
+}
+
+void DequantizeRowQ8_1Ref(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_1*>(vx);
+  for (int64_t i = 0; i < n / kQK; ++i, y += kQK) {
+    const float d = LoadHalf(x[i].d);
+    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(x[i].qs[j]) * d;
+  }
+}
+
+// --- Dot products (order: one float accumulator, block order; see legacy_kernels.h) ------------
+
+float VecDotQ4_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ4_0*>(vw);
+  const auto* a = static_cast<const BlockQ8_0*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* qs = w[i].qs;
+    const int32_t isum = IntDot(
+        a[i].qs, [qs](int j) { return (j < kHalf ? (qs[j] & 0x0F) : (qs[j - kHalf] >> 4)) - 8; });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+float VecDotQ4_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ4_1*>(vw);
+  const auto* a = static_cast<const BlockQ8_1*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* qs = w[i].qs;
+    const int32_t isum =
+        IntDot(a[i].qs, [qs](int j) { return j < kHalf ? (qs[j] & 0x0F) : (qs[j - kHalf] >> 4); });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum) +
+           LoadHalf(w[i].m) * LoadHalf(a[i].s);
+  }
+  return acc;
+}
+
+float VecDotQ5_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ5_0*>(vw);
+  const auto* a = static_cast<const BlockQ8_0*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* qs = w[i].qs;
+    const uint32_t qh = LoadU32(w[i].qh);
+    const int32_t isum = IntDot(a[i].qs, [qs, qh](int j) { return Q5Value(qs, qh, j) - 16; });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+float VecDotQ5_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ5_1*>(vw);
+  const auto* a = static_cast<const BlockQ8_1*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* qs = w[i].qs;
+    const uint32_t qh = LoadU32(w[i].qh);
+    const int32_t isum = IntDot(a[i].qs, [qs, qh](int j) { return Q5Value(qs, qh, j); });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum) +
+           LoadHalf(w[i].m) * LoadHalf(a[i].s);
+  }
+  return acc;
+}
+
+float VecDotQ8_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ8_0*>(vw);
+  const auto* a = static_cast<const BlockQ8_0*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const int8_t* qw = w[i].qs;
+    const int32_t isum = IntDot(a[i].qs, [qw](int j) { return static_cast<int>(qw[j]); });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// Q8_1 weights (rare; kept so the activation type is a complete type): the s field is not needed.
+float VecDotQ8_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
+  const auto* w = static_cast<const BlockQ8_1*>(vw);
+  const auto* a = static_cast<const BlockQ8_1*>(va);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const int8_t* qw = w[i].qs;
+    const int32_t isum = IntDot(a[i].qs, [qw](int j) { return static_cast<int>(qw[j]); });
+    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+}  // namespace kiln::quant
