@@ -151,14 +151,61 @@ void DequantizeRowQ6KScalar(const void* vx, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// vec_dot: integer sums per super-block exactly as documented in kquants.h, then
-// AccumulateSuperBlock in order.
+// vec_dot: decode the weight codes of a super-block (the unsigned integers of the formulas in
+// kquants.h), exact integer sums per group, then AccumulateSuperBlock in order.
 
-// Sum over the 16 elements of group g of (weight integer) * activation.
-template <typename QOf>
-static inline int32_t GroupDot(const BlockQ8K& a, int g, QOf q_of) {
+// u[e] = q2 (0..3) of element e = 128*half + 32*j + l.
+static void DecodeCodesQ2K(const BlockQ2K& b, uint8_t* u) {
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) {
+        u[128 * half + 32 * j + l] = static_cast<uint8_t>((b.qs[32 * half + l] >> (2 * j)) & 3);
+      }
+    }
+  }
+}
+// u[e] = q3 + 4 (0..7): low 2 bits from qs, bit 2 from hmask.
+static void DecodeCodesQ3K(const BlockQ3K& b, uint8_t* u) {
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) {
+        u[128 * half + 32 * j + l] = static_cast<uint8_t>(
+            ((b.qs[32 * half + l] >> (2 * j)) & 3) | (((b.hmask[l] >> (4 * half + j)) & 1) << 2));
+      }
+    }
+  }
+}
+// u[e] = q4 (0..15), or q5 (0..31) with the qh bit; e = 32*j + l.
+template <typename Block, bool kHasHighBit>
+static void DecodeCodesQ45K(const Block& b, uint8_t* u) {
+  for (int j = 0; j < 8; ++j) {
+    for (int l = 0; l < 32; ++l) {
+      int v = (b.qs[32 * (j / 2) + l] >> ((j % 2) * 4)) & 0xF;
+      if constexpr (kHasHighBit) v |= ((b.qh[l] >> j) & 1) << 4;
+      u[32 * j + l] = static_cast<uint8_t>(v);
+    }
+  }
+}
+// u[e] = q6 (0..63); the four quarters of each 128-element half share ql/qh bytes.
+static void DecodeCodesQ6K(const BlockQ6K& b, uint8_t* u) {
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = b.ql + 64 * half;
+    const uint8_t* qh = b.qh + 32 * half;
+    uint8_t* out = u + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+// sum over elements first .. first+kLen-1 of u[e] * a.qs[e].
+template <int kLen>
+static inline int32_t CodeDot(const uint8_t* u, const BlockQ8K& a, int first) {
   int32_t s = 0;
-  for (int l = 0; l < 16; ++l) s += q_of(16 * g + l) * a.qs[16 * g + l];
+  for (int e = 0; e < kLen; ++e) s += u[first + e] * a.qs[first + e];
   return s;
 }
 
@@ -166,16 +213,16 @@ float VecDotQ2KScalar(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ2K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   float acc = 0.0f;
+  uint8_t u[kQK];
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const BlockQ2K& b = w[i];
-    auto q2 = [&b](int e) { return (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; };
+    DecodeCodesQ2K(w[i], u);
     int32_t isum = 0, msum = 0;
     for (int g = 0; g < 16; ++g) {
-      isum += (b.scales[g] & 0xF) * GroupDot(a[i], g, q2);
-      msum += (b.scales[g] >> 4) * a[i].bsums[g];
+      isum += (w[i].scales[g] & 0xF) * CodeDot<16>(u, a[i], 16 * g);
+      msum += (w[i].scales[g] >> 4) * a[i].bsums[g];
     }
-    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(b.d), isum, a[i].d * Fp16ToFp32(b.dmin),
-                               msum);
+    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(w[i].d), isum,
+                               a[i].d * Fp16ToFp32(w[i].dmin), msum);
   }
   return acc;
 }
@@ -184,17 +231,14 @@ float VecDotQ3KScalar(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ3K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   float acc = 0.0f;
+  uint8_t u[kQK];
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const BlockQ3K& b = w[i];
+    DecodeCodesQ3K(w[i], u);
     int8_t s[16];
-    UnpackQ3KScales(b.scales, s);
-    auto u = [&b](int e) {  // q3 + 4 in 0..7
-      const int half = e / 128, j = (e % 128) / 32, l = e % 32;
-      return ((b.qs[32 * half + l] >> (2 * j)) & 3) | (((b.hmask[l] >> (4 * half + j)) & 1) << 2);
-    };
+    UnpackQ3KScales(w[i].scales, s);
     int32_t isum = 0;
-    for (int g = 0; g < 16; ++g) isum += s[g] * (GroupDot(a[i], g, u) - 4 * a[i].bsums[g]);
-    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(b.d), isum, 0.0f, 0);
+    for (int g = 0; g < 16; ++g) isum += s[g] * (CodeDot<16>(u, a[i], 16 * g) - 4 * a[i].bsums[g]);
+    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(w[i].d), isum, 0.0f, 0);
   }
   return acc;
 }
@@ -204,25 +248,18 @@ static float VecDotQ45KScalar(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const Block*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   float acc = 0.0f;
+  uint8_t u[kQK];
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const Block& b = w[i];
+    DecodeCodesQ45K<Block, kHasHighBit>(w[i], u);
     uint8_t sc[8], m[8];
-    UnpackQ4KScales(b.scales, sc, m);
+    UnpackQ4KScales(w[i].scales, sc, m);
     int32_t isum = 0, msum = 0;
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* q = b.qs + 32 * (j / 2);
-      const int shift = (j % 2) * 4;
-      int32_t s = 0;
-      for (int l = 0; l < 32; ++l) {
-        int v = (q[l] >> shift) & 0xF;
-        if constexpr (kHasHighBit) v |= ((b.qh[l] >> j) & 1) << 4;
-        s += v * a[i].qs[32 * j + l];
-      }
-      isum += sc[j] * s;
+      isum += sc[j] * CodeDot<32>(u, a[i], 32 * j);
       msum += m[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
     }
-    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(b.d), isum, a[i].d * Fp16ToFp32(b.dmin),
-                               msum);
+    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(w[i].d), isum,
+                               a[i].d * Fp16ToFp32(w[i].dmin), msum);
   }
   return acc;
 }
@@ -238,14 +275,14 @@ float VecDotQ6KScalar(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ6K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   float acc = 0.0f;
+  uint8_t u[kQK];
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const BlockQ6K& b = w[i];
-    auto q6 = [&b](int e) { return DecodeQ6K(b, e); };
+    DecodeCodesQ6K(w[i], u);
     int32_t isum = 0;
     for (int g = 0; g < 16; ++g) {
-      isum += b.scales[g] * (GroupDot(a[i], g, q6) - 32 * a[i].bsums[g]);
+      isum += w[i].scales[g] * (CodeDot<16>(u, a[i], 16 * g) - 32 * a[i].bsums[g]);
     }
-    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(b.d), isum, 0.0f, 0);
+    acc = AccumulateSuperBlock(acc, a[i].d * Fp16ToFp32(w[i].d), isum, 0.0f, 0);
   }
   return acc;
 }
