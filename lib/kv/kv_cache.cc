@@ -189,6 +189,7 @@ absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
                                                    s->n_computed, ", ", len, "]"));
   }
   s->n_computed = n_computed;
+  if (!prefix_caching_) return absl::OkStatus();  // hashes only serve the prefix cache
   const size_t full = static_cast<size_t>(n_computed / block_size_);
   std::span<const int32_t> tokens(s->tokens);
   while (s->hashes.size() < full) {
@@ -200,7 +201,7 @@ absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
     const BlockId b = s->table[i];
     // An already hashed block (attached, or shared with a fork) keeps its entry; a duplicate of a
     // block that is already cached stays unhashed (the index keeps the first copy).
-    if (prefix_caching_ && !pool_->has_hash(b)) {
+    if (!pool_->has_hash(b)) {
       pool_->RegisterHash(b, h, parent, s->extra_key, block_tokens);
     }
   }

@@ -412,6 +412,24 @@ TEST(KvCacheTest, BadIdsAndRangesAreInvalidArgument) {
   EXPECT_EQ(c.Free(a).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KvCacheTest, PrefixCachingCanBeDisabled) {
+  auto layout = KvLayout::Gqa(1, 1, 4, GgmlType::kF32, kBs);
+  ASSERT_TRUE(layout.ok());
+  auto cache = KvCache::Create(*layout, {.num_blocks = 8, .enable_prefix_caching = false});
+  ASSERT_TRUE(cache.ok());
+  KvCache& c = **cache;
+  const SeqId a = c.CreateSequence();
+  ASSERT_TRUE(c.AppendSlots(a, Iota(8)).ok());
+  ASSERT_TRUE(c.MarkComputed(a, 8).ok());
+  EXPECT_FALSE(c.BlockHasHash(1));
+  ASSERT_TRUE(c.Free(a).ok());
+  EXPECT_EQ(c.Counters().blocks_cached, 0);
+  EXPECT_EQ(c.Counters().blocks_free, 7);
+  const SeqId b = c.CreateSequence();
+  EXPECT_EQ(*c.AttachCachedPrefix(b, Iota(8)), 0);
+  EXPECT_EQ(c.Counters().prefix_lookups, 1);
+}
+
 TEST(KvCacheTest, UtilizationCountsSharedBlocksOnce) {
   auto cache = MakeCache(16);
   KvCache& c = *cache;
