@@ -1,0 +1,202 @@
+// Byte-level BPE on a hand-built vocabulary: merge order by rank, tie-breaking, merge results
+// that are not tokens, bytes without tokens, ignore_merges (llama3), special-token partition,
+// add_special, Decode and validation errors. Expected ids are worked out in the comments.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "lib/tokenizer/tokenizer.h"
+
+namespace kiln {
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+// Token texts are GPT-2 byte-level encoded: "Ġ" = ' ', "Ċ" = '\n', "ÿ" = byte 0xFF.
+Vocab MakeVocab(PreTokenizer pre = PreTokenizer::kGpt2) {
+  Vocab v;
+  v.model = VocabModel::kBpe;
+  v.pre = pre;
+  v.tokens = {"<|endoftext|>",  // 0 control
+              "a",
+              "b",
+              "c",
+              "Ġ",
+              "ab",
+              "abc",  // 6: reachable only through ignore_merges
+              "Ġa",
+              "bc",
+              "<|im_start|>",  // 9 control
+              "Ċ",
+              "ÿ",
+              "aa",
+              "aaaa",
+              "<",
+              "|",
+              "<tool>",  // 16 user-defined
+              "ĠĠ",
+              "Ġab",
+              "<s>",      // 19 control
+              "<s><s>"};  // 20 control
+  v.types.assign(v.tokens.size(), TokenType::kNormal);
+  for (int id : {0, 9, 19, 20}) v.types[id] = TokenType::kControl;
+  v.types[16] = TokenType::kUserDefined;
+  v.merges = {{"b", "c"},    // rank 0
+              {"a", "b"},    // rank 1
+              {"Ġ", "a"},    // rank 2
+              {"c", "c"},    // rank 3: "cc" is not a token
+              {"a", "a"},    // rank 4
+              {"aa", "aa"},  // rank 5
+              {"Ġa", "b"}};  // rank 6
+  v.eos = 0;
+  v.unk = 0;
+  return v;
+}
+
+std::unique_ptr<Tokenizer> Make(Vocab v) {
+  auto t = Tokenizer::Create(std::move(v));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+Ids Enc(const Tokenizer& t, std::string_view text, bool add_special = false,
+        bool parse_special = false) {
+  auto r = t.Encode(text, add_special, parse_special);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : Ids{};
+}
+
+TEST(BpeTokenizerTest, MergesLowestRankFirst) {
+  auto t = Make(MakeVocab());
+  // (b,c) rank 0 beats (a,b) rank 1: a|bc, and there is no (a, bc) merge.
+  EXPECT_EQ(Enc(*t, "abc"), (Ids{1, 8}));
+  EXPECT_EQ(Enc(*t, "ab"), (Ids{5}));
+  // " ab": (a,b) rank 1 beats (Ġ,a) rank 2, leaving Ġ|ab; (Ġa,b) never gets a chance.
+  EXPECT_EQ(Enc(*t, " ab"), (Ids{4, 5}));
+  EXPECT_EQ(Enc(*t, " a"), (Ids{7}));
+  EXPECT_EQ(Enc(*t, "abab"), (Ids{5, 5}));
+  EXPECT_EQ(Enc(*t, "\n"), (Ids{10}));
+  EXPECT_EQ(Enc(*t, ""), (Ids{}));
+}
+
+TEST(BpeTokenizerTest, NonTokenMergeResultsFallBackToBytes) {
+  auto t = Make(MakeVocab());
+  EXPECT_EQ(Enc(*t, "cc"), (Ids{3, 3}));  // "cc" formed but is not a token
+  // Ties go to the leftmost pair: cc|c, and (cc, c) does not merge.
+  EXPECT_EQ(Enc(*t, "ccc"), (Ids{3, 3, 3}));
+  EXPECT_EQ(Enc(*t, "d"), (Ids{}));     // no token for 'd': dropped (llama.cpp)
+  EXPECT_EQ(Enc(*t, "dab"), (Ids{5}));  // and it does not disturb its neighbours
+}
+
+TEST(BpeTokenizerTest, LongWordIsNotQuadratic) {
+  auto t = Make(MakeVocab());
+  const std::string word(100000, 'a');  // (a,a) then (aa,aa): 25000 x "aaaa"
+  const Ids ids = Enc(*t, word);
+  ASSERT_EQ(ids.size(), 25000u);
+  for (int32_t id : ids) ASSERT_EQ(id, 13);
+  const Ids odd = Enc(*t, "aaaaaaa");  // 7 a's: aa aa aa a -> aaaa aa a
+  EXPECT_EQ(odd, (Ids{13, 12, 1}));
+}
+
+TEST(BpeTokenizerTest, InvalidUtf8BytesRoundTrip) {
+  auto t = Make(MakeVocab());
+  const Ids ids = Enc(*t, "a\xff");
+  EXPECT_EQ(ids, (Ids{1, 11}));
+  auto back = t->Decode(ids, false);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, "a\xff");
+}
+
+TEST(BpeTokenizerTest, IgnoreMergesForLlama3) {
+  auto t = Make(MakeVocab(PreTokenizer::kLlama3));
+  EXPECT_EQ(Enc(*t, "abc"), (Ids{6}));  // the whole word is a token
+  // Not a token: plain BPE, (b,c) first: a|bc|c.
+  EXPECT_EQ(Enc(*t, "abcc"), (Ids{1, 8, 3}));
+}
+
+TEST(BpeTokenizerTest, SpecialTokensPartition) {
+  auto t = Make(MakeVocab());
+  EXPECT_EQ(Enc(*t, "a<|im_start|>b", false, true), (Ids{1, 9, 2}));
+  const Ids plain = Enc(*t, "a<|im_start|>b", false, false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 9), 0);
+  EXPECT_EQ(plain.front(), 1);
+  EXPECT_EQ(plain.back(), 2);
+  // User-defined tokens are recognized even without parse_special.
+  EXPECT_EQ(Enc(*t, "a<tool>b", false, false), (Ids{1, 16, 2}));
+  EXPECT_EQ(Enc(*t, "a<tool>b", false, true), (Ids{1, 16, 2}));
+  // Longest text first over the whole text: <s><s> claims bytes 0..5, then <s> what is left.
+  EXPECT_EQ(Enc(*t, "<s><s><s>", false, true), (Ids{20, 19}));
+  EXPECT_EQ(Enc(*t, "<s>a<s><s>", false, true), (Ids{19, 1, 20}));
+  EXPECT_EQ(Enc(*t, "<|im_start|><|im_start|>", false, true), (Ids{9, 9}));
+}
+
+TEST(BpeTokenizerTest, AddSpecialUsesVocabFlags) {
+  Vocab v = MakeVocab();
+  v.bos = 9;
+  v.add_bos = true;
+  v.add_eos = true;  // eos = 0
+  auto t = Make(std::move(v));
+  EXPECT_EQ(Enc(*t, "ab", true), (Ids{9, 5, 0}));
+  EXPECT_EQ(Enc(*t, "ab", false), (Ids{5}));
+  EXPECT_EQ(Enc(*t, "", true), (Ids{9, 0}));
+}
+
+TEST(BpeTokenizerTest, DecodeAndPieces) {
+  auto t = Make(MakeVocab());
+  auto d = t->Decode(Ids{9, 7, 8, 4, 10, 16, 0}, false);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, " abc \n<tool>");
+  d = t->Decode(Ids{9, 7, 8, 0}, true);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, "<|im_start|> abc<|endoftext|>");
+  std::string piece;
+  ASSERT_TRUE(t->TokenPiece(17, false, &piece).ok());
+  EXPECT_EQ(piece, "  ");
+  EXPECT_EQ(t->TokenText(17), "ĠĠ");
+  auto bad = t->Decode(Ids{1, 2, 21}, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("token id 21 at index 2"), std::string::npos)
+      << bad.status();
+  EXPECT_TRUE(t->IsEndOfGeneration(0));  // eos, and named <|endoftext|>
+  EXPECT_FALSE(t->IsEndOfGeneration(9));
+  EXPECT_TRUE(t->IsControl(19));
+  EXPECT_FALSE(t->IsControl(16));
+}
+
+TEST(BpeTokenizerTest, ValidationErrorsNameTheField) {
+  Vocab v = MakeVocab();
+  v.scores = {1.0f};
+  auto r = Tokenizer::Create(v);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("scores"), std::string::npos) << r.status();
+
+  v = MakeVocab();
+  v.bos = 1000;
+  r = Tokenizer::Create(v);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("bos token id 1000"), std::string::npos) << r.status();
+
+  v = MakeVocab();
+  v.types[3] = static_cast<TokenType>(9);
+  r = Tokenizer::Create(v);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("token_type[3]"), std::string::npos) << r.status();
+
+  v = MakeVocab();
+  v.merges[2].second.clear();
+  r = Tokenizer::Create(v);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("merges[2]"), std::string::npos) << r.status();
+
+  EXPECT_FALSE(Tokenizer::Create(Vocab{}).ok());
+  auto pre = ParsePreTokenizer("no-such-pre");
+  ASSERT_FALSE(pre.ok());
+  EXPECT_NE(pre.status().message().find("no-such-pre"), std::string::npos);
+  EXPECT_EQ(*ParsePreTokenizer("llama-bpe"), PreTokenizer::kLlama3);
+  EXPECT_EQ(*ParsePreTokenizer("smollm"), PreTokenizer::kSmollm);
+}
+
+}  // namespace
+}  // namespace kiln

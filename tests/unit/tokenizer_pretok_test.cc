@@ -1,0 +1,792 @@
+// Pre-tokenizer scanners and Unicode helpers. Expected splits were produced with Python's
+// `regex` module applying each pre-tokenizer's regex list (matches and gaps become fragments),
+// i.e. independently of the hand-written scanners.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "lib/tokenizer/pre_tokenizer.h"
+#include "lib/tokenizer/unicode.h"
+
+namespace kiln {
+namespace {
+
+struct SplitCase {
+  PreTokenizer pre;
+  std::string text;
+  std::vector<std::string> words;
+};
+
+const std::vector<SplitCase>& Cases() {
+  static const std::vector<SplitCase> kCases = {
+      {PreTokenizer::kGpt2, "Hello world", {"Hello", " world"}},
+      {PreTokenizer::kGpt2, "it's 12345 apples", {"it", "'s", " 12345", " apples"}},
+      {PreTokenizer::kGpt2,
+       "a   b\x0a"
+       "\x0a"
+       "  c",
+       {"a", "  ", " b",
+        "\x0a"
+        "\x0a"
+        " ",
+        " c"}},
+      {PreTokenizer::kGpt2,
+       "I'M HERE'S\x09"
+       "x",
+       {"I", "'", "M", " HERE", "'", "S",
+        "\x09"
+        "",
+        "x"}},
+      {PreTokenizer::kGpt2,
+       "  (hi)!!\x0a"
+       "\x0a"
+       "ok\x0d"
+       "\x0a"
+       "  end  ",
+       {" ", " (", "hi", ")!!",
+        "\x0a"
+        "",
+        "\x0a"
+        "",
+        "ok",
+        "\x0d"
+        "\x0a"
+        " ",
+        " end", "  "}},
+      {PreTokenizer::kGpt2, "x=1234567;", {"x", "=", "1234567", ";"}},
+      {PreTokenizer::kGpt2,
+       "\xc3"
+       "\xbc"
+       "ber \xe6"
+       "\x9d"
+       "\xb1"
+       "\xe4"
+       "\xba"
+       "\xac"
+       " \xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       "\xd9"
+       "\xa5"
+       "",
+       {"\xc3"
+        "\xbc"
+        "ber",
+        " \xe6"
+        "\x9d"
+        "\xb1"
+        "\xe4"
+        "\xba"
+        "\xac"
+        "",
+        " \xd9"
+        "\xa3"
+        "\xd9"
+        "\xa4"
+        "\xd9"
+        "\xa5"
+        ""}},
+      {PreTokenizer::kGpt2,
+       " ?!\x0a"
+       "\x0a"
+       "  x",
+       {" ?!",
+        "\x0a"
+        "\x0a"
+        " ",
+        " x"}},
+      {PreTokenizer::kGpt2,
+       "don't  stop\x09"
+       "\x09"
+       "\x0a"
+       "",
+       {"don", "'t", " ", " stop",
+        "\x09"
+        "\x09"
+        "\x0a"
+        ""}},
+      {PreTokenizer::kGpt2,
+       "$5+3<=8 ~a|b^c",
+       {"$", "5", "+", "3", "<=", "8", " ~", "a", "|", "b", "^", "c"}},
+      {PreTokenizer::kGpt2,
+       "\xd9"
+       "\xa1"
+       "\xd9"
+       "\xa2"
+       "\xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       " \xc2"
+       "\xb2"
+       "x",
+       {"\xd9"
+        "\xa1"
+        "\xd9"
+        "\xa2"
+        "\xd9"
+        "\xa3"
+        "\xd9"
+        "\xa4"
+        "",
+        " \xc2"
+        "\xb2"
+        "",
+        "x"}},
+      {PreTokenizer::kGpt2,
+       "a\xc2"
+       "\xa0"
+       "b\xe3"
+       "\x80"
+       "\x80"
+       "c",
+       {"a",
+        "\xc2"
+        "\xa0"
+        "",
+        "b",
+        "\xe3"
+        "\x80"
+        "\x80"
+        "",
+        "c"}},
+      {PreTokenizer::kSmollm, "Hello world", {"Hello", " world"}},
+      {PreTokenizer::kSmollm,
+       "it's 12345 apples",
+       {"it", "'s", " ", "1", "2", "3", "4", "5", " apples"}},
+      {PreTokenizer::kSmollm,
+       "a   b\x0a"
+       "\x0a"
+       "  c",
+       {"a", "  ", " b",
+        "\x0a"
+        "\x0a"
+        " ",
+        " c"}},
+      {PreTokenizer::kSmollm,
+       "I'M HERE'S\x09"
+       "x",
+       {"I", "'", "M", " HERE", "'", "S",
+        "\x09"
+        "",
+        "x"}},
+      {PreTokenizer::kSmollm,
+       "  (hi)!!\x0a"
+       "\x0a"
+       "ok\x0d"
+       "\x0a"
+       "  end  ",
+       {" ", " (", "hi", ")!!",
+        "\x0a"
+        "",
+        "\x0a"
+        "",
+        "ok",
+        "\x0d"
+        "\x0a"
+        " ",
+        " end", "  "}},
+      {PreTokenizer::kSmollm, "x=1234567;", {"x", "=", "1", "2", "3", "4", "5", "6", "7", ";"}},
+      {PreTokenizer::kSmollm,
+       "\xc3"
+       "\xbc"
+       "ber \xe6"
+       "\x9d"
+       "\xb1"
+       "\xe4"
+       "\xba"
+       "\xac"
+       " \xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       "\xd9"
+       "\xa5"
+       "",
+       {"\xc3"
+        "\xbc"
+        "ber",
+        " \xe6"
+        "\x9d"
+        "\xb1"
+        "\xe4"
+        "\xba"
+        "\xac"
+        "",
+        " ",
+        "\xd9"
+        "\xa3"
+        "",
+        "\xd9"
+        "\xa4"
+        "",
+        "\xd9"
+        "\xa5"
+        ""}},
+      {PreTokenizer::kSmollm,
+       " ?!\x0a"
+       "\x0a"
+       "  x",
+       {" ?!",
+        "\x0a"
+        "\x0a"
+        " ",
+        " x"}},
+      {PreTokenizer::kSmollm,
+       "don't  stop\x09"
+       "\x09"
+       "\x0a"
+       "",
+       {"don", "'t", " ", " stop",
+        "\x09"
+        "\x09"
+        "\x0a"
+        ""}},
+      {PreTokenizer::kSmollm,
+       "$5+3<=8 ~a|b^c",
+       {"$", "5", "+", "3", "<=", "8", " ~", "a", "|", "b", "^", "c"}},
+      {PreTokenizer::kSmollm,
+       "\xd9"
+       "\xa1"
+       "\xd9"
+       "\xa2"
+       "\xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       " \xc2"
+       "\xb2"
+       "x",
+       {"\xd9"
+        "\xa1"
+        "",
+        "\xd9"
+        "\xa2"
+        "",
+        "\xd9"
+        "\xa3"
+        "",
+        "\xd9"
+        "\xa4"
+        "",
+        " ",
+        "\xc2"
+        "\xb2"
+        "",
+        "x"}},
+      {PreTokenizer::kSmollm,
+       "a\xc2"
+       "\xa0"
+       "b\xe3"
+       "\x80"
+       "\x80"
+       "c",
+       {"a",
+        "\xc2"
+        "\xa0"
+        "",
+        "b",
+        "\xe3"
+        "\x80"
+        "\x80"
+        "",
+        "c"}},
+      {PreTokenizer::kLlama3, "Hello world", {"Hello", " world"}},
+      {PreTokenizer::kLlama3, "it's 12345 apples", {"it", "'s", " ", "123", "45", " apples"}},
+      {PreTokenizer::kLlama3,
+       "a   b\x0a"
+       "\x0a"
+       "  c",
+       {"a", "  ", " b",
+        "\x0a"
+        "\x0a"
+        "",
+        " ", " c"}},
+      {PreTokenizer::kLlama3,
+       "I'M HERE'S\x09"
+       "x",
+       {"I", "'M", " HERE", "'S",
+        "\x09"
+        "x"}},
+      {PreTokenizer::kLlama3,
+       "  (hi)!!\x0a"
+       "\x0a"
+       "ok\x0d"
+       "\x0a"
+       "  end  ",
+       {" ", " (", "hi",
+        ")!!\x0a"
+        "\x0a"
+        "",
+        "ok",
+        "\x0d"
+        "\x0a"
+        "",
+        " ", " end", "  "}},
+      {PreTokenizer::kLlama3, "x=1234567;", {"x", "=", "123", "456", "7", ";"}},
+      {PreTokenizer::kLlama3,
+       "\xc3"
+       "\xbc"
+       "ber \xe6"
+       "\x9d"
+       "\xb1"
+       "\xe4"
+       "\xba"
+       "\xac"
+       " \xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       "\xd9"
+       "\xa5"
+       "",
+       {"\xc3"
+        "\xbc"
+        "ber",
+        " \xe6"
+        "\x9d"
+        "\xb1"
+        "\xe4"
+        "\xba"
+        "\xac"
+        "",
+        " ",
+        "\xd9"
+        "\xa3"
+        "\xd9"
+        "\xa4"
+        "\xd9"
+        "\xa5"
+        ""}},
+      {PreTokenizer::kLlama3,
+       " ?!\x0a"
+       "\x0a"
+       "  x",
+       {" ?!\x0a"
+        "\x0a"
+        "",
+        " ", " x"}},
+      {PreTokenizer::kLlama3,
+       "don't  stop\x09"
+       "\x09"
+       "\x0a"
+       "",
+       {"don", "'t", " ", " stop",
+        "\x09"
+        "\x09"
+        "\x0a"
+        ""}},
+      {PreTokenizer::kLlama3,
+       "$5+3<=8 ~a|b^c",
+       {"$", "5", "+", "3", "<=", "8", " ~", "a", "|b", "^c"}},
+      {PreTokenizer::kLlama3,
+       "\xd9"
+       "\xa1"
+       "\xd9"
+       "\xa2"
+       "\xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       " \xc2"
+       "\xb2"
+       "x",
+       {"\xd9"
+        "\xa1"
+        "\xd9"
+        "\xa2"
+        "\xd9"
+        "\xa3"
+        "",
+        "\xd9"
+        "\xa4"
+        "",
+        " ",
+        "\xc2"
+        "\xb2"
+        "",
+        "x"}},
+      {PreTokenizer::kLlama3,
+       "a\xc2"
+       "\xa0"
+       "b\xe3"
+       "\x80"
+       "\x80"
+       "c",
+       {"a",
+        "\xc2"
+        "\xa0"
+        "b",
+        "\xe3"
+        "\x80"
+        "\x80"
+        "c"}},
+      {PreTokenizer::kQwen2, "Hello world", {"Hello", " world"}},
+      {PreTokenizer::kQwen2,
+       "it's 12345 apples",
+       {"it", "'s", " ", "1", "2", "3", "4", "5", " apples"}},
+      {PreTokenizer::kQwen2,
+       "a   b\x0a"
+       "\x0a"
+       "  c",
+       {"a", "  ", " b",
+        "\x0a"
+        "\x0a"
+        "",
+        " ", " c"}},
+      {PreTokenizer::kQwen2,
+       "I'M HERE'S\x09"
+       "x",
+       {"I", "'M", " HERE", "'S",
+        "\x09"
+        "x"}},
+      {PreTokenizer::kQwen2,
+       "  (hi)!!\x0a"
+       "\x0a"
+       "ok\x0d"
+       "\x0a"
+       "  end  ",
+       {" ", " (", "hi",
+        ")!!\x0a"
+        "\x0a"
+        "",
+        "ok",
+        "\x0d"
+        "\x0a"
+        "",
+        " ", " end", "  "}},
+      {PreTokenizer::kQwen2, "x=1234567;", {"x", "=", "1", "2", "3", "4", "5", "6", "7", ";"}},
+      {PreTokenizer::kQwen2,
+       "\xc3"
+       "\xbc"
+       "ber \xe6"
+       "\x9d"
+       "\xb1"
+       "\xe4"
+       "\xba"
+       "\xac"
+       " \xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       "\xd9"
+       "\xa5"
+       "",
+       {"\xc3"
+        "\xbc"
+        "ber",
+        " \xe6"
+        "\x9d"
+        "\xb1"
+        "\xe4"
+        "\xba"
+        "\xac"
+        "",
+        " ",
+        "\xd9"
+        "\xa3"
+        "",
+        "\xd9"
+        "\xa4"
+        "",
+        "\xd9"
+        "\xa5"
+        ""}},
+      {PreTokenizer::kQwen2,
+       " ?!\x0a"
+       "\x0a"
+       "  x",
+       {" ?!\x0a"
+        "\x0a"
+        "",
+        " ", " x"}},
+      {PreTokenizer::kQwen2,
+       "don't  stop\x09"
+       "\x09"
+       "\x0a"
+       "",
+       {"don", "'t", " ", " stop",
+        "\x09"
+        "\x09"
+        "\x0a"
+        ""}},
+      {PreTokenizer::kQwen2,
+       "$5+3<=8 ~a|b^c",
+       {"$", "5", "+", "3", "<=", "8", " ~", "a", "|b", "^c"}},
+      {PreTokenizer::kQwen2,
+       "\xd9"
+       "\xa1"
+       "\xd9"
+       "\xa2"
+       "\xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       " \xc2"
+       "\xb2"
+       "x",
+       {"\xd9"
+        "\xa1"
+        "",
+        "\xd9"
+        "\xa2"
+        "",
+        "\xd9"
+        "\xa3"
+        "",
+        "\xd9"
+        "\xa4"
+        "",
+        " ",
+        "\xc2"
+        "\xb2"
+        "",
+        "x"}},
+      {PreTokenizer::kQwen2,
+       "a\xc2"
+       "\xa0"
+       "b\xe3"
+       "\x80"
+       "\x80"
+       "c",
+       {"a",
+        "\xc2"
+        "\xa0"
+        "b",
+        "\xe3"
+        "\x80"
+        "\x80"
+        "c"}},
+      {PreTokenizer::kDefault, "Hello world", {"Hello", " world"}},
+      {PreTokenizer::kDefault, "it's 12345 apples", {"it", "'", "s", " ", "123", "45", " apples"}},
+      {PreTokenizer::kDefault,
+       "a   b\x0a"
+       "\x0a"
+       "  c",
+       {"a", "  ", " b",
+        "\x0a"
+        "\x0a"
+        " ",
+        " c"}},
+      {PreTokenizer::kDefault,
+       "I'M HERE'S\x09"
+       "x",
+       {"I", "'", "M", " HERE", "'", "S",
+        "\x09"
+        "",
+        "x"}},
+      {PreTokenizer::kDefault,
+       "  (hi)!!\x0a"
+       "\x0a"
+       "ok\x0d"
+       "\x0a"
+       "  end  ",
+       {"  ", "(", "hi", ")!!",
+        "\x0a"
+        "",
+        "\x0a"
+        "",
+        "ok",
+        "\x0d"
+        "\x0a"
+        " ",
+        " end", "  "}},
+      {PreTokenizer::kDefault, "x=1234567;", {"x", "=", "123", "456", "7", ";"}},
+      {PreTokenizer::kDefault,
+       "\xc3"
+       "\xbc"
+       "ber \xe6"
+       "\x9d"
+       "\xb1"
+       "\xe4"
+       "\xba"
+       "\xac"
+       " \xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       "\xd9"
+       "\xa5"
+       "",
+       {"\xc3"
+        "\xbc"
+        "ber",
+        " \xe6"
+        "\x9d"
+        "\xb1"
+        "\xe4"
+        "\xba"
+        "\xac"
+        "",
+        " ",
+        "\xd9"
+        "\xa3"
+        "\xd9"
+        "\xa4"
+        "\xd9"
+        "\xa5"
+        ""}},
+      {PreTokenizer::kDefault,
+       " ?!\x0a"
+       "\x0a"
+       "  x",
+       {" ", "?!",
+        "\x0a"
+        "\x0a"
+        " ",
+        " x"}},
+      {PreTokenizer::kDefault,
+       "don't  stop\x09"
+       "\x09"
+       "\x0a"
+       "",
+       {"don", "'", "t", " ", " stop",
+        "\x09"
+        "\x09"
+        "\x0a"
+        ""}},
+      {PreTokenizer::kDefault,
+       "$5+3<=8 ~a|b^c",
+       {"$", "5", "+", "3", "<=", "8", " ", "~", "a", "|", "b", "^", "c"}},
+      {PreTokenizer::kDefault,
+       "\xd9"
+       "\xa1"
+       "\xd9"
+       "\xa2"
+       "\xd9"
+       "\xa3"
+       "\xd9"
+       "\xa4"
+       " \xc2"
+       "\xb2"
+       "x",
+       {"\xd9"
+        "\xa1"
+        "\xd9"
+        "\xa2"
+        "\xd9"
+        "\xa3"
+        "\xd9"
+        "\xa4"
+        "",
+        " ",
+        "\xc2"
+        "\xb2"
+        "",
+        "x"}},
+      {PreTokenizer::kDefault,
+       "a\xc2"
+       "\xa0"
+       "b\xe3"
+       "\x80"
+       "\x80"
+       "c",
+       {"a",
+        "\xc2"
+        "\xa0"
+        "",
+        "b",
+        "\xe3"
+        "\x80"
+        "\x80"
+        "",
+        "c"}},
+  };
+  return kCases;
+}
+
+TEST(PreTokenizerTest, MatchesRegexReference) {
+  for (const SplitCase& c : Cases()) {
+    SCOPED_TRACE(::testing::Message() << "pre=" << static_cast<int>(c.pre) << " text=" << c.text);
+    EXPECT_EQ(pretok::SplitToStrings(c.pre, c.text), c.words);
+  }
+}
+
+TEST(PreTokenizerTest, WordsAlwaysCoverTheText) {
+  const std::string text =
+      "Mixed: 123 ünïcödé\r\n\t  words's 'S 😀👍🏽 \xff\xfe bad \xe2\x82 end   ";
+  for (PreTokenizer pre : {PreTokenizer::kDefault, PreTokenizer::kGpt2, PreTokenizer::kSmollm,
+                           PreTokenizer::kLlama3, PreTokenizer::kQwen2}) {
+    std::string joined;
+    for (const std::string& w : pretok::SplitToStrings(pre, text)) {
+      EXPECT_FALSE(w.empty());
+      joined += w;
+    }
+    EXPECT_EQ(joined, text);
+  }
+}
+
+TEST(PreTokenizerTest, InvalidBytesAreOwnUnitsGroupedLikeSymbols) {
+  // Each invalid byte is a unit of no class: it joins neighbouring symbols, never letters.
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kGpt2,
+                                   "a\xff"
+                                   "b"),
+            (std::vector<std::string>{"a", "\xff", "b"}));
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kGpt2, "!\xff!"),
+            (std::vector<std::string>{"!\xff!"}));
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kGpt2, "x \x80\x80y"),
+            (std::vector<std::string>{"x", " \x80\x80", "y"}));
+  // A truncated sequence at the very end of the input.
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kSmollm, "9\xf0\x9f"),
+            (std::vector<std::string>{"9", "\xf0\x9f"}));
+  EXPECT_TRUE(pretok::SplitToStrings(PreTokenizer::kLlama3, "").empty());
+}
+
+TEST(UnicodeTest, StrictUtf8Decoding) {
+  auto decode_all = [](std::string_view s) {
+    std::vector<uint32_t> cps;
+    size_t pos = 0;
+    while (pos < s.size()) cps.push_back(unicode::DecodeUtf8(s, &pos));
+    return cps;
+  };
+  const uint32_t kInv = unicode::kInvalidBase;
+  EXPECT_EQ(decode_all("a\xc3\xa9\xe6\x9d\xb1\xf0\x9f\x98\x80"),
+            (std::vector<uint32_t>{'a', 0xE9, 0x6771, 0x1F600}));
+  EXPECT_EQ(decode_all("\xc0\xaf"), (std::vector<uint32_t>{kInv + 0xC0, kInv + 0xAF}));  // overlong
+  EXPECT_EQ(decode_all("\xed\xa0\x80"),  // surrogate
+            (std::vector<uint32_t>{kInv + 0xED, kInv + 0xA0, kInv + 0x80}));
+  EXPECT_EQ(decode_all("\xf4\x90\x80\x80"),  // > U+10FFFF
+            (std::vector<uint32_t>{kInv + 0xF4, kInv + 0x90, kInv + 0x80, kInv + 0x80}));
+  EXPECT_EQ(decode_all("\xe2\x82"), (std::vector<uint32_t>{kInv + 0xE2, kInv + 0x82}));
+}
+
+TEST(UnicodeTest, CategoryTables) {
+  using unicode::FlagsOf;
+  EXPECT_EQ(FlagsOf('a'), unicode::kLetter);
+  EXPECT_EQ(FlagsOf('7'), unicode::kNumber);
+  EXPECT_EQ(FlagsOf(' '), unicode::kWhitespace);
+  EXPECT_EQ(FlagsOf('!'), unicode::kPunctuation);
+  EXPECT_EQ(FlagsOf('$'), 0);                    // symbol (Sc)
+  EXPECT_EQ(FlagsOf(0x6771), unicode::kLetter);  // 東 (Lo)
+  EXPECT_EQ(FlagsOf(0x0663), unicode::kNumber);  // ٣ (Nd)
+  EXPECT_EQ(FlagsOf(0x00B2), unicode::kNumber);  // ² (No)
+  EXPECT_EQ(FlagsOf(0x3000), unicode::kWhitespace);
+  EXPECT_EQ(FlagsOf(0x00A0), unicode::kWhitespace);
+  EXPECT_EQ(FlagsOf(0x001C), 0);   // not White_Space although Python's isspace() says so
+  EXPECT_EQ(FlagsOf(0x0301), 0);   // combining acute (Mn)
+  EXPECT_EQ(FlagsOf(0x1F600), 0);  // emoji (So)
+  EXPECT_EQ(FlagsOf(0x10FFFF), 0);
+  EXPECT_EQ(FlagsOf(0x7FFFFFFF), 0);
+  EXPECT_EQ(FlagsOf(0x3002), unicode::kPunctuation);  // 。
+}
+
+TEST(UnicodeTest, ByteLevelMappingIsABijection) {
+  std::vector<bool> seen(0x200, false);
+  for (int b = 0; b < 256; ++b) {
+    const uint32_t cp = unicode::ByteToUnicode(static_cast<uint8_t>(b));
+    ASSERT_LT(cp, 0x200u);
+    EXPECT_FALSE(seen[cp]);
+    seen[cp] = true;
+    EXPECT_EQ(unicode::ByteFromUnicode(cp), b);
+  }
+  EXPECT_EQ(unicode::ByteToUnicode(' '), 0x120u);   // Ġ
+  EXPECT_EQ(unicode::ByteToUnicode('\n'), 0x10Au);  // Ċ
+  EXPECT_EQ(unicode::ByteToUnicode('a'), static_cast<uint32_t>('a'));
+  EXPECT_EQ(unicode::ByteFromUnicode(0x144), -1);
+  EXPECT_EQ(unicode::ByteFromUnicode(0xAD), -1);  // soft hyphen is shifted to U+0143
+}
+
+}  // namespace
+}  // namespace kiln
