@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "lib/common/status.h"
+#include "lib/sample/fast_exp.h"
 
 namespace kiln::sample {
 namespace {
@@ -54,6 +55,25 @@ float BlockMax(const float* v, size_t n) {
   for (float x : lanes) m = x > m ? x : m;
   for (; i < n; ++i) m = v[i] > m ? v[i] : m;
   return m;
+}
+
+// Sum with float lanes inside 1024-element blocks (vectorized) and double across blocks.
+double SumBlocks(const float* v, size_t n) {
+  constexpr size_t kBlock = 1024;
+  double total = 0.0;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t end = std::min(n, begin + kBlock);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      for (int j = 0; j < 8; ++j) lanes[j] += v[i + j];
+    }
+    double block = 0.0;
+    for (float x : lanes) block += x;
+    for (; i < end; ++i) block += v[i];
+    total += block;
+  }
+  return total;
 }
 
 float MaxLogit(std::span<const float> v) { return BlockMax(v.data(), v.size()); }
@@ -261,13 +281,11 @@ absl::Status Sampler::CollectCandidates(std::span<const float> view, bool* trunc
       // One exp pass: mass per distance-from-max bucket, then the bucket where the cumulative
       // mass from the top reaches top_p. Only tokens in buckets up to it (plus one bucket of slack
       // for rounding) are collected and sorted; the exact cut is made below.
+      exp_.resize(vocab);  // [vocab] e^(logit - max), vectorized
+      FastExpShifted(view.data(), max_logit, exp_.data(), vocab);
       std::vector<double>& mass = bucket_mass_;
       mass.assign(kBuckets, 0.0);
-      for (size_t i = 0; i < vocab; ++i) {
-        const float l = view[i];
-        if (l == -kInf) continue;
-        mass[BucketOf(max_logit, l)] += std::exp(l - max_logit);  // float exp, double sum
-      }
+      for (size_t i = 0; i < vocab; ++i) mass[BucketOf(max_logit, view[i])] += exp_[i];
       const double z = std::accumulate(mass.begin(), mass.end(), 0.0);
       const double target = static_cast<double>(params_.top_p) * z;
       int last_bucket = kBuckets - 1;
@@ -288,7 +306,7 @@ absl::Status Sampler::CollectCandidates(std::span<const float> view, bool* trunc
       // Exact nucleus: the shortest prefix with mass >= top_p * z (at least one token).
       cum = 0.0;
       for (size_t i = 0; i < cands.size(); ++i) {
-        cum += std::exp(cands[i].logit - max_logit);  // same float values as the histogram
+        cum += exp_[cands[i].token];  // the same values the histogram summed
         if (cum >= target) {
           cands.resize(i + 1);
           break;
@@ -405,8 +423,9 @@ void Sampler::Finish(Distribution* out) {
 void Sampler::FillLogprobs(std::span<const float> logits, Distribution* out) {
   if (params_.n_logprobs <= 0) return;
   const float max_logit = MaxLogit(logits);
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(l - max_logit);  // float exp, double sum
+  exp_.resize(logits.size());
+  FastExpShifted(logits.data(), max_logit, exp_.data(), logits.size());
+  const double sum = SumBlocks(exp_.data(), exp_.size());
   const double log_z = max_logit + std::log(sum);
   out->raw_log_normalizer = log_z;
   std::vector<Cand> top;

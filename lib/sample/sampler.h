@@ -133,6 +133,7 @@ class Sampler {
   std::vector<internal::ScoredToken> candidates_;  // current survivors, sorted
   std::vector<double> probs_;                      // [candidates_.size()] scratch softmax
   std::vector<int32_t> window_;                    // penalty window, sorted
+  std::vector<float> exp_;                         // [vocab] e^(logit - max) for top-p / logprobs
   std::vector<double> bucket_mass_;                // [512] top-p mass per logit-distance bucket
   Distribution scratch_dist_;                      // for Next()
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lib/sample/distribution.h"
+#include "lib/sample/fast_exp.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
 
@@ -64,6 +65,24 @@ TEST(Rng, KnownAnswerAndRange) {
   }
   // Mean of 1e5 uniforms: sd = sqrt(1/12/1e5) = 0.0009; 5 sd bound.
   EXPECT_NEAR(sum / 100000, 0.5, 0.0046);
+}
+
+TEST(FastExp, MatchesStdExpOnNonPositiveRange) {
+  // The vectorized exp used by the top-p and logprob passes against std::exp (double).
+  constexpr int kPoints = 1000001;
+  std::vector<float> x(kPoints), fast(kPoints);
+  for (int i = 0; i < kPoints; ++i) x[i] = -87.0f * static_cast<float>(i) / (kPoints - 1);
+  FastExpShifted(x.data(), 0.0f, fast.data(), kPoints);
+  double worst = 0.0;
+  for (int i = 0; i < kPoints; ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    worst = std::max(worst, std::fabs(fast[i] - want) / want);
+    ASSERT_NEAR(FastExpNonPositive(x[i]), fast[i], 1e-7 * want) << "x = " << x[i];
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(FastExpNonPositive(0.0f), 1.0f);
+  EXPECT_EQ(FastExpNonPositive(-100.0f), 0.0f);
+  EXPECT_EQ(FastExpNonPositive(kNegInf), 0.0f);
 }
 
 TEST(SamplerStages, TemperatureOnly) {
