@@ -3,8 +3,9 @@
 // accumulation-order contract in lib/quant/legacy_kernels.h describes.
 //
 // Dots: one 32-element block per __m256i. Weights and activations are laid out element-major
-// (byte j = element j), so the 8 int32 lanes of the integer dot hold P_b[l] = Σ elements
-// 4l..4l+3, exactly as the AVX-512 kernels compute them: both levels give bit-identical results.
+// (byte j = element j); the 8 int32 lanes of the integer dot (elements 4l..4l+3) are folded to
+// the 4 lanes P_b[l] of the documented order (lane l + lane l+4), exactly the values the AVX-512
+// kernels compute, with the same FMAs and reduction: both levels give bit-identical results.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -54,45 +55,70 @@ inline __m256i DotI8I8(__m256i x, __m256i y) {
   return DotU8I8(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x));
 }
 
-// Final reduction of the documented order: (acc0 + acc1) lane-wise, then 8 -> 4 -> 2 -> 1.
-inline float ReduceAcc(__m256 acc0, __m256 acc1) {
-  const __m256 v = _mm256_add_ps(acc0, acc1);
-  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+// Final reduction of the documented order from acc01 = [acc0 | acc1] and acc23 = [acc2 | acc3]
+// (4 lanes each): v = (acc0 + acc2) + (acc1 + acc3), then 4 -> 2 -> 1.
+inline float ReduceAcc(__m256 acc01, __m256 acc23) {
+  const __m256 t = _mm256_add_ps(acc01, acc23);
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
 }
 
-// Dot of weight blocks against activation blocks. WeightBlock/ActBlock give the block strides;
-// `int_dot(w, a)` returns the 8 int32 lanes P_b; `has_min` adds the mw * sa chains (_1 types, whose
-// d/m and d/s pairs are the first 4 bytes of each block).
+inline float Lane1(__m128 v) { return _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)); }
+
+// Dot of weight blocks against activation blocks in the documented order. `int_dot(w, a)` returns
+// 8 int32 lanes (elements 4l..4l+3); two blocks b, b+1 are folded to [P_b | P_b+1] (lane l + lane
+// l+4) and accumulated into acc01 (b % 4 == 0) or acc23 (b % 4 == 2). kHasMin adds the mw * sa
+// chains (_1 types, whose d/m and d/s pairs are the first 4 bytes of each block).
 template <typename WeightBlock, typename ActBlock, bool kHasMin, typename IntDot>
 inline float DotBlocks(int64_t n, const void* vw, const void* va, IntDot int_dot) {
   const auto* w = static_cast<const WeightBlock*>(vw);
   const auto* a = static_cast<const ActBlock*>(va);
   const int64_t nb = n / kQK;
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m128 mins[2] = {_mm_setzero_ps(), _mm_setzero_ps()};  // lane 1 holds the chain
-  for (int64_t b = 0; b < nb; ++b) {
-    const int parity = static_cast<int>(b & 1);
-    __m256 scale;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // acc01, acc23
+  __m128 mins[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(),
+                    _mm_setzero_ps()};  // lane 1 holds the chain
+  // Scale of one block as a 4-lane vector; updates its mins chain.
+  auto scale_of = [&](int k, const WeightBlock& wb, const ActBlock& ab) {
     if constexpr (kHasMin) {
       // [dw, mw] * [da, sa] = [dw*da, mw*sa]
-      const __m128 wdm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(w[b].d))));
-      const __m128 ads = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(a[b].d))));
+      const __m128 wdm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(wb.d))));
+      const __m128 ads = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(ab.d))));
       const __m128 prod = _mm_mul_ps(wdm, ads);
-      scale = _mm256_broadcastss_ps(prod);
-      mins[parity] = _mm_add_ps(mins[parity], prod);
+      mins[k] = _mm_add_ps(mins[k], prod);
+      return _mm_broadcastss_ps(prod);
     } else {
-      scale = _mm256_set1_ps(HalfToFloat(w[b].d) * HalfToFloat(a[b].d));
+      return _mm_set1_ps(HalfToFloat(wb.d) * HalfToFloat(ab.d));
     }
-    const __m256 p = _mm256_cvtepi32_ps(int_dot(w[b], a[b]));
-    acc[parity] = _mm256_fmadd_ps(scale, p, acc[parity]);
+  };
+  // Blocks b (acc index k) and b + 1 (k + 1); `two` = false pads the second with zeros.
+  auto pair = [&](int k, int64_t b, bool two) {
+    const __m128 s0 = scale_of(k, w[b], a[b]);
+    const __m256i p0 = int_dot(w[b], a[b]);
+    __m128 s1 = _mm_setzero_ps();
+    __m256i p1 = _mm256_setzero_si256();
+    if (two) {
+      s1 = scale_of(k + 1, w[b + 1], a[b + 1]);
+      p1 = int_dot(w[b + 1], a[b + 1]);
+    }
+    const __m256i folded = _mm256_add_epi32(_mm256_permute2x128_si256(p0, p1, 0x20),
+                                            _mm256_permute2x128_si256(p0, p1, 0x31));
+    acc[k / 2] = _mm256_fmadd_ps(_mm256_set_m128(s1, s0), _mm256_cvtepi32_ps(folded), acc[k / 2]);
+  };
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    pair(0, b, true);
+    pair(2, b + 2, true);
+  }
+  if (b + 2 <= nb) {
+    pair(0, b, true);
+    b += 2;
+    if (b < nb) pair(2, b, false);
+  } else if (b < nb) {
+    pair(0, b, false);
   }
   float r = ReduceAcc(acc[0], acc[1]);
-  if constexpr (kHasMin) {
-    r += _mm_cvtss_f32(_mm_shuffle_ps(mins[0], mins[0], 1)) +
-         _mm_cvtss_f32(_mm_shuffle_ps(mins[1], mins[1], 1));
-  }
+  if constexpr (kHasMin) r += (Lane1(mins[0]) + Lane1(mins[2])) + (Lane1(mins[1]) + Lane1(mins[3]));
   return r;
 }
 

@@ -1,12 +1,16 @@
 // AVX-512 (F/BW/VL) + VNNI kernels of the legacy block quants. Compiled with -ffp-contract=off
 // (see sources.cmake); every FMA is explicit.
 //
-// Dots: two blocks per __m512i (block 2k in lanes 0..7, block 2k+1 in lanes 8..15), integer dot
-// by vpdpbusd. The low half of the float accumulator is acc[0] of the documented order (even
-// blocks) and the high half acc[1] (odd blocks); an odd last block goes to the low half. So the
-// results are bit-identical to the AVX2 kernels (same exact P_b lanes, same FMAs, same reduction).
-// Only functions of this file may run on AVX-512 (everything here is in an anonymous namespace
-// or has an Avx512 name), so no inline function compiled with AVX-512 leaks to other callers.
+// Dots work on groups of 4 blocks (b = 4g + k). The 16 weight bytes of each block's first half
+// (elements 0..15) and of its second half (16..31) are gathered from two 128-byte windows with
+// vpermt2d/w into "lo" and "hi" registers; two chained vpdpbusd (lo, then hi) leave in lane
+// 4k + l the exact P_b[l] of the documented order (elements j with j % 16 in 4l..4l+3). So the
+// one float accumulator holds acc[k][l] (acc index = b % 4) and the results are bit-identical to
+// the AVX2 kernels. Block headers (d, m / s, qh) of the 4 blocks are
+// gathered the same way and converted with one vcvtph2ps. A last partial group is copied into
+// zeroed blocks (d = 0 adds exact zeros, which leave every accumulator unchanged).
+// Everything here is in an anonymous namespace or has an Avx512 name, so no inline function
+// compiled for AVX-512 can be picked by the linker for another caller.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 intrinsic headers initialize results from _mm512_undefined_*() and then trip
@@ -16,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -24,125 +29,237 @@
 namespace kiln::quant {
 namespace {
 
-inline uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline uint32_t LoadU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+constexpr int kGroup = 4;  // blocks per group
 
-// 16 packed nibbles -> 32 bytes: byte j = low nibble of qs[j], byte j+16 = high nibble.
-inline __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-inline __m512i UnpackNibblesPair(const uint8_t* qs0, const uint8_t* qs1) {
-  const __m256i lo = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)),
-                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)));
-  // [qs0 lo, qs1 lo, qs0 hi, qs1 hi] as 128-bit quarters; reorder to [qs0 lo, qs0 hi, ...].
-  const __m512i quarters =
-      _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_srli_epi16(lo, 4), 1);
-  const __m512i ordered = _mm512_shuffle_i64x2(quarters, quarters, _MM_SHUFFLE(3, 1, 2, 0));
-  return _mm512_and_si512(ordered, _mm512_set1_epi8(0x0F));
-}
+// Index vector for a two-register permute over a 128-byte window: dword granular (vpermt2d,
+// cheap) when every gathered piece is 4-byte aligned in the window, else word granular (vpermt2w).
+struct PermIndex {
+  bool dword;
+  uint32_t d[16];
+  uint16_t w[32];
+};
 
-inline __m256i LoadQs(const int8_t* qs) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
-}
-inline __m512i LoadQsPair(const int8_t* qs0, const int8_t* qs1) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(LoadQs(qs0)), LoadQs(qs1), 1);
-}
-
-inline float ReduceAcc(__m256 acc0, __m256 acc1) {
-  const __m256 v = _mm256_add_ps(acc0, acc1);
-  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-  return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
-}
-
-// Per-block header products: lane 0 = dw * da, lane 1 = mw * sa for the _1 types (whose d/m and
-// d/s pairs are the first 4 bytes of the blocks); for the _0 types only lane 0 matters.
-template <bool kHasMin>
-inline __m128 HeaderProduct(const uint8_t* w, const uint8_t* a) {
-  if constexpr (kHasMin) {
-    const __m128 wdm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(w))));
-    const __m128 ads = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(a))));
-    return _mm_mul_ps(wdm, ads);
-  } else {
-    const __m128 wd = _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU16(w)));
-    const __m128 ad = _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU16(a)));
-    return _mm_mul_ss(wd, ad);
-  }
-}
-
-// Dot over block pairs. `pair_dot(w0, a0, w1, a1)` returns the 16 int32 lanes [P_2k, P_2k+1];
-// `one_dot(w, a)` the 8 lanes of a single (odd last) block.
-template <typename WeightBlock, typename ActBlock, bool kHasMin, typename PairDot, typename OneDot>
-inline float DotBlocks(int64_t n, const void* vw, const void* va, PairDot pair_dot,
-                       OneDot one_dot) {
-  const auto* w = static_cast<const WeightBlock*>(vw);
-  const auto* a = static_cast<const ActBlock*>(va);
-  const int64_t nb = n / kQK;
-  __m512 acc = _mm512_setzero_ps();  // [acc0 | acc1]
-  __m128 mins0 = _mm_setzero_ps();   // lane 1 holds the chain of even blocks
-  __m128 mins1 = _mm_setzero_ps();   // ... of odd blocks
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    const __m128 h0 = HeaderProduct<kHasMin>(w[b].d, a[b].d);
-    const __m128 h1 = HeaderProduct<kHasMin>(w[b + 1].d, a[b + 1].d);
-    if constexpr (kHasMin) {
-      mins0 = _mm_add_ps(mins0, h0);
-      mins1 = _mm_add_ps(mins1, h1);
+// Gathers `words_per_block` words at byte `first_byte` of each of the 4 blocks (block stride
+// `stride`) from the window starting at `window_byte`, packed block after block.
+constexpr PermIndex GatherIndex(int stride, int first_byte, int window_byte, int words_per_block) {
+  PermIndex r{};
+  r.dword = words_per_block % 2 == 0 && stride % 4 == 0 && (first_byte - window_byte) % 4 == 0;
+  for (int k = 0; k < kGroup; ++k) {
+    const int base = k * stride + first_byte - window_byte;
+    for (int i = 0; i < words_per_block; ++i) {
+      r.w[words_per_block * k + i] = static_cast<uint16_t>(base / 2 + i);
     }
-    const __m512 scale =
-        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_broadcastss_ps(h0)),
-                                            _mm256_castps_pd(_mm256_broadcastss_ps(h1)), 1));
-    const __m512 p = _mm512_cvtepi32_ps(pair_dot(w[b], a[b], w[b + 1], a[b + 1]));
-    acc = _mm512_fmadd_ps(scale, p, acc);
+    for (int i = 0; i < words_per_block / 2; ++i) {
+      r.d[words_per_block / 2 * k + i] = static_cast<uint32_t>(base / 4 + i);
+    }
   }
-  __m256 acc0 = _mm512_castps512_ps256(acc);
-  const __m256 acc1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  if (b < nb) {
-    const __m128 h = HeaderProduct<kHasMin>(w[b].d, a[b].d);
-    if constexpr (kHasMin) mins0 = _mm_add_ps(mins0, h);
-    acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(h), _mm256_cvtepi32_ps(one_dot(w[b], a[b])), acc0);
-  }
-  float r = ReduceAcc(acc0, acc1);
-  if constexpr (kHasMin) {
-    r += _mm_cvtss_f32(_mm_shuffle_ps(mins0, mins0, 1)) +
-         _mm_cvtss_f32(_mm_shuffle_ps(mins1, mins1, 1));
+  return r;
+}
+// The 16 bytes (8 words) at `first_byte` of each block: 4 x 16 bytes.
+constexpr PermIndex HalfIndex(int stride, int first_byte, int window_byte) {
+  return GatherIndex(stride, first_byte, window_byte, 8);
+}
+// `words_per_block` header words at the start of each block.
+constexpr PermIndex HeaderIndex(int stride, int words_per_block) {
+  return GatherIndex(stride, 0, 0, words_per_block);
+}
+// qh of Q5 blocks: the 4 low words, then the 4 high words (word granular).
+constexpr PermIndex QhIndex(int stride, int qh_byte) {
+  PermIndex r{};
+  r.dword = false;
+  for (int k = 0; k < kGroup; ++k) {
+    r.w[k] = static_cast<uint16_t>((k * stride + qh_byte) / 2);
+    r.w[kGroup + k] = static_cast<uint16_t>((k * stride + qh_byte) / 2 + 1);
   }
   return r;
 }
 
-// 5-bit weights: the nibbles plus 16 where bit j of qh is set.
-inline __m256i Q5Unsigned(const uint8_t* qs, const uint8_t* qh) {
-  const __m256i q = UnpackNibbles(qs);
-  return _mm256_mask_add_epi8(q, _cvtu32_mask32(LoadU32(qh)), q, _mm256_set1_epi8(0x10));
-}
-inline __m512i Q5UnsignedPair(const uint8_t* qs0, const uint8_t* qh0, const uint8_t* qs1,
-                              const uint8_t* qh1) {
-  const __m512i q = UnpackNibblesPair(qs0, qs1);
-  const __mmask64 k = _cvtu64_mask64(static_cast<uint64_t>(LoadU32(qh0)) |
-                                     (static_cast<uint64_t>(LoadU32(qh1)) << 32));
-  return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(0x10));
+struct Perm {
+  bool dword;
+  __m512i idx;
+  __m512i operator()(__m512i a, __m512i b) const {
+    return dword ? _mm512_permutex2var_epi32(a, idx, b) : _mm512_permutex2var_epi16(a, idx, b);
+  }
+};
+inline Perm LoadIndex(const PermIndex& p) {
+  return {p.dword, p.dword ? _mm512_loadu_si512(p.d) : _mm512_loadu_si512(p.w)};
 }
 
-// Signed x signed via the AVX2 sign trick (|x| is at most 128 as an unsigned byte).
-inline __m256i DotI8I8(__m256i x, __m256i y) {
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), _mm256_sign_epi8(y, x));
+// 128 bytes from p; the second 64 only up to `bytes` (masked: no read past the group).
+inline __m512i WindowLow(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline __m512i WindowHigh(const uint8_t* p, int bytes) {
+  const int rest = bytes - 64;
+  const __mmask64 m = rest >= 64 ? ~__mmask64{0} : ((__mmask64{1} << rest) - 1);
+  return _mm512_maskz_loadu_epi8(m, p + 64);
 }
-inline __m512i DotI8I8Pair(__m512i x, __m512i y) {
-  // y negated where x < 0 (where x == 0, |x| = 0 makes the product 0 anyway).
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), zero, y);
-  return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(x), sy);
+
+// 8-bit rows (Q8_0 / Q8_1 activations, or weights): per group the lo and hi halves of the 4
+// blocks' qs and the header words: d, or d and s when kWithSum (the min term of _1 dots).
+template <typename ActBlock, bool kWithSum>
+struct ActGroup {
+  static constexpr int kStride = sizeof(ActBlock);
+  static constexpr int kQs = static_cast<int>(offsetof(ActBlock, qs));
+  static constexpr bool kHasSum = kWithSum;
+  static constexpr int kHiWindow = kQs + 16;  // first byte of block 0's second half
+  struct Indices {
+    Perm lo, hi, header;
+  };
+  static Indices Load() {
+    static constexpr PermIndex lo = HalfIndex(kStride, kQs, 0);
+    static constexpr PermIndex hi = HalfIndex(kStride, kQs + 16, kHiWindow);
+    static constexpr PermIndex hdr = HeaderIndex(kStride, kHasSum ? 2 : 1);
+    return {LoadIndex(lo), LoadIndex(hi), LoadIndex(hdr)};
+  }
+  __m512i lo, hi, header;  // header: words in the low 128 bits
+  ActGroup(const uint8_t* p, const Indices& idx) {
+    const __m512i a0 = WindowLow(p);
+    const __m512i a1 = WindowHigh(p, 128);
+    lo = idx.lo(a0, a1);
+    header = idx.header(a0, a1);
+    const __m512i b0 = WindowLow(p + kHiWindow);
+    const __m512i b1 = WindowHigh(p + kHiWindow, kGroup * kStride - kHiWindow);
+    hi = idx.hi(b0, b1);
+  }
+};
+
+// Float scale per lane 4k + l: s_k; from the header products (one float per block, or
+// [s, min] pairs for the _1 types).
+template <bool kHasMin>
+inline __m512 BroadcastScales(__m512 products) {
+  const __m512i idx = kHasMin ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
+                              : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  return _mm512_permutexvar_ps(idx, products);
 }
+
+// The final reduction of the documented order, from acc (lanes 4k + l = acc[k][l]) and mins
+// (lanes 2k + 1 = mins[k]).
+template <bool kHasMin>
+inline float Finish(__m512 acc, __m256 mins) {
+  // t = [acc0 + acc2 | acc1 + acc3]; v[l] = (acc0 + acc2)[l] + (acc1 + acc3)[l]
+  const __m256 t =
+      _mm256_add_ps(_mm512_castps512_ps256(acc),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  float r = _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+  if constexpr (kHasMin) {
+    alignas(32) float m[8];
+    _mm256_store_ps(m, mins);
+    r += (m[1] + m[5]) + (m[3] + m[7]);
+  }
+  return r;
+}
+
+// Generic group loop. `Weights` knows the weight layout: Weights::Indices Load(), and
+// Weights::Dot(w_ptr, idx, act_group, &p, &header_words).
+template <typename Weights, typename ActBlock>
+inline float DotGroups(int64_t n, const void* vw, const void* va) {
+  constexpr int kWs = Weights::kStride;
+  constexpr int kAs = sizeof(ActBlock);
+  constexpr bool kHasMin = Weights::kHasMin;
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / kQK;
+  const typename Weights::Indices widx = Weights::Load();
+  using Act = ActGroup<ActBlock, kHasMin>;
+  const typename Act::Indices aidx = Act::Load();
+  __m512 acc = _mm512_setzero_ps();
+  __m256 mins = _mm256_setzero_ps();
+  auto group = [&](const uint8_t* wg, const uint8_t* ag) {
+    const Act act(ag, aidx);
+    __m512i p, wheader;
+    Weights::Dot(wg, widx, act, &p, &wheader);
+    __m512 products;
+    if constexpr (kHasMin) {
+      const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(wheader)),
+                                        _mm256_cvtph_ps(_mm512_castsi512_si128(act.header)));
+      mins = _mm256_add_ps(mins, prod);
+      products = _mm512_castps256_ps512(prod);
+    } else {
+      products =
+          _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm512_castsi512_si128(wheader)),
+                                            _mm_cvtph_ps(_mm512_castsi512_si128(act.header))));
+    }
+    const __m512 scale = BroadcastScales<kHasMin>(products);
+    acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc);
+  };
+  int64_t b = 0;
+  for (; b + kGroup <= nb; b += kGroup) group(w + b * kWs, a + b * kAs);
+  if (b < nb) {
+    alignas(64) uint8_t wpad[kGroup * kWs] = {};
+    alignas(64) uint8_t apad[kGroup * kAs] = {};
+    std::memcpy(wpad, w + b * kWs, static_cast<size_t>(nb - b) * kWs);
+    std::memcpy(apad, a + b * kAs, static_cast<size_t>(nb - b) * kAs);
+    group(wpad, apad);
+  }
+  return Finish<kHasMin>(acc, mins);
+}
+
+inline __m512i Zero() { return _mm512_setzero_si512(); }
+
+// Nibble weights (Q4_0, Q4_1, Q5_0, Q5_1). kOffset: 8 / 16 subtracted from each weight (_0
+// types; done as Σ q*a - Σ off*a, both exact), 0 for the _1 types.
+template <typename Block, int kOffset, bool kFiveBit>
+struct NibbleWeights {
+  static constexpr int kStride = sizeof(Block);
+  static constexpr bool kHasMin = kOffset == 0;
+  static constexpr int kQs = static_cast<int>(offsetof(Block, qs));
+  struct Indices {
+    Perm qs, header, qh;
+  };
+  static Indices Load() {
+    static constexpr PermIndex qs = HalfIndex(kStride, kQs, 0);
+    static constexpr PermIndex hdr = HeaderIndex(kStride, kHasMin ? 2 : 1);
+    static constexpr PermIndex qh = QhIndex(kStride, kFiveBit ? kQs - 4 : 0);
+    return {LoadIndex(qs), LoadIndex(hdr), LoadIndex(qh)};
+  }
+  template <typename Act>
+  static void Dot(const uint8_t* p, const Indices& idx, const Act& act, __m512i* dot,
+                  __m512i* header) {
+    const __m512i w0 = WindowLow(p);
+    const __m512i w1 = WindowHigh(p, kGroup * kStride);
+    const __m512i packed = idx.qs(w0, w1);
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512i lo = _mm512_and_si512(packed, mask);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
+    if constexpr (kFiveBit) {
+      const __m128i qh = _mm512_castsi512_si128(idx.qh(w0, w1));
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
+      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(static_cast<uint64_t>(_mm_cvtsi128_si64(qh))),
+                                lo, bit4);
+      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(static_cast<uint64_t>(_mm_extract_epi64(qh, 1))),
+                                hi, bit4);
+    }
+    *header = idx.header(w0, w1);
+    *dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Zero(), lo, act.lo), hi, act.hi);
+    if constexpr (kOffset != 0) {
+      const __m512i off = _mm512_set1_epi8(kOffset);
+      *dot = _mm512_sub_epi32(
+          *dot, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Zero(), off, act.lo), off, act.hi));
+    }
+  }
+};
+
+// 8-bit weights (Q8_0, Q8_1): same windows as the activations; signed x signed via |w| and the
+// activation negated where w < 0 (|w| <= 128 fits the unsigned operand).
+template <typename Block>
+struct Int8Weights {
+  static constexpr int kStride = sizeof(Block);
+  static constexpr bool kHasMin = false;
+  using Indices = typename ActGroup<Block, false>::Indices;
+  static Indices Load() { return ActGroup<Block, false>::Load(); }
+  static __m512i SignedDot(__m512i acc, __m512i w, __m512i a) {
+    const __m512i sa = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), Zero(), a);
+    return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), sa);
+  }
+  template <typename Act>
+  static void Dot(const uint8_t* p, const Indices& idx, const Act& act, __m512i* dot,
+                  __m512i* header) {
+    const ActGroup<Block, false> wg(p, idx);
+    *dot = SignedDot(SignedDot(Zero(), wg.lo, act.lo), wg.hi, act.hi);
+    *header = wg.header;
+  }
+};
 
 // --- Activation quantizers ---
 
@@ -199,88 +316,25 @@ void QuantizeRowQ8_1Avx512(const float* x, void* vy, int64_t n) {
   }
 }
 
-// --- Dots. Offset weights (Q4_0, Q5_0) use Σ q*a - Σ off*a with unsigned q (both exact). ---
+// --- Dots ---
 
 float VecDotQ4_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ4_0, BlockQ8_0, false>(
-      n, w, a,
-      [](const BlockQ4_0& w0, const BlockQ8_0& a0, const BlockQ4_0& w1, const BlockQ8_0& a1) {
-        const __m512i act = LoadQsPair(a0.qs, a1.qs);
-        const __m512i zero = _mm512_setzero_si512();
-        return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, UnpackNibblesPair(w0.qs, w1.qs), act),
-                                _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), act));
-      },
-      [](const BlockQ4_0& wb, const BlockQ8_0& ab) {
-        const __m256i act = LoadQs(ab.qs);
-        const __m256i zero = _mm256_setzero_si256();
-        return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, UnpackNibbles(wb.qs), act),
-                                _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), act));
-      });
+  return DotGroups<NibbleWeights<BlockQ4_0, 8, false>, BlockQ8_0>(n, w, a);
 }
-
 float VecDotQ4_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ4_1, BlockQ8_1, true>(
-      n, w, a,
-      [](const BlockQ4_1& w0, const BlockQ8_1& a0, const BlockQ4_1& w1, const BlockQ8_1& a1) {
-        return _mm512_dpbusd_epi32(_mm512_setzero_si512(), UnpackNibblesPair(w0.qs, w1.qs),
-                                   LoadQsPair(a0.qs, a1.qs));
-      },
-      [](const BlockQ4_1& wb, const BlockQ8_1& ab) {
-        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), UnpackNibbles(wb.qs), LoadQs(ab.qs));
-      });
+  return DotGroups<NibbleWeights<BlockQ4_1, 0, false>, BlockQ8_1>(n, w, a);
 }
-
 float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ5_0, BlockQ8_0, false>(
-      n, w, a,
-      [](const BlockQ5_0& w0, const BlockQ8_0& a0, const BlockQ5_0& w1, const BlockQ8_0& a1) {
-        const __m512i act = LoadQsPair(a0.qs, a1.qs);
-        const __m512i zero = _mm512_setzero_si512();
-        const __m512i q = Q5UnsignedPair(w0.qs, w0.qh, w1.qs, w1.qh);
-        return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, act),
-                                _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), act));
-      },
-      [](const BlockQ5_0& wb, const BlockQ8_0& ab) {
-        const __m256i act = LoadQs(ab.qs);
-        const __m256i zero = _mm256_setzero_si256();
-        return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, Q5Unsigned(wb.qs, wb.qh), act),
-                                _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(16), act));
-      });
+  return DotGroups<NibbleWeights<BlockQ5_0, 16, true>, BlockQ8_0>(n, w, a);
 }
-
 float VecDotQ5_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ5_1, BlockQ8_1, true>(
-      n, w, a,
-      [](const BlockQ5_1& w0, const BlockQ8_1& a0, const BlockQ5_1& w1, const BlockQ8_1& a1) {
-        return _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                   Q5UnsignedPair(w0.qs, w0.qh, w1.qs, w1.qh),
-                                   LoadQsPair(a0.qs, a1.qs));
-      },
-      [](const BlockQ5_1& wb, const BlockQ8_1& ab) {
-        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), Q5Unsigned(wb.qs, wb.qh), LoadQs(ab.qs));
-      });
+  return DotGroups<NibbleWeights<BlockQ5_1, 0, true>, BlockQ8_1>(n, w, a);
 }
-
 float VecDotQ8_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ8_0, BlockQ8_0, false>(
-      n, w, a,
-      [](const BlockQ8_0& w0, const BlockQ8_0& a0, const BlockQ8_0& w1, const BlockQ8_0& a1) {
-        return DotI8I8Pair(LoadQsPair(w0.qs, w1.qs), LoadQsPair(a0.qs, a1.qs));
-      },
-      [](const BlockQ8_0& wb, const BlockQ8_0& ab) {
-        return DotI8I8(LoadQs(wb.qs), LoadQs(ab.qs));
-      });
+  return DotGroups<Int8Weights<BlockQ8_0>, BlockQ8_0>(n, w, a);
 }
-
 float VecDotQ8_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ8_1, BlockQ8_1, false>(
-      n, w, a,
-      [](const BlockQ8_1& w0, const BlockQ8_1& a0, const BlockQ8_1& w1, const BlockQ8_1& a1) {
-        return DotI8I8Pair(LoadQsPair(w0.qs, w1.qs), LoadQsPair(a0.qs, a1.qs));
-      },
-      [](const BlockQ8_1& wb, const BlockQ8_1& ab) {
-        return DotI8I8(LoadQs(wb.qs), LoadQs(ab.qs));
-      });
+  return DotGroups<Int8Weights<BlockQ8_1>, BlockQ8_1>(n, w, a);
 }
 
 }  // namespace kiln::quant

@@ -20,12 +20,16 @@
 //   Scalar (kScalar), quants: for each block b in order: isum_b = exact integer Σ qw*qa;
 //     acc += (dw_b * da_b) * float(isum_b)      (+ mw_b * sa_b for the _1 types, added to the
 //     same term before it joins acc). One float accumulator, block order.
-//   SIMD (kAvx2 and kAvx512 give bit-identical results), quants: for each block b, 8 int32 lanes
-//     P_b[l] = exact Σ of qw*qa over elements 4l..4l+3 of the block (l = 0..7);
-//     s_b = dw_b * da_b (float product); acc[b & 1][l] = fma(s_b, float(P_b[l]), acc[b & 1][l]).
-//     _1 types also keep two scalar chains mins[b & 1] += mw_b * sa_b (product rounded, then add).
-//     End: v = acc[0] + acc[1] (lane-wise); v4 = v[0..3] + v[4..7]; v2 = v4[0..1] + v4[2..3];
-//     r = v2[0] + v2[1]; then r += mins[0] + mins[1] (that order).
+//   SIMD (kAvx2 and kAvx512 give bit-identical results), quants: for each block b, 4 int32 lanes
+//     P_b[l] = exact Σ of qw*qa over the elements j of the block with j % 16 in 4l..4l+3
+//     (l = 0..3); s_b = dw_b * da_b (float product);
+//     acc[b % 4][l] = fma(s_b, float(P_b[l]), acc[b % 4][l]).
+//     _1 types also keep four scalar chains mins[b % 4] += mw_b * sa_b (product rounded, then
+//     added). End: v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+//     v2[i] = v[i] + v[i + 2]; r = v2[0] + v2[1]; then r += (mins[0] + mins[2]) + (mins[1] +
+//     mins[3]). (Missing blocks of a last partial group of 4 may be treated as zero blocks: they
+//     add exact zeros, and an accumulator that starts at +0 never becomes -0, so the bits are the
+//     same.)
 //   Float types: see float_types.cc / float_avx*.cc (per-level lane layouts, documented there).
 //   A batched kernel (several rows or columns at once) reproduces vec_dot bit-for-bit by following
 //   exactly these steps for each (row, column) pair.
