@@ -37,7 +37,10 @@
 //
 // Cost for a 49,152 vocab: one validation pass; a copy only when bias/penalties apply; top-k by a
 // size-k heap in one pass (no sort of the vocabulary); without top-k, top-p/min-p use one exp pass
-// plus a logit histogram so only the nucleus is sorted. See bench/sample_bench.cc.
+// plus a logit histogram so only the nucleus is sorted. bench/sample_bench.cc, thread CPU time on
+// the shared dev box (x86-64 baseline SSE2 build): greedy 12 µs, default chain 31 µs, default +
+// repeat penalty 38 µs, default + 5 logprobs 135 µs, top-p 0.95 only 177 µs (LM-like logits) to
+// 1.04 ms (flat logits whose nucleus holds ~12,000 tokens, all sorted).
 //
 // Thread-safety: a Sampler owns scratch buffers, so one Sampler per session/thread; distinct
 // Samplers are independent. Apply() does not touch the Rng; only Sample()/Next() do.
