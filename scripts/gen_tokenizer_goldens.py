@@ -93,6 +93,9 @@ INVALID_CASES = [
     ('invalid_lead_then_letters', b'\xe4abc \xc3'),
 ]
 
+LONG_REPEAT = 200
+LONG_SEPARATOR = b'  \n'
+
 SMOLLM_PATTERNS = [
     r"\p{N}",
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
@@ -213,10 +216,25 @@ def main():
             'roundtrip': roundtrip,
             'invalid_utf8': True,
         })
+    # A long text (several pre-tokenizer chunks in kiln) checked by count and FNV-1a hash of the
+    # ids: every valid case's text followed by LONG_SEPARATOR ("  \n": a whitespace run ending in
+    # a newline, where a chunk must not be cut), all repeated LONG_REPEAT times.
+    long_text = b''.join(bytes(c['bytes']) + LONG_SEPARATOR for c in cases
+                         if not c.get('invalid_utf8')) * LONG_REPEAT
+    long_ids = lc_tok(long_text, False)
+    h = 0xcbf29ce484222325
+    for i in long_ids:
+        for k in range(4):
+            h = ((h ^ ((i >> (8 * k)) & 0xFF)) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
     header = {
         'model': os.path.basename(model),
         'generator': 'scripts/gen_tokenizer_goldens.py',
         'reference': f'llama-cpp-python {llama_cpp.__version__} (tokenize add_bos=False)',
+        'long_repeat': LONG_REPEAT,
+        'long_separator': LONG_SEPARATOR.decode(),
+        'long_bytes': len(long_text),
+        'long_n_ids': len(long_ids),
+        'long_fnv1a64_hex': f'{h:016x}',
     }
     with open(out_path, 'w') as f:  # one case per line: readable diffs
         f.write('{\n')

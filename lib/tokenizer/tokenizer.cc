@@ -1,6 +1,7 @@
 #include "lib/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "lib/common/status.h"
@@ -42,6 +43,15 @@ struct Tokenizer::Scratch {
   std::vector<SpmCandidate> spm_heap;
   std::string escaped;
 
+  // BPE word cache: word bytes -> [offset, length) in cached_ids. Valid for one Tokenizer
+  // (cache_owner); cleared when it grows past kMaxCachedWords.
+  static constexpr size_t kMaxCachedWords = 1 << 16;
+  static constexpr size_t kMinCachedLength = 2;
+  static constexpr size_t kMaxCachedLength = 48;
+  uint64_t cache_owner = 0;
+  absl::flat_hash_map<std::string, std::pair<uint32_t, uint32_t>> word_cache;
+  std::vector<int32_t> cached_ids;
+
   // Drops very large buffers after a call so one huge input does not pin memory per thread.
   void Trim() {
     constexpr size_t kKeep = 1 << 20;
@@ -51,6 +61,10 @@ struct Tokenizer::Scratch {
     if (bpe_heap.capacity() > kKeep) std::vector<BpeCandidate>().swap(bpe_heap);
     if (spm_heap.capacity() > kKeep) std::vector<SpmCandidate>().swap(spm_heap);
     if (escaped.capacity() > kKeep) std::string().swap(escaped);
+    if (cached_ids.capacity() > kKeep) {
+      std::vector<int32_t>().swap(cached_ids);
+      word_cache.clear();
+    }
   }
 };
 
@@ -109,6 +123,8 @@ constexpr std::string_view kEogTexts[] = {"<|eot_id|>",    "<|im_end|>",      "<
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(Vocab vocab) {
   KILN_RETURN_IF_ERROR(vocab.Validate());
   std::unique_ptr<Tokenizer> t(new Tokenizer(std::move(vocab)));
+  static std::atomic<uint64_t> next_instance_id{1};
+  t->instance_id_ = next_instance_id.fetch_add(1);
   KILN_RETURN_IF_ERROR(t->Build());
   return t;
 }
@@ -384,10 +400,57 @@ void Tokenizer::Partition(std::string_view text, bool parse_special, Scratch& s)
 }
 
 void Tokenizer::EncodeBpeText(std::string_view text, Scratch& s, std::vector<int32_t>* out) const {
-  pretok::DecodeUnits(text, &s.units);
-  pretok::Split(vocab_.pre, s.units, [&](size_t begin, size_t end) {
-    EncodeBpeWord(text.substr(begin, end - begin), s, out);
-  });
+  if (s.cache_owner != instance_id_) {
+    s.word_cache.clear();
+    s.cached_ids.clear();
+    s.cache_owner = instance_id_;
+  }
+  auto encode_word = [&](size_t begin, size_t end, std::string_view chunk) {
+    const std::string_view word = chunk.substr(begin, end - begin);
+    if (word.size() < Scratch::kMinCachedLength || word.size() > Scratch::kMaxCachedLength) {
+      EncodeBpeWord(word, s, out);
+      return;
+    }
+    const absl::string_view key(word.data(), word.size());
+    if (auto it = s.word_cache.find(key); it != s.word_cache.end()) {
+      const int32_t* ids = s.cached_ids.data() + it->second.first;
+      out->insert(out->end(), ids, ids + it->second.second);
+      return;
+    }
+    const size_t before = out->size();
+    EncodeBpeWord(word, s, out);
+    if (s.word_cache.size() >= Scratch::kMaxCachedWords) {
+      s.word_cache.clear();
+      s.cached_ids.clear();
+    }
+    const auto offset = static_cast<uint32_t>(s.cached_ids.size());
+    s.cached_ids.insert(s.cached_ids.end(), out->begin() + before, out->end());
+    s.word_cache.emplace(std::string(word),
+                         std::make_pair(offset, static_cast<uint32_t>(out->size() - before)));
+  };
+  // Pre-tokenize in chunks of about kChunk bytes, cut after a lone '\n' between two ASCII
+  // non-space bytes ("x\ny"): every supported pre-tokenizer ends a word there (the newline is
+  // a one-character whitespace run, or ends a punctuation run) and starts a new one after it.
+  constexpr size_t kChunk = 1 << 16;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t cut = text.size();
+    if (text.size() - start > 2 * kChunk) {
+      for (size_t p = start + kChunk; p + 1 < text.size(); ++p) {
+        const auto prev = static_cast<unsigned char>(text[p - 1]);
+        const auto next = static_cast<unsigned char>(text[p + 1]);
+        if (text[p] == '\n' && prev > 0x20 && prev < 0x7F && next > 0x20 && next < 0x7F) {
+          cut = p + 1;
+          break;
+        }
+      }
+    }
+    const std::string_view chunk = text.substr(start, cut - start);
+    pretok::DecodeUnits(chunk, &s.units);
+    pretok::Split(vocab_.pre, s.units,
+                  [&](size_t begin, size_t end) { encode_word(begin, end, chunk); });
+    start = cut;
+  }
 }
 
 void Tokenizer::EmitBpeSymbol(int32_t sym, std::vector<int32_t>* out) const {

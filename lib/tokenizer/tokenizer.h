@@ -3,7 +3,11 @@
 //
 //   * Byte-level BPE (tokenizer.ggml.model "gpt2"): pre-tokenizer split (pre_tokenizer.h), then
 //     per word the BPE merge loop by merge rank (lowest first, ties leftmost), on a linked list of
-//     symbols with a binary heap: O(n log n) in the word length. Any byte sequence encodes,
+//     symbols with a binary heap: O(n log n) in the word length. Words of 2..48 bytes are
+//     memoized in a bounded thread-local cache (BPE of a word depends only on its bytes), and
+//     long texts are pre-tokenized in chunks cut after a lone '\n' between ASCII non-space
+//     bytes (always a word boundary for every supported pre-tokenizer), so the work buffers
+//     stay small. Any byte sequence encodes,
 //     including invalid UTF-8 (see pre_tokenizer.h), and decodes back to the same bytes.
 //   * SentencePiece-style ("llama"): ' ' -> "▁" (plus one leading "▁" at the text start and after
 //     a special token when add_space_prefix), symbols = UTF-8 characters, merge the adjacent pair
@@ -129,6 +133,8 @@ class Tokenizer {
   absl::flat_hash_map<uint64_t, Merge> merges_;  // (left symbol << 32 | right symbol) -> merge
   int32_t byte_symbol_[256];                     // symbol of each single byte, -1 if none
   bool ignore_merges_ = false;
+  // Distinguishes Tokenizer instances for the thread-local word cache (never reused).
+  uint64_t instance_id_ = 0;
 
   // --- SPM
   absl::flat_hash_map<std::string_view, int32_t> spm_token_of_;  // token text -> id

@@ -4,6 +4,7 @@
 // scripts/gen_tokenizer_goldens.py (see its docstring for the invalid-UTF-8 cases).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -314,19 +315,36 @@ TEST_F(TokenizerGoldenTest, ConcurrentEncodeMatchesGoldens) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
 }
 
-TEST_F(TokenizerGoldenTest, LongTextRoundTripsAndSplitsLikeConcatenatedWords) {
-  // A long mixed text: encoding is deterministic and decodes back byte for byte.
+TEST_F(TokenizerGoldenTest, LongTextMatchesLlamaCppAcrossChunks) {
+  // Every valid case's text + "  \n", repeated: long enough that Encode pre-tokenizes it in
+  // several chunks, with many places where cutting after a newline would change the words. llama.cpp's ids are recorded as a count and an FNV-1a hash.
   std::string text;
   for (const Json& c : Cases().items) {
-    if (!c["invalid_utf8"].b) text += Bytes(c["bytes"]) + "\n";
+    if (!c["invalid_utf8"].b) text += Bytes(c["bytes"]) + (*goldens_)["long_separator"].str;
   }
   std::string big;
-  for (int i = 0; i < 50; ++i) big += text;
+  for (int64_t i = 0; i < (*goldens_)["long_repeat"].num; ++i) big += text;
+  ASSERT_EQ(static_cast<int64_t>(big.size()), (*goldens_)["long_bytes"].num);
+  ASSERT_GT(big.size(), size_t{3} << 16);
   auto ids = tokenizer_->Encode(big, false, false);
   ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(static_cast<int64_t>(ids->size()), (*goldens_)["long_n_ids"].num);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t id : *ids) {
+    for (int k = 0; k < 4; ++k) {
+      h = (h ^ ((static_cast<uint32_t>(id) >> (8 * k)) & 0xFF)) * 0x100000001b3ull;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  EXPECT_EQ(std::string(hex), (*goldens_)["long_fnv1a64_hex"].str);
   auto back = tokenizer_->Decode(*ids, false);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(*back, big);
+  // Encoding twice on the same thread (warm word cache) gives the same ids.
+  auto again = tokenizer_->Encode(big, false, false);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *ids);
 }
 
 TEST_F(TokenizerGoldenTest, DecodeErrorsNameIdAndIndex) {
