@@ -1,40 +1,346 @@
 // The extern "C" layer: every entry point catches everything, maps absl::Status to kiln_status
-// and records the message per thread.
+// and records the message per thread. Handle structs live here and nowhere else.
+#include <cstring>
+#include <exception>
+#include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "include/kiln/kiln.h"
+#include "lib/c_api/handles.h"
 #include "lib/common/status.h"
+#include "lib/gguf/gguf.h"
+#include "lib/model/model.h"
+#include "lib/tokenizer/chat_template.h"
+#include "lib/tokenizer/tokenizer.h"
 
 namespace {
 
 thread_local std::string g_last_error;
 
+kiln_status Fail(kiln_status status, std::string message) {
+  g_last_error = std::move(message);
+  return status;
+}
+
+kiln_status FromAbsl(const absl::Status& s) {
+  if (s.ok()) return KILN_OK;
+  kiln_status code = KILN_ERR_INTERNAL;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      code = KILN_ERR_INVALID_ARGUMENT;
+      break;
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnavailable:
+      code = KILN_ERR_IO;
+      break;
+    case absl::StatusCode::kDataLoss:
+      code = KILN_ERR_FORMAT;
+      break;
+    case absl::StatusCode::kUnimplemented:
+      code = KILN_ERR_UNSUPPORTED;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      code = KILN_ERR_CACHE_FULL;
+      break;
+    case absl::StatusCode::kCancelled:
+      code = KILN_ERR_CANCELLED;
+      break;
+    case absl::StatusCode::kOutOfRange:
+      code = KILN_ERR_OUT_OF_RANGE;
+      break;
+    case absl::StatusCode::kAborted:
+      code = KILN_ERR_BUSY;
+      break;
+    default:
+      break;
+  }
+  return Fail(code, std::string(s.message()));
+}
+
+// Runs `body` (returning kiln_status) so that no exception escapes.
+template <typename Body>
+kiln_status Guard(const char* fn, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(KILN_ERR_OUT_OF_MEMORY, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return Fail(KILN_ERR_INTERNAL, std::string(fn) + ": " + e.what());
+  } catch (...) {
+    return Fail(KILN_ERR_INTERNAL, std::string(fn) + ": unknown exception");
+  }
+}
+
+// Copies `bytes` into a caller buffer with the two-call (size query) convention.
+kiln_status CopyOut(const char* fn, std::string_view bytes, char* out, size_t capacity,
+                    size_t* out_len) {
+  *out_len = bytes.size();
+  if (bytes.size() > capacity) {
+    return Fail(KILN_ERR_BUFFER_TOO_SMALL,
+                kiln::StrCat(fn, ": needs ", bytes.size(), " bytes, capacity is ", capacity));
+  }
+  if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+  return KILN_OK;
+}
+
+// The BOS/EOS texts a chat template may print.
+kiln::ChatTemplateTokens ChatTokensOf(const kiln::Tokenizer& tok) {
+  kiln::ChatTemplateTokens t;
+  if (tok.bos() >= 0) t.bos_token = std::string(tok.TokenText(tok.bos()));
+  if (tok.eos() >= 0) t.eos_token = std::string(tok.TokenText(tok.eos()));
+  return t;
+}
+
 }  // namespace
 
 extern "C" {
 
-const char* kiln_version(void) { return "0.1.0"; }
+const char* kiln_version(void) {
+  return KILN_STRINGIFY(KILN_VERSION_MAJOR) "." KILN_STRINGIFY(
+      KILN_VERSION_MINOR) "." KILN_STRINGIFY(KILN_VERSION_PATCH);
+}
 int kiln_abi_version(void) { return KILN_ABI_VERSION; }
 
 const char* kiln_status_name(kiln_status status) {
   switch (status) {
-    case KILN_OK: return "KILN_OK";
-    case KILN_ERR_INVALID_ARGUMENT: return "KILN_ERR_INVALID_ARGUMENT";
-    case KILN_ERR_IO: return "KILN_ERR_IO";
-    case KILN_ERR_FORMAT: return "KILN_ERR_FORMAT";
-    case KILN_ERR_UNSUPPORTED: return "KILN_ERR_UNSUPPORTED";
-    case KILN_ERR_OUT_OF_MEMORY: return "KILN_ERR_OUT_OF_MEMORY";
-    case KILN_ERR_CACHE_FULL: return "KILN_ERR_CACHE_FULL";
-    case KILN_ERR_CANCELLED: return "KILN_ERR_CANCELLED";
-    case KILN_ERR_OUT_OF_RANGE: return "KILN_ERR_OUT_OF_RANGE";
-    case KILN_ERR_BUFFER_TOO_SMALL: return "KILN_ERR_BUFFER_TOO_SMALL";
-    case KILN_ERR_BUSY: return "KILN_ERR_BUSY";
-    case KILN_ERR_INTERNAL: return "KILN_ERR_INTERNAL";
+    case KILN_OK:
+      return "KILN_OK";
+    case KILN_ERR_INVALID_ARGUMENT:
+      return "KILN_ERR_INVALID_ARGUMENT";
+    case KILN_ERR_IO:
+      return "KILN_ERR_IO";
+    case KILN_ERR_FORMAT:
+      return "KILN_ERR_FORMAT";
+    case KILN_ERR_UNSUPPORTED:
+      return "KILN_ERR_UNSUPPORTED";
+    case KILN_ERR_OUT_OF_MEMORY:
+      return "KILN_ERR_OUT_OF_MEMORY";
+    case KILN_ERR_CACHE_FULL:
+      return "KILN_ERR_CACHE_FULL";
+    case KILN_ERR_CANCELLED:
+      return "KILN_ERR_CANCELLED";
+    case KILN_ERR_OUT_OF_RANGE:
+      return "KILN_ERR_OUT_OF_RANGE";
+    case KILN_ERR_BUFFER_TOO_SMALL:
+      return "KILN_ERR_BUFFER_TOO_SMALL";
+    case KILN_ERR_BUSY:
+      return "KILN_ERR_BUSY";
+    case KILN_ERR_INTERNAL:
+      return "KILN_ERR_INTERNAL";
   }
   return "KILN_ERR_UNKNOWN";
 }
 
 const char* kiln_last_error_message(void) { return g_last_error.c_str(); }
+
+// ------------------------------------------------------------------ model
+
+kiln_model_params kiln_model_default_params(void) {
+  kiln_model_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.use_mmap = 1;
+  return p;
+}
+
+kiln_status kiln_model_load(const kiln_model_params* params, kiln_model** out_model) {
+  return Guard("kiln_model_load", [&]() -> kiln_status {
+    if (params == nullptr || out_model == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load: params and out_model are required");
+    }
+    if (params->struct_size < sizeof(kiln_model_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_model_load: params->struct_size is too small; use "
+                  "kiln_model_default_params()");
+    }
+    if (params->path == nullptr || params->path[0] == '\0') {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load: params->path is empty");
+    }
+    kiln::ModelLoadOptions options;
+    options.path = params->path;
+    options.use_mmap = params->use_mmap != 0;
+    if (params->progress) {
+      options.progress = [fn = params->progress, ud = params->progress_user_data](float p) {
+        return fn(p, ud) == 0;
+      };
+    }
+    if (params->log) {
+      options.log = [fn = params->log, ud = params->log_user_data](kiln::LogLevel level,
+                                                                   std::string_view msg) {
+        std::string line(msg);
+        fn(static_cast<kiln_log_level>(level), line.c_str(), ud);
+      };
+    }
+    auto model = kiln::Model::Load(options);
+    if (!model.ok()) {
+      // Everything but a missing file, a cancel or an unsupported feature is a bad file.
+      kiln_status s = FromAbsl(model.status());
+      if (s == KILN_ERR_INVALID_ARGUMENT) s = KILN_ERR_FORMAT;
+      if (params->log) {
+        params->log(KILN_LOG_ERROR, g_last_error.c_str(), params->log_user_data);
+      }
+      return s;
+    }
+    auto handle = std::make_unique<kiln_model>();
+    handle->model = std::move(*model);
+    const kiln::gguf::GgufFile& file = handle->model->file();
+    for (const auto& kv : file.metadata()) {
+      handle->meta_keys.push_back(kv.key);
+      handle->meta_values.push_back(file.ValueToString(kv));
+    }
+    *out_model = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_model_destroy(kiln_model* model) { delete model; }
+
+kiln_status kiln_model_get_info(const kiln_model* model, kiln_model_info* info) {
+  return Guard("kiln_model_get_info", [&]() -> kiln_status {
+    if (model == nullptr || info == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_get_info: model and info are required");
+    }
+    if (info->struct_size < sizeof(kiln_model_info)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_get_info: info->struct_size too small");
+    }
+    const kiln::ModelHparams& hp = model->model->hparams();
+    const kiln::Tokenizer& tok = model->model->tokenizer();
+    info->architecture = hp.arch.c_str();
+    info->name = hp.name.c_str();
+    info->n_params = static_cast<int64_t>(model->model->n_params());
+    info->size_bytes = static_cast<int64_t>(model->model->weight_bytes());
+    info->n_vocab = static_cast<int32_t>(hp.n_vocab);
+    info->n_ctx_train = static_cast<int32_t>(hp.n_ctx_train);
+    info->n_embd = static_cast<int32_t>(hp.n_embd);
+    info->n_layer = static_cast<int32_t>(hp.n_layer);
+    info->n_head = static_cast<int32_t>(hp.n_head);
+    info->n_head_kv = static_cast<int32_t>(hp.n_head_kv);
+    info->head_dim = static_cast<int32_t>(hp.head_dim);
+    info->n_ff = static_cast<int32_t>(hp.n_ff);
+    info->token_bos = tok.bos();
+    info->token_eos = tok.eos();
+    info->token_eot = tok.eot();
+    return KILN_OK;
+  });
+}
+
+size_t kiln_model_meta_count(const kiln_model* model) {
+  return model ? model->meta_keys.size() : 0;
+}
+
+kiln_status kiln_model_meta_at(const kiln_model* model, size_t index, const char** key,
+                               const char** value) {
+  if (model == nullptr || key == nullptr || value == nullptr) {
+    return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_meta_at: NULL argument");
+  }
+  if (index >= model->meta_keys.size()) {
+    return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_model_meta_at: index ", index,
+                                                    " >= count ", model->meta_keys.size()));
+  }
+  *key = model->meta_keys[index].c_str();
+  *value = model->meta_values[index].c_str();
+  return KILN_OK;
+}
+
+kiln_status kiln_model_meta_get(const kiln_model* model, const char* key, const char** value) {
+  if (model == nullptr || key == nullptr || value == nullptr) {
+    return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_meta_get: NULL argument");
+  }
+  for (size_t i = 0; i < model->meta_keys.size(); ++i) {
+    if (model->meta_keys[i] == key) {
+      *value = model->meta_values[i].c_str();
+      return KILN_OK;
+    }
+  }
+  return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_model_meta_get: no key '", key, "'"));
+}
+
+int kiln_model_token_is_eog(const kiln_model* model, int32_t token) {
+  if (model == nullptr) return 0;
+  const kiln::Tokenizer& tok = model->model->tokenizer();
+  return token >= 0 && token < tok.n_vocab() && tok.IsEndOfGeneration(token) ? 1 : 0;
+}
+
+// ------------------------------------------------------------------ text
+
+kiln_status kiln_tokenize(const kiln_model* model, const char* text, size_t text_len,
+                          uint32_t flags, int32_t* tokens, size_t capacity, size_t* n_tokens) {
+  return Guard("kiln_tokenize", [&]() -> kiln_status {
+    if (model == nullptr || n_tokens == nullptr || (text == nullptr && text_len > 0) ||
+        (tokens == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_tokenize: model and n_tokens are required; text/tokens may be NULL only "
+                  "with zero length");
+    }
+    if (flags & ~(KILN_TOKENIZE_ADD_SPECIAL | KILN_TOKENIZE_PARSE_SPECIAL)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_tokenize: unknown flags");
+    }
+    auto ids = model->model->tokenizer().Encode(std::string_view(text ? text : "", text_len),
+                                                flags & KILN_TOKENIZE_ADD_SPECIAL,
+                                                flags & KILN_TOKENIZE_PARSE_SPECIAL);
+    if (!ids.ok()) return FromAbsl(ids.status());
+    *n_tokens = ids->size();
+    if (ids->size() > capacity) {
+      return Fail(KILN_ERR_BUFFER_TOO_SMALL, kiln::StrCat("kiln_tokenize: needs ", ids->size(),
+                                                          " tokens, capacity is ", capacity));
+    }
+    if (!ids->empty()) std::memcpy(tokens, ids->data(), ids->size() * sizeof(int32_t));
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_detokenize(const kiln_model* model, const int32_t* tokens, size_t n_tokens,
+                            uint32_t flags, char* text, size_t capacity, size_t* text_len) {
+  return Guard("kiln_detokenize", [&]() -> kiln_status {
+    if (model == nullptr || text_len == nullptr || (tokens == nullptr && n_tokens > 0) ||
+        (text == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_detokenize: model and text_len are required; tokens/text may be NULL "
+                  "only with zero length");
+    }
+    auto out = model->model->tokenizer().Decode(std::span<const int32_t>(tokens, n_tokens),
+                                                flags & KILN_DETOKENIZE_RENDER_SPECIAL);
+    if (!out.ok()) return FromAbsl(out.status());
+    return CopyOut("kiln_detokenize", *out, text, capacity, text_len);
+  });
+}
+
+kiln_status kiln_chat_apply_template(const kiln_model* model, const char* tmpl,
+                                     const kiln_chat_message* messages, size_t n_messages,
+                                     int add_generation_prompt, char* text, size_t capacity,
+                                     size_t* text_len) {
+  return Guard("kiln_chat_apply_template", [&]() -> kiln_status {
+    if (model == nullptr || text_len == nullptr || (messages == nullptr && n_messages > 0) ||
+        (text == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_chat_apply_template: NULL argument");
+    }
+    std::vector<kiln::ChatMessage> msgs;
+    for (size_t i = 0; i < n_messages; ++i) {
+      if (messages[i].role == nullptr || messages[i].content == nullptr) {
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_chat_apply_template: message ", i, " has a NULL field"));
+      }
+      msgs.push_back({messages[i].role, messages[i].content});
+    }
+    std::string_view source = tmpl ? std::string_view(tmpl) : model->model->chat_template();
+    if (source.empty()) {
+      return Fail(KILN_ERR_UNSUPPORTED,
+                  "kiln_chat_apply_template: the model has no chat template; pass one");
+    }
+    auto rendered = kiln::ApplyChatTemplate(source, msgs, add_generation_prompt != 0,
+                                            ChatTokensOf(model->model->tokenizer()));
+    if (!rendered.ok()) {
+      kiln_status s = FromAbsl(rendered.status());
+      // An unrecognised template is "unsupported", not a caller mistake.
+      if (rendered.status().code() == absl::StatusCode::kUnimplemented) s = KILN_ERR_UNSUPPORTED;
+      return s;
+    }
+    return CopyOut("kiln_chat_apply_template", *rendered, text, capacity, text_len);
+  });
+}
 
 }  // extern "C"

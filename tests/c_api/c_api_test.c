@@ -1,15 +1,18 @@
-/* Exercises the public API from plain C (compiled with -std=c11 -Werror -Wstrict-prototypes). */
+/* Exercises the public API from plain C (compiled with -std=c11 -Werror -Wstrict-prototypes),
+ * on the real default model and on bad input. */
 #include <kiln/kiln.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int g_failures = 0;
-#define CHECK(cond)                                               \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                               \
-    }                                                             \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              kiln_last_error_message());                                      \
+      ++g_failures;                                                            \
+    }                                                                          \
   } while (0)
 
 static void test_versions(void) {
@@ -22,8 +25,160 @@ static void test_versions(void) {
   CHECK(strcmp(kiln_status_name((kiln_status)999), "KILN_ERR_UNKNOWN") == 0);
 }
 
+static int g_progress_calls = 0;
+static int count_progress(float progress, void* user_data) {
+  (void)user_data;
+  CHECK(progress >= 0.0f && progress <= 1.0f);
+  ++g_progress_calls;
+  return 0;
+}
+static int cancel_progress(float progress, void* user_data) {
+  (void)progress;
+  (void)user_data;
+  return 1;
+}
+static int g_log_lines = 0;
+static void count_log(kiln_log_level level, const char* message, void* user_data) {
+  (void)level;
+  CHECK(message != NULL && user_data == &g_log_lines);
+  ++g_log_lines;
+}
+
+static void test_bad_loads(const char* tmp_dir) {
+  kiln_model* model = NULL;
+  kiln_model_params params = kiln_model_default_params();
+  CHECK(kiln_model_load(NULL, &model) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_model_load(&params, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_model_load(&params, &model) == KILN_ERR_INVALID_ARGUMENT); /* no path */
+  params.path = "/nonexistent/model.gguf";
+  CHECK(kiln_model_load(&params, &model) == KILN_ERR_IO);
+  CHECK(strstr(kiln_last_error_message(), "/nonexistent/model.gguf") != NULL);
+  params.struct_size = 4;
+  CHECK(kiln_model_load(&params, &model) == KILN_ERR_INVALID_ARGUMENT);
+
+  /* A file that is not GGUF. */
+  char bad_path[512];
+  snprintf(bad_path, sizeof bad_path, "%s/kiln_c_api_bad.gguf", tmp_dir);
+  FILE* f = fopen(bad_path, "wb");
+  CHECK(f != NULL);
+  if (f) {
+    fputs("GGUX this is not a model file at all, just text", f);
+    fclose(f);
+  }
+  params = kiln_model_default_params();
+  params.path = bad_path;
+  CHECK(kiln_model_load(&params, &model) == KILN_ERR_FORMAT);
+  CHECK(strlen(kiln_last_error_message()) > 0);
+  remove(bad_path);
+  CHECK(model == NULL);
+  kiln_model_destroy(NULL); /* no-op */
+}
+
+static void test_model(const char* path) {
+  kiln_model_params params = kiln_model_default_params();
+  params.path = path;
+  params.progress = cancel_progress;
+  kiln_model* model = NULL;
+  CHECK(kiln_model_load(&params, &model) == KILN_ERR_CANCELLED);
+  CHECK(model == NULL);
+
+  params.progress = count_progress;
+  params.log = count_log;
+  params.log_user_data = &g_log_lines;
+  CHECK(kiln_model_load(&params, &model) == KILN_OK);
+  if (model == NULL) return;
+  CHECK(g_progress_calls >= 2);
+  CHECK(g_log_lines >= 1);
+
+  kiln_model_info info;
+  info.struct_size = sizeof info;
+  CHECK(kiln_model_get_info(model, &info) == KILN_OK);
+  CHECK(strcmp(info.architecture, "llama") == 0);
+  CHECK(info.n_layer == 30 && info.n_embd == 576 && info.n_head == 9 && info.n_head_kv == 3);
+  CHECK(info.n_vocab == 49152 && info.head_dim == 64 && info.n_ff == 1536);
+  CHECK(info.token_bos == 1 && info.token_eos == 2);
+  CHECK(info.n_params > 134000000 && info.n_params < 135000000);
+  info.struct_size = 8;
+  CHECK(kiln_model_get_info(model, &info) == KILN_ERR_INVALID_ARGUMENT);
+
+  const char* value = NULL;
+  CHECK(kiln_model_meta_get(model, "llama.block_count", &value) == KILN_OK);
+  CHECK(value && strcmp(value, "30") == 0);
+  CHECK(kiln_model_meta_get(model, "no.such.key", &value) == KILN_ERR_OUT_OF_RANGE);
+  CHECK(kiln_model_meta_count(model) == 33);
+  const char* key = NULL;
+  CHECK(kiln_model_meta_at(model, 0, &key, &value) == KILN_OK);
+  CHECK(key && strcmp(key, "general.architecture") == 0);
+  CHECK(kiln_model_meta_at(model, 1000, &key, &value) == KILN_ERR_OUT_OF_RANGE);
+  CHECK(kiln_model_token_is_eog(model, 2) == 1);
+  CHECK(kiln_model_token_is_eog(model, 100) == 0);
+  CHECK(kiln_model_token_is_eog(model, -5) == 0);
+
+  /* Tokenize: size query, then fill; round trip through detokenize. */
+  const char* text = "Hello world! Caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 <|im_start|>";
+  size_t n = 0;
+  CHECK(kiln_tokenize(model, text, strlen(text), 0, NULL, 0, &n) == KILN_ERR_BUFFER_TOO_SMALL);
+  CHECK(n > 5);
+  int32_t tokens[64];
+  size_t n2 = 0;
+  CHECK(kiln_tokenize(model, text, strlen(text), 0, tokens, 64, &n2) == KILN_OK);
+  CHECK(n2 == n);
+  CHECK(tokens[0] == 19556 && tokens[1] == 905); /* "Hello", " world" */
+  size_t n_special = 0;
+  int32_t special_tokens[64];
+  CHECK(kiln_tokenize(model, text, strlen(text), KILN_TOKENIZE_PARSE_SPECIAL, special_tokens, 64,
+                      &n_special) == KILN_OK);
+  CHECK(n_special < n && special_tokens[n_special - 1] == 1); /* <|im_start|> is id 1 */
+  char out[256];
+  size_t out_len = 0;
+  CHECK(kiln_detokenize(model, tokens, n2, 0, out, sizeof out, &out_len) == KILN_OK);
+  CHECK(out_len == strlen(text) && memcmp(out, text, out_len) == 0);
+  CHECK(kiln_detokenize(model, tokens, n2, 0, out, 3, &out_len) == KILN_ERR_BUFFER_TOO_SMALL);
+  CHECK(out_len == strlen(text));
+  int32_t bad_ids[2] = {5, 49152};
+  CHECK(kiln_detokenize(model, bad_ids, 2, 0, out, sizeof out, &out_len) ==
+        KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "49152") != NULL);
+  CHECK(kiln_tokenize(model, NULL, 0, 0, NULL, 0, &n) == KILN_OK && n == 0);
+  CHECK(kiln_tokenize(model, NULL, 3, 0, tokens, 64, &n) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_tokenize(NULL, "x", 1, 0, tokens, 64, &n) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_tokenize(model, "x", 1, 0x80, tokens, 64, &n) == KILN_ERR_INVALID_ARGUMENT);
+
+  /* Chat template: the model's own (ChatML with SmolLM's default system prompt). */
+  kiln_chat_message msgs[1] = {{"user", "Hi!"}};
+  size_t len = 0;
+  CHECK(kiln_chat_apply_template(model, NULL, msgs, 1, 1, NULL, 0, &len) ==
+        KILN_ERR_BUFFER_TOO_SMALL);
+  char* rendered = (char*)malloc(len + 1);
+  CHECK(kiln_chat_apply_template(model, NULL, msgs, 1, 1, rendered, len, &len) == KILN_OK);
+  rendered[len] = '\0';
+  CHECK(strstr(rendered, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM") ==
+        rendered);
+  CHECK(strstr(rendered, "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n") != NULL);
+  free(rendered);
+  kiln_chat_message bad_role[1] = {{"wizard", "Hi"}};
+  CHECK(kiln_chat_apply_template(model, NULL, bad_role, 1, 1, out, sizeof out, &len) ==
+        KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_chat_apply_template(model, "{{ not a known template }}", msgs, 1, 1, out,
+                                 sizeof out, &len) != KILN_OK);
+  CHECK(kiln_chat_apply_template(model, "llama3", msgs, 1, 1, out, sizeof out, &len) == KILN_OK);
+  kiln_model_destroy(model);
+}
+
 int main(void) {
   test_versions();
+  const char* tmp = getenv("TMPDIR");
+  test_bad_loads(tmp && *tmp ? tmp : "/tmp");
+  char path[1024];
+  const char* dir = getenv("KILN_MODEL_DIR");
+  const char* home = getenv("HOME");
+  if (dir && *dir) {
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+  } else {
+    snprintf(path, sizeof path, "%s/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf",
+             home ? home : "");
+  }
+  test_model(path);
   if (g_failures) {
     fprintf(stderr, "c_api_test: %d failure(s)\n", g_failures);
     return 1;

@@ -1,0 +1,43 @@
+// Model load time for a GGUF (default: the default model): open + validate + tokenizer build +
+// weight binding, repeated; prints median and min-max. Usage: load_bench [MODEL] [REPEATS]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "lib/model/model.h"
+
+int main(int argc, char** argv) {
+  std::string path;
+  if (argc > 1) {
+    path = argv[1];
+  } else {
+    const char* dir = std::getenv("KILN_MODEL_DIR");
+    path = std::string(dir && *dir ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln") +
+           "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 20;
+  for (bool mmap : {true, false}) {
+    std::vector<double> ms;
+    for (int i = 0; i < repeats; ++i) {
+      kiln::ModelLoadOptions options;
+      options.path = path;
+      options.use_mmap = mmap;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto model = kiln::Model::Load(options);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (!model.ok()) {
+        std::fprintf(stderr, "load failed: %s\n", std::string(model.status().message()).c_str());
+        return 1;
+      }
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("load %-28s mmap=%d: median %.2f ms (min %.2f, max %.2f) over %d loads\n",
+                path.substr(path.rfind('/') + 1).c_str(), mmap, ms[ms.size() / 2], ms.front(),
+                ms.back(), repeats);
+  }
+  return 0;
+}
