@@ -3,6 +3,7 @@
 // llama.cpp (llama-cpp-python) on the same text file.
 //
 //   tokenizer_bench [--model PATH] [--text FILE | --write-text FILE] [--reps N] [--mb N]
+//                   [--dump-ids FILE]   (the ids of the last repetition, int32 little-endian)
 //
 // Without --text the text is built deterministically: the files of /usr/share/common-licenses
 // and the kiln sources under lib/ (both sorted by path), concatenated and repeated until --mb
@@ -69,7 +70,7 @@ std::string DefaultModel() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = DefaultModel(), text_path, write_path;
+  std::string model = DefaultModel(), text_path, write_path, dump_path;
   int reps = 5;
   double mb = 5;
   for (int i = 1; i < argc; ++i) {
@@ -81,6 +82,8 @@ int main(int argc, char** argv) {
       text_path = next();
     } else if (a == "--write-text") {
       write_path = next();
+    } else if (a == "--dump-ids") {
+      dump_path = next();
     } else if (a == "--reps") {
       reps = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--mb") {
@@ -125,6 +128,11 @@ int main(int argc, char** argv) {
     }
     std::printf("rep %d: tokens %zu seconds %.6f MB/s %.2f tokens/s %.0f\n", r, ids.size(), s,
                 text.size() / s / 1e6, ids.size() / s);
+  }
+  if (!dump_path.empty()) {
+    std::ofstream(dump_path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(ids.data()),
+               static_cast<std::streamsize>(ids.size() * sizeof(int32_t)));
   }
   return 0;
 }
