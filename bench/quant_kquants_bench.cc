@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
       ->quantize(x.data(), act.data(), kRowLen);
 
   std::printf(
-      "vec_dot: one Q8_K row x ~32 MB of %lld-long weight rows, single thread, best of %d\n",
-      static_cast<long long>(kRowLen), reps);
+      "vec_dot: one Q8_K row x ~%zu MB of %lld-long weight rows, single thread, best of %d\n",
+      matrix_bytes >> 20, static_cast<long long>(kRowLen), reps);
   std::printf("%-6s %-7s %8s %10s %10s\n", "type", "level", "rows", "ms/matrix", "GB/s");
   for (GgmlType t : types) {
     const auto info = *kiln::GgmlTypeInfoOf(static_cast<uint32_t>(t));

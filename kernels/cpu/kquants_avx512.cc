@@ -8,9 +8,10 @@
 // vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes.
 // One horizontal sum per super-block gives the exact isum of the contract.
 // GCC 12's AVX-512 headers initialise "undefined" vectors from themselves, which trips
-// -Wmaybe-uninitialized after inlining (GCC bug 105593); the warning is a false positive.
+// -W(maybe-)uninitialized after inlining (GCC bug 105593); the warning is a false positive.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
