@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "lib/tokenizer/tokenizer.h"
+#include "lib/tokenizer/unicode.h"
 
 namespace kiln {
 namespace {
@@ -196,6 +198,53 @@ TEST(BpeTokenizerTest, ValidationErrorsNameTheField) {
   EXPECT_NE(pre.status().message().find("no-such-pre"), std::string::npos);
   EXPECT_EQ(*ParsePreTokenizer("llama-bpe"), PreTokenizer::kLlama3);
   EXPECT_EQ(*ParsePreTokenizer("smollm"), PreTokenizer::kSmollm);
+}
+
+// A vocabulary with a token for every byte plus merges of common pairs: any byte string must
+// encode (never crash, never read out of bounds) and decode back to itself, for every
+// pre-tokenizer, with and without special parsing.
+TEST(BpeTokenizerTest, RandomBytesRoundTripForEveryPreTokenizer) {
+  Vocab base;
+  base.model = VocabModel::kBpe;
+  auto enc = [](std::string_view bytes) {
+    std::string s;
+    for (unsigned char c : bytes) unicode::AppendUtf8(unicode::ByteToUnicode(c), &s);
+    return s;
+  };
+  for (int b = 0; b < 256; ++b) base.tokens.push_back(enc(std::string(1, static_cast<char>(b))));
+  const char* kPairs[][2] = {{"a", "b"}, {" ", "a"},  {"\xe4", "\xbd"},     {"\n", "\n"},
+                             {"1", "2"}, {" a", "b"}, {"\xe4\xbd", "\xa0"}, {"<", "|"}};
+  for (const auto& pr : kPairs) {
+    base.merges.emplace_back(enc(pr[0]), enc(pr[1]));
+    base.tokens.push_back(enc(std::string(pr[0]) + pr[1]));
+  }
+  base.tokens.push_back("<|x|>");
+  base.types.assign(base.tokens.size(), TokenType::kNormal);
+  base.types.back() = TokenType::kControl;
+  std::mt19937 rng(1234);
+  const std::string alphabet = "ab 12\n\t\r<|x>'s\xe4\xbd\xa0\xf0\x9f\x98\x80\xff\x80\xc3";
+  for (PreTokenizer pre : {PreTokenizer::kDefault, PreTokenizer::kGpt2, PreTokenizer::kSmollm,
+                           PreTokenizer::kLlama3, PreTokenizer::kQwen2}) {
+    Vocab v = base;
+    v.pre = pre;
+    auto t = Make(std::move(v));
+    ASSERT_NE(t, nullptr);
+    for (int iter = 0; iter < 300; ++iter) {
+      std::string text;
+      const int len = static_cast<int>(rng() % 64);
+      for (int i = 0; i < len; ++i) {
+        text.push_back(rng() % 4 == 0 ? static_cast<char>(rng() % 256)
+                                      : alphabet[rng() % alphabet.size()]);
+      }
+      for (bool parse_special : {false, true}) {
+        auto ids = t->Encode(text, false, parse_special);
+        ASSERT_TRUE(ids.ok());
+        auto back = t->Decode(*ids, /*render_special=*/true);
+        ASSERT_TRUE(back.ok());
+        ASSERT_EQ(*back, text) << "pre " << static_cast<int>(pre);
+      }
+    }
+  }
 }
 
 }  // namespace
