@@ -14,13 +14,22 @@
 namespace kiln::kquants {
 namespace {
 
+// 16 signed scale bytes as int16, each half broadcast to both 128-bit lanes:
+// lo = [s0..s7 | s0..s7], hi = [s8..s15 | s8..s15].
+struct Scales16 {
+  __m256i lo, hi;
+};
+inline Scales16 MakeScales16(__m128i s8) {
+  return {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
+          _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)))};
+}
 // Scale vector for one maddubs result of 32 elements = 16 int16 lanes: lanes 0..7 (elements
-// 0..15) get scale byte `lo` of `scb`, lanes 8..15 get byte `hi`; scb holds 16 signed scale
-// bytes in both 128-bit halves. [s, s] byte pairs shifted right arithmetically = sign extension.
-inline __m256i ScalePair(__m256i scb, int lo, int hi) {
-  const __m256i idx =
-      _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(lo)), _mm_set1_epi8(static_cast<char>(hi)));
-  return _mm256_srai_epi16(_mm256_shuffle_epi8(scb, idx), 8);
+// 0..15) get scale a, lanes 8..15 get scale b; a and b in the same half (both < 8 or both >= 8).
+inline __m256i ScalePair(const Scales16& s, int a, int b) {
+  const int a2 = 2 * (a % 8), b2 = 2 * (b % 8);
+  const __m256i idx = _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(((a2 + 1) << 8) | a2)),
+                                        _mm_set1_epi16(static_cast<short>(((b2 + 1) << 8) | b2)));
+  return _mm256_shuffle_epi8(a < 8 ? s.lo : s.hi, idx);
 }
 
 // y[0..31] = dl * q - ml for 32 signed bytes q; the first 16 use (dl0, ml0), the rest (dl1, ml1).
@@ -136,7 +145,7 @@ float VecDotQ2KAvx2(int64_t n, const void* vw, const void* va) {
     const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
     const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
     const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
-    const __m256i scb = _mm256_broadcastsi128_si256(scales);
+    const Scales16 scb = MakeScales16(scales);
     __m256i isum_v = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const __m256i q = Load256(b.qs + 32 * half);  // 4 x 2 bits per byte
@@ -162,7 +171,7 @@ float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
     const __m128i s8 = UnpackQ3KScalesVec(b.scales);  // 16 x (s-32)
     // sum_g s_g * bs_g, subtracted 4 times (q3 = u - 4).
     const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
-    const __m256i scb = _mm256_broadcastsi128_si256(s8);
+    const Scales16 scb = MakeScales16(s8);
     __m256i hbits = Load256(b.hmask);  // bit t of each byte -> shifted to bit 0 at step t
     __m256i isum_v = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
@@ -193,7 +202,7 @@ static inline float VecDotQ45KAvx2(int64_t n, const Block* w, const BlockQ8K* a)
     // msum: m_j pairs with bsums 2j and 2j+1.
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
     const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
-    const __m256i scb = _mm256_broadcastsi128_si256(scm);  // scales < 64: sign extension is fine
+    const Scales16 scb = MakeScales16(scm);
     __m256i hbits;
     if constexpr (kHasHighBit) hbits = Load256(b.qh);
     __m256i isum_v = _mm256_setzero_si256();
@@ -248,7 +257,7 @@ float VecDotQ6KAvx2(int64_t n, const void* vw, const void* va) {
     const BlockQ8K& y = a[i];
     const __m128i s8 = Load128(b.scales);
     const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
-    const __m256i scb = _mm256_broadcastsi128_si256(s8);
+    const Scales16 scb = MakeScales16(s8);
     __m256i isum_v = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       __m256i q[4];
