@@ -210,7 +210,16 @@ absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
 
 absl::StatusOr<SeqId> KvCache::Fork(SeqId seq) {
   KILN_ASSIGN_OR_RETURN(const Sequence* src, Find(seq));
-  Sequence copy = *src;  // copied before insertion: the insert may rehash and move *src
+  // Built before insertion (the insert may rehash and move *src), with room for the next block
+  // so the fork's first append does not reallocate.
+  Sequence copy;
+  copy.extra_key = src->extra_key;
+  copy.n_computed = src->n_computed;
+  copy.tokens.reserve(src->tokens.size() + static_cast<size_t>(block_size_));
+  copy.tokens.assign(src->tokens.begin(), src->tokens.end());
+  copy.table.reserve(src->table.size() + 1);
+  copy.table.assign(src->table.begin(), src->table.end());
+  copy.hashes = src->hashes;
   for (BlockId b : copy.table) pool_->Ref(b);
   const SeqId id = next_seq_id_++;
   seqs_.emplace(id, std::move(copy));
