@@ -5,6 +5,8 @@ set(KILN_LEGACY_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/legacy_avx512.cc ${CMAKE
 kiln_simd_sources(avx2 ${KILN_LEGACY_SIMD_AVX2})
 kiln_simd_sources(avx512 ${KILN_LEGACY_SIMD_AVX512})
 set_property(SOURCE ${KILN_LEGACY_SIMD_AVX2} ${KILN_LEGACY_SIMD_AVX512} TARGET_DIRECTORY kiln_core APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
+kiln_simd_sources(avx2 ${CMAKE_CURRENT_SOURCE_DIR}/ops_avx2.cc)      # CPU backend ops (lib/backend/cpu)
+kiln_simd_sources(avx512 ${CMAKE_CURRENT_SOURCE_DIR}/ops_avx512.cc)  # CPU backend ops (lib/backend/cpu)
 # K-quants Q2_K..Q6_K, Q8_K (lib/quant/kquants.h); no FP contraction: results match the scalar bits.
 set(KILN_KQUANTS_SIMD_AVX2 ${CMAKE_CURRENT_SOURCE_DIR}/kquants_avx2.cc)
 set(KILN_KQUANTS_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/kquants_avx512.cc)

@@ -1,0 +1,243 @@
+// Paged attention over block tables with causal or tree visibility (contract in ops.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "lib/backend/cpu/dispatch.h"
+#include "lib/backend/cpu/ops.h"
+
+namespace kiln::cpu {
+namespace {
+
+size_t ElemBytes(KvElem e) { return e == KvElem::kF32 ? 4 : 2; }
+
+absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, int32_t n_heads,
+                               KvElem* k_elem, KvElem* v_elem) {
+  if (kv.n_kv_heads <= 0 || kv.head_dim <= 0 || kv.block_size <= 0 || kv.n_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention: n_kv_heads %d, head_dim %d, block_size %d must be positive, "
+        "n_blocks %d >= 0",
+        kv.n_kv_heads, kv.head_dim, kv.block_size, kv.n_blocks));
+  }
+  if (n_heads <= 0 || n_heads % kv.n_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: n_heads %d is not a positive multiple of n_kv_heads %d",
+                        n_heads, kv.n_kv_heads));
+  }
+  if (!KvElemOf(kv.k.type, k_elem) || !KvElemOf(kv.v.type, v_elem)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: K/V types must be f32, f16 or bf16, got k ",
+                     GgmlTypeName(static_cast<uint32_t>(kv.k.type)), ", v ",
+                     GgmlTypeName(static_cast<uint32_t>(kv.v.type))));
+  }
+  if (kv.k.base == nullptr || kv.v.base == nullptr) {
+    return absl::InvalidArgumentError("PagedAttention: k.base or v.base is null");
+  }
+  const size_t n_tokens = b.seq.size();
+  if (b.n_visible.size() != n_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention: n_visible has %d entries, seq has %d", b.n_visible.size(), n_tokens));
+  }
+  if (b.kv_indptr.empty()) return absl::InvalidArgumentError("PagedAttention: kv_indptr is empty");
+  const size_t n_seqs = b.kv_indptr.size() - 1;
+  if (b.kv_indptr[0] < 0) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("PagedAttention: kv_indptr[0] = %d is negative", b.kv_indptr[0]));
+  }
+  for (size_t s = 0; s < n_seqs; ++s) {
+    if (b.kv_indptr[s + 1] < b.kv_indptr[s]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("PagedAttention: kv_indptr decreases at index %d", s + 1));
+    }
+  }
+  if (static_cast<size_t>(b.kv_indptr[n_seqs]) > b.kv_indices.size()) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("PagedAttention: kv_indptr[%d] = %d exceeds kv_indices size %d", n_seqs,
+                        b.kv_indptr[n_seqs], b.kv_indices.size()));
+  }
+  for (int32_t i = b.kv_indptr[0]; i < b.kv_indptr[n_seqs]; ++i) {
+    if (b.kv_indices[i] < 0 || b.kv_indices[i] >= kv.n_blocks) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("PagedAttention: kv_indices[%d] = %d is outside [0, n_blocks = %d)", i,
+                          b.kv_indices[i], kv.n_blocks));
+    }
+  }
+  const bool has_extra = !b.extra_indptr.empty();
+  if (has_extra) {
+    if (b.extra_indptr.size() != n_tokens + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("PagedAttention: extra_indptr has %d entries, expected n_tokens + 1 = %d",
+                          b.extra_indptr.size(), n_tokens + 1));
+    }
+    if (b.extra_indptr[0] < 0 ||
+        static_cast<size_t>(b.extra_indptr[n_tokens]) > b.extra_positions.size()) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "PagedAttention: extra_indptr [%d, %d] does not fit extra_positions size %d",
+          b.extra_indptr[0], b.extra_indptr[n_tokens], b.extra_positions.size()));
+    }
+  }
+  for (size_t t = 0; t < n_tokens; ++t) {
+    const int32_t s = b.seq[t];
+    if (s < 0 || static_cast<size_t>(s) >= n_seqs) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("PagedAttention: seq[%d] = %d is outside [0, %d)", t, s, n_seqs));
+    }
+    const int64_t capacity =
+        static_cast<int64_t>(b.kv_indptr[s + 1] - b.kv_indptr[s]) * kv.block_size;
+    const int32_t nv = b.n_visible[t];
+    if (nv < 0 || nv > capacity) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "PagedAttention: n_visible[%d] = %d is outside [0, %d] (sequence %d has %d blocks)", t,
+          nv, capacity, s, b.kv_indptr[s + 1] - b.kv_indptr[s]));
+    }
+    int32_t n_extra = 0;
+    if (has_extra) {
+      const int32_t e0 = b.extra_indptr[t], e1 = b.extra_indptr[t + 1];
+      if (e1 < e0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("PagedAttention: extra_indptr decreases at index %d", t + 1));
+      }
+      int64_t prev = static_cast<int64_t>(nv) - 1;
+      for (int32_t i = e0; i < e1; ++i) {
+        const int32_t p = b.extra_positions[i];
+        if (p <= prev || p >= capacity) {
+          return absl::OutOfRangeError(absl::StrFormat(
+              "PagedAttention: extra_positions[%d] = %d (token %d) must be > %d and < %d "
+              "(increasing, beyond n_visible, inside the sequence's blocks)",
+              i, p, t, prev, capacity));
+        }
+        prev = p;
+      }
+      n_extra = e1 - e0;
+    }
+    if (nv + n_extra == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("PagedAttention: token %d sees no context position", t));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
+                            const float* q, int32_t n_heads, float* out, float scale,
+                            Scratch& scratch, CpuLevel level) {
+  KvElem k_elem, v_elem;
+  KILN_RETURN_IF_ERROR(ValidateAttention(kv, b, n_heads, &k_elem, &v_elem));
+  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
+  if (n_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("PagedAttention: q or out is null");
+  }
+  const int64_t d = kv.head_dim;
+  const int64_t bs = kv.block_size;
+  const int64_t group = n_heads / kv.n_kv_heads;
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const OpKernels& k = GetOpKernels(level);
+
+  // Per-thread workspace (floats): qs [G, d], acc [G, d], scores [G, bs], tmp [G], m, l, p [G].
+  const size_t per_thread =
+      ((2 * group * d + group * bs + 4 * group) * sizeof(float) + 63) & ~size_t{63};
+  uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
+  if (ws == nullptr)
+    return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
+
+  const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
+  const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
+  const size_t k_row_bytes = d * ElemBytes(k_elem), v_row_bytes = d * ElemBytes(v_elem);
+  const bool has_extra = !b.extra_indptr.empty();
+
+  pool.ParallelFor(n_tokens * kv.n_kv_heads, [&](int64_t task0, int64_t task1, int thread) {
+    float* qs = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, d]
+    float* acc = qs + group * d;                                     // [G, d]
+    float* sc = acc + group * d;                                     // [G, bs]
+    float* tmp = sc + group * bs;                                    // [G]
+    float* m = tmp + group;                                          // [G] running max
+    float* l = m + group;                                            // [G] running sum
+    float* pcol = l + group;                                         // [G]
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
+      const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
+      for (int64_t i = 0; i < group * d; ++i) qs[i] = qt[i] * scale;
+      std::fill(acc, acc + group * d, 0.0f);
+      std::fill(m, m + group, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + group, 0.0f);
+      const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
+
+      // One run: `count` consecutive rows of one physical block, starting at row `row`.
+      auto run = [&](int32_t block, int64_t row, int64_t count) {
+        const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
+                            row * k_row_bytes;
+        const uint8_t* vt = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
+                            row * v_row_bytes;
+        for (int64_t j = 0; j < count; ++j) {
+          k.kv_dot(qs, group, kt + j * k_row_bytes, k_elem, d, tmp);
+          for (int64_t g = 0; g < group; ++g) sc[g * bs + j] = tmp[g];
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float* sg = sc + g * bs;
+          const float m_new = std::max(m[g], k.max(sg, count));
+          const float corr =
+              m[g] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[g] - m_new);
+          l[g] = l[g] * corr + k.exp_sum(sg, m_new, count, sg);
+          if (corr != 1.0f) k.scale(acc + g * d, corr, d);
+          m[g] = m_new;
+        }
+        for (int64_t j = 0; j < count; ++j) {
+          for (int64_t g = 0; g < group; ++g) pcol[g] = sc[g * bs + j];
+          k.kv_axpy(acc, pcol, group, vt + j * v_row_bytes, v_elem, d);
+        }
+      };
+
+      const int64_t nv = b.n_visible[t];
+      for (int64_t p = 0; p < nv; p += bs) run(blocks[p / bs], 0, std::min(bs, nv - p));
+      if (has_extra) {
+        const int32_t e1 = b.extra_indptr[t + 1];
+        for (int32_t i = b.extra_indptr[t]; i < e1;) {
+          const int64_t p = b.extra_positions[i];
+          int64_t count = 1;
+          while (i + count < e1 && b.extra_positions[i + count] == p + count &&
+                 (p + count) / bs == p / bs) {
+            ++count;
+          }
+          run(blocks[p / bs], p % bs, count);
+          i += static_cast<int32_t>(count);
+        }
+      }
+      float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.0f / l[g];
+        for (int64_t i = 0; i < d; ++i) ot[g * d + i] = acc[g * d + i] * inv;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status BuildTreeVisibility(std::span<const int32_t> parent, std::span<const int32_t> slot,
+                                 std::vector<int32_t>& extra_indptr,
+                                 std::vector<int32_t>& extra_positions) {
+  if (parent.size() != slot.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "BuildTreeVisibility: parent has %d entries, slot has %d", parent.size(), slot.size()));
+  }
+  for (size_t i = 0; i < parent.size(); ++i) {
+    if (parent[i] < -1 || parent[i] >= static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "BuildTreeVisibility: parent[%d] = %d must be -1 or an earlier node", i, parent[i]));
+    }
+  }
+  if (extra_indptr.empty()) extra_indptr.push_back(static_cast<int32_t>(extra_positions.size()));
+  for (size_t i = 0; i < parent.size(); ++i) {
+    const size_t begin = extra_positions.size();
+    for (int32_t n = static_cast<int32_t>(i); n >= 0; n = parent[n]) {
+      extra_positions.push_back(slot[n]);
+    }
+    std::sort(extra_positions.begin() + begin, extra_positions.end());
+    extra_indptr.push_back(static_cast<int32_t>(extra_positions.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,244 @@
+#include "lib/backend/cpu/ops.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+
+#include "lib/backend/cpu/dispatch.h"
+
+namespace kiln::cpu {
+
+// ---- dispatch -----------------------------------------------------------------------------
+
+const OpKernels& GetOpKernels(CpuLevel level) {
+  static const std::array<OpKernels, 3> tables = [] {
+    std::array<OpKernels, 3> t{};
+    FillOpKernelsScalar(&t[0]);
+    t[1] = t[0];
+    FillOpKernelsAvx2(&t[1]);
+    t[2] = t[1];
+    FillOpKernelsAvx512(&t[2]);
+    return t;
+  }();
+  const int best = static_cast<int>(BestCpuLevel());
+  const int l = std::min(static_cast<int>(level), best);
+  return tables[std::max(l, 0)];
+}
+
+bool KvElemOf(GgmlType type, KvElem* elem) {
+  switch (type) {
+    case GgmlType::kF32:
+      *elem = KvElem::kF32;
+      return true;
+    case GgmlType::kF16:
+      *elem = KvElem::kF16;
+      return true;
+    case GgmlType::kBF16:
+      *elem = KvElem::kBf16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- Scratch ------------------------------------------------------------------------------
+
+void Scratch::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+void* Scratch::Get(size_t bytes) {
+  if (bytes > size_) {
+    const size_t rounded = (std::max(bytes, size_ * 3 / 2) + 63) & ~size_t{63};
+    buf_.reset(std::aligned_alloc(64, rounded));
+    size_ = buf_ ? rounded : 0;
+  }
+  return buf_.get();
+}
+
+// ---- MatMul -------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kRowChunk = 16;   // weight rows per tile (and per parallel task)
+constexpr int64_t kTokenTile = 32;  // activation rows per tile
+
+absl::Status CheckWeight(const WeightView& w, const char* what) {
+  if (w.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
+  if (w.n_in <= 0 || w.n_out <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: shape {%d, %d} must be positive", what, w.n_in, w.n_out));
+  }
+  return absl::OkStatus();
+}
+
+// Resolves kernels and row sizes of a weight type (and its activation type).
+struct MatMulPlan {
+  const QuantKernels* k = nullptr;
+  const QuantKernels* act = nullptr;  // null when activations are used as f32 directly
+  size_t w_row_bytes = 0;
+  size_t act_row_bytes = 0;
+};
+
+absl::StatusOr<MatMulPlan> PlanMatMul(const WeightView& w, CpuLevel level) {
+  KILN_RETURN_IF_ERROR(CheckWeight(w, "MatMul weight"));
+  MatMulPlan p;
+  p.k = GetQuantKernels(w.type, level);
+  const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(w.type));
+  if (p.k == nullptr || !info) {
+    return absl::UnimplementedError(absl::StrCat("MatMul: no CPU kernels for weight type ",
+                                                 GgmlTypeName(static_cast<uint32_t>(w.type))));
+  }
+  if (w.n_in % info->block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("MatMul: n_in %d is not a multiple of the %s block size %d", w.n_in,
+                        GgmlTypeName(static_cast<uint32_t>(w.type)), info->block_size));
+  }
+  p.w_row_bytes = GgmlRowBytes(*info, w.n_in);
+  const GgmlType at = p.k->vec_dot_type;
+  if (at == GgmlType::kF32) {
+    p.act_row_bytes = w.n_in * sizeof(float);
+    return p;
+  }
+  p.act = GetQuantKernels(at, level);
+  const auto ainfo = GgmlTypeInfoOf(static_cast<uint32_t>(at));
+  if (p.act == nullptr || !ainfo) {
+    return absl::UnimplementedError(absl::StrCat(
+        "MatMul: activation type ", GgmlTypeName(static_cast<uint32_t>(at)), " of weight type ",
+        GgmlTypeName(static_cast<uint32_t>(w.type)), " has no quantizer"));
+  }
+  if (w.n_in % ainfo->block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("MatMul: n_in %d is not a multiple of the activation block size %d", w.n_in,
+                        ainfo->block_size));
+  }
+  p.act_row_bytes = GgmlRowBytes(*ainfo, w.n_in);
+  return p;
+}
+
+// rows == nullptr means rows 0..n_rows-1 of x.
+absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, const int32_t* rows,
+                        int64_t n_rows, float* y, Scratch& scratch, CpuLevel level) {
+  KILN_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, level));
+  if (n_rows <= 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) return absl::InvalidArgumentError("MatMul: x or y is null");
+  const int64_t n_in = w.n_in, n_out = w.n_out;
+  auto x_row = [&](int64_t r) { return x + (rows ? rows[r] : r) * n_in; };
+
+  // Activations: [n_rows] rows of the vec_dot type, each quantized once by one thread.
+  const uint8_t* act = nullptr;
+  if (plan.act != nullptr) {
+    uint8_t* buf = static_cast<uint8_t*>(scratch.Get(n_rows * plan.act_row_bytes));
+    if (buf == nullptr) return absl::ResourceExhaustedError("MatMul: scratch allocation failed");
+    pool.ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r) {
+        plan.act->quantize(x_row(r), buf + r * plan.act_row_bytes, n_in);
+      }
+    });
+    act = buf;
+  }
+  auto act_row = [&](int64_t r) -> const void* {
+    return act ? static_cast<const void*>(act + r * plan.act_row_bytes) : x_row(r);
+  };
+
+  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
+  const VecDotFn vec_dot = plan.k->vec_dot;
+  const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
+  pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
+    const int64_t r0 = c0 * kRowChunk, r1 = std::min(n_out, c1 * kRowChunk);
+    // Tiles of kRowChunk weight rows x kTokenTile tokens: each weight row is read from memory
+    // once per token tile; every output is one vec_dot call (batch invariance).
+    for (int64_t tb = 0; tb < n_rows; tb += kTokenTile) {
+      const int64_t te = std::min(n_rows, tb + kTokenTile);
+      for (int64_t rb = r0; rb < r1; rb += kRowChunk) {
+        const int64_t re = std::min(r1, rb + kRowChunk);
+        for (int64_t t = tb; t < te; ++t) {
+          const void* a = act_row(t);
+          float* yt = y + t * n_out;
+          for (int64_t r = rb; r < re; ++r) yt[r] = vec_dot(n_in, wdata + r * plan.w_row_bytes, a);
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
+                    float* y, Scratch& scratch, CpuLevel level) {
+  if (n_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("MatMul: n_tokens %d < 0", n_tokens));
+  }
+  return MatMulImpl(pool, w, x, nullptr, n_tokens, y, scratch, level);
+}
+
+absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_x_rows,
+                        std::span<const int32_t> rows, float* y, Scratch& scratch, CpuLevel level) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= n_x_rows) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("MatMulRows: rows[%d] = %d is outside [0, %d)", i, rows[i], n_x_rows));
+    }
+  }
+  return MatMulImpl(pool, w, x, rows.data(), static_cast<int64_t>(rows.size()), y, scratch, level);
+}
+
+// ---- Embedding ----------------------------------------------------------------------------
+
+absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens, float* out,
+                             CpuLevel level) {
+  KILN_RETURN_IF_ERROR(CheckWeight(table, "EmbeddingGather table"));
+  const QuantKernels* k = GetQuantKernels(table.type, level);
+  const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(table.type));
+  if (k == nullptr || !info) {
+    return absl::UnimplementedError(absl::StrCat("EmbeddingGather: no CPU kernels for type ",
+                                                 GgmlTypeName(static_cast<uint32_t>(table.type))));
+  }
+  if (table.n_in % info->block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("EmbeddingGather: n_embd %d is not a multiple of the block size %d",
+                        table.n_in, info->block_size));
+  }
+  const size_t row_bytes = GgmlRowBytes(*info, table.n_in);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] < 0 || tokens[t] >= table.n_out) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("EmbeddingGather: tokens[%d] = %d is outside the vocabulary [0, %d)", t,
+                          tokens[t], table.n_out));
+    }
+  }
+  const uint8_t* base = static_cast<const uint8_t*>(table.data);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    k->dequantize(base + tokens[t] * row_bytes, out + t * table.n_in, table.n_in);
+  }
+  return absl::OkStatus();
+}
+
+// ---- Element-wise -------------------------------------------------------------------------
+
+void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps, float* y,
+             CpuLevel level) {
+  const OpKernels& k = GetOpKernels(level);
+  for (int64_t r = 0; r < n_rows; ++r) k.rms_norm(x + r * n, weight, n, eps, y + r * n);
+}
+
+void SwiGlu(const float* gate, const float* up, int64_t n, float* y, CpuLevel level) {
+  GetOpKernels(level).swiglu(gate, up, n, y);
+}
+
+void Add(const float* a, const float* b, int64_t n, float* y, CpuLevel level) {
+  GetOpKernels(level).add(a, b, n, y);
+}
+
+void SoftmaxRows(float* x, int64_t n_rows, int64_t n, float scale, CpuLevel level) {
+  const OpKernels& k = GetOpKernels(level);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* row = x + r * n;
+    if (scale != 1.0f) k.scale(row, scale, n);
+    const float m = k.max(row, n);
+    const float sum = k.exp_sum(row, m, n, row);
+    k.scale(row, 1.0f / sum, n);
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,241 @@
+// The CPU backend's op set for the llama-family forward pass (namespace kiln::cpu).
+//
+// Activations are f32, row-major, with shapes written next to each parameter. Every op has a
+// plain reference in ops_ref.h and a test comparing the two (tests/unit/cpu_ops_test.cc).
+//
+// Determinism and batch invariance (a hard requirement, relied on by speculative decoding and
+// prefix caching): the value computed for one token never depends on how many other tokens are
+// in the call, which ones, or the pool's thread count. MatMul computes every output as exactly
+// one quant vec_dot of a weight row with that token's quantized activation row; PagedAttention
+// runs one (token, kv head) pair on one thread with a fixed order over the context.
+//
+// Errors: ops with data-dependent indices (token ids, block tables, tree lists) or with shape
+// preconditions return absl::Status naming the offending field and index; the simple
+// element-wise ops have no failure modes and return void.
+//
+// `level` selects the SIMD path (clamped to what the CPU supports); tests pass lower levels.
+//
+// Thread-safety: ops are reentrant; a Scratch must not be shared by concurrent calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "lib/backend/cpu/thread_pool.h"
+#include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
+#include "lib/quant/quant.h"
+
+namespace kiln::cpu {
+
+// Reusable scratch memory: grows to the largest request and is then reused, so steady-state
+// calls do not allocate. One per concurrent caller.
+class Scratch {
+ public:
+  // At least `bytes` bytes, 64-byte aligned; contents undefined. Valid until the next call.
+  void* Get(size_t bytes);
+
+ private:
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, FreeDeleter> buf_;
+  size_t size_ = 0;
+};
+
+// A weight matrix as stored in GGUF: ggml ne = {n_in, n_out}, i.e. n_out rows of n_in elements
+// of `type`, each row contiguous (GgmlRowBytes(n_in) bytes), rows back to back.
+struct WeightView {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;
+  int64_t n_in = 0;
+  int64_t n_out = 0;
+};
+
+// ---- Matrix multiply ----------------------------------------------------------------------
+
+// y[t, o] = sum_i W[o, i] * x[t, i], computed as vec_dot(W row o, quantize(x row t)).
+//   x: [n_tokens, n_in]   y: [n_tokens, n_out]
+// Errors: type without kernels at `level`, n_in not a multiple of the block size, null data,
+// non-positive sizes. Work is split across output rows (never across the reduction).
+absl::Status MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
+                    float* y, Scratch& scratch, CpuLevel level = BestCpuLevel());
+
+// Like MatMul for the selected rows of x only (final logits for the tokens that want them):
+// y[r, o] = sum_i W[o, i] * x[rows[r], i].   x: [n_x_rows, n_in]   y: [rows.size(), n_out]
+// Errors as MatMul, plus a row index outside [0, n_x_rows).
+absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_x_rows,
+                        std::span<const int32_t> rows, float* y, Scratch& scratch,
+                        CpuLevel level = BestCpuLevel());
+
+// ---- Embedding ----------------------------------------------------------------------------
+
+// out[t, :] = dequantize(table row tokens[t]).   table: ne {n_embd, n_vocab}; out: [n, n_embd]
+// Errors: a token id outside [0, n_vocab) (names the index), unsupported type.
+absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens, float* out,
+                             CpuLevel level = BestCpuLevel());
+
+// ---- Element-wise and row ops -------------------------------------------------------------
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight.   x, y: [n_rows, n]; weight: [n].
+// y may alias x.
+void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps, float* y,
+             CpuLevel level = BestCpuLevel());
+
+// y = silu(gate) * up, element-wise over n floats. y may alias gate or up.
+void SwiGlu(const float* gate, const float* up, int64_t n, float* y,
+            CpuLevel level = BestCpuLevel());
+
+// y = a + b over n floats (residual add). y may alias a or b.
+void Add(const float* a, const float* b, int64_t n, float* y, CpuLevel level = BestCpuLevel());
+
+// x[r, :] = softmax(x[r, :] * scale) for each of n_rows rows of n floats (n >= 1).
+void SoftmaxRows(float* x, int64_t n_rows, int64_t n, float scale = 1.0f,
+                 CpuLevel level = BestCpuLevel());
+
+// ---- RoPE ---------------------------------------------------------------------------------
+//
+// Formulas (ggml's rope_ext, with YaRN from Peng et al. 2023 and llama 3.1's frequency rule).
+// For rotated pair index i in [0, n_rot/2) of a token at position p:
+//   theta_extrap = p * freq_base^(-2i / n_rot) / ff[i]      ff = per-dimension factors or 1
+//   theta_interp = freq_scale * theta_extrap
+//   YaRN (ext_factor != 0):
+//     corr_dim(b) = n_rot * ln(orig_ctx / (b * 2 pi)) / (2 ln(freq_base))
+//     low = max(0, floor(corr_dim(beta_fast))), high = min(n_rot - 1, ceil(corr_dim(beta_slow)))
+//     ramp = (1 - clamp((i - low) / max(0.001, high - low), 0, 1)) * ext_factor
+//     theta = theta_interp * (1 - ramp) + theta_extrap * ramp
+//     mscale = attn_factor * (1 + 0.1 ln(1 / freq_scale))
+//   otherwise: theta = theta_interp, mscale = attn_factor
+//   ext_factor and attn_factor apply to kYarn only (other modes use 0 and 1); freq_scale is 1
+//   for kNone and kLlama3.
+//   (x_a, x_b) <- (x_a cos(theta) - x_b sin(theta), x_a sin(theta) + x_b cos(theta)) * mscale
+//     NORM (llama):  a = 2i, b = 2i + 1        NEOX: a = i, b = i + n_rot/2
+//   Dimensions >= n_rot are left unchanged.
+// llama3 rule (used when scaling == kLlama3 and no rope_freqs tensor is given), with
+//   wavelen = 2 pi / base^(-2i/n_rot), lo_wl = orig_ctx / low_freq_factor,
+//   hi_wl = orig_ctx / high_freq_factor:
+//   ff[i] = 1 if wavelen < hi_wl; = factor if wavelen > lo_wl; otherwise
+//   smooth = (orig_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor),
+//   ff[i] = 1 / ((1 - smooth) / factor + smooth).
+// The angles are computed in double and rounded to float once (ggml accumulates in float, so
+// values differ from llama.cpp by float rounding only).
+
+enum class RopeMode { kNorm, kNeox };
+enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
+
+struct RopeConfig {
+  RopeMode mode = RopeMode::kNorm;
+  int32_t n_rot = 0;  // rotated dims: even, 2 <= n_rot <= head_dim
+  float freq_base = 10000.0f;
+  RopeScaling scaling = RopeScaling::kNone;
+  // kLinear and kYarn: 1 / scaling factor (ignored for kNone / kLlama3).
+  float freq_scale = 1.0f;
+  // Optional per-dimension divisors of theta ("rope_freqs" tensor), n_rot/2 entries; used with
+  // any scaling (takes precedence over the kLlama3 rule). Must outlive the RopeTable build.
+  const float* freq_factors = nullptr;
+  // kLlama3 rule parameters.
+  float llama3_factor = 8.0f;
+  float llama3_low_freq_factor = 1.0f;
+  float llama3_high_freq_factor = 4.0f;
+  // kLlama3 and kYarn: the original training context.
+  int32_t orig_ctx = 8192;
+  // kYarn parameters.
+  float ext_factor = 1.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+};
+
+// Checks a config against head_dim (n_rot even, in range; finite positive base and scales).
+absl::Status ValidateRopeConfig(const RopeConfig& config, int32_t head_dim);
+
+// cos/sin of every rotated pair for each token of a batch; build once per batch, apply to Q and
+// K of every layer. Not thread-safe to Build while another thread Applies.
+class RopeTable {
+ public:
+  // positions: [n_tokens]. Errors: ValidateRopeConfig, negative position (names the index).
+  absl::Status Build(const RopeConfig& config, int32_t head_dim,
+                     std::span<const int32_t> positions);
+
+  // x: [n_tokens, n_heads, head_dim] rotated in place (n_tokens as built).
+  // Precondition: head_dim as built.
+  void Apply(float* x, int64_t n_heads, CpuLevel level = BestCpuLevel()) const;
+
+  int64_t n_tokens() const { return n_tokens_; }
+
+ private:
+  RopeMode mode_ = RopeMode::kNorm;
+  int32_t n_rot_ = 0;
+  int32_t head_dim_ = 0;
+  int64_t n_tokens_ = 0;
+  // NORM: cos_ = {c0,c0,c1,c1,..}, sin_ = {-s0,s0,-s1,s1,..}, n_rot per token.
+  // NEOX: cos_ = {c0..}, sin_ = {s0..}, n_rot/2 per token.  (mscale folded in.)
+  std::vector<float> cos_, sin_;
+};
+
+// The per-pair factors ff[i] (n_rot/2) the config implies: freq_factors if given, the llama3
+// rule for kLlama3, ones otherwise.
+std::vector<double> RopeFreqFactors(const RopeConfig& config);
+
+// ---- Paged attention ----------------------------------------------------------------------
+
+// Where one of K or V lives for one layer. Physical block b's tile of kv head h is a row-major
+// [block_size, head_dim] array of `type` (F32, F16 or BF16) at
+//   base + b * block_stride_bytes + h * head_stride_bytes.
+struct KvTensorView {
+  const void* base = nullptr;
+  GgmlType type = GgmlType::kF32;
+  int64_t block_stride_bytes = 0;
+  int64_t head_stride_bytes = 0;
+};
+
+struct PagedKvView {
+  KvTensorView k, v;
+  int32_t block_size = 16;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t n_blocks = 0;  // physical blocks addressable from base (for index validation)
+};
+
+// What each query token sees. Token t belongs to sequence seq[t], whose logical context
+// position j lives in physical block kv_indices[kv_indptr[seq[t]] + j / block_size] at row
+// j % block_size. Token t attends to positions [0, n_visible[t]) and, when extra_indptr is
+// given, to extra_positions[extra_indptr[t] .. extra_indptr[t+1]) (strictly increasing, each
+// >= n_visible[t]). Masks:
+//   causal:  n_visible[t] = position of t + 1, no extras;
+//   tree:    n_visible[t] = committed prefix length, extras = the cache slots of t's ancestors
+//            and of t itself (BuildTreeVisibility makes them from parent links).
+// The K/V of the batch's own tokens must be in the cache before the call.
+struct AttentionBatch {
+  std::span<const int32_t> seq;              // [n_tokens]
+  std::span<const int32_t> kv_indptr;        // [n_seqs + 1], non-decreasing
+  std::span<const int32_t> kv_indices;       // [kv_indptr[n_seqs]] physical block ids
+  std::span<const int32_t> n_visible;        // [n_tokens]
+  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+};
+
+// out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
+//   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
+// scale <= 0 means 1/sqrt(head_dim). Online softmax in f32, one pass over the visible
+// positions in increasing order; each K/V row is read once for the G query heads of its group.
+// Errors: any index or count out of range (names field and index), a token that sees nothing,
+// n_heads not a multiple of n_kv_heads, KV type not F32/F16/BF16.
+absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
+                            const float* q, int32_t n_heads, float* out, float scale,
+                            Scratch& scratch, CpuLevel level = BestCpuLevel());
+
+// Tree mask helper. For n tree nodes of one sequence: parent[i] is the index of node i's parent
+// among the nodes (-1: child of the committed prefix; parents come before children), slot[i] is
+// the logical cache position holding node i's K/V. Appends, for each node in order, its
+// ancestors' slots and its own (sorted increasing) to extra_positions and the running offsets to
+// extra_indptr (which gets n + 1 entries when it starts empty; otherwise n more, continuing
+// from its last entry). Errors: parent index out of range or not earlier than the node.
+absl::Status BuildTreeVisibility(std::span<const int32_t> parent, std::span<const int32_t> slot,
+                                 std::vector<int32_t>& extra_indptr,
+                                 std::vector<int32_t>& extra_positions);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,766 @@
+// CPU backend ops (lib/backend/cpu/ops.h) against their plain references (ops_ref.h), plus the
+// batch-invariance guarantees. Tolerances are stated next to each comparison.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "lib/backend/cpu/dispatch.h"
+#include "lib/backend/cpu/ops.h"
+#include "lib/backend/cpu/ops_ref.h"
+#include "lib/common/half.h"
+
+namespace kiln::cpu {
+namespace {
+
+std::vector<float> RandomVector(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Levels this CPU runs, scalar first.
+std::vector<CpuLevel> Levels() {
+  std::vector<CpuLevel> out;
+  for (int l = 0; l <= static_cast<int>(BestCpuLevel()); ++l)
+    out.push_back(static_cast<CpuLevel>(l));
+  return out;
+}
+
+// Types kiln can compute with right now (the quant families land independently).
+std::vector<GgmlType> RegisteredTypes() {
+  std::vector<GgmlType> out;
+  for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
+    const GgmlType type = static_cast<GgmlType>(t);
+    if (!GgmlTypeInfoOf(t)) continue;
+    if (GetQuantKernels(type) == nullptr) {
+      printf("note: type %s has no CPU kernels yet; skipped\n", GgmlTypeName(t).c_str());
+      continue;
+    }
+    out.push_back(type);
+  }
+  return out;
+}
+
+// A [n_out, n_in] weight matrix of `type` quantized from random floats.
+std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+  const QuantKernels* k = GetQuantKernels(type);
+  const size_t row_bytes = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(type)), n_in);
+  std::vector<uint8_t> w(row_bytes * n_out);
+  for (int64_t o = 0; o < n_out; ++o) {
+    const std::vector<float> row = RandomVector(n_in, rng);
+    k->quantize(row.data(), w.data() + o * row_bytes, n_in);
+  }
+  return w;
+}
+
+// ---- ThreadPool ---------------------------------------------------------------------------
+
+TEST(ThreadPoolTest, PhysicalCoresPositive) {
+  EXPECT_GE(PhysicalCoreCount(), 1);
+  ThreadPool pool;
+  EXPECT_EQ(pool.n_threads(), PhysicalCoreCount());
+}
+
+TEST(ThreadPoolTest, EveryTaskRunsOnceWithStaticRanges) {
+  for (int n_threads : {1, 2, 3, 5}) {
+    ThreadPool pool(n_threads);
+    std::vector<int> hits;
+    std::vector<int> owner;
+    // More threads than cores oversubscribes this machine: fewer calls there.
+    const int n_calls = n_threads <= PhysicalCoreCount() ? 3000 : 300;
+    for (int call = 0; call < n_calls; ++call) {
+      const int64_t n_tasks = call % 37;  // includes 0, 1 and fewer tasks than threads
+      hits.assign(n_tasks, 0);
+      owner.assign(n_tasks, -1);
+      pool.ParallelFor(n_tasks, [&](int64_t b, int64_t e, int thread) {
+        for (int64_t i = b; i < e; ++i) {
+          ++hits[i];
+          owner[i] = thread;
+        }
+      });
+      for (int64_t i = 0; i < n_tasks; ++i) {
+        ASSERT_EQ(hits[i], 1) << "call " << call << " task " << i;
+        if (n_tasks > 1) {
+          int64_t b, e;
+          ThreadPool::StaticRange(n_tasks, n_threads, owner[i], &b, &e);
+          ASSERT_TRUE(i >= b && i < e) << "task " << i << " ran on thread " << owner[i];
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, NestedCallRunsInline) {
+  ThreadPool pool(2);
+  std::vector<int> hits(8 * 10, 0);
+  pool.ParallelFor(8, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      pool.ParallelFor(10, [&](int64_t b2, int64_t e2, int) {
+        for (int64_t j = b2; j < e2; ++j) ++hits[i * 10 + j];
+      });
+    }
+  });
+  for (int h : hits) EXPECT_EQ(h, 1);
+}
+
+TEST(ThreadPoolTest, ConcurrentCallersAreSerialized) {
+  ThreadPool pool(2);
+  std::vector<int64_t> sums(4, 0);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&, c] {
+      for (int call = 0; call < 500; ++call) {
+        std::vector<int64_t> part(2, 0);
+        pool.ParallelFor(100, [&](int64_t b, int64_t e, int t) {
+          for (int64_t i = b; i < e; ++i) part[t] += i;
+        });
+        sums[c] += part[0] + part[1];
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (int64_t s : sums) EXPECT_EQ(s, 500 * 4950);
+}
+
+// ---- MatMul -------------------------------------------------------------------------------
+
+TEST(MatMulTest, EveryOutputIsOneVecDotAndMatchesReference) {
+  std::mt19937 rng(1);
+  const int64_t n_in = 512, n_out = 67, n_tokens = 7;  // n_out not a multiple of the tile
+  ThreadPool pool(2);
+  Scratch scratch;
+  for (GgmlType type : RegisteredTypes()) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const std::vector<uint8_t> w = MakeWeights(type, n_in, n_out, rng);
+    const WeightView wv{type, w.data(), n_in, n_out};
+    const std::vector<float> x = RandomVector(n_in * n_tokens, rng);
+    for (CpuLevel level : Levels()) {
+      SCOPED_TRACE(CpuLevelName(level));
+      std::vector<float> y(n_tokens * n_out);
+      ASSERT_TRUE(MatMul(pool, wv, x.data(), n_tokens, y.data(), scratch, level).ok());
+      // Bitwise: y[t, o] == vec_dot(W row o, quantize(x row t)) at this level.
+      const QuantKernels* k = GetQuantKernels(type, level);
+      const size_t row_bytes = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(type)), n_in);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        std::vector<uint8_t> a;
+        const void* act = x.data() + t * n_in;
+        if (k->vec_dot_type != GgmlType::kF32) {
+          const QuantKernels* ak = GetQuantKernels(k->vec_dot_type, level);
+          ASSERT_NE(ak, nullptr);
+          a.resize(GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(k->vec_dot_type)), n_in));
+          ak->quantize(x.data() + t * n_in, a.data(), n_in);
+          act = a.data();
+        }
+        for (int64_t o = 0; o < n_out; ++o) {
+          const float expect = k->vec_dot(n_in, w.data() + o * row_bytes, act);
+          ASSERT_EQ(Fp32ToBits(y[t * n_out + o]), Fp32ToBits(expect)) << "t " << t << " o " << o;
+        }
+      }
+      // Against the double-precision reference on dequantized operands: the only differences
+      // are the kernel's float accumulation, so |diff| <= 1e-4 * sum |w_i a_i| + 1e-5.
+      std::vector<float> yr(n_tokens * n_out);
+      ASSERT_TRUE(ref::MatMul(wv, x.data(), n_tokens, yr.data(), true).ok());
+      std::vector<float> wrow(n_in);
+      for (int64_t o = 0; o < n_out; ++o) {
+        GetQuantKernels(type)->dequantize(w.data() + o * row_bytes, wrow.data(), n_in);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          double mag = 0.0;
+          for (int64_t i = 0; i < n_in; ++i) mag += std::fabs(wrow[i] * x[t * n_in + i]);
+          ASSERT_NEAR(y[t * n_out + o], yr[t * n_out + o], 1e-4 * mag + 1e-5)
+              << "t " << t << " o " << o;
+        }
+      }
+    }
+  }
+}
+
+TEST(MatMulTest, BatchAndThreadInvariant) {
+  std::mt19937 rng(2);
+  const int64_t n_in = 256, n_out = 300, n_batch = 7;
+  ThreadPool pool1(1), pool2(2);
+  Scratch scratch;
+  for (GgmlType type : RegisteredTypes()) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const std::vector<uint8_t> w = MakeWeights(type, n_in, n_out, rng);
+    const WeightView wv{type, w.data(), n_in, n_out};
+    const std::vector<float> x = RandomVector(n_in * n_batch, rng);
+    std::vector<float> batch1(n_batch * n_out), batch2(n_batch * n_out);
+    ASSERT_TRUE(MatMul(pool1, wv, x.data(), n_batch, batch1.data(), scratch).ok());
+    ASSERT_TRUE(MatMul(pool2, wv, x.data(), n_batch, batch2.data(), scratch).ok());
+    EXPECT_EQ(0, std::memcmp(batch1.data(), batch2.data(), batch1.size() * 4)) << "1 vs 2 threads";
+    for (int64_t t = 0; t < n_batch; ++t) {
+      std::vector<float> single(n_out);
+      for (ThreadPool* pool : {&pool1, &pool2}) {
+        ASSERT_TRUE(MatMul(*pool, wv, x.data() + t * n_in, 1, single.data(), scratch).ok());
+        EXPECT_EQ(0, std::memcmp(single.data(), batch2.data() + t * n_out, n_out * 4))
+            << "token " << t << " alone vs in the batch";
+      }
+    }
+    // A different batch around token 3: its row must not change.
+    std::vector<float> other = RandomVector(n_in * 3, rng);
+    std::copy(x.begin() + 3 * n_in, x.begin() + 4 * n_in, other.begin() + n_in);
+    std::vector<float> y3(3 * n_out);
+    ASSERT_TRUE(MatMul(pool2, wv, other.data(), 3, y3.data(), scratch).ok());
+    EXPECT_EQ(0, std::memcmp(y3.data() + n_out, batch2.data() + 3 * n_out, n_out * 4));
+    // MatMulRows picks rows (logits for selected tokens only).
+    const std::vector<int32_t> rows = {6, 0, 3};
+    std::vector<float> yr(rows.size() * n_out);
+    ASSERT_TRUE(MatMulRows(pool2, wv, x.data(), n_batch, rows, yr.data(), scratch).ok());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(yr.data() + r * n_out, batch2.data() + rows[r] * n_out, n_out * 4));
+    }
+  }
+}
+
+TEST(MatMulTest, Errors) {
+  ThreadPool pool(1);
+  Scratch scratch;
+  std::vector<float> w(64 * 4, 0.5f), x(64 * 2, 1.0f), y(8);
+  if (GetQuantKernels(GgmlType::kF32) != nullptr) {
+    const WeightView wv{GgmlType::kF32, w.data(), 64, 4};
+    const std::vector<int32_t> bad_rows = {0, 2};
+    const absl::Status s = MatMulRows(pool, wv, x.data(), 2, bad_rows, y.data(), scratch);
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+    EXPECT_NE(s.message().find("rows[1]"), std::string::npos) << s;
+  }
+  EXPECT_FALSE(
+      MatMul(pool, WeightView{GgmlType::kF32, nullptr, 64, 4}, x.data(), 1, y.data(), scratch)
+          .ok());
+  EXPECT_FALSE(
+      MatMul(pool, WeightView{GgmlType::kIQ2_XXS, w.data(), 256, 1}, x.data(), 1, y.data(), scratch)
+          .ok());
+  if (GetQuantKernels(GgmlType::kQ4_0) != nullptr) {
+    const absl::Status s =
+        MatMul(pool, WeightView{GgmlType::kQ4_0, w.data(), 48, 2}, x.data(), 1, y.data(), scratch);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("n_in 48"), std::string::npos) << s;
+  }
+}
+
+// ---- Embedding ----------------------------------------------------------------------------
+
+TEST(EmbeddingTest, MatchesReferenceExactly) {
+  std::mt19937 rng(3);
+  const int64_t n_embd = 256, n_vocab = 11;
+  const std::vector<int32_t> tokens = {3, 0, 10, 3};
+  for (GgmlType type : RegisteredTypes()) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const std::vector<uint8_t> table = MakeWeights(type, n_embd, n_vocab, rng);
+    const WeightView tv{type, table.data(), n_embd, n_vocab};
+    std::vector<float> out(tokens.size() * n_embd), expect(out.size());
+    ASSERT_TRUE(EmbeddingGather(tv, tokens, out.data()).ok());
+    ASSERT_TRUE(ref::EmbeddingGather(tv, tokens, expect.data()).ok());
+    EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), out.size() * 4));  // dequantize is exact
+    const std::vector<int32_t> bad = {1, 11};
+    const absl::Status s = EmbeddingGather(tv, bad, out.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+    EXPECT_NE(s.message().find("tokens[1] = 11"), std::string::npos) << s;
+  }
+}
+
+// ---- Element-wise -------------------------------------------------------------------------
+
+TEST(ElementwiseTest, RmsNormMatchesReference) {
+  std::mt19937 rng(4);
+  for (int64_t n : {576, 37, 4096}) {
+    const std::vector<float> x = RandomVector(3 * n, rng, -3, 3), w = RandomVector(n, rng);
+    std::vector<float> expect(3 * n);
+    ref::RmsNorm(x.data(), w.data(), 3, n, 1e-5f, expect.data());
+    for (CpuLevel level : Levels()) {
+      std::vector<float> y(3 * n);
+      RmsNorm(x.data(), w.data(), 3, n, 1e-5f, y.data(), level);
+      for (int64_t i = 0; i < 3 * n; ++i) {
+        // f32 sum of squares: relative error ~1e-6.
+        ASSERT_NEAR(y[i], expect[i], 2e-6f * std::fabs(expect[i]) + 1e-7f)
+            << CpuLevelName(level) << " n " << n << " i " << i;
+      }
+      std::vector<float> inplace = x;  // aliasing allowed
+      RmsNorm(inplace.data(), w.data(), 3, n, 1e-5f, inplace.data(), level);
+      EXPECT_EQ(0, std::memcmp(inplace.data(), y.data(), y.size() * 4));
+    }
+  }
+}
+
+TEST(ElementwiseTest, SwiGluAddSoftmaxMatchReference) {
+  std::mt19937 rng(5);
+  for (int64_t n : {1536, 13}) {
+    std::vector<float> gate = RandomVector(n, rng, -30, 30), up = RandomVector(n, rng, -2, 2);
+    gate[0] = -90.0f;  // exp(90) overflows: silu must still give ~0
+    std::vector<float> expect(n), sum_expect(n);
+    ref::SwiGlu(gate.data(), up.data(), n, expect.data());
+    ref::Add(gate.data(), up.data(), n, sum_expect.data());
+    std::vector<float> logits = RandomVector(n, rng, -20, 20), soft_expect = logits;
+    ref::SoftmaxRows(soft_expect.data(), 1, n, 0.7f);
+    for (CpuLevel level : Levels()) {
+      SCOPED_TRACE(CpuLevelName(level));
+      std::vector<float> y(n);
+      SwiGlu(gate.data(), up.data(), n, y.data(), level);
+      for (int64_t i = 0; i < n; ++i) {
+        // polynomial exp: relative error < 1e-6.
+        ASSERT_NEAR(y[i], expect[i], 1e-6f * std::fabs(expect[i]) + 1e-30f) << "i " << i;
+      }
+      Add(gate.data(), up.data(), n, y.data(), level);
+      EXPECT_EQ(0, std::memcmp(y.data(), sum_expect.data(), n * 4));
+      std::vector<float> soft = logits;
+      SoftmaxRows(soft.data(), 1, n, 0.7f, level);
+      for (int64_t i = 0; i < n; ++i) {
+        // f32 logits * scale (|x| <= 14: ulp ~1e-6 in the exponent) and an f32 sum over n:
+        // relative error <= 5e-6.
+        ASSERT_NEAR(soft[i], soft_expect[i], 5e-6f * soft_expect[i] + 1e-9f) << "i " << i;
+      }
+    }
+  }
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------
+
+std::vector<RopeConfig> RopeConfigs(const float* rope_freqs) {
+  std::vector<RopeConfig> out;
+  for (RopeMode mode : {RopeMode::kNorm, RopeMode::kNeox}) {
+    for (int32_t n_rot : {64, 32, 20}) {
+      RopeConfig c;
+      c.mode = mode;
+      c.n_rot = n_rot;
+      out.push_back(c);  // none
+      c.scaling = RopeScaling::kLinear;
+      c.freq_scale = 0.25f;
+      out.push_back(c);
+      c.scaling = RopeScaling::kLlama3;
+      c.freq_base = 500000.0f;
+      c.orig_ctx = 64;  // small so the positions below cross every llama3 regime
+      out.push_back(c);
+      c.freq_factors = rope_freqs;
+      out.push_back(c);
+      c.freq_factors = nullptr;
+      c.scaling = RopeScaling::kYarn;
+      c.freq_base = 10000.0f;
+      c.freq_scale = 0.125f;
+      c.orig_ctx = 512;
+      c.ext_factor = 1.0f;
+      c.attn_factor = 1.1f;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+TEST(RopeTest, TableMatchesReferenceForAllModes) {
+  std::mt19937 rng(6);
+  const int32_t head_dim = 64, n_heads = 3;
+  const std::vector<int32_t> positions = {0, 1, 7, 100, 4095, 30000};
+  std::vector<float> rope_freqs(32);
+  for (size_t i = 0; i < rope_freqs.size(); ++i) rope_freqs[i] = 1.0f + 0.25f * i;
+  const std::vector<float> x =
+      RandomVector(positions.size() * n_heads * head_dim, rng, -2.0f, 2.0f);
+  int idx = 0;
+  for (const RopeConfig& c : RopeConfigs(rope_freqs.data())) {
+    SCOPED_TRACE(::testing::Message() << "config #" << idx++ << " n_rot " << c.n_rot);
+    std::vector<float> expect = x;
+    ASSERT_TRUE(ref::Rope(c, head_dim, positions, n_heads, expect.data()).ok());
+    RopeTable table;
+    ASSERT_TRUE(table.Build(c, head_dim, positions).ok());
+    for (CpuLevel level : Levels()) {
+      std::vector<float> y = x;
+      table.Apply(y.data(), n_heads, level);
+      for (size_t i = 0; i < y.size(); ++i) {
+        // cos/sin rounded to f32 once, then f32 arithmetic: |diff| <= 2e-6 * scale.
+        ASSERT_NEAR(y[i], expect[i], 3e-6f) << CpuLevelName(level) << " i " << i;
+        if (static_cast<int32_t>(i % head_dim) >= c.n_rot) {
+          ASSERT_EQ(y[i], x[i]);  // tail kept
+        }
+      }
+    }
+  }
+}
+
+TEST(RopeTest, NormAndNeoxPairsFollowTheFormula) {
+  const std::vector<int32_t> pos = {3};
+  RopeConfig c;
+  c.n_rot = 4;
+  const float one[4] = {1, 0, 0, 1};
+  const double a0 = 3.0, a1 = 3.0 * std::pow(10000.0, -0.5);  // angles of pairs 0 and 1
+  RopeTable table;
+  ASSERT_TRUE(table.Build(c, 4, pos).ok());
+  std::vector<float> x(one, one + 4);
+  table.Apply(x.data(), 1);
+  // NORM: pairs (0,1) and (2,3).
+  EXPECT_NEAR(x[0], std::cos(a0), 1e-6);
+  EXPECT_NEAR(x[1], std::sin(a0), 1e-6);
+  EXPECT_NEAR(x[2], -std::sin(a1), 1e-6);
+  EXPECT_NEAR(x[3], std::cos(a1), 1e-6);
+  c.mode = RopeMode::kNeox;  // pairs (0,2) and (1,3)
+  ASSERT_TRUE(table.Build(c, 4, pos).ok());
+  x.assign(one, one + 4);
+  table.Apply(x.data(), 1);
+  EXPECT_NEAR(x[0], std::cos(a0), 1e-6);
+  EXPECT_NEAR(x[2], std::sin(a0), 1e-6);
+  EXPECT_NEAR(x[1], -std::sin(a1), 1e-6);
+  EXPECT_NEAR(x[3], std::cos(a1), 1e-6);
+}
+
+TEST(RopeTest, ScalingRules) {
+  // Linear: position 8 at freq_scale 1/4 rotates like position 2 unscaled.
+  std::mt19937 rng(7);
+  const std::vector<float> x = RandomVector(64, rng);
+  RopeConfig none;
+  none.n_rot = 64;
+  RopeConfig linear = none;
+  linear.scaling = RopeScaling::kLinear;
+  linear.freq_scale = 0.25f;
+  RopeTable t1, t2;
+  ASSERT_TRUE(t1.Build(none, 64, std::vector<int32_t>{2}).ok());
+  ASSERT_TRUE(t2.Build(linear, 64, std::vector<int32_t>{8}).ok());
+  std::vector<float> y1 = x, y2 = x;
+  t1.Apply(y1.data(), 1);
+  t2.Apply(y2.data(), 1);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(y1[i], y2[i], 1e-6) << i;
+
+  // llama3 (llama 3.1 defaults): high frequencies keep factor 1, low ones get `factor`, the
+  // band between follows 1 / ((1 - smooth) / factor + smooth).
+  RopeConfig l3;
+  l3.n_rot = 128;
+  l3.freq_base = 500000.0f;
+  l3.scaling = RopeScaling::kLlama3;
+  const std::vector<double> ff = RopeFreqFactors(l3);
+  ASSERT_EQ(ff.size(), 64u);
+  EXPECT_EQ(ff[0], 1.0);
+  EXPECT_EQ(ff[63], 8.0);
+  int n_mid = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double wavelen = 2 * M_PI / std::pow(500000.0, -2.0 * i / 128);
+    if (wavelen >= 8192 / 4.0 && wavelen <= 8192 / 1.0) {
+      ++n_mid;
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      EXPECT_NEAR(ff[i], 1 / ((1 - smooth) / 8 + smooth), 1e-12);
+      EXPECT_GT(ff[i], 1.0);
+      EXPECT_LT(ff[i], 8.0);
+    }
+  }
+  EXPECT_GT(n_mid, 0);
+
+  // YaRN: with ext_factor 0 it is linear scaling times attn_factor; with ext_factor 1 the
+  // lowest pairs (below corr_low) use the unscaled angle and the highest the interpolated one,
+  // all times mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)).
+  RopeConfig yarn;
+  yarn.n_rot = 64;
+  yarn.scaling = RopeScaling::kYarn;
+  yarn.freq_scale = 0.25f;
+  yarn.orig_ctx = 4096;
+  yarn.ext_factor = 0.0f;
+  RopeTable ty;
+  ASSERT_TRUE(ty.Build(yarn, 64, std::vector<int32_t>{8}).ok());
+  std::vector<float> y3 = x;
+  ty.Apply(y3.data(), 1);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(y3[i], y2[i], 1e-6) << i;
+  yarn.ext_factor = 1.0f;
+  const int32_t p = 1000;
+  ASSERT_TRUE(ty.Build(yarn, 64, std::vector<int32_t>{p}).ok());
+  const double low = std::floor(64 * std::log(4096 / (32 * 2 * M_PI)) / (2 * std::log(10000.0)));
+  const double high = std::ceil(64 * std::log(4096 / (1 * 2 * M_PI)) / (2 * std::log(10000.0)));
+  ASSERT_GT(low, 0);
+  ASSERT_LT(high, 31);
+  const double mscale = 1 + 0.1 * std::log(4.0);
+  std::vector<float> unit(64, 0.0f);
+  for (int i = 0; i < 32; ++i) unit[2 * i] = 1.0f;  // (1, 0) in every pair: gives (cos, sin)
+  ty.Apply(unit.data(), 1);
+  const double theta0 = p * 1.0;                                    // pair 0: extrapolated
+  const double theta31 = 0.25 * p * std::pow(10000.0, -62.0 / 64);  // pair 31: interpolated
+  EXPECT_NEAR(unit[0], std::cos(theta0) * mscale, 2e-6);
+  EXPECT_NEAR(unit[1], std::sin(theta0) * mscale, 2e-6);
+  EXPECT_NEAR(unit[62], std::cos(theta31) * mscale, 2e-6);
+  EXPECT_NEAR(unit[63], std::sin(theta31) * mscale, 2e-6);
+}
+
+TEST(RopeTest, RejectsBadConfig) {
+  RopeConfig c;
+  c.n_rot = 7;
+  RopeTable t;
+  absl::Status s = t.Build(c, 64, std::vector<int32_t>{0});
+  EXPECT_NE(s.message().find("n_rot 7"), std::string::npos) << s;
+  c.n_rot = 128;
+  EXPECT_FALSE(t.Build(c, 64, std::vector<int32_t>{0}).ok());
+  c.n_rot = 64;
+  s = t.Build(c, 64, std::vector<int32_t>{0, -1});
+  EXPECT_NE(s.message().find("positions[1]"), std::string::npos) << s;
+}
+
+// ---- Paged attention ----------------------------------------------------------------------
+
+// A paged cache with 2 layers; attention reads layer 1. Per physical block region: for each
+// layer, the K tiles of all kv heads then the V tiles, each tile [block_size, head_dim] plus
+// `pad` bytes, so every stride differs from the packed size.
+struct TestCache {
+  int32_t n_kv_heads, head_dim, block_size, n_blocks;
+  GgmlType type;
+  size_t elem, tile, region;
+  std::vector<uint8_t> bytes;
+
+  TestCache(int32_t kvh, int32_t d, int32_t bs, int32_t nb, GgmlType t)
+      : n_kv_heads(kvh), head_dim(d), block_size(bs), n_blocks(nb), type(t) {
+    elem = t == GgmlType::kF32 ? 4 : 2;
+    tile = bs * d * elem + 32;
+    region = 2 * (2 * kvh * tile) + 64;
+    bytes.assign(region * nb, 0xFF);  // NaN garbage wherever nothing was written
+  }
+  uint8_t* Row(bool is_v, int32_t block, int32_t h, int32_t row) {
+    return bytes.data() + block * region + 1 * (2 * n_kv_heads * tile) +
+           (is_v ? n_kv_heads * tile : 0) + h * tile + row * head_dim * elem;
+  }
+  // Stores value v (rounded to the cache type) and returns the rounded value.
+  float Put(uint8_t* row, int32_t i, float v) {
+    if (type == GgmlType::kF32) {
+      std::memcpy(row + 4 * i, &v, 4);
+      return v;
+    }
+    const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(v) : Fp32ToBf16(v);
+    std::memcpy(row + 2 * i, &h, 2);
+    return type == GgmlType::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+  }
+  PagedKvView View() const {
+    PagedKvView kv;
+    const uint8_t* layer1 = bytes.data() + 2 * n_kv_heads * tile;
+    kv.k = {layer1, type, static_cast<int64_t>(region), static_cast<int64_t>(tile)};
+    kv.v = {layer1 + n_kv_heads * tile, type, static_cast<int64_t>(region),
+            static_cast<int64_t>(tile)};
+    kv.block_size = block_size;
+    kv.n_kv_heads = n_kv_heads;
+    kv.head_dim = head_dim;
+    kv.n_blocks = n_blocks;
+    return kv;
+  }
+};
+
+// One sequence's logical K/V, kept contiguous as f32 ([len, n_kv_heads, d]) for the reference.
+struct SeqKv {
+  std::vector<float> k, v;
+  std::vector<int32_t> blocks;
+};
+
+// Writes `len` random positions of a new sequence into free blocks taken from `free_blocks`.
+SeqKv WriteSequence(TestCache& cache, int32_t len, std::vector<int32_t>& free_blocks,
+                    std::mt19937& rng) {
+  SeqKv s;
+  const int32_t n_blocks = (len + cache.block_size - 1) / cache.block_size;
+  for (int32_t b = 0; b < n_blocks; ++b) {
+    s.blocks.push_back(free_blocks.back());
+    free_blocks.pop_back();
+  }
+  const int32_t kvh = cache.n_kv_heads, d = cache.head_dim;
+  s.k.resize(static_cast<size_t>(len) * kvh * d);
+  s.v.resize(s.k.size());
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int32_t p = 0; p < len; ++p) {
+    const int32_t block = s.blocks[p / cache.block_size], row = p % cache.block_size;
+    for (int32_t h = 0; h < kvh; ++h) {
+      for (int32_t i = 0; i < d; ++i) {
+        s.k[(p * kvh + h) * d + i] = cache.Put(cache.Row(false, block, h, row), i, dist(rng));
+        s.v[(p * kvh + h) * d + i] = cache.Put(cache.Row(true, block, h, row), i, dist(rng));
+      }
+    }
+  }
+  return s;
+}
+
+struct AttnShape {
+  int32_t n_heads, n_kv_heads, head_dim, block_size;
+};
+
+TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
+  std::mt19937 rng(8);
+  ThreadPool pool1(1), pool2(2);
+  Scratch scratch;
+  const AttnShape shapes[] = {{4, 4, 64, 16}, {9, 3, 64, 16}, {8, 1, 32, 5}, {6, 2, 80, 7}};
+  for (const AttnShape& sh : shapes) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << sh.n_heads << "/" << sh.n_kv_heads << " d " << sh.head_dim
+                   << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
+      TestCache cache(sh.n_kv_heads, sh.head_dim, sh.block_size, 64, type);
+      std::vector<int32_t> free_blocks(64);
+      for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
+      std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+      // Three sequences; the batch holds a prefill chunk of seq 0, one decode token of seq 1
+      // and two of seq 2 (positions chosen to cross block boundaries).
+      const int32_t lens[] = {37, 1, 50};
+      std::vector<SeqKv> seqs;
+      std::vector<int32_t> indptr = {0}, indices;
+      for (int32_t len : lens) {
+        seqs.push_back(WriteSequence(cache, len, free_blocks, rng));
+        indices.insert(indices.end(), seqs.back().blocks.begin(), seqs.back().blocks.end());
+        indptr.push_back(static_cast<int32_t>(indices.size()));
+      }
+      std::vector<int32_t> seq_of, pos;
+      for (int32_t p = 30; p < 37; ++p) seq_of.push_back(0), pos.push_back(p);
+      seq_of.push_back(1), pos.push_back(0);
+      seq_of.push_back(2), pos.push_back(15);
+      seq_of.push_back(2), pos.push_back(49);
+      std::vector<int32_t> n_visible;
+      for (int32_t p : pos) n_visible.push_back(p + 1);
+      const int32_t n_tokens = static_cast<int32_t>(seq_of.size());
+      const int64_t qsize = static_cast<int64_t>(sh.n_heads) * sh.head_dim;
+      const std::vector<float> q = RandomVector(n_tokens * qsize, rng, -2.0f, 2.0f);
+      AttentionBatch batch{seq_of, indptr, indices, n_visible, {}, {}};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+
+      std::vector<float> out2(n_tokens * qsize), out1(out2.size());
+      ASSERT_TRUE(
+          PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, out2.data(), 0, scratch)
+              .ok());
+      ASSERT_TRUE(
+          PagedAttention(pool1, cache.View(), batch, q.data(), sh.n_heads, out1.data(), 0, scratch)
+              .ok());
+      EXPECT_EQ(0, std::memcmp(out1.data(), out2.data(), out1.size() * 4)) << "1 vs 2 threads";
+
+      for (int32_t t = 0; t < n_tokens; ++t) {
+        // Reference over the contiguous copy: |diff| <= 2e-5 (f32 online softmax vs double).
+        std::vector<int32_t> visible(n_visible[t]);
+        for (int32_t j = 0; j < n_visible[t]; ++j) visible[j] = j;
+        std::vector<float> expect(qsize);
+        const SeqKv& s = seqs[seq_of[t]];
+        ref::Attention(q.data() + t * qsize, sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(),
+                       s.v.data(), visible, scale, expect.data());
+        for (int64_t i = 0; i < qsize; ++i) {
+          ASSERT_NEAR(out2[t * qsize + i], expect[i], 2e-5f) << "token " << t << " i " << i;
+        }
+        // The token alone in a batch gives the same bits.
+        const std::vector<int32_t> one_seq = {seq_of[t]}, one_nv = {n_visible[t]};
+        AttentionBatch single{one_seq, indptr, indices, one_nv, {}, {}};
+        std::vector<float> alone(qsize);
+        ASSERT_TRUE(PagedAttention(pool2, cache.View(), single, q.data() + t * qsize, sh.n_heads,
+                                   alone.data(), 0, scratch)
+                        .ok());
+        EXPECT_EQ(0, std::memcmp(alone.data(), out2.data() + t * qsize, qsize * 4))
+            << "token " << t << " alone vs in the batch";
+      }
+      // Lower SIMD levels agree with the reference-checked result to 2e-5.
+      for (CpuLevel level : Levels()) {
+        std::vector<float> out_l(out2.size());
+        ASSERT_TRUE(PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, out_l.data(),
+                                   0, scratch, level)
+                        .ok());
+        for (size_t i = 0; i < out_l.size(); ++i) {
+          ASSERT_NEAR(out_l[i], out2[i], 2e-5f) << CpuLevelName(level) << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  Scratch scratch;
+  const int32_t n_heads = 6, n_kv = 2, d = 64, bs = 4, prefix = 10;
+  // Tree of 8 nodes over the committed prefix:   0 -> {1, 2}, 1 -> {3, 4}, 2 -> {5}, 5 -> {7};
+  // node 6 is a second root.
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 1, 2, -1, 5};
+  const int32_t n_nodes = static_cast<int32_t>(parent.size());
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
+    TestCache cache(n_kv, d, bs, 64, type);
+    std::vector<int32_t> free_blocks(64);
+    for (int32_t i = 0; i < 64; ++i) free_blocks[i] = 63 - i;
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    // The sequence: prefix positions [0, 10), tree node i at slot 10 + i.
+    const SeqKv seq = WriteSequence(cache, prefix + n_nodes, free_blocks, rng);
+    std::vector<int32_t> slot(n_nodes);
+    for (int32_t i = 0; i < n_nodes; ++i) slot[i] = prefix + i;
+    std::vector<int32_t> extra_indptr, extra_pos;
+    ASSERT_TRUE(BuildTreeVisibility(parent, slot, extra_indptr, extra_pos).ok());
+    ASSERT_EQ(extra_indptr.size(), static_cast<size_t>(n_nodes + 1));
+    // Node 7's list: slots of 0, 2, 5, 7.
+    EXPECT_EQ(std::vector<int32_t>(extra_pos.begin() + extra_indptr[7], extra_pos.end()),
+              (std::vector<int32_t>{10, 12, 15, 17}));
+
+    const std::vector<int32_t> indptr = {0, static_cast<int32_t>(seq.blocks.size())};
+    const std::vector<int32_t> seq_of(n_nodes, 0), n_visible(n_nodes, prefix);
+    const int64_t qsize = n_heads * d;
+    const std::vector<float> q = RandomVector(n_nodes * qsize, rng, -2.0f, 2.0f);
+    AttentionBatch batch{seq_of, indptr, seq.blocks, n_visible, extra_indptr, extra_pos};
+    std::vector<float> out(n_nodes * qsize);
+    ASSERT_TRUE(
+        PagedAttention(pool, cache.View(), batch, q.data(), n_heads, out.data(), 0, scratch).ok());
+
+    for (int32_t node = 0; node < n_nodes; ++node) {
+      SCOPED_TRACE(::testing::Message() << "node " << node);
+      // Path root -> node.
+      std::vector<int32_t> path;
+      for (int32_t n = node; n >= 0; n = parent[n]) path.insert(path.begin(), n);
+      // A separate sequence holding prefix + path contiguously, attended causally.
+      TestCache solo(n_kv, d, bs, 16, type);
+      std::vector<int32_t> solo_free(16);
+      for (int32_t i = 0; i < 16; ++i) solo_free[i] = i;
+      const int32_t len = prefix + static_cast<int32_t>(path.size());
+      SeqKv solo_seq = WriteSequence(solo, len, solo_free, rng);  // then overwrite with the data
+      std::vector<int32_t> src_pos;
+      for (int32_t p = 0; p < prefix; ++p) src_pos.push_back(p);
+      for (int32_t n : path) src_pos.push_back(slot[n]);
+      for (int32_t p = 0; p < len; ++p) {
+        const int32_t block = solo_seq.blocks[p / bs], row = p % bs;
+        for (int32_t h = 0; h < n_kv; ++h) {
+          for (int32_t i = 0; i < d; ++i) {
+            solo.Put(solo.Row(false, block, h, row), i, seq.k[(src_pos[p] * n_kv + h) * d + i]);
+            solo.Put(solo.Row(true, block, h, row), i, seq.v[(src_pos[p] * n_kv + h) * d + i]);
+          }
+        }
+      }
+      const std::vector<int32_t> s_indptr = {0, static_cast<int32_t>(solo_seq.blocks.size())};
+      const std::vector<int32_t> s_seq = {0}, s_nv = {len};
+      AttentionBatch causal{s_seq, s_indptr, solo_seq.blocks, s_nv, {}, {}};
+      std::vector<float> expect(qsize);
+      ASSERT_TRUE(PagedAttention(pool, solo.View(), causal, q.data() + node * qsize, n_heads,
+                                 expect.data(), 0, scratch)
+                      .ok());
+      for (int64_t i = 0; i < qsize; ++i) {
+        // Same math, different run boundaries of the online softmax: |diff| <= 1e-5.
+        ASSERT_NEAR(out[node * qsize + i], expect[i], 1e-5f) << "i " << i;
+      }
+      // And the double-precision reference over the visible slots.
+      std::vector<float> ref_out(qsize);
+      ref::Attention(q.data() + node * qsize, n_heads, n_kv, d, seq.k.data(), seq.v.data(), src_pos,
+                     1.0f / 8.0f, ref_out.data());
+      for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(out[node * qsize + i], ref_out[i], 2e-5f);
+    }
+  }
+}
+
+TEST(PagedAttentionTest, RejectsBadTables) {
+  ThreadPool pool(1);
+  Scratch scratch;
+  TestCache cache(2, 32, 4, 4, GgmlType::kF32);
+  const std::vector<float> q(4 * 32, 0.1f);
+  std::vector<float> out(4 * 32);
+  const std::vector<int32_t> seq = {0}, indptr = {0, 2}, indices = {1, 3}, nv = {8};
+  auto run = [&](const AttentionBatch& b, int32_t n_heads = 4) {
+    return PagedAttention(pool, cache.View(), b, q.data(), n_heads, out.data(), 0, scratch);
+  };
+  EXPECT_TRUE(run({seq, indptr, indices, nv, {}, {}}).ok());
+  const std::vector<int32_t> bad_indices = {1, 4};
+  absl::Status s = run({seq, indptr, bad_indices, nv, {}, {}});
+  EXPECT_NE(s.message().find("kv_indices[1] = 4"), std::string::npos) << s;
+  const std::vector<int32_t> too_many = {9};
+  s = run({seq, indptr, indices, too_many, {}, {}});
+  EXPECT_NE(s.message().find("n_visible[0] = 9"), std::string::npos) << s;
+  const std::vector<int32_t> bad_seq = {1};
+  s = run({bad_seq, indptr, indices, nv, {}, {}});
+  EXPECT_NE(s.message().find("seq[0] = 1"), std::string::npos) << s;
+  const std::vector<int32_t> nv5 = {5}, e_indptr = {0, 2}, e_pos = {6, 6};
+  s = run({seq, indptr, indices, nv5, e_indptr, e_pos});
+  EXPECT_NE(s.message().find("extra_positions[1] = 6"), std::string::npos) << s;
+  const std::vector<int32_t> zero = {0};
+  s = run({seq, indptr, indices, zero, {}, {}});
+  EXPECT_NE(s.message().find("sees no context"), std::string::npos) << s;
+  s = run({seq, indptr, indices, nv, {}, {}}, 3);
+  EXPECT_NE(s.message().find("n_heads 3"), std::string::npos) << s;
+  const std::vector<int32_t> bad_parent = {-1, 1};
+  std::vector<int32_t> ip, pos;
+  s = BuildTreeVisibility(bad_parent, std::vector<int32_t>{4, 5}, ip, pos);
+  EXPECT_NE(s.message().find("parent[1] = 1"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace kiln::cpu
