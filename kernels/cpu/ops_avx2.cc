@@ -194,38 +194,55 @@ void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-void KvDot(const float* q, int64_t n_q, const void* k_row, KvElem elem, int64_t d, float* out) {
+void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+              int64_t d, float* scores, int64_t score_stride) {
   const int64_t d8 = d & ~int64_t{7};
-  for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
-    const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
-    __m256 acc[kMaxGroup];
-    for (int64_t g = 0; g < ng; ++g) acc[g] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d8; i += 8) {
-      const __m256 k = LoadKv8(k_row, elem, i);
-      for (int64_t g = 0; g < ng; ++g) {
-        acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g0 + g) * d + i), k, acc[g]);
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
+    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
+      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
+      __m256 acc[kMaxGroup];
+      for (int64_t g = 0; g < ng; ++g) acc[g] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d8; i += 8) {
+        const __m256 k = LoadKv8(k_row, elem, i);
+        for (int64_t g = 0; g < ng; ++g) {
+          acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g0 + g) * d + i), k, acc[g]);
+        }
       }
-    }
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = HorizontalSum(acc[g]);
-      for (int64_t i = d8; i < d; ++i) s += q[(g0 + g) * d + i] * ScalarKv(k_row, elem, i);
-      out[g0 + g] = s;
+      for (int64_t g = 0; g < ng; ++g) {
+        float s = HorizontalSum(acc[g]);
+        for (int64_t i = d8; i < d; ++i) s += q[(g0 + g) * d + i] * ScalarKv(k_row, elem, i);
+        scores[(g0 + g) * score_stride + j] = s;
+      }
     }
   }
 }
 
-void KvAxpy(float* acc, const float* p, int64_t n_q, const void* v_row, KvElem elem, int64_t d) {
+void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
+                  int64_t n_rows, KvElem elem, int64_t d) {
   const int64_t d8 = d & ~int64_t{7};
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
   for (int64_t i = 0; i < d8; i += 8) {
-    const __m256 v = LoadKv8(v_row, elem, i);
-    for (int64_t g = 0; g < n_q; ++g) {
-      float* a = acc + g * d + i;
-      _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(p[g]), v, _mm256_loadu_ps(a)));
+    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
+      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
+      __m256 a[kMaxGroup];
+      for (int64_t g = 0; g < ng; ++g) a[g] = _mm256_loadu_ps(acc + (g0 + g) * d + i);
+      for (int64_t j = 0; j < n_rows; ++j) {
+        const __m256 v = LoadKv8(static_cast<const uint8_t*>(v_rows) + j * row_bytes, elem, i);
+        for (int64_t g = 0; g < ng; ++g) {
+          a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[(g0 + g) * p_stride + j]), v, a[g]);
+        }
+      }
+      for (int64_t g = 0; g < ng; ++g) _mm256_storeu_ps(acc + (g0 + g) * d + i, a[g]);
     }
   }
-  for (int64_t i = d8; i < d; ++i) {
-    const float v = ScalarKv(v_row, elem, i);
-    for (int64_t g = 0; g < n_q; ++g) acc[g * d + i] += p[g] * v;
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* v_row = static_cast<const uint8_t*>(v_rows) + j * row_bytes;
+    for (int64_t i = d8; i < d; ++i) {
+      const float v = ScalarKv(v_row, elem, i);
+      for (int64_t g = 0; g < n_q; ++g) acc[g * d + i] += p[g * p_stride + j] * v;
+    }
   }
 }
 
@@ -240,8 +257,8 @@ void FillOpKernelsAvx2(OpKernels* k) {
   k->scale = Scale;
   k->rope_pairs = RopePairs;
   k->rope_halves = RopeHalves;
-  k->kv_dot = KvDot;
-  k->kv_axpy = KvAxpy;
+  k->kv_scores = KvScores;
+  k->kv_accumulate = KvAccumulate;
 }
 
 }  // namespace kiln::cpu

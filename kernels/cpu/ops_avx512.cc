@@ -150,30 +150,46 @@ void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-void KvDot(const float* q, int64_t n_q, const void* k_row, KvElem elem, int64_t d, float* out) {
-  for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
-    const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
-    __m512 acc[kMaxGroup];
-    for (int64_t g = 0; g < ng; ++g) acc[g] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; i += 16) {
-      const __mmask16 m = TailMask(d - i);
-      const __m512 k = LoadKv(k_row, elem, i, m);
+void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+              int64_t d, float* scores, int64_t score_stride) {
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
+    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
+      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
+      __m512 acc[kMaxGroup];
+      for (int64_t g = 0; g < ng; ++g) acc[g] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 16) {
+        const __mmask16 m = TailMask(d - i);
+        const __m512 k = LoadKv(k_row, elem, i, m);
+        for (int64_t g = 0; g < ng; ++g) {
+          acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (g0 + g) * d + i), k, acc[g]);
+        }
+      }
       for (int64_t g = 0; g < ng; ++g) {
-        acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (g0 + g) * d + i), k, acc[g]);
+        scores[(g0 + g) * score_stride + j] = _mm512_reduce_add_ps(acc[g]);
       }
     }
-    for (int64_t g = 0; g < ng; ++g) out[g0 + g] = _mm512_reduce_add_ps(acc[g]);
   }
 }
 
-void KvAxpy(float* acc, const float* p, int64_t n_q, const void* v_row, KvElem elem, int64_t d) {
+void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
+                  int64_t n_rows, KvElem elem, int64_t d) {
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  // One 16-float slice of d at a time, the n_q accumulators held in registers over all rows.
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = TailMask(d - i);
-    const __m512 v = LoadKv(v_row, elem, i, m);
-    for (int64_t g = 0; g < n_q; ++g) {
-      float* a = acc + g * d + i;
-      _mm512_mask_storeu_ps(a, m,
-                            _mm512_fmadd_ps(_mm512_set1_ps(p[g]), v, _mm512_maskz_loadu_ps(m, a)));
+    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
+      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
+      __m512 a[kMaxGroup];
+      for (int64_t g = 0; g < ng; ++g) a[g] = _mm512_maskz_loadu_ps(m, acc + (g0 + g) * d + i);
+      for (int64_t j = 0; j < n_rows; ++j) {
+        const __m512 v = LoadKv(static_cast<const uint8_t*>(v_rows) + j * row_bytes, elem, i, m);
+        for (int64_t g = 0; g < ng; ++g) {
+          a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[(g0 + g) * p_stride + j]), v, a[g]);
+        }
+      }
+      for (int64_t g = 0; g < ng; ++g) _mm512_mask_storeu_ps(acc + (g0 + g) * d + i, m, a[g]);
     }
   }
 }
@@ -189,8 +205,8 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->scale = Scale;
   k->rope_pairs = RopePairs;
   k->rope_halves = RopeHalves;
-  k->kv_dot = KvDot;
-  k->kv_axpy = KvAxpy;
+  k->kv_scores = KvScores;
+  k->kv_accumulate = KvAccumulate;
 }
 
 }  // namespace kiln::cpu

@@ -136,7 +136,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
 
-  // Per-thread workspace (floats): qs [G, d], acc [G, d], scores [G, bs], tmp [G], m, l, p [G].
+  // Per-thread workspace (floats): qs [G, d], acc [G, d], scores [G, bs], m [G], l [G].
   const size_t per_thread =
       ((2 * group * d + group * bs + 4 * group) * sizeof(float) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
@@ -152,10 +152,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* qs = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, d]
     float* acc = qs + group * d;                                     // [G, d]
     float* sc = acc + group * d;                                     // [G, bs]
-    float* tmp = sc + group * bs;                                    // [G]
-    float* m = tmp + group;                                          // [G] running max
+    float* m = sc + group * bs;                                      // [G] running max
     float* l = m + group;                                            // [G] running sum
-    float* pcol = l + group;                                         // [G]
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
@@ -171,10 +169,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
                             row * k_row_bytes;
         const uint8_t* vt = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
                             row * v_row_bytes;
-        for (int64_t j = 0; j < count; ++j) {
-          k.kv_dot(qs, group, kt + j * k_row_bytes, k_elem, d, tmp);
-          for (int64_t g = 0; g < group; ++g) sc[g * bs + j] = tmp[g];
-        }
+        k.kv_scores(qs, group, kt, count, k_elem, d, sc, bs);  // sc: [G, bs]
         for (int64_t g = 0; g < group; ++g) {
           float* sg = sc + g * bs;
           const float m_new = std::max(m[g], k.max(sg, count));
@@ -184,10 +179,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
           if (corr != 1.0f) k.scale(acc + g * d, corr, d);
           m[g] = m_new;
         }
-        for (int64_t j = 0; j < count; ++j) {
-          for (int64_t g = 0; g < group; ++g) pcol[g] = sc[g * bs + j];
-          k.kv_axpy(acc, pcol, group, vt + j * v_row_bytes, v_elem, d);
-        }
+        k.kv_accumulate(acc, sc, bs, group, vt, count, v_elem, d);
       };
 
       const int64_t nv = b.n_visible[t];

@@ -33,12 +33,13 @@ struct OpKernels {
   void (*rope_pairs)(float* x, const float* cos_dup, const float* sin_alt, int64_t n_rot);
   // RoPE NEOX mode: pairs (i, i + half), cos/sin have `half` entries.
   void (*rope_halves)(float* x, const float* cos, const float* sin, int64_t half);
-  // out[g] = dot(q + g*d, k_row) for g < n_q; k_row holds d elements of `elem`.
-  void (*kv_dot)(const float* q, int64_t n_q, const void* k_row, KvElem elem, int64_t d,
-                 float* out);
-  // acc[g*d + i] += p[g] * v_row[i] for g < n_q, i < d.
-  void (*kv_axpy)(float* acc, const float* p, int64_t n_q, const void* v_row, KvElem elem,
-                  int64_t d);
+  // Attention scores of n_q query heads against n_rows consecutive K rows (row-major tile of
+  // `elem`, d per row): scores[g * score_stride + j] = dot(q + g*d, k_rows + j*d), j < n_rows.
+  void (*kv_scores)(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+                    int64_t d, float* scores, int64_t score_stride);
+  // acc[g*d + i] += sum over j < n_rows, in increasing j, of p[g * p_stride + j] * v[j][i].
+  void (*kv_accumulate)(float* acc, const float* p, int64_t p_stride, int64_t n_q,
+                        const void* v_rows, int64_t n_rows, KvElem elem, int64_t d);
 };
 
 // Fill the slots a level accelerates (defined in kernels/cpu/ops_<level>.cc); slots left

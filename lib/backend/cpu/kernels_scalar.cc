@@ -1,5 +1,6 @@
 // Scalar (portable) versions of the op kernels; the base every SIMD level overrides.
 #include <cmath>
+#include <cstddef>
 
 #include "lib/backend/cpu/kernels.h"
 #include "lib/common/half.h"
@@ -72,18 +73,28 @@ void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-void KvDot(const float* q, int64_t n_q, const void* k_row, KvElem elem, int64_t d, float* out) {
-  for (int64_t g = 0; g < n_q; ++g) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < d; ++i) s += q[g * d + i] * LoadKv(k_row, elem, i);
-    out[g] = s;
+size_t ElemBytes(KvElem elem) { return elem == KvElem::kF32 ? 4 : 2; }
+
+void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+              int64_t d, float* scores, int64_t score_stride) {
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* k = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
+    for (int64_t g = 0; g < n_q; ++g) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < d; ++i) s += q[g * d + i] * LoadKv(k, elem, i);
+      scores[g * score_stride + j] = s;
+    }
   }
 }
 
-void KvAxpy(float* acc, const float* p, int64_t n_q, const void* v_row, KvElem elem, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) {
-    const float v = LoadKv(v_row, elem, i);
-    for (int64_t g = 0; g < n_q; ++g) acc[g * d + i] += p[g] * v;
+void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
+                  int64_t n_rows, KvElem elem, int64_t d) {
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* v = static_cast<const uint8_t*>(v_rows) + j * d * ElemBytes(elem);
+    for (int64_t i = 0; i < d; ++i) {
+      const float vi = LoadKv(v, elem, i);
+      for (int64_t g = 0; g < n_q; ++g) acc[g * d + i] += p[g * p_stride + j] * vi;
+    }
   }
 }
 
@@ -98,8 +109,8 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->scale = Scale;
   k->rope_pairs = RopePairs;
   k->rope_halves = RopeHalves;
-  k->kv_dot = KvDot;
-  k->kv_axpy = KvAxpy;
+  k->kv_scores = KvScores;
+  k->kv_accumulate = KvAccumulate;
 }
 
 }  // namespace kiln::cpu

@@ -1,0 +1,213 @@
+// CPU backend op benchmark: matmul GB/s (decode) and GFLOP/s (prefill) per registered weight
+// type, paged attention time per token, ThreadPool::ParallelFor overhead.
+//
+//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300]
+//
+// Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
+// GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
+// at least --min_ms in total.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/backend/cpu/ops.h"
+#include "lib/common/half.h"
+
+namespace kiln::cpu {
+namespace {
+
+double g_min_ms = 300.0;
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds per call of fn: best batch average over batches run until min_ms has passed.
+template <typename Fn>
+double TimePerCall(Fn&& fn, int calls_per_batch = 1) {
+  fn();  // warm up
+  double best = 1e30, start = NowSeconds();
+  do {
+    const double t0 = NowSeconds();
+    for (int i = 0; i < calls_per_batch; ++i) fn();
+    best = std::min(best, (NowSeconds() - t0) / calls_per_batch);
+  } while ((NowSeconds() - start) * 1e3 < g_min_ms);
+  return best;
+}
+
+std::vector<float> RandomVector(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void BenchThreadPool() {
+  printf("\n== ThreadPool::ParallelFor overhead (empty tasks, one per thread)\n");
+  for (int n_threads : {1, 2}) {
+    ThreadPool pool(n_threads);
+    volatile int sink = 0;
+    const double s = TimePerCall(
+        [&] { pool.ParallelFor(n_threads, [&](int64_t b, int64_t, int) { sink = sink + b; }); },
+        10000);
+    printf("threads %d: %.2f us per call\n", n_threads, s * 1e6);
+  }
+}
+
+void BenchMatMul(const std::vector<GgmlType>& types) {
+  struct Shape {
+    int64_t n_in, n_out;
+  };
+  const Shape shapes[] = {{576, 1536}, {4096, 4096}};
+  ThreadPool pool1(1), pool2(2);
+  Scratch scratch;
+  std::mt19937 rng(1);
+  printf("\n== MatMul decode (1 token): GB/s of weights streamed; prefill (512 tokens): GFLOP/s\n");
+  printf("%-6s %-10s %10s %10s %10s %12s %12s\n", "type", "n_in x out", "MiB", "dec 1T", "dec 2T",
+         "pre 1T", "pre 2T");
+  for (GgmlType type : types) {
+    const QuantKernels* k = GetQuantKernels(type);
+    const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(type));
+    for (const Shape& sh : shapes) {
+      const size_t row_bytes = GgmlRowBytes(*info, sh.n_in);
+      std::vector<uint8_t> w(row_bytes * sh.n_out);
+      const std::vector<float> row = RandomVector(sh.n_in, rng);
+      for (int64_t o = 0; o < sh.n_out; ++o)
+        k->quantize(row.data(), w.data() + o * row_bytes, sh.n_in);
+      const WeightView wv{type, w.data(), sh.n_in, sh.n_out};
+      const int64_t n_prefill = 512;
+      const std::vector<float> x = RandomVector(sh.n_in * n_prefill, rng);
+      std::vector<float> y(sh.n_out * n_prefill);
+      double dec[2], pre[2];
+      int idx = 0;
+      for (ThreadPool* pool : {&pool1, &pool2}) {
+        dec[idx] = TimePerCall([&] { (void)MatMul(*pool, wv, x.data(), 1, y.data(), scratch); });
+        const double saved = g_min_ms;
+        g_min_ms = 0;  // prefill calls are long: one timed run after the warm-up
+        pre[idx] =
+            TimePerCall([&] { (void)MatMul(*pool, wv, x.data(), n_prefill, y.data(), scratch); });
+        g_min_ms = saved;
+        ++idx;
+      }
+      const double bytes = static_cast<double>(w.size());
+      const double flops = 2.0 * sh.n_in * sh.n_out * n_prefill;
+      printf("%-6s %4lldx%-5lld %10.2f %10.1f %10.1f %12.1f %12.1f\n",
+             GgmlTypeName(static_cast<uint32_t>(type)).c_str(), static_cast<long long>(sh.n_in),
+             static_cast<long long>(sh.n_out), bytes / (1 << 20), bytes / dec[0] * 1e-9,
+             bytes / dec[1] * 1e-9, flops / pre[0] * 1e-9, flops / pre[1] * 1e-9);
+      fflush(stdout);
+    }
+  }
+}
+
+void BenchAttention() {
+  printf(
+      "\n== PagedAttention (SmolLM2-135M layer: 9 q heads, 3 kv heads, head_dim 64, block 16)\n");
+  printf("%-5s %8s %8s %14s %14s %16s\n", "kv", "context", "tokens", "us/token 1T", "us/token 2T",
+         "GB/s KV read 1T");
+  const int32_t n_heads = 9, n_kv = 3, d = 64, bs = 16;
+  std::mt19937 rng(2);
+  ThreadPool pool1(1), pool2(2);
+  Scratch scratch;
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kF32}) {
+    const size_t elem = type == GgmlType::kF32 ? 4 : 2;
+    for (int32_t ctx : {128, 1024}) {
+      for (int32_t n_tokens : {1, 16}) {
+        // n_tokens decode tokens, each its own sequence of length ctx.
+        const int32_t blocks_per_seq = ctx / bs, n_blocks = blocks_per_seq * n_tokens;
+        const size_t tile = static_cast<size_t>(bs) * d * elem;
+        const size_t region = 2 * n_kv * tile;
+        std::vector<uint8_t> cache(region * n_blocks);
+        for (size_t i = 0; i < cache.size() / 2; ++i) {
+          const uint16_t h = Fp32ToFp16(static_cast<float>(i % 97) / 97.0f - 0.5f);
+          std::memcpy(cache.data() + 2 * i, &h, 2);  // any finite pattern is fine for f32 too
+        }
+        PagedKvView kv;
+        kv.k = {cache.data(), type, static_cast<int64_t>(region), static_cast<int64_t>(tile)};
+        kv.v = {cache.data() + n_kv * tile, type, static_cast<int64_t>(region),
+                static_cast<int64_t>(tile)};
+        kv.block_size = bs;
+        kv.n_kv_heads = n_kv;
+        kv.head_dim = d;
+        kv.n_blocks = n_blocks;
+        std::vector<int32_t> indptr = {0}, indices(n_blocks), seq(n_tokens), nv(n_tokens, ctx);
+        for (int32_t i = 0; i < n_blocks; ++i) indices[i] = i;
+        std::shuffle(indices.begin(), indices.end(), rng);
+        for (int32_t t = 0; t < n_tokens; ++t) {
+          seq[t] = t;
+          indptr.push_back((t + 1) * blocks_per_seq);
+        }
+        const std::vector<float> q = RandomVector(static_cast<size_t>(n_tokens) * n_heads * d, rng);
+        std::vector<float> out(q.size());
+        const AttentionBatch batch{seq, indptr, indices, nv, {}, {}};
+        double us[2];
+        int idx = 0;
+        for (ThreadPool* pool : {&pool1, &pool2}) {
+          us[idx++] =
+              TimePerCall([&] {
+                (void)PagedAttention(*pool, kv, batch, q.data(), n_heads, out.data(), 0, scratch);
+              }) *
+              1e6 / n_tokens;
+        }
+        const double kv_bytes = 2.0 * ctx * n_kv * d * elem;
+        printf("%-5s %8d %8d %14.2f %14.2f %16.1f\n",
+               GgmlTypeName(static_cast<uint32_t>(type)).c_str(), ctx, n_tokens, us[0], us[1],
+               kv_bytes / (us[0] * 1e-6) * 1e-9);
+        fflush(stdout);
+      }
+    }
+  }
+}
+
+void BenchSmallOps() {
+  printf("\n== Row ops (one row, best level)\n");
+  std::mt19937 rng(3);
+  const std::vector<float> x = RandomVector(4096, rng), w = RandomVector(4096, rng);
+  std::vector<float> y(4096);
+  const double rms =
+      TimePerCall([&] { RmsNorm(x.data(), w.data(), 1, 576, 1e-5f, y.data()); }, 1000);
+  const double swi = TimePerCall([&] { SwiGlu(x.data(), w.data(), 1536, y.data()); }, 1000);
+  RopeConfig rc;
+  rc.n_rot = 64;
+  RopeTable table;
+  (void)table.Build(rc, 64, std::vector<int32_t>{123});
+  std::vector<float> qk = RandomVector(12 * 64, rng);
+  const double rope = TimePerCall([&] { table.Apply(qk.data(), 12); }, 1000);
+  printf("RmsNorm 576: %.3f us   SwiGlu 1536: %.3f us   RoPE apply 12 heads x 64: %.3f us\n",
+         rms * 1e6, swi * 1e6, rope * 1e6);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  std::string type_filter;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--types=", 8) == 0)
+      type_filter = absl::StrCat(",", argv[i] + 8, ",");
+    if (std::strncmp(argv[i], "--min_ms=", 9) == 0) cpu::g_min_ms = std::atof(argv[i] + 9);
+  }
+  std::vector<GgmlType> types;
+  for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
+    if (!GgmlTypeInfoOf(t) || GetQuantKernels(static_cast<GgmlType>(t)) == nullptr) continue;
+    if (t == static_cast<int>(GgmlType::kQ8_1) || t == static_cast<int>(GgmlType::kQ8_K)) continue;
+    if (!type_filter.empty() &&
+        type_filter.find(absl::StrCat(",", GgmlTypeName(t), ",")) == std::string::npos) {
+      continue;
+    }
+    types.push_back(static_cast<GgmlType>(t));
+  }
+  printf("kiln cpu_ops_bench: cpu level %s, %d physical cores\n", CpuLevelName(BestCpuLevel()),
+         cpu::PhysicalCoreCount());
+  cpu::BenchThreadPool();
+  cpu::BenchSmallOps();
+  cpu::BenchAttention();
+  cpu::BenchMatMul(types);
+  return 0;
+}
