@@ -163,6 +163,7 @@ absl::Status Tokenizer::Build() {
     if ((t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUserDefined) &&
         !vocab_.tokens[i].empty()) {
       specials_.push_back(i);
+      has_user_defined_ = has_user_defined_ || t == TokenType::kUserDefined;
       special_first_byte_[static_cast<uint8_t>(vocab_.tokens[i][0])] = true;
     }
   }
@@ -340,7 +341,7 @@ void Tokenizer::Partition(std::string_view text, bool parse_special, Scratch& s)
   };
   thread_local std::vector<Hit> hits;
   hits.clear();
-  if (!specials_.empty()) {
+  if (!specials_.empty() && (parse_special || has_user_defined_)) {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     for (size_t pos = 0; pos < text.size(); ++pos) {
       if (!special_first_byte_[p[pos]]) continue;

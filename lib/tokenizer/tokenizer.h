@@ -121,6 +121,7 @@ class Tokenizer {
   // Special-token partition candidates (control, unknown, user-defined), longest text first.
   std::vector<int32_t> specials_;
   bool special_first_byte_[256] = {};
+  bool has_user_defined_ = false;  // matched even without parse_special
 
   // --- BPE: symbols are token ids, or ids >= n_vocab for merge parts that are not tokens.
   std::string bpe_keys_;  // raw bytes of every token whose text is byte-level encoded
