@@ -14,8 +14,6 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr int kMaxGroup = 16;  // query heads held in registers per K/V row pass
-
 inline __mmask16 TailMask(int64_t remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xFFFF)
                          : static_cast<__mmask16>((1u << remaining) - 1);
@@ -150,46 +148,111 @@ void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
-              int64_t d, float* scores, int64_t score_stride) {
+// Scores of NG query heads (compile-time, so the accumulators stay in registers).
+template <int NG>
+void KvScoresFixed(const float* q, const void* k_rows, int64_t n_rows, KvElem elem, int64_t d,
+                   float* scores, int64_t score_stride) {
   const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
-    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
-      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
-      __m512 acc[kMaxGroup];
-      for (int64_t g = 0; g < ng; ++g) acc[g] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < d; i += 16) {
-        const __mmask16 m = TailMask(d - i);
-        const __m512 k = LoadKv(k_row, elem, i, m);
-        for (int64_t g = 0; g < ng; ++g) {
-          acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (g0 + g) * d + i), k, acc[g]);
-        }
+    __m512 acc[NG];
+    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = TailMask(d - i);
+      const __m512 k = LoadKv(k_row, elem, i, m);
+      for (int g = 0; g < NG; ++g) {
+        acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * d + i), k, acc[g]);
       }
-      for (int64_t g = 0; g < ng; ++g) {
-        scores[(g0 + g) * score_stride + j] = _mm512_reduce_add_ps(acc[g]);
+    }
+    for (int g = 0; g < NG; ++g) scores[g * score_stride + j] = _mm512_reduce_add_ps(acc[g]);
+  }
+}
+
+template <int NG>
+void KvAccumulateFixed(float* acc, const float* p, int64_t p_stride, const void* v_rows,
+                       int64_t n_rows, KvElem elem, int64_t d) {
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  // One 16-float slice of d at a time, the NG accumulators held in registers over all rows.
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = TailMask(d - i);
+    __m512 a[NG];
+    for (int g = 0; g < NG; ++g) a[g] = _mm512_maskz_loadu_ps(m, acc + g * d + i);
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const __m512 v = LoadKv(static_cast<const uint8_t*>(v_rows) + j * row_bytes, elem, i, m);
+      for (int g = 0; g < NG; ++g) {
+        a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * p_stride + j]), v, a[g]);
       }
+    }
+    for (int g = 0; g < NG; ++g) _mm512_mask_storeu_ps(acc + g * d + i, m, a[g]);
+  }
+}
+
+// Head groups are split into slices of at most 8 (GQA groups are 1..8 in practice); each
+// slice's result does not depend on the slicing, only on its own heads.
+void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+              int64_t d, float* scores, int64_t score_stride) {
+  for (int64_t g0 = 0; g0 < n_q; g0 += 8) {
+    const float* qg = q + g0 * d;
+    float* sg = scores + g0 * score_stride;
+    switch (n_q - g0 < 8 ? n_q - g0 : 8) {
+      case 1:
+        KvScoresFixed<1>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 2:
+        KvScoresFixed<2>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 3:
+        KvScoresFixed<3>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 4:
+        KvScoresFixed<4>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 5:
+        KvScoresFixed<5>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 6:
+        KvScoresFixed<6>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      case 7:
+        KvScoresFixed<7>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
+      default:
+        KvScoresFixed<8>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        break;
     }
   }
 }
 
 void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
                   int64_t n_rows, KvElem elem, int64_t d) {
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
-  // One 16-float slice of d at a time, the n_q accumulators held in registers over all rows.
-  for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = TailMask(d - i);
-    for (int64_t g0 = 0; g0 < n_q; g0 += kMaxGroup) {
-      const int64_t ng = n_q - g0 < kMaxGroup ? n_q - g0 : kMaxGroup;
-      __m512 a[kMaxGroup];
-      for (int64_t g = 0; g < ng; ++g) a[g] = _mm512_maskz_loadu_ps(m, acc + (g0 + g) * d + i);
-      for (int64_t j = 0; j < n_rows; ++j) {
-        const __m512 v = LoadKv(static_cast<const uint8_t*>(v_rows) + j * row_bytes, elem, i, m);
-        for (int64_t g = 0; g < ng; ++g) {
-          a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[(g0 + g) * p_stride + j]), v, a[g]);
-        }
-      }
-      for (int64_t g = 0; g < ng; ++g) _mm512_mask_storeu_ps(acc + (g0 + g) * d + i, m, a[g]);
+  for (int64_t g0 = 0; g0 < n_q; g0 += 8) {
+    float* ag = acc + g0 * d;
+    const float* pg = p + g0 * p_stride;
+    switch (n_q - g0 < 8 ? n_q - g0 : 8) {
+      case 1:
+        KvAccumulateFixed<1>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 2:
+        KvAccumulateFixed<2>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 3:
+        KvAccumulateFixed<3>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 4:
+        KvAccumulateFixed<4>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 5:
+        KvAccumulateFixed<5>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 6:
+        KvAccumulateFixed<6>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 7:
+        KvAccumulateFixed<7>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      default:
+        KvAccumulateFixed<8>(ag, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
     }
   }
 }
