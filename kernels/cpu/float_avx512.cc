@@ -33,22 +33,34 @@ inline float Reduce4(const __m512 acc[4]) {
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
 }
 
-// 16 weights from element i, widened to f32; `mask` selects the lanes to read (others are 0).
+// 16 weights from element i, widened to f32: Load (full) and LoadMasked (only the lanes in
+// `mask` are read; the others are 0).
 struct LoadF32 {
   static constexpr int kBytes = 4;
-  static __m512 Load(const uint8_t* w, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, w); }
+  static __m512 Load(const uint8_t* w) { return _mm512_loadu_ps(w); }
+  static __m512 LoadMasked(const uint8_t* w, __mmask16 mask) {
+    return _mm512_maskz_loadu_ps(mask, w);
+  }
 };
 struct LoadF16 {
   static constexpr int kBytes = 2;
-  static __m512 Load(const uint8_t* w, __mmask16 mask) {
+  static __m512 Load(const uint8_t* w) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  static __m512 LoadMasked(const uint8_t* w, __mmask16 mask) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w));
   }
 };
 struct LoadBf16 {
   static constexpr int kBytes = 2;
-  static __m512 Load(const uint8_t* w, __mmask16 mask) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, w));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  static __m512 Widen(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+  static __m512 Load(const uint8_t* w) {
+    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  static __m512 LoadMasked(const uint8_t* w, __mmask16 mask) {
+    return Widen(_mm256_maskz_loadu_epi16(mask, w));
   }
 };
 
@@ -62,8 +74,8 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
   for (; i + kChunk <= n; i += kChunk) {
     for (int k = 0; k < 4; ++k) {
       const int64_t e = i + 16 * k;
-      acc[k] = _mm512_fmadd_ps(Loader::Load(w + e * Loader::kBytes, 0xFFFF), _mm512_loadu_ps(a + e),
-                               acc[k]);
+      acc[k] =
+          _mm512_fmadd_ps(Loader::Load(w + e * Loader::kBytes), _mm512_loadu_ps(a + e), acc[k]);
     }
   }
   for (int k = 0; i + 16 * k < n; ++k) {  // last partial chunk
@@ -71,7 +83,7 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
     const int64_t rest = n - e;
     const __mmask16 mask =
         rest >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << rest) - 1);
-    acc[k] = _mm512_fmadd_ps(Loader::Load(w + e * Loader::kBytes, mask),
+    acc[k] = _mm512_fmadd_ps(Loader::LoadMasked(w + e * Loader::kBytes, mask),
                              _mm512_maskz_loadu_ps(mask, a + e), acc[k]);
   }
   return Reduce4(acc);

@@ -93,7 +93,7 @@ inline __m512i WindowHigh(const uint8_t* p, int bytes) {
   return _mm512_maskz_loadu_epi8(m, p + 64);
 }
 
-// 8-bit rows (Q8_0 / Q8_1 activations, or weights): per group the lo and hi halves of the 4
+// 8-bit activation rows (Q8_0 / Q8_1): per group the lo and hi halves of the 4
 // blocks' qs and the header words: d, or d and s when kWithSum (the min term of _1 dots).
 template <typename ActBlock, bool kWithSum>
 struct ActGroup {
@@ -240,27 +240,6 @@ struct NibbleWeights {
   }
 };
 
-// 8-bit weights (Q8_0, Q8_1): same windows as the activations; signed x signed via |w| and the
-// activation negated where w < 0 (|w| <= 128 fits the unsigned operand).
-template <typename Block>
-struct Int8Weights {
-  static constexpr int kStride = sizeof(Block);
-  static constexpr bool kHasMin = false;
-  using Indices = typename ActGroup<Block, false>::Indices;
-  static Indices Load() { return ActGroup<Block, false>::Load(); }
-  static __m512i SignedDot(__m512i acc, __m512i w, __m512i a) {
-    const __m512i sa = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), Zero(), a);
-    return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), sa);
-  }
-  template <typename Act>
-  static void Dot(const uint8_t* p, const Indices& idx, const Act& act, __m512i* dot,
-                  __m512i* header) {
-    const ActGroup<Block, false> wg(p, idx);
-    *dot = SignedDot(SignedDot(Zero(), wg.lo, act.lo), wg.hi, act.hi);
-    *header = wg.header;
-  }
-};
-
 // --- Activation quantizers ---
 
 // Quantizes one block; stores qs, returns the unrounded d and the int sum of qs.
@@ -330,11 +309,4 @@ float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
 float VecDotQ5_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
   return DotGroups<NibbleWeights<BlockQ5_1, 0, true>, BlockQ8_1>(n, w, a);
 }
-float VecDotQ8_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
-  return DotGroups<Int8Weights<BlockQ8_0>, BlockQ8_0>(n, w, a);
-}
-float VecDotQ8_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
-  return DotGroups<Int8Weights<BlockQ8_1>, BlockQ8_1>(n, w, a);
-}
-
 }  // namespace kiln::quant
