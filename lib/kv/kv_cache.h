@@ -159,6 +159,7 @@ class KvCache {
   // Blocks AppendSlots(seq, n tokens) would take from the pool (including a copy-on-write).
   absl::StatusOr<int32_t> BlocksNeededToAppend(SeqId seq, int32_t n_tokens) const;
   int32_t NumAvailableBlocks() const { return pool_->num_available(); }
+  int32_t NumBlocks() const { return pool_->num_blocks(); }  // including the null block
 
   // Fills `out` with the CSR tables of `seqs` in order (see KvTables). Validates every id first;
   // on error `out` is left empty.
