@@ -1,4 +1,7 @@
 // IEEE binary16 and bfloat16 conversions (scalar, exact, no intrinsics needed).
+// `static inline` on purpose: SIMD translation units (compiled with -mavx512f etc.) include this
+// header too, and an out-of-line copy with external linkage could be picked by the linker for
+// every caller, running AVX-512 code on CPUs without it. Internal linkage keeps copies apart.
 #pragma once
 
 #include <cstdint>
@@ -6,19 +9,19 @@
 
 namespace kiln {
 
-inline float Fp32FromBits(uint32_t bits) {
+static inline float Fp32FromBits(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
 }
-inline uint32_t Fp32ToBits(float f) {
+static inline uint32_t Fp32ToBits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   return bits;
 }
 
 // binary16 -> binary32, exact for every input (subnormals, inf, NaN included).
-inline float Fp16ToFp32(uint16_t h) {
+static inline float Fp16ToFp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
   uint32_t mant = h & 0x3FF;
@@ -33,7 +36,7 @@ inline float Fp16ToFp32(uint16_t h) {
 }
 
 // binary32 -> binary16 with round-to-nearest-even (matches F16C's _cvtss_sh default rounding).
-inline uint16_t Fp32ToFp16(float f) {
+static inline uint16_t Fp32ToFp16(float f) {
   const uint32_t x = Fp32ToBits(f);
   const uint32_t sign = (x >> 16) & 0x8000;
   const uint32_t abs = x & 0x7FFFFFFF;
@@ -60,10 +63,10 @@ inline uint16_t Fp32ToFp16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-inline float Bf16ToFp32(uint16_t b) { return Fp32FromBits(static_cast<uint32_t>(b) << 16); }
+static inline float Bf16ToFp32(uint16_t b) { return Fp32FromBits(static_cast<uint32_t>(b) << 16); }
 
 // Round-to-nearest-even; NaN stays NaN (quiet).
-inline uint16_t Fp32ToBf16(float f) {
+static inline uint16_t Fp32ToBf16(float f) {
   uint32_t x = Fp32ToBits(f);
   if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((x >> 16) | 0x40);
   x += 0x7FFF + ((x >> 16) & 1);

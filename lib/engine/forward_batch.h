@@ -1,0 +1,58 @@
+// ForwardBatch: the single entry point of computation (ARCHITECTURE.md §3). A flat list of
+// tokens from any number of sequences: prefill chunks, decode tokens and speculative trees of
+// different sessions all go in one batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lib/kv/kv_cache.h"
+
+namespace kiln {
+
+struct BatchToken {
+  int32_t token = 0;
+  SeqId seq = 0;
+  // RoPE position (the token's position in its sequence's text). For a tree node: the root's
+  // position + depth, i.e. where it will sit once committed.
+  int32_t pos = 0;
+  // Index of this token's K/V slot in its sequence (KvCache positions [0, Length)). The caller
+  // has already made room with KvCache::AppendSlots. Equals pos for causal tokens.
+  int32_t cache_index = 0;
+  // -1: causal (attends to cache positions [0, cache_index]). >= 0: tree node whose parent is
+  // batch token `parent` (an earlier token of the same sequence); it attends to the positions up
+  // to and including its causal root plus its tree ancestors and itself.
+  int32_t parent = -1;
+  bool want_logits = false;
+  bool want_hidden = false;
+};
+
+struct ForwardBatch {
+  std::vector<BatchToken> tokens;
+  // Layers after which hidden states are returned for tokens with want_hidden: 0..n_layer-1
+  // (residual stream after that layer) or n_layer (final-norm output, what the head sees).
+  std::vector<int32_t> hidden_layers;
+
+  void Clear() {
+    tokens.clear();
+    hidden_layers.clear();
+  }
+  void Add(int32_t token, SeqId seq, int32_t pos, bool want_logits, int32_t parent = -1,
+           int32_t cache_index = -1) {
+    tokens.push_back(
+        {token, seq, pos, cache_index < 0 ? pos : cache_index, parent, want_logits, false});
+  }
+};
+
+struct ForwardOutput {
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  std::vector<int32_t> logit_tokens;   // batch index of each logits row, in batch order
+  std::vector<float> logits;           // [logit_tokens.size(), n_vocab]
+  std::vector<int32_t> hidden_tokens;  // batch index of each hidden row, in batch order
+  std::vector<float> hidden;           // [hidden_tokens.size(), hidden_layers.size(), n_embd]
+
+  const float* LogitsRow(size_t i) const { return logits.data() + i * n_vocab; }
+};
+
+}  // namespace kiln
