@@ -74,6 +74,12 @@ void BenchMatMul(const std::vector<GgmlType>& types) {
     const QuantKernels* k = GetQuantKernels(type);
     const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(type));
     for (const Shape& sh : shapes) {
+      if (sh.n_in % info->block_size != 0) {
+        printf("%-6s %4lldx%-5lld   (n_in not a multiple of the block size %u)\n",
+               GgmlTypeName(static_cast<uint32_t>(type)).c_str(), static_cast<long long>(sh.n_in),
+               static_cast<long long>(sh.n_out), info->block_size);
+        continue;
+      }
       const size_t row_bytes = GgmlRowBytes(*info, sh.n_in);
       std::vector<uint8_t> w(row_bytes * sh.n_out);
       const std::vector<float> row = RandomVector(sh.n_in, rng);
