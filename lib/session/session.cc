@@ -1,0 +1,375 @@
+#include "lib/session/session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lib/tokenizer/streaming_detokenizer.h"
+#include "lib/tokenizer/tokenizer.h"
+
+namespace kiln {
+
+// ------------------------------------------------------------------ Engine
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
+                                                       const EngineOptions& options) {
+  EngineOptions opt = options;
+  if (opt.kv_type != GgmlType::kF16 && opt.kv_type != GgmlType::kF32 &&
+      opt.kv_type != GgmlType::kBF16) {
+    return absl::InvalidArgumentError("EngineOptions.kv_type must be f16, f32 or bf16");
+  }
+  if (opt.block_size <= 0 || opt.block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.block_size ", opt.block_size, " is outside [1, 1024]"));
+  }
+  if (opt.n_ctx < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("EngineOptions.n_ctx ", opt.n_ctx, " < 0"));
+  }
+  if (opt.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.prefill_chunk ", opt.prefill_chunk, " <= 0"));
+  }
+  if (opt.n_ctx == 0) {
+    opt.n_ctx = model.hparams().n_ctx_train > 0
+                    ? static_cast<int32_t>(std::min<int64_t>(model.hparams().n_ctx_train, 1 << 20))
+                    : 4096;
+  }
+  KILN_ASSIGN_OR_RETURN(KvLayout layout,
+                        LlamaForward::CacheLayout(model.hparams(), opt.kv_type, opt.block_size));
+  KvCacheOptions cache_options;
+  cache_options.enable_prefix_caching = opt.prefix_caching;
+  if (opt.pool_bytes == 0) {
+    // Room for one full context: its blocks, a copy-on-write spare and the null block.
+    const size_t blocks =
+        static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 2;
+    cache_options.capacity_bytes = blocks * layout.block_bytes();
+  } else {
+    cache_options.capacity_bytes = opt.pool_bytes;
+  }
+  auto cache = KvCache::Create(layout, cache_options);
+  if (!cache.ok()) return cache.status();
+  std::unique_ptr<Engine> engine(new Engine(model, opt));
+  engine->cache_ = std::move(*cache);
+  engine->forward_ = std::make_unique<LlamaForward>(model, opt.n_threads);
+  return engine;
+}
+
+KvCacheCounters Engine::Counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_->Counters();
+}
+
+// ------------------------------------------------------------------ Session::Use
+
+Session::Use::Use(const Session& session, const char* what, bool mutating) : session_(session) {
+  const std::thread::id self = std::this_thread::get_id();
+  std::thread::id expected{};
+  if (session.owner_.compare_exchange_strong(expected, self, std::memory_order_acq_rel)) {
+    owns_ = true;
+    return;
+  }
+  if (expected == self) {
+    if (mutating) {
+      status_ = absl::AbortedError(absl::StrCat(
+          what, ": the session is busy: called from inside its own generate callback"));
+    }
+    return;  // a read-only call from the generate callback
+  }
+  status_ = absl::AbortedError(
+      absl::StrCat(what,
+                   ": the session is busy: another thread is inside a call on it (a session "
+                   "must be used by one thread at a time)"));
+}
+
+Session::Use::~Use() {
+  if (owns_) session_.owner_.store(std::thread::id(), std::memory_order_release);
+}
+
+// ------------------------------------------------------------------ Session
+
+Session::Session(Engine& engine, const sample::SamplerParams& params, uint64_t seed, SeqId seq)
+    : engine_(engine),
+      n_vocab_(engine.model().hparams().n_vocab),
+      seq_(seq),
+      sampler_(params),
+      rng_(seed) {}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(Engine& engine,
+                                                         const sample::SamplerParams& params,
+                                                         uint64_t seed) {
+  KILN_RETURN_IF_ERROR(sample::Sampler::Validate(params));
+  const SeqId seq =
+      engine.Locked([](KvCache& cache, LlamaForward&) { return cache.CreateSequence(); });
+  return std::unique_ptr<Session>(new Session(engine, params, seed, seq));
+}
+
+Session::~Session() {
+  engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Free(seq_); }).IgnoreError();
+}
+
+absl::Status Session::CheckTokens(std::span<const int32_t> tokens) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
+                                                     " is outside [0, n_vocab = ", n_vocab_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::span<const float> Session::Logits() const {
+  if (!logits_valid_ || n_cached_ != n_tokens() || n_cached_ == 0) return {};
+  return logits_;
+}
+
+void Session::RestoreTo(size_t n_tokens, int32_t n_cached) {
+  engine_
+      .Locked([&](KvCache& cache, LlamaForward&) -> absl::Status {
+        auto len = cache.Length(seq_);
+        if (len.ok() && *len > n_cached) return cache.Truncate(seq_, n_cached);
+        return absl::OkStatus();
+      })
+      .IgnoreError();
+  if (n_cached < n_cached_) logits_valid_ = false;
+  tokens_.resize(n_tokens);
+  n_cached_ = n_cached;
+}
+
+absl::Status Session::ComputePending(std::span<float> scores, int32_t score_from) {
+  const int32_t n = n_tokens();
+  if (n_cached_ == n) return absl::OkStatus();
+  const bool scoring = !scores.empty();
+  const EngineOptions& opt = engine_.options();
+  if (opt.prefix_caching && n_cached_ == 0 && !scoring) {
+    // Attach the longest cached prefix of tokens[0, n - 1): the last token is always computed so
+    // that its logits exist.
+    auto attached = engine_.Locked([&](KvCache& cache, LlamaForward&) -> absl::StatusOr<int32_t> {
+      KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
+      if (len != 0) return 0;
+      return cache.AttachCachedPrefix(seq_, std::span(tokens_).first(n - 1));
+    });
+    if (!attached.ok()) return attached.status();
+    if (*attached > 0) logits_valid_ = false;
+    n_cached_ += *attached;
+    stats_.attached_tokens += *attached;
+  }
+  while (n_cached_ < n) {
+    if (ConsumeCancel()) {
+      return absl::CancelledError(
+          absl::StrCat("cancelled after ", n_cached_, " of ", n, " tokens were computed"));
+    }
+    const int32_t begin = n_cached_;
+    const int32_t end = std::min(n, begin + opt.prefill_chunk);
+    batch_.Clear();
+    for (int32_t i = begin; i < end; ++i) {
+      const bool want = i == n - 1 || (scoring && i >= score_from);
+      batch_.Add(tokens_[i], seq_, i, want);
+    }
+    absl::Status st = engine_.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
+      KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, std::span(tokens_).subspan(begin, end - begin)));
+      absl::Status s = fwd.Forward(batch_, cache, &out_);
+      if (!s.ok()) cache.Truncate(seq_, begin).IgnoreError();
+      return s;
+    });
+    if (!st.ok()) return st;
+    // Rows of out_.logits are the tokens that asked, in batch order.
+    for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
+      const int32_t i = begin + out_.logit_tokens[r];
+      const float* row = out_.LogitsRow(r);
+      if (scoring && i >= score_from && i + 1 < n) {
+        double max_logit = row[0];
+        for (int64_t v = 1; v < n_vocab_; ++v) max_logit = std::max<double>(max_logit, row[v]);
+        double sum = 0;
+        for (int64_t v = 0; v < n_vocab_; ++v) sum += std::exp(row[v] - max_logit);
+        scores[i - score_from] =
+            static_cast<float>(row[tokens_[i + 1]] - max_logit - std::log(sum));
+      }
+      if (i == n - 1) {
+        logits_.assign(row, row + n_vocab_);
+        logits_valid_ = true;
+      }
+    }
+    stats_.computed_tokens += end - begin;
+    n_cached_ = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::AppendText(std::string_view text, bool add_special, bool parse_special) {
+  auto ids = engine_.model().tokenizer().Encode(text, add_special, parse_special);
+  if (!ids.ok()) return ids.status();
+  return AppendTokens(*ids);
+}
+
+absl::Status Session::AppendTokens(std::span<const int32_t> tokens) {
+  Use use(*this, "AppendTokens", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  KILN_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (tokens_.size() + tokens.size() > static_cast<size_t>(engine_.n_ctx())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("appending ", tokens.size(), " tokens to ", tokens_.size(),
+                     " would pass the context size n_ctx = ", engine_.n_ctx()));
+  }
+  if (tokens.empty()) return absl::OkStatus();
+  const size_t saved_tokens = tokens_.size();
+  const int32_t saved_cached = n_cached_;
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  absl::Status st = ComputePending({}, 0);
+  if (!st.ok()) RestoreTo(saved_tokens, saved_cached);
+  return st;
+}
+
+absl::Status Session::AppendTokensScored(std::span<const int32_t> tokens,
+                                         std::span<float> logprobs) {
+  Use use(*this, "AppendTokensScored", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  if (tokens.size() < 2 || logprobs.size() != tokens.size() - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AppendTokensScored: needs at least 2 tokens and tokens - 1 outputs (got ",
+                     tokens.size(), " tokens, ", logprobs.size(), " outputs)"));
+  }
+  KILN_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (tokens_.size() + tokens.size() > static_cast<size_t>(engine_.n_ctx())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("appending ", tokens.size(), " tokens to ", tokens_.size(),
+                     " would pass the context size n_ctx = ", engine_.n_ctx()));
+  }
+  const size_t saved_tokens = tokens_.size();
+  const int32_t saved_cached = n_cached_;
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  absl::Status st = ComputePending(logprobs, static_cast<int32_t>(saved_tokens));
+  if (!st.ok()) RestoreTo(saved_tokens, saved_cached);
+  return st;
+}
+
+absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options) {
+  Use use(*this, "Generate", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  if (options.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerateOptions.max_tokens ", options.max_tokens, " < 0"));
+  }
+  for (size_t i = 0; i < options.stop_strings.size(); ++i) {
+    if (options.stop_strings[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GenerateOptions.stop_strings[", i, "] is empty"));
+    }
+  }
+  if (tokens_.empty()) {
+    return absl::FailedPreconditionError("Generate: the session is empty; append a prompt first");
+  }
+  const Tokenizer& tokenizer = engine_.model().tokenizer();
+  StreamingDetokenizer detok(tokenizer);
+  std::string held;  // decoded text not emitted yet (it may start a stop string)
+  auto emit = [&](int32_t token, std::string_view text) {
+    return !options.on_token || options.on_token(token, text);
+  };
+  GenerateResult result;
+  while (true) {
+    if (result.n_tokens >= options.max_tokens) {
+      result.reason = StopReason::kMaxTokens;
+      break;
+    }
+    if (n_cached_ == n_tokens() && !logits_valid_) {
+      // After a Rewind or a prefix attach: recompute the last token to get its logits.
+      KILN_RETURN_IF_ERROR(engine_.Locked(
+          [&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, n_cached_ - 1); }));
+      --n_cached_;
+    }
+    if (n_cached_ < n_tokens()) {
+      absl::Status st = ComputePending({}, 0);
+      if (absl::IsCancelled(st)) {
+        result.reason = StopReason::kCancelled;
+        break;
+      }
+      KILN_RETURN_IF_ERROR(st);
+    } else if (ConsumeCancel()) {
+      result.reason = StopReason::kCancelled;
+      break;
+    }
+    if (n_tokens() >= engine_.n_ctx()) {
+      if (result.n_tokens == 0) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "Generate: the session already holds n_ctx = ", engine_.n_ctx(), " tokens"));
+      }
+      result.reason = StopReason::kContextFull;
+      break;
+    }
+    KILN_RETURN_IF_ERROR(sampler_.Apply(logits_, tokens_, &dist_));
+    const int32_t token = sample::Sampler::Sample(dist_, rng_);
+    if (token < 0) return absl::InternalError("Generate: the sampler returned no token");
+    last_logprobs_ = dist_.top_logprobs;
+    tokens_.push_back(token);  // pending: computed by the next step or call
+    ++result.n_tokens;
+    if (tokenizer.IsEndOfGeneration(token)) {
+      result.reason = StopReason::kEndOfGeneration;
+      break;
+    }
+    KILN_ASSIGN_OR_RETURN(std::string piece, detok.Push(token));
+    held += piece;
+    size_t stop_at = std::string::npos;
+    for (const std::string& s : options.stop_strings) stop_at = std::min(stop_at, held.find(s));
+    if (stop_at != std::string::npos) {
+      emit(token, std::string_view(held).substr(0, stop_at));
+      held.clear();
+      result.reason = StopReason::kStopString;
+      break;
+    }
+    // Hold back the longest suffix that could still grow into a stop string.
+    size_t keep = 0;
+    for (const std::string& s : options.stop_strings) {
+      for (size_t len = std::min(s.size() - 1, held.size()); len > keep; --len) {
+        if (held.compare(held.size() - len, len, s, 0, len) == 0) {
+          keep = len;
+          break;
+        }
+      }
+    }
+    const std::string out = held.substr(0, held.size() - keep);
+    held.erase(0, held.size() - keep);
+    if (!emit(token, out)) {
+      result.reason = StopReason::kCallback;
+      break;
+    }
+  }
+  if (result.reason != StopReason::kStopString && result.reason != StopReason::kCallback) {
+    held += detok.Flush();
+    if (!held.empty()) emit(-1, held);
+  }
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
+  Use use(*this, "Fork", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  KILN_ASSIGN_OR_RETURN(
+      SeqId seq, engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Fork(seq_); }));
+  std::unique_ptr<Session> fork(new Session(engine_, sampler_.params(), 0, seq));
+  fork->rng_ = rng_;
+  fork->tokens_ = tokens_;
+  fork->n_cached_ = n_cached_;
+  fork->logits_ = logits_;
+  fork->logits_valid_ = logits_valid_;
+  fork->last_logprobs_ = last_logprobs_;
+  return fork;
+}
+
+absl::Status Session::Rewind(int32_t n) {
+  Use use(*this, "Rewind", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  if (n < 0 || n > n_tokens()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("Rewind: ", n, " tokens requested, the session holds ", n_tokens()));
+  }
+  const int32_t new_len = n_tokens() - n;
+  if (new_len < n_cached_) {
+    KILN_RETURN_IF_ERROR(engine_.Locked(
+        [&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, new_len); }));
+    n_cached_ = new_len;
+    logits_valid_ = false;
+  }
+  tokens_.resize(new_len);
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

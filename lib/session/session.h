@@ -1,0 +1,228 @@
+// Engine and Session: the stateful layer over the llama forward pass and the paged KV cache.
+//
+// Engine: one per (model, cache). It owns the KvCache and the LlamaForward (thread pool and
+// scratch) and a mutex that serializes every cache call and forward pass, so sessions on
+// different threads may share it safely. Sessions take the mutex per prefill chunk and per
+// decode step, so concurrent sessions interleave at that granularity.
+//
+// Session: one token stream (a conversation) held as a sequence in the engine's cache, plus a
+// sampler and a seeded Rng. Its tokens are split in two parts:
+//   tokens()[0, n_cached)  K/V in the cache (computed, or attached from the prefix cache)
+//   tokens()[n_cached, n)  pending: accepted but not computed yet (the last generated token, a
+//                          token moved back by Rewind). The next Append/Generate computes them.
+// The next-token logits are those after tokens()[n - 1] when there are no pending tokens.
+//
+// Atomicity: AppendText/AppendTokens either take every token or leave the session exactly as it
+// was (cache full, cancel, bad token id, past the context: the sequence is truncated back).
+// Generate keeps the tokens it emitted through the callback, also when it then fails.
+//
+// Thread-safety: an Engine is fully thread-safe. A Session is used by one thread at a time; a
+// call made while another thread is inside a call on the same session fails with Aborted ("busy")
+// and changes nothing, never undefined behaviour. Read-only getters may also be called from the
+// Generate callback on the generating thread. Cancel() may be called from any thread at any time.
+// The engine (and model) must outlive every session created on it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
+#include "lib/engine/forward_batch.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/arch/llama.h"
+#include "lib/model/model.h"
+#include "lib/sample/distribution.h"
+#include "lib/sample/rng.h"
+#include "lib/sample/sampler.h"
+
+namespace kiln {
+
+struct EngineOptions {
+  // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
+  size_t pool_bytes = 0;
+  int32_t block_size = 16;
+  GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
+  bool prefix_caching = true;
+  // Largest number of tokens a session may hold. 0: the model's training context.
+  int32_t n_ctx = 0;
+  int n_threads = 0;  // <= 0: physical cores
+  // Tokens per forward call when prefilling (and per cancellation check).
+  int32_t prefill_chunk = 256;
+};
+
+class Engine {
+ public:
+  // InvalidArgument naming the field for bad options; ResourceExhausted when the pool cannot hold
+  // a single block. The model must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
+                                                        const EngineOptions& options);
+
+  const Model& model() const { return model_; }
+  const EngineOptions& options() const { return options_; }
+  int32_t n_ctx() const { return options_.n_ctx; }
+  KvCacheCounters Counters() const;
+
+  // Runs fn(KvCache&, LlamaForward&) with the engine mutex held; returns what fn returns.
+  template <typename Fn>
+  auto Locked(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn(*cache_, *forward_);
+  }
+
+ private:
+  Engine(const Model& model, const EngineOptions& options) : model_(model), options_(options) {}
+
+  const Model& model_;
+  EngineOptions options_;
+  mutable std::mutex mu_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<LlamaForward> forward_;
+};
+
+enum class StopReason {
+  kEndOfGeneration = 0,  // the model produced an end-of-generation token (kept in the session)
+  kMaxTokens = 1,
+  kStopString = 2,   // a stop string appeared in the text; it is not emitted
+  kCallback = 3,     // the callback returned false
+  kCancelled = 4,    // Cancel()
+  kContextFull = 5,  // the session reached n_ctx tokens
+};
+
+struct GenerateOptions {
+  int32_t max_tokens = 128;               // >= 0
+  std::vector<std::string> stop_strings;  // non-empty strings
+  // Called once per generated token with the text it completed (possibly empty: a partial UTF-8
+  // character, or text held back because it may start a stop string). At the end, text still
+  // held back (and not part of a stop string) comes in one more call with token -1. Return false
+  // to stop. May be empty.
+  std::function<bool(int32_t token, std::string_view piece)> on_token;
+};
+
+struct GenerateResult {
+  int32_t n_tokens = 0;  // tokens generated (the EOG token and the stop-string token included)
+  StopReason reason = StopReason::kMaxTokens;
+};
+
+struct SessionStats {
+  int64_t computed_tokens = 0;  // tokens run through the forward pass (prefill + decode)
+  int64_t attached_tokens = 0;  // tokens attached from the prefix cache instead
+};
+
+class Session {
+ public:
+  // A new empty session on `engine`, sampling with `params` and an Rng seeded with `seed`.
+  // InvalidArgument when the sampler parameters are bad (names the field).
+  static absl::StatusOr<std::unique_ptr<Session>> Create(Engine& engine,
+                                                         const sample::SamplerParams& params,
+                                                         uint64_t seed);
+  ~Session();  // frees the sequence (its full computed blocks stay in the prefix cache)
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Tokenizes `text` and appends it (see AppendTokens).
+  absl::Status AppendText(std::string_view text, bool add_special, bool parse_special);
+
+  // Appends tokens and prefills them (with the pending ones) in chunks of
+  // EngineOptions::prefill_chunk; afterwards the logits of the last token are available. On an
+  // empty session with prefix caching on, the longest cached prefix of tokens[0, n-1) is attached
+  // instead of recomputed. Errors (nothing changed): InvalidArgument (token id out of range,
+  // naming its index), OutOfRange (the session would exceed n_ctx), ResourceExhausted (cache
+  // full), Cancelled (Cancel() before or during the call), Aborted (busy).
+  absl::Status AppendTokens(std::span<const int32_t> tokens);
+
+  // Appends tokens like AppendTokens and writes, for i in [0, tokens.size() - 1), the natural
+  // log-probability of tokens[i + 1] given the session and tokens[0, i] into logprobs[i]
+  // (logprobs.size() must be tokens.size() - 1). For perplexity.
+  absl::Status AppendTokensScored(std::span<const int32_t> tokens, std::span<float> logprobs);
+
+  // Samples up to options.max_tokens tokens, computing each before sampling the next. Stops on
+  // an end-of-generation token, max_tokens, a stop string (also split across tokens), the
+  // callback, Cancel(), or n_ctx. Errors: FailedPrecondition (empty session), InvalidArgument
+  // (bad options), OutOfRange (already at n_ctx), ResourceExhausted (cache full: the tokens
+  // generated so far stay, the failing step changed nothing), Aborted (busy).
+  absl::StatusOr<GenerateResult> Generate(const GenerateOptions& options);
+
+  // Asks the call in progress to stop (between prefill chunks and decode steps); when no call is
+  // in progress, the next Append*/Generate honours it. The request is consumed by the call that
+  // honours it. Any thread, any time.
+  void Cancel() { cancel_.store(true, std::memory_order_release); }
+
+  // A new session with the same tokens (sharing the cache blocks by reference), logits, sampler
+  // parameters and Rng state. Errors: Aborted (busy).
+  absl::StatusOr<std::unique_ptr<Session>> Fork();
+
+  // Removes the last n_tokens tokens (0 <= n_tokens <= n). The logits are recomputed lazily by
+  // the next Generate. Errors: OutOfRange (n_tokens > n or < 0), Aborted (busy).
+  absl::Status Rewind(int32_t n_tokens);
+
+  // Logits [n_vocab] after the last token; empty when not available (empty session, pending
+  // tokens, after Rewind). Valid until the next call on the session.
+  std::span<const float> Logits() const;
+  // The top log-probabilities of the last sampled token (empty unless n_logprobs > 0).
+  std::span<const sample::TokenLogprob> LastLogprobs() const { return last_logprobs_; }
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int32_t n_tokens() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t n_cached() const { return n_cached_; }
+  const SessionStats& stats() const { return stats_; }
+  // True while some thread is inside a call on this session.
+  bool busy() const { return owner_.load(std::memory_order_acquire) != std::thread::id(); }
+
+  // The in-use flag of one call. status() is Aborted when another thread is inside a call on the
+  // session, or when a mutating call is made from inside this thread's own Generate callback;
+  // a read-only scope on the generating thread (the callback) is allowed. Every public mutating
+  // method takes one; the C API takes a read-only one around the getters.
+  class Use {
+   public:
+    Use(const Session& session, const char* what, bool mutating);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    const absl::Status& status() const { return status_; }
+
+   private:
+    const Session& session_;
+    bool owns_ = false;
+    absl::Status status_;
+  };
+
+ private:
+  Session(Engine& engine, const sample::SamplerParams& params, uint64_t seed, SeqId seq);
+
+  // Computes the pending tokens tokens_[n_cached_, n); logits of the last one go to logits_.
+  // scores != nullptr: also the log-probabilities of each following token (see
+  // AppendTokensScored), for the pending tokens from index score_from on.
+  absl::Status ComputePending(std::span<float> scores, int32_t score_from);
+  // Takes back tokens_/n_cached_ to (n_tokens, n_cached) after a failure.
+  void RestoreTo(size_t n_tokens, int32_t n_cached);
+  bool ConsumeCancel() { return cancel_.exchange(false, std::memory_order_acq_rel); }
+  absl::Status CheckTokens(std::span<const int32_t> tokens) const;
+
+  Engine& engine_;
+  const int64_t n_vocab_;
+  SeqId seq_;
+  sample::Sampler sampler_;
+  sample::Rng rng_;
+  std::vector<int32_t> tokens_;
+  int32_t n_cached_ = 0;
+  std::vector<float> logits_;  // [n_vocab]
+  bool logits_valid_ = false;
+  sample::Distribution dist_;
+  std::vector<sample::TokenLogprob> last_logprobs_;
+  SessionStats stats_;
+  std::atomic<bool> cancel_{false};
+  mutable std::atomic<std::thread::id> owner_{};
+  ForwardBatch batch_;
+  ForwardOutput out_;
+};
+
+}  // namespace kiln
