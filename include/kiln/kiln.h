@@ -208,6 +208,249 @@ KILN_API kiln_status kiln_chat_apply_template(const kiln_model* model, const cha
                                               size_t n_messages, int add_generation_prompt,
                                               char* text, size_t capacity, size_t* text_len);
 
+/* ---------------------------------------------------------------- cache
+ *
+ * A kiln_cache is one paged KV cache for one model together with the engine that computes into
+ * it (its thread pool and scratch memory). Any number of sessions share it; their forward passes
+ * are serialized per cache (one prefill chunk or decode step at a time), so sessions on
+ * different threads interleave safely. A cache is thread-safe: any thread may create sessions on
+ * it or read its stats at any time.
+ */
+
+typedef struct kiln_cache kiln_cache;
+
+typedef enum kiln_kv_type {
+  KILN_KV_F16 = 0, /* default */
+  KILN_KV_F32 = 1,
+  KILN_KV_BF16 = 2
+} kiln_kv_type;
+
+typedef struct kiln_cache_params {
+  uint32_t struct_size; /* sizeof(kiln_cache_params), set by the default params call */
+  size_t pool_bytes;    /* KV pool size (rounded down to whole blocks); 0: one full context */
+  int32_t block_size;   /* tokens per block, in [1, 1024]; default 16 */
+  kiln_kv_type kv_type; /* element type of the stored K/V; default KILN_KV_F16 */
+  int prefix_caching;   /* non-zero (default): sessions starting with cached tokens reuse them */
+  int32_t n_ctx;        /* most tokens one session may hold; 0 (default): training context */
+  int32_t n_threads;    /* compute threads; 0 (default): physical cores */
+} kiln_cache_params;
+
+/* Defaults: pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0, n_threads 0. */
+KILN_API kiln_cache_params kiln_cache_default_params(void);
+
+/* Creates a cache (and its engine) for `model`; the model must outlive it.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
+ * kv_type, n_ctx < 0 or n_threads < 0: the message names the field), KILN_ERR_CACHE_FULL
+ * (pool_bytes holds less than two blocks), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
+KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
+                                       kiln_cache** out_cache);
+
+/* Frees a cache. NULL is a no-op. Every session on it must be destroyed first. */
+KILN_API void kiln_cache_destroy(kiln_cache* cache);
+
+typedef struct kiln_cache_stats {
+  uint32_t struct_size; /* set by the caller: sizeof(kiln_cache_stats) */
+  int32_t n_ctx;        /* the effective per-session context */
+  int32_t block_size;
+  int32_t blocks_total;  /* usable blocks */
+  int32_t blocks_free;   /* unused and not cached */
+  int32_t blocks_used;   /* held by at least one session */
+  int32_t blocks_cached; /* unused but kept for prefix reuse (evicted when space is needed) */
+  int32_t n_sequences;   /* live sessions (and forks) */
+  int64_t prefix_lookups;
+  int64_t prefix_query_tokens;
+  int64_t prefix_hit_tokens; /* prompt tokens taken from the cache instead of computed */
+  int64_t evictions;
+  size_t bytes_per_token;
+  size_t block_bytes;
+} kiln_cache_stats;
+
+/* Fills *stats (stats->struct_size must be set). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL,
+ * struct_size too small). Thread-safe. */
+KILN_API kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stats);
+
+/* ---------------------------------------------------------------- sampler
+ *
+ * A kiln_sampler is an immutable set of sampling parameters. A session copies them when it is
+ * created, so one sampler may serve many sessions and may be destroyed right after. Stage order
+ * (llama.cpp's default chain): logit bias, penalties, top-k, typical, top-p, min-p, temperature.
+ */
+
+typedef struct kiln_sampler kiln_sampler;
+
+typedef struct kiln_logit_bias {
+  int32_t token;
+  float bias; /* added to the logit; -INFINITY bans the token */
+} kiln_logit_bias;
+
+typedef struct kiln_sampler_params {
+  uint32_t struct_size;    /* sizeof(kiln_sampler_params), set by the default params call */
+  float temperature;       /* <= 0: greedy (argmax, no randomness); default 0.8 */
+  int32_t top_k;           /* <= 0: off; default 40 */
+  float top_p;             /* >= 1: off; default 0.95 */
+  float min_p;             /* <= 0: off; default 0.05 */
+  float typical_p;         /* >= 1: off (default) */
+  float repeat_penalty;    /* > 0; 1: off (default) */
+  float frequency_penalty; /* 0: off (default) */
+  float presence_penalty;  /* 0: off (default) */
+  int32_t penalty_last_n;  /* window of the penalties; 0: off, -1: whole history; default 64 */
+  uint64_t seed;           /* seeds each session's random generator; default 0 */
+  int32_t n_logprobs;      /* top log-probabilities kept per sampled token; default 0 */
+  const kiln_logit_bias* logit_bias; /* optional array, copied by kiln_sampler_create */
+  size_t n_logit_bias;
+} kiln_sampler_params;
+
+/* Defaults: those of llama.cpp (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty window
+ * 64, penalties off, typical off), seed 0, no logprobs, no bias. */
+KILN_API kiln_sampler_params kiln_sampler_default_params(void);
+
+/* Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, NaN anywhere,
+ * repeat_penalty <= 0, n_logprobs < 0, penalty_last_n < -1, a bias token < 0 or a non-finite
+ * bias other than -inf: the message names the field or index), KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_sampler_create(const kiln_sampler_params* params,
+                                         kiln_sampler** out_sampler);
+
+/* NULL is a no-op. Sessions created from it keep their own copy. */
+KILN_API void kiln_sampler_destroy(kiln_sampler* sampler);
+
+/* ---------------------------------------------------------------- session
+ *
+ * A kiln_session is one conversation: a token sequence in a cache, a copy of the sampling
+ * parameters and a random generator seeded from them (same seed and calls, same tokens).
+ *
+ * Thread rules: a kiln_model and a kiln_cache may be shared by any number of threads. A session
+ * must be used by one thread at a time: a call made while another thread is inside a call on the
+ * same session fails with KILN_ERR_BUSY and changes nothing (detected, never undefined
+ * behaviour); so does a mutating call made from inside the session's own generate callback
+ * (getters are allowed there). kiln_session_cancel is the exception: any thread, any time.
+ * A destroyed handle must never be used again (that cannot be detected); destroy sessions before
+ * their cache, and caches before their model.
+ */
+
+typedef struct kiln_session kiln_session;
+
+/* Creates an empty session on `cache` (which must belong to `model`). sampler NULL: greedy.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL model/cache/out_session, cache of another model, a
+ * logit-bias token >= n_vocab), KILN_ERR_OUT_OF_MEMORY. Thread-safe (per the thread rules). */
+KILN_API kiln_status kiln_session_create(const kiln_model* model, kiln_cache* cache,
+                                         const kiln_sampler* sampler, kiln_session** out_session);
+
+/* Frees a session; its full computed blocks stay in the prefix cache. NULL is a no-op. */
+KILN_API void kiln_session_destroy(kiln_session* session);
+
+/* Tokenizes text[0, len) with flags KILN_TOKENIZE_* (see kiln_tokenize) and appends the tokens,
+ * computing them (prefill in chunks) so that the next-token logits are available. On an empty
+ * session with prefix caching, the longest cached prefix is reused instead of recomputed.
+ * All or nothing: on any error the session is exactly as before.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session, NULL text with len > 0, unknown flags),
+ * KILN_ERR_OUT_OF_RANGE (the session would pass n_ctx), KILN_ERR_CACHE_FULL (free or destroy
+ * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel), KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_append_text(kiln_session* session, const char* text,
+                                              size_t len, uint32_t flags);
+
+/* Appends token ids, like kiln_session_append_text. Statuses: as kiln_session_append_text, plus
+ * KILN_ERR_INVALID_ARGUMENT for a token id outside [0, n_vocab) (the message names its index). */
+KILN_API kiln_status kiln_session_append_tokens(kiln_session* session, const int32_t* tokens,
+                                                size_t n_tokens);
+
+/* Appends tokens[0, n_tokens) (n_tokens >= 2) and writes, for i in [0, n_tokens - 1), the natural
+ * log-probability of tokens[i + 1] given the session and tokens[0, i] into logprobs[i]
+ * (perplexity scoring). Statuses: as kiln_session_append_tokens. */
+KILN_API kiln_status kiln_session_append_tokens_scored(kiln_session* session,
+                                                       const int32_t* tokens, size_t n_tokens,
+                                                       float* logprobs);
+
+/* Receives each generated token and the text it completed (piece[0, piece_len), UTF-8, not
+ * NUL-terminated, possibly empty: a partial character, or text held back because it may begin a
+ * stop string). At the end, text still held back comes in one last call with token -1. `piece`
+ * is valid only during the call. Return non-zero to stop generating. */
+typedef int (*kiln_token_fn)(int32_t token, const char* piece, size_t piece_len,
+                             void* user_data);
+
+typedef struct kiln_generate_params {
+  uint32_t struct_size;             /* sizeof(kiln_generate_params), set by the default call */
+  int32_t max_tokens;               /* >= 0; default 128 */
+  const char* const* stop_strings;  /* optional NUL-terminated non-empty strings; a stop string is
+                                     * never emitted, also when split across tokens */
+  size_t n_stop_strings;
+  kiln_token_fn callback;           /* optional */
+  void* user_data;
+} kiln_generate_params;
+
+typedef enum kiln_stop_reason {
+  KILN_STOP_EOG = 0,          /* an end-of-generation token (kept in the session, not emitted) */
+  KILN_STOP_MAX_TOKENS = 1,
+  KILN_STOP_STRING = 2,       /* a stop string appeared */
+  KILN_STOP_CALLBACK = 3,     /* the callback returned non-zero */
+  KILN_STOP_CANCELLED = 4,    /* kiln_session_cancel */
+  KILN_STOP_CONTEXT_FULL = 5  /* the session reached n_ctx tokens */
+} kiln_stop_reason;
+
+typedef struct kiln_generate_result {
+  uint32_t struct_size; /* set by the caller: sizeof(kiln_generate_result) */
+  int32_t n_tokens;     /* tokens generated and kept in the session */
+  kiln_stop_reason stop_reason;
+} kiln_generate_result;
+
+/* Defaults: max_tokens 128, no stop strings, no callback. */
+KILN_API kiln_generate_params kiln_generate_default_params(void);
+
+/* Generates up to params->max_tokens tokens after the session's tokens, sampling each with the
+ * session's sampler and streaming it to the callback. Generated tokens stay in the session
+ * (continue with another append or generate). A cancel ends it with KILN_OK and
+ * KILN_STOP_CANCELLED. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/params/result,
+ * struct_size too small, max_tokens < 0, NULL or empty stop string, empty session),
+ * KILN_ERR_OUT_OF_RANGE (the session already holds n_ctx tokens), KILN_ERR_CACHE_FULL (the
+ * tokens streamed so far stay in the session; free space and generate again), KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_generate(kiln_session* session,
+                                           const kiln_generate_params* params,
+                                           kiln_generate_result* result);
+
+/* Stops the append or generate in progress on `session` at its next prefill chunk or decode
+ * step; when none is in progress, the next append/generate on it is cancelled. The only session
+ * call allowed from any thread at any time (but not concurrently with kiln_session_destroy).
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
+KILN_API kiln_status kiln_session_cancel(kiln_session* session);
+
+/* A new session with the same tokens (sharing cache blocks copy-on-write), logits, sampler and
+ * random state. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY,
+ * KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_session_fork(kiln_session* session, kiln_session** out_session);
+
+/* Removes the last n_tokens tokens. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL),
+ * KILN_ERR_OUT_OF_RANGE (n_tokens > kiln_session_n_tokens), KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens);
+
+/* Number of tokens the session holds (prompt and generated); 0 for NULL, and 0 while another
+ * thread is inside a call on the session. */
+KILN_API size_t kiln_session_n_tokens(const kiln_session* session);
+
+/* Copies the session's tokens into tokens[0, capacity); *n_tokens receives the count, also on
+ * KILN_ERR_BUFFER_TOO_SMALL. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/n_tokens, NULL
+ * tokens with capacity > 0), KILN_ERR_BUFFER_TOO_SMALL, KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_get_tokens(const kiln_session* session, int32_t* tokens,
+                                             size_t capacity, size_t* n_tokens);
+
+/* The next-token logits [n_vocab] after the session's last token. *logits stays valid until the
+ * next call on the session. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointers; no logits yet:
+ * empty session, or after generate/rewind until the next append or generate computes them),
+ * KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_get_logits(const kiln_session* session, const float** logits,
+                                             int32_t* n_vocab);
+
+typedef struct kiln_token_logprob {
+  int32_t token;
+  float logprob; /* natural log of the raw (pre-sampling) probability */
+} kiln_token_logprob;
+
+/* The top log-probabilities (highest first) of the distribution the last generated token was
+ * sampled from; sampler n_logprobs entries (0 when it is 0). *n receives the count, also on
+ * KILN_ERR_BUFFER_TOO_SMALL. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUFFER_TOO_SMALL,
+ * KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session,
+                                               kiln_token_logprob* out, size_t capacity,
+                                               size_t* n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -343,4 +343,405 @@ kiln_status kiln_chat_apply_template(const kiln_model* model, const char* tmpl,
   });
 }
 
+// ------------------------------------------------------------------ cache
+
+kiln_cache_params kiln_cache_default_params(void) {
+  kiln_cache_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.block_size = 16;
+  p.kv_type = KILN_KV_F16;
+  p.prefix_caching = 1;
+  return p;
+}
+
+kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
+                              kiln_cache** out_cache) {
+  return Guard("kiln_cache_create", [&]() -> kiln_status {
+    if (model == nullptr || params == nullptr || out_cache == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_cache_create: model, params and out_cache are required");
+    }
+    if (params->struct_size < sizeof(kiln_cache_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_cache_create: params->struct_size is too small; use "
+                  "kiln_cache_default_params()");
+    }
+    kiln::EngineOptions options;
+    options.pool_bytes = params->pool_bytes;
+    options.block_size = params->block_size;
+    switch (params->kv_type) {
+      case KILN_KV_F16:
+        options.kv_type = kiln::GgmlType::kF16;
+        break;
+      case KILN_KV_F32:
+        options.kv_type = kiln::GgmlType::kF32;
+        break;
+      case KILN_KV_BF16:
+        options.kv_type = kiln::GgmlType::kBF16;
+        break;
+      default:
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_cache_create: params->kv_type ",
+                                 static_cast<int>(params->kv_type), " is not a kiln_kv_type"));
+    }
+    options.prefix_caching = params->prefix_caching != 0;
+    options.n_ctx = params->n_ctx;
+    if (params->n_threads < 0) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  kiln::StrCat("kiln_cache_create: params->n_threads ", params->n_threads, " < 0"));
+    }
+    options.n_threads = params->n_threads;
+    auto engine = kiln::Engine::Create(*model->model, options);
+    if (!engine.ok()) return FromAbsl(engine.status());
+    auto handle = std::make_unique<kiln_cache>();
+    handle->model = model;
+    handle->engine = std::move(*engine);
+    *out_cache = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_cache_destroy(kiln_cache* cache) { delete cache; }
+
+kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stats) {
+  return Guard("kiln_cache_get_stats", [&]() -> kiln_status {
+    if (cache == nullptr || stats == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get_stats: cache and stats are required");
+    }
+    if (stats->struct_size < sizeof(kiln_cache_stats)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get_stats: stats->struct_size too small");
+    }
+    const kiln::KvCacheCounters c = cache->engine->Counters();
+    stats->n_ctx = cache->engine->n_ctx();
+    stats->block_size = cache->engine->options().block_size;
+    stats->blocks_total = c.blocks_total;
+    stats->blocks_free = c.blocks_free;
+    stats->blocks_used = c.blocks_used;
+    stats->blocks_cached = c.blocks_cached;
+    stats->n_sequences = c.num_sequences;
+    stats->prefix_lookups = c.prefix_lookups;
+    stats->prefix_query_tokens = c.prefix_query_tokens;
+    stats->prefix_hit_tokens = c.prefix_hit_tokens;
+    stats->evictions = c.evictions;
+    stats->bytes_per_token = c.bytes_per_token;
+    stats->block_bytes = c.block_bytes;
+    return KILN_OK;
+  });
+}
+
+// ------------------------------------------------------------------ sampler
+
+kiln_sampler_params kiln_sampler_default_params(void) {
+  kiln_sampler_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  const kiln::sample::SamplerParams d;
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.typical_p = d.typical_p;
+  p.repeat_penalty = d.repeat_penalty;
+  p.frequency_penalty = d.frequency_penalty;
+  p.presence_penalty = d.presence_penalty;
+  p.penalty_last_n = d.penalty_last_n;
+  p.n_logprobs = d.n_logprobs;
+  return p;
+}
+
+kiln_status kiln_sampler_create(const kiln_sampler_params* params, kiln_sampler** out_sampler) {
+  return Guard("kiln_sampler_create", [&]() -> kiln_status {
+    if (params == nullptr || out_sampler == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_sampler_create: params and out_sampler are required");
+    }
+    if (params->struct_size < sizeof(kiln_sampler_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_sampler_create: params->struct_size is too small; use "
+                  "kiln_sampler_default_params()");
+    }
+    if (params->logit_bias == nullptr && params->n_logit_bias > 0) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_sampler_create: params->logit_bias is NULL but n_logit_bias > 0");
+    }
+    auto handle = std::make_unique<kiln_sampler>();
+    kiln::sample::SamplerParams& p = handle->params;
+    p.temperature = params->temperature;
+    p.top_k = params->top_k;
+    p.top_p = params->top_p;
+    p.min_p = params->min_p;
+    p.typical_p = params->typical_p;
+    p.repeat_penalty = params->repeat_penalty;
+    p.frequency_penalty = params->frequency_penalty;
+    p.presence_penalty = params->presence_penalty;
+    p.penalty_last_n = params->penalty_last_n;
+    p.n_logprobs = params->n_logprobs;
+    for (size_t i = 0; i < params->n_logit_bias; ++i) {
+      if (params->logit_bias[i].token < 0) {
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_sampler_create: logit_bias[", i, "].token ",
+                                 params->logit_bias[i].token, " < 0"));
+      }
+      p.logit_bias.push_back({params->logit_bias[i].token, params->logit_bias[i].bias});
+    }
+    absl::Status valid = kiln::sample::Sampler::Validate(p);
+    if (!valid.ok()) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  kiln::StrCat("kiln_sampler_create: ", valid.message()));
+    }
+    handle->seed = params->seed;
+    *out_sampler = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_sampler_destroy(kiln_sampler* sampler) { delete sampler; }
+
+// ------------------------------------------------------------------ session
+
+kiln_status kiln_session_create(const kiln_model* model, kiln_cache* cache,
+                                const kiln_sampler* sampler, kiln_session** out_session) {
+  return Guard("kiln_session_create", [&]() -> kiln_status {
+    if (model == nullptr || cache == nullptr || out_session == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_create: model, cache and out_session are required");
+    }
+    if (cache->model != model) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_create: the cache was created for another model");
+    }
+    kiln::sample::SamplerParams params;
+    uint64_t seed = 0;
+    if (sampler != nullptr) {
+      params = sampler->params;
+      seed = sampler->seed;
+      const int64_t n_vocab = model->model->hparams().n_vocab;
+      for (size_t i = 0; i < params.logit_bias.size(); ++i) {
+        if (params.logit_bias[i].token >= n_vocab) {
+          return Fail(KILN_ERR_INVALID_ARGUMENT,
+                      kiln::StrCat("kiln_session_create: sampler logit_bias[", i, "].token ",
+                                   params.logit_bias[i].token, " >= n_vocab ", n_vocab));
+        }
+      }
+    } else {
+      params.temperature = 0.0f;  // greedy
+    }
+    auto session = kiln::Session::Create(*cache->engine, params, seed);
+    if (!session.ok()) return FromAbsl(session.status());
+    auto handle = std::make_unique<kiln_session>();
+    handle->model = model;
+    handle->cache = cache;
+    handle->session = std::move(*session);
+    *out_session = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_session_destroy(kiln_session* session) { delete session; }
+
+kiln_status kiln_session_append_text(kiln_session* session, const char* text, size_t len,
+                                     uint32_t flags) {
+  return Guard("kiln_session_append_text", [&]() -> kiln_status {
+    if (session == nullptr || (text == nullptr && len > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_append_text: session is required; text may be NULL only with "
+                  "len 0");
+    }
+    if (flags & ~(KILN_TOKENIZE_ADD_SPECIAL | KILN_TOKENIZE_PARSE_SPECIAL)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_append_text: unknown flags");
+    }
+    return FromAbsl(session->session->AppendText(std::string_view(text ? text : "", len),
+                                                 flags & KILN_TOKENIZE_ADD_SPECIAL,
+                                                 flags & KILN_TOKENIZE_PARSE_SPECIAL));
+  });
+}
+
+kiln_status kiln_session_append_tokens(kiln_session* session, const int32_t* tokens,
+                                       size_t n_tokens) {
+  return Guard("kiln_session_append_tokens", [&]() -> kiln_status {
+    if (session == nullptr || (tokens == nullptr && n_tokens > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_append_tokens: session is required; tokens may be NULL only "
+                  "with n_tokens 0");
+    }
+    return FromAbsl(session->session->AppendTokens(std::span<const int32_t>(tokens, n_tokens)));
+  });
+}
+
+kiln_status kiln_session_append_tokens_scored(kiln_session* session, const int32_t* tokens,
+                                              size_t n_tokens, float* logprobs) {
+  return Guard("kiln_session_append_tokens_scored", [&]() -> kiln_status {
+    if (session == nullptr || tokens == nullptr || logprobs == nullptr || n_tokens < 2) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_append_tokens_scored: session, tokens and logprobs are "
+                  "required, n_tokens >= 2");
+    }
+    return FromAbsl(session->session->AppendTokensScored(std::span<const int32_t>(tokens, n_tokens),
+                                                         std::span<float>(logprobs, n_tokens - 1)));
+  });
+}
+
+kiln_generate_params kiln_generate_default_params(void) {
+  kiln_generate_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.max_tokens = 128;
+  return p;
+}
+
+kiln_status kiln_session_generate(kiln_session* session, const kiln_generate_params* params,
+                                  kiln_generate_result* result) {
+  return Guard("kiln_session_generate", [&]() -> kiln_status {
+    if (session == nullptr || params == nullptr || result == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_generate: session, params and result are required");
+    }
+    if (params->struct_size < sizeof(kiln_generate_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_generate: params->struct_size is too small; use "
+                  "kiln_generate_default_params()");
+    }
+    if (result->struct_size < sizeof(kiln_generate_result)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_generate: result->struct_size is too small");
+    }
+    if (params->stop_strings == nullptr && params->n_stop_strings > 0) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_generate: params->stop_strings is NULL but n_stop_strings > 0");
+    }
+    kiln::GenerateOptions options;
+    options.max_tokens = params->max_tokens;
+    for (size_t i = 0; i < params->n_stop_strings; ++i) {
+      if (params->stop_strings[i] == nullptr) {
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_session_generate: stop_strings[", i, "] is NULL"));
+      }
+      options.stop_strings.emplace_back(params->stop_strings[i]);
+    }
+    if (params->callback != nullptr) {
+      options.on_token = [fn = params->callback, ud = params->user_data](int32_t token,
+                                                                         std::string_view piece) {
+        return fn(token, piece.data(), piece.size(), ud) == 0;
+      };
+    }
+    auto r = session->session->Generate(options);
+    if (!r.ok()) return FromAbsl(r.status());
+    result->n_tokens = r->n_tokens;
+    result->stop_reason = static_cast<kiln_stop_reason>(static_cast<int>(r->reason));
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_session_cancel(kiln_session* session) {
+  if (session == nullptr) {
+    return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_cancel: session is NULL");
+  }
+  session->session->Cancel();
+  return KILN_OK;
+}
+
+kiln_status kiln_session_fork(kiln_session* session, kiln_session** out_session) {
+  return Guard("kiln_session_fork", [&]() -> kiln_status {
+    if (session == nullptr || out_session == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_fork: session and out_session are required");
+    }
+    auto fork = session->session->Fork();
+    if (!fork.ok()) return FromAbsl(fork.status());
+    auto handle = std::make_unique<kiln_session>();
+    handle->model = session->model;
+    handle->cache = session->cache;
+    handle->session = std::move(*fork);
+    *out_session = handle.release();
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens) {
+  return Guard("kiln_session_rewind", [&]() -> kiln_status {
+    if (session == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_rewind: session is NULL");
+    }
+    if (n_tokens > static_cast<size_t>(session->session->n_tokens())) {
+      return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_session_rewind: ", n_tokens,
+                                                      " tokens requested, the session holds ",
+                                                      session->session->n_tokens()));
+    }
+    return FromAbsl(session->session->Rewind(static_cast<int32_t>(n_tokens)));
+  });
+}
+
+size_t kiln_session_n_tokens(const kiln_session* session) {
+  if (session == nullptr) return 0;
+  kiln::Session::Use use(*session->session, "kiln_session_n_tokens", false);
+  if (!use.status().ok()) return 0;
+  return static_cast<size_t>(session->session->n_tokens());
+}
+
+kiln_status kiln_session_get_tokens(const kiln_session* session, int32_t* tokens, size_t capacity,
+                                    size_t* n_tokens) {
+  return Guard("kiln_session_get_tokens", [&]() -> kiln_status {
+    if (session == nullptr || n_tokens == nullptr || (tokens == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_get_tokens: session and n_tokens are required; tokens may be "
+                  "NULL only with capacity 0");
+    }
+    kiln::Session::Use use(*session->session, "kiln_session_get_tokens", false);
+    if (!use.status().ok()) return FromAbsl(use.status());
+    const std::vector<int32_t>& t = session->session->tokens();
+    *n_tokens = t.size();
+    if (t.size() > capacity) {
+      return Fail(KILN_ERR_BUFFER_TOO_SMALL,
+                  kiln::StrCat("kiln_session_get_tokens: needs ", t.size(), " tokens, capacity is ",
+                               capacity));
+    }
+    if (!t.empty()) std::memcpy(tokens, t.data(), t.size() * sizeof(int32_t));
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_session_get_logits(const kiln_session* session, const float** logits,
+                                    int32_t* n_vocab) {
+  return Guard("kiln_session_get_logits", [&]() -> kiln_status {
+    if (session == nullptr || logits == nullptr || n_vocab == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_get_logits: NULL argument");
+    }
+    kiln::Session::Use use(*session->session, "kiln_session_get_logits", false);
+    if (!use.status().ok()) return FromAbsl(use.status());
+    std::span<const float> l = session->session->Logits();
+    if (l.empty()) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_get_logits: no logits: the session is empty, or its last token "
+                  "is not computed yet (after generate or rewind; append or generate computes "
+                  "it)");
+    }
+    *logits = l.data();
+    *n_vocab = static_cast<int32_t>(l.size());
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_logprob* out,
+                                      size_t capacity, size_t* n) {
+  return Guard("kiln_session_get_logprobs", [&]() -> kiln_status {
+    if (session == nullptr || n == nullptr || (out == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_get_logprobs: session and n are required; out may be NULL only "
+                  "with capacity 0");
+    }
+    kiln::Session::Use use(*session->session, "kiln_session_get_logprobs", false);
+    if (!use.status().ok()) return FromAbsl(use.status());
+    std::span<const kiln::sample::TokenLogprob> lp = session->session->LastLogprobs();
+    *n = lp.size();
+    if (lp.size() > capacity) {
+      return Fail(KILN_ERR_BUFFER_TOO_SMALL,
+                  kiln::StrCat("kiln_session_get_logprobs: needs ", lp.size(),
+                               " entries, capacity is ", capacity));
+    }
+    for (size_t i = 0; i < lp.size(); ++i) out[i] = {lp[i].token, lp[i].logprob};
+    return KILN_OK;
+  });
+}
+
 }  // extern "C"

@@ -13,3 +13,22 @@ struct kiln_model {
   std::vector<std::string> meta_keys;
   std::vector<std::string> meta_values;
 };
+
+#include "lib/sample/sampler.h"
+#include "lib/session/session.h"
+
+struct kiln_cache {
+  const kiln_model* model = nullptr;
+  std::unique_ptr<kiln::Engine> engine;
+};
+
+struct kiln_sampler {
+  kiln::sample::SamplerParams params;
+  uint64_t seed = 0;
+};
+
+struct kiln_session {
+  const kiln_model* model = nullptr;
+  kiln_cache* cache = nullptr;
+  std::unique_ptr<kiln::Session> session;
+};

@@ -1,0 +1,395 @@
+/* Sessions through the public C API (strict C11 + POSIX threads) on the real default model:
+ * NULL handling, greedy generation with a callback that stops, stop strings, cancel (before a
+ * call, from the callback, from another thread during a long prefill), busy detection, cache
+ * full and recovery, fork/rewind, logits and logprobs, prefix-cache statistics. */
+#define _POSIX_C_SOURCE 200809L
+#include <kiln/kiln.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_failures = 0;
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              kiln_last_error_message());                                                      \
+      ++g_failures;                                                                            \
+    }                                                                                          \
+  } while (0)
+
+static const char* kPrompt =
+    "<|im_start|>user\nWrite one sentence about the sea.<|im_end|>\n<|im_start|>assistant\n";
+
+static kiln_session* new_session(kiln_model* model, kiln_cache* cache, const kiln_sampler* s) {
+  kiln_session* session = NULL;
+  CHECK(kiln_session_create(model, cache, s, &session) == KILN_OK);
+  return session;
+}
+
+static void test_null_handles(kiln_model* model, kiln_cache* cache) {
+  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache* c = NULL;
+  kiln_session* s = NULL;
+  kiln_sampler* smp = NULL;
+  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_result gr;
+  const float* logits = NULL;
+  int32_t n_vocab = 0;
+  size_t n = 0;
+  int32_t tok = 1;
+  float lp = 0;
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  CHECK(kiln_cache_create(NULL, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_cache_create(model, NULL, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_cache_create(model, &cp, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  cp.kv_type = (kiln_kv_type)7;
+  CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "kv_type") != NULL);
+  cp = kiln_cache_default_params();
+  cp.struct_size = 4;
+  CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_sampler_create(NULL, &smp) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_create(NULL, cache, NULL, &s) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_create(model, NULL, NULL, &s) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_create(model, cache, NULL, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_append_text(NULL, "x", 1, 0) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_append_tokens(NULL, &tok, 1) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_append_tokens_scored(NULL, &tok, 2, &lp) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_generate(NULL, &gp, &gr) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_cancel(NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_fork(NULL, &s) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_rewind(NULL, 0) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_get_logits(NULL, &logits, &n_vocab) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_get_tokens(NULL, NULL, 0, &n) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_get_logprobs(NULL, NULL, 0, &n) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_cache_get_stats(NULL, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_n_tokens(NULL) == 0);
+  kiln_session_destroy(NULL);
+  kiln_cache_destroy(NULL);
+  kiln_sampler_destroy(NULL);
+
+  /* Bad input on a live session. */
+  s = new_session(model, cache, NULL);
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_ERR_INVALID_ARGUMENT); /* empty session */
+  CHECK(kiln_session_get_logits(s, &logits, &n_vocab) == KILN_ERR_INVALID_ARGUMENT);
+  tok = 1 << 30;
+  CHECK(kiln_session_append_tokens(s, &tok, 1) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "index 0") != NULL);
+  CHECK(kiln_session_rewind(s, 1) == KILN_ERR_OUT_OF_RANGE);
+  CHECK(kiln_session_append_text(s, "x", 1, 99u) == KILN_ERR_INVALID_ARGUMENT);
+  kiln_session_destroy(s);
+}
+
+typedef struct collect {
+  char text[4096];
+  size_t len;
+  int calls;
+  int stop_after; /* 0: never */
+  kiln_session* cancel_session;
+} collect;
+
+static int collect_cb(int32_t token, const char* piece, size_t piece_len, void* user_data) {
+  collect* c = (collect*)user_data;
+  if (c->len + piece_len < sizeof c->text) {
+    memcpy(c->text + c->len, piece, piece_len);
+    c->len += piece_len;
+    c->text[c->len] = '\0';
+  }
+  if (token >= 0) ++c->calls;
+  if (c->cancel_session && c->calls == 2) kiln_session_cancel(c->cancel_session);
+  return c->stop_after > 0 && c->calls >= c->stop_after;
+}
+
+static void test_generate(kiln_model* model, kiln_cache* cache) {
+  kiln_session* s = new_session(model, cache, NULL);
+  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_result gr;
+  collect full, again, stopped, cut;
+  size_t n_prompt;
+  const float* logits = NULL;
+  int32_t n_vocab = 0;
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  memset(&full, 0, sizeof full);
+  CHECK(kiln_session_append_text(s, kPrompt, strlen(kPrompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+        KILN_OK);
+  n_prompt = kiln_session_n_tokens(s);
+  CHECK(n_prompt > 10);
+  CHECK(kiln_session_get_logits(s, &logits, &n_vocab) == KILN_OK);
+  CHECK(n_vocab == 49152 && logits != NULL && isfinite(logits[0]));
+  gp.max_tokens = 20;
+  gp.callback = collect_cb;
+  gp.user_data = &full;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  CHECK(gr.n_tokens > 0 && gr.n_tokens <= 20);
+  CHECK(gr.stop_reason == KILN_STOP_MAX_TOKENS || gr.stop_reason == KILN_STOP_EOG);
+  CHECK(full.len > 0);
+  CHECK(kiln_session_n_tokens(s) == n_prompt + (size_t)gr.n_tokens);
+  printf("greedy: %s\n", full.text);
+
+  /* Rewind to the prompt and generate again: greedy repeats itself. */
+  CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+  memset(&again, 0, sizeof again);
+  gp.user_data = &again;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  CHECK(strcmp(again.text, full.text) == 0);
+
+  /* A callback that stops after 3 tokens. */
+  CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+  memset(&stopped, 0, sizeof stopped);
+  stopped.stop_after = 3;
+  gp.user_data = &stopped;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  CHECK(gr.stop_reason == KILN_STOP_CALLBACK);
+  CHECK(gr.n_tokens == 3 && stopped.calls == 3);
+  CHECK(strncmp(full.text, stopped.text, stopped.len) == 0);
+
+  /* A stop string from the middle of the greedy text: output ends right before it. */
+  if (full.len > 12) {
+    char stop[5];
+    const char* stops[1];
+    memcpy(stop, full.text + full.len / 2, 4);
+    stop[4] = '\0';
+    stops[0] = stop;
+    CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+    memset(&cut, 0, sizeof cut);
+    gp.user_data = &cut;
+    gp.stop_strings = stops;
+    gp.n_stop_strings = 1;
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    CHECK(gr.stop_reason == KILN_STOP_STRING);
+    CHECK(cut.len == (size_t)(strstr(full.text, stop) - full.text));
+    CHECK(strncmp(cut.text, full.text, cut.len) == 0);
+    gp.stop_strings = NULL;
+    gp.n_stop_strings = 0;
+  }
+
+  /* Cancel from inside the callback (any thread, the generating one included). */
+  {
+    collect cc;
+    CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+    memset(&cc, 0, sizeof cc);
+    cc.cancel_session = s;
+    gp.user_data = &cc;
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    CHECK(gr.stop_reason == KILN_STOP_CANCELLED);
+    CHECK(gr.n_tokens == 2);
+  }
+  /* A cancel with no call in progress cancels the next one, once. */
+  CHECK(kiln_session_cancel(s) == KILN_OK);
+  CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_ERR_CANCELLED);
+  CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_OK);
+
+  /* Fork shares the prefix and continues identically. */
+  {
+    kiln_session* f = NULL;
+    collect a, b;
+    CHECK(kiln_session_fork(s, &f) == KILN_OK);
+    CHECK(kiln_session_n_tokens(f) == kiln_session_n_tokens(s));
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    gp.max_tokens = 6;
+    gp.user_data = &a;
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    gp.user_data = &b;
+    CHECK(kiln_session_generate(f, &gp, &gr) == KILN_OK);
+    CHECK(strcmp(a.text, b.text) == 0);
+    kiln_session_destroy(f);
+  }
+  kiln_session_destroy(s);
+}
+
+static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
+  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler* sampler = NULL;
+  kiln_logit_bias bias[1];
+  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_result gr;
+  int32_t tokens_a[64], tokens_b[64];
+  size_t na = 0, nb = 0;
+  kiln_token_logprob lp[5];
+  size_t n_lp = 0;
+  int run;
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  CHECK(sp.temperature > 0.79f && sp.temperature < 0.81f && sp.top_k == 40);
+  sp.repeat_penalty = 0.0f;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "repeat_penalty") != NULL);
+  sp = kiln_sampler_default_params();
+  bias[0].token = 60000; /* past the vocabulary: rejected when a session uses it */
+  bias[0].bias = 1.0f;
+  sp.logit_bias = bias;
+  sp.n_logit_bias = 1;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  {
+    kiln_session* bad = NULL;
+    CHECK(kiln_session_create(model, cache, sampler, &bad) == KILN_ERR_INVALID_ARGUMENT);
+  }
+  kiln_sampler_destroy(sampler);
+  sp.n_logit_bias = 0;
+  sp.seed = 1234;
+  sp.n_logprobs = 5;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  gp.max_tokens = 12;
+  for (run = 0; run < 2; ++run) {
+    kiln_session* s = new_session(model, cache, sampler);
+    CHECK(kiln_session_append_text(s, kPrompt, strlen(kPrompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+          KILN_OK);
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    CHECK(kiln_session_get_tokens(s, run ? tokens_b : tokens_a, 64, run ? &nb : &na) == KILN_OK);
+    CHECK(kiln_session_get_logprobs(s, NULL, 0, &n_lp) == KILN_ERR_BUFFER_TOO_SMALL);
+    CHECK(n_lp == 5);
+    CHECK(kiln_session_get_logprobs(s, lp, 5, &n_lp) == KILN_OK);
+    CHECK(lp[0].logprob <= 0.0f && lp[0].logprob >= lp[4].logprob);
+    kiln_session_destroy(s);
+  }
+  kiln_sampler_destroy(sampler); /* sessions keep their own copy; already gone here */
+  CHECK(na == nb && na > 0 && memcmp(tokens_a, tokens_b, na * sizeof(int32_t)) == 0);
+}
+
+static void test_cache_full(kiln_model* model, size_t block_bytes) {
+  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache* cache = NULL;
+  kiln_session *a, *b;
+  int32_t prompt[40];
+  int i;
+  cp.pool_bytes = 5 * block_bytes; /* the null block + 4 blocks of 16 tokens */
+  cp.prefix_caching = 0;
+  cp.n_threads = 2;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  for (i = 0; i < 40; ++i) prompt[i] = 1000 + i * 7;
+  a = new_session(model, cache, NULL);
+  b = new_session(model, cache, NULL);
+  CHECK(kiln_session_append_tokens(a, prompt, 40) == KILN_OK);             /* 3 blocks */
+  CHECK(kiln_session_append_tokens(b, prompt, 30) == KILN_ERR_CACHE_FULL); /* needs 2 */
+  CHECK(kiln_session_n_tokens(b) == 0);
+  kiln_session_destroy(a);
+  CHECK(kiln_session_append_tokens(b, prompt, 30) == KILN_OK);
+  CHECK(kiln_session_n_tokens(b) == 30);
+  kiln_session_destroy(b);
+  kiln_cache_destroy(cache);
+}
+
+typedef struct prefill_job {
+  kiln_session* session;
+  const int32_t* tokens;
+  size_t n;
+  kiln_status status;
+  atomic_int done;
+} prefill_job;
+
+static void* prefill_thread(void* arg) {
+  prefill_job* job = (prefill_job*)arg;
+  /* The main thread probes the session with rewind(0); retry while it holds it. */
+  do {
+    job->status = kiln_session_append_tokens(job->session, job->tokens, job->n);
+  } while (job->status == KILN_ERR_BUSY);
+  atomic_store(&job->done, 1);
+  return NULL;
+}
+
+static void test_cancel_during_prefill(kiln_model* model, kiln_cache* cache) {
+  enum { kN = 3000 };
+  static int32_t tokens[kN];
+  kiln_session* s = new_session(model, cache, NULL);
+  prefill_job job;
+  pthread_t thread;
+  int i;
+  for (i = 0; i < kN; ++i) tokens[i] = 300 + (i * 7919) % 40000;
+  job.session = s;
+  job.tokens = tokens;
+  job.n = kN;
+  job.status = KILN_OK;
+  atomic_init(&job.done, 0);
+  CHECK(pthread_create(&thread, NULL, prefill_thread, &job) == 0);
+  /* Wait until the worker is inside the append: a second thread's call is then BUSY. */
+  while (kiln_session_rewind(s, 0) != KILN_ERR_BUSY) {
+    if (atomic_load(&job.done)) break;
+  }
+  CHECK(!atomic_load(&job.done));
+  CHECK(strstr(kiln_last_error_message(), "busy") != NULL);
+  CHECK(kiln_session_cancel(s) == KILN_OK);
+  pthread_join(thread, NULL);
+  CHECK(job.status == KILN_ERR_CANCELLED);
+  CHECK(kiln_session_n_tokens(s) == 0);
+  CHECK(kiln_session_append_tokens(s, tokens, 8) == KILN_OK);
+  kiln_session_destroy(s);
+}
+
+static void test_prefix_cache(kiln_model* model) {
+  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache* cache = NULL;
+  kiln_cache_stats st;
+  const char* sys =
+      "<|im_start|>system\nYou are a careful assistant. Answer briefly, in plain words, and "
+      "say so when you do not know. Never invent facts or sources.<|im_end|>\n";
+  char a[512], b[512];
+  kiln_session *s1, *s2;
+  cp.n_threads = 2;
+  cp.n_ctx = 1024;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  snprintf(a, sizeof a, "%s<|im_start|>user\nHi!<|im_end|>\n", sys);
+  snprintf(b, sizeof b, "%s<|im_start|>user\nWhat is rain?<|im_end|>\n", sys);
+  s1 = new_session(model, cache, NULL);
+  CHECK(kiln_session_append_text(s1, a, strlen(a), KILN_TOKENIZE_PARSE_SPECIAL) == KILN_OK);
+  s2 = new_session(model, cache, NULL);
+  CHECK(kiln_session_append_text(s2, b, strlen(b), KILN_TOKENIZE_PARSE_SPECIAL) == KILN_OK);
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
+  CHECK(st.n_ctx == 1024 && st.block_size == 16 && st.n_sequences == 2);
+  CHECK(st.prefix_hit_tokens >= 16); /* the shared system prompt's whole blocks */
+  printf("prefix cache: %lld of %lld query tokens hit\n", (long long)st.prefix_hit_tokens,
+         (long long)st.prefix_query_tokens);
+  kiln_session_destroy(s1);
+  kiln_session_destroy(s2);
+  kiln_cache_destroy(cache);
+}
+
+int main(void) {
+  char path[1024];
+  const char* dir = getenv("KILN_MODEL_DIR");
+  const char* home = getenv("HOME");
+  kiln_model_params mp = kiln_model_default_params();
+  kiln_model* model = NULL;
+  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache* cache = NULL;
+  kiln_cache_stats st;
+  if (dir && *dir) {
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+  } else {
+    snprintf(path, sizeof path, "%s/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+  }
+  mp.path = path;
+  CHECK(kiln_model_load(&mp, &model) == KILN_OK);
+  if (model == NULL) return 1;
+  cp.n_threads = 2;
+  cp.n_ctx = 4096;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return 1;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
+  test_null_handles(model, cache);
+  test_generate(model, cache);
+  test_sampler_and_logprobs(model, cache);
+  test_cache_full(model, st.block_bytes);
+  test_cancel_during_prefill(model, cache);
+  test_prefix_cache(model);
+  kiln_cache_destroy(cache);
+  kiln_model_destroy(model);
+  if (g_failures) {
+    fprintf(stderr, "c_session_test: %d failure(s)\n", g_failures);
+    return 1;
+  }
+  printf("c_session_test: all checks passed\n");
+  return 0;
+}
