@@ -1,0 +1,330 @@
+// End-to-end CPU engine speed: prefill of a 512-token prompt and greedy decode at contexts 128
+// and 1,024, on a real GGUF, through the internal API (Model, LlamaForward, KvCache). Also a
+// memory read-bandwidth probe. bench/bench_decode.py drives this next to llama.cpp; see
+// bench/README.md.
+//
+// Usage:
+//   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
+//                [--json]
+//     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
+//     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
+//     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
+//     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
+//     repeat instead (for the driver).
+//   engine_bench --bandwidth [--threads T] [--repeats R]
+//     Streams a 1 GiB buffer with T threads (each reads a contiguous 1/T of it with 256-bit
+//     loads) R times; prints the median and min-max GB/s (1 GB = 1e9 bytes).
+//
+// Per repeat, the timed phases are:
+//   prefill512: a fresh sequence, the prompt's first 512 tokens in one Forward, logits for the
+//               last token only (tokens/s = 512 / time);
+//   decode1024: the same sequence extended (untimed) to 1,024 tokens, then N greedy steps, one
+//               token per Forward, argmax included (tokens/s = N / time);
+//   decode128:  a fresh sequence of the first 128 prompt tokens (untimed), then N greedy steps.
+#include <immintrin.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lib/engine/forward_batch.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/arch/llama.h"
+#include "lib/model/model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Stats s;
+  if (v.empty()) return s;
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+long PeakRssKiB() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "engine_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+// ---- Bandwidth ----------------------------------------------------------------------------
+
+// Sum of the buffer's 64-bit words in [begin, end), read with 256-bit loads (4 independent
+// accumulators so the loop is load-bound, not add-latency-bound).
+__attribute__((target("avx2"))) uint64_t StreamRead(const uint64_t* begin, const uint64_t* end) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  const uint64_t* p = begin;
+  for (; p + 16 <= end; p += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 12)));
+  }
+  a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a0);
+  uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; p < end; ++p) sum += *p;
+  return sum;
+}
+
+int RunBandwidth(int threads, int repeats, bool json) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  const size_t n = kBytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t, decltype(&std::free)> buf(
+      static_cast<uint64_t*>(std::aligned_alloc(64, kBytes)), &std::free);
+  if (!buf) Die("cannot allocate 1 GiB");
+  // Touch every page (and give the words distinct values) before timing.
+  for (size_t i = 0; i < n; ++i) buf.get()[i] = i;
+  std::vector<double> gbs;
+  uint64_t checksum = 0;
+  for (int r = 0; r < repeats; ++r) {
+    std::vector<uint64_t> sums(threads);
+    const auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        sums[t] = StreamRead(buf.get() + n * t / threads, buf.get() + n * (t + 1) / threads);
+      });
+    }
+    sums[0] = StreamRead(buf.get(), buf.get() + n / threads);
+    for (auto& th : pool) th.join();
+    const auto t1 = Clock::now();
+    for (uint64_t s : sums) checksum += s;
+    gbs.push_back(kBytes / Seconds(t0, t1) / 1e9);
+  }
+  // n(n-1)/2 per pass: proves every word was read.
+  const uint64_t expect = static_cast<uint64_t>(repeats) * (n * (n - 1) / 2);
+  if (checksum != expect) Die("bandwidth checksum mismatch");
+  const Stats s = Summarize(gbs);
+  if (json) {
+    std::printf("{\"bandwidth_gbs\": %.3f, \"min\": %.3f, \"max\": %.3f, \"threads\": %d}\n",
+                s.median, s.min, s.max, threads);
+  } else {
+    std::printf("read bandwidth, %d thread(s), 1 GiB x %d: median %.2f GB/s (min %.2f, max %.2f)\n",
+                threads, repeats, s.median, s.min, s.max);
+  }
+  return 0;
+}
+
+// ---- Engine -------------------------------------------------------------------------------
+
+struct Engine {
+  std::unique_ptr<kiln::Model> model;
+  std::unique_ptr<kiln::LlamaForward> fwd;
+  std::unique_ptr<kiln::KvCache> cache;
+  kiln::ForwardBatch batch;
+  kiln::ForwardOutput out;
+
+  void Check(const absl::Status& s, const char* what) {
+    if (!s.ok()) Die(std::string(what) + ": " + std::string(s.message()));
+  }
+
+  // Appends tokens [begin, end) of `prompt` to `seq` as one Forward; logits for the last one.
+  void Prefill(kiln::SeqId seq, const std::vector<int32_t>& prompt, int begin, int end) {
+    Check(cache->AppendSlots(seq, std::span(prompt).subspan(begin, end - begin)), "AppendSlots");
+    batch.Clear();
+    for (int i = begin; i < end; ++i) batch.Add(prompt[i], seq, i, i == end - 1);
+    Check(fwd->Forward(batch, *cache, &out), "Forward (prefill)");
+  }
+
+  int32_t Argmax() const {
+    const float* row = out.LogitsRow(0);
+    return static_cast<int32_t>(std::max_element(row, row + out.n_vocab) - row);
+  }
+
+  // n greedy steps after the sequence's current end (position `pos`); the tokens go to *gen.
+  void Decode(kiln::SeqId seq, int pos, int n, std::vector<int32_t>* gen) {
+    int32_t tok = Argmax();
+    gen->clear();
+    for (int i = 0; i < n; ++i) {
+      gen->push_back(tok);
+      Check(cache->AppendSlots(seq, std::span(&tok, 1)), "AppendSlots (decode)");
+      batch.Clear();
+      batch.Add(tok, seq, pos + i, true);
+      Check(fwd->Forward(batch, *cache, &out), "Forward (decode)");
+      tok = Argmax();
+    }
+  }
+};
+
+std::string JoinTokens(const std::vector<int32_t>& v) {
+  std::string s;
+  char buf[16];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), i ? ",%d" : "%d", v[i]);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, tokens_path;
+  int threads = 1, repeats = 5, n_decode = 64;
+  bool json = false, bandwidth = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) Die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--model") {
+      model_path = next();
+    } else if (a == "--threads") {
+      threads = std::atoi(next().c_str());
+    } else if (a == "--repeats") {
+      repeats = std::atoi(next().c_str());
+    } else if (a == "--decode") {
+      n_decode = std::atoi(next().c_str());
+    } else if (a == "--tokens") {
+      tokens_path = next();
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "--bandwidth") {
+      bandwidth = true;
+    } else {
+      Die("unknown argument " + a);
+    }
+  }
+  if (threads < 1 || repeats < 1 || n_decode < 1) Die("threads, repeats, decode must be >= 1");
+  if (bandwidth) return RunBandwidth(threads, repeats, json);
+
+  if (model_path.empty()) {
+    const char* dir = std::getenv("KILN_MODEL_DIR");
+    model_path =
+        std::string(dir && *dir ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln") +
+        "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  constexpr int kPrefill = 512, kShortCtx = 128, kLongCtx = 1024;
+
+  Engine e;
+  kiln::ModelLoadOptions load;
+  load.path = model_path;
+  auto model = kiln::Model::Load(load);
+  if (!model.ok()) Die("load " + model_path + ": " + std::string(model.status().message()));
+  e.model = std::move(*model);
+  const kiln::ModelHparams& hp = e.model->hparams();
+
+  std::vector<int32_t> prompt;
+  if (!tokens_path.empty()) {
+    std::ifstream in(tokens_path);
+    if (!in) Die("cannot open " + tokens_path);
+    for (int64_t t; in >> t;) {
+      if (t < 0 || t >= hp.n_vocab) {
+        Die("token " + std::to_string(t) + " at index " + std::to_string(prompt.size()) +
+            " is outside the vocabulary");
+      }
+      prompt.push_back(static_cast<int32_t>(t));
+    }
+  } else {
+    std::mt19937 rng(1);
+    for (int i = 0; i < kLongCtx; ++i) prompt.push_back(static_cast<int32_t>(rng() % hp.n_vocab));
+  }
+  if (prompt.size() < static_cast<size_t>(kLongCtx)) {
+    Die("need at least 1024 prompt tokens, got " + std::to_string(prompt.size()));
+  }
+
+  constexpr int kBlock = 16;
+  auto layout = kiln::LlamaForward::CacheLayout(hp, kiln::GgmlType::kF16, kBlock);
+  if (!layout.ok()) Die(std::string(layout.status().message()));
+  kiln::KvCacheOptions copt;
+  // Room for the longest sequence (1,024 + decode), plus a block of slack and the null block.
+  copt.num_blocks = (kLongCtx + n_decode + kBlock - 1) / kBlock + 2;
+  copt.enable_prefix_caching = false;
+  auto cache = kiln::KvCache::Create(*layout, copt);
+  if (!cache.ok()) Die(std::string(cache.status().message()));
+  e.cache = std::move(*cache);
+  e.fwd = std::make_unique<kiln::LlamaForward>(*e.model, threads);
+  const size_t kv_bytes_per_token = e.cache->Counters().bytes_per_token;
+
+  // Bytes a decode step must read: every weight except the embedding table (one row is
+  // gathered), which is read in full only when it doubles as the output matrix.
+  uint64_t weight_bytes = e.model->weight_bytes();
+  if (!hp.tied_output) {
+    const auto& te = e.model->token_embd();
+    weight_bytes -= te.row_bytes * te.n_out;
+  }
+
+  std::vector<double> prefill_tps, d128_tps, d1024_tps;
+  std::vector<int32_t> gen128, gen1024;
+  for (int r = 0; r < repeats; ++r) {
+    // prefill512, then extend to 1024 and decode.
+    kiln::SeqId seq = e.cache->CreateSequence();
+    auto t0 = Clock::now();
+    e.Prefill(seq, prompt, 0, kPrefill);
+    auto t1 = Clock::now();
+    prefill_tps.push_back(kPrefill / Seconds(t0, t1));
+    e.Prefill(seq, prompt, kPrefill, kLongCtx);
+    t0 = Clock::now();
+    e.Decode(seq, kLongCtx, n_decode, &gen1024);
+    t1 = Clock::now();
+    d1024_tps.push_back(n_decode / Seconds(t0, t1));
+    e.Check(e.cache->Free(seq), "Free");
+
+    seq = e.cache->CreateSequence();
+    e.Prefill(seq, prompt, 0, kShortCtx);
+    t0 = Clock::now();
+    e.Decode(seq, kShortCtx, n_decode, &gen128);
+    t1 = Clock::now();
+    d128_tps.push_back(n_decode / Seconds(t0, t1));
+    e.Check(e.cache->Free(seq), "Free");
+
+    if (json) {
+      std::printf(
+          "{\"repeat\": %d, \"threads\": %d, \"prefill512_tps\": %.3f, \"decode128_tps\": %.3f, "
+          "\"decode1024_tps\": %.3f, \"n_decode\": %d, \"weight_bytes_per_token\": %llu, "
+          "\"kv_bytes_per_position\": %zu, \"peak_rss_kib\": %ld, \"gen128\": [%s], "
+          "\"gen1024\": [%s]}\n",
+          r, threads, prefill_tps.back(), d128_tps.back(), d1024_tps.back(), n_decode,
+          static_cast<unsigned long long>(weight_bytes), kv_bytes_per_token, PeakRssKiB(),
+          JoinTokens(gen128).c_str(), JoinTokens(gen1024).c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!json) {
+    std::printf("%s, %d thread(s), %d repeats, %d decode steps\n",
+                model_path.substr(model_path.rfind('/') + 1).c_str(), threads, repeats, n_decode);
+    auto line = [](const char* name, const std::vector<double>& v) {
+      const Stats s = Summarize(v);
+      std::printf("  %-11s median %8.2f tok/s (min %.2f, max %.2f)\n", name, s.median, s.min,
+                  s.max);
+    };
+    line("prefill512", prefill_tps);
+    line("decode128", d128_tps);
+    line("decode1024", d1024_tps);
+    std::printf("  weight bytes/token %.2f MB, KV bytes/position %.1f KB, peak RSS %.1f MiB\n",
+                weight_bytes / 1e6, kv_bytes_per_token / 1e3, PeakRssKiB() / 1024.0);
+    std::printf("  greedy@128: %s\n", JoinTokens(gen128).c_str());
+  }
+  return 0;
+}
