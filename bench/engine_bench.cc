@@ -22,7 +22,6 @@
 //               token per Forward, argmax included (tokens/s = N / time);
 //   decode128:  a fresh sequence of the first 128 prompt tokens (untimed), then N greedy steps.
 #include <immintrin.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,10 +63,15 @@ Stats Summarize(std::vector<double> v) {
   return s;
 }
 
+// VmHWM of this address space. (getrusage's ru_maxrss is not used: Linux carries it over
+// exec from the parent that forked us, e.g. a Python driver holding llama.cpp models.)
 long PeakRssKiB() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
 }
 
 [[noreturn]] void Die(const std::string& what) {
