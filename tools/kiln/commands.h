@@ -10,6 +10,9 @@ namespace kiln_cli {
 
 int RunInfo(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);
+int RunGenerate(const std::vector<std::string>& args);
+int RunChat(const std::vector<std::string>& args);
+int RunPerplexity(const std::vector<std::string>& args);
 
 // Prints "kiln: <what>: <status name>: <message>" to stderr and returns 1.
 int ReportError(const std::string& what, kiln_status status);

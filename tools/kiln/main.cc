@@ -35,6 +35,11 @@ void Usage() {
                "commands:\n"
                "  info MODEL                                   metadata summary\n"
                "  tokenize -m MODEL [--special] [--file F | TEXT]  token ids on one line\n"
+               "  generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+               "           [--min-p P] [--seed S] [--threads N] [--raw] [--quiet]\n"
+               "                                               continue a prompt\n"
+               "  chat -m MODEL [--system TEXT]                interactive chat\n"
+               "  perplexity -m MODEL -f FILE [--ctx N]        llama.cpp-style perplexity\n"
                "  version                                      library version\n");
 }
 
@@ -49,6 +54,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "info") return kiln_cli::RunInfo(args);
   if (cmd == "tokenize") return kiln_cli::RunTokenize(args);
+  if (cmd == "generate") return kiln_cli::RunGenerate(args);
+  if (cmd == "chat") return kiln_cli::RunChat(args);
+  if (cmd == "perplexity") return kiln_cli::RunPerplexity(args);
   if (cmd == "version" || cmd == "--version") {
     std::printf("kiln %s (abi %d)\n", kiln_version(), kiln_abi_version());
     return 0;

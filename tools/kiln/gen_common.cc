@@ -1,0 +1,177 @@
+#include "tools/kiln/gen_common.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "tools/kiln/commands.h"
+
+namespace kiln_cli {
+namespace {
+
+bool ParseInt(const std::string& s, long long lo, long long hi, long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseFloat(const std::string& s, float* out) {
+  char* end = nullptr;
+  const float v = std::strtof(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || v != v) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flags) {
+  const std::string& a = args[*i];
+  static const char* kWithValue[] = {"-m",      "--model", "-n",      "--n-predict", "--temp",
+                                     "--top-k", "--top-p", "--min-p", "--seed",      "--threads",
+                                     "-t",      "--ctx",   "-c"};
+  bool known = false;
+  for (const char* f : kWithValue) known |= a == f;
+  if (!known) return 0;
+  if (*i + 1 >= args.size()) {
+    std::fprintf(stderr, "kiln: %s needs a value\n", a.c_str());
+    return -1;
+  }
+  const std::string& v = args[++*i];
+  long long n = 0;
+  bool ok = true;
+  if (a == "-m" || a == "--model") {
+    flags->model_path = v;
+  } else if (a == "-n" || a == "--n-predict") {
+    ok = ParseInt(v, 0, 1 << 30, &n);
+    flags->n_predict = static_cast<int32_t>(n);
+  } else if (a == "--temp") {
+    ok = ParseFloat(v, &flags->temp);
+  } else if (a == "--top-k") {
+    ok = ParseInt(v, 0, 1 << 30, &n);
+    flags->top_k = static_cast<int32_t>(n);
+  } else if (a == "--top-p") {
+    ok = ParseFloat(v, &flags->top_p);
+  } else if (a == "--min-p") {
+    ok = ParseFloat(v, &flags->min_p);
+  } else if (a == "--seed") {
+    ok = ParseInt(v, 0, INT64_MAX, &n);
+    flags->seed = static_cast<uint64_t>(n);
+    flags->seed_set = true;
+  } else if (a == "--threads" || a == "-t") {
+    ok = ParseInt(v, 0, 1024, &n);
+    flags->threads = static_cast<int32_t>(n);
+  } else if (a == "--ctx" || a == "-c") {
+    ok = ParseInt(v, 0, 1 << 24, &n);
+    flags->ctx = static_cast<int32_t>(n);
+  }
+  if (!ok) {
+    std::fprintf(stderr, "kiln: bad value '%s' for %s\n", v.c_str(), a.c_str());
+    return -1;
+  }
+  return 1;
+}
+
+const char* GenFlagsHelp() {
+  return "  -m, --model MODEL   GGUF model file (required)\n"
+         "  -n, --n-predict N   most tokens to generate (default 128)\n"
+         "  --temp T            temperature; 0 = greedy (default 0.8)\n"
+         "  --top-k K           (default 40; 0 = off)\n"
+         "  --top-p P           (default 0.95; 1 = off)\n"
+         "  --min-p P           (default 0.05; 0 = off)\n"
+         "  --seed S            sampling seed (default: from the clock)\n"
+         "  -t, --threads N     compute threads (default: physical cores)\n"
+         "  -c, --ctx N         context size in tokens (default 4096; 0 = the model's)\n";
+}
+
+bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** cache,
+                         kiln_sampler** sampler) {
+  kiln_cache_params cp = kiln_cache_default_params();
+  cp.n_threads = flags.threads;
+  cp.n_ctx = flags.ctx;
+  kiln_status s = kiln_cache_create(model, &cp, cache);
+  if (s != KILN_OK) {
+    ReportError("creating the cache", s);
+    return false;
+  }
+  kiln_sampler_params sp = kiln_sampler_default_params();
+  sp.temperature = flags.temp;
+  sp.top_k = flags.top_k;
+  sp.top_p = flags.top_p;
+  sp.min_p = flags.min_p;
+  sp.seed =
+      flags.seed_set
+          ? flags.seed
+          : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  s = kiln_sampler_create(&sp, sampler);
+  if (s != KILN_OK) {
+    ReportError("creating the sampler", s);
+    kiln_cache_destroy(*cache);
+    *cache = nullptr;
+    return false;
+  }
+  return true;
+}
+
+bool Tokenize(kiln_model* model, const std::string& text, uint32_t flags,
+              std::vector<int32_t>* out) {
+  size_t n = 0;
+  kiln_status s = kiln_tokenize(model, text.data(), text.size(), flags, nullptr, 0, &n);
+  out->assign(n, 0);
+  if (s == KILN_ERR_BUFFER_TOO_SMALL) {
+    s = kiln_tokenize(model, text.data(), text.size(), flags, out->data(), out->size(), &n);
+  }
+  if (s != KILN_OK) {
+    ReportError("tokenize", s);
+    return false;
+  }
+  out->resize(n);
+  return true;
+}
+
+bool RenderChat(kiln_model* model, const std::vector<kiln_chat_message>& messages,
+                bool add_generation_prompt, std::string* out) {
+  size_t len = 0;
+  kiln_status s = kiln_chat_apply_template(model, nullptr, messages.data(), messages.size(),
+                                           add_generation_prompt ? 1 : 0, nullptr, 0, &len);
+  if (s == KILN_ERR_BUFFER_TOO_SMALL) {
+    out->assign(len, '\0');
+    s = kiln_chat_apply_template(model, nullptr, messages.data(), messages.size(),
+                                 add_generation_prompt ? 1 : 0, out->data(), out->size(), &len);
+  }
+  if (s != KILN_OK) {
+    ReportError("applying the chat template", s);
+    return false;
+  }
+  out->resize(len);
+  return true;
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const char* StopReasonName(kiln_stop_reason reason) {
+  switch (reason) {
+    case KILN_STOP_EOG:
+      return "end of generation";
+    case KILN_STOP_MAX_TOKENS:
+      return "max tokens";
+    case KILN_STOP_STRING:
+      return "stop string";
+    case KILN_STOP_CALLBACK:
+      return "callback";
+    case KILN_STOP_CANCELLED:
+      return "cancelled";
+    case KILN_STOP_CONTEXT_FULL:
+      return "context full";
+  }
+  return "unknown";
+}
+
+}  // namespace kiln_cli
