@@ -7,3 +7,7 @@ scripts/build.sh build
 model=$(scripts/fetch_model.sh)
 build/tools/kiln/kiln info "$model"
 build/tools/kiln/kiln tokenize -m "$model" "Hello from kiln! Tokenizing some text: 12345."
+# The main job: the default model answers a question through its chat template (streamed to
+# stdout; prompt/decode tokens per second on stderr).
+build/tools/kiln/kiln generate -m "$model" --temp 0 -n 64 \
+  -p "In two sentences, why is the sky blue?"
