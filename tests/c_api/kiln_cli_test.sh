@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Smoke test of the `kiln` program's generation subcommands on the default model:
+#   generate --quiet --temp 0: stdout is exactly the greedy answer, stats only on stderr;
+#   chat: two scripted turns, the second reusing the first turn's tokens;
+#   perplexity: the last line is "perplexity: <finite value>".
+set -euo pipefail
+kiln="$1"
+src="$2"
+model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$kiln" generate -m "$model" --temp 0 -n 32 --threads 2 --quiet \
+  -p "What is the capital of France? Answer in one sentence." >"$tmp/out" 2>"$tmp/err"
+expected="The capital of France is Paris."
+if [[ "$(cat "$tmp/out")" != "$expected" ]]; then
+  echo "generate: stdout was '$(cat "$tmp/out")', expected '$expected'" >&2
+  exit 1
+fi
+grep -q "generated: .* tok/s" "$tmp/err" || { echo "generate: no stats on stderr" >&2; exit 1; }
+
+printf 'Hi!\nAnd again?\n/exit\n' | "$kiln" chat -m "$model" --temp 0 -n 16 --threads 2 \
+  >"$tmp/chat" 2>"$tmp/chat_err"
+[[ $(grep -c "tok/s" "$tmp/chat_err") == 2 ]] || { echo "chat: expected 2 stats lines" >&2; exit 1; }
+grep -q "reused), " "$tmp/chat_err"
+if grep -q "(0 reused)" <(sed -n 2p "$tmp/chat_err"); then
+  echo "chat: the second turn reused nothing" >&2
+  exit 1
+fi
+
+"$kiln" perplexity -m "$model" -f "$src/README.md" --ctx 128 --chunks 2 --threads 2 \
+  >"$tmp/ppl" 2>/dev/null
+last=$(tail -n 1 "$tmp/ppl")
+if ! [[ "$last" =~ ^perplexity:\ [0-9]+\.[0-9]+$ ]]; then
+  echo "perplexity: last line was '$last'" >&2
+  exit 1
+fi
+echo "kiln_cli_test: ok ($last)"
