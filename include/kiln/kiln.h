@@ -240,8 +240,8 @@ KILN_API kiln_cache_params kiln_cache_default_params(void);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
- * kv_type, n_ctx < 0 or n_threads < 0: the message names the field), KILN_ERR_CACHE_FULL
- * (pool_bytes holds less than two blocks), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
+ * kv_type, n_ctx < 0, n_threads < 0, or pool_bytes non-zero but smaller than two blocks: the
+ * message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
 KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
                                        kiln_cache** out_cache);
 

@@ -393,7 +393,10 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
     }
     options.n_threads = params->n_threads;
     auto engine = kiln::Engine::Create(*model->model, options);
-    if (!engine.ok()) return FromAbsl(engine.status());
+    if (!engine.ok()) {
+      return FromAbsl(absl::Status(engine.status().code(),
+                                   kiln::StrCat("kiln_cache_create: ", engine.status().message())));
+    }
     auto handle = std::make_unique<kiln_cache>();
     handle->model = model;
     handle->engine = std::move(*engine);

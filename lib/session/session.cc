@@ -16,18 +16,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   EngineOptions opt = options;
   if (opt.kv_type != GgmlType::kF16 && opt.kv_type != GgmlType::kF32 &&
       opt.kv_type != GgmlType::kBF16) {
-    return absl::InvalidArgumentError("EngineOptions.kv_type must be f16, f32 or bf16");
+    return absl::InvalidArgumentError("kv_type must be f16, f32 or bf16");
   }
   if (opt.block_size <= 0 || opt.block_size > 1024) {
     return absl::InvalidArgumentError(
-        absl::StrCat("EngineOptions.block_size ", opt.block_size, " is outside [1, 1024]"));
+        absl::StrCat("block_size ", opt.block_size, " is outside [1, 1024]"));
   }
   if (opt.n_ctx < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("EngineOptions.n_ctx ", opt.n_ctx, " < 0"));
+    return absl::InvalidArgumentError(absl::StrCat("n_ctx ", opt.n_ctx, " < 0"));
   }
   if (opt.prefill_chunk <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EngineOptions.prefill_chunk ", opt.prefill_chunk, " <= 0"));
+    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk ", opt.prefill_chunk, " <= 0"));
   }
   if (opt.n_ctx == 0) {
     opt.n_ctx = model.hparams().n_ctx_train > 0
@@ -44,6 +43,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
         static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 2;
     cache_options.capacity_bytes = blocks * layout.block_bytes();
   } else {
+    if (opt.pool_bytes < 2 * layout.block_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
+                       layout.block_bytes(), " bytes (one is the reserved null block)"));
+    }
     cache_options.capacity_bytes = opt.pool_bytes;
   }
   auto cache = KvCache::Create(layout, cache_options);

@@ -51,6 +51,14 @@ static void test_null_handles(kiln_model* model, kiln_cache* cache) {
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "kv_type") != NULL);
   cp = kiln_cache_default_params();
+  cp.pool_bytes = 1000;
+  CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "pool_bytes") != NULL);
+  cp = kiln_cache_default_params();
+  cp.block_size = 0;
+  CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "block_size") != NULL);
+  cp = kiln_cache_default_params();
   cp.struct_size = 4;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_sampler_create(NULL, &smp) == KILN_ERR_INVALID_ARGUMENT);
