@@ -195,6 +195,90 @@ inline float DotGroups(int64_t n, const void* vw, const void* va) {
   return Finish<kHasMin>(acc, mins);
 }
 
+// DotGroups for kRows weight rows (row r at vw + r * w_stride) against one activation row: the
+// activation group is loaded and permuted once and used for every row; each row's own steps
+// (weight decode, dot, scale, FMA, final reduction) are exactly DotGroups', so out[r] is
+// bit-identical to DotGroups(n, row r, va).
+template <typename Weights, typename ActBlock, int kRows>
+inline void DotGroupsRows(int64_t n, const void* vw, size_t w_stride, const void* va, float* out) {
+  constexpr int kWs = Weights::kStride;
+  constexpr int kAs = sizeof(ActBlock);
+  constexpr bool kHasMin = Weights::kHasMin;
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / kQK;
+  const typename Weights::Indices widx = Weights::Load();
+  using Act = ActGroup<ActBlock, kHasMin>;
+  const typename Act::Indices aidx = Act::Load();
+  __m512 acc[kRows];
+  __m256 mins[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    mins[r] = _mm256_setzero_ps();
+  }
+  // wg(r): the group's first byte in row r.
+  auto group = [&](auto wg, const uint8_t* ag) {
+    const Act act(ag, aidx);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      __m512i p, wheader;
+      Weights::Dot(wg(r), widx, act, &p, &wheader);
+      __m512 products;
+      if constexpr (kHasMin) {
+        const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(wheader)),
+                                          _mm256_cvtph_ps(_mm512_castsi512_si128(act.header)));
+        mins[r] = _mm256_add_ps(mins[r], prod);
+        products = _mm512_castps256_ps512(prod);
+      } else {
+        products =
+            _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm512_castsi512_si128(wheader)),
+                                              _mm_cvtph_ps(_mm512_castsi512_si128(act.header))));
+      }
+      const __m512 scale = BroadcastScales<kHasMin>(products);
+      acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc[r]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + kGroup <= nb; b += kGroup) {
+    const uint8_t* wb = w + b * kWs;
+    group([wb, w_stride](int r) { return wb + r * w_stride; }, a + b * kAs);
+  }
+  if (b < nb) {
+    alignas(64) uint8_t wpad[kRows][kGroup * kWs] = {};
+    alignas(64) uint8_t apad[kGroup * kAs] = {};
+    for (int r = 0; r < kRows; ++r) {
+      std::memcpy(wpad[r], w + r * w_stride + b * kWs, static_cast<size_t>(nb - b) * kWs);
+    }
+    std::memcpy(apad, a + b * kAs, static_cast<size_t>(nb - b) * kAs);
+    group([&wpad](int r) { return static_cast<const uint8_t*>(wpad[r]); }, apad);
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = Finish<kHasMin>(acc[r], mins[r]);
+}
+
+// Rows in blocks of 4, then one call for the 1-3 left.
+template <typename Weights, typename ActBlock>
+inline void DotRows(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+                    float* out) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) {
+    DotGroupsRows<Weights, ActBlock, 4>(n, w + r * w_stride, w_stride, va, out + r);
+  }
+  switch (n_rows - r) {
+    case 3:
+      DotGroupsRows<Weights, ActBlock, 3>(n, w + r * w_stride, w_stride, va, out + r);
+      break;
+    case 2:
+      DotGroupsRows<Weights, ActBlock, 2>(n, w + r * w_stride, w_stride, va, out + r);
+      break;
+    case 1:
+      DotGroupsRows<Weights, ActBlock, 1>(n, w + r * w_stride, w_stride, va, out + r);
+      break;
+    default:
+      break;
+  }
+}
+
 inline __m512i Zero() { return _mm512_setzero_si512(); }
 
 // Nibble weights (Q4_0, Q4_1, Q5_0, Q5_1). kOffset: 8 / 16 subtracted from each weight (_0
@@ -309,4 +393,22 @@ float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
 float VecDotQ5_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
   return DotGroups<NibbleWeights<BlockQ5_1, 0, true>, BlockQ8_1>(n, w, a);
 }
+
+void VecDotRowsQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out) {
+  DotRows<NibbleWeights<BlockQ4_0, 8, false>, BlockQ8_0>(n, w, w_stride, n_rows, a, out);
+}
+void VecDotRowsQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out) {
+  DotRows<NibbleWeights<BlockQ4_1, 0, false>, BlockQ8_1>(n, w, w_stride, n_rows, a, out);
+}
+void VecDotRowsQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out) {
+  DotRows<NibbleWeights<BlockQ5_0, 16, true>, BlockQ8_0>(n, w, w_stride, n_rows, a, out);
+}
+void VecDotRowsQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out) {
+  DotRows<NibbleWeights<BlockQ5_1, 0, true>, BlockQ8_1>(n, w, w_stride, n_rows, a, out);
+}
+
 }  // namespace kiln::quant

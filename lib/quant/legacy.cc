@@ -41,6 +41,10 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ4_1, nullptr, nullptr, kQ8_1, VecDotQ4_1Q8_1Avx512);
       set(GgmlType::kQ5_0, nullptr, nullptr, kQ8_0, VecDotQ5_0Q8_0Avx512);
       set(GgmlType::kQ5_1, nullptr, nullptr, kQ8_1, VecDotQ5_1Q8_1Avx512);
+      r[GgmlType::kQ4_0].vec_dot_rows = VecDotRowsQ4_0Q8_0Avx512;
+      r[GgmlType::kQ4_1].vec_dot_rows = VecDotRowsQ4_1Q8_1Avx512;
+      r[GgmlType::kQ5_0].vec_dot_rows = VecDotRowsQ5_0Q8_0Avx512;
+      r[GgmlType::kQ5_1].vec_dot_rows = VecDotRowsQ5_1Q8_1Avx512;
       // Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits).
       set(kQ8_0, QuantizeRowQ8_0Avx512, nullptr, kQ8_0, nullptr);
       set(kQ8_1, QuantizeRowQ8_1Avx512, nullptr, kQ8_1, nullptr);

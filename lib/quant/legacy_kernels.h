@@ -35,6 +35,7 @@
 //   exactly these steps for each (row, column) pair.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -135,6 +136,17 @@ float VecDotQ4_0Q8_0Avx512(int64_t n, const void* w, const void* a);
 float VecDotQ4_1Q8_1Avx512(int64_t n, const void* w, const void* a);
 float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a);
 float VecDotQ5_1Q8_1Avx512(int64_t n, const void* w, const void* a);
+
+// Multi-row dots: out[r] = VecDot...Avx512(n, w + r * w_stride, a) bit for bit, r < n_rows
+// (n_rows >= 0); each activation group is loaded once for up to 4 rows.
+void VecDotRowsQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
+void VecDotRowsQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
+void VecDotRowsQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
+void VecDotRowsQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
 
 // --- Float types. Scalar in lib/quant/float_types.cc, SIMD in kernels/cpu/float_avx2.cc and
 // kernels/cpu/float_avx512.cc. F16/BF16 quantizers round to nearest even (NaN stays NaN; the

@@ -9,6 +9,7 @@
 // the row's bytes; no alignment is required. Thread-safe (pure functions).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lib/common/ggml_type.h"
@@ -28,12 +29,19 @@ using DequantizeRowFn = void (*)(const void* x, float* y, int64_t n);
 // Sum over n elements of w[i] * a[i]; w is a row of the weight type, a a row of vec_dot_type.
 using VecDotFn = float (*)(int64_t n, const void* w, const void* a);
 
+// out[r] = vec_dot(n, w + r * w_stride, a) for r in [0, n_rows), bit for bit (each row follows
+// exactly the vec_dot steps; the activation row is decoded once for several rows). n_rows >= 0.
+using VecDotRowsFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
+
 struct QuantKernels {
   GgmlType type;
   QuantizeRowFn quantize = nullptr;      // reference quantizer (deterministic)
   DequantizeRowFn dequantize = nullptr;  // exact block decode
   GgmlType vec_dot_type = GgmlType::kF32;
   VecDotFn vec_dot = nullptr;
+  // Optional multi-row form of vec_dot (same bits); null: call vec_dot per row.
+  VecDotRowsFn vec_dot_rows = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 
@@ -50,8 +58,10 @@ struct QuantRegistry {
   QuantKernels kernels[static_cast<int>(GgmlType::kCount)];
   QuantKernels& operator[](GgmlType t) { return kernels[static_cast<int>(t)]; }
 };
-void RegisterFloatTypes(QuantRegistry& r, CpuLevel level);   // F32, F16, BF16   (lib/quant/float_types.cc)
-void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level);  // Q4_0..Q8_1       (lib/quant/legacy.cc)
-void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level);  // Q2_K..Q6_K, Q8_K (lib/quant/kquants.cc)
+void RegisterFloatTypes(QuantRegistry& r,
+                        CpuLevel level);  // F32, F16, BF16   (lib/quant/float_types.cc)
+void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level);  // Q4_0..Q8_1 (lib/quant/legacy.cc)
+void RegisterKQuantTypes(QuantRegistry& r,
+                         CpuLevel level);  // Q2_K..Q6_K, Q8_K (lib/quant/kquants.cc)
 
 }  // namespace kiln

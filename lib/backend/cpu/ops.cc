@@ -142,11 +142,13 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
   const VecDotFn vec_dot = plan.k->vec_dot;
+  const VecDotRowsFn vec_dot_rows = plan.k->vec_dot_rows;  // same bits as vec_dot per row
   const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
   pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
     const int64_t r0 = c0 * kRowChunk, r1 = std::min(n_out, c1 * kRowChunk);
     // Tiles of kRowChunk weight rows x kTokenTile tokens: each weight row is read from memory
-    // once per token tile; every output is one vec_dot call (batch invariance).
+    // once per token tile; every output is one vec_dot (or the bit-identical vec_dot_rows)
+    // of its weight row and its token's activations (batch invariance).
     for (int64_t tb = 0; tb < n_rows; tb += kTokenTile) {
       const int64_t te = std::min(n_rows, tb + kTokenTile);
       for (int64_t rb = r0; rb < r1; rb += kRowChunk) {
@@ -154,7 +156,14 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
         for (int64_t t = tb; t < te; ++t) {
           const void* a = act_row(t);
           float* yt = y + t * n_out;
-          for (int64_t r = rb; r < re; ++r) yt[r] = vec_dot(n_in, wdata + r * plan.w_row_bytes, a);
+          if (vec_dot_rows != nullptr) {
+            vec_dot_rows(n_in, wdata + rb * plan.w_row_bytes, plan.w_row_bytes,
+                         static_cast<int>(re - rb), a, yt + rb);
+          } else {
+            for (int64_t r = rb; r < re; ++r) {
+              yt[r] = vec_dot(n_in, wdata + r * plan.w_row_bytes, a);
+            }
+          }
         }
       }
     }
