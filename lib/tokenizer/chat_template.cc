@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "lib/tokenizer/unicode.h"
 
 namespace kiln {
 namespace {
@@ -100,23 +101,7 @@ size_t DecodeUtf8(std::string_view text, size_t pos, uint32_t* cp) {
   return len;
 }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
+using unicode::AppendUtf8;
 
 // ---------------------------------------------------------------------------------------------
 // A minimal Jinja lexer: the string literals inside {{ }} and {% %} tags, unescaped as jinja2
