@@ -5,6 +5,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "include/kiln/kiln.h"
@@ -370,7 +371,11 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
     kiln::EngineOptions options;
     options.pool_bytes = params->pool_bytes;
     options.block_size = params->block_size;
-    switch (params->kv_type) {
+    // A C caller may store any int in the enum; reading an out-of-range value as the C++ enum
+    // type is undefined, so read its bits.
+    std::underlying_type_t<kiln_kv_type> kv_type;
+    std::memcpy(&kv_type, &params->kv_type, sizeof kv_type);
+    switch (kv_type) {
       case KILN_KV_F16:
         options.kv_type = kiln::GgmlType::kF16;
         break;
@@ -381,9 +386,8 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
         options.kv_type = kiln::GgmlType::kBF16;
         break;
       default:
-        return Fail(KILN_ERR_INVALID_ARGUMENT,
-                    kiln::StrCat("kiln_cache_create: params->kv_type ",
-                                 static_cast<int>(params->kv_type), " is not a kiln_kv_type"));
+        return Fail(KILN_ERR_INVALID_ARGUMENT, kiln::StrCat("kiln_cache_create: params->kv_type ",
+                                                            kv_type, " is not a kiln_kv_type"));
     }
     options.prefix_caching = params->prefix_caching != 0;
     options.n_ctx = params->n_ctx;
