@@ -45,7 +45,9 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[GgmlType::kQ4_1].vec_dot_rows = VecDotRowsQ4_1Q8_1Avx512;
       r[GgmlType::kQ5_0].vec_dot_rows = VecDotRowsQ5_0Q8_0Avx512;
       r[GgmlType::kQ5_1].vec_dot_rows = VecDotRowsQ5_1Q8_1Avx512;
-      // Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits).
+      r[kQ8_0].vec_dot_rows = VecDotRowsQ8_0Q8_0Avx512;
+      // Single-row Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits); Q8_0
+      // has a multi-row kernel (activation blocks shared by 4 rows).
       set(kQ8_0, QuantizeRowQ8_0Avx512, nullptr, kQ8_0, nullptr);
       set(kQ8_1, QuantizeRowQ8_1Avx512, nullptr, kQ8_1, nullptr);
       break;

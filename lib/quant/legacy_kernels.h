@@ -147,6 +147,9 @@ void VecDotRowsQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
                               float* out);
 void VecDotRowsQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               float* out);
+// Q8_0 weights: the same bits as VecDotQ8_0Q8_0Avx2 (the single-row Q8_0 dot at every SIMD level).
+void VecDotRowsQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              float* out);
 
 // --- Float types. Scalar in lib/quant/float_types.cc, SIMD in kernels/cpu/float_avx2.cc and
 // kernels/cpu/float_avx512.cc. F16/BF16 quantizers round to nearest even (NaN stays NaN; the
