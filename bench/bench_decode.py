@@ -97,6 +97,46 @@ def common_prefix(a, b):
     return n
 
 
+def print_table(args, prompt, bw, configs, res, done, llama_version):
+    print(f'prompt: {len(prompt)} tokens of docs/kv_cache.md; decode {args.decode} greedy steps; '
+          f'{done} of {args.repeats} repeats, kiln and llama.cpp alternating; llama-cpp-python '
+          f'{llama_version}')
+    for t in sorted(bw):
+        b = bw[t]
+        print(f'read bandwidth {t} thread(s): {b["bandwidth_gbs"]:.2f} GB/s '
+              f'({b["min"]:.2f}-{b["max"]:.2f})')
+    print()
+    hdr = (f'{"model":<34} {"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama.cpp tok/s":>22} '
+           f'{"ratio":>19} {"kiln roof":>9} {"llama roof":>10}')
+    print(hdr)
+    print('-' * len(hdr))
+    for (m, t) in configs:
+        k, l = res[(m, t)]['kiln'], res[(m, t)]['llama']
+        wbytes = k[0]['weight_bytes_per_token']
+        kvpos = k[0]['kv_bytes_per_position']
+        for metric in METRICS:
+            kv = [x[metric + '_tps'] for x in k]
+            lv = [x[metric + '_tps'] for x in l]
+            ratio = [a / b for a, b in zip(kv, lv)]  # per repeat (adjacent runs)
+            roof_k = roof_l = ''
+            if metric in CONTEXT:
+                ctx = CONTEXT[metric] + args.decode / 2
+                roofline = bw[t]['bandwidth_gbs'] * 1e9 / (wbytes + kvpos * ctx)
+                roof_k = f'{statistics.median(kv) / roofline:.0%}'
+                roof_l = f'{statistics.median(lv) / roofline:.0%}'
+            print(f'{os.path.basename(m):<34} {t:>3} {metric:<11} {fmt(kv):>22} {fmt(lv):>22} '
+                  f'{fmt(ratio, 2):>19} {roof_k:>9} {roof_l:>10}')
+        rss = max(x['peak_rss_kib'] for x in k) / 1024
+        pool = ((1024 + args.decode + 15) // 16 + 2) * 16 * kvpos / 2**20
+        fsize = os.path.getsize(m) / 2**20
+        same128 = common_prefix(k[0]['gen128'], l[0]['gen128'])
+        same1024 = common_prefix(k[0]['gen1024'], l[0]['gen1024'])
+        print(f'    weights/token {wbytes / 1e6:.1f} MB, KV/position {kvpos / 1e3:.1f} KB; '
+              f'kiln peak RSS {rss:.1f} MiB (file {fsize:.1f} + KV pool {pool:.1f} + 100 = '
+              f'{fsize + pool + 100:.1f} MiB budget); greedy tokens equal to llama.cpp: '
+              f'{same128}/{args.decode} @128, {same1024}/{args.decode} @1024')
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--build', default=os.path.join(HERE, '..', 'build'))
@@ -160,43 +200,9 @@ def main():
         print(f'repeat {r + 1}/{args.repeats} done ({time.time() - t_start:.0f} s)',
               file=sys.stderr, flush=True)
 
-    print(f'prompt: {len(prompt)} tokens of docs/kv_cache.md; decode {args.decode} greedy steps; '
-          f'{args.repeats} repeats, kiln and llama.cpp alternating; llama-cpp-python '
-          f'{llama_cpp.__version__}')
-    for t in sorted(bw):
-        b = bw[t]
-        print(f'read bandwidth {t} thread(s): {b["bandwidth_gbs"]:.2f} GB/s '
-              f'({b["min"]:.2f}-{b["max"]:.2f})')
-    print()
-    hdr = (f'{"model":<34} {"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama.cpp tok/s":>22} '
-           f'{"ratio":>19} {"kiln roof":>9} {"llama roof":>10}')
-    print(hdr)
-    print('-' * len(hdr))
-    for (m, t) in configs:
-        k, l = res[(m, t)]['kiln'], res[(m, t)]['llama']
-        wbytes = k[0]['weight_bytes_per_token']
-        kvpos = k[0]['kv_bytes_per_position']
-        for metric in METRICS:
-            kv = [x[metric + '_tps'] for x in k]
-            lv = [x[metric + '_tps'] for x in l]
-            ratio = [a / b for a, b in zip(kv, lv)]  # per repeat (adjacent runs)
-            roof_k = roof_l = ''
-            if metric in CONTEXT:
-                ctx = CONTEXT[metric] + args.decode / 2
-                roofline = bw[t]['bandwidth_gbs'] * 1e9 / (wbytes + kvpos * ctx)
-                roof_k = f'{statistics.median(kv) / roofline:.0%}'
-                roof_l = f'{statistics.median(lv) / roofline:.0%}'
-            print(f'{os.path.basename(m):<34} {t:>3} {metric:<11} {fmt(kv):>22} {fmt(lv):>22} '
-                  f'{fmt(ratio, 2):>19} {roof_k:>9} {roof_l:>10}')
-        rss = max(x['peak_rss_kib'] for x in k) / 1024
-        pool = ((1024 + args.decode + 15) // 16 + 2) * 16 * kvpos / 2**20
-        fsize = os.path.getsize(m) / 2**20
-        same128 = common_prefix(k[0]['gen128'], l[0]['gen128'])
-        same1024 = common_prefix(k[0]['gen1024'], l[0]['gen1024'])
-        print(f'    weights/token {wbytes / 1e6:.1f} MB, KV/position {kvpos / 1e3:.1f} KB; '
-              f'kiln peak RSS {rss:.1f} MiB (file {fsize:.1f} + KV pool {pool:.1f} + 100 = '
-              f'{fsize + pool + 100:.1f} MiB budget); greedy tokens equal to llama.cpp: '
-              f'{same128}/{args.decode} @128, {same1024}/{args.decode} @1024')
+        print()
+        print_table(args, prompt, bw, configs, res, r + 1, llama_cpp.__version__)
+        sys.stdout.flush()
 
 
 if __name__ == '__main__':
