@@ -1,0 +1,184 @@
+// spec_bench: speculative decoding vs plain decoding on the default model, side by side in one
+// run. For temperature 0 and 0.8, on chat prompts and on copy-heavy prompts (quoting, code
+// editing), it runs plain decoding (no strategy), the n-gram strategy and a draft model cut from
+// the target (its first --draft-layers layers, made with MakeDraftModel), each --reps times, and
+// prints decode tokens/s (generated tokens / wall time of the decoding steps, prefill excluded;
+// per repetition over the whole prompt set) as median [min-max], the speedup over plain, the
+// mean accepted draft tokens per step and target passes per generated token.
+//
+//   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
+//              [--draft-max K] [--ngram-max K]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lib/model/model.h"
+#include "lib/session/session.h"
+#include "lib/spec/draft_model_strategy.h"
+#include "lib/spec/make_draft.h"
+#include "lib/spec/ngram_strategy.h"
+#include "lib/spec/spec_generate.h"
+#include "lib/tokenizer/tokenizer.h"
+
+namespace {
+
+using namespace kiln;        // NOLINT
+using namespace kiln::spec;  // NOLINT
+
+const char* const kChatPrompts[] = {
+    "What is the capital of France? Answer in one sentence.",
+    "Give three tips for learning a new language.",
+    "Explain what a hash table is in two sentences.",
+    "Write a short story about a robot who learns to paint.",
+};
+
+const char* const kCopyPrompts[] = {
+    "Repeat this paragraph exactly: The committee met on Tuesday to review the budget. After a "
+    "long discussion, the members agreed to increase funding for the library, reduce spending on "
+    "travel, and postpone the new parking lot until next year.",
+    "Rename the function compute to compute_total in this code and print the whole code:\n"
+    "def compute(items):\n    total = 0\n    for item in items:\n        total += item.price * "
+    "item.quantity\n    return total\n\nprint(compute(cart))",
+    "Fix the spelling mistakes and write the text again: The quick brwn fox jumpd over the lazy "
+    "dog. The dog did not notise, becuase it was sleeping in the warm afternon sun.",
+    "Copy this list, one item per line: apples, bananas, cherries, dates, elderberries, figs, "
+    "grapes, honeydew, kiwis, lemons.",
+};
+
+std::string ChatPrompt(const std::string& user) {
+  return "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+struct Row {
+  std::vector<double> tok_s;  // per repetition
+  int64_t steps = 0, accepted = 0, generated = 0, drafted = 0;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  if (const char* home = std::getenv("HOME")) {
+    model_path = std::string(home) + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  int threads = 2, tokens = 64, reps = 3, draft_layers = 4, draft_max = 4, ngram_max = 8;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view a = argv[i];
+    const char* v = argv[i + 1];
+    if (a == "--model")
+      model_path = v;
+    else if (a == "--threads")
+      threads = std::atoi(v);
+    else if (a == "--tokens")
+      tokens = std::atoi(v);
+    else if (a == "--reps")
+      reps = std::atoi(v);
+    else if (a == "--draft-layers")
+      draft_layers = std::atoi(v);
+    else if (a == "--draft-max")
+      draft_max = std::atoi(v);
+    else if (a == "--ngram-max")
+      ngram_max = std::atoi(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  ModelLoadOptions load;
+  load.path = model_path;
+  auto model = Model::Load(load);
+  if (!model.ok()) {
+    std::fprintf(stderr, "load %s: %s\n", model_path.c_str(),
+                 std::string(model.status().message()).c_str());
+    return 1;
+  }
+  EngineOptions eo;
+  eo.n_threads = threads;
+  eo.n_ctx = 2048;
+  auto engine = Engine::Create(**model, eo);
+  if (!engine.ok()) return 1;
+  const std::string draft_path =
+      "/tmp/kiln_spec_bench_draft" + std::to_string(draft_layers) + ".gguf";
+  if (absl::Status st = MakeDraftModel(model_path, draft_path, draft_layers); !st.ok()) {
+    std::fprintf(stderr, "mkdraft: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  NgramParams np;
+  np.max_draft = ngram_max;
+  auto ngram = NgramStrategy::Create(np);
+  DraftModelParams dp;
+  dp.n_threads = threads;
+  dp.max_draft = draft_max;
+  auto draft = DraftModelStrategy::Load(draft_path, (*model)->hparams().n_vocab, dp);
+  if (!ngram.ok() || !draft.ok()) {
+    std::fprintf(stderr, "strategy: %s\n", std::string(draft.status().message()).c_str());
+    return 1;
+  }
+  struct Named {
+    const char* name;
+    Strategy* strategy;
+  };
+  const Named strategies[] = {{"plain", nullptr}, {"ngram", ngram->get()}, {"draft", draft->get()}};
+  std::printf(
+      "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",
+      model_path.c_str(), threads, tokens, reps, ngram_max, draft_layers, draft_max);
+  std::printf("%-5s %-5s %-6s %26s %8s %10s %10s %12s\n", "temp", "set", "strat",
+              "tok/s median [min-max]", "speedup", "acc/step", "acc rate", "passes/tok");
+  for (float temp : {0.0f, 0.8f}) {
+    sample::SamplerParams sp;
+    sp.temperature = temp;
+    for (int set = 0; set < 2; ++set) {
+      std::vector<std::vector<int32_t>> prompts;
+      const auto& texts = set == 0 ? kChatPrompts : kCopyPrompts;
+      for (const char* t : texts) {
+        prompts.push_back(*(*model)->tokenizer().Encode(ChatPrompt(t), true, true));
+      }
+      double plain_median = 0.0;
+      for (const Named& s : strategies) {
+        Row row;
+        for (int r = 0; r < reps; ++r) {
+          int64_t gen = 0;
+          double secs = 0.0;
+          for (size_t p = 0; p < prompts.size(); ++p) {
+            auto res = GenerateSpeculative(**engine, prompts[p], sp, 1000 + r * 10 + p, s.strategy,
+                                           tokens);
+            if (!res.ok()) {
+              std::fprintf(stderr, "generate: %s\n", std::string(res.status().message()).c_str());
+              return 1;
+            }
+            gen += res->metrics.generated;
+            secs += res->decode_seconds;
+            row.steps += res->metrics.steps;
+            row.accepted += res->metrics.accepted;
+            row.drafted += res->metrics.drafted;
+            row.generated += res->metrics.generated;
+          }
+          row.tok_s.push_back(static_cast<double>(gen) / secs);
+        }
+        const double med = Median(row.tok_s);
+        if (s.strategy == nullptr) plain_median = med;
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%.1f [%.1f-%.1f]", med,
+                      *std::min_element(row.tok_s.begin(), row.tok_s.end()),
+                      *std::max_element(row.tok_s.begin(), row.tok_s.end()));
+        std::printf("%-5.1f %-5s %-6s %26s %7.2fx %10.2f %10.2f %12.3f\n", temp,
+                    set == 0 ? "chat" : "copy", s.name, buf, med / plain_median,
+                    row.steps ? static_cast<double>(row.accepted) / row.steps : 0.0,
+                    row.drafted ? static_cast<double>(row.accepted) / row.drafted : 0.0,
+                    row.generated ? static_cast<double>(row.steps) / row.generated : 0.0);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

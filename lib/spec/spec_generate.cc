@@ -1,0 +1,79 @@
+#include "lib/spec/spec_generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace kiln::spec {
+
+absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
+                                                       std::span<const int32_t> prompt,
+                                                       const sample::SamplerParams& params,
+                                                       uint64_t seed, Strategy* strategy,
+                                                       int32_t max_tokens) {
+  if (prompt.empty()) return absl::InvalidArgumentError("GenerateSpeculative: empty prompt");
+  if (max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerateSpeculative: max_tokens ", max_tokens, " < 0"));
+  }
+  const int64_t n_vocab = engine.model().hparams().n_vocab;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("GenerateSpeculative: prompt token ",
+                                                     prompt[i], " at index ", i, " is outside [0, ",
+                                                     n_vocab, ")"));
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) > engine.n_ctx()) {
+    return absl::OutOfRangeError(absl::StrCat("GenerateSpeculative: prompt of ", prompt.size(),
+                                              " tokens passes n_ctx = ", engine.n_ctx()));
+  }
+  KILN_RETURN_IF_ERROR(sample::Sampler::Validate(params));
+  sample::Sampler sampler(params);
+  sample::Rng rng(seed);
+  const SeqId seq =
+      engine.Locked([](KvCache& cache, LlamaForward&) { return cache.CreateSequence(); });
+  auto run = [&]() -> absl::StatusOr<SpecGenerateResult> {
+    // Prefill prompt[0, n - 1).
+    const int32_t n_pre = static_cast<int32_t>(prompt.size()) - 1;
+    const int32_t chunk = engine.options().prefill_chunk;
+    ForwardBatch batch;
+    ForwardOutput out;
+    for (int32_t begin = 0; begin < n_pre; begin += chunk) {
+      const int32_t end = std::min(n_pre, begin + chunk);
+      batch.Clear();
+      for (int32_t i = begin; i < end; ++i) batch.Add(prompt[i], seq, i, false);
+      KILN_RETURN_IF_ERROR(engine.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
+        KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, prompt.subspan(begin, end - begin)));
+        return fwd.Forward(batch, cache, &out);
+      }));
+    }
+    SpecGenerateResult result;
+    std::vector<int32_t> tokens(prompt.begin(), prompt.end());
+    SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy);
+    if (strategy != nullptr) strategy->Reset();
+    SpecStepResult step;
+    int32_t generated = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while (generated < max_tokens) {
+      const int32_t room = engine.n_ctx() - static_cast<int32_t>(tokens.size());
+      if (room <= 0) break;
+      const int32_t max_emit = std::min(max_tokens - generated, room);
+      KILN_RETURN_IF_ERROR(decoder.Step(&tokens, max_emit, &step));
+      generated += static_cast<int32_t>(step.emitted.size());
+      if (step.end_of_generation) {
+        result.end_of_generation = true;
+        break;
+      }
+    }
+    result.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end());
+    result.metrics = decoder.metrics();
+    result.decode_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  };
+  auto result = run();
+  engine.Locked([&](KvCache& cache, LlamaForward&) { return cache.Free(seq); }).IgnoreError();
+  return result;
+}
+
+}  // namespace kiln::spec

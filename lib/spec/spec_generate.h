@@ -1,0 +1,39 @@
+// GenerateSpeculative: a self-contained generation loop over the SpeculativeDecoder, for tests,
+// benchmarks and tools that do not need a Session (sessions use the decoder directly).
+//
+// It creates a sequence in the engine's cache, computes prompt[0, n - 1) in chunks (the last
+// prompt token is the first root), then runs decoder steps until max_tokens tokens, an
+// end-of-generation token (kept, like Session::Generate), or the engine's n_ctx. The sequence is
+// freed at the end. With strategy == nullptr it is plain decoding, one token per target pass.
+//
+// Thread-safety: as the decoder (the engine serializes cache and forward calls).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lib/sample/sampler.h"
+#include "lib/session/session.h"
+#include "lib/spec/speculative_decoder.h"
+#include "lib/spec/strategy.h"
+
+namespace kiln::spec {
+
+struct SpecGenerateResult {
+  std::vector<int32_t> tokens;  // generated tokens only
+  bool end_of_generation = false;
+  SpecMetrics metrics;
+  double decode_seconds = 0.0;  // wall time of the decoding steps (prefill excluded)
+};
+
+// Errors: InvalidArgument (empty prompt, max_tokens < 0, a token id out of range naming its
+// index, bad sampler parameters), OutOfRange (prompt longer than n_ctx), cache, strategy and
+// sampler errors.
+absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
+                                                       std::span<const int32_t> prompt,
+                                                       const sample::SamplerParams& params,
+                                                       uint64_t seed, Strategy* strategy,
+                                                       int32_t max_tokens);
+
+}  // namespace kiln::spec

@@ -1,0 +1,216 @@
+#include "lib/spec/speculative_decoder.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "lib/tokenizer/tokenizer.h"
+
+namespace kiln::spec {
+
+SpeculativeDecoder::SpeculativeDecoder(Engine& engine, SeqId seq, sample::Sampler& sampler,
+                                       sample::Rng& rng, Strategy* strategy)
+    : engine_(engine), seq_(seq), sampler_(sampler), rng_(rng), strategy_(strategy) {}
+
+namespace {
+
+// Checks the shape of a proposal and trims it to max_draft nodes (the first max_draft nodes of a
+// topological order form a tree).
+absl::Status CheckDraft(DraftTree& d, int32_t max_draft, int64_t n_vocab, const std::string& who) {
+  if (d.parents.size() != d.tokens.size()) {
+    return absl::InternalError(absl::StrCat("strategy ", who, ": draft has ", d.tokens.size(),
+                                            " tokens but ", d.parents.size(), " parents"));
+  }
+  if (!d.deterministic && d.q.size() != d.tokens.size()) {
+    return absl::InternalError(absl::StrCat("strategy ", who, ": sampled draft has ",
+                                            d.tokens.size(), " tokens but ", d.q.size(), " q"));
+  }
+  if (d.size() > max_draft) {
+    d.tokens.resize(max_draft);
+    d.parents.resize(max_draft);
+    if (!d.deterministic) d.q.resize(max_draft);
+  }
+  for (int32_t i = 0; i < d.size(); ++i) {
+    if (d.parents[i] < -1 || d.parents[i] >= i) {
+      return absl::InternalError(absl::StrCat("strategy ", who, ": draft node ", i, " has parent ",
+                                              d.parents[i], " (must be -1 or < ", i, ")"));
+    }
+    if (d.tokens[i] < 0 || d.tokens[i] >= n_vocab) {
+      return absl::InternalError(absl::StrCat("strategy ", who, ": draft node ", i, " token ",
+                                              d.tokens[i], " is outside [0, ", n_vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies the K/V rows of slot `from` into slot `to` for every layer and KV head.
+void CopyKvRows(KvCache& cache, KvSlot from, KvSlot to) {
+  const KvLayout& layout = cache.layout();
+  const size_t row_bytes = layout.row_bytes();
+  for (int32_t layer = 0; layer < layout.n_layers(); ++layer) {
+    if (layout.kv_lora_rank() > 0) {
+      std::memcpy(cache.LatentRow(to, layer), cache.LatentRow(from, layer), row_bytes);
+      continue;
+    }
+    for (int32_t h = 0; h < layout.n_kv_heads(); ++h) {
+      std::memcpy(cache.KeyRow(to, layer, h), cache.KeyRow(from, layer, h), row_bytes);
+      std::memcpy(cache.ValueRow(to, layer, h), cache.ValueRow(from, layer, h), row_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_emit,
+                                      SpecStepResult* out) {
+  out->emitted.clear();
+  out->drafted = 0;
+  out->accepted = 0;
+  out->end_of_generation = false;
+  if (tokens->empty()) {
+    return absl::FailedPreconditionError("SpeculativeDecoder::Step: no root token");
+  }
+  if (max_emit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SpeculativeDecoder::Step: max_emit ", max_emit, " < 1"));
+  }
+  const Model& model = engine_.model();
+  const int64_t n_vocab = model.hparams().n_vocab;
+  const int32_t n = static_cast<int32_t>(tokens->size());
+  const int32_t root_index = n - 1;  // cache index and position of the root
+
+  // 1. Proposal.
+  draft_.Clear();
+  if (strategy_ != nullptr && max_emit > 1) {
+    ProposeContext ctx{&sampler_.params(), &rng_};
+    KILN_RETURN_IF_ERROR(strategy_->Propose(*tokens, max_emit - 1, ctx, &draft_));
+    KILN_RETURN_IF_ERROR(CheckDraft(draft_, max_emit - 1, n_vocab, std::string(strategy_->name())));
+  }
+  const int32_t n_nodes = draft_.size();
+
+  // 2. One batch: root + tree nodes.
+  // A chain (node i's parent is node i - 1) sits exactly where it would be committed, so it runs
+  // as plain causal tokens: the causal attention path, bitwise identical to decoding one token at
+  // a time. Other trees use the tree mask.
+  bool is_chain = true;
+  for (int32_t i = 0; i < n_nodes; ++i) is_chain = is_chain && draft_.parents[i] == i - 1;
+  depth_.resize(n_nodes);
+  batch_.Clear();
+  batch_.Add(tokens->back(), seq_, root_index, /*want_logits=*/true);
+  for (int32_t i = 0; i < n_nodes; ++i) {
+    const int32_t parent = draft_.parents[i];
+    depth_[i] = parent < 0 ? 1 : depth_[parent] + 1;
+    batch_.Add(draft_.tokens[i], seq_, root_index + depth_[i], /*want_logits=*/true,
+               /*parent=*/is_chain ? -1 : (parent < 0 ? 0 : parent + 1),
+               /*cache_index=*/root_index + 1 + i);
+  }
+  path_.assign(1, tokens->back());
+  path_.insert(path_.end(), draft_.tokens.begin(), draft_.tokens.end());  // [1 + n_nodes]
+
+  // 3. Target forward.
+  KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
+    KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
+    KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(seq_));
+    if (len != root_index || computed != root_index) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SpeculativeDecoder::Step: the sequence holds ", len, " tokens (", computed,
+          " computed) but ", root_index, " computed tokens plus the root were expected"));
+    }
+    KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, path_));
+    absl::Status st = fwd.Forward(batch_, cache, &out_);
+    if (!st.ok()) cache.Truncate(seq_, root_index).IgnoreError();
+    return st;
+  }));
+  auto undo = [&] {
+    engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, root_index); })
+        .IgnoreError();
+  };
+  if (out_.logit_tokens.size() != static_cast<size_t>(n_nodes + 1)) {
+    undo();
+    return absl::InternalError("SpeculativeDecoder::Step: forward returned the wrong logit rows");
+  }
+  root_logits_.assign(out_.LogitsRow(0), out_.LogitsRow(0) + n_vocab);
+
+  // Target distributions through the session's chain; history = tokens + the node's ancestors.
+  p_.resize(n_nodes + 1);
+  nodes_.resize(n_nodes);
+  absl::Status st = sampler_.Apply(std::span(out_.LogitsRow(0), n_vocab), *tokens, &p_[0]);
+  for (int32_t i = 0; st.ok() && i < n_nodes; ++i) {
+    history_.assign(tokens->begin(), tokens->end());
+    const size_t base = history_.size();
+    for (int32_t a = i; a >= 0; a = draft_.parents[a]) history_.push_back(draft_.tokens[a]);
+    std::reverse(history_.begin() + static_cast<std::ptrdiff_t>(base), history_.end());
+    st = sampler_.Apply(std::span(out_.LogitsRow(i + 1), n_vocab), history_, &p_[i + 1]);
+    nodes_[i] = {draft_.parents[i], draft_.tokens[i], draft_.deterministic ? nullptr : &draft_.q[i],
+                 &p_[i + 1]};
+  }
+  // 4. Verification.
+  if (st.ok()) {
+    sample::DraftTree tree{&p_[0], nodes_};
+    if (sampler_.params().temperature <= 0.0f) {
+      st = sample::VerifyTreeGreedy(tree, &verify_);
+    } else {
+      sample::RngUniformSource uniforms(rng_);
+      st = sample::VerifyTree(tree, uniforms, &verify_);
+    }
+  }
+  if (!st.ok()) {
+    undo();
+    return st;
+  }
+
+  // Cut after the first end-of-generation token and at max_emit.
+  const Tokenizer& tokenizer = model.tokenizer();
+  int32_t keep = std::min<int32_t>(static_cast<int32_t>(verify_.tokens.size()), max_emit);
+  for (int32_t i = 0; i < keep; ++i) {
+    if (tokenizer.IsEndOfGeneration(verify_.tokens[i])) {
+      keep = i + 1;
+      out->end_of_generation = true;
+      break;
+    }
+  }
+  const int32_t m = verify_.num_accepted();
+  const int32_t m_commit = std::min(m, keep - 1);
+
+  // 5. Commit the accepted path.
+  st = Commit(root_index, std::span(verify_.accepted_nodes).first(m_commit),
+              std::span(verify_.tokens).first(m_commit));
+  if (!st.ok()) {
+    undo();
+    return st;
+  }
+  out->emitted.assign(verify_.tokens.begin(), verify_.tokens.begin() + keep);
+  out->drafted = n_nodes;
+  out->accepted = m;
+  tokens->insert(tokens->end(), out->emitted.begin(), out->emitted.end());
+  if (strategy_ != nullptr) {
+    strategy_->Accepted(n_nodes, std::span(verify_.tokens).first(m));
+  }
+  ++metrics_.steps;
+  metrics_.drafted += n_nodes;
+  metrics_.accepted += m;
+  metrics_.generated += keep;
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeDecoder::Commit(int32_t root_index, std::span<const int32_t> accepted_nodes,
+                                        std::span<const int32_t> accepted_tokens) {
+  const int32_t m = static_cast<int32_t>(accepted_nodes.size());
+  return engine_.Locked([&](KvCache& cache, LlamaForward&) -> absl::Status {
+    for (int32_t j = 0; j < m; ++j) {
+      // Node a_j sits at cache index root + 1 + a_j; its place in the text is root + 1 + j.
+      // a_j >= j and the a_j increase, so a later source is never overwritten before it is read.
+      const int32_t from = root_index + 1 + accepted_nodes[j];
+      const int32_t to = root_index + 1 + j;
+      if (from == to) continue;
+      KILN_ASSIGN_OR_RETURN(KvSlot to_slot, cache.PrepareOverwrite(seq_, to, accepted_tokens[j]));
+      KILN_ASSIGN_OR_RETURN(KvSlot from_slot, cache.SlotOf(seq_, from));
+      CopyKvRows(cache, from_slot, to_slot);
+    }
+    KILN_RETURN_IF_ERROR(cache.Truncate(seq_, root_index + 1 + m));
+    return cache.MarkComputed(seq_, root_index + 1 + m);
+  });
+}
+
+}  // namespace kiln::spec

@@ -1,0 +1,106 @@
+// SpeculativeDecoder: one speculative step on a sequence of the engine's cache.
+//
+// State it expects (the session's "one pending token" state): the sequence holds tokens
+// [0, n - 1) computed in the cache (Length == NumComputed == n - 1) and tokens[n - 1], the root,
+// is sampled but not computed. One Step:
+//   1. asks the strategy for a draft tree continuing `tokens` (at most max_emit - 1 nodes);
+//   2. builds one ForwardBatch: the root (causal, cache index n - 1, position n - 1), then every
+//      node i with parent = its parent's batch index (the root for top-level nodes), position =
+//      root position + depth, cache index n + i (slots appended after the root). A chain (every
+//      node the child of the previous one) is already where it would be committed, so it runs as
+//      causal tokens instead of tree nodes: the causal attention kernel path, bitwise identical
+//      to one-at-a-time decoding (the tree-mask path is exact math but, in the current CPU
+//      attention kernel, not bitwise equal to the causal path; see docs/speculative.md). Causal
+//      draft tokens are marked computed by the forward pass; rejected ones are truncated away
+//      (full blocks of them may stay in the prefix cache: valid K/V for those token ids);
+//   3. runs the target forward (all rows want logits), turns every row into a Distribution
+//      through the session's sampler chain (history = tokens + the node's ancestors), verifies
+//      with the rejection sampler (VerifyTreeGreedy when temperature <= 0, else VerifyTree);
+//   4. commits the accepted path: the K/V rows of accepted node a_j are copied into cache index
+//      n - 1 + j (only when a_j sits elsewhere: a fully accepted chain copies nothing), the
+//      sequence is truncated to n + m (m accepted) and marked computed. Work is proportional to
+//      the accepted path (m rows per layer and KV head) plus releasing the tree's blocks;
+//   5. appends the accepted tokens and the recovered/bonus token to `tokens` (that last token is
+//      the new root) and tells the strategy what was accepted.
+// Emitted tokens are cut after the first end-of-generation token and at max_emit; K/V of tokens
+// cut off are dropped so the state above holds again.
+//
+// Exactness: with temperature <= 0 the output is identical, token for token, to plain greedy
+// decoding (the engine's logits are batch invariant, so a tree node's logits equal those of the
+// same token decoded alone). With sampling, the tokens are distributed exactly as plain sampling
+// with the same chain (rejection_sampler.h), though the random stream is consumed differently,
+// so a seed gives different (equally distributed) text than plain decoding.
+//
+// Thread-safety: one decoder per session; Step takes the engine mutex around cache and forward
+// calls, so decoders of different sessions may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lib/common/status.h"
+#include "lib/engine/forward_batch.h"
+#include "lib/sample/distribution.h"
+#include "lib/sample/rejection_sampler.h"
+#include "lib/sample/rng.h"
+#include "lib/sample/sampler.h"
+#include "lib/session/session.h"
+#include "lib/spec/strategy.h"
+
+namespace kiln::spec {
+
+struct SpecStepResult {
+  std::vector<int32_t> emitted;  // tokens appended to `tokens` this step
+  int32_t drafted = 0;
+  int32_t accepted = 0;
+  bool end_of_generation = false;  // emitted ends with an end-of-generation token
+};
+
+class SpeculativeDecoder {
+ public:
+  // `sampler` and `rng` are the session's (borrowed; must outlive the decoder); `seq` a sequence
+  // of engine's cache. `strategy` may be nullptr (every step is plain decoding).
+  SpeculativeDecoder(Engine& engine, SeqId seq, sample::Sampler& sampler, sample::Rng& rng,
+                     Strategy* strategy);
+
+  void set_strategy(Strategy* strategy) { strategy_ = strategy; }
+  Strategy* strategy() const { return strategy_; }
+
+  // One step (see the header comment). Preconditions: tokens non-empty, the cache holds exactly
+  // tokens.size() - 1 computed tokens of `seq`; max_emit >= 1. Errors: FailedPrecondition (state
+  // mismatch), ResourceExhausted (cache full: nothing changed), strategy and sampler errors
+  // (nothing changed in the sequence).
+  absl::Status Step(std::vector<int32_t>* tokens, int32_t max_emit, SpecStepResult* out);
+
+  // Logits [n_vocab] of the root of the last step (the distribution the first emitted token
+  // came from), for callers that expose logits.
+  std::span<const float> RootLogits() const { return root_logits_; }
+
+  const SpecMetrics& metrics() const { return metrics_; }
+  void ResetMetrics() { metrics_ = {}; }
+
+ private:
+  absl::Status Commit(int32_t root_index, std::span<const int32_t> accepted_nodes,
+                      std::span<const int32_t> accepted_tokens);
+
+  Engine& engine_;
+  SeqId seq_;
+  sample::Sampler& sampler_;
+  sample::Rng& rng_;
+  Strategy* strategy_;
+  SpecMetrics metrics_;
+
+  DraftTree draft_;
+  ForwardBatch batch_;
+  ForwardOutput out_;
+  std::vector<int32_t> depth_;            // [n_nodes]
+  std::vector<sample::Distribution> p_;   // [1 + n_nodes] target distributions
+  std::vector<sample::DraftNode> nodes_;  // [n_nodes]
+  std::vector<int32_t> history_;          // scratch: tokens + a node's ancestors
+  std::vector<int32_t> path_;             // scratch
+  std::vector<float> root_logits_;        // [n_vocab]
+  sample::VerifyResult verify_;
+};
+
+}  // namespace kiln::spec

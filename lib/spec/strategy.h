@@ -1,0 +1,107 @@
+// The speculative-decoding strategy interface: something that proposes draft tokens (a tree) for
+// the target model to verify in one forward pass (speculative_decoder.h). Strategies plug in
+// explicitly through this interface: the n-gram prompt lookup (ngram_strategy.h) and the draft
+// model (draft_model_strategy.h) today, Medusa / EAGLE heads later.
+//
+// Exactness contract (see lib/sample/rejection_sampler.h for the proof and its assumptions):
+//   - deterministic drafts (DraftTree::deterministic, q empty) are always exact, whatever
+//     produced them: the rejection sampler treats q as one-hot at the token;
+//   - sampled drafts must give, for every node, the distribution q the token was drawn from,
+//     conditioned on its prefix (and on earlier siblings), computed through the same sampler
+//     chain as the target (ProposeContext::sampler_params), so p and q are comparable.
+//
+// Thread-safety: a strategy belongs to one decoder (one session) at a time; none of its methods
+// may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "lib/sample/distribution.h"
+#include "lib/sample/rng.h"
+#include "lib/sample/sampler.h"
+
+namespace kiln::spec {
+
+// A proposed draft tree. Node i hangs off node parents[i] (< i: topological order) or, when
+// parents[i] == -1, off the root (the last token of the context, not yet verified by the target).
+// A chain is parents = {-1, 0, 1, 2, ...}.
+struct DraftTree {
+  std::vector<int32_t> tokens;   // [n_nodes]
+  std::vector<int32_t> parents;  // [n_nodes]
+  // true: the tokens are deterministic (n-gram lookup, greedy draft); `q` is empty.
+  // false: q[i] is the distribution tokens[i] was drawn from (after the sampler chain).
+  bool deterministic = true;
+  std::vector<sample::Distribution> q;  // [n_nodes] or empty
+
+  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  void Clear() {
+    tokens.clear();
+    parents.clear();
+    q.clear();
+    deterministic = true;
+  }
+  // Appends a node; returns its index.
+  int32_t Add(int32_t token, int32_t parent) {
+    tokens.push_back(token);
+    parents.push_back(parent);
+    return size() - 1;
+  }
+};
+
+// What a strategy may use while proposing.
+struct ProposeContext {
+  // The session's sampler chain parameters (temperature <= 0: greedy, draft deterministically).
+  const sample::SamplerParams* sampler_params = nullptr;
+  // The session's random generator, for strategies that sample their drafts.
+  sample::Rng* rng = nullptr;
+};
+
+// Cumulative counters of a decoder (per session).
+struct SpecMetrics {
+  int64_t steps = 0;      // target forward passes made by Step (one per step)
+  int64_t drafted = 0;    // draft nodes proposed and verified
+  int64_t accepted = 0;   // draft nodes accepted (before any end-of-generation / max cut)
+  int64_t generated = 0;  // tokens emitted (accepted + recovered/bonus, after the cut)
+
+  // Accepted draft tokens per step (0 when no step ran).
+  double MeanAcceptedPerStep() const {
+    return steps == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(steps);
+  }
+  // Accepted / drafted (0 when nothing was drafted).
+  double AcceptanceRate() const {
+    return drafted == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(drafted);
+  }
+  // Target passes per generated token: 1 for plain decoding, lower is better.
+  double TargetPassesPerToken() const {
+    return generated == 0 ? 0.0 : static_cast<double>(steps) / static_cast<double>(generated);
+  }
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // A short name for logs and metrics ("ngram", "draft").
+  virtual std::string_view name() const = 0;
+
+  // Proposes at most `max_draft` nodes (>= 0) continuing `context` (every token of the sequence;
+  // its last token is the root, the target has not computed it yet). Fills *out (cleared first);
+  // an empty tree means "no speculation this step" (the step is plain decoding). Errors abort
+  // the step and reach the caller.
+  virtual absl::Status Propose(std::span<const int32_t> context, int32_t max_draft,
+                               const ProposeContext& ctx, DraftTree* out) = 0;
+
+  // After verification of the last proposal: `accepted` are the tokens of the accepted path
+  // (accepted.size() of the proposed nodes), `drafted` how many were proposed. Lets the strategy
+  // adapt and roll back its own state.
+  virtual void Accepted(int32_t drafted, std::span<const int32_t> accepted) = 0;
+
+  // Forgets all state (a new conversation, a rewind the strategy cannot follow).
+  virtual void Reset() = 0;
+};
+
+}  // namespace kiln::spec
