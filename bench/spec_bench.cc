@@ -3,11 +3,13 @@
 // editing), it runs plain decoding (no strategy), the n-gram strategy and a draft model cut from
 // the target (its first --draft-layers layers, made with MakeDraftModel), each --reps times, and
 // prints decode tokens/s (generated tokens / wall time of the decoding steps, prefill excluded;
-// per repetition over the whole prompt set) as median [min-max], the speedup over plain, the
-// mean accepted draft tokens per step and target passes per generated token.
+// per repetition over the whole prompt set) as median [min-max] and the speedup over plain; the
+// same per second of process CPU time (all threads; steadier than wall time on a shared, loaded
+// machine); the mean accepted draft tokens per step, the acceptance rate and target passes per
+// generated token.
 //
 //   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
-//              [--draft-max K] [--ngram-max K]
+//              [--draft-max K] [--ngram-max K] [--prompts N (per set, at most 4)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -54,7 +56,8 @@ std::string ChatPrompt(const std::string& user) {
 }
 
 struct Row {
-  std::vector<double> tok_s;  // per repetition
+  std::vector<double> tok_s;      // per repetition, wall time
+  std::vector<double> tok_cpu_s;  // per repetition, process CPU time
   int64_t steps = 0, accepted = 0, generated = 0, drafted = 0;
 };
 
@@ -71,7 +74,8 @@ int main(int argc, char** argv) {
   if (const char* home = std::getenv("HOME")) {
     model_path = std::string(home) + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
-  int threads = 2, tokens = 64, reps = 3, draft_layers = 4, draft_max = 4, ngram_max = 8;
+  int threads = 2, tokens = 64, reps = 3, draft_layers = 4, draft_max = 4, ngram_max = 8,
+      n_prompts = 4;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -89,6 +93,8 @@ int main(int argc, char** argv) {
       draft_max = std::atoi(v);
     else if (a == "--ngram-max")
       ngram_max = std::atoi(v);
+    else if (a == "--prompts")
+      n_prompts = std::atoi(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -132,8 +138,9 @@ int main(int argc, char** argv) {
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",
       model_path.c_str(), threads, tokens, reps, ngram_max, draft_layers, draft_max);
-  std::printf("%-5s %-5s %-6s %26s %8s %10s %10s %12s\n", "temp", "set", "strat",
-              "tok/s median [min-max]", "speedup", "acc/step", "acc rate", "passes/tok");
+  std::printf("%-5s %-5s %-6s %24s %8s %24s %8s %9s %9s %11s\n", "temp", "set", "strat",
+              "wall tok/s med [min-max]", "speedup", "tok/cpu-s med [min-max]", "speedup",
+              "acc/step", "acc rate", "passes/tok");
   for (float temp : {0.0f, 0.8f}) {
     sample::SamplerParams sp;
     sp.temperature = temp;
@@ -141,14 +148,15 @@ int main(int argc, char** argv) {
       std::vector<std::vector<int32_t>> prompts;
       const auto& texts = set == 0 ? kChatPrompts : kCopyPrompts;
       for (const char* t : texts) {
+        if (static_cast<int>(prompts.size()) >= n_prompts) break;
         prompts.push_back(*(*model)->tokenizer().Encode(ChatPrompt(t), true, true));
       }
-      double plain_median = 0.0;
+      double plain_median = 0.0, plain_cpu_median = 0.0;
       for (const Named& s : strategies) {
         Row row;
         for (int r = 0; r < reps; ++r) {
           int64_t gen = 0;
-          double secs = 0.0;
+          double secs = 0.0, cpu_secs = 0.0;
           for (size_t p = 0; p < prompts.size(); ++p) {
             auto res = GenerateSpeculative(**engine, prompts[p], sp, 1000 + r * 10 + p, s.strategy,
                                            tokens);
@@ -158,21 +166,32 @@ int main(int argc, char** argv) {
             }
             gen += res->metrics.generated;
             secs += res->decode_seconds;
+            cpu_secs += res->decode_cpu_seconds;
             row.steps += res->metrics.steps;
             row.accepted += res->metrics.accepted;
             row.drafted += res->metrics.drafted;
             row.generated += res->metrics.generated;
           }
           row.tok_s.push_back(static_cast<double>(gen) / secs);
+          row.tok_cpu_s.push_back(static_cast<double>(gen) / cpu_secs);
         }
         const double med = Median(row.tok_s);
-        if (s.strategy == nullptr) plain_median = med;
+        const double cpu_med = Median(row.tok_cpu_s);
+        if (s.strategy == nullptr) {
+          plain_median = med;
+          plain_cpu_median = cpu_med;
+        }
         char buf[64];
         std::snprintf(buf, sizeof(buf), "%.1f [%.1f-%.1f]", med,
                       *std::min_element(row.tok_s.begin(), row.tok_s.end()),
                       *std::max_element(row.tok_s.begin(), row.tok_s.end()));
-        std::printf("%-5.1f %-5s %-6s %26s %7.2fx %10.2f %10.2f %12.3f\n", temp,
-                    set == 0 ? "chat" : "copy", s.name, buf, med / plain_median,
+        char cpu_buf[64];
+        std::snprintf(cpu_buf, sizeof(cpu_buf), "%.1f [%.1f-%.1f]", cpu_med,
+                      *std::min_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()),
+                      *std::max_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()));
+        std::printf("%-5.1f %-5s %-6s %24s %7.2fx %24s %7.2fx %9.2f %9.2f %11.3f\n", temp,
+                    set == 0 ? "chat" : "copy", s.name, buf, med / plain_median, cpu_buf,
+                    cpu_med / plain_cpu_median,
                     row.steps ? static_cast<double>(row.accepted) / row.steps : 0.0,
                     row.drafted ? static_cast<double>(row.accepted) / row.drafted : 0.0,
                     row.generated ? static_cast<double>(row.steps) / row.generated : 0.0);

@@ -18,6 +18,11 @@ absl::StatusOr<std::unique_ptr<NgramStrategy>> NgramStrategy::Create(const Ngram
     return absl::InvalidArgumentError(
         absl::StrCat("NgramParams.max_draft ", params.max_draft, " < 1"));
   }
+  if (params.start_draft < 1 || params.start_draft > params.max_draft) {
+    return absl::InvalidArgumentError(absl::StrCat("NgramParams.start_draft ", params.start_draft,
+                                                   " is outside [1, max_draft = ", params.max_draft,
+                                                   "]"));
+  }
   if (params.max_skip < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("NgramParams.max_skip ", params.max_skip, " < 0"));
@@ -28,7 +33,7 @@ absl::StatusOr<std::unique_ptr<NgramStrategy>> NgramStrategy::Create(const Ngram
 void NgramStrategy::Reset() {
   skip_left_ = 0;
   misses_ = 0;
-  draft_len_ = params_.max_draft;
+  draft_len_ = params_.start_draft;
 }
 
 int64_t NgramStrategy::FindMostRecent(std::span<const int32_t> context, int32_t n) {

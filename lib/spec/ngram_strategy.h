@@ -4,11 +4,14 @@
 // deterministic chain. Exact under sampling too (q one-hot, rejection_sampler.h).
 //
 // Back-off (so it does not cost when it does not pay): verifying k draft tokens makes the target
-// pass wider, so after a step where nothing was accepted the strategy proposes nothing for a
-// while (the step is plain decoding): 1 step after the first miss, doubling with each
-// consecutive miss up to max_skip; any accepted token resets it. The draft length adapts: it
-// starts at max_draft, drops to (accepted + 1) after a partial acceptance, and doubles again
-// after a fully accepted draft.
+// pass wider (on the CPU a pass over 9 tokens costs about twice a pass over one), so
+//   - a 1-token suffix is not matched by default (min_ngram = 2): in chat text single tokens
+//     match everywhere and what followed them is rarely what comes next;
+//   - the draft length adapts: it starts at start_draft, doubles (up to max_draft) after a fully
+//     accepted draft, drops to accepted + 1 after a partial acceptance and halves after a miss;
+//   - after a step where nothing was accepted the strategy proposes nothing for a while (the
+//     step is plain decoding): 1 step after the first miss, doubling with each consecutive miss
+//     up to max_skip; any accepted token resets it.
 //
 // Thread-safety: none (see strategy.h).
 #pragma once
@@ -18,11 +21,12 @@
 namespace kiln::spec {
 
 struct NgramParams {
-  int32_t max_ngram = 3;  // longest suffix tried first (>= min_ngram)
-  int32_t min_ngram = 1;  // shortest suffix tried (>= 1)
-  int32_t max_draft = 8;  // tokens proposed at most per step
-  int32_t max_skip = 16;  // longest back-off, in steps (0: never back off)
-  bool adaptive = true;   // adapt the draft length and back off (false: always max_draft)
+  int32_t max_ngram = 3;    // longest suffix tried first (>= min_ngram)
+  int32_t min_ngram = 2;    // shortest suffix tried (>= 1)
+  int32_t max_draft = 8;    // tokens proposed at most per step
+  int32_t start_draft = 4;  // initial adaptive draft length, in [1, max_draft]
+  int32_t max_skip = 32;    // longest back-off, in steps (0: never back off)
+  bool adaptive = true;     // adapt the draft length and back off (false: always max_draft)
 };
 
 class NgramStrategy final : public Strategy {

@@ -2,8 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 
 namespace kiln::spec {
+
+namespace {
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
 
 absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
                                                        std::span<const int32_t> prompt,
@@ -54,6 +63,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     SpecStepResult step;
     int32_t generated = 0;
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     while (generated < max_tokens) {
       const int32_t room = engine.n_ctx() - static_cast<int32_t>(tokens.size());
       if (room <= 0) break;
@@ -67,6 +77,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     }
     result.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end());
     result.metrics = decoder.metrics();
+    result.decode_cpu_seconds = ProcessCpuSeconds() - cpu_start;
     result.decode_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return result;

@@ -24,7 +24,8 @@ struct SpecGenerateResult {
   std::vector<int32_t> tokens;  // generated tokens only
   bool end_of_generation = false;
   SpecMetrics metrics;
-  double decode_seconds = 0.0;  // wall time of the decoding steps (prefill excluded)
+  double decode_seconds = 0.0;      // wall time of the decoding steps (prefill excluded)
+  double decode_cpu_seconds = 0.0;  // process CPU time (all threads) of the same steps
 };
 
 // Errors: InvalidArgument (empty prompt, max_tokens < 0, a token id out of range naming its

@@ -379,6 +379,7 @@ TEST(NgramStrategyTest, FindsMostRecentMatchAndProposesWhatFollowed) {
   EXPECT_EQ(NgramStrategy::FindMostRecent(std::vector<int32_t>{4, 5, 6}, 2), -1);
   NgramParams params;
   params.max_draft = 3;
+  params.start_draft = 3;
   auto s = NgramStrategy::Create(params);
   ASSERT_TRUE(s.ok());
   DraftTree tree;
