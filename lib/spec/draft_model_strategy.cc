@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("DraftModelParams.max_draft ", params.max_draft, " < 1"));
   }
+  if (params.max_skip < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DraftModelParams.max_skip ", params.max_skip, " < 0"));
+  }
   if (params.n_ctx < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DraftModelParams.n_ctx ", params.n_ctx, " < 0"));
@@ -54,6 +58,8 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
 void DraftModelStrategy::Reset() {
   cache_->Truncate(seq_, 0).IgnoreError();
   draft_len_ = params_.max_draft;
+  misses_ = 0;
+  skip_left_ = 0;
   last_context_len_ = 0;
   last_computed_drafts_ = 0;
 }
@@ -94,6 +100,10 @@ absl::Status DraftModelStrategy::Sync(std::span<const int32_t> context) {
 absl::Status DraftModelStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
                                          const ProposeContext& ctx, DraftTree* out) {
   out->Clear();
+  if (params_.adaptive && skip_left_ > 0) {
+    --skip_left_;
+    return absl::OkStatus();
+  }
   const int32_t len = static_cast<int32_t>(context.size());
   int32_t k =
       std::min({max_draft, params_.adaptive ? draft_len_ : params_.max_draft, params_.n_ctx - len});
@@ -133,6 +143,12 @@ void DraftModelStrategy::Accepted(int32_t drafted, std::span<const int32_t> acce
   // Rollback: keep the context and the accepted drafts whose K/V the draft computed.
   cache_->Truncate(seq_, last_context_len_ + std::min(m, last_computed_drafts_)).IgnoreError();
   if (!params_.adaptive) return;
+  if (m == 0 && draft_len_ == 1) {
+    ++misses_;
+    skip_left_ = std::min(params_.max_skip, 1 << std::min(misses_ - 1, 20));
+  } else if (m > 0) {
+    misses_ = 0;
+  }
   if (m == drafted) {
     draft_len_ = std::min(params_.max_draft, draft_len_ + 1);
   } else {

@@ -13,7 +13,11 @@
 // the rest, so any change of context (rewind, edited prompt, another session) is followed.
 //
 // Draft length: fixed max_draft, or adaptive (start at max_draft; +1 after a fully accepted
-// draft, -1 after a rejection, within [1, max_draft]).
+// draft, -1 after a rejection, within [1, max_draft]). Adaptive mode also backs off when even
+// one-token drafts keep failing (a weak draft costs a draft pass and a wider target pass per
+// step): after a miss at length 1 it proposes nothing for 1, 2, 4 ... up to max_skip steps (the
+// draft then catches up on the skipped tokens in one batch at the next proposal); any accepted
+// token ends the back-off.
 //
 // Thread-safety: none (see strategy.h). The draft model may be shared read-only.
 #pragma once
@@ -34,6 +38,7 @@ namespace kiln::spec {
 struct DraftModelParams {
   int32_t max_draft = 5;  // >= 1
   bool adaptive = true;
+  int32_t max_skip = 16;              // longest back-off in steps (adaptive only; 0: never)
   int n_threads = 0;                  // draft forward threads; <= 0: physical cores
   int32_t n_ctx = 0;                  // longest context drafted for; 0: min(training ctx, 8192)
   GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
@@ -76,6 +81,8 @@ class DraftModelStrategy final : public Strategy {
   std::unique_ptr<LlamaForward> forward_;
   SeqId seq_ = 0;
   int32_t draft_len_;
+  int32_t misses_ = 0;            // consecutive misses at draft length 1
+  int32_t skip_left_ = 0;         // proposals left to skip
   int32_t last_context_len_ = 0;  // context size of the last proposal
   int32_t last_computed_drafts_ = 0;
   std::vector<float> logits_;  // [n_vocab]
