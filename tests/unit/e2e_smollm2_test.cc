@@ -10,7 +10,9 @@
 // divergence are within 1e-3 of each other (a near-tie that a different summation order flips).
 // Perplexity within 1% of llama.cpp's.
 //
-// Run time: release build ~20 s with 2 threads. Under sanitizers (ASan/UBSan: ~5-10x slower) or
+// Run time, release build, 2 threads: 116 s of CPU (4.8 min wall on the shared 2-core machine at
+// load average 14; greedy ~30 s of CPU per KV type, perplexity over 14 chunks the most). Under
+// sanitizers (ASan/UBSan: 1.9 min of CPU with the subset, 4.3 min wall at that load) or
 // when KILN_E2E_QUICK=1 is set, a documented subset runs: every prompt's prompt tokens and
 // template are still checked, but only the first 16 generated tokens of each prompt are
 // compared, perplexity is computed over the first 3 chunks against the per-chunk running value
