@@ -10,8 +10,8 @@ side goes first from repeat to repeat. Both sides time the same phases on the sa
   decode1024: that context extended (untimed) to 1,024 tokens, then N greedy steps, one token
               per eval, argmax of the logits included (tokens/s = N / time);
   decode128:  a fresh context of 128 prompt tokens (untimed), then N greedy steps.
-It also measures the machine's read bandwidth (engine_bench --bandwidth, 1 GiB, 1 and 2 threads)
-and prints each decode figure as a fraction of the roofline
+It also measures the machine's read bandwidth (engine_bench --bandwidth, 1 GiB, 1 and 2 threads,
+once per repeat) and prints each decode figure as a fraction of the roofline
   bandwidth / (weight bytes read per token + KV bytes per position * (context + N/2)),
 where the weight bytes are every tensor but a non-tied embedding table (f16 K/V on both sides).
 
@@ -102,9 +102,8 @@ def print_table(args, prompt, bw, configs, res, done, llama_version):
           f'{done} of {args.repeats} repeats, kiln and llama.cpp alternating; llama-cpp-python '
           f'{llama_version}')
     for t in sorted(bw):
-        b = bw[t]
-        print(f'read bandwidth {t} thread(s): {b["bandwidth_gbs"]:.2f} GB/s '
-              f'({b["min"]:.2f}-{b["max"]:.2f})')
+        print(f'read bandwidth {t} thread(s): {fmt(bw[t], 2)} GB/s (median of each repeat\'s '
+              f'3-pass median, min-max)')
     print()
     hdr = (f'{"model":<34} {"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama.cpp tok/s":>22} '
            f'{"ratio":>19} {"kiln roof":>9} {"llama roof":>10}')
@@ -121,7 +120,7 @@ def print_table(args, prompt, bw, configs, res, done, llama_version):
             roof_k = roof_l = ''
             if metric in CONTEXT:
                 ctx = CONTEXT[metric] + args.decode / 2
-                roofline = bw[t]['bandwidth_gbs'] * 1e9 / (wbytes + kvpos * ctx)
+                roofline = statistics.median(bw[t]) * 1e9 / (wbytes + kvpos * ctx)
                 roof_k = f'{statistics.median(kv) / roofline:.0%}'
                 roof_l = f'{statistics.median(lv) / roofline:.0%}'
             print(f'{os.path.basename(m):<34} {t:>3} {metric:<11} {fmt(kv):>22} {fmt(lv):>22} '
@@ -166,12 +165,15 @@ def main():
                        stdout=subprocess.DEVNULL)
     models = [args.model, q8]
 
-    # Memory bandwidth.
-    bw = {}
-    for t in sorted(set(threads) | {1, 2}):
-        out = subprocess.run([exe, '--bandwidth', '--threads', str(t), '--repeats', '5', '--json'],
-                             check=True, capture_output=True, text=True).stdout
-        bw[t] = json.loads(out)
+    # Memory bandwidth: measured again in every repeat (3 passes each), so that the roofline
+    # sees the same machine load as the decode runs; bw[t] = all passes' GB/s.
+    bw = {t: [] for t in sorted(set(threads) | {1, 2})}
+
+    def measure_bandwidth():
+        for t in bw:
+            out = subprocess.run([exe, '--bandwidth', '--threads', str(t), '--repeats', '3',
+                                  '--json'], check=True, capture_output=True, text=True).stdout
+            bw[t].append(json.loads(out)['bandwidth_gbs'])
     # Prompt tokens, tokenized once by llama.cpp and given to both sides.
     import llama_cpp
     vocab = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
@@ -190,6 +192,7 @@ def main():
     res = {c: {'kiln': [], 'llama': []} for c in configs}
     t_start = time.time()
     for r in range(args.repeats):
+        measure_bandwidth()
         for c in configs:
             order = ('kiln', 'llama') if r % 2 == 0 else ('llama', 'kiln')
             for side in order:
