@@ -451,6 +451,73 @@ KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session,
                                                kiln_token_logprob* out, size_t capacity,
                                                size_t* n);
 
+/* ---------------------------------------------------------------- speculative decoding
+ *
+ * A kiln_strategy proposes draft tokens that a session's generate verifies with the target model
+ * in one pass per step (docs/speculative.md). Lossless: the output is distributed exactly as
+ * without a strategy, and identical token for token at temperature 0. A strategy serves one
+ * session at a time; set it with kiln_session_set_strategy and detach it (NULL) or destroy the
+ * session before destroying the strategy.
+ */
+
+typedef struct kiln_strategy kiln_strategy;
+
+typedef struct kiln_ngram_params {
+  uint32_t struct_size; /* sizeof(kiln_ngram_params), set by the default params call */
+  int32_t max_ngram;    /* longest suffix matched first; default 3 */
+  int32_t min_ngram;    /* shortest suffix matched (>= 1); default 2 */
+  int32_t max_draft;    /* most tokens proposed per step (>= 1); default 8 */
+  int32_t start_draft;  /* initial adaptive draft length, in [1, max_draft]; default 4 */
+  int32_t max_skip;     /* longest back-off in steps after misses; default 32 */
+  int32_t adaptive;     /* nonzero: adapt the draft length and back off; default 1 */
+} kiln_ngram_params;
+
+KILN_API kiln_ngram_params kiln_ngram_default_params(void);
+
+/* N-gram prompt lookup (no model). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too
+ * small, a bad field: the message names it), KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
+                                                kiln_strategy** out_strategy);
+
+typedef struct kiln_draft_params {
+  uint32_t struct_size; /* sizeof(kiln_draft_params), set by the default params call */
+  int32_t max_draft;    /* most tokens drafted per step (>= 1); default 5 */
+  int32_t adaptive;     /* nonzero: adapt the draft length to acceptance; default 1 */
+  int32_t n_threads;    /* draft forward threads; <= 0: physical cores (default) */
+  int32_t n_ctx;        /* longest context drafted for; 0: min(training context, 8192) */
+} kiln_draft_params;
+
+KILN_API kiln_draft_params kiln_draft_default_params(void);
+
+/* A draft model loaded from `draft_path` (any GGUF with the target's vocabulary size; kiln-mkdraft
+ * makes one from the target) with its own KV cache. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL,
+ * struct_size too small, bad field, vocabulary size differing from `target`'s), the statuses of
+ * kiln_model_load for the file, KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* draft_path,
+                                                const kiln_draft_params* params,
+                                                kiln_strategy** out_strategy);
+
+/* NULL is a no-op. Must not be attached to a live session. */
+KILN_API void kiln_strategy_destroy(kiln_strategy* strategy);
+
+/* Attaches `strategy` (NULL: plain decoding) to the session's next generate calls. Statuses:
+ * KILN_ERR_INVALID_ARGUMENT (NULL session), KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_set_strategy(kiln_session* session, kiln_strategy* strategy);
+
+typedef struct kiln_spec_metrics {
+  int64_t steps;                   /* target passes made by speculative steps */
+  int64_t drafted;                 /* draft tokens proposed */
+  int64_t accepted;                /* draft tokens accepted */
+  int64_t generated;               /* tokens emitted by speculative steps */
+  double mean_accepted_per_step;   /* accepted / steps */
+  double target_passes_per_token;  /* steps / generated (1 = plain decoding) */
+} kiln_spec_metrics;
+
+/* Cumulative speculative metrics of the session (zeros without a strategy). Statuses:
+ * KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_get_spec_metrics(const kiln_session* session,
+                                                   kiln_spec_metrics* out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

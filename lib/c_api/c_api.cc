@@ -13,6 +13,8 @@
 #include "lib/common/status.h"
 #include "lib/gguf/gguf.h"
 #include "lib/model/model.h"
+#include "lib/spec/draft_model_strategy.h"
+#include "lib/spec/ngram_strategy.h"
 #include "lib/tokenizer/chat_template.h"
 #include "lib/tokenizer/tokenizer.h"
 
@@ -752,3 +754,123 @@ kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_lo
 }
 
 }  // extern "C"
+
+// ------------------------------------------------------------------ speculative decoding
+
+kiln_ngram_params kiln_ngram_default_params(void) {
+  const kiln::spec::NgramParams d;
+  kiln_ngram_params p{};
+  p.struct_size = sizeof(kiln_ngram_params);
+  p.max_ngram = d.max_ngram;
+  p.min_ngram = d.min_ngram;
+  p.max_draft = d.max_draft;
+  p.start_draft = d.start_draft;
+  p.max_skip = d.max_skip;
+  p.adaptive = d.adaptive ? 1 : 0;
+  return p;
+}
+
+kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
+                                       kiln_strategy** out_strategy) {
+  return Guard("kiln_strategy_create_ngram", [&]() -> kiln_status {
+    if (params == nullptr || out_strategy == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_ngram: params and out_strategy are required");
+    }
+    if (params->struct_size < sizeof(kiln_ngram_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_ngram: params->struct_size is too small; use "
+                  "kiln_ngram_default_params()");
+    }
+    kiln::spec::NgramParams p;
+    p.max_ngram = params->max_ngram;
+    p.min_ngram = params->min_ngram;
+    p.max_draft = params->max_draft;
+    p.start_draft = params->start_draft;
+    p.max_skip = params->max_skip;
+    p.adaptive = params->adaptive != 0;
+    auto s = kiln::spec::NgramStrategy::Create(p);
+    if (!s.ok()) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  kiln::StrCat("kiln_strategy_create_ngram: ", s.status().message()));
+    }
+    auto handle = std::make_unique<kiln_strategy>();
+    handle->strategy = std::move(*s);
+    *out_strategy = handle.release();
+    return KILN_OK;
+  });
+}
+
+kiln_draft_params kiln_draft_default_params(void) {
+  const kiln::spec::DraftModelParams d;
+  kiln_draft_params p{};
+  p.struct_size = sizeof(kiln_draft_params);
+  p.max_draft = d.max_draft;
+  p.adaptive = d.adaptive ? 1 : 0;
+  p.n_threads = d.n_threads;
+  p.n_ctx = d.n_ctx;
+  return p;
+}
+
+kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* draft_path,
+                                       const kiln_draft_params* params,
+                                       kiln_strategy** out_strategy) {
+  return Guard("kiln_strategy_create_draft", [&]() -> kiln_status {
+    if (target == nullptr || draft_path == nullptr || params == nullptr ||
+        out_strategy == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_draft: target, draft_path, params and out_strategy are "
+                  "required");
+    }
+    if (params->struct_size < sizeof(kiln_draft_params)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_draft: params->struct_size is too small; use "
+                  "kiln_draft_default_params()");
+    }
+    kiln::spec::DraftModelParams p;
+    p.max_draft = params->max_draft;
+    p.adaptive = params->adaptive != 0;
+    p.n_threads = params->n_threads;
+    p.n_ctx = params->n_ctx;
+    auto s = kiln::spec::DraftModelStrategy::Load(draft_path, target->model->hparams().n_vocab, p);
+    if (!s.ok()) {
+      return FromAbsl(absl::Status(
+          s.status().code(), kiln::StrCat("kiln_strategy_create_draft: ", s.status().message())));
+    }
+    auto handle = std::make_unique<kiln_strategy>();
+    handle->strategy = std::move(*s);
+    *out_strategy = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_strategy_destroy(kiln_strategy* strategy) { delete strategy; }
+
+kiln_status kiln_session_set_strategy(kiln_session* session, kiln_strategy* strategy) {
+  return Guard("kiln_session_set_strategy", [&]() -> kiln_status {
+    if (session == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_set_strategy: session is NULL");
+    }
+    return FromAbsl(
+        session->session->SetStrategy(strategy == nullptr ? nullptr : strategy->strategy.get()));
+  });
+}
+
+kiln_status kiln_session_get_spec_metrics(const kiln_session* session, kiln_spec_metrics* out) {
+  return Guard("kiln_session_get_spec_metrics", [&]() -> kiln_status {
+    if (session == nullptr || out == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_get_spec_metrics: session and out are required");
+    }
+    kiln::Session::Use use(*session->session, "kiln_session_get_spec_metrics", false);
+    if (!use.status().ok()) return FromAbsl(use.status());
+    const kiln::spec::SpecMetrics m = session->session->spec_metrics();
+    out->steps = m.steps;
+    out->drafted = m.drafted;
+    out->accepted = m.accepted;
+    out->generated = m.generated;
+    out->mean_accepted_per_step = m.MeanAcceptedPerStep();
+    out->target_passes_per_token = m.TargetPassesPerToken();
+    return KILN_OK;
+  });
+}

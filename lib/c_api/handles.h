@@ -32,3 +32,9 @@ struct kiln_session {
   kiln_cache* cache = nullptr;
   std::unique_ptr<kiln::Session> session;
 };
+
+#include "lib/spec/strategy.h"
+
+struct kiln_strategy {
+  std::unique_ptr<kiln::spec::Strategy> strategy;
+};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lib/spec/speculative_decoder.h"
 #include "lib/tokenizer/streaming_detokenizer.h"
 #include "lib/tokenizer/tokenizer.h"
 
@@ -105,6 +106,21 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(Engine& engine,
   const SeqId seq =
       engine.Locked([](KvCache& cache, LlamaForward&) { return cache.CreateSequence(); });
   return std::unique_ptr<Session>(new Session(engine, params, seed, seq));
+}
+
+absl::Status Session::SetStrategy(spec::Strategy* strategy) {
+  Use use(*this, "SetStrategy", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  if (spec_ == nullptr) {
+    spec_ = std::make_unique<spec::SpeculativeDecoder>(engine_, seq_, sampler_, rng_, strategy);
+  }
+  if (strategy != nullptr && strategy != spec_->strategy()) strategy->Reset();
+  spec_->set_strategy(strategy);
+  return absl::OkStatus();
+}
+
+spec::SpecMetrics Session::spec_metrics() const {
+  return spec_ == nullptr ? spec::SpecMetrics{} : spec_->metrics();
 }
 
 Session::~Session() {
@@ -269,6 +285,42 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
     return !options.on_token || options.on_token(token, text);
   };
   GenerateResult result;
+  // Handles one generated token already in tokens_: end of generation, stop strings, streaming.
+  // Returns true when generation stops (result.reason set).
+  auto handle = [&](int32_t token) -> absl::StatusOr<bool> {
+    ++result.n_tokens;
+    if (tokenizer.IsEndOfGeneration(token)) {
+      result.reason = StopReason::kEndOfGeneration;
+      return true;
+    }
+    KILN_ASSIGN_OR_RETURN(std::string piece, detok.Push(token));
+    held += piece;
+    size_t stop_at = std::string::npos;
+    for (const std::string& s : options.stop_strings) stop_at = std::min(stop_at, held.find(s));
+    if (stop_at != std::string::npos) {
+      emit(token, std::string_view(held).substr(0, stop_at));
+      held.clear();
+      result.reason = StopReason::kStopString;
+      return true;
+    }
+    // Hold back the longest suffix that could still grow into a stop string.
+    size_t keep = 0;
+    for (const std::string& s : options.stop_strings) {
+      for (size_t len = std::min(s.size() - 1, held.size()); len > keep; --len) {
+        if (held.compare(held.size() - len, len, s, 0, len) == 0) {
+          keep = len;
+          break;
+        }
+      }
+    }
+    const std::string out = held.substr(0, held.size() - keep);
+    held.erase(0, held.size() - keep);
+    if (!emit(token, out)) {
+      result.reason = StopReason::kCallback;
+      return true;
+    }
+    return false;
+  };
   while (true) {
     if (result.n_tokens >= options.max_tokens) {
       result.reason = StopReason::kMaxTokens;
@@ -279,6 +331,34 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
       KILN_RETURN_IF_ERROR(engine_.Locked(
           [&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, n_cached_ - 1); }));
       --n_cached_;
+    }
+    if (spec_ != nullptr && spec_->strategy() != nullptr && n_cached_ + 1 == n_tokens() &&
+        n_tokens() < engine_.n_ctx()) {
+      // Speculative step: computes the pending token with the strategy's drafts and appends the
+      // accepted tokens plus one recovered/bonus token (pending again).
+      if (ConsumeCancel()) {
+        result.reason = StopReason::kCancelled;
+        break;
+      }
+      const int32_t max_emit =
+          std::min(options.max_tokens - result.n_tokens, engine_.n_ctx() - n_tokens());
+      spec::SpecStepResult step;
+      KILN_RETURN_IF_ERROR(spec_->Step(&tokens_, max_emit, &step));
+      n_cached_ = n_tokens() - 1;
+      logits_valid_ = false;
+      stats_.computed_tokens += 1 + step.drafted;
+      const int32_t first = n_tokens() - static_cast<int32_t>(step.emitted.size());
+      bool stop = false;
+      for (int32_t i = first; i < n_tokens() && !stop; ++i) {
+        KILN_ASSIGN_OR_RETURN(stop, handle(tokens_[i]));
+        if (stop && i + 1 < n_tokens()) {
+          // Drop the tokens after the stopping one (their K/V too); the stopping token stays
+          // computed, its logits are recomputed by the next Generate.
+          RestoreTo(static_cast<size_t>(i + 1), std::min(n_cached_, i + 1));
+        }
+      }
+      if (stop) break;
+      continue;
     }
     if (n_cached_ < n_tokens()) {
       absl::Status st = ComputePending({}, 0);
@@ -304,37 +384,8 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
     if (token < 0) return absl::InternalError("Generate: the sampler returned no token");
     last_logprobs_ = dist_.top_logprobs;
     tokens_.push_back(token);  // pending: computed by the next step or call
-    ++result.n_tokens;
-    if (tokenizer.IsEndOfGeneration(token)) {
-      result.reason = StopReason::kEndOfGeneration;
-      break;
-    }
-    KILN_ASSIGN_OR_RETURN(std::string piece, detok.Push(token));
-    held += piece;
-    size_t stop_at = std::string::npos;
-    for (const std::string& s : options.stop_strings) stop_at = std::min(stop_at, held.find(s));
-    if (stop_at != std::string::npos) {
-      emit(token, std::string_view(held).substr(0, stop_at));
-      held.clear();
-      result.reason = StopReason::kStopString;
-      break;
-    }
-    // Hold back the longest suffix that could still grow into a stop string.
-    size_t keep = 0;
-    for (const std::string& s : options.stop_strings) {
-      for (size_t len = std::min(s.size() - 1, held.size()); len > keep; --len) {
-        if (held.compare(held.size() - len, len, s, 0, len) == 0) {
-          keep = len;
-          break;
-        }
-      }
-    }
-    const std::string out = held.substr(0, held.size() - keep);
-    held.erase(0, held.size() - keep);
-    if (!emit(token, out)) {
-      result.reason = StopReason::kCallback;
-      break;
-    }
+    KILN_ASSIGN_OR_RETURN(bool stop, handle(token));
+    if (stop) break;
   }
   if (result.reason != StopReason::kStopString && result.reason != StopReason::kCallback) {
     held += detok.Flush();

@@ -43,8 +43,13 @@
 #include "lib/sample/distribution.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
+#include "lib/spec/strategy.h"
 
 namespace kiln {
+
+namespace spec {
+class SpeculativeDecoder;
+}  // namespace spec
 
 struct EngineOptions {
   // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
@@ -170,6 +175,16 @@ class Session {
   // The top log-probabilities of the last sampled token (empty unless n_logprobs > 0).
   std::span<const sample::TokenLogprob> LastLogprobs() const { return last_logprobs_; }
 
+  // Speculative decoding (lib/spec, docs/speculative.md): from now on Generate lets `strategy`
+  // draft tokens and verifies them with the target in one pass per step; the output is
+  // distributed exactly as without it (identical at temperature 0). nullptr: plain decoding.
+  // The strategy is borrowed: it must outlive its use by this session and serve no other
+  // session at the same time. LastLogprobs() is not updated by speculative steps. May be changed
+  // between calls. Errors: Aborted (busy).
+  absl::Status SetStrategy(spec::Strategy* strategy);
+  // Cumulative speculative metrics of this session (zero without a strategy).
+  spec::SpecMetrics spec_metrics() const;
+
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int32_t n_tokens() const { return static_cast<int32_t>(tokens_.size()); }
   int32_t n_cached() const { return n_cached_; }
@@ -223,6 +238,7 @@ class Session {
   mutable std::atomic<std::thread::id> owner_{};
   ForwardBatch batch_;
   ForwardOutput out_;
+  std::unique_ptr<spec::SpeculativeDecoder> spec_;  // created by SetStrategy
 };
 
 }  // namespace kiln

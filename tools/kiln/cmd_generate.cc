@@ -1,7 +1,10 @@
 // kiln generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //               [--seed S] [--threads N] [--ctx N] [--raw] [--quiet]
+//               [--strategy none|ngram|draft:PATH] [--draft-max K]
 // Streams the continuation to stdout; statistics go to stderr.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,7 +19,10 @@ void GenerateUsage() {
                "usage: kiln generate -m MODEL -p PROMPT [options]\n"
                "  -p, --prompt TEXT   the prompt (a user message, unless --raw)\n"
                "  --raw               use the prompt as is, without the chat template\n"
-               "  --quiet             stdout carries only the generated text\n%s",
+               "  --quiet             stdout carries only the generated text\n"
+               "  --strategy S        speculative decoding: none (default), ngram (prompt\n"
+               "                      lookup) or draft:PATH (a draft GGUF, see kiln-mkdraft)\n"
+               "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5)\n%s",
                GenFlagsHelp());
 }
 
@@ -32,6 +38,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   GenFlags flags;
   std::string prompt;
   bool have_prompt = false, raw = false, quiet = false;
+  std::string strategy_name = "none";
+  long draft_max = 0;  // 0: the strategy's default
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
     if (r < 0) return 2;
@@ -40,6 +48,20 @@ int RunGenerate(const std::vector<std::string>& args) {
     if ((a == "-p" || a == "--prompt") && i + 1 < args.size()) {
       prompt = args[++i];
       have_prompt = true;
+    } else if (a == "--strategy" && i + 1 < args.size()) {
+      strategy_name = args[++i];
+      if (strategy_name != "none" && strategy_name != "ngram" &&
+          strategy_name.rfind("draft:", 0) != 0) {
+        std::fprintf(stderr, "kiln generate: --strategy must be none, ngram or draft:PATH\n");
+        return 2;
+      }
+    } else if (a == "--draft-max" && i + 1 < args.size()) {
+      char* end = nullptr;
+      draft_max = std::strtol(args[++i].c_str(), &end, 10);
+      if (*end != '\0' || draft_max < 1 || draft_max > 256) {
+        std::fprintf(stderr, "kiln generate: --draft-max must be an integer in [1, 256]\n");
+        return 2;
+      }
     } else if (a == "--raw") {
       raw = true;
     } else if (a == "--quiet" || a == "-q") {
@@ -59,6 +81,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   kiln_cache* cache = nullptr;
   kiln_sampler* sampler = nullptr;
   kiln_session* session = nullptr;
+  kiln_strategy* strategy = nullptr;
   int rc = 1;
   do {
     if (!MakeCacheAndSampler(model, flags, &cache, &sampler)) break;
@@ -74,6 +97,27 @@ int RunGenerate(const std::vector<std::string>& args) {
     kiln_status s = kiln_session_create(model, cache, sampler, &session);
     if (s != KILN_OK) {
       ReportError("creating the session", s);
+      break;
+    }
+    if (strategy_name == "ngram") {
+      kiln_ngram_params np = kiln_ngram_default_params();
+      if (draft_max > 0) {
+        np.max_draft = static_cast<int32_t>(draft_max);
+        np.start_draft = std::min(np.start_draft, np.max_draft);
+      }
+      s = kiln_strategy_create_ngram(&np, &strategy);
+    } else if (strategy_name.rfind("draft:", 0) == 0) {
+      kiln_draft_params dp = kiln_draft_default_params();
+      if (draft_max > 0) dp.max_draft = static_cast<int32_t>(draft_max);
+      dp.n_threads = flags.threads;
+      s = kiln_strategy_create_draft(model, strategy_name.c_str() + 6, &dp, &strategy);
+    }
+    if (s != KILN_OK) {
+      ReportError("creating the strategy", s);
+      break;
+    }
+    if (strategy != nullptr && (s = kiln_session_set_strategy(session, strategy)) != KILN_OK) {
+      ReportError("setting the strategy", s);
       break;
     }
     if (!quiet) {
@@ -113,9 +157,24 @@ int RunGenerate(const std::vector<std::string>& args) {
                  "prompt: %zu tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | stop: %s\n",
                  tokens.size(), tokens.size() / (t1 - t0), result.n_tokens,
                  result.n_tokens / (t2 - t1), StopReasonName(result.stop_reason));
+    if (strategy != nullptr) {
+      kiln_spec_metrics m;
+      if (kiln_session_get_spec_metrics(session, &m) == KILN_OK) {
+        std::fprintf(stderr,
+                     "speculative (%s): drafted %lld, accepted %lld (%.1f%%), mean accepted per "
+                     "step %.2f, target passes per token %.3f\n",
+                     strategy_name.c_str(), static_cast<long long>(m.drafted),
+                     static_cast<long long>(m.accepted),
+                     m.drafted > 0
+                         ? 100.0 * static_cast<double>(m.accepted) / static_cast<double>(m.drafted)
+                         : 0.0,
+                     m.mean_accepted_per_step, m.target_passes_per_token);
+      }
+    }
     rc = 0;
   } while (false);
   kiln_session_destroy(session);
+  kiln_strategy_destroy(strategy);
   kiln_sampler_destroy(sampler);
   kiln_cache_destroy(cache);
   kiln_model_destroy(model);
