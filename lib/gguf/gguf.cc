@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
-#include "lib/gguf/str_cat.h"
+#include "lib/common/strings.h"
 
 namespace kiln::gguf {
 namespace {
@@ -69,12 +69,12 @@ class Cursor {
   // gguf_string: u64 length + bytes. `what` names the string for messages.
   absl::StatusOr<std::string_view> ReadString(std::string_view what) {
     const uint64_t at = pos_;
-    KILN_ASSIGN_OR_RETURN(uint64_t len, Read<uint64_t>(internal::Cat(what, " length")));
+    KILN_ASSIGN_OR_RETURN(uint64_t len, Read<uint64_t>(StrCat(what, " length")));
     if (len > kMaxStringLength) {
       return absl::DataLossError(absl::StrFormat(
           "gguf: %s at byte %d: length %d exceeds the limit of 2^30 bytes", what, at, len));
     }
-    KILN_RETURN_IF_ERROR(Need(len, internal::Cat(what, " bytes")));
+    KILN_RETURN_IF_ERROR(Need(len, StrCat(what, " bytes")));
     std::string_view s(reinterpret_cast<const char*>(here()), len);
     pos_ += len;
     return s;
@@ -126,21 +126,21 @@ std::string Quote(std::string_view s, size_t max_bytes = std::string_view::npos)
 std::string ScalarToString(ValueType type, const uint8_t* p) {
   switch (type) {
     case ValueType::kUint8:
-      return internal::Cat(LoadLE<uint8_t>(p));
+      return StrCat(LoadLE<uint8_t>(p));
     case ValueType::kInt8:
-      return internal::Cat(LoadLE<int8_t>(p));
+      return StrCat(LoadLE<int8_t>(p));
     case ValueType::kUint16:
-      return internal::Cat(LoadLE<uint16_t>(p));
+      return StrCat(LoadLE<uint16_t>(p));
     case ValueType::kInt16:
-      return internal::Cat(LoadLE<int16_t>(p));
+      return StrCat(LoadLE<int16_t>(p));
     case ValueType::kUint32:
-      return internal::Cat(LoadLE<uint32_t>(p));
+      return StrCat(LoadLE<uint32_t>(p));
     case ValueType::kInt32:
-      return internal::Cat(LoadLE<int32_t>(p));
+      return StrCat(LoadLE<int32_t>(p));
     case ValueType::kUint64:
-      return internal::Cat(LoadLE<uint64_t>(p));
+      return StrCat(LoadLE<uint64_t>(p));
     case ValueType::kInt64:
-      return internal::Cat(LoadLE<int64_t>(p));
+      return StrCat(LoadLE<int64_t>(p));
     case ValueType::kFloat32:
       return absl::StrFormat("%.9g", LoadLE<float>(p));
     case ValueType::kFloat64:
@@ -193,7 +193,7 @@ bool LoadInteger(ValueType type, const uint8_t* p, bool* is_signed, int64_t* s, 
 absl::Status TypeMismatch(const KeyValue& kv, std::string_view expected) {
   std::string actual(ValueTypeName(kv.type));
   if (kv.type == ValueType::kArray) {
-    actual += internal::Cat(" of ", ValueTypeName(kv.array_type));
+    actual += StrCat(" of ", ValueTypeName(kv.array_type));
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("gguf: key '%s' has type %s, expected %s", kv.key, actual, expected));
@@ -284,7 +284,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    return absl::ErrnoToStatus(err, internal::Cat("gguf: cannot open '", path, "'"));
+    return absl::ErrnoToStatus(err, StrCat("gguf: cannot open '", path, "'"));
   }
   struct FdCloser {
     int fd;
@@ -293,25 +293,25 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
 
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return absl::ErrnoToStatus(errno, internal::Cat("gguf: cannot stat '", path, "'"));
+    return absl::ErrnoToStatus(errno, StrCat("gguf: cannot stat '", path, "'"));
   }
   if (S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
-        internal::Cat("gguf: '", path, "' is a directory, not a GGUF file"));
+        StrCat("gguf: '", path, "' is a directory, not a GGUF file"));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(internal::Cat("gguf: '", path, "' is not a regular file"));
+    return absl::FailedPreconditionError(StrCat("gguf: '", path, "' is not a regular file"));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == 0) {
-    return absl::DataLossError(internal::Cat("gguf: '", path, "' is empty (0 bytes)"));
+    return absl::DataLossError(StrCat("gguf: '", path, "' is empty (0 bytes)"));
   }
 
   std::unique_ptr<GgufFile> file(new GgufFile());
   if (options.use_mmap) {
     void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
-      return absl::ErrnoToStatus(errno, internal::Cat("gguf: cannot mmap '", path, "'"));
+      return absl::ErrnoToStatus(errno, StrCat("gguf: cannot mmap '", path, "'"));
     }
     file->mapping_ = m;
     file->data_ = static_cast<const uint8_t*>(m);
@@ -322,7 +322,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     while (done < size) {
       const ssize_t n = ::pread(fd, file->owned_.data() + done, size - done, done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return absl::ErrnoToStatus(errno, internal::Cat("gguf: cannot read '", path, "'"));
+      if (n < 0) return absl::ErrnoToStatus(errno, StrCat("gguf: cannot read '", path, "'"));
       if (n == 0) {
         return absl::DataLossError(absl::StrFormat(
             "gguf: '%s' shrank while reading: got %d of %d bytes", path, done, size));
@@ -334,7 +334,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   }
   absl::Status st2 = file->ParseAll();
   if (!st2.ok()) {
-    return absl::Status(st2.code(), internal::Cat(st2.message(), " [file '", path, "']"));
+    return absl::Status(st2.code(), StrCat(st2.message(), " [file '", path, "']"));
   }
   return file;
 }
@@ -424,7 +424,7 @@ absl::Status GgufFile::ParseAll() {
     kv.key.assign(key);
     const uint64_t type_at = c.pos();
     KILN_ASSIGN_OR_RETURN(const uint32_t type,
-                          c.Read<uint32_t>(internal::Cat("value type of key '", key, "'")));
+                          c.Read<uint32_t>(StrCat("value type of key '", key, "'")));
     if (!IsValidValueType(type)) {
       return absl::DataLossError(
           absl::StrFormat("gguf: key '%s' (record at byte %d): unknown value type %d at byte %d",
@@ -433,13 +433,13 @@ absl::Status GgufFile::ParseAll() {
     kv.type = static_cast<ValueType>(type);
     if (kv.type == ValueType::kString) {
       KILN_ASSIGN_OR_RETURN(std::string_view s,
-                            c.ReadString(internal::Cat("string value of key '", key, "'")));
+                            c.ReadString(StrCat("string value of key '", key, "'")));
       kv.value_data = reinterpret_cast<const uint8_t*>(s.data());
       kv.value_size = s.size();
     } else if (kv.type == ValueType::kArray) {
       const uint64_t elem_type_at = c.pos();
       KILN_ASSIGN_OR_RETURN(const uint32_t elem_type,
-                            c.Read<uint32_t>(internal::Cat("array type of key '", key, "'")));
+                            c.Read<uint32_t>(StrCat("array type of key '", key, "'")));
       if (elem_type == static_cast<uint32_t>(ValueType::kArray)) {
         return absl::DataLossError(absl::StrFormat(
             "gguf: key '%s' (record at byte %d): nested array (element type array at byte %d) is "
@@ -454,7 +454,7 @@ absl::Status GgufFile::ParseAll() {
       kv.array_type = static_cast<ValueType>(elem_type);
       const uint64_t count_at = c.pos();
       KILN_ASSIGN_OR_RETURN(kv.array_count,
-                            c.Read<uint64_t>(internal::Cat("array count of key '", key, "'")));
+                            c.Read<uint64_t>(StrCat("array count of key '", key, "'")));
       if (kv.array_count > kMaxArrayCount) {
         return absl::DataLossError(
             absl::StrFormat("gguf: key '%s': array count %d at byte %d exceeds the limit of 2^30",
@@ -508,7 +508,7 @@ absl::Status GgufFile::ParseAll() {
     } else {
       const uint64_t n = ValueTypeSize(kv.type);
       KILN_RETURN_IF_ERROR(
-          c.Need(n, internal::Cat(ValueTypeName(kv.type), " value of key '", key, "'")));
+          c.Need(n, StrCat(ValueTypeName(kv.type), " value of key '", key, "'")));
       kv.value_data = c.here();
       kv.value_size = n;
       if (kv.type == ValueType::kBool && c.here()[0] > 1) {
@@ -568,7 +568,7 @@ absl::Status GgufFile::ParseAll() {
     t.n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne_at = c.pos();
-      KILN_ASSIGN_OR_RETURN(t.ne[d], c.Read<uint64_t>(internal::Cat(where, " ne[", d, "]")));
+      KILN_ASSIGN_OR_RETURN(t.ne[d], c.Read<uint64_t>(StrCat(where, " ne[", d, "]")));
       if (t.ne[d] == 0 || t.ne[d] > kInt64Max) {
         return absl::DataLossError(absl::StrFormat(
             "%s: ne[%d] at byte %d is %d (must be 1..2^63-1)", where, d, ne_at, t.ne[d]));
@@ -671,7 +671,7 @@ namespace {
 
 absl::StatusOr<const KeyValue*> Lookup(const GgufFile& f, std::string_view key) {
   const KeyValue* kv = f.FindKey(key);
-  if (kv == nullptr) return absl::NotFoundError(internal::Cat("gguf: key '", key, "' not found"));
+  if (kv == nullptr) return absl::NotFoundError(StrCat("gguf: key '", key, "' not found"));
   return kv;
 }
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
-#include "lib/gguf/str_cat.h"
+#include "lib/common/strings.h"
 
 namespace kiln::gguf {
 namespace {
@@ -35,12 +35,12 @@ uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 GgufWriter::GgufWriter(Options options) : options_(options) {
   if (options_.version != 2 && options_.version != 3) {
     Fail(absl::InvalidArgumentError(
-        internal::Cat("gguf writer: version ", options_.version, " (must be 2 or 3)")));
+        StrCat("gguf writer: version ", options_.version, " (must be 2 or 3)")));
   }
   const uint32_t a = options_.alignment;
   if (a == 0 || (a & (a - 1)) != 0) {
     Fail(absl::InvalidArgumentError(
-        internal::Cat("gguf writer: alignment ", a, " is not a power of two")));
+        StrCat("gguf writer: alignment ", a, " is not a power of two")));
     options_.alignment = 32;
   }
   if (options_.alignment != kDefaultAlignment) SetUint32("general.alignment", options_.alignment);
@@ -60,7 +60,7 @@ bool GgufWriter::HasKey(std::string_view key) const {
 void GgufWriter::SetRecord(std::string_view key, ValueType type, std::vector<uint8_t> value) {
   if (key.empty() || key.size() > kMaxKeyLength) {
     Fail(absl::InvalidArgumentError(
-        internal::Cat("gguf writer: invalid key of length ", key.size(), " (must be 1..65535)")));
+        StrCat("gguf writer: invalid key of length ", key.size(), " (must be 1..65535)")));
     return;
   }
   for (Record& r : records_) {
@@ -84,7 +84,7 @@ template <typename T>
 void GgufWriter::SetArray(std::string_view key, ValueType elem_type, std::span<const T> v) {
   if (v.size() > kMaxArrayCount) {
     Fail(absl::InvalidArgumentError(
-        internal::Cat("gguf writer: array for key '", key, "' has ", v.size(), " elements")));
+        StrCat("gguf writer: array for key '", key, "' has ", v.size(), " elements")));
     return;
   }
   std::vector<uint8_t> value;
@@ -110,7 +110,7 @@ void GgufWriter::SetInt64(std::string_view k, int64_t v) { SetScalar(k, ValueTyp
 void GgufWriter::SetFloat64(std::string_view k, double v) { SetScalar(k, ValueType::kFloat64, v); }
 void GgufWriter::SetString(std::string_view k, std::string_view v) {
   if (v.size() > kMaxStringLength) {
-    Fail(absl::InvalidArgumentError(internal::Cat("gguf writer: string for key '", k, "' has ",
+    Fail(absl::InvalidArgumentError(StrCat("gguf writer: string for key '", k, "' has ",
                                                   v.size(), " bytes (limit 2^30)")));
     return;
   }
@@ -157,7 +157,7 @@ void GgufWriter::SetArrayFloat64(std::string_view k, std::span<const double> v) 
 void GgufWriter::SetArrayString(std::string_view k, std::span<const std::string_view> v) {
   if (v.size() > kMaxArrayCount) {
     Fail(absl::InvalidArgumentError(
-        internal::Cat("gguf writer: array for key '", k, "' has ", v.size(), " elements")));
+        StrCat("gguf writer: array for key '", k, "' has ", v.size(), " elements")));
     return;
   }
   std::vector<uint8_t> value;
@@ -166,7 +166,7 @@ void GgufWriter::SetArrayString(std::string_view k, std::span<const std::string_
   for (std::string_view s : v) {
     if (s.size() > kMaxStringLength) {
       Fail(absl::InvalidArgumentError(
-          internal::Cat("gguf writer: a string in array '", k, "' exceeds 2^30 bytes")));
+          StrCat("gguf writer: a string in array '", k, "' exceeds 2^30 bytes")));
       return;
     }
     AppendString(&value, s);
@@ -200,7 +200,7 @@ absl::Status GgufWriter::ValidateTensor(std::string_view name, uint32_t ggml_typ
   for (const Tensor& t : tensors_) {
     if (t.name == name) {
       return absl::InvalidArgumentError(
-          internal::Cat("gguf writer: duplicate tensor name '", name, "'"));
+          StrCat("gguf writer: duplicate tensor name '", name, "'"));
     }
   }
   if (ne.empty() || ne.size() > kMaxDims) {
@@ -299,7 +299,7 @@ absl::Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& pat
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot write ", path));
+    if (w < 0) return absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot write ", path));
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -316,7 +316,7 @@ absl::Status GgufWriter::WriteToFile(const std::string& path) const {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot create ", tmp));
+    return absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot create ", tmp));
   }
   // Streams the tensors (no second copy of the model in memory).
   absl::Status st = WriteAll(fd, header.data(), header.size(), tmp);
@@ -330,14 +330,14 @@ absl::Status GgufWriter::WriteToFile(const std::string& path) const {
   }
   if (st.ok()) st = WriteAll(fd, zeros.data(), data_bytes - written, tmp);
   if (st.ok() && ::fsync(fd) != 0) {
-    st = absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot flush ", tmp));
+    st = absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot flush ", tmp));
   }
   if (::close(fd) != 0 && st.ok()) {
-    st = absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot close ", tmp));
+    st = absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot close ", tmp));
   }
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
     st =
-        absl::ErrnoToStatus(errno, internal::Cat("gguf writer: cannot rename ", tmp, " to ", path));
+        absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot rename ", tmp, " to ", path));
   }
   if (!st.ok()) ::unlink(tmp.c_str());
   return st;

@@ -13,7 +13,7 @@
 #include "lib/common/ggml_type.h"
 #include "lib/common/half.h"
 #include "lib/common/status.h"
-#include "lib/gguf/str_cat.h"
+#include "lib/common/strings.h"
 #include "lib/quant/quant.h"
 
 namespace kiln::gguf {
@@ -220,7 +220,7 @@ absl::StatusOr<LlamaShape> LlamaShapeByName(std::string_view name) {
     s.tied_output = true;
     return s;
   }
-  return absl::NotFoundError(internal::Cat(
+  return absl::NotFoundError(StrCat(
       "unknown model shape '", name, "' (known: ", absl::StrJoin(LlamaShapeNames(), ", "), ")"));
 }
 
@@ -236,7 +236,7 @@ absl::StatusOr<uint32_t> WeightTypeByName(std::string_view name) {
     if (n == name) return static_cast<uint32_t>(t);
   }
   return absl::InvalidArgumentError(
-      internal::Cat("unknown weight type '", name,
+      StrCat("unknown weight type '", name,
                     "' (known: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K)"));
 }
 
@@ -301,7 +301,7 @@ absl::Status EncodeRows(uint32_t type, const float* x, uint64_t n_rows, uint64_t
   }
   const QuantKernels* k = GetQuantKernels(static_cast<GgmlType>(type), CpuLevel::kScalar);
   if (k == nullptr || k->quantize == nullptr) {
-    return absl::FailedPreconditionError(internal::Cat("no quantizer is registered for type ",
+    return absl::FailedPreconditionError(StrCat("no quantizer is registered for type ",
                                                        GgmlTypeName(type),
                                                        " yet (lib/quant); pick another --type"));
   }
@@ -324,10 +324,10 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
   const LlamaShape& s = o.shape;
   if (s.n_head == 0 || s.n_embd % s.n_head != 0 || s.n_head_kv == 0 ||
       s.n_head % s.n_head_kv != 0 || s.n_layer == 0 || s.n_ff == 0) {
-    return absl::InvalidArgumentError(internal::Cat("inconsistent shape '", s.name, "'"));
+    return absl::InvalidArgumentError(StrCat("inconsistent shape '", s.name, "'"));
   }
   if (!GgmlTypeInfoOf(o.type)) {
-    return absl::InvalidArgumentError(internal::Cat("unknown ggml type id ", o.type));
+    return absl::InvalidArgumentError(StrCat("unknown ggml type id ", o.type));
   }
   auto note = [&](const std::string& msg) {
     if (o.note) o.note(msg);
@@ -338,7 +338,7 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
   w->SetString("general.architecture", "llama");
   w->SetString("general.type", "model");
   w->SetString("general.name",
-               internal::Cat("kiln-mkmodel ", s.name, " ", GgmlTypeName(o.type), " seed ", o.seed));
+               StrCat("kiln-mkmodel ", s.name, " ", GgmlTypeName(o.type), " seed ", o.seed));
   w->SetUint32("llama.block_count", s.n_layer);
   w->SetUint32("llama.context_length", s.n_ctx);
   w->SetUint32("llama.embedding_length", s.n_embd);
