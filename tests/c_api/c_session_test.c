@@ -12,14 +12,7 @@
 #include <string.h>
 
 static int g_failures = 0;
-#define CHECK(cond)                                                                            \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              kiln_last_error_message());                                                      \
-      ++g_failures;                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "c_check.h"
 
 static const char* kPrompt =
     "<|im_start|>user\nWrite one sentence about the sea.<|im_end|>\n<|im_start|>assistant\n";

@@ -1,0 +1,18 @@
+/* CHECK for the C API tests: records a failure (with kiln's last error message) and goes on.
+ * Each test file defines `static int g_failures` before including this. */
+#ifndef KILN_TESTS_C_CHECK_H_
+#define KILN_TESTS_C_CHECK_H_
+
+#include <kiln/kiln.h>
+#include <stdio.h>
+
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              kiln_last_error_message());                                                      \
+      ++g_failures;                                                                            \
+    }                                                                                          \
+  } while (0)
+
+#endif /* KILN_TESTS_C_CHECK_H_ */
