@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the GGUF reader fuzzer with clang (only that target, in build-fuzz/) and runs it for
-# SECONDS (default 60) over a temporary copy of the seed corpus. Exits non-zero when the fuzzer
-# finds a crash, leak, timeout or sanitizer report; the crashing input is copied to
+# Builds the GGUF reader fuzzer and the seed writer kiln-fuzz-seeds with clang (only those two
+# targets, in build-fuzz/), writes the seed corpus (tests/fuzz/fuzz_seeds.h) plus every saved
+# regression into a temporary directory and fuzzes it for SECONDS (default 60). Exits non-zero
+# when the fuzzer finds a crash, leak, timeout or sanitizer report; the crashing input is copied to
 # tests/fuzz/regressions/regression-<kind>-<sha1> (add it to git after fixing the bug: the corpus gtest replays it).
 # Usage: tests/fuzz/run_fuzz.sh [SECONDS]
 set -euo pipefail
@@ -15,12 +16,12 @@ mkdir -p "$build_dir"
 CC=clang CXX=clang++ cmake -S tests/fuzz -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKILN_WERROR=ON >"$build_dir/configure.log" 2>&1 || {
   cat "$build_dir/configure.log"; exit 1; }
-cmake --build "$build_dir" --target gguf_reader_fuzz -j"$(nproc)" >/dev/null
+cmake --build "$build_dir" --target gguf_reader_fuzz kiln-fuzz-seeds -j"$(nproc)" >/dev/null
 
 work="$(mktemp -d /tmp/kiln-fuzz-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/corpus" "$work/artifacts"
-cp tests/fuzz/corpus/* "$work/corpus/"
+"$build_dir/kiln-fuzz-seeds" "$work/corpus" >/dev/null
 cp tests/fuzz/regressions/* "$work/corpus/" 2>/dev/null || true
 
 set +e
