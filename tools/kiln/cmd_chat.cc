@@ -1,6 +1,7 @@
 // kiln chat -m MODEL [--system TEXT] [sampling flags]: an interactive conversation on
-// stdin/stdout with the model's chat template. Each turn renders the whole conversation, keeps
-// the longest prefix the session already holds and appends only the rest. "/exit" or EOF ends.
+// stdin/stdout with the model's chat template (sampling flags: ParseGenFlag, gen_common.h). Each
+// turn renders the whole conversation, keeps the longest prefix the session already holds and
+// appends only the rest. "/exit" or EOF ends.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -12,12 +13,19 @@
 namespace kiln_cli {
 namespace {
 
+constexpr int32_t kChatDefaultNPredict = 512;  // per answer
+
+GenFlags ChatDefaults() {
+  GenFlags flags;
+  flags.n_predict = kChatDefaultNPredict;
+  return flags;
+}
+
 void ChatUsage() {
   std::fprintf(stderr,
                "usage: kiln chat -m MODEL [options]   (type /exit or EOF to quit)\n"
-               "  --system TEXT       a system message first\n"
-               "  -n N                most tokens per answer (default 512)\n%s",
-               GenFlagsHelp());
+               "  --system TEXT       a system message first\n%s",
+               GenFlagsHelp(ChatDefaults(), "per answer").c_str());
 }
 
 struct Answer {
@@ -34,15 +42,14 @@ int Stream(int32_t, const char* piece, size_t len, void* user_data) {
 }  // namespace
 
 int RunChat(const std::vector<std::string>& args) {
-  GenFlags flags;
-  flags.n_predict = 512;
+  GenFlags flags = ChatDefaults();
   std::string system;
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
     if (r < 0) return 2;
     if (r > 0) continue;
-    if (args[i] == "--system" && i + 1 < args.size()) {
-      system = args[++i];
+    if (args[i] == "--system") {
+      if (!TakeFlagValue(args, &i, &system)) return 2;
     } else {
       std::fprintf(stderr, "kiln chat: unexpected argument '%s'\n", args[i].c_str());
       ChatUsage();

@@ -1,7 +1,8 @@
 // kiln generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //               [--seed S] [--threads N] [--ctx N] [--raw] [--quiet]
 //               [--strategy none|ngram|draft:PATH] [--draft-max K]
-// Streams the continuation to stdout; statistics go to stderr.
+// Streams the continuation to stdout; statistics go to stderr. The shared flags are parsed by
+// ParseGenFlag (gen_common.h), the rest with the same value helpers and messages.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -19,11 +20,11 @@ void GenerateUsage() {
                "usage: kiln generate -m MODEL -p PROMPT [options]\n"
                "  -p, --prompt TEXT   the prompt (a user message, unless --raw)\n"
                "  --raw               use the prompt as is, without the chat template\n"
-               "  --quiet             stdout carries only the generated text\n"
+               "  -q, --quiet         stdout carries only the generated text\n"
                "  --strategy S        speculative decoding: none (default), ngram (prompt\n"
                "                      lookup) or draft:PATH (a draft GGUF, see kiln-mkdraft)\n"
                "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5)\n%s",
-               GenFlagsHelp());
+               GenFlagsHelp(GenFlags{}, "to generate").c_str());
 }
 
 int PrintPiece(int32_t, const char* piece, size_t len, void*) {
@@ -39,27 +40,26 @@ int RunGenerate(const std::vector<std::string>& args) {
   std::string prompt;
   bool have_prompt = false, raw = false, quiet = false;
   std::string strategy_name = "none";
-  long draft_max = 0;  // 0: the strategy's default
+  long long draft_max = 0;  // 0: the strategy's default
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
     if (r < 0) return 2;
     if (r > 0) continue;
     const std::string& a = args[i];
-    if ((a == "-p" || a == "--prompt") && i + 1 < args.size()) {
-      prompt = args[++i];
+    if (a == "-p" || a == "--prompt") {
+      if (!TakeFlagValue(args, &i, &prompt)) return 2;
       have_prompt = true;
-    } else if (a == "--strategy" && i + 1 < args.size()) {
-      strategy_name = args[++i];
+    } else if (a == "--strategy") {
+      if (!TakeFlagValue(args, &i, &strategy_name)) return 2;
       if (strategy_name != "none" && strategy_name != "ngram" &&
           strategy_name.rfind("draft:", 0) != 0) {
-        std::fprintf(stderr, "kiln generate: --strategy must be none, ngram or draft:PATH\n");
+        BadFlagValue(a, strategy_name, "must be none, ngram or draft:PATH");
         return 2;
       }
-    } else if (a == "--draft-max" && i + 1 < args.size()) {
-      char* end = nullptr;
-      draft_max = std::strtol(args[++i].c_str(), &end, 10);
-      if (*end != '\0' || draft_max < 1 || draft_max > 256) {
-        std::fprintf(stderr, "kiln generate: --draft-max must be an integer in [1, 256]\n");
+    } else if (a == "--draft-max") {
+      std::string v;
+      if (!TakeFlagValue(args, &i, &v) ||
+          !ParseIntFlag(a, v, 1, 256, &draft_max, "must be an integer in [1, 256]")) {
         return 2;
       }
     } else if (a == "--raw") {

@@ -23,15 +23,18 @@ int RunPerplexity(const std::vector<std::string>& args) {
   GenFlags flags;
   flags.ctx = 512;  // llama-perplexity's default
   std::string file;
-  long chunks_limit = -1;
+  long long chunks_limit = -1;  // <= 0: every chunk
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
     if (r < 0) return 2;
     if (r > 0) continue;
-    if ((args[i] == "-f" || args[i] == "--file") && i + 1 < args.size()) {
-      file = args[++i];
-    } else if (args[i] == "--chunks" && i + 1 < args.size()) {
-      chunks_limit = std::strtol(args[++i].c_str(), nullptr, 10);
+    if (args[i] == "-f" || args[i] == "--file") {
+      if (!TakeFlagValue(args, &i, &file)) return 2;
+    } else if (args[i] == "--chunks") {
+      std::string v;
+      if (!TakeFlagValue(args, &i, &v) || !ParseIntFlag("--chunks", v, 0, 1 << 30, &chunks_limit)) {
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "kiln perplexity: unexpected argument '%s'\n", args[i].c_str());
       return 2;

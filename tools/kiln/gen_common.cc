@@ -9,26 +9,45 @@
 #include "tools/kiln/commands.h"
 
 namespace kiln_cli {
-namespace {
 
-bool ParseInt(const std::string& s, long long lo, long long hi, long long* out) {
+bool TakeFlagValue(const std::vector<std::string>& args, size_t* i, std::string* value) {
+  if (*i + 1 >= args.size()) {
+    std::fprintf(stderr, "kiln: %s needs a value\n", args[*i].c_str());
+    return false;
+  }
+  *value = args[++*i];
+  return true;
+}
+
+bool BadFlagValue(std::string_view flag, std::string_view value, std::string_view allowed) {
+  std::fprintf(stderr, "kiln: bad value '%.*s' for %.*s", static_cast<int>(value.size()),
+               value.data(), static_cast<int>(flag.size()), flag.data());
+  if (!allowed.empty()) {
+    std::fprintf(stderr, " (%.*s)", static_cast<int>(allowed.size()), allowed.data());
+  }
+  std::fprintf(stderr, "\n");
+  return false;
+}
+
+bool ParseIntFlag(std::string_view flag, const std::string& value, long long lo, long long hi,
+                  long long* out, std::string_view allowed) {
   char* end = nullptr;
   errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
+    return BadFlagValue(flag, value, allowed);
+  }
   *out = v;
   return true;
 }
 
-bool ParseFloat(const std::string& s, float* out) {
+bool ParseFloatFlag(std::string_view flag, const std::string& value, float* out) {
   char* end = nullptr;
-  const float v = std::strtof(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || v != v) return false;
+  const float v = std::strtof(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || v != v) return BadFlagValue(flag, value);
   *out = v;
   return true;
 }
-
-}  // namespace
 
 int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flags) {
   const std::string& a = args[*i];
@@ -38,55 +57,50 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
   bool known = false;
   for (const char* f : kWithValue) known |= a == f;
   if (!known) return 0;
-  if (*i + 1 >= args.size()) {
-    std::fprintf(stderr, "kiln: %s needs a value\n", a.c_str());
-    return -1;
-  }
-  const std::string& v = args[++*i];
+  std::string v;
+  if (!TakeFlagValue(args, i, &v)) return -1;
   long long n = 0;
   bool ok = true;
   if (a == "-m" || a == "--model") {
     flags->model_path = v;
   } else if (a == "-n" || a == "--n-predict") {
-    ok = ParseInt(v, 0, 1 << 30, &n);
-    flags->n_predict = static_cast<int32_t>(n);
+    if ((ok = ParseIntFlag(a, v, 0, 1 << 30, &n))) flags->n_predict = static_cast<int32_t>(n);
   } else if (a == "--temp") {
-    ok = ParseFloat(v, &flags->temp);
+    ok = ParseFloatFlag(a, v, &flags->temp);
   } else if (a == "--top-k") {
-    ok = ParseInt(v, 0, 1 << 30, &n);
-    flags->top_k = static_cast<int32_t>(n);
+    if ((ok = ParseIntFlag(a, v, 0, 1 << 30, &n))) flags->top_k = static_cast<int32_t>(n);
   } else if (a == "--top-p") {
-    ok = ParseFloat(v, &flags->top_p);
+    ok = ParseFloatFlag(a, v, &flags->top_p);
   } else if (a == "--min-p") {
-    ok = ParseFloat(v, &flags->min_p);
+    ok = ParseFloatFlag(a, v, &flags->min_p);
   } else if (a == "--seed") {
-    ok = ParseInt(v, 0, INT64_MAX, &n);
-    flags->seed = static_cast<uint64_t>(n);
-    flags->seed_set = true;
+    if ((ok = ParseIntFlag(a, v, 0, INT64_MAX, &n))) {
+      flags->seed = static_cast<uint64_t>(n);
+      flags->seed_set = true;
+    }
   } else if (a == "--threads" || a == "-t") {
-    ok = ParseInt(v, 0, 1024, &n);
-    flags->threads = static_cast<int32_t>(n);
+    if ((ok = ParseIntFlag(a, v, 0, 1024, &n))) flags->threads = static_cast<int32_t>(n);
   } else if (a == "--ctx" || a == "-c") {
-    ok = ParseInt(v, 0, 1 << 24, &n);
-    flags->ctx = static_cast<int32_t>(n);
+    if ((ok = ParseIntFlag(a, v, 0, 1 << 24, &n))) flags->ctx = static_cast<int32_t>(n);
   }
-  if (!ok) {
-    std::fprintf(stderr, "kiln: bad value '%s' for %s\n", v.c_str(), a.c_str());
-    return -1;
-  }
-  return 1;
+  return ok ? 1 : -1;
 }
 
-const char* GenFlagsHelp() {
-  return "  -m, --model MODEL   GGUF model file (required)\n"
-         "  -n, --n-predict N   most tokens to generate (default 128)\n"
-         "  --temp T            temperature; 0 = greedy (default 0.8)\n"
-         "  --top-k K           (default 40; 0 = off)\n"
-         "  --top-p P           (default 0.95; 1 = off)\n"
-         "  --min-p P           (default 0.05; 0 = off)\n"
-         "  --seed S            sampling seed (default: from the clock)\n"
-         "  -t, --threads N     compute threads (default: physical cores)\n"
-         "  -c, --ctx N         context size in tokens (default 4096; 0 = the model's)\n";
+std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_what) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "  -m, --model MODEL   GGUF model file (required)\n"
+                "  -n, --n-predict N   most tokens %.*s (default %d)\n"
+                "  --temp T            temperature; 0 = greedy (default %g)\n"
+                "  --top-k K           (default %d; 0 = off)\n"
+                "  --top-p P           (default %g; 1 = off)\n"
+                "  --min-p P           (default %g; 0 = off)\n"
+                "  --seed S            sampling seed (default: from the clock)\n"
+                "  -t, --threads N     compute threads (default: physical cores)\n"
+                "  -c, --ctx N         context size in tokens (default %d; 0 = the model's)\n",
+                static_cast<int>(n_predict_what.size()), n_predict_what.data(), defaults.n_predict,
+                defaults.temp, defaults.top_k, defaults.top_p, defaults.min_p, defaults.ctx);
+  return buf;
 }
 
 bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** cache,
