@@ -52,8 +52,10 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
         dst.vec_dot = src.vec_dot;
         dst.vec_dot_type = src.vec_dot_type;
         dst.vec_dot_rows = src.vec_dot_rows;  // never pair a new vec_dot with an older rows fn
-      } else if (src.vec_dot_rows) {
-        dst.vec_dot_rows = src.vec_dot_rows;
+        dst.vec_dot_tile = src.vec_dot_tile;  // nor with an older tile fn
+      } else {
+        if (src.vec_dot_rows) dst.vec_dot_rows = src.vec_dot_rows;
+        if (src.vec_dot_tile) dst.vec_dot_tile = src.vec_dot_tile;
       }
     }
   }

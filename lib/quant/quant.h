@@ -34,6 +34,16 @@ using VecDotFn = float (*)(int64_t n, const void* w, const void* a);
 using VecDotRowsFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               float* out);
 
+// Tile of weight rows x activation rows ("tokens"):
+//   out[t * out_stride + r] = vec_dot(n, w + r * w_stride, a + t * a_stride)
+// for r in [0, n_rows), t in [0, n_tokens), bit for bit the same float as vec_dot at the same
+// CPU level (each (row, token) pair follows exactly the vec_dot steps; loads of a weight block
+// and of an activation block serve several outputs). Writes nothing else. n_rows, n_tokens >= 0.
+// Activation rows must be what the vec_dot_type's quantizer produces (e.g. Q8_0 values in
+// [-127, 127]). Thread-safe; may use per-thread scratch memory internally.
+using VecDotTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
 struct QuantKernels {
   GgmlType type;
   QuantizeRowFn quantize = nullptr;      // reference quantizer (deterministic)
@@ -42,6 +52,8 @@ struct QuantKernels {
   VecDotFn vec_dot = nullptr;
   // Optional multi-row form of vec_dot (same bits); null: call vec_dot per row.
   VecDotRowsFn vec_dot_rows = nullptr;
+  // Optional rows x tokens form of vec_dot (same bits); null: use vec_dot_rows / vec_dot.
+  VecDotTileFn vec_dot_tile = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

@@ -1,0 +1,20 @@
+// Rows x tokens ("tile") quantized dot kernels: QuantKernels::vec_dot_tile (lib/quant/quant.h)
+// for the types that have one. Registered in lib/quant/legacy.cc.
+//
+// Contract (as VecDotTileFn): out[t * out_stride + r] = vec_dot(n, w + r * w_stride,
+// a + t * a_stride) bit for bit, r < n_rows, t < n_tokens; n a multiple of 32; activation values
+// in [-127, 127] (what the Q8_0 quantizers produce). Thread-safe (per-thread scratch). Only call
+// on CPUs with the instruction set of the kernel's suffix (the registry guarantees it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::quant {
+
+// Q8_0 weights x Q8_0 activations; the same bits as VecDotQ8_0Q8_0Avx2 (the Q8_0 vec_dot at the
+// AVX2 and AVX-512 levels). AVX-512 F/BW/VNNI (kernels/cpu/tile_q8_0_avx512.cc).
+void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+}  // namespace kiln::quant

@@ -1,0 +1,214 @@
+// Rows x tokens tile kernel for Q8_0 weights x Q8_0 activations with 512-bit VNNI (vpdpbusd).
+// Compiled with -ffp-contract=off (sources.cmake): every FMA is an explicit _mm512_fmadd_ps.
+//
+// Bit-exactness with VecDotQ8_0Q8_0Avx2 (the documented SIMD order, legacy_kernels.h): for each
+// (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as [acc0 | acc1 | acc2 |
+// acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that 128-bit lane q
+// holds block 4g+q: `lo` its bytes 0..15, `hi` its bytes 16..31. Then
+//   dpbusd(dpbusd(corr, w_lo + 128, a_lo), w_hi + 128, a_hi)
+// gives in int32 lane 4q+l exactly P_b[l] = Σ qw*qa over j % 16 in 4l..4l+3 (exact integers:
+// Σ (qw + 128) * qa - 128 * Σ qa, with corr = -128 * Σ qa per lane, precomputed per token),
+// the scale lanes are dw_b * da_b (one rounded float product, as the AVX2 kernel's scalar
+// multiply), and one FMA per group performs acc[b % 4][l] = fma(s_b, float(P_b[l]), acc) for
+// the 4 blocks. A last partial group is padded with zero blocks (s = 0, P = 0: adds exact zeros,
+// as documented). The final reduction is the AVX2 kernel's ((acc0 + acc2) + (acc1 + acc3), then
+// 4 -> 2 -> 1). Activation values must be in [-127, 127] (the AVX2 kernel's sign trick is exact
+// only there; the Q8_0 quantizers never produce -128).
+//
+// Cost model: activations are repacked once per call (shared by every row), weights once per 4
+// rows (shared by every token); the inner loop is 2 vpdpbusd + cvt + mul + fma per (row, token)
+// per 128 elements, on a 4 rows x 4 tokens register tile (16 accumulators).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/tile_kernels.h"
+#include "lib/quant/legacy_kernels.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kGroupBlocks = 4;  // blocks per repacked group (128 elements)
+constexpr int kTileRows = 4;     // weight rows per register tile
+constexpr int kTileTokens = 4;   // tokens per register tile
+
+// One group of 4 blocks of an activation row, repacked (256 B).
+struct alignas(64) ActGroup {
+  __m512i lo;    // bytes 16q..16q+15 = qs[0..15] of block 4g+q (zeros past the row's end)
+  __m512i hi;    // bytes 16q..16q+15 = qs[16..31] of block 4g+q
+  __m512i corr;  // int32 lane 4q+l = -128 * Σ qs[j] over j % 16 in 4l..4l+3 of block 4g+q
+  __m512 d;      // lane 4q+l = d of block 4g+q (0 past the row's end)
+};
+// One group of 4 blocks of a weight row, repacked (192 B): qs bytes xor 0x80 (qw + 128 unsigned).
+struct alignas(64) WeightGroup {
+  __m512i lo;
+  __m512i hi;
+  __m512 d;
+};
+
+// Blocks b..b+3 (those < nb; zeros for the rest) -> lo / hi as described above.
+inline void LoadGroupQs(const BlockQ8_0* blk, int64_t b, int64_t nb, __m512i* lo, __m512i* hi) {
+  if (b + kGroupBlocks <= nb) {
+    auto half = [&](int q, int off) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[b + q].qs + off));
+    };
+    __m512i l = _mm512_castsi128_si512(half(0, 0)), h = _mm512_castsi128_si512(half(0, 16));
+    l = _mm512_inserti32x4(l, half(1, 0), 1);
+    h = _mm512_inserti32x4(h, half(1, 16), 1);
+    l = _mm512_inserti32x4(l, half(2, 0), 2);
+    h = _mm512_inserti32x4(h, half(2, 16), 2);
+    *lo = _mm512_inserti32x4(l, half(3, 0), 3);
+    *hi = _mm512_inserti32x4(h, half(3, 16), 3);
+    return;
+  }
+  alignas(64) int8_t l[64] = {}, h[64] = {};
+  for (int q = 0; q < kGroupBlocks && b + q < nb; ++q) {
+    std::memcpy(l + 16 * q, blk[b + q].qs, 16);
+    std::memcpy(h + 16 * q, blk[b + q].qs + 16, 16);
+  }
+  *lo = _mm512_load_si512(l);
+  *hi = _mm512_load_si512(h);
+}
+
+// d of blocks b..b+3 (0 past nb), each repeated over its 4 lanes.
+inline __m512 GroupScales(const BlockQ8_0* blk, int64_t b, int64_t nb) {
+  alignas(16) uint16_t h[8] = {};
+  for (int q = 0; q < kGroupBlocks && b + q < nb; ++q) std::memcpy(&h[q], blk[b + q].d, 2);
+  const __m128 d4 = _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  const __m512i quads = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(quads, _mm512_castps128_ps512(d4));
+}
+
+// One activation row [nb blocks] -> ceil(nb / 4) groups.
+void PackActRow(const BlockQ8_0* a, int64_t nb, ActGroup* dst) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t b = 0; b < nb; b += kGroupBlocks, ++dst) {
+    __m512i lo, hi;
+    LoadGroupQs(a, b, nb, &lo, &hi);
+    const __m512i sum128 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, flip, lo), flip, hi);
+    dst->lo = lo;
+    dst->hi = hi;
+    dst->corr = _mm512_sub_epi32(zero, sum128);
+    dst->d = GroupScales(a, b, nb);
+  }
+}
+
+// n_rows (<= kTileRows) weight rows -> groups interleaved by row: dst[g * n_rows + r].
+void PackWeightRows(const uint8_t* w, size_t w_stride, int n_rows, int64_t nb, WeightGroup* dst) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; b += kGroupBlocks) {
+    for (int r = 0; r < n_rows; ++r, ++dst) {
+      const auto* row = reinterpret_cast<const BlockQ8_0*>(w + r * w_stride);
+      __m512i lo, hi;
+      LoadGroupQs(row, b, nb, &lo, &hi);
+      dst->lo = _mm512_xor_si512(lo, flip);
+      dst->hi = _mm512_xor_si512(hi, flip);
+      dst->d = GroupScales(row, b, nb);
+    }
+  }
+}
+
+// [acc0 | acc1 | acc2 | acc3] -> (acc0 + acc2) + (acc1 + acc3), then 4 -> 2 -> 1.
+inline float Reduce(__m512 acc) {
+  const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+}
+
+// R rows x T tokens. w: groups interleaved by row (w[g * R + r]); a: T rows of ng groups.
+template <int R, int T>
+inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, float* out,
+                 size_t out_stride) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < ng; ++g, w += R) {
+    __m512i wlo[R], whi[R];
+    for (int r = 0; r < R; ++r) {
+      wlo[r] = w[r].lo;
+      whi[r] = w[r].hi;
+    }
+    for (int t = 0; t < T; ++t) {
+      const ActGroup& ag = a[t * ng + g];
+      for (int r = 0; r < R; ++r) {
+        const __m512i p =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ag.corr, wlo[r], ag.lo), whi[r], ag.hi);
+        const __m512 s = _mm512_mul_ps(w[r].d, ag.d);
+        acc[r][t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int r = 0; r < R; ++r) out[t * out_stride + r] = Reduce(acc[r][t]);
+  }
+}
+
+template <int R>
+void RowBlock(const WeightGroup* w, const ActGroup* a, int64_t ng, int n_tokens, float* out,
+              size_t out_stride) {
+  int t = 0;
+  for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
+    Tile<R, kTileTokens>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+  }
+  static_assert(kTileTokens == 4, "tails below cover 1..3 tokens");
+  switch (n_tokens - t) {
+    case 3:
+      Tile<R, 3>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      break;
+    case 2:
+      Tile<R, 2>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      break;
+    case 1:
+      Tile<R, 1>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK;
+  const int64_t ng = (nb + kGroupBlocks - 1) / kGroupBlocks;
+  // Per-thread scratch: activations [n_tokens][ng], weights [ng][kTileRows].
+  thread_local std::vector<ActGroup> act;
+  thread_local std::vector<WeightGroup> wts;
+  if (act.size() < static_cast<size_t>(n_tokens * ng)) act.resize(n_tokens * ng);
+  if (wts.size() < static_cast<size_t>(kTileRows * ng)) wts.resize(kTileRows * ng);
+  const auto* ap = static_cast<const uint8_t*>(a);
+  for (int t = 0; t < n_tokens; ++t) {
+    PackActRow(reinterpret_cast<const BlockQ8_0*>(ap + t * a_stride), nb, act.data() + t * ng);
+  }
+  const auto* wp = static_cast<const uint8_t*>(w);
+  static_assert(kTileRows == 4, "the switch below covers 1..4 rows");
+  for (int r = 0; r < n_rows; r += kTileRows) {
+    const int rows = std::min(kTileRows, n_rows - r);
+    PackWeightRows(wp + r * w_stride, w_stride, rows, nb, wts.data());
+    float* o = out + r;
+    switch (rows) {
+      case 4:
+        RowBlock<4>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        break;
+      case 3:
+        RowBlock<3>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        break;
+      case 2:
+        RowBlock<2>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        break;
+      default:
+        RowBlock<1>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        break;
+    }
+  }
+}
+
+}  // namespace kiln::quant

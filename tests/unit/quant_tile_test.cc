@@ -1,0 +1,177 @@
+// Rows x tokens tile kernels (QuantKernels::vec_dot_tile) against vec_dot: every output bitwise
+// equal (memcmp of the floats) at every CPU level that has a tile kernel, for row lengths whose
+// block count leaves every remainder of the 4-block groups, row and token counts with tails
+// below the 4 x 4 register tile, and padded strides. Plus MatMul's batch invariance on tile
+// types: MatMul over n tokens equals MatMul per token, bitwise, with 1 and 2 threads.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "lib/backend/cpu/ops.h"
+#include "lib/common/ggml_type.h"
+#include "lib/quant/quant.h"
+
+namespace kiln {
+namespace {
+
+constexpr GgmlType kTileTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                   GgmlType::kQ5_1, GgmlType::kQ8_0};
+
+size_t RowBytes(GgmlType t, int64_t n) {
+  return GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(t)), n);
+}
+
+// `rows` rows of `type`, each `stride` bytes apart (padding bytes random), quantized from normal
+// floats with the scalar quantizer (so every level sees the same bytes).
+std::vector<uint8_t> RandomRows(GgmlType type, int64_t n, int rows, size_t stride,
+                                std::mt19937& rng) {
+  const QuantKernels* ref = GetQuantKernels(type, CpuLevel::kScalar);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  std::vector<uint8_t> out(stride * rows + 1);
+  for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
+  for (int r = 0; r < rows; ++r) {
+    for (float& v : x) v = dist(rng) * (r % 3 == 2 ? 1e-3f : 1.0f);
+    if (r % 5 == 4) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block (d = 0)
+    ref->quantize(x.data(), out.data() + r * stride, n);
+  }
+  return out;
+}
+
+int TileLevelsCovered() {
+  int covered = 0;
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
+    for (GgmlType type : kTileTypes) {
+      const QuantKernels* k = GetQuantKernels(type, level);
+      if (k != nullptr && k->vec_dot_tile != nullptr) ++covered;
+    }
+  }
+  return covered;
+}
+
+TEST(VecDotTile, BitwiseEqualToVecDot) {
+  std::mt19937 rng(21);
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
+    for (GgmlType type : kTileTypes) {
+      const QuantKernels* k = GetQuantKernels(type, level);
+      if (k == nullptr || k->vec_dot_tile == nullptr) continue;
+      for (int64_t n : {32, 64, 96, 128, 160, 224, 576, 1536}) {
+        for (auto [rows, tokens] :
+             {std::pair{1, 1}, {4, 4}, {5, 7}, {11, 3}, {3, 9}, {16, 13}, {2, 1}, {1, 6}, {8, 8}}) {
+          const size_t w_stride = RowBytes(type, n) + (rows % 2) * 3;  // odd padding too
+          const size_t a_stride = RowBytes(k->vec_dot_type, n) + (tokens % 2) * 5;
+          const std::vector<uint8_t> w = RandomRows(type, n, rows, w_stride, rng);
+          const std::vector<uint8_t> a = RandomRows(k->vec_dot_type, n, tokens, a_stride, rng);
+          const size_t out_stride = rows + 2;
+          std::vector<float> got(out_stride * tokens, 123.0f);
+          k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
+                          out_stride);
+          for (int t = 0; t < tokens; ++t) {
+            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+              const float g = got[t * out_stride + r];
+              if (r >= rows) {
+                ASSERT_EQ(g, 123.0f) << "wrote past n_rows at token " << t << " slot " << r;
+                continue;
+              }
+              const float want = k->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
+              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                  << " n " << n << " tile " << rows << "x" << tokens << " row " << r << " token "
+                  << t << ": " << g << " vs " << want;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (BestCpuLevel() == CpuLevel::kAvx512) {
+    EXPECT_GE(TileLevelsCovered(), 1);  // Q8_0 has an AVX-512 tile kernel
+  }
+}
+
+TEST(VecDotTile, EmptyTileWritesNothing) {
+  for (GgmlType type : kTileTypes) {
+    const QuantKernels* k = GetQuantKernels(type);
+    if (k == nullptr || k->vec_dot_tile == nullptr) continue;
+    std::mt19937 rng(3);
+    const std::vector<uint8_t> w = RandomRows(type, 64, 2, RowBytes(type, 64), rng);
+    const std::vector<uint8_t> a =
+        RandomRows(k->vec_dot_type, 64, 2, RowBytes(k->vec_dot_type, 64), rng);
+    float out[4] = {7.0f, 7.0f, 7.0f, 7.0f};
+    k->vec_dot_tile(64, w.data(), RowBytes(type, 64), 0, a.data(), RowBytes(k->vec_dot_type, 64), 2,
+                    out, 2);
+    k->vec_dot_tile(64, w.data(), RowBytes(type, 64), 2, a.data(), RowBytes(k->vec_dot_type, 64), 0,
+                    out, 2);
+    for (float v : out) EXPECT_EQ(v, 7.0f);
+  }
+}
+
+// MatMul over n tokens (tile path for n >= 2) equals MatMul token by token (the single-token
+// path), bitwise, at every level, with 1 and 2 threads (and MatMulRows on a row subset).
+TEST(VecDotTile, MatMulBatchInvariant) {
+  std::mt19937 rng(5);
+  cpu::ThreadPool pool1(1), pool2(2);
+  cpu::Scratch scratch;
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
+    for (GgmlType type : kTileTypes) {
+      const QuantKernels* k = GetQuantKernels(type, level);
+      if (k == nullptr || k->vec_dot_tile == nullptr) continue;
+      for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{576, 192}, {1536, 37}, {64, 70}}) {
+        const std::vector<uint8_t> w =
+            RandomRows(type, n_in, static_cast<int>(n_out), RowBytes(type, n_in), rng);
+        const cpu::WeightView wv{type, w.data(), n_in, n_out};
+        for (int64_t n_tokens : {2, 3, 5, 8, 67}) {
+          std::normal_distribution<float> dist(0.0f, 1.0f);
+          std::vector<float> x(n_in * n_tokens);
+          for (float& v : x) v = dist(rng);
+          std::vector<float> single(n_out * n_tokens);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            ASSERT_TRUE(cpu::MatMul(pool1, wv, x.data() + t * n_in, 1, single.data() + t * n_out,
+                                    scratch, level)
+                            .ok());
+          }
+          for (cpu::ThreadPool* pool : {&pool1, &pool2}) {
+            std::vector<float> batch(n_out * n_tokens, -1.0f);
+            ASSERT_TRUE(
+                cpu::MatMul(*pool, wv, x.data(), n_tokens, batch.data(), scratch, level).ok());
+            ASSERT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0)
+                << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                << " " << n_in << "x" << n_out << " tokens " << n_tokens << " threads "
+                << pool->n_threads();
+            // Every output also equals vec_dot of the token's quantized row.
+            std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
+            const QuantKernels* ak = GetQuantKernels(k->vec_dot_type, level);
+            const int64_t t = n_tokens - 1;
+            ak->quantize(x.data() + t * n_in, qa.data(), n_in);
+            for (int64_t o = 0; o < n_out; ++o) {
+              const float want = k->vec_dot(n_in, w.data() + o * RowBytes(type, n_in), qa.data());
+              const float got = batch[t * n_out + o];
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "output " << o;
+            }
+          }
+          // MatMulRows on a reversed subset equals the per-token results.
+          std::vector<int32_t> pick;
+          for (int64_t t = n_tokens - 1; t >= 0; t -= 2) pick.push_back(static_cast<int32_t>(t));
+          std::vector<float> sub(n_out * pick.size());
+          ASSERT_TRUE(
+              cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
+                  .ok());
+          for (size_t i = 0; i < pick.size(); ++i) {
+            ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
+                                  n_out * sizeof(float)),
+                      0)
+                << "MatMulRows row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
