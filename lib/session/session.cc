@@ -116,7 +116,16 @@ absl::Status Session::SetStrategy(spec::Strategy* strategy) {
   }
   if (strategy != nullptr && strategy != spec_->strategy()) strategy->Reset();
   spec_->set_strategy(strategy);
+  if (owned_strategy_ != nullptr && owned_strategy_.get() != strategy) owned_strategy_.reset();
   return absl::OkStatus();
+}
+
+spec::Strategy* Session::spec_strategy() const {
+  return spec_ == nullptr ? nullptr : spec_->strategy();
+}
+
+spec::PassCostModel* Session::spec_cost_model() {
+  return spec_ == nullptr ? nullptr : &spec_->cost_model();
 }
 
 spec::SpecMetrics Session::spec_metrics() const {
@@ -350,6 +359,7 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
       const int32_t first = n_tokens() - static_cast<int32_t>(step.emitted.size());
       bool stop = false;
       for (int32_t i = first; i < n_tokens() && !stop; ++i) {
+        if (!step.logprobs.empty()) last_logprobs_ = std::move(step.logprobs[i - first]);
         KILN_ASSIGN_OR_RETURN(stop, handle(tokens_[i]));
         if (stop && i + 1 < n_tokens()) {
           // Drop the tokens after the stopping one (their K/V too); the stopping token stays
@@ -406,6 +416,16 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
   fork->logits_ = logits_;
   fork->logits_valid_ = logits_valid_;
   fork->last_logprobs_ = last_logprobs_;
+  if (spec_ != nullptr) {
+    fork->spec_ = std::make_unique<spec::SpeculativeDecoder>(fork->engine_, fork->seq_,
+                                                             fork->sampler_, fork->rng_, nullptr);
+    fork->spec_->cost_model() = spec_->cost_model();
+    if (spec_->strategy() != nullptr) {
+      // On failure the fork (and its forked sequence) is destroyed here.
+      KILN_ASSIGN_OR_RETURN(fork->owned_strategy_, spec_->strategy()->Clone());
+      fork->spec_->set_strategy(fork->owned_strategy_.get());
+    }
+  }
   return fork;
 }
 

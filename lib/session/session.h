@@ -162,7 +162,11 @@ class Session {
   void Cancel() { cancel_.store(true, std::memory_order_release); }
 
   // A new session with the same tokens (sharing the cache blocks by reference), logits, sampler
-  // parameters and Rng state. Errors: Aborted (busy).
+  // parameters and Rng state. With a speculative strategy set, the fork gets its own clone of it
+  // (Strategy::Clone: same adaptive state; a draft model's cache sequence is forked too), owned
+  // by the fork, and the decoder's measured pass cost, so both sessions continue speculating
+  // (the fork's spec_metrics() start at zero). Errors: Aborted (busy), Unimplemented (the
+  // strategy cannot be cloned), the clone's errors.
   absl::StatusOr<std::unique_ptr<Session>> Fork();
 
   // Removes the last n_tokens tokens (0 <= n_tokens <= n). The logits are recomputed lazily by
@@ -179,11 +183,18 @@ class Session {
   // draft tokens and verifies them with the target in one pass per step; the output is
   // distributed exactly as without it (identical at temperature 0). nullptr: plain decoding.
   // The strategy is borrowed: it must outlive its use by this session and serve no other
-  // session at the same time. LastLogprobs() is not updated by speculative steps. May be changed
-  // between calls. Errors: Aborted (busy).
+  // session at the same time. LastLogprobs() is updated for every token a speculative step emits
+  // (before the callback sees it) with what plain decoding would report. May be changed between
+  // calls. Errors: Aborted (busy).
   absl::Status SetStrategy(spec::Strategy* strategy);
+  // The strategy in use (the one set, or a fork's own clone); nullptr without one.
+  spec::Strategy* spec_strategy() const;
   // Cumulative speculative metrics of this session (zero without a strategy).
   spec::SpecMetrics spec_metrics() const;
+  // The measured cost of target passes by width that strategies use to choose their draft length
+  // (draft_policy.h); nullptr before the first SetStrategy. Pin it (PassCostModel::Pin) for
+  // reproducible sampled text with a cost-aware strategy. Same rules as the other calls.
+  spec::PassCostModel* spec_cost_model();
 
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int32_t n_tokens() const { return static_cast<int32_t>(tokens_.size()); }
@@ -238,6 +249,7 @@ class Session {
   mutable std::atomic<std::thread::id> owner_{};
   ForwardBatch batch_;
   ForwardOutput out_;
+  std::unique_ptr<spec::Strategy> owned_strategy_;  // a fork's clone (declared before spec_)
   std::unique_ptr<spec::SpeculativeDecoder> spec_;  // created by SetStrategy
 };
 

@@ -1,20 +1,50 @@
 #include "lib/spec/draft_model_strategy.h"
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 
 namespace kiln::spec {
 
-DraftModelStrategy::~DraftModelStrategy() = default;
+struct DraftModelStrategy::Runtime {
+  std::mutex mu;  // guards cache and forward
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<LlamaForward> forward;
+};
+
+DraftModelStrategy::~DraftModelStrategy() {
+  if (runtime_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(runtime_->mu);
+  runtime_->cache->Free(seq_).IgnoreError();
+}
 
 absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Load(
     const std::string& path, int64_t target_n_vocab, const DraftModelParams& params) {
   ModelLoadOptions load;
   load.path = path;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(load));
+  std::shared_ptr<Model> shared(std::move(model));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<DraftModelStrategy> s,
-                        Create(*model, target_n_vocab, params));
-  s->owned_model_ = std::move(model);
+                        Create(*shared, target_n_vocab, params));
+  s->owned_model_ = std::move(shared);
   return s;
+}
+
+absl::StatusOr<std::shared_ptr<DraftModelStrategy::Runtime>> DraftModelStrategy::MakeRuntime(
+    const Model& draft, const DraftModelParams& params) {
+  constexpr int32_t kBlockSize = 16;
+  KILN_ASSIGN_OR_RETURN(KvLayout layout,
+                        LlamaForward::CacheLayout(draft.hparams(), params.kv_type, kBlockSize));
+  KvCacheOptions options;
+  options.enable_prefix_caching = false;
+  // The context, max_draft drafts, a copy-on-write spare and the null block.
+  const size_t blocks =
+      static_cast<size_t>((params.n_ctx + params.max_draft + kBlockSize - 1) / kBlockSize) + 2;
+  options.capacity_bytes = blocks * layout.block_bytes();
+  auto runtime = std::make_shared<Runtime>();
+  KILN_ASSIGN_OR_RETURN(runtime->cache, KvCache::Create(layout, options));
+  runtime->forward = std::make_unique<LlamaForward>(draft, params.n_threads);
+  return runtime;
 }
 
 absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
@@ -31,6 +61,10 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("DraftModelParams.n_ctx ", params.n_ctx, " < 0"));
   }
+  if (!(params.draft_cost_prior > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DraftModelParams.draft_cost_prior ", params.draft_cost_prior, " <= 0"));
+  }
   const ModelHparams& hp = draft.hparams();
   if (hp.n_vocab != target_n_vocab) {
     return absl::InvalidArgumentError(absl::StrCat("draft model vocabulary size ", hp.n_vocab,
@@ -41,32 +75,47 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
     s->params_.n_ctx =
         static_cast<int32_t>(hp.n_ctx_train > 0 ? std::min<int64_t>(hp.n_ctx_train, 8192) : 4096);
   }
-  constexpr int32_t kBlockSize = 16;
-  KILN_ASSIGN_OR_RETURN(KvLayout layout, LlamaForward::CacheLayout(hp, params.kv_type, kBlockSize));
-  KvCacheOptions options;
-  options.enable_prefix_caching = false;
-  // The context, max_draft drafts, a copy-on-write spare and the null block.
-  const size_t blocks =
-      static_cast<size_t>((s->params_.n_ctx + params.max_draft + kBlockSize - 1) / kBlockSize) + 2;
-  options.capacity_bytes = blocks * layout.block_bytes();
-  KILN_ASSIGN_OR_RETURN(s->cache_, KvCache::Create(layout, options));
-  s->forward_ = std::make_unique<LlamaForward>(draft, params.n_threads);
-  s->seq_ = s->cache_->CreateSequence();
+  KILN_ASSIGN_OR_RETURN(s->runtime_, MakeRuntime(draft, s->params_));
+  s->seq_ = s->runtime_->cache->CreateSequence();
+  s->Reset();
   return s;
 }
 
+absl::StatusOr<std::unique_ptr<Strategy>> DraftModelStrategy::Clone() const {
+  std::unique_ptr<DraftModelStrategy> c(new DraftModelStrategy(*model_, params_));
+  c->owned_model_ = owned_model_;
+  c->runtime_ = runtime_;
+  {
+    std::lock_guard<std::mutex> lock(runtime_->mu);
+    KILN_ASSIGN_OR_RETURN(c->seq_, runtime_->cache->Fork(seq_));
+  }
+  c->draft_len_ = draft_len_;
+  c->acceptance_ = acceptance_;
+  c->probes_ = probes_;
+  c->skip_left_ = skip_left_;
+  c->draft_t1_ = draft_t1_;
+  c->last_context_len_ = last_context_len_;
+  c->last_computed_drafts_ = last_computed_drafts_;
+  return std::unique_ptr<Strategy>(std::move(c));
+}
+
 void DraftModelStrategy::Reset() {
-  cache_->Truncate(seq_, 0).IgnoreError();
-  draft_len_ = params_.max_draft;
-  misses_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(runtime_->mu);
+    runtime_->cache->Truncate(seq_, 0).IgnoreError();
+  }
+  draft_len_ = 0;
+  acceptance_.Reset();
+  probes_ = 0;
   skip_left_ = 0;
   last_context_len_ = 0;
   last_computed_drafts_ = 0;
 }
 
-absl::Status DraftModelStrategy::Run(std::span<const int32_t> tokens, int32_t pos) {
+absl::Status DraftModelStrategy::RunLocked(std::span<const int32_t> tokens, int32_t pos) {
   constexpr int32_t kChunk = 256;
   const int64_t n_vocab = model_->hparams().n_vocab;
+  KvCache& cache = *runtime_->cache;
   for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
     const size_t end = std::min(tokens.size(), begin + kChunk);
     batch_.Clear();
@@ -74,12 +123,13 @@ absl::Status DraftModelStrategy::Run(std::span<const int32_t> tokens, int32_t po
       batch_.Add(tokens[i], seq_, pos + static_cast<int32_t>(i), i + 1 == tokens.size());
     }
     const auto chunk = tokens.subspan(begin, end - begin);
-    KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq_, chunk));
-    absl::Status st = forward_->Forward(batch_, *cache_, &out_);
+    KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, chunk));
+    absl::Status st = runtime_->forward->Forward(batch_, cache, &out_);
     if (!st.ok()) {
-      cache_->Truncate(seq_, pos + static_cast<int32_t>(begin)).IgnoreError();
+      cache.Truncate(seq_, pos + static_cast<int32_t>(begin)).IgnoreError();
       return st;
     }
+    computed_tokens_ += static_cast<int64_t>(end - begin);
   }
   if (out_.logit_tokens.size() != 1) {
     return absl::InternalError("draft forward: expected one logits row");
@@ -88,38 +138,106 @@ absl::Status DraftModelStrategy::Run(std::span<const int32_t> tokens, int32_t po
   return absl::OkStatus();
 }
 
-absl::Status DraftModelStrategy::Sync(std::span<const int32_t> context) {
-  KILN_ASSIGN_OR_RETURN(std::span<const int32_t> held, cache_->Tokens(seq_));
+absl::Status DraftModelStrategy::SyncLocked(std::span<const int32_t> context) {
+  KvCache& cache = *runtime_->cache;
+  KILN_ASSIGN_OR_RETURN(std::span<const int32_t> held, cache.Tokens(seq_));
   size_t common = 0;
   const size_t limit = std::min(held.size(), context.size() - 1);  // recompute the last token
   while (common < limit && held[common] == context[common]) ++common;
-  KILN_RETURN_IF_ERROR(cache_->Truncate(seq_, static_cast<int32_t>(common)));
-  return Run(context.subspan(common), static_cast<int32_t>(common));
+  KILN_RETURN_IF_ERROR(cache.Truncate(seq_, static_cast<int32_t>(common)));
+  const auto start = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(RunLocked(context.subspan(common), static_cast<int32_t>(common)));
+  if (context.size() - common == 1) {
+    ObserveDraftPass(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return absl::OkStatus();
+}
+
+void DraftModelStrategy::ObserveDraftPass(double seconds) {
+  constexpr double kEmaWeight = 0.1;
+  draft_t1_ = draft_t1_ == 0.0 ? seconds : draft_t1_ + kEmaWeight * (seconds - draft_t1_);
+}
+
+int32_t DraftModelStrategy::ChooseLength(int32_t max_k, const ProposeContext& ctx) {
+  PassCostModel pinned;
+  const PassCostModel* target = ctx.cost;
+  const bool fixed = params_.fixed_pass_cost_beta >= 0.0;
+  if (fixed || target == nullptr) {
+    pinned.Pin(fixed ? params_.fixed_pass_cost_beta : PassCostModel::kPriorBeta);
+    target = &pinned;
+  }
+  // One draft pass in one-token target passes.
+  double draft_cost = params_.draft_cost_prior;
+  if (!fixed && draft_t1_ > 0.0 && target->OneTokenSeconds() > 0.0) {
+    draft_cost = draft_t1_ / target->OneTokenSeconds();
+  }
+  return BestDraftLength(acceptance_, max_k, [&](int32_t k) {
+    return target->RelativeCost(k + 1) + draft_cost * static_cast<double>(k);
+  });
 }
 
 absl::Status DraftModelStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
                                          const ProposeContext& ctx, DraftTree* out) {
   out->Clear();
+  draft_len_ = 0;
   if (params_.adaptive && skip_left_ > 0) {
     --skip_left_;
     return absl::OkStatus();
   }
   const int32_t len = static_cast<int32_t>(context.size());
-  int32_t k =
-      std::min({max_draft, params_.adaptive ? draft_len_ : params_.max_draft, params_.n_ctx - len});
-  if (k <= 0 || len == 0) return absl::OkStatus();
+  const int32_t max_k = std::min({max_draft, params_.max_draft, params_.n_ctx - len});
+  if (max_k <= 0 || len == 0) return absl::OkStatus();
+  int32_t k = max_k;
+  if (params_.adaptive) {
+    k = ChooseLength(max_k, ctx);
+    if (k == 0) {
+      // Nothing pays: probe with one token, then skip 1, 2, 4 ... max_skip proposals.
+      k = 1;
+      ++probes_;
+      skip_left_ = std::min(params_.max_skip, 1 << std::min(probes_ - 1, 20));
+    } else {
+      probes_ = 0;
+    }
+  }
   if (ctx.sampler_params == nullptr) {
     return absl::InvalidArgumentError("DraftModelStrategy::Propose: no sampler parameters");
   }
-  const bool greedy = ctx.sampler_params->temperature <= 0.0f;
-  if (!greedy && ctx.rng == nullptr) {
+  if (ctx.sampler_params->temperature > 0.0f && ctx.rng == nullptr) {
     return absl::InvalidArgumentError("DraftModelStrategy::Propose: sampling needs an rng");
   }
-  KILN_RETURN_IF_ERROR(Sync(context));
+  absl::Status st;
+  {
+    std::lock_guard<std::mutex> lock(runtime_->mu);
+    st = ProposeLocked(context, k, ctx, out);
+  }
+  if (absl::IsResourceExhausted(st) && shares_cache()) {
+    // The cache shared with clones is full: move to a cache of our own and start over there.
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<Runtime> own, MakeRuntime(*model_, params_));
+    {
+      std::lock_guard<std::mutex> lock(runtime_->mu);
+      runtime_->cache->Free(seq_).IgnoreError();
+    }
+    runtime_ = std::move(own);
+    seq_ = runtime_->cache->CreateSequence();
+    std::lock_guard<std::mutex> lock(runtime_->mu);
+    st = ProposeLocked(context, k, ctx, out);
+  }
+  if (st.ok()) draft_len_ = out->size();
+  return st;
+}
+
+absl::Status DraftModelStrategy::ProposeLocked(std::span<const int32_t> context, int32_t k,
+                                               const ProposeContext& ctx, DraftTree* out) {
+  out->Clear();
+  const int32_t len = static_cast<int32_t>(context.size());
+  const bool greedy = ctx.sampler_params->temperature <= 0.0f;
+  KILN_RETURN_IF_ERROR(SyncLocked(context));
   sample::Sampler sampler(*ctx.sampler_params);
   history_.assign(context.begin(), context.end());
   out->deterministic = greedy;
   sample::Distribution dist;
+  using Clock = std::chrono::steady_clock;
   for (int32_t d = 0; d < k; ++d) {
     KILN_RETURN_IF_ERROR(sampler.Apply(logits_, history_, &dist));
     const int32_t token = greedy ? dist.Argmax() : sample::Sampler::Sample(dist, *ctx.rng);
@@ -129,7 +247,9 @@ absl::Status DraftModelStrategy::Propose(std::span<const int32_t> context, int32
     history_.push_back(token);
     if (d + 1 < k) {
       const int32_t one[1] = {token};
-      KILN_RETURN_IF_ERROR(Run(one, len + d));
+      const Clock::time_point start = Clock::now();
+      KILN_RETURN_IF_ERROR(RunLocked(one, len + d));
+      ObserveDraftPass(std::chrono::duration<double>(Clock::now() - start).count());
     }
   }
   last_context_len_ = len;
@@ -141,18 +261,15 @@ void DraftModelStrategy::Accepted(int32_t drafted, std::span<const int32_t> acce
   if (drafted == 0) return;
   const int32_t m = static_cast<int32_t>(accepted.size());
   // Rollback: keep the context and the accepted drafts whose K/V the draft computed.
-  cache_->Truncate(seq_, last_context_len_ + std::min(m, last_computed_drafts_)).IgnoreError();
-  if (!params_.adaptive) return;
-  if (m == 0 && draft_len_ == 1) {
-    ++misses_;
-    skip_left_ = std::min(params_.max_skip, 1 << std::min(misses_ - 1, 20));
-  } else if (m > 0) {
-    misses_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(runtime_->mu);
+    runtime_->cache->Truncate(seq_, last_context_len_ + std::min(m, last_computed_drafts_))
+        .IgnoreError();
   }
-  if (m == drafted) {
-    draft_len_ = std::min(params_.max_draft, draft_len_ + 1);
-  } else {
-    draft_len_ = std::max(1, draft_len_ - 1);
+  acceptance_.Observe(drafted, m);
+  if (m > 0) {  // a hit ends the back-off: evaluate again at the next proposal
+    probes_ = 0;
+    skip_left_ = 0;
   }
 }
 

@@ -14,6 +14,10 @@ absl::StatusOr<std::unique_ptr<NgramStrategy>> NgramStrategy::Create(const Ngram
     return absl::InvalidArgumentError(absl::StrCat("NgramParams.max_ngram ", params.max_ngram,
                                                    " < min_ngram ", params.min_ngram));
   }
+  if (params.max_ngram > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NgramParams.max_ngram ", params.max_ngram, " > 64"));
+  }
   if (params.max_draft < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("NgramParams.max_draft ", params.max_draft, " < 1"));
@@ -31,9 +35,17 @@ absl::StatusOr<std::unique_ptr<NgramStrategy>> NgramStrategy::Create(const Ngram
 }
 
 void NgramStrategy::Reset() {
-  skip_left_ = 0;
-  misses_ = 0;
-  draft_len_ = params_.start_draft;
+  acceptance_.assign(static_cast<size_t>(params_.max_ngram) + 1, AcceptanceEstimate());
+  observations_.assign(static_cast<size_t>(params_.max_ngram) + 1, 0);
+  pending_.clear();
+  pending_len_ = 0;
+  pending_root_ = -1;
+  pending_n_ = 0;
+  plain_run_ = 0;
+}
+
+absl::StatusOr<std::unique_ptr<Strategy>> NgramStrategy::Clone() const {
+  return std::unique_ptr<Strategy>(new NgramStrategy(*this));
 }
 
 int64_t NgramStrategy::FindMostRecent(std::span<const int32_t> context, int32_t n) {
@@ -49,43 +61,67 @@ int64_t NgramStrategy::FindMostRecent(std::span<const int32_t> context, int32_t 
   return -1;
 }
 
-absl::Status NgramStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
-                                    const ProposeContext& /*ctx*/, DraftTree* out) {
-  out->Clear();
-  if (params_.adaptive && skip_left_ > 0) {
-    --skip_left_;
-    return absl::OkStatus();
+void NgramStrategy::LearnFromPending(std::span<const int32_t> context) {
+  const int64_t len = static_cast<int64_t>(context.size());
+  // The context must continue the one the candidate was found for (a rewind or another
+  // conversation drops the candidate unlearned).
+  if (!pending_.empty() && len > pending_len_ && context[pending_len_ - 1] == pending_root_) {
+    const int32_t checked =
+        static_cast<int32_t>(std::min<int64_t>(len - pending_len_, pending_.size()));
+    int32_t matched = 0;
+    while (matched < checked && context[pending_len_ + matched] == pending_[matched]) ++matched;
+    acceptance_[pending_n_].Observe(checked, matched);
+    ++observations_[pending_n_];
   }
-  const int32_t k = std::min(max_draft, params_.adaptive ? draft_len_ : params_.max_draft);
-  if (k <= 0) return absl::OkStatus();
+  pending_.clear();
+}
+
+absl::Status NgramStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
+                                    const ProposeContext& ctx, DraftTree* out) {
+  out->Clear();
+  LearnFromPending(context);
   const int64_t len = static_cast<int64_t>(context.size());
   for (int32_t n = params_.max_ngram; n >= params_.min_ngram; --n) {
     const int64_t start = FindMostRecent(context, n);
     if (start < 0) continue;
     const int64_t from = start + n;
-    const int64_t to = std::min<int64_t>(len, from + k);
+    const int64_t to = std::min<int64_t>(len, from + params_.max_draft);
+    pending_.assign(context.begin() + from, context.begin() + to);
+    pending_len_ = len;
+    pending_root_ = context.back();
+    pending_n_ = n;
+    const int32_t available = std::min(max_draft, static_cast<int32_t>(pending_.size()));
+    int32_t k = available;
+    if (params_.adaptive) {
+      PassCostModel fixed;
+      const PassCostModel* cost = ctx.cost;
+      if (params_.fixed_pass_cost_beta >= 0.0 || cost == nullptr) {
+        fixed.Pin(params_.fixed_pass_cost_beta >= 0.0 ? params_.fixed_pass_cost_beta
+                                                      : PassCostModel::kPriorBeta);
+        cost = &fixed;
+      }
+      if (observations_[n] == 0) {
+        k = std::min(available, params_.start_draft);
+      } else {
+        k = BestDraftLength(acceptance_[n], available,
+                            [&](int32_t kk) { return cost->RelativeCost(kk + 1); });
+      }
+      if (k == 0 && available > 0) {
+        // Re-measure a wide pass now and then, unless the cost is pinned.
+        if (!cost->pinned() && params_.max_skip > 0 && ++plain_run_ >= params_.max_skip) k = 1;
+      }
+      if (k > 0) plain_run_ = 0;
+    }
     int32_t parent = -1;
-    for (int64_t i = from; i < to; ++i) parent = out->Add(context[i], parent);
+    for (int32_t i = 0; i < k; ++i) parent = out->Add(pending_[i], parent);
     return absl::OkStatus();
   }
   return absl::OkStatus();
 }
 
-void NgramStrategy::Accepted(int32_t drafted, std::span<const int32_t> accepted) {
-  if (!params_.adaptive || drafted == 0) return;
-  const int32_t m = static_cast<int32_t>(accepted.size());
-  if (m == 0) {
-    ++misses_;
-    skip_left_ = std::min(params_.max_skip, 1 << std::min(misses_ - 1, 20));
-    draft_len_ = std::max(1, draft_len_ / 2);
-    return;
-  }
-  misses_ = 0;
-  if (m == drafted) {
-    draft_len_ = std::min(params_.max_draft, draft_len_ * 2);
-  } else {
-    draft_len_ = std::max(1, std::min(params_.max_draft, m + 1));
-  }
+void NgramStrategy::Accepted(int32_t /*drafted*/, std::span<const int32_t> /*accepted*/) {
+  // Nothing to do: the next Propose compares the candidate with what actually followed it (the
+  // accepted tokens and the recovered/bonus one), which is more than `accepted` tells.
 }
 
 }  // namespace kiln::spec

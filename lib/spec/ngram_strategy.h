@@ -1,21 +1,32 @@
 // N-gram prompt lookup (no model): match the last n tokens of the context (n = max_ngram, then
 // smaller, down to min_ngram) against the earlier context (prompt and output so far), take the
-// most recent match and propose the tokens that followed it, up to max_draft of them, as a
-// deterministic chain. Exact under sampling too (q one-hot, rejection_sampler.h).
+// most recent match and propose the tokens that followed it, as a deterministic chain. Exact
+// under sampling too (q one-hot, rejection_sampler.h).
 //
-// Back-off (so it does not cost when it does not pay): verifying k draft tokens makes the target
-// pass wider (on the CPU a pass over 9 tokens costs about twice a pass over one), so
-//   - a 1-token suffix is not matched by default (min_ngram = 2): in chat text single tokens
-//     match everywhere and what followed them is rarely what comes next;
-//   - the draft length adapts: it starts at start_draft, doubles (up to max_draft) after a fully
-//     accepted draft, drops to accepted + 1 after a partial acceptance and halves after a miss;
-//   - after a step where nothing was accepted the strategy proposes nothing for a while (the
-//     step is plain decoding): 1 step after the first miss, doubling with each consecutive miss
-//     up to max_skip; any accepted token resets it.
+// Cost-aware draft length (adaptive = true; draft_policy.h): each step proposes the k in
+// [0, max_draft] that maximises expected tokens per unit of target cost,
+//   (1 + E[accepted | k]) / c(k + 1),
+// where c(w) is the decoder's measured cost of a pass over w tokens relative to a one-token pass
+// (ProposeContext::cost, or c(w) = 1 + fixed_pass_cost_beta (w - 1) when that is >= 0) and the
+// acceptance is estimated online, separately for each suffix length n. k = 0 (plain decoding)
+// when nothing pays. The acceptance is learned for free: the candidate continuation found at one
+// step is compared with the tokens that actually followed it at the next step, whether or not it
+// was proposed, so the strategy keeps learning while it backs off. The first proposal for a
+// suffix length (nothing learned yet) drafts start_draft tokens. When the cost of wide passes is
+// measured and the policy has chosen k = 0 for max_skip consecutive steps that had a candidate,
+// it proposes one token to measure a wide pass again (the backend or the load may have changed).
+//
+// Greedy output never depends on these choices (the verifier keeps the target's argmax path),
+// so greedy equality does not depend on timing. With sampling and a measured cost, the text for
+// a fixed seed depends on the (timing-driven) draft lengths; set fixed_pass_cost_beta >= 0 for
+// reproducible sampled text.
 //
 // Thread-safety: none (see strategy.h).
 #pragma once
 
+#include <vector>
+
+#include "lib/spec/draft_policy.h"
 #include "lib/spec/strategy.h"
 
 namespace kiln::spec {
@@ -24,9 +35,12 @@ struct NgramParams {
   int32_t max_ngram = 3;    // longest suffix tried first (>= min_ngram)
   int32_t min_ngram = 2;    // shortest suffix tried (>= 1)
   int32_t max_draft = 8;    // tokens proposed at most per step
-  int32_t start_draft = 4;  // initial adaptive draft length, in [1, max_draft]
-  int32_t max_skip = 32;    // longest back-off, in steps (0: never back off)
-  bool adaptive = true;     // adapt the draft length and back off (false: always max_draft)
+  int32_t start_draft = 4;  // draft length before anything is learned, in [1, max_draft]
+  int32_t max_skip = 32;    // plain steps before a one-token probe of the pass cost (0: never)
+  bool adaptive = true;     // cost-aware draft length (false: always max_draft when matched)
+  // >= 0: use c(w) = 1 + fixed_pass_cost_beta (w - 1) instead of the measured cost
+  // (deterministic draft lengths; no probes). < 0: the decoder's measured cost.
+  double fixed_pass_cost_beta = -1.0;
 };
 
 class NgramStrategy final : public Strategy {
@@ -39,18 +53,30 @@ class NgramStrategy final : public Strategy {
                        const ProposeContext& ctx, DraftTree* out) override;
   void Accepted(int32_t drafted, std::span<const int32_t> accepted) override;
   void Reset() override;
+  absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
 
   // Start of the most recent earlier occurrence of the last n tokens of `context` (an occurrence
   // that is followed by at least one token), or -1. Exposed for tests.
   static int64_t FindMostRecent(std::span<const int32_t> context, int32_t n);
 
+  // The acceptance learned for suffix length n (in [min_ngram, max_ngram]). For tests and logs.
+  const AcceptanceEstimate& acceptance(int32_t n) const { return acceptance_[n]; }
+
  private:
   explicit NgramStrategy(const NgramParams& params) : params_(params) { Reset(); }
+  // Compares the candidate of the previous proposal with the tokens that followed it.
+  void LearnFromPending(std::span<const int32_t> context);
 
   NgramParams params_;
-  int32_t skip_left_ = 0;  // steps to propose nothing
-  int32_t misses_ = 0;     // consecutive steps with nothing accepted
-  int32_t draft_len_ = 0;  // current adaptive draft length
+  std::vector<AcceptanceEstimate> acceptance_;  // [max_ngram + 1], by suffix length
+  std::vector<int64_t> observations_;           // [max_ngram + 1]
+  // The previous step's candidate continuation (up to params_.max_draft tokens, proposed or not),
+  // the context length it continued, that context's last token, and the suffix length matched.
+  std::vector<int32_t> pending_;
+  int64_t pending_len_ = 0;
+  int32_t pending_root_ = -1;
+  int32_t pending_n_ = 0;
+  int32_t plain_run_ = 0;  // consecutive steps with a candidate and k = 0
 };
 
 }  // namespace kiln::spec

@@ -1,6 +1,7 @@
 #include "lib/spec/speculative_decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -65,6 +66,7 @@ void CopyKvRows(KvCache& cache, KvSlot from, KvSlot to) {
 absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_emit,
                                       SpecStepResult* out) {
   out->emitted.clear();
+  out->logprobs.clear();
   out->drafted = 0;
   out->accepted = 0;
   out->end_of_generation = false;
@@ -83,7 +85,7 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
   // 1. Proposal.
   draft_.Clear();
   if (strategy_ != nullptr && max_emit > 1) {
-    ProposeContext ctx{&sampler_.params(), &rng_};
+    ProposeContext ctx{&sampler_.params(), &rng_, &cost_};
     KILN_RETURN_IF_ERROR(strategy_->Propose(*tokens, max_emit - 1, ctx, &draft_));
     KILN_RETURN_IF_ERROR(CheckDraft(draft_, max_emit - 1, n_vocab, std::string(strategy_->name())));
   }
@@ -109,6 +111,8 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
   path_.insert(path_.end(), draft_.tokens.begin(), draft_.tokens.end());  // [1 + n_nodes]
 
   // 3. Target forward.
+  using Clock = std::chrono::steady_clock;
+  Clock::duration busy{};  // forward + sampling + verification, without waiting for the lock
   KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
     KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
     KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(seq_));
@@ -118,7 +122,9 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
           " computed) but ", root_index, " computed tokens plus the root were expected"));
     }
     KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, path_));
+    const Clock::time_point start = Clock::now();
     absl::Status st = fwd.Forward(batch_, cache, &out_);
+    busy += Clock::now() - start;
     if (!st.ok()) cache.Truncate(seq_, root_index).IgnoreError();
     return st;
   }));
@@ -133,6 +139,7 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
   root_logits_.assign(out_.LogitsRow(0), out_.LogitsRow(0) + n_vocab);
 
   // Target distributions through the session's chain; history = tokens + the node's ancestors.
+  const Clock::time_point sampling_start = Clock::now();
   p_.resize(n_nodes + 1);
   nodes_.resize(n_nodes);
   absl::Status st = sampler_.Apply(std::span(out_.LogitsRow(0), n_vocab), *tokens, &p_[0]);
@@ -159,6 +166,8 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
     undo();
     return st;
   }
+  busy += Clock::now() - sampling_start;
+  cost_.Observe(1 + n_nodes, std::chrono::duration<double>(busy).count());
 
   // Cut after the first end-of-generation token and at max_emit.
   const Tokenizer& tokenizer = model.tokenizer();
@@ -181,6 +190,14 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
     return st;
   }
   out->emitted.assign(verify_.tokens.begin(), verify_.tokens.begin() + keep);
+  if (sampler_.params().n_logprobs > 0) {
+    // Emitted token j was sampled from the row before it on the accepted path.
+    out->logprobs.resize(keep);
+    for (int32_t j = 0; j < keep; ++j) {
+      const int32_t row = j == 0 ? 0 : verify_.accepted_nodes[j - 1] + 1;
+      out->logprobs[j] = p_[row].top_logprobs;
+    }
+  }
   out->drafted = n_nodes;
   out->accepted = m;
   tokens->insert(tokens->end(), out->emitted.begin(), out->emitted.end());

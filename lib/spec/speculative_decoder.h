@@ -22,6 +22,14 @@
 //      the accepted path (m rows per layer and KV head) plus releasing the tree's blocks;
 //   5. appends the accepted tokens and the recovered/bonus token to `tokens` (that last token is
 //      the new root) and tells the strategy what was accepted.
+// Cost: every step's wall time from the batch to the verification (target forward, per-row
+// sampler chain, verification; not the proposal) is recorded in cost_model() by width (root +
+// drafts), and the strategy sees it in ProposeContext::cost to choose its draft length
+// (draft_policy.h).
+// Log-probabilities: when the sampler asks for n_logprobs, every emitted token gets the top
+// log-probabilities of the target row it was sampled from (accepted: the row before it on the
+// accepted path; recovered/bonus: the row of the last accepted node or the root), which are
+// bitwise those plain decoding reports for the same token (batch-invariant logits, same chain).
 // Emitted tokens are cut after the first end-of-generation token and at max_emit; K/V of tokens
 // cut off are dropped so the state above holds again.
 //
@@ -52,6 +60,9 @@ namespace kiln::spec {
 
 struct SpecStepResult {
   std::vector<int32_t> emitted;  // tokens appended to `tokens` this step
+  // [emitted.size()] the top log-probabilities of each emitted token's distribution (as
+  // Distribution::top_logprobs); empty when the sampler's n_logprobs is 0.
+  std::vector<std::vector<sample::TokenLogprob>> logprobs;
   int32_t drafted = 0;
   int32_t accepted = 0;
   bool end_of_generation = false;  // emitted ends with an end-of-generation token
@@ -80,6 +91,11 @@ class SpeculativeDecoder {
   const SpecMetrics& metrics() const { return metrics_; }
   void ResetMetrics() { metrics_ = {}; }
 
+  // The measured cost of steps by width (see the header comment). Mutable so that callers can
+  // pin it (reproducible sampled text) or carry it over to a fork's decoder.
+  PassCostModel& cost_model() { return cost_; }
+  const PassCostModel& cost_model() const { return cost_; }
+
  private:
   absl::Status Commit(int32_t root_index, std::span<const int32_t> accepted_nodes,
                       std::span<const int32_t> accepted_tokens);
@@ -90,6 +106,7 @@ class SpeculativeDecoder {
   sample::Rng& rng_;
   Strategy* strategy_;
   SpecMetrics metrics_;
+  PassCostModel cost_;
 
   DraftTree draft_;
   ForwardBatch batch_;

@@ -15,14 +15,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "lib/common/strings.h"
 #include "lib/sample/distribution.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
+#include "lib/spec/draft_policy.h"
 
 namespace kiln::spec {
 
@@ -58,6 +62,10 @@ struct ProposeContext {
   const sample::SamplerParams* sampler_params = nullptr;
   // The session's random generator, for strategies that sample their drafts.
   sample::Rng* rng = nullptr;
+  // The decoder's measured cost of target passes by width (draft_policy.h), for strategies that
+  // choose their draft length by expected tokens per unit cost. nullptr: not measured (the
+  // strategy uses PassCostModel's prior).
+  const PassCostModel* cost = nullptr;
 };
 
 // Cumulative counters of a decoder (per session).
@@ -102,6 +110,15 @@ class Strategy {
 
   // Forgets all state (a new conversation, a rewind the strategy cannot follow).
   virtual void Reset() = 0;
+
+  // A strategy in the same state (adaptive estimates, and whatever it holds about the context it
+  // last saw) that serves another session: Session::Fork gives the fork a clone so both continue
+  // speculating. The clone is independent of this strategy (it may be used on another thread at
+  // the same time). Default: Unimplemented naming the strategy.
+  virtual absl::StatusOr<std::unique_ptr<Strategy>> Clone() const {
+    return absl::UnimplementedError(
+        kiln::StrCat("strategy ", name(), " cannot be cloned (Session::Fork needs Clone)"));
+  }
 };
 
 }  // namespace kiln::spec

@@ -12,11 +12,12 @@
 #include "lib/common/half.h"
 #include "lib/model/model.h"
 #include "lib/session/session.h"
+#include "lib/spec/draft_policy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/spec/spec_generate.h"
 #include "lib/spec/speculative_decoder.h"
 #include "lib/tokenizer/tokenizer.h"
-#include "tests/common/test_util.h"
+#include "tests/common/spec_test_util.h"
 
 namespace kiln::spec {
 namespace {
@@ -46,65 +47,14 @@ const char* const kPrompts[] = {
     "def add(a, b):\n    return a + b\n\nRewrite this Python function with type hints.",
 };
 
-std::string ChatPrompt(const std::string& user) {
-  return "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-}
+using kiln::testing::ChatPrompt;
 
-class SpecDecodeTest : public ::testing::Test {
+class SpecDecodeTest : public kiln::testing::SpecModelTest {
  protected:
-  static void SetUpTestSuite() {
-    ModelLoadOptions load;
-    load.path = kiln::testing::DefaultModelPath();
-    auto model = Model::Load(load);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-    EngineOptions options;
-    options.n_threads = 2;
-    options.n_ctx = 1024;
-    auto engine = Engine::Create(*model_, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = engine->release();
-  }
-  static void TearDownTestSuite() {
-    delete engine_;
-    delete model_;
-    engine_ = nullptr;
-    model_ = nullptr;
-  }
-
-  static std::vector<int32_t> Encode(const std::string& text) {
-    auto ids = model_->tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/true);
-    EXPECT_TRUE(ids.ok()) << ids.status();
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
-
-  static sample::SamplerParams Greedy() {
-    sample::SamplerParams p;
-    p.temperature = 0.0f;
-    return p;
-  }
-
-  // Plain greedy decoding through Session::Generate (the reference).
-  static std::vector<int32_t> PlainGreedy(const std::vector<int32_t>& prompt, int32_t max_tokens) {
-    auto session = Session::Create(*engine_, Greedy(), 1);
-    EXPECT_TRUE(session.ok()) << session.status();
-    if (!session.ok()) return {};
-    EXPECT_TRUE((*session)->AppendTokens(prompt).ok());
-    GenerateOptions options;
-    options.max_tokens = max_tokens;
-    auto result = (*session)->Generate(options);
-    EXPECT_TRUE(result.ok()) << result.status();
-    const auto& all = (*session)->tokens();
-    return std::vector<int32_t>(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
-                                all.end());
-  }
-
-  static Model* model_;
-  static Engine* engine_;
+  static void SetUpTestSuite() { LoadDefaultModel(1024); }
+  static void TearDownTestSuite() { FreeDefaultModel(); }
+  static sample::SamplerParams Greedy() { return kiln::testing::GreedyParams(); }
 };
-
-Model* SpecDecodeTest::model_ = nullptr;
-Engine* SpecDecodeTest::engine_ = nullptr;
 
 TEST_F(SpecDecodeTest, NoStrategyEqualsPlainGreedy) {
   const auto prompt = Encode(ChatPrompt(kPrompts[5]));
@@ -355,7 +305,11 @@ TEST_F(SpecDecodeTest, TreeCompactionGivesPlainGreedyTokens) {
 }
 
 TEST_F(SpecDecodeTest, SamplingIsReproducibleAndValid) {
-  auto strategy = NgramStrategy::Create(NgramParams{});
+  // Pinned pass cost: a measured (timing-driven) one could choose other draft lengths in the
+  // second run and so consume the random stream differently.
+  NgramParams np;
+  np.fixed_pass_cost_beta = 0.3;
+  auto strategy = NgramStrategy::Create(np);
   ASSERT_TRUE(strategy.ok());
   sample::SamplerParams params;  // llama.cpp defaults, temperature 0.8
   const auto prompt = Encode(ChatPrompt(kPrompts[0]));
@@ -388,20 +342,124 @@ TEST(NgramStrategyTest, FindsMostRecentMatchAndProposesWhatFollowed) {
   auto s = NgramStrategy::Create(params);
   ASSERT_TRUE(s.ok());
   DraftTree tree;
+  // Nothing learned yet: start_draft tokens.
   ASSERT_TRUE((*s)->Propose(ctx, 8, {}, &tree).ok());
   EXPECT_EQ(tree.tokens, (std::vector<int32_t>{7, 8, 5}));
   EXPECT_EQ(tree.parents, (std::vector<int32_t>{-1, 0, 1}));
   EXPECT_TRUE(tree.deterministic);
-  // A miss backs off: the next proposal is empty, then drafting resumes.
-  (*s)->Accepted(3, {});
-  ASSERT_TRUE((*s)->Propose(ctx, 8, {}, &tree).ok());
-  EXPECT_EQ(tree.size(), 0);
-  ASSERT_TRUE((*s)->Propose(ctx, 8, {}, &tree).ok());
-  EXPECT_GT(tree.size(), 0);
   // No match at all: nothing proposed.
   ASSERT_TRUE((*s)->Propose(std::vector<int32_t>{4, 5, 6}, 8, {}, &tree).ok());
   EXPECT_EQ(tree.size(), 0);
+  // max_draft of the call caps the proposal.
+  ASSERT_TRUE((*s)->Propose(ctx, 2, {}, &tree).ok());
+  EXPECT_LE(tree.size(), 2);
   EXPECT_FALSE(NgramStrategy::Create(NgramParams{.max_ngram = 1, .min_ngram = 2}).ok());
+  EXPECT_FALSE(NgramStrategy::Create(NgramParams{.max_draft = 0}).ok());
+}
+
+TEST(DraftPolicyTest, PassCostModelMeasuresTheSlope) {
+  PassCostModel cost;
+  EXPECT_EQ(cost.Beta(), PassCostModel::kPriorBeta);  // nothing measured
+  cost.Observe(3, 3.0);                               // no one-token reference yet: ignored
+  EXPECT_EQ(cost.wide_observations(), 0);
+  cost.Observe(1, 1.0);
+  EXPECT_EQ(cost.Beta(), PassCostModel::kPriorBeta);  // no wide pass yet
+  cost.Observe(5, 3.0);                               // 0.5 per extra token
+  EXPECT_DOUBLE_EQ(cost.Beta(), 0.5);
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(5), 3.0);
+  for (int i = 0; i < 200; ++i) cost.Observe(3, 1.2);  // now 0.1 per extra token
+  EXPECT_NEAR(cost.Beta(), 0.1, 1e-6);
+  cost.Pin(0.7);
+  cost.Observe(2, 100.0);
+  EXPECT_EQ(cost.Beta(), 0.7);
+  EXPECT_TRUE(cost.pinned());
+}
+
+TEST(DraftPolicyTest, AcceptanceEstimateAndBestLength) {
+  AcceptanceEstimate a;
+  EXPECT_DOUBLE_EQ(a.first(), 0.5);
+  EXPECT_DOUBLE_EQ(a.ExpectedAccepted(2), 0.5 + 0.25);
+  for (int i = 0; i < 200; ++i) a.Observe(4, 4);  // always right (censored at 4)
+  EXPECT_GT(a.first(), 0.95);
+  EXPECT_GT(a.next(), 0.95);
+  // Cheap wide passes: draft everything; expensive ones (a row costs a whole pass): never.
+  auto linear = [](double beta) { return [beta](int32_t k) { return 1.0 + beta * k; }; };
+  EXPECT_EQ(BestDraftLength(a, 8, linear(0.05)), 8);
+  EXPECT_EQ(BestDraftLength(a, 8, linear(1.0)), 0);
+  AcceptanceEstimate b;
+  for (int i = 0; i < 200; ++i) b.Observe(4, 0);  // always wrong
+  EXPECT_LT(b.first(), 0.05);
+  EXPECT_EQ(BestDraftLength(b, 8, linear(0.05)), 0);
+  // Half right: one token pays at beta 0.3 ((1 + 0.5) / 1.3 > 1), long drafts do not.
+  AcceptanceEstimate c;
+  for (int i = 0; i < 200; ++i) c.Observe(2, i % 2);  // a1 = 0.5, a never observed
+  EXPECT_NEAR(c.first(), 0.5, 0.05);
+  EXPECT_EQ(BestDraftLength(c, 1, linear(0.3)), 1);
+  EXPECT_EQ(BestDraftLength(c, 1, linear(0.6)), 0);
+}
+
+// The n-gram strategy learns acceptance from what followed its candidates, also while it
+// proposes nothing, and picks its length from the cost.
+TEST(NgramStrategyTest, CostAwareLengthFollowsAcceptanceAndCost) {
+  // A context that repeats a 6-token phrase: candidates are always right.
+  const std::vector<int32_t> phrase = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+  auto run = [&](double beta, bool repeat_right) {
+    NgramParams p;
+    p.max_draft = 8;
+    p.fixed_pass_cost_beta = beta;
+    auto s = NgramStrategy::Create(p);
+    EXPECT_TRUE(s.ok());
+    std::vector<int32_t> ctx = phrase;
+    ctx.insert(ctx.end(), phrase.begin(), phrase.begin() + 3);
+    DraftTree tree;
+    int32_t last_size = -1;
+    for (int step = 0; step < 60; ++step) {
+      EXPECT_TRUE((*s)->Propose(ctx, 8, {}, &tree).ok());
+      last_size = tree.size();
+      if (repeat_right) {
+        // The target continues the phrase: the proposal is accepted, plus a bonus token.
+        for (int32_t i = 0; i <= tree.size(); ++i) ctx.push_back(phrase[ctx.size() % 10]);
+      } else {
+        // The target says something new after every 3-token match.
+        ctx.push_back(100 + step);
+        ctx.insert(ctx.end(), phrase.begin(), phrase.begin() + 3);
+      }
+    }
+    return std::make_pair(last_size, (*s)->acceptance(3).first());
+  };
+  const auto [cheap_size, cheap_a1] = run(0.05, true);
+  EXPECT_EQ(cheap_size, 8);
+  EXPECT_GT(cheap_a1, 0.9);
+  const auto [costly_size, costly_a1] = run(1.0, true);
+  EXPECT_EQ(costly_size, 0);  // a row costs a whole pass: never pays
+  EXPECT_GT(costly_a1, 0.9);  // ... but it kept learning
+  const auto [wrong_size, wrong_a1] = run(0.05, false);
+  EXPECT_EQ(wrong_size, 0);  // always wrong: plain decoding
+  EXPECT_LT(wrong_a1, 0.1);
+}
+
+TEST(NgramStrategyTest, ProbesAWidePassWhenTheCostIsMeasured) {
+  NgramParams p;
+  p.max_skip = 4;
+  p.max_ngram = 2;  // one suffix length (a new one would start with start_draft again)
+  auto s = NgramStrategy::Create(p);
+  ASSERT_TRUE(s.ok());
+  PassCostModel measured;  // a measured, expensive wide pass
+  measured.Observe(1, 1.0);
+  measured.Observe(2, 2.0);
+  ProposeContext ctx;
+  ctx.cost = &measured;
+  std::vector<int32_t> ctx_tokens = {1, 2, 3, 4, 1, 2};
+  DraftTree tree;
+  int proposals = 0;
+  for (int step = 0; step < 13; ++step) {
+    ASSERT_TRUE((*s)->Propose(ctx_tokens, 8, ctx, &tree).ok());
+    proposals += tree.size() > 0;
+    // The candidate (3, 4, ...) is right: the context keeps matching.
+    ctx_tokens.push_back(ctx_tokens[ctx_tokens.size() - 4]);
+  }
+  // The first proposal (nothing learned) and one probe every max_skip plain steps.
+  EXPECT_EQ(proposals, 1 + 3);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "lib/spec/make_draft.h"
 #include "lib/spec/spec_generate.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/spec_test_util.h"
 #include "tests/common/test_util.h"
 
 namespace kiln::spec {
@@ -42,71 +43,34 @@ const char* const kPrompts[] = {
     "def add(a, b):\n    return a + b\n\nRewrite this Python function with type hints.",
 };
 
-std::string ChatPrompt(const std::string& user) {
-  return "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-}
+using kiln::testing::ChatPrompt;
 
-class SpecDraftTest : public ::testing::Test {
+class SpecDraftTest : public kiln::testing::SpecModelTest {
  protected:
   static void SetUpTestSuite() {
-    const std::string target = kiln::testing::DefaultModelPath();
-    ModelLoadOptions load;
-    load.path = target;
-    auto model = Model::Load(load);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-    EngineOptions options;
-    options.n_threads = 2;
-    options.n_ctx = 1024;
-    auto engine = Engine::Create(*model_, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = engine->release();
+    LoadDefaultModel(1024);
     for (int k : {4, 8}) {
       const std::string path = kiln::testing::TempDir() + "/draft" + std::to_string(k) + ".gguf";
       MakeDraftInfo info;
-      const absl::Status st = MakeDraftModel(target, path, k, &info);
+      const absl::Status st = MakeDraftModel(kiln::testing::DefaultModelPath(), path, k, &info);
       ASSERT_TRUE(st.ok()) << st;
       ASSERT_EQ(info.draft_layers, k);
       draft_paths_[k == 4 ? 0 : 1] = new std::string(path);
     }
   }
   static void TearDownTestSuite() {
-    delete engine_;
-    delete model_;
+    FreeDefaultModel();
     delete draft_paths_[0];
     delete draft_paths_[1];
   }
-
-  static std::vector<int32_t> Encode(const std::string& text) {
-    auto ids = model_->tokenizer().Encode(text, true, true);
-    EXPECT_TRUE(ids.ok()) << ids.status();
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
-  static sample::SamplerParams Greedy() {
-    sample::SamplerParams p;
-    p.temperature = 0.0f;
-    return p;
-  }
+  static sample::SamplerParams Greedy() { return kiln::testing::GreedyParams(); }
   static std::vector<int32_t> PlainGreedy(const std::vector<int32_t>& prompt) {
-    auto session = Session::Create(*engine_, Greedy(), 1);
-    EXPECT_TRUE(session.ok());
-    if (!session.ok()) return {};
-    EXPECT_TRUE((*session)->AppendTokens(prompt).ok());
-    GenerateOptions options;
-    options.max_tokens = kMaxTokens;
-    EXPECT_TRUE((*session)->Generate(options).ok());
-    const auto& all = (*session)->tokens();
-    return std::vector<int32_t>(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
-                                all.end());
+    return SpecModelTest::PlainGreedy(prompt, kMaxTokens);
   }
 
-  static Model* model_;
-  static Engine* engine_;
   static std::string* draft_paths_[2];
 };
 
-Model* SpecDraftTest::model_ = nullptr;
-Engine* SpecDraftTest::engine_ = nullptr;
 std::string* SpecDraftTest::draft_paths_[2] = {nullptr, nullptr};
 
 TEST_F(SpecDraftTest, DraftFileKeepsFirstLayersAndVocabulary) {
@@ -140,6 +104,9 @@ TEST_F(SpecDraftTest, GreedyEqualsPlainGreedyWithDraftsOfFourAndEightLayers) {
     DraftModelParams params;
     params.n_threads = 2;
     params.max_draft = 4;
+    // Always 4 drafts: the cost-aware policy would mostly back off from these weak drafts, and
+    // this test is about exactness of long chains.
+    params.adaptive = false;
     auto strategy =
         DraftModelStrategy::Load(*draft_paths_[which], model_->hparams().n_vocab, params);
     ASSERT_TRUE(strategy.ok()) << strategy.status();
@@ -166,6 +133,10 @@ TEST_F(SpecDraftTest, GreedyEqualsPlainGreedyWithDraftsOfFourAndEightLayers) {
 TEST_F(SpecDraftTest, SamplingIsReproducible) {
   DraftModelParams params;
   params.n_threads = 2;
+  // Pinned costs: with measured (timing-driven) costs the draft lengths, and so the use of the
+  // random stream, could differ between two runs with the same seed.
+  params.fixed_pass_cost_beta = 0.0;
+  params.draft_cost_prior = 0.05;
   auto strategy = DraftModelStrategy::Load(*draft_paths_[0], model_->hparams().n_vocab, params);
   ASSERT_TRUE(strategy.ok()) << strategy.status();
   sample::SamplerParams sp;  // temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
@@ -180,6 +151,27 @@ TEST_F(SpecDraftTest, SamplingIsReproducible) {
     EXPECT_GE(t, 0);
     EXPECT_LT(t, model_->hparams().n_vocab);
   }
+}
+
+TEST_F(SpecDraftTest, CostAwareLengthBacksOffFromAWeakDraft) {
+  // A 4-layer cut of the target accepts ~1-2% of its drafts; with a wide pass costing 0.8 of a
+  // one-token pass per extra token and a draft pass 0.3, no draft length pays: the strategy only
+  // probes with one token now and then. Greedy output stays identical.
+  DraftModelParams params;
+  params.n_threads = 2;
+  params.max_draft = 4;
+  params.fixed_pass_cost_beta = 0.8;
+  params.draft_cost_prior = 0.3;
+  auto strategy = DraftModelStrategy::Load(*draft_paths_[0], model_->hparams().n_vocab, params);
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const auto prompt = Encode(ChatPrompt(kPrompts[5]));
+  const auto plain = PlainGreedy(prompt);
+  auto spec = GenerateSpeculative(*engine_, prompt, Greedy(), 1, strategy->get(), kMaxTokens);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->tokens, plain);
+  EXPECT_GT(spec->metrics.drafted, 0);  // it probes
+  EXPECT_LT(spec->metrics.drafted * 2, spec->metrics.steps) << "drafted " << spec->metrics.drafted;
+  EXPECT_LT((*strategy)->acceptance().first(), 0.5);
 }
 
 TEST_F(SpecDraftTest, RejectsAnotherVocabulary) {

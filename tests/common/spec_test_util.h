@@ -1,0 +1,44 @@
+// Helpers shared by the speculative-decoding tests (spec_decode, spec_draft, spec_session): the
+// default model and an Engine on it, loaded once per test binary, the ChatML prompt wrapper and
+// plain greedy decoding through a Session (the reference every speculative run is compared to).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lib/model/model.h"
+#include "lib/sample/sampler.h"
+#include "lib/session/session.h"
+
+namespace kiln::testing {
+
+// SmolLM2's chat template around one user message, ready for the assistant's answer.
+std::string ChatPrompt(std::string_view user);
+
+// Sampler parameters for greedy decoding (temperature 0, the other defaults unchanged).
+sample::SamplerParams GreedyParams();
+
+// A fixture base holding the default model and an Engine on it (2 threads) for the whole test
+// suite. Call LoadDefaultModel from SetUpTestSuite and FreeDefaultModel from TearDownTestSuite.
+class SpecModelTest : public ::testing::Test {
+ protected:
+  // Fails the suite (fatal ASSERT in the caller's SetUpTestSuite) when the model cannot load.
+  static void LoadDefaultModel(int32_t n_ctx);
+  static void FreeDefaultModel();
+
+  // Tokenizes with special tokens added and parsed (ChatPrompt output).
+  static std::vector<int32_t> Encode(const std::string& text);
+  // Plain greedy decoding of up to max_tokens tokens after `prompt` through Session::Generate;
+  // returns the generated tokens only.
+  static std::vector<int32_t> PlainGreedy(std::span<const int32_t> prompt, int32_t max_tokens);
+
+  static Model* model_;
+  static Engine* engine_;
+};
+
+}  // namespace kiln::testing
