@@ -1,12 +1,16 @@
 // spec_bench: speculative decoding vs plain decoding on the default model, side by side in one
 // run. For temperature 0 and 0.8, on chat prompts and on copy-heavy prompts (quoting, code
-// editing), it runs plain decoding (no strategy), the n-gram strategy and a draft model cut from
-// the target (its first --draft-layers layers, made with MakeDraftModel), each --reps times, and
+// editing), it runs plain decoding (no strategy), the n-gram strategy with its cost-aware draft
+// length (measured pass cost, docs/speculative.md), the n-gram strategy always drafting
+// --ngram-max tokens (what the back-off buys), and a draft model cut from the target (its first
+// --draft-layers layers, made with MakeDraftModel; cost-aware length), each --reps times, and
 // prints decode tokens/s (generated tokens / wall time of the decoding steps, prefill excluded;
 // per repetition over the whole prompt set) as median [min-max] and the speedup over plain; the
 // same per second of process CPU time (all threads; steadier than wall time on a shared, loaded
-// machine); the mean accepted draft tokens per step, the acceptance rate and target passes per
-// generated token.
+// machine); the mean accepted draft tokens per step, the acceptance rate, target passes per
+// generated token and the measured cost slope beta (a pass over w tokens costs 1 + beta (w - 1)
+// one-token passes). The measured pass cost is carried across the prompts of a repetition (as a
+// session carries it across turns).
 //
 //   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
 //              [--draft-max K] [--ngram-max K] [--prompts N (per set, at most 4)]
@@ -76,8 +80,21 @@ int main(int argc, char** argv) {
   }
   int threads = 2, tokens = 64, reps = 3, draft_layers = 4, draft_max = 4, ngram_max = 8,
       n_prompts = 4;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: spec_bench [--model PATH] [--threads N (2)] [--tokens N (64)] [--reps N (3)]\n"
+          "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
+          "                  [--prompts N (4, per set, at most 4)]\n"
+          "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
+          "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "flag %s needs a value\n", argv[i]);
+      return 2;
+    }
     const char* v = argv[i + 1];
     if (a == "--model")
       model_path = v;
@@ -121,12 +138,16 @@ int main(int argc, char** argv) {
   }
   NgramParams np;
   np.max_draft = ngram_max;
+  np.start_draft = std::min(np.start_draft, ngram_max);
   auto ngram = NgramStrategy::Create(np);
+  NgramParams always = np;
+  always.adaptive = false;
+  auto ngram_always = NgramStrategy::Create(always);
   DraftModelParams dp;
   dp.n_threads = threads;
   dp.max_draft = draft_max;
   auto draft = DraftModelStrategy::Load(draft_path, (*model)->hparams().n_vocab, dp);
-  if (!ngram.ok() || !draft.ok()) {
+  if (!ngram.ok() || !ngram_always.ok() || !draft.ok()) {
     std::fprintf(stderr, "strategy: %s\n", std::string(draft.status().message()).c_str());
     return 1;
   }
@@ -134,13 +155,16 @@ int main(int argc, char** argv) {
     const char* name;
     Strategy* strategy;
   };
-  const Named strategies[] = {{"plain", nullptr}, {"ngram", ngram->get()}, {"draft", draft->get()}};
+  const Named strategies[] = {{"plain", nullptr},
+                              {"ngram", ngram->get()},
+                              {"ngram-max", ngram_always->get()},
+                              {"draft", draft->get()}};
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",
       model_path.c_str(), threads, tokens, reps, ngram_max, draft_layers, draft_max);
-  std::printf("%-5s %-5s %-6s %24s %8s %24s %8s %9s %9s %11s\n", "temp", "set", "strat",
+  std::printf("%-5s %-5s %-9s %24s %8s %24s %8s %9s %9s %11s %6s\n", "temp", "set", "strat",
               "wall tok/s med [min-max]", "speedup", "tok/cpu-s med [min-max]", "speedup",
-              "acc/step", "acc rate", "passes/tok");
+              "acc/step", "acc rate", "passes/tok", "beta");
   for (float temp : {0.0f, 0.8f}) {
     sample::SamplerParams sp;
     sp.temperature = temp;
@@ -154,12 +178,14 @@ int main(int argc, char** argv) {
       double plain_median = 0.0, plain_cpu_median = 0.0;
       for (const Named& s : strategies) {
         Row row;
+        std::vector<double> betas;
         for (int r = 0; r < reps; ++r) {
+          PassCostModel cost;  // carried across the prompt set, as a session would
           int64_t gen = 0;
           double secs = 0.0, cpu_secs = 0.0;
           for (size_t p = 0; p < prompts.size(); ++p) {
             auto res = GenerateSpeculative(**engine, prompts[p], sp, 1000 + r * 10 + p, s.strategy,
-                                           tokens);
+                                           tokens, &cost);
             if (!res.ok()) {
               std::fprintf(stderr, "generate: %s\n", std::string(res.status().message()).c_str());
               return 1;
@@ -172,6 +198,7 @@ int main(int argc, char** argv) {
             row.drafted += res->metrics.drafted;
             row.generated += res->metrics.generated;
           }
+          if (cost.wide_observations() > 0) betas.push_back(cost.Beta());
           row.tok_s.push_back(static_cast<double>(gen) / secs);
           row.tok_cpu_s.push_back(static_cast<double>(gen) / cpu_secs);
         }
@@ -189,12 +216,14 @@ int main(int argc, char** argv) {
         std::snprintf(cpu_buf, sizeof(cpu_buf), "%.1f [%.1f-%.1f]", cpu_med,
                       *std::min_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()),
                       *std::max_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()));
-        std::printf("%-5.1f %-5s %-6s %24s %7.2fx %24s %7.2fx %9.2f %9.2f %11.3f\n", temp,
+        char beta_buf[16] = "-";
+        if (!betas.empty()) std::snprintf(beta_buf, sizeof(beta_buf), "%.2f", Median(betas));
+        std::printf("%-5.1f %-5s %-9s %24s %7.2fx %24s %7.2fx %9.2f %9.2f %11.3f %6s\n", temp,
                     set == 0 ? "chat" : "copy", s.name, buf, med / plain_median, cpu_buf,
                     cpu_med / plain_cpu_median,
                     row.steps ? static_cast<double>(row.accepted) / row.steps : 0.0,
                     row.drafted ? static_cast<double>(row.accepted) / row.drafted : 0.0,
-                    row.generated ? static_cast<double>(row.steps) / row.generated : 0.0);
+                    row.generated ? static_cast<double>(row.steps) / row.generated : 0.0, beta_buf);
         std::fflush(stdout);
       }
     }

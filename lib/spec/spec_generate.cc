@@ -18,7 +18,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
                                                        std::span<const int32_t> prompt,
                                                        const sample::SamplerParams& params,
                                                        uint64_t seed, Strategy* strategy,
-                                                       int32_t max_tokens) {
+                                                       int32_t max_tokens, PassCostModel* cost) {
   if (prompt.empty()) return absl::InvalidArgumentError("GenerateSpeculative: empty prompt");
   if (max_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -59,6 +59,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     SpecGenerateResult result;
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());
     SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy);
+    if (cost != nullptr) decoder.cost_model() = *cost;
     if (strategy != nullptr) strategy->Reset();
     SpecStepResult step;
     int32_t generated = 0;
@@ -77,6 +78,8 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     }
     result.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end());
     result.metrics = decoder.metrics();
+    result.pass_cost_beta = decoder.cost_model().Beta();
+    if (cost != nullptr) *cost = decoder.cost_model();
     result.decode_cpu_seconds = ProcessCpuSeconds() - cpu_start;
     result.decode_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

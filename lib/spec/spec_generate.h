@@ -26,15 +26,15 @@ struct SpecGenerateResult {
   SpecMetrics metrics;
   double decode_seconds = 0.0;      // wall time of the decoding steps (prefill excluded)
   double decode_cpu_seconds = 0.0;  // process CPU time (all threads) of the same steps
+  double pass_cost_beta = 0.0;      // the decoder's cost slope at the end (draft_policy.h)
 };
 
 // Errors: InvalidArgument (empty prompt, max_tokens < 0, a token id out of range naming its
 // index, bad sampler parameters), OutOfRange (prompt longer than n_ctx), cache, strategy and
-// sampler errors.
-absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
-                                                       std::span<const int32_t> prompt,
-                                                       const sample::SamplerParams& params,
-                                                       uint64_t seed, Strategy* strategy,
-                                                       int32_t max_tokens);
+// sampler errors. `cost` (optional) carries the measured pass cost across calls, as a session
+// does: the decoder starts from *cost and writes its state back at the end.
+absl::StatusOr<SpecGenerateResult> GenerateSpeculative(
+    Engine& engine, std::span<const int32_t> prompt, const sample::SamplerParams& params,
+    uint64_t seed, Strategy* strategy, int32_t max_tokens, PassCostModel* cost = nullptr);
 
 }  // namespace kiln::spec
