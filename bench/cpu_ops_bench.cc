@@ -1,7 +1,9 @@
 // CPU backend op benchmark: matmul GB/s (decode) and GFLOP/s (prefill) per registered weight
 // type, paged attention time per token, ThreadPool::ParallelFor overhead.
 //
-//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300]
+//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile]
+//
+// --tile runs only the Q8_0 old-path vs vec_dot_tile comparison on the SmolLM2 shapes.
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,6 +114,102 @@ void BenchMatMul(const std::vector<GgmlType>& types) {
   }
 }
 
+// This thread's CPU seconds (excludes time descheduled by other jobs on the shared cores).
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// CPU seconds per call of fn on this thread: best of at least 3 calls and of min_ms of calls.
+template <typename Fn>
+double CpuTimePerCall(Fn&& fn) {
+  fn();  // warm up
+  double best = 1e30;
+  const double start = NowSeconds();
+  for (int i = 0; i < 3 || (NowSeconds() - start) * 1e3 < g_min_ms; ++i) {
+    const double t0 = ThreadCpuSeconds();
+    fn();
+    best = std::min(best, ThreadCpuSeconds() - t0);
+  }
+  return best;
+}
+
+// Q8_0 matmul kernels on the SmolLM2-135M shapes, one thread, activations pre-quantized: the
+// pre-tile path (token by token: vec_dot per row for 1 token, vec_dot_rows over 16-row chunks
+// otherwise, 32-token tiles, as MatMul did) against vec_dot_tile in MatMul's blocking (all rows
+// per call, 64-token blocks). GFLOP/s = 2 * n_in * n_out * tokens / thread CPU time (best of
+// >= 3 calls; CPU time so that other jobs on the shared cores do not count).
+void BenchQ8_0Tile() {
+  const QuantKernels* k = GetQuantKernels(GgmlType::kQ8_0);
+  const QuantKernels* act = GetQuantKernels(k->vec_dot_type);
+  printf(
+      "\n== Q8_0 matmul kernels, 1 thread, level %s: GFLOP/s old (vec_dot / vec_dot_rows) vs "
+      "tile (vec_dot_tile)\n",
+      CpuLevelName(BestCpuLevel()));
+  if (k->vec_dot_tile == nullptr) {
+    printf("(no vec_dot_tile for q8_0 at this level)\n");
+    return;
+  }
+  printf("%-8s %-6s %7s %12s %12s %8s\n", "n_in", "n_out", "tokens", "old GFLOP/s", "tile GFLOP/s",
+         "speedup");
+  struct Shape {
+    int64_t n_in, n_out;
+  };
+  const Shape shapes[] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}, {576, 49152}};
+  std::mt19937 rng(7);
+  for (const Shape& sh : shapes) {
+    const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(GgmlType::kQ8_0));
+    const size_t w_row = GgmlRowBytes(*info, sh.n_in);
+    std::vector<uint8_t> w(w_row * sh.n_out);
+    for (int64_t o = 0; o < sh.n_out; ++o) {
+      const std::vector<float> row = RandomVector(sh.n_in, rng);
+      k->quantize(row.data(), w.data() + o * w_row, sh.n_in);
+    }
+    for (int64_t n_tok : {1, 2, 4, 8, 512}) {
+      std::vector<uint8_t> a(w_row * n_tok);
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const std::vector<float> x = RandomVector(sh.n_in, rng);
+        act->quantize(x.data(), a.data() + t * w_row, sh.n_in);
+      }
+      std::vector<float> y(sh.n_out * n_tok);
+      auto old_path = [&] {
+        for (int64_t tb = 0; tb < n_tok; tb += 32) {
+          const int64_t te = std::min(n_tok, tb + 32);
+          for (int64_t rb = 0; rb < sh.n_out; rb += 16) {
+            const int64_t re = std::min(sh.n_out, rb + 16);
+            for (int64_t t = tb; t < te; ++t) {
+              float* yt = y.data() + t * sh.n_out;
+              if (n_tok == 1) {
+                for (int64_t r = rb; r < re; ++r) {
+                  yt[r] = k->vec_dot(sh.n_in, w.data() + r * w_row, a.data() + t * w_row);
+                }
+              } else {
+                k->vec_dot_rows(sh.n_in, w.data() + rb * w_row, w_row, static_cast<int>(re - rb),
+                                a.data() + t * w_row, yt + rb);
+              }
+            }
+          }
+        }
+      };
+      auto tile_path = [&] {
+        for (int64_t tb = 0; tb < n_tok; tb += 64) {
+          const int64_t te = std::min(n_tok, tb + 64);
+          k->vec_dot_tile(sh.n_in, w.data(), w_row, static_cast<int>(sh.n_out),
+                          a.data() + tb * w_row, w_row, static_cast<int>(te - tb),
+                          y.data() + tb * sh.n_out, sh.n_out);
+        }
+      };
+      const double flops = 2.0 * sh.n_in * sh.n_out * n_tok;
+      const double t_old = CpuTimePerCall(old_path), t_tile = CpuTimePerCall(tile_path);
+      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx\n", static_cast<long long>(sh.n_in),
+             static_cast<long long>(sh.n_out), static_cast<long long>(n_tok), flops / t_old * 1e-9,
+             flops / t_tile * 1e-9, t_old / t_tile);
+      fflush(stdout);
+    }
+  }
+}
+
 void BenchAttention() {
   printf(
       "\n== PagedAttention (SmolLM2-135M layer: 9 q heads, 3 kv heads, head_dim 64, block 16)\n");
@@ -194,10 +293,12 @@ void BenchSmallOps() {
 int main(int argc, char** argv) {
   using namespace kiln;
   std::string type_filter;
+  bool tile_only = false;  // --tile: only the Q8_0 tile-kernel comparison
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--types=", 8) == 0)
       type_filter = absl::StrCat(",", argv[i] + 8, ",");
     if (std::strncmp(argv[i], "--min_ms=", 9) == 0) cpu::g_min_ms = std::atof(argv[i] + 9);
+    if (std::strcmp(argv[i], "--tile") == 0) tile_only = true;
   }
   std::vector<GgmlType> types;
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
@@ -211,9 +312,14 @@ int main(int argc, char** argv) {
   }
   printf("kiln cpu_ops_bench: cpu level %s, %d physical cores\n", CpuLevelName(BestCpuLevel()),
          cpu::PhysicalCoreCount());
+  if (tile_only) {
+    cpu::BenchQ8_0Tile();
+    return 0;
+  }
   cpu::BenchThreadPool();
   cpu::BenchSmallOps();
   cpu::BenchAttention();
   cpu::BenchMatMul(types);
+  cpu::BenchQ8_0Tile();
   return 0;
 }
