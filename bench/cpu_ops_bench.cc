@@ -3,7 +3,8 @@
 //
 //   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile]
 //
-// --tile runs only the Q8_0 old-path vs vec_dot_tile comparison on the SmolLM2 shapes.
+// --tile runs only the old-path vs vec_dot_tile comparison on the SmolLM2 shapes (types with a
+// tile kernel: q8_0, q4_0; --types filters them too).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -135,20 +136,22 @@ double CpuTimePerCall(Fn&& fn) {
   return best;
 }
 
-// Q8_0 matmul kernels on the SmolLM2-135M shapes, one thread, activations pre-quantized: the
-// pre-tile path (token by token: vec_dot per row for 1 token, vec_dot_rows over 16-row chunks
-// otherwise, 32-token tiles, as MatMul did) against vec_dot_tile in MatMul's blocking (all rows
-// per call, 64-token blocks). GFLOP/s = 2 * n_in * n_out * tokens / thread CPU time (best of
+// Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0) on the SmolLM2-135M shapes, one thread,
+// activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one Q8_0
+// token, vec_dot_rows over 16-row chunks otherwise, 32-token tiles, as MatMul did) against
+// vec_dot_tile in MatMul's blocking (all rows per call, 64-token blocks). GFLOP/s = 2 * n_in *
+// n_out * tokens / thread CPU time (best of
 // >= 3 calls; CPU time so that other jobs on the shared cores do not count).
-void BenchQ8_0Tile() {
-  const QuantKernels* k = GetQuantKernels(GgmlType::kQ8_0);
+void BenchTile(GgmlType type) {
+  const QuantKernels* k = GetQuantKernels(type);
+  const std::string name = GgmlTypeName(static_cast<uint32_t>(type));
   const QuantKernels* act = GetQuantKernels(k->vec_dot_type);
   printf(
-      "\n== Q8_0 matmul kernels, 1 thread, level %s: GFLOP/s old (vec_dot / vec_dot_rows) vs "
+      "\n== %s matmul kernels, 1 thread, level %s: GFLOP/s old (vec_dot / vec_dot_rows) vs "
       "tile (vec_dot_tile)\n",
-      CpuLevelName(BestCpuLevel()));
-  if (k->vec_dot_tile == nullptr) {
-    printf("(no vec_dot_tile for q8_0 at this level)\n");
+      name.c_str(), CpuLevelName(BestCpuLevel()));
+  if (k->vec_dot_tile == nullptr || k->vec_dot_rows == nullptr) {
+    printf("(no vec_dot_tile or vec_dot_rows for %s at this level)\n", name.c_str());
     return;
   }
   printf("%-8s %-6s %7s %12s %12s %8s\n", "n_in", "n_out", "tokens", "old GFLOP/s", "tile GFLOP/s",
@@ -159,18 +162,19 @@ void BenchQ8_0Tile() {
   const Shape shapes[] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}, {576, 49152}};
   std::mt19937 rng(7);
   for (const Shape& sh : shapes) {
-    const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(GgmlType::kQ8_0));
-    const size_t w_row = GgmlRowBytes(*info, sh.n_in);
+    const size_t w_row = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(type)), sh.n_in);
+    const size_t a_row =
+        GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(k->vec_dot_type)), sh.n_in);
     std::vector<uint8_t> w(w_row * sh.n_out);
     for (int64_t o = 0; o < sh.n_out; ++o) {
       const std::vector<float> row = RandomVector(sh.n_in, rng);
       k->quantize(row.data(), w.data() + o * w_row, sh.n_in);
     }
     for (int64_t n_tok : {1, 2, 4, 8, 512}) {
-      std::vector<uint8_t> a(w_row * n_tok);
+      std::vector<uint8_t> a(a_row * n_tok);
       for (int64_t t = 0; t < n_tok; ++t) {
         const std::vector<float> x = RandomVector(sh.n_in, rng);
-        act->quantize(x.data(), a.data() + t * w_row, sh.n_in);
+        act->quantize(x.data(), a.data() + t * a_row, sh.n_in);
       }
       std::vector<float> y(sh.n_out * n_tok);
       auto old_path = [&] {
@@ -180,13 +184,13 @@ void BenchQ8_0Tile() {
             const int64_t re = std::min(sh.n_out, rb + 16);
             for (int64_t t = tb; t < te; ++t) {
               float* yt = y.data() + t * sh.n_out;
-              if (n_tok == 1) {
+              if (n_tok == 1 && type == GgmlType::kQ8_0) {
                 for (int64_t r = rb; r < re; ++r) {
-                  yt[r] = k->vec_dot(sh.n_in, w.data() + r * w_row, a.data() + t * w_row);
+                  yt[r] = k->vec_dot(sh.n_in, w.data() + r * w_row, a.data() + t * a_row);
                 }
               } else {
                 k->vec_dot_rows(sh.n_in, w.data() + rb * w_row, w_row, static_cast<int>(re - rb),
-                                a.data() + t * w_row, yt + rb);
+                                a.data() + t * a_row, yt + rb);
               }
             }
           }
@@ -196,7 +200,7 @@ void BenchQ8_0Tile() {
         for (int64_t tb = 0; tb < n_tok; tb += 64) {
           const int64_t te = std::min(n_tok, tb + 64);
           k->vec_dot_tile(sh.n_in, w.data(), w_row, static_cast<int>(sh.n_out),
-                          a.data() + tb * w_row, w_row, static_cast<int>(te - tb),
+                          a.data() + tb * a_row, a_row, static_cast<int>(te - tb),
                           y.data() + tb * sh.n_out, sh.n_out);
         }
       };
@@ -313,13 +317,17 @@ int main(int argc, char** argv) {
   printf("kiln cpu_ops_bench: cpu level %s, %d physical cores\n", CpuLevelName(BestCpuLevel()),
          cpu::PhysicalCoreCount());
   if (tile_only) {
-    cpu::BenchQ8_0Tile();
+    for (GgmlType t : types) {
+      if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);
+    }
     return 0;
   }
   cpu::BenchThreadPool();
   cpu::BenchSmallOps();
   cpu::BenchAttention();
   cpu::BenchMatMul(types);
-  cpu::BenchQ8_0Tile();
+  for (GgmlType t : types) {
+    if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);
+  }
   return 0;
 }

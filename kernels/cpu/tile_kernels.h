@@ -13,8 +13,13 @@
 namespace kiln::quant {
 
 // Q8_0 weights x Q8_0 activations; the same bits as VecDotQ8_0Q8_0Avx2 (the Q8_0 vec_dot at the
-// AVX2 and AVX-512 levels). AVX-512 F/BW/VNNI (kernels/cpu/tile_q8_0_avx512.cc).
+// AVX2 and AVX-512 levels). AVX-512 F/BW/VNNI (kernels/cpu/tile_q8_0_avx512.cc, which holds every
+// kernel for Q8_0 activations).
 void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// Q4_0 weights x Q8_0 activations; the same bits as VecDotQ4_0Q8_0Avx512 (same file).
+void VecDotTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 }  // namespace kiln::quant

@@ -1,17 +1,20 @@
-// Rows x tokens tile kernel for Q8_0 weights x Q8_0 activations with 512-bit VNNI (vpdpbusd).
-// Compiled with -ffp-contract=off (sources.cmake): every FMA is an explicit _mm512_fmadd_ps.
+// Rows x tokens tile kernels for Q8_0 activations (Q8_0 and Q4_0 weights) with 512-bit VNNI
+// (vpdpbusd). Compiled with -ffp-contract=off (sources.cmake): every FMA is an explicit
+// _mm512_fmadd_ps.
 //
-// Bit-exactness with VecDotQ8_0Q8_0Avx2 (the documented SIMD order, legacy_kernels.h): for each
-// (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as [acc0 | acc1 | acc2 |
-// acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that 128-bit lane q
-// holds block 4g+q: `lo` its bytes 0..15, `hi` its bytes 16..31. Then
-//   dpbusd(dpbusd(corr, w_lo + 128, a_lo), w_hi + 128, a_hi)
+// Bit-exactness with the vec_dot of the level (VecDotQ8_0Q8_0Avx2 for Q8_0 at AVX2 and AVX-512,
+// VecDotQ4_0Q8_0Avx512 for Q4_0; both follow the documented SIMD order of legacy_kernels.h): for
+// each (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as [acc0 | acc1 |
+// acc2 | acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that 128-bit lane
+// q holds block 4g+q: `lo` its elements 0..15, `hi` its elements 16..31, the weights as unsigned
+// bytes u = qw + kOffset (kOffset = 128 for Q8_0, 8 for Q4_0). Then
+//   dpbusd(dpbusd(corr, w_lo, a_lo), w_hi, a_hi)
 // gives in int32 lane 4q+l exactly P_b[l] = Σ qw*qa over j % 16 in 4l..4l+3 (exact integers:
-// Σ (qw + 128) * qa - 128 * Σ qa, with corr = -128 * Σ qa per lane, precomputed per token),
-// the scale lanes are dw_b * da_b (one rounded float product, as the AVX2 kernel's scalar
+// Σ u * qa - kOffset * Σ qa, with corr = -kOffset * Σ qa per lane, precomputed per token),
+// the scale lanes are dw_b * da_b (one rounded float product, as the vec_dot kernels' scalar
 // multiply), and one FMA per group performs acc[b % 4][l] = fma(s_b, float(P_b[l]), acc) for
 // the 4 blocks. A last partial group is padded with zero blocks (s = 0, P = 0: adds exact zeros,
-// as documented). The final reduction is the AVX2 kernel's ((acc0 + acc2) + (acc1 + acc3), then
+// as documented). The final reduction is the documented one ((acc0 + acc2) + (acc1 + acc3), then
 // 4 -> 2 -> 1). Activation values must be in [-127, 127] (the AVX2 kernel's sign trick is exact
 // only there; the Q8_0 quantizers never produce -128).
 //
@@ -50,70 +53,81 @@ struct alignas(64) WeightGroup {
   __m512 d;
 };
 
-// Blocks b..b+3 (those < nb; zero blocks for the rest) -> lo / hi as described above and the
-// scales d (lane 4q+l = d of block b+q, 0 for a missing block). (A 16-bit word-permute version,
-// vpermt2w over the 136 bytes, measured slower on Zen 4.)
-inline void LoadGroup(const BlockQ8_0* blk, int64_t b, int64_t nb, __m512i* lo, __m512i* hi,
-                      __m512* d) {
-  const int n_blocks = static_cast<int>(std::min<int64_t>(kGroupBlocks, nb - b));
-  // The four f16 scales are assembled in a general register (no store-forwarding stall).
+// d of blocks b..b+3 of any legacy block type (0 past nb), each repeated over its 4 lanes. The
+// four f16 values are assembled in a general register (no store-to-load forwarding stall).
+template <typename Block>
+inline __m512 GroupScales(const Block* blk, int64_t b, int64_t nb) {
   uint64_t packed = 0;
-  for (int q = 0; q < kGroupBlocks && q < n_blocks; ++q) {  // constant bound: fully unrolled
+  for (int q = 0; q < kGroupBlocks && b + q < nb; ++q) {  // constant bound: fully unrolled
     uint16_t h;
     std::memcpy(&h, blk[b + q].d, 2);
     packed |= static_cast<uint64_t>(h) << (16 * q);
   }
   const __m128 d4 = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(packed)));
   const __m512i quads = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  *d = _mm512_permutexvar_ps(quads, _mm512_castps128_ps512(d4));
-  if (n_blocks == kGroupBlocks) {
-    auto half = [&](int q, int off) {
-      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[b + q].qs + off));
-    };
-    __m512i l = _mm512_castsi128_si512(half(0, 0)), h = _mm512_castsi128_si512(half(0, 16));
-    l = _mm512_inserti32x4(l, half(1, 0), 1);
-    h = _mm512_inserti32x4(h, half(1, 16), 1);
-    l = _mm512_inserti32x4(l, half(2, 0), 2);
-    h = _mm512_inserti32x4(h, half(2, 16), 2);
-    *lo = _mm512_inserti32x4(l, half(3, 0), 3);
-    *hi = _mm512_inserti32x4(h, half(3, 16), 3);
-    return;
-  }
-  alignas(64) int8_t l[64] = {}, h[64] = {};
-  for (int q = 0; q < n_blocks; ++q) {
-    std::memcpy(l + 16 * q, blk[b + q].qs, 16);
-    std::memcpy(h + 16 * q, blk[b + q].qs + 16, 16);
-  }
-  *lo = _mm512_load_si512(l);
-  *hi = _mm512_load_si512(h);
+  return _mm512_permutexvar_ps(quads, _mm512_castps128_ps512(d4));
 }
 
-// One activation row [nb blocks] -> ceil(nb / 4) groups.
-void PackActRow(const BlockQ8_0* a, int64_t nb, ActGroup* dst) {
+// 16 bytes at byte `off` of the qs of blocks b..b+3 -> the four 128-bit lanes (zeros for blocks
+// at or past nb). (A 16-bit word-permute gather over the group's bytes, vpermt2w, measured
+// slower on Zen 4.)
+template <typename Block>
+inline __m512i GroupQs16(const Block* blk, int64_t b, int64_t nb, int off) {
+  auto part = [&](int q) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[b + q].qs + off));
+  };
+  if (b + kGroupBlocks <= nb) {
+    __m512i v = _mm512_castsi128_si512(part(0));
+    v = _mm512_inserti32x4(v, part(1), 1);
+    v = _mm512_inserti32x4(v, part(2), 2);
+    return _mm512_inserti32x4(v, part(3), 3);
+  }
+  alignas(64) uint8_t bytes[64] = {};
+  for (int q = 0; q < kGroupBlocks && b + q < nb; ++q) {
+    std::memcpy(bytes + 16 * q, blk[b + q].qs + off, 16);
+  }
+  return _mm512_load_si512(bytes);
+}
+
+// Q8_0 / Q4_0 blocks b..b+3 -> lo (elements 0..15 of each block) and hi (elements 16..31) as
+// unsigned bytes u = qw + kOffset (128 for Q8_0: the sign bit flipped; 8 for Q4_0: the raw
+// nibble). Padding blocks past nb meet zero activations (and a zero scale): their bytes add 0.
+inline void WeightGroupQs(const BlockQ8_0* blk, int64_t b, int64_t nb, __m512i* lo, __m512i* hi) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  *lo = _mm512_xor_si512(GroupQs16(blk, b, nb, 0), flip);
+  *hi = _mm512_xor_si512(GroupQs16(blk, b, nb, 16), flip);
+}
+inline void WeightGroupQs(const BlockQ4_0* blk, int64_t b, int64_t nb, __m512i* lo, __m512i* hi) {
+  const __m512i nibbles = GroupQs16(blk, b, nb, 0);  // element j: qs[j] & 15, j + 16: qs[j] >> 4
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  *lo = _mm512_and_si512(nibbles, mask);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), mask);
+}
+
+// One activation row [nb blocks] -> ceil(nb / 4) groups; corr = -kOffset * Σ qa per lane, the
+// term that turns Σ u * qa (u = qw + kOffset, the weights' unsigned form) into Σ qw * qa.
+template <int kOffset>
+void PackActRow(const BlockQ8_0* a, int64_t nb, ActGroup* dst) {
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(kOffset));
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t b = 0; b < nb; b += kGroupBlocks, ++dst) {
-    __m512i lo, hi;
-    __m512 d;
-    LoadGroup(a, b, nb, &lo, &hi, &d);
-    const __m512i sum128 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, flip, lo), flip, hi);
+    const __m512i lo = GroupQs16(a, b, nb, 0), hi = GroupQs16(a, b, nb, 16);
+    const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi);
     dst->lo = lo;
     dst->hi = hi;
-    dst->corr = _mm512_sub_epi32(zero, sum128);
-    dst->d = d;
+    dst->corr = _mm512_sub_epi32(zero, sum);
+    dst->d = GroupScales(a, b, nb);
   }
 }
 
 // n_rows (<= kTileRows) weight rows -> groups interleaved by row: dst[g * n_rows + r].
+template <typename Block>
 void PackWeightRows(const uint8_t* w, size_t w_stride, int n_rows, int64_t nb, WeightGroup* dst) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; b += kGroupBlocks) {
     for (int r = 0; r < n_rows; ++r, ++dst) {
-      const auto* row = reinterpret_cast<const BlockQ8_0*>(w + r * w_stride);
-      __m512i lo, hi;
-      LoadGroup(row, b, nb, &lo, &hi, &dst->d);
-      dst->lo = _mm512_xor_si512(lo, flip);
-      dst->hi = _mm512_xor_si512(hi, flip);
+      const auto* row = reinterpret_cast<const Block*>(w + r * w_stride);
+      WeightGroupQs(row, b, nb, &dst->lo, &dst->hi);
+      dst->d = GroupScales(row, b, nb);
     }
   }
 }
@@ -178,10 +192,9 @@ void RowBlock(const WeightGroup* w, const ActGroup* a, int64_t ng, int n_tokens,
   }
 }
 
-}  // namespace
-
-void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
-                              size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+template <typename Block, int kOffset>
+void VecDotTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
   const int64_t ng = (nb + kGroupBlocks - 1) / kGroupBlocks;
@@ -192,9 +205,11 @@ void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
   if (wts.size() < static_cast<size_t>(kTileRows * ng)) wts.resize(kTileRows * ng);
   const auto* ap = static_cast<const uint8_t*>(a);
   for (int t = 0; t < n_tokens; ++t) {
-    PackActRow(reinterpret_cast<const BlockQ8_0*>(ap + t * a_stride), nb, act.data() + t * ng);
+    PackActRow<kOffset>(reinterpret_cast<const BlockQ8_0*>(ap + t * a_stride), nb,
+                        act.data() + t * ng);
   }
   const auto* wp = static_cast<const uint8_t*>(w);
+  const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(Block));
   static_assert(kTileRows == 4, "the switch below covers 1..4 rows");
   for (int r = 0; r < n_rows; r += kTileRows) {
     const int rows = std::min(kTileRows, n_rows - r);
@@ -202,11 +217,11 @@ void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
     // interleaved row streams, so fetch the rows kPrefetchRows ahead explicitly.
     for (int pr = r + kPrefetchRows; pr < std::min(n_rows, r + kPrefetchRows + kTileRows); ++pr) {
       const uint8_t* row = wp + pr * w_stride;
-      for (int64_t off = 0; off < nb * static_cast<int64_t>(sizeof(BlockQ8_0)); off += 64) {
+      for (int64_t off = 0; off < row_bytes; off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
       }
     }
-    PackWeightRows(wp + r * w_stride, w_stride, rows, nb, wts.data());
+    PackWeightRows<Block>(wp + r * w_stride, w_stride, rows, nb, wts.data());
     float* o = out + r;
     switch (rows) {
       case 4:
@@ -223,6 +238,18 @@ void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
         break;
     }
   }
+}
+
+}  // namespace
+
+void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTile<BlockQ8_0, 128>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void VecDotTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTile<BlockQ4_0, 8>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 }  // namespace kiln::quant

@@ -47,8 +47,9 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[GgmlType::kQ5_0].vec_dot_rows = VecDotRowsQ5_0Q8_0Avx512;
       r[GgmlType::kQ5_1].vec_dot_rows = VecDotRowsQ5_1Q8_1Avx512;
       r[kQ8_0].vec_dot_rows = VecDotRowsQ8_0Q8_0Avx512;
-      // Rows x tokens tiles (same bits as the AVX2 vec_dot; kernels/cpu/tile_kernels.h).
+      // Rows x tokens tiles (same bits as each vec_dot; kernels/cpu/tile_kernels.h).
       r[kQ8_0].vec_dot_tile = VecDotTileQ8_0Q8_0Avx512;
+      r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
       // Single-row Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits); Q8_0
       // has a multi-row kernel (activation blocks shared by 4 rows).
       set(kQ8_0, QuantizeRowQ8_0Avx512, nullptr, kQ8_0, nullptr);
