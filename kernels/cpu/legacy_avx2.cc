@@ -8,6 +8,7 @@
 // kernels compute, with the same FMAs and reduction: both levels give bit-identical results.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -62,6 +63,13 @@ inline float ReduceAcc(__m256 acc01, __m256 acc23) {
   const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+}
+
+// ggml's hsum_float_8: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)).
+inline float Hsum8Ggml(__m256 x) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
 
 inline float Lane1(__m128 v) { return _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)); }
@@ -274,11 +282,19 @@ float VecDotQ4_0Q8_0Avx2(int64_t n, const void* w, const void* a) {
       });
 }
 
-float VecDotQ4_1Q8_1Avx2(int64_t n, const void* w, const void* a) {
-  return DotBlocks<BlockQ4_1, BlockQ8_1, true>(
-      n, w, a, [](const BlockQ4_1& wb, const BlockQ8_1& ab) {
-        return DotU8I8(UnpackNibbles(wb.qs), LoadQs(ab.qs));
-      });
+float VecDotQ4_1Q8_1Avx2(int64_t n, const void* vw, const void* va) {
+  // ggml's x86 order (legacy_kernels.h, "Q4_1 x Q8_1").
+  const auto* w = static_cast<const BlockQ4_1*>(vw);
+  const auto* a = static_cast<const BlockQ8_1*>(va);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    mins = std::fma(HalfToFloat(w[i].m), HalfToFloat(a[i].s), mins);
+    const __m256 scale = _mm256_set1_ps(HalfToFloat(w[i].d) * HalfToFloat(a[i].d));
+    const __m256 xy = _mm256_cvtepi32_ps(DotU8I8(UnpackNibbles(w[i].qs), LoadQs(a[i].qs)));
+    acc = _mm256_fmadd_ps(scale, xy, acc);
+  }
+  return Hsum8Ggml(acc) + mins;
 }
 
 float VecDotQ5_0Q8_0Avx2(int64_t n, const void* w, const void* a) {

@@ -20,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -399,6 +400,42 @@ inline void DotRowsQ8_0(int64_t n, const uint8_t* w, size_t w_stride, const void
 // --- Activation quantizers ---
 
 // Quantizes one block; stores qs, returns the unrounded d and the int sum of qs.
+// --- Q4_1 x Q8_1 in ggml's x86 order (legacy_kernels.h): per row one 8-lane FMA chain over the
+// blocks plus a scalar FMA chain of the mins; 256-bit VNNI for the integer dot of a block.
+inline __m256i Q4_1Nibbles(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                          _mm256_set1_epi8(0x0F));
+}
+inline float Hsum8Ggml(__m256 x) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+// R rows (stride w_stride bytes) against one activation row; the activation block is loaded once.
+template <int R>
+inline void DotRowsQ4_1(int64_t n, const uint8_t* w, size_t w_stride, const void* va, float* out) {
+  const auto* a = static_cast<const BlockQ8_1*>(va);
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    mins[r] = 0.0f;
+  }
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].qs));
+    const float da = HalfAt(a[i].d), sa = HalfAt(a[i].s);
+    for (int r = 0; r < R; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) + i;
+      mins[r] = std::fma(HalfAt(b->m), sa, mins[r]);
+      const __m256 scale = _mm256_set1_ps(HalfAt(b->d) * da);
+      const __m256i isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), Q4_1Nibbles(b->qs), qa);
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = Hsum8Ggml(acc[r]) + mins[r];
+}
+
 inline float QuantizeBlockQ8(const float* x, int8_t* qs, int32_t* sum) {
   const __m512 v0 = _mm512_loadu_ps(x);
   const __m512 v1 = _mm512_loadu_ps(x + 16);
@@ -457,7 +494,9 @@ float VecDotQ4_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
   return DotGroups<NibbleWeights<BlockQ4_0, 8, false>, BlockQ8_0>(n, w, a);
 }
 float VecDotQ4_1Q8_1Avx512(int64_t n, const void* w, const void* a) {
-  return DotGroups<NibbleWeights<BlockQ4_1, 0, false>, BlockQ8_1>(n, w, a);
+  float out;
+  DotRowsQ4_1<1>(n, static_cast<const uint8_t*>(w), 0, a, &out);
+  return out;
 }
 float VecDotQ5_0Q8_0Avx512(int64_t n, const void* w, const void* a) {
   return DotGroups<NibbleWeights<BlockQ5_0, 16, true>, BlockQ8_0>(n, w, a);
@@ -472,7 +511,10 @@ void VecDotRowsQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
 }
 void VecDotRowsQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               float* out) {
-  DotRows<NibbleWeights<BlockQ4_1, 0, false>, BlockQ8_1>(n, w, w_stride, n_rows, a, out);
+  const auto* wp = static_cast<const uint8_t*>(w);
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) DotRowsQ4_1<4>(n, wp + r * w_stride, w_stride, a, out + r);
+  for (; r < n_rows; ++r) DotRowsQ4_1<1>(n, wp + r * w_stride, w_stride, a, out + r);
 }
 void VecDotRowsQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               float* out) {

@@ -19,8 +19,9 @@ inline __mmask16 TailMask(int64_t remaining) {
                          : static_cast<__mmask16>((1u << remaining) - 1);
 }
 
-// exp(x) for x in [-inf, 88.7]: n = round(x / ln2), r = x - n ln2 (|r| <= ln2/2), e^r by its
-// degree-7 Taylor polynomial (relative error < 1e-8), times 2^n via scalef (underflows to 0).
+// exp(x) for x in [-inf, 88.7] (generic softmax): n = round(x / ln2), r = x - n ln2 (|r| <= ln2/2),
+// e^r by its degree-7 Taylor polynomial (relative error < 1e-8), times 2^n via scalef (underflows
+// to 0).
 inline __m512 Exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
   x = _mm512_min_ps(x, _mm512_set1_ps(88.72283f));
@@ -54,26 +55,26 @@ inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
   return _mm512_setzero_ps();
 }
 
-void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    acc0 = _mm512_fmadd_ps(a, a, acc0);
-    acc1 = _mm512_fmadd_ps(b, b, acc1);
-  }
-  for (; i < n; i += 16) {
-    const __m512 a = _mm512_maskz_loadu_ps(TailMask(n - i), x + i);
-    acc0 = _mm512_fmadd_ps(a, a, acc0);
-  }
-  const float ss = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  const __m512 inv = _mm512_set1_ps(1.0f / __builtin_sqrtf(ss / static_cast<float>(n) + eps));
-  for (i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv),
-                                   _mm512_maskz_loadu_ps(m, w + i));
-    _mm512_mask_storeu_ps(y + i, m, v);
-  }
+// ggml_v_expf on 16 lanes (definition: ExpGgml in lib/backend/cpu/kernels_scalar.cc).
+inline __m512 ExpGgml512(__m512 x) {
+  const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);
+  const __m512 n = _mm512_sub_ps(z, shift);
+  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+  const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 j = _mm512_fmadd_ps(
+      _mm512_fmadd_ps(
+          _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+          _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+  const __m512 res = _mm512_scalef_ps(j, n);
+  if (big == 0) return res;
+  const __m512 saturated =
+      _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                           _mm512_set1_ps(__builtin_inff()), _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(big, res, saturated);
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
@@ -82,8 +83,8 @@ void SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
     const __mmask16 m = TailMask(n - i);
     const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
     const __m512 u = _mm512_maskz_loadu_ps(m, up + i);
-    const __m512 e = Exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_div_ps(_mm512_mul_ps(g, u), _mm512_add_ps(one, e)));
+    const __m512 e = ExpGgml512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u));
   }
 }
 
@@ -125,76 +126,48 @@ void Scale(float* x, float s, int64_t n) {
   }
 }
 
-void RopePairs(float* x, const float* cos_dup, const float* sin_alt, int64_t n_rot) {
-  for (int64_t i = 0; i < n_rot; i += 16) {
-    const __mmask16 m = TailMask(n_rot - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    const __m512 swapped = _mm512_permute_ps(v, 0xB1);  // (x1, x0, x3, x2, ...)
-    const __m512 r = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, cos_dup + i),
-                                     _mm512_mul_ps(swapped, _mm512_maskz_loadu_ps(m, sin_alt + i)));
-    _mm512_mask_storeu_ps(x + i, m, r);
-  }
+// GCC's _mm512_reduce_add_ps, spelled out so the order is fixed whatever the compiler.
+inline float Reduce16(__m512 v) {
+  const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));  // (t6[0] + t6[2], t6[1] + t6[3])
+  return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
 }
 
-void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; i += 16) {
-    const __mmask16 m = TailMask(half - i);
-    const __m512 x0 = _mm512_maskz_loadu_ps(m, x + i);
-    const __m512 x1 = _mm512_maskz_loadu_ps(m, x + i + half);
-    const __m512 c = _mm512_maskz_loadu_ps(m, cos + i);
-    const __m512 s = _mm512_maskz_loadu_ps(m, sin + i);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_fmsub_ps(x0, c, _mm512_mul_ps(x1, s)));
-    _mm512_mask_storeu_ps(x + i + half, m, _mm512_fmadd_ps(x0, s, _mm512_mul_ps(x1, c)));
-  }
-}
-
-// Scores of NG query heads (compile-time, so the accumulators stay in registers).
+// K rows against NG query heads; d % 64 == 0 handled here (the caller checks).
 template <int NG>
 void KvScoresFixed(const float* q, const void* k_rows, int64_t n_rows, KvElem elem, int64_t d,
                    float* scores, int64_t score_stride) {
   const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
-    __m512 acc[NG];
-    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; i += 16) {
-      const __mmask16 m = TailMask(d - i);
-      const __m512 k = LoadKv(k_row, elem, i, m);
-      for (int g = 0; g < NG; ++g) {
-        acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * d + i), k, acc[g]);
+    __m512 acc[NG][4];
+    for (int g = 0; g < NG; ++g) {
+      for (int l = 0; l < 4; ++l) acc[g][l] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < d; i += 64) {
+      for (int l = 0; l < 4; ++l) {
+        const __m512 k = LoadKv(k_row, elem, i + 16 * l, 0xFFFF);
+        for (int g = 0; g < NG; ++g) {
+          acc[g][l] = _mm512_fmadd_ps(k, _mm512_loadu_ps(q + g * d + i + 16 * l), acc[g][l]);
+        }
       }
     }
-    for (int g = 0; g < NG; ++g) scores[g * score_stride + j] = _mm512_reduce_add_ps(acc[g]);
+    for (int g = 0; g < NG; ++g) {
+      const __m512 v =
+          _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]), _mm512_add_ps(acc[g][1], acc[g][3]));
+      scores[g * score_stride + j] = Reduce16(v);
+    }
   }
 }
 
-template <int NG>
-void KvAccumulateFixed(float* acc, const float* p, int64_t p_stride, const void* v_rows,
-                       int64_t n_rows, KvElem elem, int64_t d) {
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
-  // One 16-float slice of d at a time, the NG accumulators held in registers over all rows.
-  for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = TailMask(d - i);
-    __m512 a[NG];
-    for (int g = 0; g < NG; ++g) a[g] = _mm512_maskz_loadu_ps(m, acc + g * d + i);
-    for (int64_t j = 0; j < n_rows; ++j) {
-      const __m512 v = LoadKv(static_cast<const uint8_t*>(v_rows) + j * row_bytes, elem, i, m);
-      for (int g = 0; g < NG; ++g) {
-        a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * p_stride + j]), v, a[g]);
-      }
-    }
-    for (int g = 0; g < NG; ++g) _mm512_mask_storeu_ps(acc + g * d + i, m, a[g]);
-  }
-}
-
-// Head groups are split into slices of at most 8 (GQA groups are 1..8 in practice); each
-// slice's result does not depend on the slicing, only on its own heads.
+// Precondition d % 64 == 0 (PagedAttention uses the scalar kernel otherwise).
 void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
               int64_t d, float* scores, int64_t score_stride) {
-  for (int64_t g0 = 0; g0 < n_q; g0 += 8) {
+  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
     const float* qg = q + g0 * d;
     float* sg = scores + g0 * score_stride;
-    switch (n_q - g0 < 8 ? n_q - g0 : 8) {
+    switch (n_q - g0 < 4 ? n_q - g0 : 4) {
       case 1:
         KvScoresFixed<1>(qg, k_rows, n_rows, elem, d, sg, score_stride);
         break;
@@ -204,55 +177,37 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
       case 3:
         KvScoresFixed<3>(qg, k_rows, n_rows, elem, d, sg, score_stride);
         break;
-      case 4:
-        KvScoresFixed<4>(qg, k_rows, n_rows, elem, d, sg, score_stride);
-        break;
-      case 5:
-        KvScoresFixed<5>(qg, k_rows, n_rows, elem, d, sg, score_stride);
-        break;
-      case 6:
-        KvScoresFixed<6>(qg, k_rows, n_rows, elem, d, sg, score_stride);
-        break;
-      case 7:
-        KvScoresFixed<7>(qg, k_rows, n_rows, elem, d, sg, score_stride);
-        break;
       default:
-        KvScoresFixed<8>(qg, k_rows, n_rows, elem, d, sg, score_stride);
+        KvScoresFixed<4>(qg, k_rows, n_rows, elem, d, sg, score_stride);
         break;
     }
   }
 }
 
-void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
-                  int64_t n_rows, KvElem elem, int64_t d) {
-  for (int64_t g0 = 0; g0 < n_q; g0 += 8) {
-    float* ag = acc + g0 * d;
-    const float* pg = p + g0 * p_stride;
-    switch (n_q - g0 < 8 ? n_q - g0 : 8) {
-      case 1:
-        KvAccumulateFixed<1>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 2:
-        KvAccumulateFixed<2>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 3:
-        KvAccumulateFixed<3>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 4:
-        KvAccumulateFixed<4>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 5:
-        KvAccumulateFixed<5>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 6:
-        KvAccumulateFixed<6>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 7:
-        KvAccumulateFixed<7>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      default:
-        KvAccumulateFixed<8>(ag, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
+double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
+  const __m512 mv = _mm512_set1_ps(max);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 e =
+        _mm512_maskz_mov_ps(m, ExpGgml512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mv)));
+    _mm512_mask_storeu_ps(y + i, m, e);
+    sum += static_cast<double>(Reduce16(e));
+  }
+  return sum;
+}
+
+void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows, int64_t lane0,
+                  int64_t n_lanes, KvElem elem, int64_t d) {
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* v = static_cast<const uint8_t*>(v_rows) + j * row_bytes;
+    float* a = acc + ((lane0 + j) % n_lanes) * d;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = TailMask(d - i);
+      _mm512_mask_storeu_ps(
+          a + i, m, _mm512_fmadd_ps(LoadKv(v, elem, i, m), pj, _mm512_maskz_loadu_ps(m, a + i)));
     }
   }
 }
@@ -260,15 +215,13 @@ void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, con
 }  // namespace
 
 void FillOpKernelsAvx512(OpKernels* k) {
-  k->rms_norm = RmsNorm;
   k->swiglu = SwiGlu;
   k->add = Add;
   k->max = Max;
   k->exp_sum = ExpSum;
   k->scale = Scale;
-  k->rope_pairs = RopePairs;
-  k->rope_halves = RopeHalves;
   k->kv_scores = KvScores;
+  k->softmax_exp = SoftmaxExp;
   k->kv_accumulate = KvAccumulate;
 }
 

@@ -30,6 +30,13 @@
 //     mins[3]). (Missing blocks of a last partial group of 4 may be treated as zero blocks: they
 //     add exact zeros, and an accumulator that starts at +0 never becomes -0, so the bits are the
 //     same.)
+//   Exception, Q4_1 x Q8_1 (every level): ggml's x86 order, so that kiln reproduces llama.cpp's
+//     results bit for bit on Q4_1 models (see lib/quant/activation.h for why the last bit
+//     matters): per block b, 8 int32 lanes P_b[l] = exact Σ qw*qa over elements 4l..4l+3
+//     (l = 0..7, elements 0..15 from the low nibbles, 16..31 from the high ones);
+//     s_b = dw_b * da_b; acc[l] = fma(s_b, float(P_b[l]), acc[l]); one scalar chain
+//     mins = fma(mw_b, sa_b, mins). End: ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 + acc1) +
+//     (acc7 + acc3)), then + mins (ggml's hsum_float_8(acc) + summs).
 //   Float types: see float_types.cc / float_avx*.cc (per-level lane layouts, documented there).
 //   A batched kernel (several rows or columns at once) reproduces vec_dot bit-for-bit by following
 //   exactly these steps for each (row, column) pair.

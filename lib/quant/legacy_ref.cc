@@ -258,17 +258,26 @@ float VecDotQ4_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
 }
 
 float VecDotQ4_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
+  // ggml's x86 order (legacy_kernels.h, "Q4_1 x Q8_1"): 8 lanes, one FMA chain per lane.
   const auto* w = static_cast<const BlockQ4_1*>(vw);
   const auto* a = static_cast<const BlockQ8_1*>(va);
-  float acc = 0.0f;
+  float acc[8] = {};
+  float mins = 0.0f;
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const uint8_t* qs = w[i].qs;
-    const int32_t isum =
-        IntDot(a[i].qs, [qs](int j) { return j < kHalf ? (qs[j] & 0x0F) : (qs[j - kHalf] >> 4); });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum) +
-           LoadHalf(w[i].m) * LoadHalf(a[i].s);
+    mins = std::fma(LoadHalf(w[i].m), LoadHalf(a[i].s), mins);
+    const float scale = LoadHalf(w[i].d) * LoadHalf(a[i].d);
+    for (int l = 0; l < 8; ++l) {
+      int32_t isum = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) {
+        const int q = j < kHalf ? (w[i].qs[j] & 0x0F) : (w[i].qs[j - kHalf] >> 4);
+        isum += q * a[i].qs[j];
+      }
+      acc[l] = std::fma(scale, static_cast<float>(isum), acc[l]);
+    }
   }
-  return acc;
+  const float lo = (acc[4] + acc[0]) + (acc[6] + acc[2]);
+  const float hi = (acc[5] + acc[1]) + (acc[7] + acc[3]);
+  return (lo + hi) + mins;
 }
 
 float VecDotQ5_0Q8_0Ref(int64_t n, const void* vw, const void* va) {

@@ -10,6 +10,7 @@
 
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/ggml_type.h"
+#include "lib/quant/activation.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
@@ -89,7 +90,7 @@ TEST(VecDotRows, MatMulOutputsEqualVecDot) {
        {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0}) {
     const QuantKernels* k = GetQuantKernels(type);
     ASSERT_NE(k, nullptr);
-    const QuantKernels* act = GetQuantKernels(k->vec_dot_type);
+    const QuantizeRowFn quantize_act = ActivationQuantizer(k->vec_dot_type, BestCpuLevel());
     const int64_t n_in = 160, n_out = 37;  // 5 blocks; 37 rows = 2 chunks + 5
     const std::vector<uint8_t> w = RandomRows(type, n_in, n_out, rng);
     cpu::WeightView view{type, w.data(), n_in, n_out};
@@ -104,7 +105,7 @@ TEST(VecDotRows, MatMulOutputsEqualVecDot) {
         ASSERT_TRUE(cpu::MatMul(pool, view, x.data(), n_tokens, y.data(), scratch).ok());
         std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
         for (int64_t t = 0; t < n_tokens; ++t) {
-          act->quantize(x.data() + t * n_in, qa.data(), n_in);
+          quantize_act(x.data() + t * n_in, qa.data(), n_in);
           for (int64_t o = 0; o < n_out; ++o) {
             const float want = k->vec_dot(n_in, w.data() + o * RowBytes(type, n_in), qa.data());
             ASSERT_EQ(Bits(y[t * n_out + o]), Bits(want))

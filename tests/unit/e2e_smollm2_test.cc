@@ -22,9 +22,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -292,8 +293,9 @@ class E2eSmolLm2 : public ::testing::Test {
   }
 
   // Greedy decoding of every golden prompt, compared token by token (the issue's rule).
-  void CheckGreedy(const std::string& golden_path, GgmlType kv_type) {
+  void CheckGreedy(const std::string& golden_path, GgmlType kv_type, bool llama_cpp_order) {
     ASSERT_NO_FATAL_FAILURE(MakeCache(kv_type));
+    forward_->set_llama_cpp_order(llama_cpp_order);
     const Json golden = LoadGolden(golden_path);
     ASSERT_EQ(golden["kv_type"].str, GgmlTypeName(static_cast<uint32_t>(kv_type)));
     const Json& cases = golden["cases"];
@@ -389,27 +391,64 @@ TEST_F(E2eSmolLm2, PromptsTokenizeAndTemplateLikeLlamaCpp) {
   EXPECT_GE(static_cast<int>(cases.items.size()) - templated, 5);
 }
 
-// NOT MET YET (issue 4 stays open): the issue's rule allows at most one diverging prompt, and
-// only at a near-tie. On the shipped Q4_1 model kiln matches llama.cpp on 2 of 14 prompts; the
-// f32 copy agrees to 5e-5 (F32CopyLogitsMatchLlamaCpp), so the gap comes from 8-bit activation
-// roundings that flip where kiln's f32 ops differ from ggml's in the last bits. These two tests
-// keep the full check; they are disabled so the suite stays green until the f32 ops reproduce
-// ggml's. Run them with --gtest_also_run_disabled_tests.
-//
-// Like for like: llama.cpp with an f32 KV cache keeps attention in f32, as kiln does.
-TEST_F(E2eSmolLm2, DISABLED_GreedyMatchesLlamaCppWithF32KvCache) {
-  CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32);
+// The issue's rule: at most one prompt may diverge from llama.cpp, and only at a near-tie.
+// llama.cpp with an f32 KV cache; kiln in llama.cpp order (LlamaForward::set_llama_cpp_order),
+// which reproduces llama.cpp's arithmetic bit for bit, including its prompt-batch V . P order.
+TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF32KvCache) {
+  CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32, true);
 }
 
 // llama.cpp's default: an f16 KV cache, with which it also rounds Q (for K.Q) and the softmax
-// weights (for V.P) to f16.
+// weights (for V.P) to f16 and uses ggml_vec_dot_f16 / tinyBLAS f16 for both products. kiln
+// does not reproduce those f16 steps yet, so this comparison stays disabled (run it with
+// --gtest_also_run_disabled_tests).
 TEST_F(E2eSmolLm2, DISABLED_GreedyMatchesLlamaCppWithF16KvCache) {
-  CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16);
+  CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16, true);
 }
 
 // The forward pass without quantized arithmetic: an all-f32 copy of the default model written
 // by kiln's requantizer, KV f32 on both sides. llama.cpp then rounds nothing either (f32 weights
 // take f32 activations), so the logits must agree to float rounding (measured max 5e-5).
+// Tree verification on the real model: each node's logits equal, bit for bit, those of its
+// root-to-node path evaluated causally (attention numbers the visible rows like a chain).
+TEST_F(E2eSmolLm2, TreeNodesEqualTheirPathsBitwise) {
+  ASSERT_NO_FATAL_FAILURE(MakeCache(GgmlType::kF16));
+  auto ids = model_->tokenizer().Encode("The quick brown fox jumps over the lazy dog because", true,
+                                        false);
+  ASSERT_TRUE(ids.ok());
+  const std::vector<int32_t> prompt = *ids;
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const int64_t V = model_->hparams().n_vocab;
+  const SeqId seq = cache_->CreateSequence();
+  ForwardOutput out;
+  ASSERT_TRUE(Run(seq, std::span(prompt).first(n - 1), 0, n, &out).ok());
+  // Tree: root r = the prompt's last token (causal, position n - 1); a, b children of r; c child
+  // of a; d child of c. Cache order r a b c d.
+  const int32_t r = prompt.back();
+  const std::vector<int32_t> tree = {r, 253, 314, 260, 1234};
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 3};
+  const std::vector<int32_t> depth = {0, 1, 1, 2, 3};
+  ASSERT_TRUE(cache_->AppendSlots(seq, tree).ok());
+  ForwardBatch batch;
+  for (size_t i = 0; i < tree.size(); ++i) {
+    batch.Add(tree[i], seq, n - 1 + depth[i], true, parent[i], n - 1 + static_cast<int32_t>(i));
+  }
+  ForwardOutput tree_out;
+  ASSERT_TRUE(forward_->Forward(batch, *cache_, &tree_out).ok());
+  const std::vector<std::vector<int32_t>> paths = {
+      {r}, {r, 253}, {r, 314}, {r, 253, 260}, {r, 253, 260, 1234}};
+  for (size_t node = 0; node < paths.size(); ++node) {
+    const SeqId chain = cache_->CreateSequence();
+    std::vector<int32_t> full(prompt.begin(), prompt.end() - 1);
+    full.insert(full.end(), paths[node].begin(), paths[node].end());
+    ForwardOutput causal;
+    ASSERT_TRUE(Run(chain, full, 0, static_cast<int32_t>(full.size()) - 1, &causal).ok());
+    EXPECT_EQ(0, std::memcmp(tree_out.LogitsRow(node), causal.LogitsRow(0), V * sizeof(float)))
+        << "tree node " << node;
+    ASSERT_TRUE(cache_->Free(chain).ok());
+  }
+}
+
 TEST_F(E2eSmolLm2, F32CopyLogitsMatchLlamaCpp) {
   const Json golden = LoadGolden("tests/data/golden/smollm2_f32_logits.json");
   ASSERT_FALSE(golden["cases"].items.empty());

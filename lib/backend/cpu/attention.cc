@@ -1,7 +1,6 @@
 // Paged attention over block tables with causal or tree visibility (contract in ops.h).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
@@ -18,6 +17,10 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
         "PagedAttention: n_kv_heads %d, head_dim %d, block_size %d must be positive, "
         "n_blocks %d >= 0",
         kv.n_kv_heads, kv.head_dim, kv.block_size, kv.n_blocks));
+  }
+  if (kv.head_dim > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: head_dim %d > 1024 is not supported", kv.head_dim));
   }
   if (n_heads <= 0 || n_heads % kv.n_kv_heads != 0) {
     return absl::InvalidArgumentError(
@@ -122,7 +125,7 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
 
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
                             const float* q, int32_t n_heads, float* out, float scale,
-                            Scratch& scratch, CpuLevel level) {
+                            Scratch& scratch, AttentionOrder order, CpuLevel level) {
   KvElem k_elem, v_elem;
   KILN_RETURN_IF_ERROR(ValidateAttention(kv, b, n_heads, &k_elem, &v_elem));
   const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
@@ -135,56 +138,49 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   const int64_t group = n_heads / kv.n_kv_heads;
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
+  // The AVX-512 score kernel covers whole 64-element steps; other head sizes use the definition.
+  const auto kv_scores = d % 64 == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
 
-  // Per-thread workspace (floats): qs [G, d], acc [G, d], scores [G, bs], m [G], l [G].
+  const int64_t n_lanes =
+      order == AttentionOrder::kLlamaCppPrompt ? kAttnLanesTinyBlas : kAttnLanes;
+  const bool has_extra = !b.extra_indptr.empty();
+  int64_t max_visible = 0;  // longest visible list of any token
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
+    max_visible = std::max(max_visible, b.n_visible[t] + extra);
+  }
+  // Per-thread workspace (floats): scores [G, max_visible], lane accumulator [kAttnLanes, d].
   const size_t per_thread =
-      ((2 * group * d + group * bs + 4 * group) * sizeof(float) + 63) & ~size_t{63};
+      ((group * max_visible + kAttnLanes * d) * sizeof(float) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
-  if (ws == nullptr)
+  if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
+  }
 
   const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
   const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
   const size_t k_row_bytes = d * ElemBytes(k_elem), v_row_bytes = d * ElemBytes(v_elem);
-  const bool has_extra = !b.extra_indptr.empty();
 
   pool.ParallelFor(n_tokens * kv.n_kv_heads, [&](int64_t task0, int64_t task1, int thread) {
-    float* qs = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, d]
-    float* acc = qs + group * d;                                     // [G, d]
-    float* sc = acc + group * d;                                     // [G, bs]
-    float* m = sc + group * bs;                                      // [G] running max
-    float* l = m + group;                                            // [G] running sum
+    float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
+    float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
-      for (int64_t i = 0; i < group * d; ++i) qs[i] = qt[i] * scale;
-      std::fill(acc, acc + group * d, 0.0f);
-      std::fill(m, m + group, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + group, 0.0f);
       const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
-
-      // One run: `count` consecutive rows of one physical block, starting at row `row`.
-      auto run = [&](int32_t block, int64_t row, int64_t count) {
-        const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
-                            row * k_row_bytes;
-        const uint8_t* vt = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
-                            row * v_row_bytes;
-        k.kv_scores(qs, group, kt, count, k_elem, d, sc, bs);  // sc: [G, bs]
-        for (int64_t g = 0; g < group; ++g) {
-          float* sg = sc + g * bs;
-          const float m_new = std::max(m[g], k.max(sg, count));
-          const float corr =
-              m[g] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[g] - m_new);
-          l[g] = l[g] * corr + k.exp_sum(sg, m_new, count, sg);
-          if (corr != 1.0f) k.scale(acc + g * d, corr, d);
-          m[g] = m_new;
-        }
-        k.kv_accumulate(acc, sc, bs, group, vt, count, v_elem, d);
-      };
-
       const int64_t nv = b.n_visible[t];
-      for (int64_t p = 0; p < nv; p += bs) run(blocks[p / bs], 0, std::min(bs, nv - p));
-      if (has_extra) {
+
+      // Calls fn(block, row, count, index) for runs of consecutive visible rows in one physical
+      // block; `index` numbers the visible rows 0, 1, 2, ... in order (prefix, then extras), so
+      // a tree node sees exactly the indices its root-to-node chain would see causally.
+      auto for_each_run = [&](auto&& fn) {
+        int64_t index = 0;
+        for (int64_t p = 0; p < nv; p += bs) {
+          const int64_t count = std::min(bs, nv - p);
+          fn(blocks[p / bs], int64_t{0}, count, index);
+          index += count;
+        }
+        if (!has_extra) return;
         const int32_t e1 = b.extra_indptr[t + 1];
         for (int32_t i = b.extra_indptr[t]; i < e1;) {
           const int64_t p = b.extra_positions[i];
@@ -193,14 +189,37 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
                  (p + count) / bs == p / bs) {
             ++count;
           }
-          run(blocks[p / bs], p % bs, count);
+          fn(blocks[p / bs], p % bs, count, index);
+          index += count;
           i += static_cast<int32_t>(count);
         }
+      };
+
+      // Scores [G, n_vis] = K . q (ggml's f32 dot), then softmax as ggml_soft_max_ext.
+      int64_t n_vis = 0;
+      for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+        const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
+                            row * k_row_bytes;
+        kv_scores(qt, group, kt, count, k_elem, d, sc + index, max_visible);
+        n_vis = index + count;
+      });
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = sc + g * max_visible;
+        k.scale(sg, scale, n_vis);
+        const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
+        k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
       }
+      // out = V^T . p per head, in ggml_vec_dot_f32's lanes over the visible index.
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
       for (int64_t g = 0; g < group; ++g) {
-        const float inv = 1.0f / l[g];
-        for (int64_t i = 0; i < d; ++i) ot[g * d + i] = acc[g * d + i] * inv;
+        std::fill(acc, acc + n_lanes * d, 0.0f);
+        const float* pg = sc + g * max_visible;
+        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
+                              h * kv.v.head_stride_bytes + row * v_row_bytes;
+          k.kv_accumulate(acc, pg + index, vt, count, index, n_lanes, v_elem, d);
+        });
+        ReduceAttnLanes(acc, n_lanes, d, ot + g * d);
       }
     }
   });

@@ -5,6 +5,12 @@
 // no inline functions or templates (an inline function compiled with -mavx512f could be the
 // copy the linker keeps for everyone).
 //
+// Arithmetic of the llama-path kernels (rms_norm, swiglu, kv_scores, softmax_exp,
+// kv_accumulate) is ggml's CPU backend on x86 with AVX-512, step for step, so that kiln's
+// activations equal llama.cpp's bit for bit (quantized models amplify any last-bit difference;
+// see lib/quant/activation.h). Every level gives the same bits; a level without its own version
+// uses the scalar one. The scalar versions are the definitions.
+//
 // All functions are pure, thread-safe, and accept unaligned pointers. `n` counts floats.
 #pragma once
 
@@ -15,32 +21,47 @@ namespace kiln::cpu {
 // Element type of a K or V row in the paged cache.
 enum class KvElem : int32_t { kF32 = 0, kF16 = 1, kBf16 = 2 };
 
+// Lanes of kv_accumulate's accumulator: ggml_vec_dot_f32's 4 x 16 lanes on AVX-512 (what
+// llama.cpp uses for one-token batches), or tinyBLAS's 16 (llama.cpp's prompt batches).
+inline constexpr int64_t kAttnLanes = 64;
+inline constexpr int64_t kAttnLanesTinyBlas = 16;
+
 struct OpKernels {
-  // y[i] = x[i] * w[i] / sqrt(mean(x^2) + eps). x and y may alias.
+  // ggml's rms_norm + mul: ss = double sum of float(x[i] * x[i]) in order;
+  // scale = 1 / sqrtf(float(ss / n) + eps); y[i] = (x[i] * scale) * w[i]. x and y may alias.
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
-  // y[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). y may alias gate or up.
+  // y[i] = (g / (1 + ExpGgml(0 - g))) * up[i], g = gate[i] (ggml_vec_swiglu_f32). y may alias
+  // gate or up. ExpGgml is ggml_v_expf's polynomial (kernels_scalar.cc).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
   // y[i] = a[i] + b[i]. y may alias a or b.
   void (*add)(const float* a, const float* b, int64_t n, float* y);
   // max_i x[i] (n >= 1).
   float (*max)(const float* x, int64_t n);
-  // y[i] = exp(x[i] - sub); returns the sum of y. x and y may alias.
+  // y[i] = exp(x[i] - sub); returns the sum of y. x and y may alias. (Generic softmax.)
   float (*exp_sum)(const float* x, float sub, int64_t n, float* y);
   // x[i] *= s.
   void (*scale)(float* x, float s, int64_t n);
-  // RoPE NORM mode on n_rot floats: pairs (2i, 2i+1); cos_dup = {c0,c0,c1,c1,..},
-  // sin_alt = {-s0,+s0,-s1,+s1,..}: y = x * cos_dup + swap_pairs(x) * sin_alt.
-  void (*rope_pairs)(float* x, const float* cos_dup, const float* sin_alt, int64_t n_rot);
-  // RoPE NEOX mode: pairs (i, i + half), cos/sin have `half` entries.
-  void (*rope_halves)(float* x, const float* cos, const float* sin, int64_t half);
   // Attention scores of n_q query heads against n_rows consecutive K rows (row-major tile of
-  // `elem`, d per row): scores[g * score_stride + j] = dot(q + g*d, k_rows + j*d), j < n_rows.
+  // `elem`, d per row): scores[g * score_stride + j] = DotGgml(k_rows + j*d, q + g*d), where
+  // DotGgml is ggml_vec_dot_f32: 4 x 16 FMA lanes over each 64 elements, reduced
+  // ((l0 + l2) + (l1 + l3)) then as _mm512_reduce_add_ps, then the tail added one product at a
+  // time. K rows of f16/bf16 are widened to f32 first.
   void (*kv_scores)(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
                     int64_t d, float* scores, int64_t score_stride);
-  // acc[g*d + i] += sum over j < n_rows, in increasing j, of p[g * p_stride + j] * v[j][i].
-  void (*kv_accumulate)(float* acc, const float* p, int64_t p_stride, int64_t n_q,
-                        const void* v_rows, int64_t n_rows, KvElem elem, int64_t d);
+  // ggml_vec_soft_max_f32: y[i] = ExpGgml(x[i] - max); returns the double sum over chunks of
+  // 16 (i = 16c..16c+15, missing lanes as 0), each chunk summed in _mm512_reduce_add_ps order.
+  double (*softmax_exp)(const float* x, float max, int64_t n, float* y);
+  // The V side of ggml's kqv = V^T . softmax as a lane-major accumulator acc[n_lanes][d]:
+  // row j (visible index lane0 + j) goes to lane (lane0 + j) % n_lanes:
+  //   acc[lane][i] = fma(v_j[i], p[j], acc[lane][i]).
+  void (*kv_accumulate)(float* acc, const float* p, const void* v_rows, int64_t n_rows,
+                        int64_t lane0, int64_t n_lanes, KvElem elem, int64_t d);
 };
+
+// out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
+// ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
+// tinyBLAS's _mm512_reduce_add_ps.
+void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out);
 
 // Fill the slots a level accelerates (defined in kernels/cpu/ops_<level>.cc); slots left
 // untouched keep the lower level's function.

@@ -22,15 +22,32 @@ float LoadKv(const void* row, KvElem elem, int64_t i) {
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
   double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(ss / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+// ggml_v_expf (ARM optimized-routines expf, as ggml vectorizes it): n = round(x / ln2) via the
+// 1.5 * 2^23 shift, b = x - n ln2 in two FMAs, a degree-5 polynomial, times 2^n; |n| > 192
+// saturates to 0 or inf.
+float ExpGgml(float x) {
+  const float shift = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, shift);
+  const float n = z - shift;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : HUGE_VALF;
+  return std::ldexp(j, static_cast<int>(n));
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+    y[i] = g / (1.0f + ExpGgml(0.0f - g)) * up[i];
   }
 }
 
@@ -57,48 +74,71 @@ void Scale(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-void RopePairs(float* x, const float* cos_dup, const float* sin_alt, int64_t n_rot) {
-  for (int64_t i = 0; i < n_rot; i += 2) {
-    const float x0 = x[i], x1 = x[i + 1];
-    x[i] = x0 * cos_dup[i] + x1 * sin_alt[i];              // x0 c - x1 s
-    x[i + 1] = x1 * cos_dup[i + 1] + x0 * sin_alt[i + 1];  // x1 c + x0 s
-  }
-}
-
-void RopeHalves(float* x, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float x0 = x[i], x1 = x[i + half];
-    x[i] = x0 * cos[i] - x1 * sin[i];
-    x[i + half] = x0 * sin[i] + x1 * cos[i];
-  }
-}
-
 size_t ElemBytes(KvElem elem) { return elem == KvElem::kF32 ? 4 : 2; }
+
+// GCC's _mm512_reduce_add_ps order on 16 floats.
+float Reduce16(const float* v) {
+  float t3[8], t6[4];
+  for (int i = 0; i < 8; ++i) t3[i] = v[8 + i] + v[i];
+  for (int i = 0; i < 4; ++i) t6[i] = t3[4 + i] + t3[i];
+  return (t6[0] + t6[2]) + (t6[1] + t6[3]);
+}
 
 void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
               int64_t d, float* scores, int64_t score_stride) {
+  const int64_t full = d & ~int64_t{63};
+  float k[1024];  // one widened K row (head_dim <= 1024, checked by PagedAttention)
   for (int64_t j = 0; j < n_rows; ++j) {
-    const void* k = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
+    const void* kr = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
+    for (int64_t i = 0; i < d; ++i) k[i] = LoadKv(kr, elem, i);
     for (int64_t g = 0; g < n_q; ++g) {
-      float s = 0.0f;
-      for (int64_t i = 0; i < d; ++i) s += q[g * d + i] * LoadKv(k, elem, i);
+      const float* qg = q + g * d;
+      float lanes[64] = {};
+      for (int64_t i0 = 0; i0 < full; i0 += 64) {
+        for (int l = 0; l < 64; ++l) lanes[l] = std::fma(k[i0 + l], qg[i0 + l], lanes[l]);
+      }
+      float v[16];
+      for (int l = 0; l < 16; ++l)
+        v[l] = (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l]);
+      float s = Reduce16(v);
+      for (int64_t i = full; i < d; ++i) s += k[i] * qg[i];
       scores[g * score_stride + j] = s;
     }
   }
 }
 
-void KvAccumulate(float* acc, const float* p, int64_t p_stride, int64_t n_q, const void* v_rows,
-                  int64_t n_rows, KvElem elem, int64_t d) {
+double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
+  double sum = 0.0;
+  for (int64_t c = 0; c < n; c += 16) {
+    float v[16] = {};
+    for (int64_t l = 0; l < 16 && c + l < n; ++l) v[l] = y[c + l] = ExpGgml(x[c + l] - max);
+    sum += static_cast<double>(Reduce16(v));
+  }
+  return sum;
+}
+
+void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows, int64_t lane0,
+                  int64_t n_lanes, KvElem elem, int64_t d) {
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* v = static_cast<const uint8_t*>(v_rows) + j * d * ElemBytes(elem);
-    for (int64_t i = 0; i < d; ++i) {
-      const float vi = LoadKv(v, elem, i);
-      for (int64_t g = 0; g < n_q; ++g) acc[g * d + i] += p[g * p_stride + j] * vi;
-    }
+    float* a = acc + ((lane0 + j) % n_lanes) * d;
+    for (int64_t i = 0; i < d; ++i) a[i] = std::fma(LoadKv(v, elem, i), p[j], a[i]);
   }
 }
 
 }  // namespace
+
+void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) {
+    float v[16];
+    for (int l = 0; l < 16; ++l) {
+      v[l] = n_lanes == kAttnLanesTinyBlas ? acc[l * d + i]
+                                           : (acc[l * d + i] + acc[(32 + l) * d + i]) +
+                                                 (acc[(16 + l) * d + i] + acc[(48 + l) * d + i]);
+    }
+    out[i] = Reduce16(v);
+  }
+}
 
 void FillOpKernelsScalar(OpKernels* k) {
   k->rms_norm = RmsNorm;
@@ -107,9 +147,8 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->max = Max;
   k->exp_sum = ExpSum;
   k->scale = Scale;
-  k->rope_pairs = RopePairs;
-  k->rope_halves = RopeHalves;
   k->kv_scores = KvScores;
+  k->softmax_exp = SoftmaxExp;
   k->kv_accumulate = KvAccumulate;
 }
 

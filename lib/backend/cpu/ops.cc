@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "lib/backend/cpu/dispatch.h"
+#include "lib/quant/activation.h"
 
 namespace kiln::cpu {
 
@@ -76,7 +77,8 @@ absl::Status CheckWeight(const WeightView& w, const char* what) {
 // Resolves kernels and row sizes of a weight type (and its activation type).
 struct MatMulPlan {
   const QuantKernels* k = nullptr;
-  const QuantKernels* act = nullptr;  // null when activations are used as f32 directly
+  const QuantKernels* act = nullptr;     // null when activations are used as f32 directly
+  QuantizeRowFn quantize_act = nullptr;  // ActivationQuantizer of act's type
   size_t w_row_bytes = 0;
   size_t act_row_bytes = 0;
 };
@@ -102,8 +104,9 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const WeightView& w, CpuLevel level) {
     return p;
   }
   p.act = GetQuantKernels(at, level);
+  p.quantize_act = ActivationQuantizer(at, level);
   const auto ainfo = GgmlTypeInfoOf(static_cast<uint32_t>(at));
-  if (p.act == nullptr || !ainfo) {
+  if (p.act == nullptr || p.quantize_act == nullptr || !ainfo) {
     return absl::UnimplementedError(absl::StrCat(
         "MatMul: activation type ", GgmlTypeName(static_cast<uint32_t>(at)), " of weight type ",
         GgmlTypeName(static_cast<uint32_t>(w.type)), " has no quantizer"));
@@ -133,7 +136,7 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
     if (buf == nullptr) return absl::ResourceExhaustedError("MatMul: scratch allocation failed");
     pool.ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) {
-        plan.act->quantize(x_row(r), buf + r * plan.act_row_bytes, n_in);
+        plan.quantize_act(x_row(r), buf + r * plan.act_row_bytes, n_in);
       }
     });
     act = buf;

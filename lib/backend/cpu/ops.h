@@ -121,8 +121,9 @@ void SoftmaxRows(float* x, int64_t n_rows, int64_t n, float scale = 1.0f,
 //   ff[i] = 1 if wavelen < hi_wl; = factor if wavelen > lo_wl; otherwise
 //   smooth = (orig_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor),
 //   ff[i] = 1 / ((1 - smooth) / factor + smooth).
-// The angles are computed in double and rounded to float once (ggml accumulates in float, so
-// values differ from llama.cpp by float rounding only).
+// The angles and rotations use ggml's float arithmetic step for step (theta_scale =
+// powf(base, -2 / n_rot) multiplied up in float, cosf / sinf, FMAs where GCC contracts ggml's
+// expressions), so the rotated values equal llama.cpp's bit for bit.
 
 enum class RopeMode { kNorm, kNeox };
 enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
@@ -172,8 +173,7 @@ class RopeTable {
   int32_t n_rot_ = 0;
   int32_t head_dim_ = 0;
   int64_t n_tokens_ = 0;
-  // NORM: cos_ = {c0,c0,c1,c1,..}, sin_ = {-s0,s0,-s1,s1,..}, n_rot per token.
-  // NEOX: cos_ = {c0..}, sin_ = {s0..}, n_rot/2 per token.  (mscale folded in.)
+  // cos_ = {c0, c1, ..}, sin_ = {s0, s1, ..}: n_rot / 2 per token (mscale folded in).
   std::vector<float> cos_, sin_;
 };
 
@@ -221,13 +221,25 @@ struct AttentionBatch {
 
 // out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
 //   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
-// scale <= 0 means 1/sqrt(head_dim). Online softmax in f32, one pass over the visible
-// positions in increasing order; each K/V row is read once for the G query heads of its group.
+// scale <= 0 means 1/sqrt(head_dim). Arithmetic of ggml's non-flash attention (kq = K.q,
+// soft_max_ext, kqv = V^T.p; kernels.h), with the visible rows numbered 0, 1, ... in order
+// (prefix, then extras) as ggml numbers a causal sequence's cache cells, so a tree node's
+// output equals, bit for bit, that of the same tokens laid out as a causal chain. One
+// (token, kv head) pair per task; each K/V row is read for the G query heads of its group.
 // Errors: any index or count out of range (names field and index), a token that sees nothing,
-// n_heads not a multiple of n_kv_heads, KV type not F32/F16/BF16.
+// n_heads not a multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16.
+// The one place where llama.cpp's arithmetic depends on the batch: its V . P product runs
+// ggml_vec_dot_f32 (64 lanes) for a one-token batch and tinyBLAS (16 lanes) for a batch of two
+// or more tokens. kiln's default keeps the 64-lane order for every token (batch invariance);
+// kLlamaCppPrompt selects the 16-lane order, which a caller reproducing llama.cpp uses for
+// batches of two or more tokens.
+enum class AttentionOrder { kBatchInvariant, kLlamaCppPrompt };
+
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
                             const float* q, int32_t n_heads, float* out, float scale,
-                            Scratch& scratch, CpuLevel level = BestCpuLevel());
+                            Scratch& scratch,
+                            AttentionOrder order = AttentionOrder::kBatchInvariant,
+                            CpuLevel level = BestCpuLevel());
 
 // Tree mask helper. For n tree nodes of one sequence: parent[i] is the index of node i's parent
 // among the nodes (-1: child of the committed prefix; parents come before children), slot[i] is

@@ -103,13 +103,18 @@ absl::Status Rope(const RopeConfig& c, int32_t head_dim, std::span<const int32_t
     mscale *= 1.0 + 0.1 * std::log(1.0 / fs);
   }
   const int32_t half = c.n_rot / 2;
+  // The angle follows ggml's float recipe (theta_scale = powf(base, -2 / n_rot), multiplied up
+  // in float per pair), which kiln adopts to match llama.cpp; its error against the exact
+  // p * base^(-2i / n_rot) grows with p (about p * i * 2^-24). The rest is computed in double.
+  const float theta_scale = std::pow(c.freq_base, -2.0f / static_cast<float>(c.n_rot));
   for (size_t t = 0; t < positions.size(); ++t) {
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;
-      for (int32_t i = 0; i < half; ++i) {
-        const double extrap =
-            positions[t] * std::pow(static_cast<double>(c.freq_base), -2.0 * i / c.n_rot) / ff[i];
-        double theta = fs * extrap;
+      float theta_base = static_cast<float>(positions[t]);
+      for (int32_t i = 0; i < half; ++i, theta_base *= theta_scale) {
+        const float extrap_f = theta_base / static_cast<float>(ff[i]);
+        const double extrap = extrap_f;
+        double theta = static_cast<float>(static_cast<float>(fs) * extrap_f);
         if (ext != 0.0) {
           const double y = (i - low) / std::max(0.001, high - low);
           const double mix = (1.0 - std::min(1.0, std::max(0.0, y))) * ext;

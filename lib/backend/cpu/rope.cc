@@ -88,68 +88,68 @@ absl::Status RopeTable::Build(const RopeConfig& c, int32_t head_dim,
   n_tokens_ = static_cast<int64_t>(positions.size());
   const int32_t half = c.n_rot / 2;
 
+  // Float arithmetic in ggml's order (ggml_rope_cache_init / rope_yarn): the angle of pair i is
+  // p * theta_scale^i accumulated by repeated float multiplication, then cosf / sinf. Matching
+  // it bit for bit keeps kiln's activations identical to llama.cpp's (see activation.h).
   const bool yarn = c.scaling == RopeScaling::kYarn;
   const bool scaled = yarn || c.scaling == RopeScaling::kLinear;
-  const double freq_scale = scaled ? c.freq_scale : 1.0;
-  const double ext_factor = yarn ? c.ext_factor : 0.0;
-  double mscale = yarn ? c.attn_factor : 1.0;
-  double corr_low = 0.0, corr_high = 0.0;
-  if (yarn && ext_factor != 0.0) {
-    const double base = c.freq_base;
-    auto corr_dim = [&](double n_rotations) {
-      return c.n_rot * std::log(c.orig_ctx / (n_rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+  const float freq_scale = scaled ? c.freq_scale : 1.0f;
+  const float ext_factor = yarn ? c.ext_factor : 0.0f;
+  float mscale = yarn ? c.attn_factor : 1.0f;
+  float corr_low = 0.0f, corr_high = 0.0f;
+  if (ext_factor != 0.0f) {
+    const float pi = static_cast<float>(M_PI);
+    auto corr_dim = [&](float n_rotations) {
+      return static_cast<float>(c.n_rot) *
+             std::log(static_cast<float>(c.orig_ctx) / (n_rotations * 2.0f * pi)) /
+             (2.0f * std::log(c.freq_base));
     };
-    corr_low = std::max(0.0, std::floor(corr_dim(c.beta_fast)));
-    corr_high = std::min(c.n_rot - 1.0, std::ceil(corr_dim(c.beta_slow)));
-    mscale *= 1.0 + 0.1 * std::log(1.0 / freq_scale);
+    corr_low = std::max(0.0f, std::floor(corr_dim(c.beta_fast)));
+    corr_high = std::min(static_cast<float>(c.n_rot - 1), std::ceil(corr_dim(c.beta_slow)));
+    mscale *= std::fma(0.1f, std::log(1.0f / freq_scale), 1.0f);
   }
+  const float theta_scale = std::pow(c.freq_base, -2.0f / static_cast<float>(c.n_rot));
+  const std::vector<double> ff64 = RopeFreqFactors(c);
+  std::vector<float> ff(ff64.begin(), ff64.end());
 
-  const std::vector<double> ff = RopeFreqFactors(c);
-  // Per pair: inverse frequency and the YaRN mix weight of the extrapolated angle.
-  std::vector<double> inv_freq(half), ramp(half, 0.0);
-  for (int32_t i = 0; i < half; ++i) {
-    inv_freq[i] = std::pow(static_cast<double>(c.freq_base), -2.0 * i / c.n_rot) / ff[i];
-    if (ext_factor != 0.0) {
-      const double y = (i - corr_low) / std::max(0.001, corr_high - corr_low);
-      ramp[i] = (1.0 - std::min(1.0, std::max(0.0, y))) * ext_factor;
-    }
-  }
-
-  const int64_t per_token = mode_ == RopeMode::kNorm ? n_rot_ : half;
-  cos_.resize(n_tokens_ * per_token);
-  sin_.resize(n_tokens_ * per_token);
+  cos_.resize(n_tokens_ * half);
+  sin_.resize(n_tokens_ * half);
   for (int64_t t = 0; t < n_tokens_; ++t) {
-    float* ct = cos_.data() + t * per_token;
-    float* st = sin_.data() + t * per_token;
+    float* ct = cos_.data() + t * half;
+    float* st = sin_.data() + t * half;
+    float theta_base = static_cast<float>(positions[t]);
     for (int32_t i = 0; i < half; ++i) {
-      const double theta_extrap = positions[t] * inv_freq[i];
-      const double theta_interp = freq_scale * theta_extrap;
-      const double theta = theta_interp * (1.0 - ramp[i]) + theta_extrap * ramp[i];
-      const float cv = static_cast<float>(std::cos(theta) * mscale);
-      const float sv = static_cast<float>(std::sin(theta) * mscale);
-      if (mode_ == RopeMode::kNorm) {
-        ct[2 * i] = ct[2 * i + 1] = cv;
-        st[2 * i] = -sv;
-        st[2 * i + 1] = sv;
-      } else {
-        ct[i] = cv;
-        st[i] = sv;
+      const float theta_extrap = theta_base / ff[i];
+      const float theta_interp = freq_scale * theta_extrap;
+      float theta = theta_interp;
+      if (ext_factor != 0.0f) {
+        const float y = (static_cast<float>(i) - corr_low) / std::max(0.001f, corr_high - corr_low);
+        const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * ext_factor;
+        theta = std::fma(theta_extrap, ramp_mix, theta_interp * (1.0f - ramp_mix));
       }
+      ct[i] = std::cos(theta) * mscale;
+      st[i] = std::sin(theta) * mscale;
+      theta_base *= theta_scale;
     }
   }
   return absl::OkStatus();
 }
 
-void RopeTable::Apply(float* x, int64_t n_heads, CpuLevel level) const {
-  const OpKernels& k = GetOpKernels(level);
+void RopeTable::Apply(float* x, int64_t n_heads, CpuLevel /*level*/) const {
+  // Per pair (x0, x1) -> (fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)): ggml's rotate_pairs as
+  // GCC contracts it. NORM pairs (2i, 2i + 1); NEOX pairs (i, i + n_rot / 2).
   const int64_t half = n_rot_ / 2;
+  const int64_t stride = mode_ == RopeMode::kNorm ? 1 : half;
   for (int64_t t = 0; t < n_tokens_; ++t) {
+    const float* ct = cos_.data() + t * half;
+    const float* st = sin_.data() + t * half;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* xh = x + (t * n_heads + h) * head_dim_;  // [head_dim]
-      if (mode_ == RopeMode::kNorm) {
-        k.rope_pairs(xh, cos_.data() + t * n_rot_, sin_.data() + t * n_rot_, n_rot_);
-      } else {
-        k.rope_halves(xh, cos_.data() + t * half, sin_.data() + t * half, half);
+      for (int64_t i = 0; i < half; ++i) {
+        float* a = xh + (mode_ == RopeMode::kNorm ? 2 * i : i);
+        const float x0 = a[0], x1 = a[stride];
+        a[0] = std::fma(x0, ct[i], -(x1 * st[i]));
+        a[stride] = std::fma(x0, st[i], x1 * ct[i]);
       }
     }
   }

@@ -245,6 +245,9 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
                                             std::span<const int32_t>(ids_.data(), n), x_.data()));
   float* x = x_.data();
   float* h = h_.data();
+  const cpu::AttentionOrder order = llama_cpp_order_ && n >= 2
+                                        ? cpu::AttentionOrder::kLlamaCppPrompt
+                                        : cpu::AttentionOrder::kBatchInvariant;
   for (int32_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[il];
     // Attention block.                                         x, h: [n, n_embd]
@@ -261,7 +264,7 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
     kv.v.base = pool_base + layout.ValueTileOffset(il, 0);
     KILN_RETURN_IF_ERROR(cpu::PagedAttention(pool_, kv, ab, q_.data(),
                                              static_cast<int32_t>(hp_.n_head), attn_.data(), 0.0f,
-                                             scratch_));  // [n, q_dim]
+                                             scratch_, order));  // [n, q_dim]
     KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, ToCpu(L.wo), attn_.data(), n, proj_.data(), scratch_));
     cpu::Add(x, proj_.data(), n * d, x);
     // Feed-forward block (SwiGLU).

@@ -37,6 +37,13 @@ class LlamaForward {
 
   int n_threads() const { return pool_.n_threads(); }
 
+  // Reproduce llama.cpp's CPU arithmetic exactly, including its one batch-dependent step
+  // (cpu::AttentionOrder): batches of two or more tokens then use llama.cpp's prompt order for
+  // V . P, so a prompt evaluated in one batch gives llama.cpp's bits. Off by default, which
+  // keeps every token's outputs batch invariant (the two settings differ in the last bits).
+  void set_llama_cpp_order(bool on) { llama_cpp_order_ = on; }
+  bool llama_cpp_order() const { return llama_cpp_order_; }
+
  private:
   absl::Status Validate(const ForwardBatch& batch, const KvCache& cache);
   absl::Status BuildAttention(const ForwardBatch& batch, KvCache& cache);
@@ -47,6 +54,7 @@ class LlamaForward {
   cpu::ThreadPool pool_;
   cpu::Scratch scratch_;
   cpu::RopeConfig rope_;
+  bool llama_cpp_order_ = false;
 
   // Per-batch state, reused across calls (grows, never shrinks).
   std::vector<SeqId> seqs_;         // unique sequences in batch order
