@@ -133,22 +133,44 @@ void PackWeightRows(const uint8_t* w, size_t w_stride, int n_rows, int64_t nb, W
 }
 
 // [acc0 | acc1 | acc2 | acc3] -> (acc0 + acc2) + (acc1 + acc3), then 4 -> 2 -> 1.
-inline float Reduce(__m512 acc) {
-  const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+inline float Reduce(__m256 acc01, __m256 acc23) {
+  const __m256 t = _mm256_add_ps(acc01, acc23);
   const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
 }
 
+// Reduce for 4 outputs at once (the same additions, lane-parallel): out[r] = the reduction of
+// acc[r] ([acc0 | acc1 | acc2 | acc3] each), r < 4.
+inline void Reduce4(const __m512 acc[4], float* out) {
+  // [t0 | t1], [t2 | t3] with t_r = acc_r[0..7] + acc_r[8..15] (acc01 + acc23).
+  const __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // [v0 | v1 | v2 | v3] with v_r = t_r[0..3] + t_r[4..7].
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)));
+  // Per 128-bit lane: v2 = [v[0] + v[2], v[1] + v[3]], r = v2[0] + v2[1] in element 0.
+  const __m512 v2 = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(v2, _mm512_permute_ps(v2, _MM_SHUFFLE(1, 1, 1, 1)));
+  const __m512i firsts = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, r)));
+}
+
 // R rows x T tokens. w: groups interleaved by row (w[g * R + r]); a: T rows of ng groups.
+// half_tail: the last group holds only 1 or 2 blocks (acc0 / acc1); it runs as 256-bit ops on
+// the low half of the accumulators (the same FMAs: the skipped zero blocks would add exact 0).
+// R = 4 reduces the 4 rows of each token together (Reduce4) and stores them with one store.
 template <int R, int T>
-inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, float* out,
+inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_tail, float* out,
                  size_t out_stride) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < ng; ++g, w += R) {
+  const int64_t ng_zmm = half_tail ? ng - 1 : ng;
+  for (int64_t g = 0; g < ng_zmm; ++g, w += R) {
     __m512i wlo[R], whi[R];
     for (int r = 0; r < R; ++r) {
       wlo[r] = w[r].lo;
@@ -164,28 +186,52 @@ inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, float* out
       }
     }
   }
+  if (half_tail) {
+    for (int t = 0; t < T; ++t) {
+      const ActGroup& ag = a[t * ng + ng - 1];
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm512_castsi512_si256(ag.corr), _mm512_castsi512_si256(w[r].lo),
+                                _mm512_castsi512_si256(ag.lo)),
+            _mm512_castsi512_si256(w[r].hi), _mm512_castsi512_si256(ag.hi));
+        const __m256 s =
+            _mm256_mul_ps(_mm512_castps512_ps256(w[r].d), _mm512_castps512_ps256(ag.d));
+        const __m256 acc01 =
+            _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), _mm512_castps512_ps256(acc[r][t]));
+        acc[r][t] = _mm512_insertf32x8(acc[r][t], acc01, 0);
+      }
+    }
+  }
   for (int t = 0; t < T; ++t) {
-    for (int r = 0; r < R; ++r) out[t * out_stride + r] = Reduce(acc[r][t]);
+    if constexpr (R == 4) {
+      const __m512 four[4] = {acc[0][t], acc[1][t], acc[2][t], acc[3][t]};
+      Reduce4(four, out + t * out_stride);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        out[t * out_stride + r] =
+            Reduce(_mm512_castps512_ps256(acc[r][t]), _mm512_extractf32x8_ps(acc[r][t], 1));
+      }
+    }
   }
 }
 
 template <int R>
-void RowBlock(const WeightGroup* w, const ActGroup* a, int64_t ng, int n_tokens, float* out,
-              size_t out_stride) {
+void RowBlock(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_tail, int n_tokens,
+              float* out, size_t out_stride) {
   int t = 0;
   for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
-    Tile<R, kTileTokens>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+    Tile<R, kTileTokens>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
   }
   static_assert(kTileTokens == 4, "tails below cover 1..3 tokens");
   switch (n_tokens - t) {
     case 3:
-      Tile<R, 3>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      Tile<R, 3>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
       break;
     case 2:
-      Tile<R, 2>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      Tile<R, 2>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
       break;
     case 1:
-      Tile<R, 1>(w, a + t * ng, ng, out + t * out_stride, out_stride);
+      Tile<R, 1>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
       break;
     default:
       break;
@@ -198,6 +244,7 @@ void VecDotTile(int64_t n, const void* w, size_t w_stride, int n_rows, const voi
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
   const int64_t ng = (nb + kGroupBlocks - 1) / kGroupBlocks;
+  const bool half_tail = nb % kGroupBlocks == 1 || nb % kGroupBlocks == 2;  // e.g. n = 576
   // Per-thread scratch: activations [n_tokens][ng], weights [ng][kTileRows].
   thread_local std::vector<ActGroup> act;
   thread_local std::vector<WeightGroup> wts;
@@ -225,16 +272,16 @@ void VecDotTile(int64_t n, const void* w, size_t w_stride, int n_rows, const voi
     float* o = out + r;
     switch (rows) {
       case 4:
-        RowBlock<4>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        RowBlock<4>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
         break;
       case 3:
-        RowBlock<3>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        RowBlock<3>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
         break;
       case 2:
-        RowBlock<2>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        RowBlock<2>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
         break;
       default:
-        RowBlock<1>(wts.data(), act.data(), ng, n_tokens, o, out_stride);
+        RowBlock<1>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
         break;
     }
   }
