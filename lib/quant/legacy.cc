@@ -50,6 +50,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       // Rows x tokens tiles (same bits as each vec_dot; kernels/cpu/tile_kernels.h).
       r[kQ8_0].vec_dot_tile = VecDotTileQ8_0Q8_0Avx512;
       r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
+      r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
       // Single-row Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits); Q8_0
       // has a multi-row kernel (activation blocks shared by 4 rows).
       set(kQ8_0, QuantizeRowQ8_0Avx512, nullptr, kQ8_0, nullptr);
