@@ -161,9 +161,30 @@ void KvScoresFixed(const float* q, const void* k_rows, int64_t n_rows, KvElem el
   }
 }
 
-// Precondition d % 64 == 0 (PagedAttention uses the scalar kernel otherwise).
+// tinyBLAS order: one 16-lane FMA chain per (row, head) over d (d % 16 == 0).
+void KvScores16(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+                int64_t d, float* scores, int64_t score_stride) {
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
+    for (int64_t g = 0; g < n_q; ++g) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 16) {
+        acc = _mm512_fmadd_ps(LoadKv(k_row, elem, i, 0xFFFF), _mm512_loadu_ps(q + g * d + i), acc);
+      }
+      scores[g * score_stride + j] = Reduce16(acc);
+    }
+  }
+}
+
+// Precondition: d % 64 == 0 for n_lanes = kAttnLanes, d % 16 == 0 for kAttnLanesTinyBlas
+// (PagedAttention uses the scalar kernel otherwise).
 void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
-              int64_t d, float* scores, int64_t score_stride) {
+              int64_t d, int64_t n_lanes, float* scores, int64_t score_stride) {
+  if (n_lanes == kAttnLanesTinyBlas) {
+    KvScores16(q, n_q, k_rows, n_rows, elem, d, scores, score_stride);
+    return;
+  }
   for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
     const float* qg = q + g0 * d;
     float* sg = scores + g0 * score_stride;

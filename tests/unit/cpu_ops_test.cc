@@ -630,7 +630,7 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
         std::vector<float> expect(qsize);
         const SeqKv& s = seqs[seq_of[t]];
         ref::Attention(q.data() + t * qsize, sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(),
-                       s.v.data(), visible, scale, expect.data());
+                       s.v.data(), visible, scale, expect.data(), type == GgmlType::kF16);
         for (int64_t i = 0; i < qsize; ++i) {
           ASSERT_NEAR(out2[t * qsize + i], expect[i], 2e-5f) << "token " << t << " i " << i;
         }
@@ -729,7 +729,7 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
       // And the double-precision reference over the visible slots.
       std::vector<float> ref_out(qsize);
       ref::Attention(q.data() + node * qsize, n_heads, n_kv, d, seq.k.data(), seq.v.data(), src_pos,
-                     1.0f / 8.0f, ref_out.data());
+                     1.0f / 8.0f, ref_out.data(), type == GgmlType::kF16);
       for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(out[node * qsize + i], ref_out[i], 2e-5f);
     }
   }

@@ -398,11 +398,10 @@ TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF32KvCache) {
   CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32, true);
 }
 
-// llama.cpp's default: an f16 KV cache, with which it also rounds Q (for K.Q) and the softmax
-// weights (for V.P) to f16 and uses ggml_vec_dot_f16 / tinyBLAS f16 for both products. kiln
-// does not reproduce those f16 steps yet, so this comparison stays disabled (run it with
-// --gtest_also_run_disabled_tests).
-TEST_F(E2eSmolLm2, DISABLED_GreedyMatchesLlamaCppWithF16KvCache) {
+// llama.cpp's default: an f16 KV cache, with which it rounds q (for K.q) and the softmax
+// weights (for V.p) to f16 and runs both products through ggml_vec_dot_f16 (one-token batches)
+// or tinyBLAS f16 (prompt batches); kiln does the same for an f16 cache.
+TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF16KvCache) {
   CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16, true);
 }
 

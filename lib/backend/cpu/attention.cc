@@ -4,6 +4,7 @@
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
+#include "lib/common/half.h"
 
 namespace kiln::cpu {
 namespace {
@@ -138,20 +139,28 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   const int64_t group = n_heads / kv.n_kv_heads;
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
-  // The AVX-512 score kernel covers whole 64-element steps; other head sizes use the definition.
-  const auto kv_scores = d % 64 == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
+  // llama.cpp's f16 cache path (ggml_vec_dot_f16 / tinyBLAS f16): q and the softmax weights are
+  // rounded to f16 before their products with K and V.
+  const bool q_to_f16 = k_elem == KvElem::kF16, p_to_f16 = v_elem == KvElem::kF16;
+  // llama.cpp's prompt batches run K.q through tinyBLAS only for an f16 cache (an f32 q is used
+  // in place, which needs a contiguous q; a converted f16 q is contiguous), V.p for both types.
+  const bool prompt = order == AttentionOrder::kLlamaCppPrompt;
+  const int64_t kq_lanes = prompt && q_to_f16 ? kAttnLanesTinyBlas : kAttnLanes;
+  // The AVX-512 score kernel covers whole steps of its lanes; other head sizes use the definition.
+  const auto kv_scores =
+      d % kq_lanes == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
 
-  const int64_t n_lanes =
-      order == AttentionOrder::kLlamaCppPrompt ? kAttnLanesTinyBlas : kAttnLanes;
+  const int64_t n_lanes = prompt ? kAttnLanesTinyBlas : kAttnLanes;
   const bool has_extra = !b.extra_indptr.empty();
   int64_t max_visible = 0;  // longest visible list of any token
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
     max_visible = std::max(max_visible, b.n_visible[t] + extra);
   }
-  // Per-thread workspace (floats): scores [G, max_visible], lane accumulator [kAttnLanes, d].
+  // Per-thread workspace (floats): scores [G, max_visible], lane accumulator [kAttnLanes, d],
+  // rounded q [G, d].
   const size_t per_thread =
-      ((group * max_visible + kAttnLanes * d) * sizeof(float) + 63) & ~size_t{63};
+      ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
@@ -164,9 +173,14 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   pool.ParallelFor(n_tokens * kv.n_kv_heads, [&](int64_t task0, int64_t task1, int thread) {
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
+    float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
+      if (q_to_f16) {
+        for (int64_t i = 0; i < group * d; ++i) q_rounded[i] = Fp16ToFp32(Fp32ToFp16(qt[i]));
+        qt = q_rounded;
+      }
       const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
       const int64_t nv = b.n_visible[t];
 
@@ -200,7 +214,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
         const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
                             row * k_row_bytes;
-        kv_scores(qt, group, kt, count, k_elem, d, sc + index, max_visible);
+        kv_scores(qt, group, kt, count, k_elem, d, kq_lanes, sc + index, max_visible);
         n_vis = index + count;
       });
       for (int64_t g = 0; g < group; ++g) {
@@ -208,6 +222,9 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         k.scale(sg, scale, n_vis);
         const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
         k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+        if (p_to_f16) {
+          for (int64_t j = 0; j < n_vis; ++j) sg[j] = Fp16ToFp32(Fp32ToFp16(sg[j]));
+        }
       }
       // out = V^T . p per head, in ggml_vec_dot_f32's lanes over the visible index.
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]

@@ -42,12 +42,13 @@ struct OpKernels {
   // x[i] *= s.
   void (*scale)(float* x, float s, int64_t n);
   // Attention scores of n_q query heads against n_rows consecutive K rows (row-major tile of
-  // `elem`, d per row): scores[g * score_stride + j] = DotGgml(k_rows + j*d, q + g*d), where
-  // DotGgml is ggml_vec_dot_f32: 4 x 16 FMA lanes over each 64 elements, reduced
-  // ((l0 + l2) + (l1 + l3)) then as _mm512_reduce_add_ps, then the tail added one product at a
-  // time. K rows of f16/bf16 are widened to f32 first.
+  // `elem`, d per row): scores[g * score_stride + j] = Dot(k_rows + j*d, q + g*d). K rows of
+  // f16/bf16 are widened to f32 first. With n_lanes = kAttnLanes, Dot is ggml_vec_dot_f32: 4 x 16
+  // FMA lanes over each 64 elements, reduced ((l0 + l2) + (l1 + l3)) then as
+  // _mm512_reduce_add_ps, then the tail added one product at a time; with n_lanes =
+  // kAttnLanesTinyBlas (d % 16 == 0) it is tinyBLAS's: 16 FMA lanes, _mm512_reduce_add_ps.
   void (*kv_scores)(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
-                    int64_t d, float* scores, int64_t score_stride);
+                    int64_t d, int64_t n_lanes, float* scores, int64_t score_stride);
   // ggml_vec_soft_max_f32: y[i] = ExpGgml(x[i] - max); returns the double sum over chunks of
   // 16 (i = 16c..16c+15, missing lanes as 0), each chunk summed in _mm512_reduce_add_ps order.
   double (*softmax_exp)(const float* x, float max, int64_t n, float* y);

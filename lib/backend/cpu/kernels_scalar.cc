@@ -85,8 +85,9 @@ float Reduce16(const float* v) {
 }
 
 void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
-              int64_t d, float* scores, int64_t score_stride) {
-  const int64_t full = d & ~int64_t{63};
+              int64_t d, int64_t n_lanes, float* scores, int64_t score_stride) {
+  const int64_t step = n_lanes == kAttnLanesTinyBlas ? 16 : 64;
+  const int64_t full = d - d % step;
   float k[1024];  // one widened K row (head_dim <= 1024, checked by PagedAttention)
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* kr = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
@@ -94,12 +95,13 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
     for (int64_t g = 0; g < n_q; ++g) {
       const float* qg = q + g * d;
       float lanes[64] = {};
-      for (int64_t i0 = 0; i0 < full; i0 += 64) {
-        for (int l = 0; l < 64; ++l) lanes[l] = std::fma(k[i0 + l], qg[i0 + l], lanes[l]);
+      for (int64_t i0 = 0; i0 < full; i0 += step) {
+        for (int l = 0; l < step; ++l) lanes[l] = std::fma(k[i0 + l], qg[i0 + l], lanes[l]);
       }
       float v[16];
-      for (int l = 0; l < 16; ++l)
-        v[l] = (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l]);
+      for (int l = 0; l < 16; ++l) {
+        v[l] = step == 16 ? lanes[l] : (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l]);
+      }
       float s = Reduce16(v);
       for (int64_t i = full; i < d; ++i) s += k[i] * qg[i];
       scores[g * score_stride + j] = s;

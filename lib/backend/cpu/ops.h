@@ -224,7 +224,8 @@ struct AttentionBatch {
 // scale <= 0 means 1/sqrt(head_dim). Arithmetic of ggml's non-flash attention (kq = K.q,
 // soft_max_ext, kqv = V^T.p; kernels.h), with the visible rows numbered 0, 1, ... in order
 // (prefix, then extras) as ggml numbers a causal sequence's cache cells, so a tree node's
-// output equals, bit for bit, that of the same tokens laid out as a causal chain. One
+// output equals, bit for bit, that of the same tokens laid out as a causal chain. With an f16
+// cache q and the softmax weights are rounded to f16 before their products (ggml's f16 path). One
 // (token, kv head) pair per task; each K/V row is read for the G query heads of its group.
 // Errors: any index or count out of range (names field and index), a token that sees nothing,
 // n_heads not a multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16.

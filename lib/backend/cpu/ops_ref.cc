@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "lib/common/half.h"
+
 namespace kiln::cpu::ref {
 
 absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
@@ -132,7 +134,11 @@ absl::Status Rope(const RopeConfig& c, int32_t head_dim, std::span<const int32_t
 }
 
 void Attention(const float* q, int32_t n_heads, int32_t n_kv_heads, int32_t d, const float* k,
-               const float* v, std::span<const int32_t> visible, float scale, float* out) {
+               const float* v, std::span<const int32_t> visible, float scale, float* out,
+               bool round_to_f16) {
+  auto round = [&](double x) {
+    return round_to_f16 ? static_cast<double>(Fp16ToFp32(Fp32ToFp16(static_cast<float>(x)))) : x;
+  };
   const int32_t group = n_heads / n_kv_heads;
   std::vector<double> s(visible.size());
   for (int32_t h = 0; h < n_heads; ++h) {
@@ -141,18 +147,19 @@ void Attention(const float* q, int32_t n_heads, int32_t n_kv_heads, int32_t d, c
     for (size_t j = 0; j < visible.size(); ++j) {
       const float* kr = k + (static_cast<int64_t>(visible[j]) * n_kv_heads + kvh) * d;
       double dot = 0.0;
-      for (int32_t i = 0; i < d; ++i) dot += static_cast<double>(q[h * d + i]) * kr[i];
+      for (int32_t i = 0; i < d; ++i) dot += round(q[h * d + i]) * kr[i];
       s[j] = dot * scale;
       mx = std::max(mx, s[j]);
     }
     double sum = 0.0;
     for (double& e : s) sum += e = std::exp(e - mx);
+    for (double& e : s) e = round(e / sum);
     for (int32_t i = 0; i < d; ++i) {
       double o = 0.0;
       for (size_t j = 0; j < visible.size(); ++j) {
         o += s[j] * v[(static_cast<int64_t>(visible[j]) * n_kv_heads + kvh) * d + i];
       }
-      out[h * d + i] = static_cast<float>(o / sum);
+      out[h * d + i] = static_cast<float>(o);
     }
   }
 }

@@ -32,7 +32,9 @@ absl::Status Rope(const RopeConfig& config, int32_t head_dim, std::span<const in
 // Attention of one token over a contiguous (unpaged) f32 cache of one sequence.
 //   q: [n_heads, d]   k, v: [n_ctx, n_kv_heads, d]   out: [n_heads, d]
 // The token sees the context positions listed in `visible` (any order). Softmax in double.
+// round_to_f16: the f16-cache rule of ops.h (q and the softmax weights rounded to f16).
 void Attention(const float* q, int32_t n_heads, int32_t n_kv_heads, int32_t d, const float* k,
-               const float* v, std::span<const int32_t> visible, float scale, float* out);
+               const float* v, std::span<const int32_t> visible, float scale, float* out,
+               bool round_to_f16 = false);
 
 }  // namespace kiln::cpu::ref
