@@ -33,20 +33,79 @@ namespace kiln::quant {
 namespace {
 
 constexpr int kTileRows = 4;      // weight rows per register tile (2 row pairs)
-constexpr int kTileTokens = 4;    // tokens per register tile
-constexpr int kPrefetchRows = 8;  // weight rows prefetched ahead of the row block being packed
+constexpr int kTileTokens = 8;    // tokens per register tile (2 token quads)
+constexpr int kPrefetchRows = 8;  // weight rows prefetched ahead of the row block in use
 
-// One block of 4 weight rows, unpacked (192 B).
+// One block of 4 weight rows, unpacked (320 B).
 struct alignas(64) WeightBlock4 {
   __m512i qs[2];  // pair p: bytes 0..31 = row 2p elements 0..31, bytes 32..63 = row 2p + 1
   __m512 d[2];    // pair p: lanes 0..7 = dw of row 2p, lanes 8..15 = dw of row 2p + 1
-  __m128 m;       // lane r = mw of row r (0 for padding rows)
+  __m512 m;       // lane 4q + r = mw of row r (q = 0..3; 0 for padding rows)
 };
 
-// Activation scales of one token, converted to float once per call.
+// 4 weight rows at block b (rows past n_rows read as zeros) -> registers. The 20-byte blocks
+// are read with masked loads (no bytes past the block), qs repacked with one two-source dword
+// permute per row pair ([qs | qs | qs' | qs'], then the odd 128-bit lanes shifted by 4: high
+// nibbles), the 8 halves d0 m0 .. d3 m3 converted with one vcvtph2ps.
+struct Unpacked4 {
+  __m512i qs[2];
+  __m512 d[2];
+  __m512 m;
+};
+inline Unpacked4 UnpackBlock4(const BlockQ4_1* const rows[kTileRows], int n_rows, int64_t b) {
+  constexpr __mmask64 kBlockBytes = (1ull << sizeof(BlockQ4_1)) - 1;
+  __m512i raw[kTileRows];
+  for (int r = 0; r < kTileRows; ++r) {
+    raw[r] =
+        r < n_rows ? _mm512_maskz_loadu_epi8(kBlockBytes, rows[r] + b) : _mm512_setzero_si512();
+  }
+  // 128-bit lanes 0, 1 <- qs of the first row (dwords 1..4 of its raw block), 2, 3 <- the second's.
+  const __m512i qs_index = _mm512_set_epi32(20, 19, 18, 17, 20, 19, 18, 17, 4, 3, 2, 1, 4, 3, 2, 1);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  Unpacked4 u;
+  for (int p = 0; p < 2; ++p) {
+    const __m512i both = _mm512_permutex2var_epi32(raw[2 * p], qs_index, raw[2 * p + 1]);
+    // Words of 128-bit lanes 1 and 3 shifted right by 4 (high nibbles), then the low 4 bits.
+    u.qs[p] = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xFF00FF00u, both, 4), low);
+  }
+  // [d0 m0 d1 m1 | d2 m2 d3 m3] as halves -> 8 floats.
+  const __m128i h01 =
+      _mm_unpacklo_epi32(_mm512_castsi512_si128(raw[0]), _mm512_castsi512_si128(raw[1]));
+  const __m128i h23 =
+      _mm_unpacklo_epi32(_mm512_castsi512_si128(raw[2]), _mm512_castsi512_si128(raw[3]));
+  const __m512 dm = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_unpacklo_epi64(h01, h23)));
+  u.d[0] =
+      _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), dm);
+  u.d[1] =
+      _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4), dm);
+  u.m = _mm512_permutexvar_ps(_mm512_set_epi32(7, 5, 3, 1, 7, 5, 3, 1, 7, 5, 3, 1, 7, 5, 3, 1), dm);
+  return u;
+}
+
+// Weight sources of a tile: straight from the Q4_1 rows (unpacked in registers per tile, for
+// calls with few tokens) or from a per-call unpacked copy (reused by several token tiles).
+struct RawWeights {
+  const BlockQ4_1* rows[kTileRows];
+  int n_rows;
+  Unpacked4 operator()(int64_t b) const { return UnpackBlock4(rows, n_rows, b); }
+};
+struct PackedWeights {
+  const WeightBlock4* blocks;
+  Unpacked4 operator()(int64_t b) const {
+    const WeightBlock4& w = blocks[b];
+    return {{w.qs[0], w.qs[1]}, {w.d[0], w.d[1]}, w.m};
+  }
+};
+
+// Per-call activation scales: da per token ([n_tokens][nb]) and sa per token quad and block,
+// [sa_t0 x 4 | sa_t1 x 4 | sa_t2 x 4 | sa_t3 x 4] (lane 4q + r: token 4 * quad + q; 0 for
+// tokens past n_tokens), the layout of the mins chains of a 4-row x 4-token quad.
+struct alignas(64) Vec16 {
+  __m512 v;
+};
 struct ActScales {
-  float d;  // da
-  float s;  // sa
+  std::vector<float> da;
+  std::vector<Vec16> sa;  // [n_quads][nb]
 };
 
 inline float HalfToFloat(const uint8_t* p) {
@@ -55,46 +114,34 @@ inline float HalfToFloat(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
 }
 
-// 16 packed bytes -> [low nibbles | high nibbles] (elements 0..15 then 16..31) as a 256-bit pair
-// of 128-bit lanes, still unmasked.
-inline __m256i NibblePairs(const BlockQ4_1& b) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  return _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-}
-
-// n_rows (1..4) weight rows [nb blocks each] -> nb WeightBlock4 (rows past n_rows: zeros).
-void PackWeightRows(const uint8_t* w, size_t w_stride, int n_rows, int64_t nb, WeightBlock4* dst) {
-  const __m512i mask = _mm512_set1_epi8(0x0F);
-  const BlockQ4_1* rows[kTileRows];
-  for (int r = 0; r < kTileRows; ++r) {
-    rows[r] = r < n_rows ? reinterpret_cast<const BlockQ4_1*>(w + r * w_stride) : nullptr;
-  }
-  for (int64_t b = 0; b < nb; ++b, ++dst) {
-    float dw[kTileRows] = {}, mw[kTileRows] = {};
-    __m256i half[kTileRows];
-    for (int r = 0; r < kTileRows; ++r) {
-      if (rows[r] != nullptr) {
-        half[r] = NibblePairs(rows[r][b]);
-        dw[r] = HalfToFloat(rows[r][b].d);
-        mw[r] = HalfToFloat(rows[r][b].m);
-      } else {
-        half[r] = _mm256_setzero_si256();
+void ConvertActScales(const uint8_t* a, size_t a_stride, int n_tokens, int64_t nb, ActScales* sc) {
+  const int n_quads = (n_tokens + 3) / 4;
+  if (sc->da.size() < static_cast<size_t>(n_tokens * nb)) sc->da.resize(n_tokens * nb);
+  if (sc->sa.size() < static_cast<size_t>(n_quads * nb)) sc->sa.resize(n_quads * nb);
+  for (int q = 0; q < n_quads; ++q) {
+    const BlockQ8_1* rows[4] = {};
+    for (int i = 0; i < 4 && 4 * q + i < n_tokens; ++i) {
+      rows[i] = reinterpret_cast<const BlockQ8_1*>(a + (4 * q + i) * a_stride);
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(16) float sa[4] = {};
+      for (int i = 0; i < 4; ++i) {
+        if (rows[i] == nullptr) continue;
+        sc->da[(4 * q + i) * nb + b] = HalfToFloat(rows[i][b].d);
+        sa[i] = HalfToFloat(rows[i][b].s);
       }
+      // lane 4i + r = sa[i]
+      sc->sa[q * nb + b].v =
+          _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                _mm512_castps128_ps512(_mm_load_ps(sa)));
     }
-    for (int p = 0; p < 2; ++p) {
-      const __m512i both =
-          _mm512_inserti64x4(_mm512_castsi256_si512(half[2 * p]), half[2 * p + 1], 1);
-      dst->qs[p] = _mm512_and_si512(both, mask);
-      dst->d[p] = _mm512_insertf32x8(_mm512_set1_ps(dw[2 * p]), _mm256_set1_ps(dw[2 * p + 1]), 1);
-    }
-    dst->m = _mm_loadu_ps(mw);
   }
 }
 
 // Reduction of the 4 rows of one token: pair accumulators a01 (rows 0, 1) and a23 (rows 2, 3),
 // each [acc0..7 of row 2p | acc0..7 of row 2p + 1] -> ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 +
 // acc1) + (acc7 + acc3)) per row (the same additions as the vec_dot's Hsum, lane-parallel), plus
-// mins; rows r < n_store are stored to out[r].
+// the rows' mins; rows r < n_store are stored to out[r].
 inline void Reduce4(__m512 a01, __m512 a23, __m128 mins, float* out, int n_store) {
   // Per 128-bit lane q of the result: row q's x[i] = acc[4 + i] + acc[i].
   const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0));
@@ -112,58 +159,76 @@ inline void Reduce4(__m512 a01, __m512 a23, __m128 mins, float* out, int n_store
   }
 }
 
-// 4 rows (packed, nb blocks) x T tokens. a: the T tokens' Q8_1 rows (a_stride bytes apart);
-// scales: their converted scales, [T][nb].
-template <int T>
-inline void Tile(const WeightBlock4* w, int64_t nb, const uint8_t* a, size_t a_stride,
-                 const ActScales* scales, int n_rows, float* out, size_t out_stride) {
+// 4 rows x T tokens (T <= kTileTokens; the tile starts at a token quad boundary). a: the T
+// tokens' Q8_1 rows (a_stride bytes apart); da: their scales [T][nb] (stride nb); sa: their
+// quads' sa [quads][nb].
+template <int T, typename Weights>
+inline void Tile(const Weights& weights, int64_t nb, const uint8_t* a, size_t a_stride,
+                 const float* da, const Vec16* sa, int n_rows, float* out, size_t out_stride) {
+  constexpr int kQuads = (T + 3) / 4;
   __m512 acc[2][T];
-  __m128 mins[T];
+  __m512 mins[kQuads];
   for (int t = 0; t < T; ++t) {
     acc[0][t] = _mm512_setzero_ps();
     acc[1][t] = _mm512_setzero_ps();
-    mins[t] = _mm_setzero_ps();
   }
+  for (int q = 0; q < kQuads; ++q) mins[q] = _mm512_setzero_ps();
   const BlockQ8_1* act[T];
   for (int t = 0; t < T; ++t) act[t] = reinterpret_cast<const BlockQ8_1*>(a + t * a_stride);
   for (int64_t b = 0; b < nb; ++b) {
-    const WeightBlock4& wb = w[b];
+    const Unpacked4 w = weights(b);
     for (int t = 0; t < T; ++t) {
       const __m512i qa = _mm512_broadcast_i64x4(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t][b].qs)));
-      const ActScales sc = scales[t * nb + b];
-      const __m512 da = _mm512_set1_ps(sc.d);
+      const __m512 dat = _mm512_set1_ps(da[t * nb + b]);
       for (int p = 0; p < 2; ++p) {
-        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb.qs[p], qa);
-        const __m512 s = _mm512_mul_ps(wb.d[p], da);
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.qs[p], qa);
+        const __m512 s = _mm512_mul_ps(w.d[p], dat);
         acc[p][t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[p][t]);
       }
-      mins[t] = _mm_fmadd_ps(wb.m, _mm_set1_ps(sc.s), mins[t]);
     }
+    for (int q = 0; q < kQuads; ++q) mins[q] = _mm512_fmadd_ps(w.m, sa[q * nb + b].v, mins[q]);
   }
-  for (int t = 0; t < T; ++t) Reduce4(acc[0][t], acc[1][t], mins[t], out + t * out_stride, n_rows);
+  alignas(64) float mins_f[kQuads * 16];
+  for (int q = 0; q < kQuads; ++q) _mm512_store_ps(mins_f + 16 * q, mins[q]);
+  for (int t = 0; t < T; ++t) {
+    Reduce4(acc[0][t], acc[1][t], _mm_load_ps(mins_f + 4 * t), out + t * out_stride, n_rows);
+  }
 }
 
-void RowBlock(const WeightBlock4* w, int64_t nb, const uint8_t* a, size_t a_stride,
-              const ActScales* scales, int n_tokens, int n_rows, float* out, size_t out_stride) {
+// All tokens of the call against one block of 4 rows: register tiles of kTileTokens tokens,
+// then a tail of 1..7 tokens.
+template <typename Weights>
+void RowBlock(const Weights& w, int64_t nb, const uint8_t* a, size_t a_stride, const ActScales& sc,
+              int n_tokens, int n_rows, float* out, size_t out_stride) {
+  auto tile = [&]<int T>(int t) {
+    Tile<T>(w, nb, a + t * a_stride, a_stride, sc.da.data() + t * nb, sc.sa.data() + t / 4 * nb,
+            n_rows, out + t * out_stride, out_stride);
+  };
   int t = 0;
-  for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
-    Tile<kTileTokens>(w, nb, a + t * a_stride, a_stride, scales + t * nb, n_rows,
-                      out + t * out_stride, out_stride);
-  }
-  static_assert(kTileTokens == 4, "tails below cover 1..3 tokens");
-  const uint8_t* at = a + t * a_stride;
-  const ActScales* st = scales + t * nb;
-  float* ot = out + t * out_stride;
+  for (; t + kTileTokens <= n_tokens; t += kTileTokens) tile.template operator()<kTileTokens>(t);
+  static_assert(kTileTokens == 8, "the tails below cover 1..7 tokens");
   switch (n_tokens - t) {
+    case 7:
+      tile.template operator()<7>(t);
+      break;
+    case 6:
+      tile.template operator()<6>(t);
+      break;
+    case 5:
+      tile.template operator()<5>(t);
+      break;
+    case 4:
+      tile.template operator()<4>(t);
+      break;
     case 3:
-      Tile<3>(w, nb, at, a_stride, st, n_rows, ot, out_stride);
+      tile.template operator()<3>(t);
       break;
     case 2:
-      Tile<2>(w, nb, at, a_stride, st, n_rows, ot, out_stride);
+      tile.template operator()<2>(t);
       break;
     case 1:
-      Tile<1>(w, nb, at, a_stride, st, n_rows, ot, out_stride);
+      tile.template operator()<1>(t);
       break;
     default:
       break;
@@ -176,18 +241,15 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
-  // Per-thread scratch: activation scales [n_tokens][nb], weights [nb] blocks of 4 rows.
-  thread_local std::vector<ActScales> scales;
+  // Per-thread scratch: activation scales; weights [nb] blocks of 4 rows (many tokens only).
+  thread_local ActScales scales;
   thread_local std::vector<WeightBlock4> wts;
-  if (scales.size() < static_cast<size_t>(n_tokens * nb)) scales.resize(n_tokens * nb);
-  if (wts.size() < static_cast<size_t>(nb)) wts.resize(nb);
   const auto* ap = static_cast<const uint8_t*>(a);
-  for (int t = 0; t < n_tokens; ++t) {
-    const auto* row = reinterpret_cast<const BlockQ8_1*>(ap + t * a_stride);
-    for (int64_t b = 0; b < nb; ++b) {
-      scales[t * nb + b] = {HalfToFloat(row[b].d), HalfToFloat(row[b].s)};
-    }
-  }
+  ConvertActScales(ap, a_stride, n_tokens, nb, &scales);
+  // Up to one register tile of tokens: unpack each weight block in registers where it is used;
+  // more: unpack each block of 4 rows once per call into wts.
+  const bool pack = n_tokens > kTileTokens;
+  if (pack && wts.size() < static_cast<size_t>(nb)) wts.resize(nb);
   const auto* wp = static_cast<const uint8_t*>(w);
   const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ4_1));
   for (int r = 0; r < n_rows; r += kTileRows) {
@@ -200,8 +262,25 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
         _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
       }
     }
-    PackWeightRows(wp + r * w_stride, w_stride, rows, nb, wts.data());
-    RowBlock(wts.data(), nb, ap, a_stride, scales.data(), n_tokens, rows, out + r, out_stride);
+    RawWeights raw{};
+    raw.n_rows = rows;
+    for (int i = 0; i < rows; ++i) {
+      raw.rows[i] = reinterpret_cast<const BlockQ4_1*>(wp + (r + i) * w_stride);
+    }
+    if (!pack) {
+      RowBlock(raw, nb, ap, a_stride, scales, n_tokens, rows, out + r, out_stride);
+      continue;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const Unpacked4 u = raw(b);
+      wts[b].qs[0] = u.qs[0];
+      wts[b].qs[1] = u.qs[1];
+      wts[b].d[0] = u.d[0];
+      wts[b].d[1] = u.d[1];
+      wts[b].m = u.m;
+    }
+    RowBlock(PackedWeights{wts.data()}, nb, ap, a_stride, scales, n_tokens, rows, out + r,
+             out_stride);
   }
 }
 
