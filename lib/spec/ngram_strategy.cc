@@ -36,7 +36,6 @@ absl::StatusOr<std::unique_ptr<NgramStrategy>> NgramStrategy::Create(const Ngram
 
 void NgramStrategy::Reset() {
   acceptance_.assign(static_cast<size_t>(params_.max_ngram) + 1, AcceptanceEstimate());
-  observations_.assign(static_cast<size_t>(params_.max_ngram) + 1, 0);
   pending_.clear();
   pending_len_ = 0;
   pending_root_ = -1;
@@ -71,7 +70,6 @@ void NgramStrategy::LearnFromPending(std::span<const int32_t> context) {
     int32_t matched = 0;
     while (matched < checked && context[pending_len_ + matched] == pending_[matched]) ++matched;
     acceptance_[pending_n_].Observe(checked, matched);
-    ++observations_[pending_n_];
   }
   pending_.clear();
 }
@@ -100,15 +98,24 @@ absl::Status NgramStrategy::Propose(std::span<const int32_t> context, int32_t ma
                                                       : PassCostModel::kPriorBeta);
         cost = &fixed;
       }
-      if (observations_[n] == 0) {
-        k = std::min(available, params_.start_draft);
-      } else {
-        k = BestDraftLength(acceptance_[n], available,
-                            [&](int32_t kk) { return cost->RelativeCost(kk + 1); });
-      }
-      if (k == 0 && available > 0) {
-        // Re-measure a wide pass now and then, unless the cost is pinned.
-        if (!cost->pinned() && params_.max_skip > 0 && ++plain_run_ >= params_.max_skip) k = 1;
+      auto cost_of = [](const PassCostModel* c) {
+        return [c](int32_t kk) { return c->RelativeCost(kk + 1); };
+      };
+      // While the cost is only the prior, draft at most start_draft tokens.
+      const bool measured = !cost->pinned();
+      const int32_t cap = measured && cost->wide_observations() == 0
+                              ? std::min(available, params_.start_draft)
+                              : available;
+      k = BestDraftLength(acceptance_[n], cap, cost_of(cost));
+      if (k == 0 && available > 0 && measured && params_.max_skip > 0 &&
+          ++plain_run_ >= params_.max_skip) {
+        // Re-measure a wide pass now and then (the backend or the load may have changed), but
+        // only when its cost is what keeps the strategy from drafting: one token would pay at
+        // half the measured slope.
+        plain_run_ = 0;
+        PassCostModel cheaper;
+        cheaper.Pin(cost->Beta() / 2);
+        if (BestDraftLength(acceptance_[n], 1, cost_of(&cheaper)) > 0) k = 1;
       }
       if (k > 0) plain_run_ = 0;
     }

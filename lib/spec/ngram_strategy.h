@@ -11,10 +11,12 @@
 // acceptance is estimated online, separately for each suffix length n. k = 0 (plain decoding)
 // when nothing pays. The acceptance is learned for free: the candidate continuation found at one
 // step is compared with the tokens that actually followed it at the next step, whether or not it
-// was proposed, so the strategy keeps learning while it backs off. The first proposal for a
-// suffix length (nothing learned yet) drafts start_draft tokens. When the cost of wide passes is
-// measured and the policy has chosen k = 0 for max_skip consecutive steps that had a candidate,
-// it proposes one token to measure a wide pass again (the backend or the load may have changed).
+// was proposed, so the strategy keeps learning while it backs off and needs no optimistic start
+// (prior: half the drafts right). While no wide pass has been measured (the cost is the prior)
+// it drafts at most start_draft tokens. When the policy has chosen k = 0 for max_skip
+// consecutive steps that had a candidate, and one token would pay at half the measured cost
+// slope, it proposes one token to measure a wide pass again (the backend or the load may have
+// changed).
 //
 // Greedy output never depends on these choices (the verifier keeps the target's argmax path),
 // so greedy equality does not depend on timing. With sampling and a measured cost, the text for
@@ -35,8 +37,8 @@ struct NgramParams {
   int32_t max_ngram = 3;    // longest suffix tried first (>= min_ngram)
   int32_t min_ngram = 2;    // shortest suffix tried (>= 1)
   int32_t max_draft = 8;    // tokens proposed at most per step
-  int32_t start_draft = 4;  // draft length before anything is learned, in [1, max_draft]
-  int32_t max_skip = 32;    // plain steps before a one-token probe of the pass cost (0: never)
+  int32_t start_draft = 4;  // longest draft while the pass cost is the prior, in [1, max_draft]
+  int32_t max_skip = 32;    // plain steps between probes of the pass cost (0: never probe)
   bool adaptive = true;     // cost-aware draft length (false: always max_draft when matched)
   // >= 0: use c(w) = 1 + fixed_pass_cost_beta (w - 1) instead of the measured cost
   // (deterministic draft lengths; no probes). < 0: the decoder's measured cost.
@@ -69,7 +71,6 @@ class NgramStrategy final : public Strategy {
 
   NgramParams params_;
   std::vector<AcceptanceEstimate> acceptance_;  // [max_ngram + 1], by suffix length
-  std::vector<int64_t> observations_;           // [max_ngram + 1]
   // The previous step's candidate continuation (up to params_.max_draft tokens, proposed or not),
   // the context length it continued, that context's last token, and the suffix length matched.
   std::vector<int32_t> pending_;

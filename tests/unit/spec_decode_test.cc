@@ -339,10 +339,10 @@ TEST(NgramStrategyTest, FindsMostRecentMatchAndProposesWhatFollowed) {
   NgramParams params;
   params.max_draft = 3;
   params.start_draft = 3;
+  params.fixed_pass_cost_beta = 0.0;  // wide passes cost nothing: draft all max_draft
   auto s = NgramStrategy::Create(params);
   ASSERT_TRUE(s.ok());
   DraftTree tree;
-  // Nothing learned yet: start_draft tokens.
   ASSERT_TRUE((*s)->Propose(ctx, 8, {}, &tree).ok());
   EXPECT_EQ(tree.tokens, (std::vector<int32_t>{7, 8, 5}));
   EXPECT_EQ(tree.parents, (std::vector<int32_t>{-1, 0, 1}));
@@ -439,27 +439,38 @@ TEST(NgramStrategyTest, CostAwareLengthFollowsAcceptanceAndCost) {
 }
 
 TEST(NgramStrategyTest, ProbesAWidePassWhenTheCostIsMeasured) {
-  NgramParams p;
-  p.max_skip = 4;
-  p.max_ngram = 2;  // one suffix length (a new one would start with start_draft again)
-  auto s = NgramStrategy::Create(p);
-  ASSERT_TRUE(s.ok());
-  PassCostModel measured;  // a measured, expensive wide pass
+  PassCostModel measured;  // a measured, expensive wide pass: beta = 1, nothing ever pays
   measured.Observe(1, 1.0);
   measured.Observe(2, 2.0);
   ProposeContext ctx;
   ctx.cost = &measured;
-  std::vector<int32_t> ctx_tokens = {1, 2, 3, 4, 1, 2};
-  DraftTree tree;
-  int proposals = 0;
-  for (int step = 0; step < 13; ++step) {
-    ASSERT_TRUE((*s)->Propose(ctx_tokens, 8, ctx, &tree).ok());
-    proposals += tree.size() > 0;
-    // The candidate (3, 4, ...) is right: the context keeps matching.
-    ctx_tokens.push_back(ctx_tokens[ctx_tokens.size() - 4]);
+  // right: the candidate (3, 4, 1, 2, ...) is what follows; otherwise never.
+  for (bool right : {true, false}) {
+    SCOPED_TRACE(right);
+    NgramParams p;
+    p.max_skip = 4;
+    p.max_ngram = 2;
+    auto s = NgramStrategy::Create(p);
+    ASSERT_TRUE(s.ok());
+    std::vector<int32_t> tokens = {1, 2, 3, 4, 1, 2};
+    DraftTree tree;
+    int proposals = 0;
+    for (int step = 0; step < 13; ++step) {
+      ASSERT_TRUE((*s)->Propose(tokens, 8, ctx, &tree).ok());
+      proposals += tree.size() > 0;
+      EXPECT_LE(tree.size(), 1);
+      if (right) {
+        tokens.push_back(tokens[tokens.size() - 4]);
+      } else {
+        tokens.push_back(100 + step);  // never what followed before ...
+        tokens.push_back(1);           // ... and a fresh match of (1, 2)
+        tokens.push_back(2);
+      }
+    }
+    // Right candidates: one probe every max_skip plain steps (steps 3, 7, 11), since one token
+    // would pay at half the measured slope. Wrong ones: probing could not pay, so none.
+    EXPECT_EQ(proposals, right ? 3 : 0);
   }
-  // The first proposal (nothing learned) and one probe every max_skip plain steps.
-  EXPECT_EQ(proposals, 1 + 3);
 }
 
 }  // namespace
