@@ -38,27 +38,25 @@ constexpr int kPrefetchRows = 8;  // weight rows prefetched ahead of the row blo
 
 // One block of 4 weight rows, unpacked (320 B).
 struct alignas(64) WeightBlock4 {
+  // Rows past the call's last row repeat its first one (computed, never stored).
   __m512i qs[2];  // pair p: bytes 0..31 = row 2p elements 0..31, bytes 32..63 = row 2p + 1
   __m512 d[2];    // pair p: lanes 0..7 = dw of row 2p, lanes 8..15 = dw of row 2p + 1
-  __m512 m;       // lane 4q + r = mw of row r (q = 0..3; 0 for padding rows)
+  __m512 m;       // lane 4q + r = mw of row r (q = 0..3)
 };
 
-// 4 weight rows at block b (rows past n_rows read as zeros) -> registers. The 20-byte blocks
-// are read with masked loads (no bytes past the block), qs repacked with one two-source dword
-// permute per row pair ([qs | qs | qs' | qs'], then the odd 128-bit lanes shifted by 4: high
-// nibbles), the 8 halves d0 m0 .. d3 m3 converted with one vcvtph2ps.
+// 4 weight rows at block b -> registers. The 20-byte blocks are read with masked loads (no
+// bytes past the block), qs repacked with one two-source dword permute per row pair ([qs | qs |
+// qs' | qs'], then the odd 128-bit lanes shifted by 4: high nibbles), the 8 halves d0 m0 .. d3 m3
+// converted with one vcvtph2ps.
 struct Unpacked4 {
   __m512i qs[2];
   __m512 d[2];
   __m512 m;
 };
-inline Unpacked4 UnpackBlock4(const BlockQ4_1* const rows[kTileRows], int n_rows, int64_t b) {
+inline Unpacked4 UnpackBlock4(const BlockQ4_1* const rows[kTileRows], int64_t b) {
   constexpr __mmask64 kBlockBytes = (1ull << sizeof(BlockQ4_1)) - 1;
   __m512i raw[kTileRows];
-  for (int r = 0; r < kTileRows; ++r) {
-    raw[r] =
-        r < n_rows ? _mm512_maskz_loadu_epi8(kBlockBytes, rows[r] + b) : _mm512_setzero_si512();
-  }
+  for (int r = 0; r < kTileRows; ++r) raw[r] = _mm512_maskz_loadu_epi8(kBlockBytes, rows[r] + b);
   // 128-bit lanes 0, 1 <- qs of the first row (dwords 1..4 of its raw block), 2, 3 <- the second's.
   const __m512i qs_index = _mm512_set_epi32(20, 19, 18, 17, 20, 19, 18, 17, 4, 3, 2, 1, 4, 3, 2, 1);
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -84,10 +82,10 @@ inline Unpacked4 UnpackBlock4(const BlockQ4_1* const rows[kTileRows], int n_rows
 
 // Weight sources of a tile: straight from the Q4_1 rows (unpacked in registers per tile, for
 // calls with few tokens) or from a per-call unpacked copy (reused by several token tiles).
+// Rows past the call's last row repeat its first row of the block (computed, never stored).
 struct RawWeights {
   const BlockQ4_1* rows[kTileRows];
-  int n_rows;
-  Unpacked4 operator()(int64_t b) const { return UnpackBlock4(rows, n_rows, b); }
+  Unpacked4 operator()(int64_t b) const { return UnpackBlock4(rows, b); }
 };
 struct PackedWeights {
   const WeightBlock4* blocks;
@@ -262,10 +260,9 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
         _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
       }
     }
-    RawWeights raw{};
-    raw.n_rows = rows;
-    for (int i = 0; i < rows; ++i) {
-      raw.rows[i] = reinterpret_cast<const BlockQ4_1*>(wp + (r + i) * w_stride);
+    RawWeights raw;
+    for (int i = 0; i < kTileRows; ++i) {
+      raw.rows[i] = reinterpret_cast<const BlockQ4_1*>(wp + (i < rows ? r + i : r) * w_stride);
     }
     if (!pack) {
       RowBlock(raw, nb, ap, a_stride, scales, n_tokens, rows, out + r, out_stride);
