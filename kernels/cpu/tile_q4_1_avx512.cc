@@ -10,15 +10,20 @@
 //   acc[l] = fma(s_b, float(P_b[l]), acc[l]),   mins = fma(mw_b, sa_b, mins),
 // and at the end ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 + acc1) + (acc7 + acc3)) + mins.
 // A zmm holds the chains of two weight rows for one token: lanes 0..7 row 2p, lanes 8..15 row
-// 2p + 1. The weights of a row pair are unpacked once per call into 64 bytes per block ([row 2p
-// elements 0..31 | row 2p + 1 elements 0..31], nibbles as unsigned bytes) with their scales
-// ([dw x 8 | dw x 8]); the activation block's 32 qs bytes are broadcast to both halves straight
-// from the Q8_1 row. The mins chains of the 4 rows of a register tile run in one xmm per token
-// (lane r = row r; a vector FMA rounds as std::fma does).
+// 2p + 1. A weight block of a row pair is unpacked into 64 bytes ([row 2p elements 0..31 | row
+// 2p + 1 elements 0..31], nibbles as unsigned bytes) with its scales ([dw x 8 | dw x 8]); the
+// activation block's 32 qs bytes are broadcast to both halves straight from the Q8_1 row. The
+// 16 mins chains of 4 rows x 4 tokens run in one zmm (lane 4i + r: token i, row r; a vector FMA
+// rounds as std::fma does).
 //
-// Cost model: per (row pair, token, block) 1 vpdpbusd + cvt + mul + fma on zmm (64 MACs), plus one
-// xmm FMA per (4 rows, token, block) for the mins; weights unpacked once per 4 rows per call,
-// activation scales converted once per token per call. Register tile: 4 rows x 4 tokens.
+// Cost model: per (row pair, token, block) 1 vpdpbusd + cvt + mul + fma on zmm (64 MACs), plus
+// one zmm FMA per (4 rows, 4 tokens, block) for the mins; a register tile is 4 rows x 8 tokens
+// (16 accumulators). Calls of <= 8 tokens (speculative verification) unpack each weight block in
+// registers where it is used (~17 instructions per 4 rows); longer calls (prefill) unpack each
+// block of 4 rows once per call into per-thread scratch, reused by every 8-token tile.
+// Activation scales are converted once per call. (Measured, not kept: one ymm chain per (row,
+// token) with the 16 scales of a 4 x 4 tile from one multiply, fed as broadcast memory operands:
+// no faster on Zen 4, more instructions.)
 #include <immintrin.h>
 
 #include <algorithm>
