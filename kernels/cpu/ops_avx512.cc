@@ -126,6 +126,15 @@ void Scale(float* x, float s, int64_t n) {
   }
 }
 
+void RoundF16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_cvtph_ps(h));
+  }
+}
+
 // GCC's _mm512_reduce_add_ps, spelled out so the order is fixed whatever the compiler.
 inline float Reduce16(__m512 v) {
   const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
@@ -233,6 +242,55 @@ void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows
   }
 }
 
+// Runs of 16 rows in ggml lane groups: for each 16-lane group and 16-float slice of d, the 16
+// accumulators stay in registers over every run of that group (runs are visited in index order,
+// so each lane's FMA order is kv_accumulate's).
+void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
+                        int64_t group0, int64_t n_lanes, KvElem elem, int64_t d) {
+  const int64_t lane_groups = n_lanes / 16;
+  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  for (int64_t lg = 0; lg < lane_groups; ++lg) {
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = TailMask(d - i);
+      __m512 a[16];
+      for (int l = 0; l < 16; ++l) a[l] = _mm512_maskz_loadu_ps(m, acc + (lg * 16 + l) * d + i);
+      bool touched = false;
+      for (int64_t r = 0; r < n_groups; ++r) {
+        if ((group0 + r) % lane_groups != lg) continue;
+        touched = true;
+        const uint8_t* rows = static_cast<const uint8_t*>(v_groups[r]);
+        const float* pr = p + 16 * r;
+        for (int l = 0; l < 16; ++l) {
+          a[l] = _mm512_fmadd_ps(LoadKv(rows + l * row_bytes, elem, i, m), _mm512_set1_ps(pr[l]),
+                                 a[l]);
+        }
+      }
+      if (!touched) continue;
+      for (int l = 0; l < 16; ++l) _mm512_mask_storeu_ps(acc + (lg * 16 + l) * d + i, m, a[l]);
+    }
+  }
+}
+
+void ReduceLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = TailMask(d - i);
+    auto lane = [&](int64_t l) { return _mm512_maskz_loadu_ps(m, acc + l * d + i); };
+    __m512 v[16];
+    for (int l = 0; l < 16; ++l) {
+      v[l] = n_lanes == kAttnLanesTinyBlas
+                 ? lane(l)
+                 : _mm512_add_ps(_mm512_add_ps(lane(l), lane(32 + l)),
+                                 _mm512_add_ps(lane(16 + l), lane(48 + l)));
+    }
+    // _mm512_reduce_add_ps's tree across the 16 lanes, element-wise over d.
+    __m512 t3[8], t6[4];
+    for (int l = 0; l < 8; ++l) t3[l] = _mm512_add_ps(v[8 + l], v[l]);
+    for (int l = 0; l < 4; ++l) t6[l] = _mm512_add_ps(t3[4 + l], t3[l]);
+    const __m512 r = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
+    _mm512_mask_storeu_ps(out + i, m, r);
+  }
+}
+
 }  // namespace
 
 void FillOpKernelsAvx512(OpKernels* k) {
@@ -241,8 +299,11 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->max = Max;
   k->exp_sum = ExpSum;
   k->scale = Scale;
+  k->round_f16 = RoundF16;
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
+  k->kv_accumulate_groups = KvAccumulateGroups;
+  k->reduce_lanes = ReduceLanes;
   k->kv_accumulate = KvAccumulate;
 }
 

@@ -644,14 +644,23 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
         EXPECT_EQ(0, std::memcmp(alone.data(), out2.data() + t * qsize, qsize * 4))
             << "token " << t << " alone vs in the batch";
       }
-      // Lower SIMD levels agree with the reference-checked result to 2e-5.
-      for (CpuLevel level : Levels()) {
-        std::vector<float> out_l(out2.size());
-        ASSERT_TRUE(PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, out_l.data(),
-                                   0, scratch, AttentionOrder::kBatchInvariant, level)
+      // Every SIMD level computes ggml's arithmetic: the same bits, in both orders.
+      for (AttentionOrder order :
+           {AttentionOrder::kBatchInvariant, AttentionOrder::kLlamaCppPrompt}) {
+        std::vector<float> want(out2.size());
+        ASSERT_TRUE(PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, want.data(), 0,
+                                   scratch, order, CpuLevel::kScalar)
                         .ok());
-        for (size_t i = 0; i < out_l.size(); ++i) {
-          ASSERT_NEAR(out_l[i], out2[i], 2e-5f) << CpuLevelName(level) << " i " << i;
+        for (CpuLevel level : Levels()) {
+          std::vector<float> out_l(out2.size());
+          ASSERT_TRUE(PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, out_l.data(),
+                                     0, scratch, order, level)
+                          .ok());
+          EXPECT_EQ(0, std::memcmp(out_l.data(), want.data(), want.size() * 4))
+              << CpuLevelName(level) << " order " << static_cast<int>(order);
+        }
+        if (order == AttentionOrder::kBatchInvariant) {
+          EXPECT_EQ(0, std::memcmp(want.data(), out2.data(), want.size() * 4));
         }
       }
     }

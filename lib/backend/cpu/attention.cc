@@ -1,10 +1,10 @@
 // Paged attention over block tables with causal or tree visibility (contract in ops.h).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
-#include "lib/common/half.h"
 
 namespace kiln::cpu {
 namespace {
@@ -174,11 +174,13 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
+    std::vector<const void*> v_groups;  // V rows of the leading whole lane groups
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
       if (q_to_f16) {
-        for (int64_t i = 0; i < group * d; ++i) q_rounded[i] = Fp16ToFp32(Fp32ToFp16(qt[i]));
+        std::copy(qt, qt + group * d, q_rounded);
+        k.round_f16(q_rounded, group * d);
         qt = q_rounded;
       }
       const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
@@ -222,21 +224,33 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         k.scale(sg, scale, n_vis);
         const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
         k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
-        if (p_to_f16) {
-          for (int64_t j = 0; j < n_vis; ++j) sg[j] = Fp16ToFp32(Fp32ToFp16(sg[j]));
-        }
+        if (p_to_f16) k.round_f16(sg, n_vis);
       }
       // out = V^T . p per head, in ggml_vec_dot_f32's lanes over the visible index.
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
+      // Leading runs that are whole 16-row lane groups (a causal prefix with block_size 16)
+      // take the register-blocked kernel; the rest (a partial last block, tree extras) follow
+      // in index order through the generic one.
+      v_groups.clear();
+      int64_t grouped_rows = 0;
+      for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+        if (index != grouped_rows || count != 16 || index % 16 != 0) return;
+        v_groups.push_back(v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
+                           row * v_row_bytes);
+        grouped_rows += 16;
+      });
       for (int64_t g = 0; g < group; ++g) {
         std::fill(acc, acc + n_lanes * d, 0.0f);
         const float* pg = sc + g * max_visible;
+        k.kv_accumulate_groups(acc, pg, v_groups.data(), static_cast<int64_t>(v_groups.size()), 0,
+                               n_lanes, v_elem, d);
         for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          if (index < grouped_rows) return;
           const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
                               h * kv.v.head_stride_bytes + row * v_row_bytes;
           k.kv_accumulate(acc, pg + index, vt, count, index, n_lanes, v_elem, d);
         });
-        ReduceAttnLanes(acc, n_lanes, d, ot + g * d);
+        k.reduce_lanes(acc, n_lanes, d, ot + g * d);
       }
     }
   });

@@ -41,6 +41,8 @@ struct OpKernels {
   float (*exp_sum)(const float* x, float sub, int64_t n, float* y);
   // x[i] *= s.
   void (*scale)(float* x, float s, int64_t n);
+  // x[i] = x[i] rounded to f16 (nearest, ties to even) and widened back.
+  void (*round_f16)(float* x, int64_t n);
   // Attention scores of n_q query heads against n_rows consecutive K rows (row-major tile of
   // `elem`, d per row): scores[g * score_stride + j] = Dot(k_rows + j*d, q + g*d). K rows of
   // f16/bf16 are widened to f32 first. With n_lanes = kAttnLanes, Dot is ggml_vec_dot_f32: 4 x 16
@@ -57,12 +59,17 @@ struct OpKernels {
   //   acc[lane][i] = fma(v_j[i], p[j], acc[lane][i]).
   void (*kv_accumulate)(float* acc, const float* p, const void* v_rows, int64_t n_rows,
                         int64_t lane0, int64_t n_lanes, KvElem elem, int64_t d);
+  // Same result as kv_accumulate over n_groups runs of 16 rows, run r holding visible indices
+  // 16 (group0 + r) .. 16 (group0 + r) + 15 at v_groups[r] (p points at index 16 group0); a
+  // faster loop order (each lane's accumulator stays in a register across the runs).
+  void (*kv_accumulate_groups)(float* acc, const float* p, const void* const* v_groups,
+                               int64_t n_groups, int64_t group0, int64_t n_lanes, KvElem elem,
+                               int64_t d);
+  // out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
+  // ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
+  // tinyBLAS's _mm512_reduce_add_ps.
+  void (*reduce_lanes)(const float* acc, int64_t n_lanes, int64_t d, float* out);
 };
-
-// out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
-// ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
-// tinyBLAS's _mm512_reduce_add_ps.
-void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out);
 
 // Fill the slots a level accelerates (defined in kernels/cpu/ops_<level>.cc); slots left
 // untouched keep the lower level's function.

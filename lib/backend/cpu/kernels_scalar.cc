@@ -74,6 +74,10 @@ void Scale(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void RoundF16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
 size_t ElemBytes(KvElem elem) { return elem == KvElem::kF32 ? 4 : 2; }
 
 // GCC's _mm512_reduce_add_ps order on 16 floats.
@@ -128,7 +132,12 @@ void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows
   }
 }
 
-}  // namespace
+void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
+                        int64_t group0, int64_t n_lanes, KvElem elem, int64_t d) {
+  for (int64_t r = 0; r < n_groups; ++r) {
+    KvAccumulate(acc, p + 16 * r, v_groups[r], 16, 16 * (group0 + r), n_lanes, elem, d);
+  }
+}
 
 void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   for (int64_t i = 0; i < d; ++i) {
@@ -142,6 +151,8 @@ void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   }
 }
 
+}  // namespace
+
 void FillOpKernelsScalar(OpKernels* k) {
   k->rms_norm = RmsNorm;
   k->swiglu = SwiGlu;
@@ -149,8 +160,11 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->max = Max;
   k->exp_sum = ExpSum;
   k->scale = Scale;
+  k->round_f16 = RoundF16;
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
+  k->kv_accumulate_groups = KvAccumulateGroups;
+  k->reduce_lanes = ReduceAttnLanes;
   k->kv_accumulate = KvAccumulate;
 }
 
