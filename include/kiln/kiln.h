@@ -77,7 +77,6 @@ KILN_API const char* kiln_status_name(kiln_status status);
  * this thread. Thread-safe (the message is per thread). */
 KILN_API const char* kiln_last_error_message(void);
 
-
 /* ---------------------------------------------------------------- logging */
 
 typedef enum kiln_log_level {
@@ -100,12 +99,12 @@ typedef struct kiln_model kiln_model;
 typedef int (*kiln_progress_fn)(float progress, void* user_data);
 
 typedef struct kiln_model_params {
-  uint32_t struct_size;          /* sizeof(kiln_model_params), set by the default params call */
-  const char* path;              /* GGUF file (UTF-8 path); required */
-  int use_mmap;                  /* non-zero (default): map the file; 0: read it into memory */
-  kiln_progress_fn progress;     /* optional */
+  uint32_t struct_size;      /* sizeof(kiln_model_params), set by the default params call */
+  const char* path;          /* GGUF file (UTF-8 path); required */
+  int use_mmap;              /* non-zero (default): map the file; 0: read it into memory */
+  kiln_progress_fn progress; /* optional */
   void* progress_user_data;
-  kiln_log_fn log;               /* optional; lines from this load */
+  kiln_log_fn log; /* optional; lines from this load */
   void* log_user_data;
 } kiln_model_params;
 
@@ -129,7 +128,7 @@ typedef struct kiln_model_info {
   const char* architecture; /* "llama"; owned by the model */
   const char* name;         /* general.name or ""; owned by the model */
   int64_t n_params;
-  int64_t size_bytes;       /* bytes of all weights in the file */
+  int64_t size_bytes; /* bytes of all weights in the file */
   int32_t n_vocab;
   int32_t n_ctx_train;
   int32_t n_embd;
@@ -138,7 +137,7 @@ typedef struct kiln_model_info {
   int32_t n_head_kv;
   int32_t head_dim;
   int32_t n_ff;
-  int32_t token_bos;        /* -1 when the vocabulary has none */
+  int32_t token_bos; /* -1 when the vocabulary has none */
   int32_t token_eos;
   int32_t token_eot;
 } kiln_model_info;
@@ -204,9 +203,9 @@ typedef struct kiln_chat_message {
  * KILN_ERR_UNSUPPORTED (a template kiln does not recognise, or the model has none),
  * KILN_ERR_BUFFER_TOO_SMALL. */
 KILN_API kiln_status kiln_chat_apply_template(const kiln_model* model, const char* tmpl,
-                                              const kiln_chat_message* messages,
-                                              size_t n_messages, int add_generation_prompt,
-                                              char* text, size_t capacity, size_t* text_len);
+                                              const kiln_chat_message* messages, size_t n_messages,
+                                              int add_generation_prompt, char* text,
+                                              size_t capacity, size_t* text_len);
 
 /* ---------------------------------------------------------------- cache
  *
@@ -233,9 +232,18 @@ typedef struct kiln_cache_params {
   int prefix_caching;   /* non-zero (default): sessions starting with cached tokens reuse them */
   int32_t n_ctx;        /* most tokens one session may hold; 0 (default): training context */
   int32_t n_threads;    /* compute threads; 0 (default): physical cores */
+  /* Added in 0.2 (callers built earlier pass a smaller struct_size and get the default 0).
+   * Non-zero: reproduce llama.cpp's CPU arithmetic exactly, so greedy output and logits equal
+   * llama.cpp's bit for bit: batches of two or more tokens take llama.cpp's prompt-batch
+   * reduction order and prompts are evaluated in batches of up to 512 tokens (llama.cpp's
+   * default n_ubatch). 0 (default): one order for every token, so a token's results never depend
+   * on what else is in its batch (what speculative decoding relies on); the two settings differ
+   * only in the last bits, which can change a sampled token. */
+  int llama_cpp_order;
 } kiln_cache_params;
 
-/* Defaults: pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0, n_threads 0. */
+/* Defaults: pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0, n_threads 0,
+ * llama_cpp_order 0. */
 KILN_API kiln_cache_params kiln_cache_default_params(void);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
@@ -345,8 +353,8 @@ KILN_API void kiln_session_destroy(kiln_session* session);
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session, NULL text with len > 0, unknown flags),
  * KILN_ERR_OUT_OF_RANGE (the session would pass n_ctx), KILN_ERR_CACHE_FULL (free or destroy
  * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel), KILN_ERR_BUSY. */
-KILN_API kiln_status kiln_session_append_text(kiln_session* session, const char* text,
-                                              size_t len, uint32_t flags);
+KILN_API kiln_status kiln_session_append_text(kiln_session* session, const char* text, size_t len,
+                                              uint32_t flags);
 
 /* Appends token ids, like kiln_session_append_text. Statuses: as kiln_session_append_text, plus
  * KILN_ERR_INVALID_ARGUMENT for a token id outside [0, n_vocab) (the message names its index). */
@@ -356,34 +364,32 @@ KILN_API kiln_status kiln_session_append_tokens(kiln_session* session, const int
 /* Appends tokens[0, n_tokens) (n_tokens >= 2) and writes, for i in [0, n_tokens - 1), the natural
  * log-probability of tokens[i + 1] given the session and tokens[0, i] into logprobs[i]
  * (perplexity scoring). Statuses: as kiln_session_append_tokens. */
-KILN_API kiln_status kiln_session_append_tokens_scored(kiln_session* session,
-                                                       const int32_t* tokens, size_t n_tokens,
-                                                       float* logprobs);
+KILN_API kiln_status kiln_session_append_tokens_scored(kiln_session* session, const int32_t* tokens,
+                                                       size_t n_tokens, float* logprobs);
 
 /* Receives each generated token and the text it completed (piece[0, piece_len), UTF-8, not
  * NUL-terminated, possibly empty: a partial character, or text held back because it may begin a
  * stop string). At the end, text still held back comes in one last call with token -1. `piece`
  * is valid only during the call. Return non-zero to stop generating. */
-typedef int (*kiln_token_fn)(int32_t token, const char* piece, size_t piece_len,
-                             void* user_data);
+typedef int (*kiln_token_fn)(int32_t token, const char* piece, size_t piece_len, void* user_data);
 
 typedef struct kiln_generate_params {
-  uint32_t struct_size;             /* sizeof(kiln_generate_params), set by the default call */
-  int32_t max_tokens;               /* >= 0; default 128 */
-  const char* const* stop_strings;  /* optional NUL-terminated non-empty strings; a stop string is
-                                     * never emitted, also when split across tokens */
+  uint32_t struct_size;            /* sizeof(kiln_generate_params), set by the default call */
+  int32_t max_tokens;              /* >= 0; default 128 */
+  const char* const* stop_strings; /* optional NUL-terminated non-empty strings; a stop string is
+                                    * never emitted, also when split across tokens */
   size_t n_stop_strings;
-  kiln_token_fn callback;           /* optional */
+  kiln_token_fn callback; /* optional */
   void* user_data;
 } kiln_generate_params;
 
 typedef enum kiln_stop_reason {
-  KILN_STOP_EOG = 0,          /* an end-of-generation token (kept in the session, not emitted) */
+  KILN_STOP_EOG = 0, /* an end-of-generation token (kept in the session, not emitted) */
   KILN_STOP_MAX_TOKENS = 1,
-  KILN_STOP_STRING = 2,       /* a stop string appeared */
-  KILN_STOP_CALLBACK = 3,     /* the callback returned non-zero */
-  KILN_STOP_CANCELLED = 4,    /* kiln_session_cancel */
-  KILN_STOP_CONTEXT_FULL = 5  /* the session reached n_ctx tokens */
+  KILN_STOP_STRING = 2,      /* a stop string appeared */
+  KILN_STOP_CALLBACK = 3,    /* the callback returned non-zero */
+  KILN_STOP_CANCELLED = 4,   /* kiln_session_cancel */
+  KILN_STOP_CONTEXT_FULL = 5 /* the session reached n_ctx tokens */
 } kiln_stop_reason;
 
 typedef struct kiln_generate_result {
@@ -447,9 +453,8 @@ typedef struct kiln_token_logprob {
  * sampled from; sampler n_logprobs entries (0 when it is 0). *n receives the count, also on
  * KILN_ERR_BUFFER_TOO_SMALL. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUFFER_TOO_SMALL,
  * KILN_ERR_BUSY. */
-KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session,
-                                               kiln_token_logprob* out, size_t capacity,
-                                               size_t* n);
+KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_logprob* out,
+                                               size_t capacity, size_t* n);
 
 /* ---------------------------------------------------------------- speculative decoding
  *
@@ -505,12 +510,12 @@ KILN_API void kiln_strategy_destroy(kiln_strategy* strategy);
 KILN_API kiln_status kiln_session_set_strategy(kiln_session* session, kiln_strategy* strategy);
 
 typedef struct kiln_spec_metrics {
-  int64_t steps;                   /* target passes made by speculative steps */
-  int64_t drafted;                 /* draft tokens proposed */
-  int64_t accepted;                /* draft tokens accepted */
-  int64_t generated;               /* tokens emitted by speculative steps */
-  double mean_accepted_per_step;   /* accepted / steps */
-  double target_passes_per_token;  /* steps / generated (1 = plain decoding) */
+  int64_t steps;                  /* target passes made by speculative steps */
+  int64_t drafted;                /* draft tokens proposed */
+  int64_t accepted;               /* draft tokens accepted */
+  int64_t generated;              /* tokens emitted by speculative steps */
+  double mean_accepted_per_step;  /* accepted / steps */
+  double target_passes_per_token; /* steps / generated (1 = plain decoding) */
 } kiln_spec_metrics;
 
 /* Cumulative speculative metrics of the session (zeros without a strategy). Statuses:

@@ -1,5 +1,6 @@
 // The extern "C" layer: every entry point catches everything, maps absl::Status to kiln_status
 // and records the message per thread. Handle structs live here and nowhere else.
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -365,11 +366,14 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: model, params and out_cache are required");
     }
-    if (params->struct_size < sizeof(kiln_cache_params)) {
+    // The struct grows at its end; fields past a caller's struct_size keep their defaults.
+    if (params->struct_size < offsetof(kiln_cache_params, llama_cpp_order)) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: params->struct_size is too small; use "
                   "kiln_cache_default_params()");
     }
+    const bool has_llama_cpp_order =
+        params->struct_size >= offsetof(kiln_cache_params, llama_cpp_order) + sizeof(int);
     kiln::EngineOptions options;
     options.pool_bytes = params->pool_bytes;
     options.block_size = params->block_size;
@@ -398,6 +402,10 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   kiln::StrCat("kiln_cache_create: params->n_threads ", params->n_threads, " < 0"));
     }
     options.n_threads = params->n_threads;
+    if (has_llama_cpp_order && params->llama_cpp_order != 0) {
+      options.llama_cpp_order = true;
+      options.prefill_chunk = 512;  // llama.cpp's default n_ubatch
+    }
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   std::unique_ptr<Engine> engine(new Engine(model, opt));
   engine->cache_ = std::move(*cache);
   engine->forward_ = std::make_unique<LlamaForward>(model, opt.n_threads);
+  engine->forward_->set_llama_cpp_order(opt.llama_cpp_order);
   return engine;
 }
 

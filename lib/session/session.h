@@ -62,6 +62,8 @@ struct EngineOptions {
   int n_threads = 0;  // <= 0: physical cores
   // Tokens per forward call when prefilling (and per cancellation check).
   int32_t prefill_chunk = 256;
+  // LlamaForward::set_llama_cpp_order: llama.cpp's bits instead of batch invariance.
+  bool llama_cpp_order = false;
 };
 
 class Engine {

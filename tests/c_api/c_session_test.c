@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,6 +356,57 @@ static void test_prefix_cache(kiln_model* model) {
   kiln_cache_destroy(cache);
 }
 
+/* llama_cpp_order: the C API reproduces llama.cpp's greedy tokens (the first golden case of
+ * tests/data/golden/smollm2_greedy.json: raw prompt "The capital of France is", llama.cpp's
+ * default f16 KV cache, 32 tokens). A caller built before the field existed (smaller
+ * struct_size) still creates caches, in the default order. */
+static int32_t collect_ids[64];
+static int collect_n = 0;
+static int collect_ids_cb(int32_t token, const char* piece, size_t piece_len, void* user_data) {
+  (void)user_data;
+  (void)piece;
+  (void)piece_len;
+  if (token >= 0 && collect_n < 64) collect_ids[collect_n++] = token;
+  return 0;
+}
+
+static void test_llama_cpp_order(kiln_model* model) {
+  static const int32_t kPromptIds[] = {504, 3575, 282, 4649, 314};
+  static const int32_t kLlamaCpp[32] = {7042, 30,   198, 198, 504,  1797, 1918, 553, 253, 2155, 282,
+                                        4723, 216,  35,  33,  33,   2215, 701,  30,  198, 198,  504,
+                                        1797, 1918, 553, 253, 2155, 282,  4723, 216, 35,  33};
+  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache* cache = NULL;
+  kiln_session* s = NULL;
+  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_result gr;
+  int i;
+  cp.n_threads = 2;
+  cp.n_ctx = 512;
+  cp.llama_cpp_order = 1;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  s = new_session(model, cache, NULL); /* NULL sampler: greedy */
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  CHECK(kiln_session_append_tokens(s, kPromptIds, 5) == KILN_OK);
+  gp.max_tokens = 32;
+  gp.callback = collect_ids_cb;
+  collect_n = 0;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  CHECK(collect_n == 32);
+  for (i = 0; i < 32 && i < collect_n; ++i) CHECK(collect_ids[i] == kLlamaCpp[i]);
+  kiln_session_destroy(s);
+  kiln_cache_destroy(cache);
+
+  cp = kiln_cache_default_params();
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, llama_cpp_order);
+  cp.n_ctx = 512;
+  cp.llama_cpp_order = 1; /* beyond the caller's struct: ignored */
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  kiln_cache_destroy(cache);
+}
+
 int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
@@ -381,6 +433,7 @@ int main(void) {
   CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
   test_null_handles(model, cache);
   test_generate(model, cache);
+  test_llama_cpp_order(model);
   test_sampler_and_logprobs(model, cache);
   test_cache_full(model, st.block_bytes);
   test_cancel_during_prefill(model, cache);

@@ -51,6 +51,10 @@ bool ParseFloatFlag(std::string_view flag, const std::string& value, float* out)
 
 int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flags) {
   const std::string& a = args[*i];
+  if (a == "--llama-cpp-order") {
+    flags->llama_cpp_order = true;
+    return 1;
+  }
   static const char* kWithValue[] = {"-m",      "--model", "-n",      "--n-predict", "--temp",
                                      "--top-k", "--top-p", "--min-p", "--seed",      "--threads",
                                      "-t",      "--ctx",   "-c"};
@@ -97,7 +101,9 @@ std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_wh
                 "  --min-p P           (default %g; 0 = off)\n"
                 "  --seed S            sampling seed (default: from the clock)\n"
                 "  -t, --threads N     compute threads (default: physical cores)\n"
-                "  -c, --ctx N         context size in tokens (default %d; 0 = the model's)\n",
+                "  -c, --ctx N         context size in tokens (default %d; 0 = the model's)\n"
+                "  --llama-cpp-order   compute exactly like llama.cpp (same greedy output and\n"
+                "                      logits); default: batch-invariant results\n",
                 static_cast<int>(n_predict_what.size()), n_predict_what.data(), defaults.n_predict,
                 defaults.temp, defaults.top_k, defaults.top_p, defaults.min_p, defaults.ctx);
   return buf;
@@ -108,6 +114,7 @@ bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** 
   kiln_cache_params cp = kiln_cache_default_params();
   cp.n_threads = flags.threads;
   cp.n_ctx = flags.ctx;
+  cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
   kiln_status s = kiln_cache_create(model, &cp, cache);
   if (s != KILN_OK) {
     ReportError("creating the cache", s);

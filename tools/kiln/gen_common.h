@@ -29,6 +29,7 @@ struct GenFlags {
   bool seed_set = false;  // without --seed: a time-based seed
   int32_t threads = 0;    // 0: physical cores
   int32_t ctx = 4096;
+  bool llama_cpp_order = false;  // --llama-cpp-order: llama.cpp's exact arithmetic
 };
 
 // If args[*i] is one of the shared flags, consumes it (and its value), stores it and returns 1;
