@@ -221,8 +221,10 @@ TEST(VecDotTileQ4_1, RegisteredAtAvx512) {
 }
 
 // Every output of the Q4_1 tile equals vec_dot bitwise, with activations from MatMul's Q8_1
-// activation quantizer, on the SmolLM2 row lengths and odd row / token counts (tails of the
-// 4 x 4 register tile), padded strides and out_stride; nothing past n_rows is written.
+// activation quantizer, on the SmolLM2 row lengths and odd row / token counts (every tail of the
+// AVX-512 kernel's 4-row x 8-token register tile, calls of <= 8 tokens that unpack weights in
+// registers and longer ones that unpack them per call), padded strides and out_stride; nothing
+// past n_rows is written.
 TEST(VecDotTileQ4_1, BitwiseEqualToVecDotWithActivationQuantizer) {
   std::mt19937 rng(41);
   int checked = 0;
@@ -242,7 +244,11 @@ TEST(VecDotTileQ4_1, BitwiseEqualToVecDotWithActivationQuantizer) {
                                   {13, 8},
                                   {2, 2},
                                   {6, 1},
-                                  {17, 11}}) {
+                                  {4, 6},
+                                  {17, 11},
+                                  {5, 14},
+                                  {8, 16},
+                                  {3, 67}}) {
         const size_t w_stride = RowBytes(GgmlType::kQ4_1, n) + (rows % 2) * 7;
         const size_t a_stride = RowBytes(GgmlType::kQ8_1, n) + (tokens % 2) * 3;
         const std::vector<uint8_t> w = RandomQ4_1Rows(n, rows, w_stride, rng);
