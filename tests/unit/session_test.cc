@@ -402,11 +402,15 @@ TEST_F(RealSession, GreedyTextAndStopStringSplitAcrossTokens) {
   // A stop string made of the end of one piece and the start of the next.
   std::string stop;
   size_t before = 0;  // text length before the piece where the stop starts
+  // Up to 2 bytes from each side, at least 3 in all (the answer may be made of short pieces
+  // such as "1", ".", " Red").
   for (size_t i = 2; i + 1 < pieces.size(); ++i) {
-    if (pieces[i].size() >= 2 && pieces[i + 1].size() >= 2) {
-      stop = pieces[i].substr(pieces[i].size() - 2) + pieces[i + 1].substr(0, 2);
+    const size_t tail = std::min<size_t>(2, pieces[i].size());
+    const size_t head = std::min<size_t>(2, pieces[i + 1].size());
+    if (tail >= 1 && head >= 1 && tail + head >= 3) {
+      stop = pieces[i].substr(pieces[i].size() - tail) + pieces[i + 1].substr(0, head);
       for (size_t j = 0; j < i; ++j) before += pieces[j].size();
-      before += pieces[i].size() - 2;
+      before += pieces[i].size() - tail;
       break;
     }
   }
