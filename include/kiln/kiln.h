@@ -419,8 +419,10 @@ KILN_API kiln_status kiln_session_generate(kiln_session* session,
 KILN_API kiln_status kiln_session_cancel(kiln_session* session);
 
 /* A new session with the same tokens (sharing cache blocks copy-on-write), logits, sampler and
- * random state. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY,
- * KILN_ERR_OUT_OF_MEMORY. */
+ * random state. A session with a speculative strategy passes the fork its own clone of it (its
+ * state and measured pass cost; metrics start at zero), owned by the fork and independent of
+ * the kiln_strategy handle. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY,
+ * KILN_ERR_OUT_OF_MEMORY, KILN_ERR_UNSUPPORTED (a strategy that cannot be cloned). */
 KILN_API kiln_status kiln_session_fork(kiln_session* session, kiln_session** out_session);
 
 /* Removes the last n_tokens tokens. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL),
@@ -472,9 +474,16 @@ typedef struct kiln_ngram_params {
   int32_t max_ngram;    /* longest suffix matched first; default 3 */
   int32_t min_ngram;    /* shortest suffix matched (>= 1); default 2 */
   int32_t max_draft;    /* most tokens proposed per step (>= 1); default 8 */
-  int32_t start_draft;  /* initial adaptive draft length, in [1, max_draft]; default 4 */
-  int32_t max_skip;     /* longest back-off in steps after misses; default 32 */
-  int32_t adaptive;     /* nonzero: adapt the draft length and back off; default 1 */
+  int32_t start_draft;  /* longest draft while the pass cost is not yet measured, in
+                         * [1, max_draft]; default 4 */
+  int32_t max_skip;     /* plain steps between probes of the pass cost (0: never); default 32 */
+  int32_t adaptive;     /* nonzero: cost-aware draft length (docs/speculative.md); 0: always
+                         * max_draft when a match is found; default 1 */
+  /* Added in 0.2 (a smaller struct_size keeps the default). >= 0: a pass over w tokens is taken
+   * to cost 1 + fixed_pass_cost_beta (w - 1) one-token passes, so the draft lengths, and with a
+   * sampler the text for a fixed seed, do not depend on timing; < 0 (default -1): the measured
+   * cost. Greedy output never depends on it. */
+  double fixed_pass_cost_beta;
 } kiln_ngram_params;
 
 KILN_API kiln_ngram_params kiln_ngram_default_params(void);
@@ -490,6 +499,9 @@ typedef struct kiln_draft_params {
   int32_t adaptive;     /* nonzero: adapt the draft length to acceptance; default 1 */
   int32_t n_threads;    /* draft forward threads; <= 0: physical cores (default) */
   int32_t n_ctx;        /* longest context drafted for; 0: min(training context, 8192) */
+  /* Added in 0.2 (a smaller struct_size keeps the default). As in kiln_ngram_params; >= 0 also
+   * pins a draft pass to the cost of one one-token target pass. Default -1: measured. */
+  double fixed_pass_cost_beta;
 } kiln_draft_params;
 
 KILN_API kiln_draft_params kiln_draft_default_params(void);

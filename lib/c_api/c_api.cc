@@ -775,6 +775,7 @@ kiln_ngram_params kiln_ngram_default_params(void) {
   p.start_draft = d.start_draft;
   p.max_skip = d.max_skip;
   p.adaptive = d.adaptive ? 1 : 0;
+  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
   return p;
 }
 
@@ -785,7 +786,7 @@ kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_strategy_create_ngram: params and out_strategy are required");
     }
-    if (params->struct_size < sizeof(kiln_ngram_params)) {
+    if (params->struct_size < offsetof(kiln_ngram_params, fixed_pass_cost_beta)) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_strategy_create_ngram: params->struct_size is too small; use "
                   "kiln_ngram_default_params()");
@@ -797,6 +798,9 @@ kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
     p.start_draft = params->start_draft;
     p.max_skip = params->max_skip;
     p.adaptive = params->adaptive != 0;
+    if (params->struct_size >= offsetof(kiln_ngram_params, fixed_pass_cost_beta) + sizeof(double)) {
+      p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
+    }
     auto s = kiln::spec::NgramStrategy::Create(p);
     if (!s.ok()) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
@@ -817,6 +821,7 @@ kiln_draft_params kiln_draft_default_params(void) {
   p.adaptive = d.adaptive ? 1 : 0;
   p.n_threads = d.n_threads;
   p.n_ctx = d.n_ctx;
+  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
   return p;
 }
 
@@ -830,7 +835,7 @@ kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* dra
                   "kiln_strategy_create_draft: target, draft_path, params and out_strategy are "
                   "required");
     }
-    if (params->struct_size < sizeof(kiln_draft_params)) {
+    if (params->struct_size < offsetof(kiln_draft_params, fixed_pass_cost_beta)) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_strategy_create_draft: params->struct_size is too small; use "
                   "kiln_draft_default_params()");
@@ -840,6 +845,9 @@ kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* dra
     p.adaptive = params->adaptive != 0;
     p.n_threads = params->n_threads;
     p.n_ctx = params->n_ctx;
+    if (params->struct_size >= offsetof(kiln_draft_params, fixed_pass_cost_beta) + sizeof(double)) {
+      p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
+    }
     auto s = kiln::spec::DraftModelStrategy::Load(draft_path, target->model->hparams().n_vocab, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(

@@ -407,6 +407,79 @@ static void test_llama_cpp_order(kiln_model* model) {
   kiln_cache_destroy(cache);
 }
 
+/* Speculative decoding through the C API: n-gram greedy output equals plain greedy output on a
+ * copy-heavy prompt and accepts drafts; with a pinned pass cost a sampled text repeats for a
+ * fixed seed; bad parameters name the field. */
+static void generate_ids(kiln_model* model, kiln_cache* cache, const kiln_sampler* sampler,
+                         kiln_strategy* strategy, const char* prompt, int32_t n,
+                         kiln_spec_metrics* metrics) {
+  kiln_session* s = new_session(model, cache, sampler);
+  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_result gr;
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  CHECK(kiln_session_append_text(s, prompt, strlen(prompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+        KILN_OK);
+  CHECK(kiln_session_set_strategy(s, strategy) == KILN_OK);
+  gp.max_tokens = n;
+  gp.callback = collect_ids_cb;
+  collect_n = 0;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  if (metrics != NULL) CHECK(kiln_session_get_spec_metrics(s, metrics) == KILN_OK);
+  kiln_session_destroy(s);
+}
+
+static void test_speculative(kiln_model* model, kiln_cache* cache) {
+  static const char kCopy[] =
+      "<|im_start|>user\nRepeat this list exactly: alpha beta gamma delta epsilon zeta eta theta "
+      "iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  int32_t plain[48], again[48];
+  int n_plain, i;
+  kiln_ngram_params np = kiln_ngram_default_params();
+  kiln_strategy* ngram = NULL;
+  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler* sampler = NULL;
+  kiln_spec_metrics m;
+  CHECK(np.fixed_pass_cost_beta < 0); /* measured by default */
+  np.fixed_pass_cost_beta = 0.25;     /* pinned: deterministic draft lengths */
+  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_OK);
+  if (ngram == NULL) return;
+
+  generate_ids(model, cache, NULL, NULL, kCopy, 48, NULL);
+  n_plain = collect_n;
+  memcpy(plain, collect_ids, sizeof plain);
+  CHECK(n_plain > 16);
+  memset(&m, 0, sizeof m);
+  generate_ids(model, cache, NULL, ngram, kCopy, 48, &m);
+  CHECK(collect_n == n_plain);
+  for (i = 0; i < n_plain && i < collect_n; ++i) CHECK(collect_ids[i] == plain[i]);
+  CHECK(m.drafted > 0 && m.accepted > 0);
+  CHECK(m.target_passes_per_token < 1.0);
+  printf("n-gram: %lld drafted, %lld accepted, %.3f target passes per token\n",
+         (long long)m.drafted, (long long)m.accepted, m.target_passes_per_token);
+
+  sp.seed = 7;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  generate_ids(model, cache, sampler, ngram, kCopy, 48, NULL);
+  n_plain = collect_n;
+  memcpy(again, collect_ids, sizeof again);
+  generate_ids(model, cache, sampler, ngram, kCopy, 48, NULL);
+  CHECK(collect_n == n_plain);
+  for (i = 0; i < n_plain && i < collect_n; ++i) CHECK(collect_ids[i] == again[i]);
+  kiln_sampler_destroy(sampler);
+  kiln_strategy_destroy(ngram);
+
+  np = kiln_ngram_default_params();
+  np.struct_size = (uint32_t)offsetof(kiln_ngram_params, fixed_pass_cost_beta);
+  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_OK);
+  kiln_strategy_destroy(ngram);
+  np = kiln_ngram_default_params();
+  np.max_draft = 0;
+  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
+}
+
 int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
@@ -434,6 +507,7 @@ int main(void) {
   test_null_handles(model, cache);
   test_generate(model, cache);
   test_llama_cpp_order(model);
+  test_speculative(model, cache);
   test_sampler_and_logprobs(model, cache);
   test_cache_full(model, st.block_bytes);
   test_cancel_during_prefill(model, cache);
