@@ -7,10 +7,8 @@
 
 namespace kiln {
 namespace quant {
-namespace {
 
-// One block: returns d (unrounded) and writes q; *sum gets the sum of q.
-float QuantizeBlock(const float* x, int8_t* q, int32_t* sum) {
+float QuantizeActivationBlockRef(const float* x, int8_t* q, int32_t* sum) {
   float amax = 0.0f;
   for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float d = amax / 127.0f;
@@ -25,24 +23,41 @@ float QuantizeBlock(const float* x, int8_t* q, int32_t* sum) {
   return d;
 }
 
-}  // namespace
+namespace {
 
-void QuantizeActivationQ8_0Ref(const float* x, void* vy, int64_t n) {
+using BlockFn = float (*)(const float* x, int8_t* q, int32_t* sum);
+
+void QuantizeRowQ8_0(BlockFn block, const float* x, void* vy, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(vy);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     int32_t sum;
-    StoreHalf(y[i].d, QuantizeBlock(x, y[i].qs, &sum));
+    StoreHalf(y[i].d, block(x, y[i].qs, &sum));
   }
 }
 
-void QuantizeActivationQ8_1Ref(const float* x, void* vy, int64_t n) {
+void QuantizeRowQ8_1(BlockFn block, const float* x, void* vy, int64_t n) {
   auto* y = static_cast<BlockQ8_1*>(vy);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     int32_t sum;
-    const float d = QuantizeBlock(x, y[i].qs, &sum);
+    const float d = block(x, y[i].qs, &sum);
     StoreHalf(y[i].d, d);
     StoreHalf(y[i].s, d * static_cast<float>(sum));
   }
+}
+
+}  // namespace
+
+void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n) {
+  QuantizeRowQ8_0(QuantizeActivationBlockRef, x, y, n);
+}
+void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n) {
+  QuantizeRowQ8_1(QuantizeActivationBlockRef, x, y, n);
+}
+void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n) {
+  QuantizeRowQ8_0(QuantizeActivationBlockAvx512, x, y, n);
+}
+void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n) {
+  QuantizeRowQ8_1(QuantizeActivationBlockAvx512, x, y, n);
 }
 
 }  // namespace quant

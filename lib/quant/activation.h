@@ -24,11 +24,15 @@ namespace kiln {
 QuantizeRowFn ActivationQuantizer(GgmlType act_type, CpuLevel level);
 
 namespace quant {
-// Scalar forms (lib/quant/activation.cc) and AVX-512 forms (kernels/cpu/activation_avx512.cc).
+// Row quantizers (lib/quant/activation.cc), scalar and with the AVX-512 block kernel.
 void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n);
+// One block of 32: writes q, sets *sum = Σ q, returns d (unrounded). The AVX-512 form lives in
+// kernels/cpu/activation_avx512.cc.
+float QuantizeActivationBlockRef(const float* x, int8_t* q, int32_t* sum);
+float QuantizeActivationBlockAvx512(const float* x, int8_t* q, int32_t* sum);
 }  // namespace quant
 
 }  // namespace kiln
