@@ -58,7 +58,8 @@ struct WeightView {
 // ---- Matrix multiply ----------------------------------------------------------------------
 
 // y[t, o] = sum_i W[o, i] * x[t, i], computed as vec_dot(W row o, quantize(x row t)) (or the
-// type's vec_dot_rows, which gives the same bits per row while sharing the activation decode).
+// type's vec_dot_rows / vec_dot_tile, which give the same bits per output while sharing weight
+// and activation loads across rows and tokens); quantize is ActivationQuantizer (activation.h).
 //   x: [n_tokens, n_in]   y: [n_tokens, n_out]
 // Errors: type without kernels at `level`, n_in not a multiple of the block size, null data,
 // non-positive sizes. Work is split across output rows (never across the reduction).
