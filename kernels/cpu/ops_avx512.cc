@@ -246,18 +246,16 @@ void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows
 // accumulators stay in registers over every run of that group (runs are visited in index order,
 // so each lane's FMA order is kv_accumulate's).
 void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
-                        int64_t group0, int64_t n_lanes, KvElem elem, int64_t d) {
+                        int64_t n_lanes, KvElem elem, int64_t d) {
   const int64_t lane_groups = n_lanes / 16;
   const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
-  for (int64_t lg = 0; lg < lane_groups; ++lg) {
+  for (int64_t lg = 0; lg < lane_groups && lg < n_groups; ++lg) {
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = TailMask(d - i);
       __m512 a[16];
       for (int l = 0; l < 16; ++l) a[l] = _mm512_maskz_loadu_ps(m, acc + (lg * 16 + l) * d + i);
-      bool touched = false;
-      for (int64_t r = 0; r < n_groups; ++r) {
-        if ((group0 + r) % lane_groups != lg) continue;
-        touched = true;
+      // The runs of this lane group: r = lg, lg + lane_groups, ... (index order).
+      for (int64_t r = lg; r < n_groups; r += lane_groups) {
         const uint8_t* rows = static_cast<const uint8_t*>(v_groups[r]);
         const float* pr = p + 16 * r;
         for (int l = 0; l < 16; ++l) {
@@ -265,7 +263,6 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
                                  a[l]);
         }
       }
-      if (!touched) continue;
       for (int l = 0; l < 16; ++l) _mm512_mask_storeu_ps(acc + (lg * 16 + l) * d + i, m, a[l]);
     }
   }

@@ -1,7 +1,6 @@
 // Paged attention over block tables with causal or tree visibility (contract in ops.h).
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
@@ -157,10 +156,11 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
     max_visible = std::max(max_visible, b.n_visible[t] + extra);
   }
-  // Per-thread workspace (floats): scores [G, max_visible], lane accumulator [kAttnLanes, d],
-  // rounded q [G, d].
+  // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, d] and rounded
+  // q [G, d] (floats), then the V row pointers of the whole lane groups [max_visible / 16].
+  const size_t floats_bytes = (group * max_visible + kAttnLanes * d + group * d) * sizeof(float);
   const size_t per_thread =
-      ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
+      (floats_bytes + (max_visible / 16) * sizeof(const void*) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
@@ -174,7 +174,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
-    std::vector<const void*> v_groups;  // V rows of the leading whole lane groups
+    // V rows of the leading whole lane groups.
+    const void** v_groups = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
@@ -231,19 +232,17 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       // Leading runs that are whole 16-row lane groups (a causal prefix with block_size 16)
       // take the register-blocked kernel; the rest (a partial last block, tree extras) follow
       // in index order through the generic one.
-      v_groups.clear();
-      int64_t grouped_rows = 0;
+      int64_t n_groups = 0;
       for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-        if (index != grouped_rows || count != 16 || index % 16 != 0) return;
-        v_groups.push_back(v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
-                           row * v_row_bytes);
-        grouped_rows += 16;
+        if (index != 16 * n_groups || count != 16) return;
+        v_groups[n_groups++] = v_base + block * kv.v.block_stride_bytes +
+                               h * kv.v.head_stride_bytes + row * v_row_bytes;
       });
+      const int64_t grouped_rows = 16 * n_groups;
       for (int64_t g = 0; g < group; ++g) {
         std::fill(acc, acc + n_lanes * d, 0.0f);
         const float* pg = sc + g * max_visible;
-        k.kv_accumulate_groups(acc, pg, v_groups.data(), static_cast<int64_t>(v_groups.size()), 0,
-                               n_lanes, v_elem, d);
+        k.kv_accumulate_groups(acc, pg, v_groups, n_groups, n_lanes, v_elem, d);
         for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
           if (index < grouped_rows) return;
           const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +

@@ -60,11 +60,10 @@ struct OpKernels {
   void (*kv_accumulate)(float* acc, const float* p, const void* v_rows, int64_t n_rows,
                         int64_t lane0, int64_t n_lanes, KvElem elem, int64_t d);
   // Same result as kv_accumulate over n_groups runs of 16 rows, run r holding visible indices
-  // 16 (group0 + r) .. 16 (group0 + r) + 15 at v_groups[r] (p points at index 16 group0); a
-  // faster loop order (each lane's accumulator stays in a register across the runs).
+  // 16 r .. 16 r + 15 at v_groups[r] (p: [16 n_groups]); a faster loop order (each lane's
+  // accumulator stays in a register across the runs).
   void (*kv_accumulate_groups)(float* acc, const float* p, const void* const* v_groups,
-                               int64_t n_groups, int64_t group0, int64_t n_lanes, KvElem elem,
-                               int64_t d);
+                               int64_t n_groups, int64_t n_lanes, KvElem elem, int64_t d);
   // out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
   // ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
   // tinyBLAS's _mm512_reduce_add_ps.

@@ -133,9 +133,9 @@ void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows
 }
 
 void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
-                        int64_t group0, int64_t n_lanes, KvElem elem, int64_t d) {
+                        int64_t n_lanes, KvElem elem, int64_t d) {
   for (int64_t r = 0; r < n_groups; ++r) {
-    KvAccumulate(acc, p + 16 * r, v_groups[r], 16, 16 * (group0 + r), n_lanes, elem, d);
+    KvAccumulate(acc, p + 16 * r, v_groups[r], 16, 16 * r, n_lanes, elem, d);
   }
 }
 
