@@ -349,6 +349,11 @@ kiln_status kiln_chat_apply_template(const kiln_model* model, const char* tmpl,
 
 // ------------------------------------------------------------------ cache
 
+// Versioned parameter structs grow at their end: a field lies inside the caller's struct when
+// struct_size covers it; fields beyond keep their defaults.
+#define KILN_HAS_FIELD(params, type, field) \
+  ((params)->struct_size >= offsetof(type, field) + sizeof(static_cast<type*>(nullptr)->field))
+
 kiln_cache_params kiln_cache_default_params(void) {
   kiln_cache_params p;
   std::memset(&p, 0, sizeof p);
@@ -372,8 +377,7 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   "kiln_cache_create: params->struct_size is too small; use "
                   "kiln_cache_default_params()");
     }
-    const bool has_llama_cpp_order =
-        params->struct_size >= offsetof(kiln_cache_params, llama_cpp_order) + sizeof(int);
+
     kiln::EngineOptions options;
     options.pool_bytes = params->pool_bytes;
     options.block_size = params->block_size;
@@ -402,7 +406,8 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   kiln::StrCat("kiln_cache_create: params->n_threads ", params->n_threads, " < 0"));
     }
     options.n_threads = params->n_threads;
-    if (has_llama_cpp_order && params->llama_cpp_order != 0) {
+    if (KILN_HAS_FIELD(params, kiln_cache_params, llama_cpp_order) &&
+        params->llama_cpp_order != 0) {
       options.llama_cpp_order = true;
       options.prefill_chunk = 512;  // llama.cpp's default n_ubatch
     }
@@ -798,7 +803,7 @@ kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
     p.start_draft = params->start_draft;
     p.max_skip = params->max_skip;
     p.adaptive = params->adaptive != 0;
-    if (params->struct_size >= offsetof(kiln_ngram_params, fixed_pass_cost_beta) + sizeof(double)) {
+    if (KILN_HAS_FIELD(params, kiln_ngram_params, fixed_pass_cost_beta)) {
       p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
     }
     auto s = kiln::spec::NgramStrategy::Create(p);
@@ -845,7 +850,7 @@ kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* dra
     p.adaptive = params->adaptive != 0;
     p.n_threads = params->n_threads;
     p.n_ctx = params->n_ctx;
-    if (params->struct_size >= offsetof(kiln_draft_params, fixed_pass_cost_beta) + sizeof(double)) {
+    if (KILN_HAS_FIELD(params, kiln_draft_params, fixed_pass_cost_beta)) {
       p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
     }
     auto s = kiln::spec::DraftModelStrategy::Load(draft_path, target->model->hparams().n_vocab, p);

@@ -293,9 +293,11 @@ class E2eSmolLm2 : public ::testing::Test {
   }
 
   // Greedy decoding of every golden prompt, compared token by token (the rule).
-  void CheckGreedy(const std::string& golden_path, GgmlType kv_type, bool llama_cpp_order) {
+  // kiln runs in llama.cpp's order (LlamaForward::set_llama_cpp_order), which reproduces its
+  // arithmetic bit for bit, prompt batches included.
+  void CheckGreedy(const std::string& golden_path, GgmlType kv_type) {
     ASSERT_NO_FATAL_FAILURE(MakeCache(kv_type));
-    forward_->set_llama_cpp_order(llama_cpp_order);
+    forward_->set_llama_cpp_order(true);
     const Json golden = LoadGolden(golden_path);
     ASSERT_EQ(golden["kv_type"].str, GgmlTypeName(static_cast<uint32_t>(kv_type)));
     const Json& cases = golden["cases"];
@@ -395,14 +397,14 @@ TEST_F(E2eSmolLm2, PromptsTokenizeAndTemplateLikeLlamaCpp) {
 // llama.cpp with an f32 KV cache; kiln in llama.cpp order (LlamaForward::set_llama_cpp_order),
 // which reproduces llama.cpp's arithmetic bit for bit, including its prompt-batch V . P order.
 TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF32KvCache) {
-  CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32, true);
+  CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32);
 }
 
 // llama.cpp's default: an f16 KV cache, with which it rounds q (for K.q) and the softmax
 // weights (for V.p) to f16 and runs both products through ggml_vec_dot_f16 (one-token batches)
 // or tinyBLAS f16 (prompt batches); kiln does the same for an f16 cache.
 TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF16KvCache) {
-  CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16, true);
+  CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16);
 }
 
 // The forward pass without quantized arithmetic: an all-f32 copy of the default model written
