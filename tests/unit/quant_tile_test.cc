@@ -111,11 +111,37 @@ TEST(VecDotTile, EmptyTileWritesNothing) {
   }
 }
 
-// MatMul over n tokens (tile path for n >= 2) equals MatMul token by token (the single-token
-// path), bitwise, at every level, with 1 and 2 threads (and MatMulRows on a row subset).
+// x: [n_tokens, n_in] random activations; *single gets MatMul token by token. Asserts MatMul
+// over all n_tokens equals it bitwise with 1 and 2 threads.
+void ExpectMatMulBatchInvariant(const cpu::WeightView& wv, int64_t n_tokens, CpuLevel level,
+                                std::mt19937& rng, std::vector<float>* x,
+                                std::vector<float>* single) {
+  cpu::ThreadPool pool1(1), pool2(2);
+  cpu::Scratch scratch;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  x->resize(wv.n_in * n_tokens);
+  for (float& v : *x) v = dist(rng);
+  single->assign(wv.n_out * n_tokens, 0.0f);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    ASSERT_TRUE(cpu::MatMul(pool1, wv, x->data() + t * wv.n_in, 1, single->data() + t * wv.n_out,
+                            scratch, level)
+                    .ok());
+  }
+  for (cpu::ThreadPool* pool : {&pool1, &pool2}) {
+    std::vector<float> batch(wv.n_out * n_tokens, -1.0f);
+    ASSERT_TRUE(cpu::MatMul(*pool, wv, x->data(), n_tokens, batch.data(), scratch, level).ok());
+    ASSERT_EQ(std::memcmp(batch.data(), single->data(), batch.size() * sizeof(float)), 0)
+        << GgmlTypeName(static_cast<uint32_t>(wv.type)) << " level " << CpuLevelName(level) << " "
+        << wv.n_in << "x" << wv.n_out << " tokens " << n_tokens << " threads " << pool->n_threads();
+  }
+}
+
+// MatMul over n tokens (tile path) equals MatMul token by token (the single-token path: the
+// tile for Q4_1, vec_dot_rows for the others), bitwise, at every level, with 1 and 2 threads (and
+// MatMulRows on a row subset).
 TEST(VecDotTile, MatMulBatchInvariant) {
   std::mt19937 rng(5);
-  cpu::ThreadPool pool1(1), pool2(2);
+  cpu::ThreadPool pool2(2);
   cpu::Scratch scratch;
   for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
     if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
@@ -127,33 +153,17 @@ TEST(VecDotTile, MatMulBatchInvariant) {
             RandomRows(type, n_in, static_cast<int>(n_out), RowBytes(type, n_in), rng);
         const cpu::WeightView wv{type, w.data(), n_in, n_out};
         for (int64_t n_tokens : {2, 3, 5, 8, 67}) {
-          std::normal_distribution<float> dist(0.0f, 1.0f);
-          std::vector<float> x(n_in * n_tokens);
-          for (float& v : x) v = dist(rng);
-          std::vector<float> single(n_out * n_tokens);
-          for (int64_t t = 0; t < n_tokens; ++t) {
-            ASSERT_TRUE(cpu::MatMul(pool1, wv, x.data() + t * n_in, 1, single.data() + t * n_out,
-                                    scratch, level)
-                            .ok());
-          }
-          for (cpu::ThreadPool* pool : {&pool1, &pool2}) {
-            std::vector<float> batch(n_out * n_tokens, -1.0f);
-            ASSERT_TRUE(
-                cpu::MatMul(*pool, wv, x.data(), n_tokens, batch.data(), scratch, level).ok());
-            ASSERT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0)
-                << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
-                << " " << n_in << "x" << n_out << " tokens " << n_tokens << " threads "
-                << pool->n_threads();
-            // Every output also equals vec_dot of the token's quantized row.
-            std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
-            const QuantKernels* ak = GetQuantKernels(k->vec_dot_type, level);
-            const int64_t t = n_tokens - 1;
-            ak->quantize(x.data() + t * n_in, qa.data(), n_in);
-            for (int64_t o = 0; o < n_out; ++o) {
-              const float want = k->vec_dot(n_in, w.data() + o * RowBytes(type, n_in), qa.data());
-              const float got = batch[t * n_out + o];
-              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "output " << o;
-            }
+          std::vector<float> x, single;
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
+          // Every output also equals vec_dot of the token's quantized row (MatMul's quantizer).
+          std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
+          const int64_t last = n_tokens - 1;
+          ActivationQuantizer(k->vec_dot_type, level)(x.data() + last * n_in, qa.data(), n_in);
+          for (int64_t o = 0; o < n_out; ++o) {
+            const float want = k->vec_dot(n_in, w.data() + o * RowBytes(type, n_in), qa.data());
+            const float got = single[last * n_out + o];
+            ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "output " << o;
           }
           // MatMulRows on a reversed subset equals the per-token results.
           std::vector<int32_t> pick;
@@ -314,8 +324,6 @@ TEST(VecDotTileQ4_1, RowsOfOneTileAreIndependent) {
 // SmolLM2 shapes (n_in 576 and 1536) and an odd output count.
 TEST(VecDotTileQ4_1, MatMulBatchInvariantOnSpecWidths) {
   std::mt19937 rng(9);
-  cpu::ThreadPool pool1(1), pool2(2);
-  cpu::Scratch scratch;
   for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
     if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
     for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{576, 67}, {1536, 41}, {32, 9}}) {
@@ -323,23 +331,8 @@ TEST(VecDotTileQ4_1, MatMulBatchInvariantOnSpecWidths) {
           RandomQ4_1Rows(n_in, static_cast<int>(n_out), RowBytes(GgmlType::kQ4_1, n_in), rng);
       const cpu::WeightView wv{GgmlType::kQ4_1, w.data(), n_in, n_out};
       for (int64_t n_tokens : {2, 3, 4, 5, 7, 9, 70}) {
-        std::normal_distribution<float> dist(0.0f, 1.0f);
-        std::vector<float> x(n_in * n_tokens);
-        for (float& v : x) v = dist(rng);
-        std::vector<float> single(n_out * n_tokens);
-        for (int64_t t = 0; t < n_tokens; ++t) {
-          ASSERT_TRUE(cpu::MatMul(pool1, wv, x.data() + t * n_in, 1, single.data() + t * n_out,
-                                  scratch, level)
-                          .ok());
-        }
-        for (cpu::ThreadPool* pool : {&pool1, &pool2}) {
-          std::vector<float> batch(n_out * n_tokens, -1.0f);
-          ASSERT_TRUE(
-              cpu::MatMul(*pool, wv, x.data(), n_tokens, batch.data(), scratch, level).ok());
-          ASSERT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0)
-              << "level " << CpuLevelName(level) << " " << n_in << "x" << n_out << " tokens "
-              << n_tokens << " threads " << pool->n_threads();
-        }
+        std::vector<float> x, single;
+        ASSERT_NO_FATAL_FAILURE(ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
       }
     }
   }
