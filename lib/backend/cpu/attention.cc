@@ -158,7 +158,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   }
   // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, d] and rounded
   // q [G, d] (floats), then the V row pointers of the whole lane groups [max_visible / 16].
-  const size_t floats_bytes = (group * max_visible + kAttnLanes * d + group * d) * sizeof(float);
+  const size_t floats_bytes =
+      ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
   const size_t per_thread =
       (floats_bytes + (max_visible / 16) * sizeof(const void*) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
