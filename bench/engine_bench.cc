@@ -11,6 +11,11 @@
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
 //     repeat instead (for the driver).
+//   engine_bench --widths [--model PATH] [--threads T] [--repeats R]
+//     The cost of a speculative verification pass: after a 256-token prefill, one Forward of
+//     w = 1..9 causal tokens with logits for every row (then truncated back), R x 20 times per
+//     width; prints the median ms per pass and its ratio to w = 1 (the c(w) of
+//     docs/speculative.md), so kernel work on multi-token passes can be judged in isolation.
 //   engine_bench --bandwidth [--threads T] [--repeats R]
 //     Streams a 1 GiB buffer with T threads (each reads a contiguous 1/T of it with 256-bit
 //     loads) R times; prints the median and min-max GB/s (1 GB = 1e9 bytes).
@@ -180,6 +185,35 @@ struct Engine {
   }
 };
 
+// See --widths in the header comment.
+int RunWidths(Engine& e, const std::vector<int32_t>& prompt, int threads, int repeats) {
+  constexpr int kContext = 256, kMaxWidth = 9, kPassesPerRepeat = 20;
+  const kiln::SeqId seq = e.cache->CreateSequence();
+  e.Prefill(seq, prompt, 0, kContext);
+  std::printf("verification pass cost after %d tokens, %d thread(s), logits for every row\n",
+              kContext, threads);
+  double one_token_ms = 0;
+  for (int w = 1; w <= kMaxWidth; ++w) {
+    std::span<const int32_t> tokens(prompt.data() + kContext, w);
+    std::vector<double> ms;
+    for (int i = 0; i < repeats * kPassesPerRepeat; ++i) {
+      e.Check(e.cache->AppendSlots(seq, tokens), "AppendSlots");
+      e.batch.Clear();
+      for (int j = 0; j < w; ++j) e.batch.Add(tokens[j], seq, kContext + j, true);
+      const auto t0 = Clock::now();
+      e.Check(e.fwd->Forward(e.batch, *e.cache, &e.out), "Forward (width)");
+      ms.push_back(1e3 * Seconds(t0, Clock::now()));
+      e.Check(e.cache->Truncate(seq, kContext), "Truncate");
+    }
+    const Stats s = Summarize(ms);
+    if (w == 1) one_token_ms = s.median;
+    std::printf("  w=%d  median %6.3f ms (min %.3f, max %.3f)  c(w) %.3f  per extra token %.3f\n",
+                w, s.median, s.min, s.max, s.median / one_token_ms,
+                w > 1 ? (s.median / one_token_ms - 1) / (w - 1) : 0.0);
+  }
+  return 0;
+}
+
 std::string JoinTokens(const std::vector<int32_t>& v) {
   std::string s;
   char buf[16];
@@ -195,7 +229,7 @@ std::string JoinTokens(const std::vector<int32_t>& v) {
 int main(int argc, char** argv) {
   std::string model_path, tokens_path;
   int threads = 1, repeats = 5, n_decode = 64;
-  bool json = false, bandwidth = false;
+  bool json = false, bandwidth = false, widths = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -216,6 +250,8 @@ int main(int argc, char** argv) {
       json = true;
     } else if (a == "--bandwidth") {
       bandwidth = true;
+    } else if (a == "--widths") {
+      widths = true;
     } else {
       Die("unknown argument " + a);
     }
@@ -278,6 +314,8 @@ int main(int argc, char** argv) {
     const auto& te = e.model->token_embd();
     weight_bytes -= te.row_bytes * te.n_out;
   }
+
+  if (widths) return RunWidths(e, prompt, threads, repeats);
 
   std::vector<double> prefill_tps, d128_tps, d1024_tps;
   std::vector<int32_t> gen128, gen1024;

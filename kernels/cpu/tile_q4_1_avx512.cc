@@ -32,14 +32,15 @@
 #include <vector>
 
 #include "kernels/cpu/tile_kernels.h"
+#include "kernels/cpu/unroll.h"
 #include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
 namespace {
 
-constexpr int kTileRows = 4;      // weight rows per register tile (2 row pairs)
-constexpr int kTileTokens = 8;    // tokens per register tile (2 token quads)
-constexpr int kPrefetchRows = 8;  // weight rows prefetched ahead of the row block in use
+constexpr int kTileRows = 4;       // weight rows per register tile (2 row pairs)
+constexpr int kTileTokens = 8;     // tokens per register tile (2 token quads)
+constexpr int kPrefetchRows = 16;  // weight rows prefetched (into L2) ahead of the row block in use
 
 // One block of 4 weight rows, unpacked (320 B).
 struct alignas(64) WeightBlock4 {
@@ -166,37 +167,38 @@ inline void Reduce4(__m512 a01, __m512 a23, __m128 mins, float* out, int n_store
 // tokens' Q8_1 rows (a_stride bytes apart); da: their scales [T][nb] (stride nb); sa: their
 // quads' sa [quads][nb].
 template <int T, typename Weights>
-inline void Tile(const Weights& weights, int64_t nb, const uint8_t* a, size_t a_stride,
-                 const float* da, const Vec16* sa, int n_rows, float* out, size_t out_stride) {
+__attribute__((always_inline)) inline void Tile(const Weights& weights, int64_t nb,
+                                                const uint8_t* a, size_t a_stride, const float* da,
+                                                const Vec16* sa, int n_rows, float* out,
+                                                size_t out_stride) {
   constexpr int kQuads = (T + 3) / 4;
   __m512 acc[2][T];
   __m512 mins[kQuads];
-  for (int t = 0; t < T; ++t) {
+  Unroll<T>([&](auto t) {
     acc[0][t] = _mm512_setzero_ps();
     acc[1][t] = _mm512_setzero_ps();
-  }
-  for (int q = 0; q < kQuads; ++q) mins[q] = _mm512_setzero_ps();
-  const BlockQ8_1* act[T];
-  for (int t = 0; t < T; ++t) act[t] = reinterpret_cast<const BlockQ8_1*>(a + t * a_stride);
+  });
+  Unroll<kQuads>([&](auto q) { mins[q] = _mm512_setzero_ps(); });
   for (int64_t b = 0; b < nb; ++b) {
     const Unpacked4 w = weights(b);
-    for (int t = 0; t < T; ++t) {
-      const __m512i qa = _mm512_broadcast_i64x4(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t][b].qs)));
+    Unroll<T>([&](auto t) {
+      const auto* act = reinterpret_cast<const BlockQ8_1*>(a + t * a_stride);
+      const __m512i qa =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[b].qs)));
       const __m512 dat = _mm512_set1_ps(da[t * nb + b]);
-      for (int p = 0; p < 2; ++p) {
+      Unroll<2>([&](auto p) {
         const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.qs[p], qa);
         const __m512 s = _mm512_mul_ps(w.d[p], dat);
         acc[p][t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[p][t]);
-      }
-    }
-    for (int q = 0; q < kQuads; ++q) mins[q] = _mm512_fmadd_ps(w.m, sa[q * nb + b].v, mins[q]);
+      });
+    });
+    Unroll<kQuads>([&](auto q) { mins[q] = _mm512_fmadd_ps(w.m, sa[q * nb + b].v, mins[q]); });
   }
   alignas(64) float mins_f[kQuads * 16];
-  for (int q = 0; q < kQuads; ++q) _mm512_store_ps(mins_f + 16 * q, mins[q]);
-  for (int t = 0; t < T; ++t) {
+  Unroll<kQuads>([&](auto q) { _mm512_store_ps(mins_f + 16 * q, mins[q]); });
+  Unroll<T>([&](auto t) {
     Reduce4(acc[0][t], acc[1][t], _mm_load_ps(mins_f + 4 * t), out + t * out_stride, n_rows);
-  }
+  });
 }
 
 // All tokens of the call against one block of 4 rows: register tiles of kTileTokens tokens,
@@ -258,11 +260,13 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
   for (int r = 0; r < n_rows; r += kTileRows) {
     const int rows = std::min(kTileRows, n_rows - r);
     // Weights stream from memory once per call: fetch the rows kPrefetchRows ahead explicitly
-    // (4 interleaved row streams defeat the hardware prefetcher).
+    // (4 interleaved row streams defeat the hardware prefetcher), into L2: prefetcht0 8 rows
+    // ahead stalled on full miss buffers, and how often depended on the code layout (one-token
+    // passes 25% slower after an unrelated function was added elsewhere in the library).
     for (int pr = r + kPrefetchRows; pr < std::min(n_rows, r + kPrefetchRows + kTileRows); ++pr) {
       const uint8_t* row = wp + pr * w_stride;
       for (int64_t off = 0; off < row_bytes; off += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T1);
       }
     }
     RawWeights raw;

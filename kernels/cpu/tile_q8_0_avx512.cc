@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/tile_kernels.h"
+#include "kernels/cpu/unroll.h"
 #include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
@@ -168,30 +169,28 @@ template <int R, int T>
 inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_tail, float* out,
                  size_t out_stride) {
   __m512 acc[R][T];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
+  Unroll<R>([&](auto r) { Unroll<T>([&](auto t) { acc[r][t] = _mm512_setzero_ps(); }); });
   const int64_t ng_zmm = half_tail ? ng - 1 : ng;
   for (int64_t g = 0; g < ng_zmm; ++g, w += R) {
     __m512i wlo[R], whi[R];
-    for (int r = 0; r < R; ++r) {
+    Unroll<R>([&](auto r) {
       wlo[r] = w[r].lo;
       whi[r] = w[r].hi;
-    }
-    for (int t = 0; t < T; ++t) {
+    });
+    Unroll<T>([&](auto t) {
       const ActGroup& ag = a[t * ng + g];
-      for (int r = 0; r < R; ++r) {
+      Unroll<R>([&](auto r) {
         const __m512i p =
             _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ag.corr, wlo[r], ag.lo), whi[r], ag.hi);
         const __m512 s = _mm512_mul_ps(w[r].d, ag.d);
         acc[r][t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r][t]);
-      }
-    }
+      });
+    });
   }
   if (half_tail) {
-    for (int t = 0; t < T; ++t) {
+    Unroll<T>([&](auto t) {
       const ActGroup& ag = a[t * ng + ng - 1];
-      for (int r = 0; r < R; ++r) {
+      Unroll<R>([&](auto r) {
         const __m256i p = _mm256_dpbusd_epi32(
             _mm256_dpbusd_epi32(_mm512_castsi512_si256(ag.corr), _mm512_castsi512_si256(w[r].lo),
                                 _mm512_castsi512_si256(ag.lo)),
@@ -201,20 +200,20 @@ inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_
         const __m256 acc01 =
             _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), _mm512_castps512_ps256(acc[r][t]));
         acc[r][t] = _mm512_insertf32x8(acc[r][t], acc01, 0);
-      }
-    }
+      });
+    });
   }
-  for (int t = 0; t < T; ++t) {
+  Unroll<T>([&](auto t) {
     if constexpr (R == 4) {
       const __m512 four[4] = {acc[0][t], acc[1][t], acc[2][t], acc[3][t]};
       Reduce4(four, out + t * out_stride);
     } else {
-      for (int r = 0; r < R; ++r) {
+      Unroll<R>([&](auto r) {
         out[t * out_stride + r] =
             Reduce(_mm512_castps512_ps256(acc[r][t]), _mm512_extractf32x8_ps(acc[r][t], 1));
-      }
+      });
     }
-  }
+  });
 }
 
 template <int R>
