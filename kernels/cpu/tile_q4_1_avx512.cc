@@ -22,8 +22,10 @@
 // registers where it is used (~17 instructions per 4 rows); longer calls (prefill) unpack each
 // block of 4 rows once per call into per-thread scratch, reused by every 8-token tile.
 // Activation scales are converted once per call. (Measured, not kept: one ymm chain per (row,
-// token) with the 16 scales of a 4 x 4 tile from one multiply, fed as broadcast memory operands:
-// no faster on Zen 4, more instructions.)
+// token) with the 16 scales of a 4 x 4 tile from one multiply, fed to the FMAs as broadcast
+// memory operands or vpermps broadcasts, so no multiply per chain: 35-45% slower than this kernel
+// at 2-8 tokens on Zen 4, re-measured with the accumulators in registers; a 256-bit vpdpbusd
+// costs about what a 512-bit one does.)
 #include <immintrin.h>
 
 #include <algorithm>
