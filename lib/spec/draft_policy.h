@@ -11,10 +11,11 @@
 //                      (1 + E[accepted | k]) / cost(k), where cost(0) = 1 (plain decoding) and
 //                      cost(k) = c(k + 1) + extra(k) (extra: a draft model's own passes).
 //
-// Why measured, not constant: the relative cost of a wide pass depends on the backend (on today's
-// CPU matmuls a pass over w tokens costs about 1 + 0.8 (w - 1); a rows x tokens kernel that reads
-// each weight once makes it much cheaper), on the thread count and on the machine's load. The
-// policy follows whatever the decoder measures.
+// Why measured, not constant: the relative cost of a wide pass depends on the backend (with
+// per-token matmuls a pass over w tokens cost about 1 + 0.8 (w - 1) on the default model; the
+// rows x tokens tile kernels, which read each weight once, brought it to about 1 + 0.3 (w - 1)),
+// on the thread count and on the machine's load. The policy follows whatever the decoder
+// measures.
 //
 // Determinism: in greedy mode the emitted tokens never depend on the draft length (the verifier
 // keeps exactly the target's argmax path), so a timing-driven policy cannot change greedy output.

@@ -407,9 +407,6 @@ TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF16KvCache) {
   CheckGreedy("tests/data/golden/smollm2_greedy.json", GgmlType::kF16);
 }
 
-// The forward pass without quantized arithmetic: an all-f32 copy of the default model written
-// by kiln's requantizer, KV f32 on both sides. llama.cpp then rounds nothing either (f32 weights
-// take f32 activations), so the logits must agree to float rounding (measured max 5e-5).
 // Tree verification on the real model: each node's logits equal, bit for bit, those of its
 // root-to-node path evaluated causally (attention numbers the visible rows like a chain).
 TEST_F(E2eSmolLm2, TreeNodesEqualTheirPathsBitwise) {
@@ -450,6 +447,9 @@ TEST_F(E2eSmolLm2, TreeNodesEqualTheirPathsBitwise) {
   }
 }
 
+// The forward pass without quantized arithmetic: an all-f32 copy of the default model written
+// by kiln's requantizer, KV f32 on both sides. llama.cpp then rounds nothing either (f32 weights
+// take f32 activations), so the logits must agree to float rounding (measured max 5e-5).
 TEST_F(E2eSmolLm2, F32CopyLogitsMatchLlamaCpp) {
   const Json golden = LoadGolden("tests/data/golden/smollm2_f32_logits.json");
   ASSERT_FALSE(golden["cases"].items.empty());
