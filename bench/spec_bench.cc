@@ -10,7 +10,9 @@
 // machine); the mean accepted draft tokens per step, the acceptance rate, target passes per
 // generated token and the measured cost slope beta (a pass over w tokens costs 1 + beta (w - 1)
 // one-token passes). The measured pass cost is carried across the prompts of a repetition (as a
-// session carries it across turns).
+// session carries it across turns). After each set, one line per prompt compares the cost-aware
+// n-gram strategy with plain decoding on that prompt alone (the share of the answer that was
+// accepted drafts shows how much of it copied the input).
 //
 //   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
 //              [--draft-max K] [--ngram-max K] [--prompts N (per set, at most 4)]
@@ -63,6 +65,12 @@ struct Row {
   std::vector<double> tok_s;      // per repetition, wall time
   std::vector<double> tok_cpu_s;  // per repetition, process CPU time
   int64_t steps = 0, accepted = 0, generated = 0, drafted = 0;
+};
+
+// One prompt's totals over the repetitions (for the per-prompt lines).
+struct PromptTotals {
+  int64_t generated = 0, accepted = 0;
+  double seconds = 0.0;
 };
 
 double Median(std::vector<double> v) {
@@ -176,6 +184,7 @@ int main(int argc, char** argv) {
         prompts.push_back(*(*model)->tokenizer().Encode(ChatPrompt(t), true, true));
       }
       double plain_median = 0.0, plain_cpu_median = 0.0;
+      std::vector<PromptTotals> plain_prompts(prompts.size()), ngram_prompts(prompts.size());
       for (const Named& s : strategies) {
         Row row;
         std::vector<double> betas;
@@ -192,6 +201,12 @@ int main(int argc, char** argv) {
             }
             gen += res->metrics.generated;
             secs += res->decode_seconds;
+            if (s.strategy == nullptr || s.strategy == ngram->get()) {
+              PromptTotals& pt = (s.strategy == nullptr ? plain_prompts : ngram_prompts)[p];
+              pt.generated += res->metrics.generated;
+              pt.accepted += res->metrics.accepted;
+              pt.seconds += res->decode_seconds;
+            }
             cpu_secs += res->decode_cpu_seconds;
             row.steps += res->metrics.steps;
             row.accepted += res->metrics.accepted;
@@ -225,6 +240,20 @@ int main(int argc, char** argv) {
                     row.drafted ? static_cast<double>(row.accepted) / row.drafted : 0.0,
                     row.generated ? static_cast<double>(row.steps) / row.generated : 0.0, beta_buf);
         std::fflush(stdout);
+      }
+      // Per prompt, the cost-aware n-gram strategy against plain decoding (wall time summed over
+      // the repetitions): how much of each answer was accepted drafts, and what that bought.
+      for (size_t p = 0; p < prompts.size(); ++p) {
+        const PromptTotals& pl = plain_prompts[p];
+        const PromptTotals& ng = ngram_prompts[p];
+        if (pl.seconds <= 0.0 || ng.seconds <= 0.0 || ng.generated == 0) continue;
+        const double plain_tps = pl.generated / pl.seconds, ngram_tps = ng.generated / ng.seconds;
+        std::printf(
+            "      prompt %zu: %lld tokens/run, %4.1f%% accepted drafts, plain %.1f tok/s, "
+            "ngram %.1f tok/s, %.2fx\n",
+            p, static_cast<long long>(ng.generated / reps),
+            100.0 * static_cast<double>(ng.accepted) / ng.generated, plain_tps, ngram_tps,
+            ngram_tps / plain_tps);
       }
     }
   }
