@@ -86,7 +86,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   do {
     if (!MakeCacheAndSampler(model, flags, &cache, &sampler)) break;
     std::string text = prompt;
-    uint32_t tok_flags = KILN_TOKENIZE_ADD_SPECIAL;
+    // A raw prompt may spell out special tokens (e.g. a hand-written ChatML turn); they are
+    // parsed, as llama.cpp's CLI does with its prompt.
+    uint32_t tok_flags = KILN_TOKENIZE_ADD_SPECIAL | KILN_TOKENIZE_PARSE_SPECIAL;
     if (!raw) {
       const kiln_chat_message msg = {"user", prompt.c_str()};
       if (!RenderChat(model, {msg}, true, &text)) break;
