@@ -330,7 +330,7 @@ TEST(VecDotTileQ4_1, MatMulBatchInvariantOnSpecWidths) {
       const std::vector<uint8_t> w =
           RandomQ4_1Rows(n_in, static_cast<int>(n_out), RowBytes(GgmlType::kQ4_1, n_in), rng);
       const cpu::WeightView wv{GgmlType::kQ4_1, w.data(), n_in, n_out};
-      for (int64_t n_tokens : {2, 3, 4, 5, 7, 9, 70}) {
+      for (int64_t n_tokens : {2, 3, 4, 5, 7, 9, 16, 17, 70}) {
         std::vector<float> x, single;
         ASSERT_NO_FATAL_FAILURE(ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
       }
