@@ -371,13 +371,11 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: model, params and out_cache are required");
     }
-    // The struct grows at its end; fields past a caller's struct_size keep their defaults.
     if (params->struct_size < offsetof(kiln_cache_params, llama_cpp_order)) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: params->struct_size is too small; use "
                   "kiln_cache_default_params()");
     }
-
     kiln::EngineOptions options;
     options.pool_bytes = params->pool_bytes;
     options.block_size = params->block_size;
@@ -406,11 +404,8 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   kiln::StrCat("kiln_cache_create: params->n_threads ", params->n_threads, " < 0"));
     }
     options.n_threads = params->n_threads;
-    if (KILN_HAS_FIELD(params, kiln_cache_params, llama_cpp_order) &&
-        params->llama_cpp_order != 0) {
-      options.llama_cpp_order = true;
-      options.prefill_chunk = 512;  // llama.cpp's default n_ubatch
-    }
+    options.llama_cpp_order =
+        KILN_HAS_FIELD(params, kiln_cache_params, llama_cpp_order) && params->llama_cpp_order != 0;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   if (opt.prefill_chunk <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefill_chunk ", opt.prefill_chunk, " <= 0"));
   }
+  if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
   if (opt.n_ctx == 0) {
     opt.n_ctx = model.hparams().n_ctx_train > 0
                     ? static_cast<int32_t>(std::min<int64_t>(model.hparams().n_ctx_train, 1 << 20))

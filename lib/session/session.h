@@ -51,6 +51,9 @@ namespace spec {
 class SpeculativeDecoder;
 }  // namespace spec
 
+// llama.cpp's default n_ubatch: the prompt batch size EngineOptions::llama_cpp_order prefills with.
+inline constexpr int32_t kLlamaCppUbatch = 512;
+
 struct EngineOptions {
   // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
   size_t pool_bytes = 0;
@@ -62,7 +65,9 @@ struct EngineOptions {
   int n_threads = 0;  // <= 0: physical cores
   // Tokens per forward call when prefilling (and per cancellation check).
   int32_t prefill_chunk = 256;
-  // LlamaForward::set_llama_cpp_order: llama.cpp's bits instead of batch invariance.
+  // LlamaForward::set_llama_cpp_order: llama.cpp's bits instead of batch invariance. Its bits
+  // depend on how a prompt is split into batches, so this also prefills in chunks of
+  // kLlamaCppUbatch tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
   bool llama_cpp_order = false;
 };
 
