@@ -44,8 +44,9 @@ constexpr int kTileRows = 4;       // weight rows per register tile (2 row pairs
 constexpr int kTileTokens = 8;     // tokens per register tile (2 token quads)
 constexpr int kPrefetchRows = 16;  // weight rows prefetched (into L2) ahead of the row block in use
 
-// One block of 4 weight rows, unpacked (320 B).
-struct alignas(64) WeightBlock4 {
+// One block of 4 weight rows, unpacked (320 B): what a tile reads per block, in registers
+// (unpacked where it is used) or from a per-call copy (prefill).
+struct alignas(64) Unpacked4 {
   // Rows past the call's last row repeat its first one (computed, never stored).
   __m512i qs[2];  // pair p: bytes 0..31 = row 2p elements 0..31, bytes 32..63 = row 2p + 1
   __m512 d[2];    // pair p: lanes 0..7 = dw of row 2p, lanes 8..15 = dw of row 2p + 1
@@ -56,11 +57,6 @@ struct alignas(64) WeightBlock4 {
 // bytes past the block), qs repacked with one two-source dword permute per row pair ([qs | qs |
 // qs' | qs'], then the odd 128-bit lanes shifted by 4: high nibbles), the 8 halves d0 m0 .. d3 m3
 // converted with one vcvtph2ps.
-struct Unpacked4 {
-  __m512i qs[2];
-  __m512 d[2];
-  __m512 m;
-};
 inline Unpacked4 UnpackBlock4(const BlockQ4_1* const rows[kTileRows], int64_t b) {
   constexpr __mmask64 kBlockBytes = (1ull << sizeof(BlockQ4_1)) - 1;
   __m512i raw[kTileRows];
@@ -96,11 +92,8 @@ struct RawWeights {
   Unpacked4 operator()(int64_t b) const { return UnpackBlock4(rows, b); }
 };
 struct PackedWeights {
-  const WeightBlock4* blocks;
-  Unpacked4 operator()(int64_t b) const {
-    const WeightBlock4& w = blocks[b];
-    return {{w.qs[0], w.qs[1]}, {w.d[0], w.d[1]}, w.m};
-  }
+  const Unpacked4* blocks;
+  const Unpacked4& operator()(int64_t b) const { return blocks[b]; }
 };
 
 // Per-call activation scales: da per token ([n_tokens][nb]) and sa per token quad and block,
@@ -182,7 +175,7 @@ __attribute__((always_inline)) inline void Tile(const Weights& weights, int64_t 
   });
   Unroll<kQuads>([&](auto q) { mins[q] = _mm512_setzero_ps(); });
   for (int64_t b = 0; b < nb; ++b) {
-    const Unpacked4 w = weights(b);
+    const Unpacked4& w = weights(b);
     Unroll<T>([&](auto t) {
       const auto* act = reinterpret_cast<const BlockQ8_1*>(a + t * a_stride);
       const __m512i qa =
@@ -250,7 +243,7 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
   const int64_t nb = n / kQK;
   // Per-thread scratch: activation scales; weights [nb] blocks of 4 rows (many tokens only).
   thread_local ActScales scales;
-  thread_local std::vector<WeightBlock4> wts;
+  thread_local std::vector<Unpacked4> wts;
   const auto* ap = static_cast<const uint8_t*>(a);
   ConvertActScales(ap, a_stride, n_tokens, nb, &scales);
   // Up to two register tiles of tokens: unpack each weight block in registers where it is used
@@ -281,14 +274,7 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
       RowBlock(raw, nb, ap, a_stride, scales, n_tokens, rows, out + r, out_stride);
       continue;
     }
-    for (int64_t b = 0; b < nb; ++b) {
-      const Unpacked4 u = raw(b);
-      wts[b].qs[0] = u.qs[0];
-      wts[b].qs[1] = u.qs[1];
-      wts[b].d[0] = u.d[0];
-      wts[b].d[1] = u.d[1];
-      wts[b].m = u.m;
-    }
+    for (int64_t b = 0; b < nb; ++b) wts[b] = raw(b);
     RowBlock(PackedWeights{wts.data()}, nb, ap, a_stride, scales, n_tokens, rows, out + r,
              out_stride);
   }

@@ -27,7 +27,9 @@ namespace {
 
 using BlockFn = float (*)(const float* x, int8_t* q, int32_t* sum);
 
-void QuantizeRowQ8_0(BlockFn block, const float* x, void* vy, int64_t n) {
+// The block kernel is a template argument: a direct call per block, not an indirect one.
+template <BlockFn block>
+void QuantizeRowQ8_0(const float* x, void* vy, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(vy);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     int32_t sum;
@@ -35,7 +37,8 @@ void QuantizeRowQ8_0(BlockFn block, const float* x, void* vy, int64_t n) {
   }
 }
 
-void QuantizeRowQ8_1(BlockFn block, const float* x, void* vy, int64_t n) {
+template <BlockFn block>
+void QuantizeRowQ8_1(const float* x, void* vy, int64_t n) {
   auto* y = static_cast<BlockQ8_1*>(vy);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     int32_t sum;
@@ -48,16 +51,16 @@ void QuantizeRowQ8_1(BlockFn block, const float* x, void* vy, int64_t n) {
 }  // namespace
 
 void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_0(QuantizeActivationBlockRef, x, y, n);
+  QuantizeRowQ8_0<QuantizeActivationBlockRef>(x, y, n);
 }
 void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_1(QuantizeActivationBlockRef, x, y, n);
+  QuantizeRowQ8_1<QuantizeActivationBlockRef>(x, y, n);
 }
 void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_0(QuantizeActivationBlockAvx512, x, y, n);
+  QuantizeRowQ8_0<QuantizeActivationBlockAvx512>(x, y, n);
 }
 void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_1(QuantizeActivationBlockAvx512, x, y, n);
+  QuantizeRowQ8_1<QuantizeActivationBlockAvx512>(x, y, n);
 }
 
 }  // namespace quant
