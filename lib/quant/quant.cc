@@ -53,9 +53,13 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
         dst.vec_dot_type = src.vec_dot_type;
         dst.vec_dot_rows = src.vec_dot_rows;  // never pair a new vec_dot with an older rows fn
         dst.vec_dot_tile = src.vec_dot_tile;  // nor with an older tile fn
+        dst.tile_for_one_token = src.tile_for_one_token;
       } else {
         if (src.vec_dot_rows) dst.vec_dot_rows = src.vec_dot_rows;
-        if (src.vec_dot_tile) dst.vec_dot_tile = src.vec_dot_tile;
+        if (src.vec_dot_tile) {
+          dst.vec_dot_tile = src.vec_dot_tile;
+          dst.tile_for_one_token = src.tile_for_one_token;
+        }
       }
     }
   }

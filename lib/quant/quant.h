@@ -54,6 +54,9 @@ struct QuantKernels {
   VecDotRowsFn vec_dot_rows = nullptr;
   // Optional rows x tokens form of vec_dot (same bits); null: use vec_dot_rows / vec_dot.
   VecDotTileFn vec_dot_tile = nullptr;
+  // vec_dot_tile is also the fastest path for a single token (otherwise one token keeps
+  // vec_dot_rows / vec_dot).
+  bool tile_for_one_token = false;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

@@ -147,10 +147,8 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
-  // Q4_1's tile also wins for one token (1.1-1.25x vec_dot_rows in cpu_ops_bench --tile: the
-  // weights are unpacked in registers); for the other types a single token keeps vec_dot_rows.
   if (plan.k->vec_dot_tile != nullptr && act != nullptr &&
-      (n_rows >= 2 || w.type == GgmlType::kQ4_1)) {
+      (n_rows >= 2 || plan.k->tile_for_one_token)) {
     // Rows x tokens tile kernel (same bits as vec_dot for every output): each thread takes its
     // rows in one call per block of kTileTokenBlock tokens, so the kernel repacks those tokens'
     // activations once for all its rows and each weight row once per token block.
