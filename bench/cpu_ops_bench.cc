@@ -3,8 +3,9 @@
 //
 //   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile]
 //
-// --tile runs only the old-path vs vec_dot_tile comparison on the SmolLM2 shapes (types with a
-// tile kernel: q8_0, q4_0; --types filters them too).
+// --tile runs only the matmul kernel comparison on the SmolLM2 shapes: old path vs vec_dot_tile
+// vs the integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1;
+// --types filters them too).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -136,12 +137,14 @@ double CpuTimePerCall(Fn&& fn) {
   return best;
 }
 
-// Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0) on the SmolLM2-135M shapes, one thread,
-// activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one Q8_0
-// token, vec_dot_rows over 16-row chunks otherwise, 32-token tiles, as MatMul did) against
-// vec_dot_tile in MatMul's blocking (all rows per call, 64-token blocks). GFLOP/s = 2 * n_in *
-// n_out * tokens / thread CPU time (best of
-// >= 3 calls; CPU time so that other jobs on the shared cores do not count).
+// Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0, Q4_1) on the SmolLM2-135M shapes, one
+// thread, activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one
+// Q8_0 token, vec_dot_rows over 16-row chunks otherwise, 32-token tiles, as MatMul did) against
+// vec_dot_tile in MatMul's blocking (all rows per call, 64-token blocks), both in vec_dot's
+// (llama.cpp's) order, and the integer order on interleaved rows (interleaved_tile, the default
+// mode's kernel; Q4_1 and Q8_0) in the same blocking. GFLOP/s = 2 * n_in * n_out * tokens /
+// thread CPU time (best of >= 3 calls; CPU time so that other jobs on the shared cores do not
+// count). Weights of these shapes stay in L2/L3: kernel speed, not memory speed.
 void BenchTile(GgmlType type) {
   const QuantKernels* k = GetQuantKernels(type);
   const std::string name = GgmlTypeName(static_cast<uint32_t>(type));
@@ -154,8 +157,8 @@ void BenchTile(GgmlType type) {
     printf("(no vec_dot_tile or vec_dot_rows for %s at this level)\n", name.c_str());
     return;
   }
-  printf("%-8s %-6s %7s %12s %12s %8s\n", "n_in", "n_out", "tokens", "old GFLOP/s", "tile GFLOP/s",
-         "speedup");
+  printf("%-8s %-6s %7s %12s %12s %8s %15s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
+         "tile GFLOP/s", "speedup", "integer GFLOP/s");
   struct Shape {
     int64_t n_in, n_out;
   };
@@ -170,7 +173,15 @@ void BenchTile(GgmlType type) {
       const std::vector<float> row = RandomVector(sh.n_in, rng);
       k->quantize(row.data(), w.data() + o * w_row, sh.n_in);
     }
-    for (int64_t n_tok : {1, 2, 4, 8, 512}) {
+    std::vector<uint8_t> interleaved;
+    if (k->interleaved_tile != nullptr) {
+      const int64_t groups = (sh.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
+      interleaved.resize(groups * k->interleaved_group_bytes(sh.n_in) + 64);
+    }
+    // 64-byte aligned, as the model's copies are.
+    uint8_t* il = interleaved.data() + (-reinterpret_cast<uintptr_t>(interleaved.data()) & 63);
+    if (k->interleaved_tile != nullptr) k->interleave(w.data(), w_row, sh.n_in, sh.n_out, il);
+    for (int64_t n_tok : {1, 2, 4, 8, 9, 16, 512}) {
       std::vector<uint8_t> a(a_row * n_tok);
       for (int64_t t = 0; t < n_tok; ++t) {
         const std::vector<float> x = RandomVector(sh.n_in, rng);
@@ -204,11 +215,23 @@ void BenchTile(GgmlType type) {
                           y.data() + tb * sh.n_out, sh.n_out);
         }
       };
+      auto integer_path = [&] {
+        for (int64_t tb = 0; tb < n_tok; tb += 64) {
+          const int64_t te = std::min(n_tok, tb + 64);
+          k->interleaved_tile(sh.n_in, il, static_cast<int>(sh.n_out), a.data() + tb * a_row, a_row,
+                              static_cast<int>(te - tb), y.data() + tb * sh.n_out, sh.n_out);
+        }
+      };
       const double flops = 2.0 * sh.n_in * sh.n_out * n_tok;
       const double t_old = CpuTimePerCall(old_path), t_tile = CpuTimePerCall(tile_path);
-      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx\n", static_cast<long long>(sh.n_in),
+      char integer[32] = "-";
+      if (k->interleaved_tile != nullptr) {
+        std::snprintf(integer, sizeof(integer), "%.1f",
+                      flops / CpuTimePerCall(integer_path) * 1e-9);
+      }
+      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx %15s\n", static_cast<long long>(sh.n_in),
              static_cast<long long>(sh.n_out), static_cast<long long>(n_tok), flops / t_old * 1e-9,
-             flops / t_tile * 1e-9, t_old / t_tile);
+             flops / t_tile * 1e-9, t_old / t_tile, integer);
       fflush(stdout);
     }
   }

@@ -14,8 +14,9 @@ set(KILN_KQUANTS_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/kquants_avx512.cc)
 kiln_simd_sources(avx2 ${KILN_KQUANTS_SIMD_AVX2})
 kiln_simd_sources(avx512 ${KILN_KQUANTS_SIMD_AVX512})
 set_property(SOURCE ${KILN_KQUANTS_SIMD_AVX2} ${KILN_KQUANTS_SIMD_AVX512} TARGET_DIRECTORY kiln_core APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
-# Rows x tokens tile kernels (kernels/cpu/tile_kernels.h); no FP contraction: same bits as vec_dot.
-set(KILN_TILE_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/tile_q8_0_avx512.cc ${CMAKE_CURRENT_SOURCE_DIR}/tile_q4_1_avx512.cc)
+# Rows x tokens tile kernels (kernels/cpu/tile_kernels.h); no FP contraction: same bits as their
+# references (vec_dot, or the integer order of lib/quant/interleave.h).
+set(KILN_TILE_SIMD_AVX512 ${CMAKE_CURRENT_SOURCE_DIR}/tile_q8_0_avx512.cc ${CMAKE_CURRENT_SOURCE_DIR}/tile_q4_1_avx512.cc ${CMAKE_CURRENT_SOURCE_DIR}/interleaved_avx512.cc)
 kiln_simd_sources(avx512 ${KILN_TILE_SIMD_AVX512})
 set_property(SOURCE ${KILN_TILE_SIMD_AVX512} TARGET_DIRECTORY kiln_core APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
 # MatMul's activation quantizers (lib/quant/activation.h).

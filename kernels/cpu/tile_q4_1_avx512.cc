@@ -205,34 +205,7 @@ void RowBlock(const Weights& w, int64_t nb, const uint8_t* a, size_t a_stride, c
     Tile<T>(w, nb, a + t * a_stride, a_stride, sc.da.data() + t * nb, sc.sa.data() + t / 4 * nb,
             n_rows, out + t * out_stride, out_stride);
   };
-  int t = 0;
-  for (; t + kTileTokens <= n_tokens; t += kTileTokens) tile.template operator()<kTileTokens>(t);
-  static_assert(kTileTokens == 8, "the tails below cover 1..7 tokens");
-  switch (n_tokens - t) {
-    case 7:
-      tile.template operator()<7>(t);
-      break;
-    case 6:
-      tile.template operator()<6>(t);
-      break;
-    case 5:
-      tile.template operator()<5>(t);
-      break;
-    case 4:
-      tile.template operator()<4>(t);
-      break;
-    case 3:
-      tile.template operator()<3>(t);
-      break;
-    case 2:
-      tile.template operator()<2>(t);
-      break;
-    case 1:
-      tile.template operator()<1>(t);
-      break;
-    default:
-      break;
-  }
+  ForEachTile<kTileTokens>(n_tokens, tile);
 }
 
 }  // namespace

@@ -219,24 +219,9 @@ inline void Tile(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_
 template <int R>
 void RowBlock(const WeightGroup* w, const ActGroup* a, int64_t ng, bool half_tail, int n_tokens,
               float* out, size_t out_stride) {
-  int t = 0;
-  for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
-    Tile<R, kTileTokens>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
-  }
-  static_assert(kTileTokens == 4, "tails below cover 1..3 tokens");
-  switch (n_tokens - t) {
-    case 3:
-      Tile<R, 3>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
-      break;
-    case 2:
-      Tile<R, 2>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
-      break;
-    case 1:
-      Tile<R, 1>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
-      break;
-    default:
-      break;
-  }
+  ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+    Tile<R, T>(w, a + t * ng, ng, half_tail, out + t * out_stride, out_stride);
+  });
 }
 
 template <typename Block, int kOffset>

@@ -20,4 +20,18 @@ __attribute__((always_inline)) inline void Unroll(F&& f) {
   (std::make_integer_sequence<int, N>{});
 }
 
+// Register tiles of kTile items over n items: f.template operator()<kTile>(i) for every full
+// tile starting at item i, then f.template operator()<n - i>(i) once for a tail of 1..kTile-1
+// items, so each tile size is its own instantiation with constant trip counts.
+template <int kTile, typename F>
+__attribute__((always_inline)) inline void ForEachTile(int n, F&& f) {
+  int i = 0;
+  for (; i + kTile <= n; i += kTile) f.template operator()<kTile>(i);
+  const int tail = n - i;
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((tail == I + 1 ? (f.template operator()<I + 1>(i), 0) : 0), ...);
+  }
+  (std::make_integer_sequence<int, kTile - 1>{});
+}
+
 }  // namespace kiln

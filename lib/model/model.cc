@@ -66,15 +66,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& optio
   if (options.progress && !options.progress(0.3f))
     return absl::CancelledError("model load cancelled");
   KILN_RETURN_IF_ERROR(m->BindWeights(options));
+  KILN_RETURN_IF_ERROR(m->InterleaveWeights());
   for (const gguf::TensorInfo& t : m->file_->tensors()) {
     m->n_params_ += t.n_elements;
     m->weight_bytes_ += t.nbytes;
   }
   if (options.log) {
-    options.log(
-        LogLevel::kInfo,
-        absl::StrFormat("loaded %s: %d layers, %d embd, %d params, %d bytes", options.path,
-                        m->hparams_.n_layer, m->hparams_.n_embd, m->n_params_, m->weight_bytes_));
+    options.log(LogLevel::kInfo,
+                absl::StrFormat(
+                    "loaded %s: %d layers, %d embd, %d params, %d bytes (+%d bytes interleaved)",
+                    options.path, m->hparams_.n_layer, m->hparams_.n_embd, m->n_params_,
+                    m->weight_bytes_, m->interleaved_bytes_));
   }
   if (options.progress && !options.progress(1.0f))
     return absl::CancelledError("model load cancelled");
@@ -110,6 +112,44 @@ absl::Status Model::BindWeights(const ModelLoadOptions& options) {
         !options.progress(0.3f + 0.7f * static_cast<float>(i + 1) / hp.n_layer)) {
       return absl::CancelledError("model load cancelled");
     }
+  }
+  return absl::OkStatus();
+}
+
+// Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU: what
+// the default numeric mode multiplies with (LlamaForward; llama_cpp_order keeps the file's rows).
+// One allocation; the mapped file's pages of those matrices are then read only in that mode.
+absl::Status Model::InterleaveWeights() {
+  std::vector<WeightView*> matrices;
+  for (LayerWeights& l : layers_) {
+    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+      matrices.push_back(w);
+    }
+  }
+  matrices.push_back(&output_);  // token_embd_ itself is only gathered from
+  constexpr size_t kAlign = 64;
+  auto bytes_of = [](const WeightView& w) -> size_t {
+    if (w.kernels->interleave == nullptr) return 0;
+    const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
+    const size_t bytes = groups * w.kernels->interleaved_group_bytes(w.n_in);
+    return (bytes + kAlign - 1) / kAlign * kAlign;
+  };
+  size_t total = 0;
+  for (const WeightView* w : matrices) total += bytes_of(*w);
+  if (total == 0) return absl::OkStatus();
+  interleaved_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, total)));
+  if (interleaved_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("model: cannot allocate %d bytes for the interleaved weights", total));
+  }
+  interleaved_bytes_ = total;
+  uint8_t* next = interleaved_.get();
+  for (WeightView* w : matrices) {
+    const size_t bytes = bytes_of(*w);
+    if (bytes == 0) continue;
+    w->kernels->interleave(w->data, w->row_bytes, w->n_in, w->n_out, next);
+    w->interleaved = next;
+    next += bytes;
   }
   return absl::OkStatus();
 }

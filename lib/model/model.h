@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct WeightView {
   int64_t n_out = 0;  // ne[1] (1 for vectors)
   size_t row_bytes = 0;
   const QuantKernels* kernels = nullptr;  // never null for a loaded weight
+  // Row-interleaved copy for the integer-order kernels (lib/quant/interleave.h), owned by the
+  // model; null when the type has none on this CPU (and for vectors and embeddings).
+  const uint8_t* interleaved = nullptr;
 
   const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
   const float* AsF32() const { return reinterpret_cast<const float*>(data); }  // f32 vectors
@@ -74,10 +78,17 @@ class Model {
 
   uint64_t n_params() const { return n_params_; }
   uint64_t weight_bytes() const { return weight_bytes_; }  // bytes of all tensors
+  // Bytes of the row-interleaved weight copies (WeightView::interleaved) the model holds.
+  size_t interleaved_bytes() const { return interleaved_bytes_; }
 
  private:
   Model() = default;
   absl::Status BindWeights(const ModelLoadOptions& options);
+  absl::Status InterleaveWeights();
+
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
 
   std::unique_ptr<gguf::GgufFile> file_;
   ModelHparams hparams_;
@@ -87,6 +98,8 @@ class Model {
   std::vector<LayerWeights> layers_;
   uint64_t n_params_ = 0;
   uint64_t weight_bytes_ = 0;
+  std::unique_ptr<uint8_t, FreeDeleter> interleaved_;  // every WeightView::interleaved copy
+  size_t interleaved_bytes_ = 0;
 };
 
 }  // namespace kiln

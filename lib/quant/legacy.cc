@@ -51,6 +51,12 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[kQ8_0].vec_dot_tile = VecDotTileQ8_0Q8_0Avx512;
       r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
       r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
+      r[GgmlType::kQ4_1].interleave = InterleaveQ4_1;
+      r[GgmlType::kQ4_1].interleaved_group_bytes = InterleavedGroupBytesQ4_1;
+      r[GgmlType::kQ4_1].interleaved_tile = InterleavedTileQ4_1Q8_1Avx512;
+      r[kQ8_0].interleave = InterleaveQ8_0;
+      r[kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
+      r[kQ8_0].interleaved_tile = InterleavedTileQ8_0Q8_0Avx512;
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
       // (cpu_ops_bench --tile). The Q8_0 / Q4_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;

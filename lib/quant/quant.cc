@@ -61,6 +61,11 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
           dst.tile_for_one_token = src.tile_for_one_token;
         }
       }
+      if (src.interleaved_tile) {  // its own numeric order: independent of vec_dot
+        dst.interleave = src.interleave;
+        dst.interleaved_group_bytes = src.interleaved_group_bytes;
+        dst.interleaved_tile = src.interleaved_tile;
+      }
     }
   }
   return regs;

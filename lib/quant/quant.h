@@ -13,8 +13,13 @@
 #include <cstdint>
 
 #include "lib/common/ggml_type.h"
+#include "lib/quant/interleave.h"
 
 namespace kiln {
+
+using quant::InterleavedGroupBytesFn;
+using quant::InterleavedTileFn;
+using quant::InterleaveFn;
 
 enum class CpuLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* CpuLevelName(CpuLevel level);
@@ -57,6 +62,11 @@ struct QuantKernels {
   // vec_dot_tile is also the fastest path for a single token (otherwise one token keeps
   // vec_dot_rows / vec_dot).
   bool tile_for_one_token = false;
+  // Row-interleaved form and its integer-order tile kernel (interleave.h): the default numeric
+  // mode's matmul where set (null: the type keeps vec_dot's order in every mode).
+  InterleaveFn interleave = nullptr;
+  InterleavedGroupBytesFn interleaved_group_bytes = nullptr;
+  InterleavedTileFn interleaved_tile = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

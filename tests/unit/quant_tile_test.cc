@@ -5,6 +5,7 @@
 // types: MatMul over n tokens equals MatMul per token, bitwise, with 1 and 2 threads.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/ggml_type.h"
 #include "lib/quant/activation.h"
+#include "lib/quant/interleave.h"
+#include "lib/quant/legacy_kernels.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
@@ -335,6 +338,262 @@ TEST(VecDotTileQ4_1, MatMulBatchInvariantOnSpecWidths) {
         ASSERT_NO_FATAL_FAILURE(ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
       }
     }
+  }
+}
+
+// ---- The integer order on interleaved rows (lib/quant/interleave.h) ----
+
+struct IntegerOrderType {
+  GgmlType type;
+  VecDotFn ref;  // the integer order's plain reference
+};
+constexpr IntegerOrderType kIntegerOrderTypes[] = {
+    {GgmlType::kQ4_1, quant::VecDotQ4_1Q8_1IntegerRef},
+    {GgmlType::kQ8_0, quant::VecDotQ8_0Q8_0IntegerRef}};
+
+// Weight rows of `type` with offsets, outliers and zero blocks (stride bytes apart).
+std::vector<uint8_t> IntegerOrderRows(GgmlType type, int64_t n, int rows, size_t stride,
+                                      std::mt19937& rng) {
+  return type == GgmlType::kQ4_1 ? RandomQ4_1Rows(n, rows, stride, rng)
+                                 : RandomRows(type, n, rows, stride, rng);
+}
+
+// `tokens` activation rows of `type` from MatMul's activation quantizer at the best level.
+std::vector<uint8_t> Activations(GgmlType type, int64_t n, int tokens, size_t stride,
+                                 std::mt19937& rng) {
+  if (type == GgmlType::kQ8_1) return Q8_1Activations(n, tokens, stride, BestCpuLevel(), rng);
+  const QuantizeRowFn quantize = ActivationQuantizer(type, BestCpuLevel());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  std::vector<uint8_t> out(stride * tokens + 1);
+  for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
+  for (int t = 0; t < tokens; ++t) {
+    for (float& v : x) v = dist(rng) * (t % 3 == 1 ? 40.0f : 1.0f);
+    quantize(x.data(), out.data() + t * stride, n);
+  }
+  return out;
+}
+
+// Interleaved weights of `rows` rows (w_stride bytes apart), via the registry's packer; 64-byte
+// aligned, as the model's copies are.
+struct alignas(64) Line {
+  uint8_t bytes[64];
+};
+std::vector<Line> Interleave(const QuantKernels& k, const std::vector<uint8_t>& w, size_t w_stride,
+                             int64_t n, int rows) {
+  const int groups = (rows + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
+  std::vector<Line> out((groups * k.interleaved_group_bytes(n) + 63) / 64);
+  k.interleave(w.data(), w_stride, n, rows, out.data());
+  return out;
+}
+
+// Kernels of `type` with an interleaved form on this CPU, or null.
+const QuantKernels* InterleavedKernels(GgmlType type) {
+  const QuantKernels* k = GetQuantKernels(type);
+  return k != nullptr && k->interleaved_tile != nullptr ? k : nullptr;
+}
+
+// The packers: Q4_1 byte 4i + j of row r's block qs at qs[i][4r + j], Q8_0 element 4i + j of
+// row r plus 128 there; d (and m) at [r]; rows past the last one of a group are zero.
+TEST(IntegerOrder, PackerLayouts) {
+  const QuantKernels* q4_1 = InterleavedKernels(GgmlType::kQ4_1);
+  const QuantKernels* q8_0 = InterleavedKernels(GgmlType::kQ8_0);
+  if (q4_1 == nullptr || q8_0 == nullptr) GTEST_SKIP() << "no interleaved kernels on this CPU";
+  std::mt19937 rng(3);
+  const int64_t n = 96;
+  const int rows = 19;
+  constexpr uint8_t kZero[2] = {0, 0};
+  {
+    const size_t stride = RowBytes(GgmlType::kQ4_1, n) + 5;
+    const std::vector<uint8_t> w = RandomQ4_1Rows(n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*q4_1, w, stride, n, rows);
+    const auto* p = reinterpret_cast<const quant::BlockQ4_1x16*>(lines.data());
+    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+      for (int b = 0; b < 3; ++b) {
+        const quant::BlockQ4_1x16& blk = p[row / 16 * 3 + b];
+        const int r = row % 16;
+        const auto* src = reinterpret_cast<const quant::BlockQ4_1*>(w.data() + row * stride) + b;
+        for (int e = 0; e < 16; ++e) {
+          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
+        }
+        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+        ASSERT_EQ(std::memcmp(blk.m[r], row < rows ? src->m : kZero, 2), 0) << "row " << row;
+      }
+    }
+  }
+  {
+    const size_t stride = RowBytes(GgmlType::kQ8_0, n) + 3;
+    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ8_0, n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*q8_0, w, stride, n, rows);
+    const auto* p = reinterpret_cast<const quant::BlockQ8_0x16*>(lines.data());
+    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+      for (int b = 0; b < 3; ++b) {
+        const quant::BlockQ8_0x16& blk = p[row / 16 * 3 + b];
+        const int r = row % 16;
+        const auto* src = reinterpret_cast<const quant::BlockQ8_0*>(w.data() + row * stride) + b;
+        for (int e = 0; e < 32; ++e) {
+          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? uint8_t(src->qs[e] + 128) : 0)
+              << "row " << row;
+        }
+        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+      }
+    }
+  }
+}
+
+// Every output of an interleaved kernel equals its integer-order reference bitwise: SmolLM2 row
+// lengths, row counts with every kind of partial group, every token tail of the 8-token register
+// tile, prefill-sized calls, padded strides; nothing past n_rows is written.
+TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
+  std::mt19937 rng(43);
+  int checked = 0;
+  for (const IntegerOrderType& it : kIntegerOrderTypes) {
+    const QuantKernels* k = InterleavedKernels(it.type);
+    if (k == nullptr) continue;
+    for (int64_t n : {32, 64, 576, 1536}) {
+      for (auto [rows, tokens] : {std::pair{1, 1},
+                                  {16, 1},
+                                  {17, 2},
+                                  {5, 3},
+                                  {32, 4},
+                                  {15, 5},
+                                  {33, 6},
+                                  {48, 7},
+                                  {16, 8},
+                                  {20, 9},
+                                  {31, 16},
+                                  {16, 17},
+                                  {7, 67}}) {
+        const size_t w_stride = RowBytes(it.type, n) + (rows % 2) * 7;
+        const size_t a_stride = RowBytes(k->vec_dot_type, n) + (tokens % 2) * 3;
+        const std::vector<uint8_t> w = IntegerOrderRows(it.type, n, rows, w_stride, rng);
+        const std::vector<uint8_t> a = Activations(k->vec_dot_type, n, tokens, a_stride, rng);
+        const std::vector<Line> p = Interleave(*k, w, w_stride, n, rows);
+        const size_t out_stride = rows + 3;
+        std::vector<float> got(out_stride * tokens, -7.0f);
+        k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(), out_stride);
+        for (int t = 0; t < tokens; ++t) {
+          for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+            const float g = got[t * out_stride + r];
+            if (r >= rows) {
+              ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
+              continue;
+            }
+            const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+            ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                << GgmlTypeName(static_cast<uint32_t>(it.type)) << " n " << n << " tile " << rows
+                << "x" << tokens << " row " << r << " token " << t << ": " << g << " vs " << want;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  if (BestCpuLevel() == CpuLevel::kAvx512) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
+// The integer order computes the same dot product as vec_dot (ggml's order) up to rounding: both
+// within 1e-6 of the sum of |terms| of the exact (double) value of the quantized operands' dot,
+// on rows with offsets (mins) and outlier activations. Extreme operands (Q4_1: every nibble 15;
+// Q8_0: every weight -128; activations +-127) keep the int32 block sums exact.
+TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
+  std::mt19937 rng(11);
+  const int64_t n = 1536;
+  for (const IntegerOrderType& it : kIntegerOrderTypes) {
+    const QuantKernels* k = GetQuantKernels(it.type, CpuLevel::kScalar);
+    const QuantKernels* ak = GetQuantKernels(k->vec_dot_type, CpuLevel::kScalar);
+    const size_t w_stride = RowBytes(it.type, n), a_stride = RowBytes(k->vec_dot_type, n);
+    const size_t w_block = w_stride / (n / 32), a_block = a_stride / (n / 32);
+    const size_t a_qs = a_block - 32;  // offset of qs in the activation block
+    std::vector<uint8_t> w = IntegerOrderRows(it.type, n, 8, w_stride, rng);
+    std::vector<uint8_t> a = Activations(k->vec_dot_type, n, 8, a_stride, rng);
+    for (int64_t b = 0; b < n / 32; ++b) {  // row 7 and token 7: the extreme operands
+      if (it.type == GgmlType::kQ4_1) {
+        std::memset(w.data() + 7 * w_stride + b * w_block + 4, 0xFF, 16);
+      } else {
+        std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x80, 32);
+      }
+      uint8_t* ab = a.data() + 7 * a_stride + b * a_block;
+      auto* qa = reinterpret_cast<int8_t*>(ab + a_qs);
+      for (int j = 0; j < 32; ++j) qa[j] = (b % 2) ? 127 : -127;
+      if (k->vec_dot_type == GgmlType::kQ8_1) {  // s = d * Σ qa, as the quantizer stores it
+        quant::StoreHalf(ab + 2, quant::LoadHalf(ab) * ((b % 2) ? 127 * 32 : -127 * 32));
+      }
+    }
+    std::vector<float> wf(n), af(n);
+    for (int r = 0; r < 8; ++r) {
+      k->dequantize(w.data() + r * w_stride, wf.data(), n);
+      for (int t = 0; t < 8; ++t) {
+        ak->dequantize(a.data() + t * a_stride, af.data(), n);
+        double exact = 0, magnitude = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double term = double(wf[i]) * af[i];
+          exact += term;
+          magnitude += std::abs(term);
+        }
+        const float integer = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+        const float ggml = k->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
+        // Q4_1 x Q8_1 uses the activation's stored f16 sum s for the mins term, not Σ of its
+        // dequantized values: allow that f16 rounding (relative 2^-11 of each mins term).
+        const double tol = (it.type == GgmlType::kQ4_1 ? 1e-3 : 1e-6) * magnitude;
+        EXPECT_NEAR(integer, exact, tol) << "row " << r << " token " << t;
+        EXPECT_NEAR(ggml, exact, tol) << "row " << r << " token " << t;
+        EXPECT_NEAR(integer, ggml, 1e-5 * magnitude) << "row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// MatMul with the interleaved copy set computes the integer order (every output equals the
+// reference on MatMul's own quantized activations) and stays batch invariant over the
+// verification widths and a prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
+TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
+  std::mt19937 rng(13);
+  cpu::ThreadPool pool2(2);
+  cpu::Scratch scratch;
+  int checked = 0;
+  for (const IntegerOrderType& it : kIntegerOrderTypes) {
+    const QuantKernels* k = InterleavedKernels(it.type);
+    if (k == nullptr) continue;
+    for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{576, 67}, {1536, 48}, {32, 9}}) {
+      const size_t w_stride = RowBytes(it.type, n_in);
+      const std::vector<uint8_t> w =
+          IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
+      const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
+      cpu::WeightView wv{it.type, w.data(), n_in, n_out};
+      wv.interleaved = p.data();
+      for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
+        std::vector<float> x, single;
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectMatMulBatchInvariant(wv, n_tokens, BestCpuLevel(), rng, &x, &single));
+        std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
+        for (int64_t t : {int64_t{0}, n_tokens - 1}) {
+          ActivationQuantizer(k->vec_dot_type, BestCpuLevel())(x.data() + t * n_in, qa.data(),
+                                                               n_in);
+          for (int64_t o = 0; o < n_out; ++o) {
+            const float want = it.ref(n_in, w.data() + o * w_stride, qa.data());
+            ASSERT_EQ(std::memcmp(&single[t * n_out + o], &want, sizeof(float)), 0)
+                << n_in << "x" << n_out << " token " << t << " output " << o;
+            ++checked;
+          }
+        }
+        std::vector<int32_t> pick;
+        for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
+        std::vector<float> sub(n_out * pick.size());
+        ASSERT_TRUE(cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch).ok());
+        for (size_t i = 0; i < pick.size(); ++i) {
+          ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
+                                n_out * sizeof(float)),
+                    0)
+              << "MatMulRows row " << i;
+        }
+      }
+    }
+  }
+  if (BestCpuLevel() == CpuLevel::kAvx512) {
+    EXPECT_GT(checked, 0);
   }
 }
 

@@ -147,21 +147,39 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
-  if (plan.k->vec_dot_tile != nullptr && act != nullptr &&
-      (n_rows >= 2 || plan.k->tile_for_one_token)) {
-    // Rows x tokens tile kernel (same bits as vec_dot for every output): each thread takes its
-    // rows in one call per block of kTileTokenBlock tokens, so the kernel repacks those tokens'
-    // activations once for all its rows and each weight row once per token block.
-    const VecDotTileFn tile = plan.k->vec_dot_tile;
+  // Tile kernels: each thread takes its rows (whole chunks) in one call per block of
+  // kTileTokenBlock tokens, so a kernel prepares those tokens' activations once for all its rows
+  // and reads each weight row once per token block. call(r0, n_rows, act, n_tokens, y) computes
+  // y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out].
+  auto for_each_tile = [&](auto&& call) {
     pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
       const int64_t r0 = c0 * kRowChunk, r1 = std::min(n_out, c1 * kRowChunk);
       for (int64_t tb = 0; tb < n_rows; tb += kTileTokenBlock) {
         const int64_t te = std::min(n_rows, tb + kTileTokenBlock);
-        // y[tb..te, r0..r1] of y [n_rows, n_out]
-        tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, static_cast<int>(r1 - r0),
-             act + tb * plan.act_row_bytes, plan.act_row_bytes, static_cast<int>(te - tb),
-             y + tb * n_out + r0, static_cast<size_t>(n_out));
+        call(r0, static_cast<int>(r1 - r0), act + tb * plan.act_row_bytes,
+             static_cast<int>(te - tb), y + tb * n_out + r0);
       }
+    });
+  };
+  if (w.interleaved != nullptr && plan.k->interleaved_tile != nullptr && act != nullptr) {
+    // Integer order on the interleaved copy (groups of 16 rows; chunks hold whole groups).
+    static_assert(kRowChunk % quant::kInterleaveRows == 0);
+    const InterleavedTileFn tile = plan.k->interleaved_tile;
+    const size_t group_bytes = plan.k->interleaved_group_bytes(n_in);
+    const auto* groups = static_cast<const uint8_t*>(w.interleaved);
+    for_each_tile([&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
+      tile(n_in, groups + r0 / quant::kInterleaveRows * group_bytes, rows, a, plan.act_row_bytes,
+           tokens, yt, static_cast<size_t>(n_out));
+    });
+    return absl::OkStatus();
+  }
+  if (plan.k->vec_dot_tile != nullptr && act != nullptr &&
+      (n_rows >= 2 || plan.k->tile_for_one_token)) {
+    // Rows x tokens tile kernel: the same bits as vec_dot for every output.
+    const VecDotTileFn tile = plan.k->vec_dot_tile;
+    for_each_tile([&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
+      tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a, plan.act_row_bytes,
+           tokens, yt, static_cast<size_t>(n_out));
     });
     return absl::OkStatus();
   }

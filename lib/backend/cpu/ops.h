@@ -53,6 +53,10 @@ struct WeightView {
   const void* data = nullptr;
   int64_t n_in = 0;
   int64_t n_out = 0;
+  // Optional row-interleaved copy of data (QuantKernels::interleave, lib/quant/interleave.h).
+  // When set and the type has an interleaved_tile kernel at the call's level, MatMul computes in
+  // the integer order instead of vec_dot's (different last bits; batch invariant as well).
+  const void* interleaved = nullptr;
 };
 
 // ---- Matrix multiply ----------------------------------------------------------------------

@@ -8,12 +8,15 @@
 namespace kiln {
 namespace {
 
-cpu::WeightView ToCpu(const WeightView& w) {
+// integer_order: multiply with the row-interleaved copy where the model has one (the default
+// numeric mode); off, with the file's rows in vec_dot's (llama.cpp's) order.
+cpu::WeightView ToCpu(const WeightView& w, bool integer_order = false) {
   cpu::WeightView v;
   v.type = w.type;
   v.data = w.data;
   v.n_in = w.n_in;
   v.n_out = w.n_out;
+  if (integer_order) v.interleaved = w.interleaved;
   return v;
 }
 
@@ -245,6 +248,8 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
                                             std::span<const int32_t>(ids_.data(), n), x_.data()));
   float* x = x_.data();
   float* h = h_.data();
+  // Matrices: the integer order on interleaved copies by default, vec_dot's in llama.cpp order.
+  auto weight = [this](const WeightView& w) { return ToCpu(w, !llama_cpp_order_); };
   const cpu::AttentionOrder order = llama_cpp_order_ && n >= 2
                                         ? cpu::AttentionOrder::kLlamaCppPrompt
                                         : cpu::AttentionOrder::kBatchInvariant;
@@ -252,11 +257,12 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
     const LayerWeights& L = model_.layers()[il];
     // Attention block.                                         x, h: [n, n_embd]
     cpu::RmsNorm(x, L.attn_norm.AsF32(), n, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, ToCpu(L.wq), h, n, q_.data(), scratch_));  // [n, q_dim]
     KILN_RETURN_IF_ERROR(
-        cpu::MatMul(pool_, ToCpu(L.wk), h, n, k_.data(), scratch_));  // [n, kv_dim]
+        cpu::MatMul(pool_, weight(L.wq), h, n, q_.data(), scratch_));  // [n, q_dim]
     KILN_RETURN_IF_ERROR(
-        cpu::MatMul(pool_, ToCpu(L.wv), h, n, v_.data(), scratch_));  // [n, kv_dim]
+        cpu::MatMul(pool_, weight(L.wk), h, n, k_.data(), scratch_));  // [n, kv_dim]
+    KILN_RETURN_IF_ERROR(
+        cpu::MatMul(pool_, weight(L.wv), h, n, v_.data(), scratch_));  // [n, kv_dim]
     rope_table_.Apply(q_.data(), hp_.n_head);
     rope_table_.Apply(k_.data(), hp_.n_head_kv);
     WriteKv(cache, il, k_.data(), v_.data());
@@ -265,15 +271,15 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
     KILN_RETURN_IF_ERROR(cpu::PagedAttention(pool_, kv, ab, q_.data(),
                                              static_cast<int32_t>(hp_.n_head), attn_.data(), 0.0f,
                                              scratch_, order));  // [n, q_dim]
-    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, ToCpu(L.wo), attn_.data(), n, proj_.data(), scratch_));
+    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, weight(L.wo), attn_.data(), n, proj_.data(), scratch_));
     cpu::Add(x, proj_.data(), n * d, x);
     // Feed-forward block (SwiGLU).
     cpu::RmsNorm(x, L.ffn_norm.AsF32(), n, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, ToCpu(L.ffn_gate), h, n, gate_.data(), scratch_));
-    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, ToCpu(L.ffn_up), h, n, up_.data(), scratch_));
+    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, weight(L.ffn_gate), h, n, gate_.data(), scratch_));
+    KILN_RETURN_IF_ERROR(cpu::MatMul(pool_, weight(L.ffn_up), h, n, up_.data(), scratch_));
     cpu::SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());  // [n, n_ff]
     KILN_RETURN_IF_ERROR(
-        cpu::MatMul(pool_, ToCpu(L.ffn_down), gate_.data(), n, proj_.data(), scratch_));
+        cpu::MatMul(pool_, weight(L.ffn_down), gate_.data(), n, proj_.data(), scratch_));
     cpu::Add(x, proj_.data(), n * d, x);
     save_hidden(il, x);
   }
@@ -281,7 +287,7 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
   save_hidden(static_cast<int32_t>(hp_.n_layer), h);
   out->logits.resize(out->logit_tokens.size() * hp_.n_vocab);
   if (!out->logit_tokens.empty()) {
-    KILN_RETURN_IF_ERROR(cpu::MatMulRows(pool_, ToCpu(model_.output()), h, n, out->logit_tokens,
+    KILN_RETURN_IF_ERROR(cpu::MatMulRows(pool_, weight(model_.output()), h, n, out->logit_tokens,
                                          out->logits.data(), scratch_));  // [n_logits, n_vocab]
   }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.

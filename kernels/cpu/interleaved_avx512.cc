@@ -1,0 +1,173 @@
+// Integer-order matmul kernels on row-interleaved weights (lib/quant/interleave.h) with 512-bit
+// VNNI: Q4_1 x Q8_1 and Q8_0 x Q8_0. Compiled with -ffp-contract=off (sources.cmake): every FMA
+// is explicit.
+//
+// Lane r of every vector is weight row 16 g + r of the group in use, so a block's dot product
+// needs no horizontal reduction: per (group, block, token) eight vpdpbusd (the activation's
+// dwords as broadcast operands, two independent chains summed: exact int32), the scale multiply,
+// the convert and one FMA (Q4_1: plus the mins FMA; Q8_0: plus the offset correction) give 16
+// rows x 32 elements in 12 vector ops, where the ggml order needs about 5 per 64 elements. A
+// register tile is one group x up to 8 tokens; the group's weight block is decoded once per tile
+// and the group's bytes stay in L1 for the next token tile.
+//
+// Q4_1: four 64-byte loads give the 32 nibbles of 16 rows (AND: elements 4i..4i+3; shift + AND:
+// 16+4i..16+4i+3), one vcvtph2ps each the 16 scales and mins.
+// Q8_0: the packer stores qw + 128 (unsigned bytes, what vpdpbusd multiplies), so
+// Σ qw * qa = Σ (qw + 128) * qa - 128 * Σ qa; the second term is exact and per (token, block),
+// computed once per call.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/tile_kernels.h"
+#include "kernels/cpu/unroll.h"
+#include "lib/quant/interleave.h"
+#include "lib/quant/legacy_kernels.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kTileTokens = 8;
+
+inline __m512i Broadcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// Σ over 32 elements of w (weight bytes, unsigned, as 8 dword vectors: w[i] pairs with activation
+// dword i) times the activation block's qs: two chains of four vpdpbusd, exact int32.
+inline __m512i BlockDot(const __m512i w[8], const int8_t* qa) {
+  __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], Broadcast(qa));
+  __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], Broadcast(qa + 16));
+  Unroll<3>([&](auto k) {
+    p0 = _mm512_dpbusd_epi32(p0, w[k + 1], Broadcast(qa + 4 * (k + 1)));
+    p1 = _mm512_dpbusd_epi32(p1, w[k + 5], Broadcast(qa + 16 + 4 * (k + 1)));
+  });
+  return _mm512_add_epi32(p0, p1);
+}
+
+inline __m512 HalvesToFloats(const uint8_t (*h)[2]) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
+struct Q4_1Format {
+  using Block = BlockQ4_1x16;
+  using ActBlock = BlockQ8_1;
+  using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = LoadHalf(a.d);
+    *aux = LoadHalf(a.s);
+  }
+  // One group of 16 rows x T tokens; a: the T tokens' rows; d, aux: their scales (stride nb).
+  // flatten: GCC otherwise leaves some Unroll lambdas as calls (2-4x slower at 3-7 tokens).
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux* aux,
+                                            int n_rows, float* out, size_t out_stride) {
+    __m512 acc[T], mins[T];
+    Unroll<T>([&](auto t) {
+      acc[t] = _mm512_setzero_ps();
+      mins[t] = _mm512_setzero_ps();
+    });
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i q[8];  // q[i]: elements 4i..4i+3 (i < 4), 16+4(i-4).. (i >= 4) of every row
+      Unroll<4>([&](auto i) {
+        const __m512i packed = _mm512_load_si512(w[b].qs[i]);
+        q[i] = _mm512_and_si512(packed, low);
+        q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      });
+      const __m512 dw = HalvesToFloats(w[b].d);
+      const __m512 mw = HalvesToFloats(w[b].m);
+      Unroll<T>([&](auto t) {
+        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
+        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(BlockDot(q, act->qs)), acc[t]);
+        mins[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(aux[t * nb + b]), mins[t]);
+      });
+    }
+    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
+    Unroll<T>([&](auto t) {
+      _mm512_mask_storeu_ps(out + t * out_stride, store, _mm512_add_ps(acc[t], mins[t]));
+    });
+  }
+};
+
+struct Q8_0Format {
+  using Block = BlockQ8_0x16;
+  using ActBlock = BlockQ8_0;
+  using Aux = int32_t;  // -128 * Σ qa: the correction for the weights' +128 offset
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = LoadHalf(a.d);
+    int32_t sum = 0;
+    for (int8_t v : a.qs) sum += v;
+    *aux = -128 * sum;
+  }
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux* aux,
+                                            int n_rows, float* out, size_t out_stride) {
+    __m512 acc[T];
+    Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i q[8];
+      Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
+      const __m512 dw = HalvesToFloats(w[b].d);
+      Unroll<T>([&](auto t) {
+        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
+        const __m512i p =
+            _mm512_add_epi32(BlockDot(q, act->qs), _mm512_set1_epi32(aux[t * nb + b]));
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
+        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
+      });
+    }
+    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
+    Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
+  }
+};
+
+// The InterleavedTileFn contract for one format: activation scales converted once per call,
+// then every group of 16 rows in register tiles of up to kTileTokens tokens.
+template <typename F>
+void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t a_stride,
+                     int n_tokens, float* out, size_t out_stride) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK;
+  thread_local std::vector<float> d;
+  thread_local std::vector<typename F::Aux> aux;
+  const size_t need = static_cast<size_t>(n_tokens) * nb;
+  if (d.size() < need) {
+    d.resize(need);
+    aux.resize(need);
+  }
+  const auto* ap = static_cast<const uint8_t*>(a);
+  for (int t = 0; t < n_tokens; ++t) {
+    const auto* row = reinterpret_cast<const typename F::ActBlock*>(ap + t * a_stride);
+    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], &d[t * nb + b], &aux[t * nb + b]);
+  }
+  const auto* groups = static_cast<const typename F::Block*>(w);
+  for (int r = 0; r < n_rows; r += kInterleaveRows) {
+    const typename F::Block* g = groups + r / kInterleaveRows * nb;
+    ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+      F::template Tile<T>(g, nb, ap + t * a_stride, a_stride, d.data() + t * nb,
+                          aux.data() + t * nb, n_rows - r, out + t * out_stride + r, out_stride);
+    });
+  }
+}
+
+}  // namespace
+
+void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+}  // namespace kiln::quant

@@ -1,0 +1,85 @@
+#include "lib/quant/interleave.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "lib/quant/legacy_kernels.h"
+
+namespace kiln::quant {
+
+size_t InterleavedGroupBytesQ4_1(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_1x16);
+}
+
+void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  const int64_t nb = n_in / kQK;
+  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
+  auto* dst = static_cast<BlockQ4_1x16*>(out);
+  std::memset(dst, 0, n_groups * nb * sizeof(BlockQ4_1x16));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const auto* src = reinterpret_cast<const BlockQ4_1*>(static_cast<const uint8_t*>(w) +
+                                                         static_cast<size_t>(row) * w_stride);
+    const int64_t g = row / kInterleaveRows;
+    const int r = static_cast<int>(row % kInterleaveRows);
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ4_1x16& p = dst[g * nb + b];
+      for (int i = 0; i < 4; ++i) std::memcpy(&p.qs[i][4 * r], src[b].qs + 4 * i, 4);
+      std::memcpy(p.d[r], src[b].d, 2);
+      std::memcpy(p.m[r], src[b].m, 2);
+    }
+  }
+}
+
+size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
+}
+
+void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  const int64_t nb = n_in / kQK;
+  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
+  auto* dst = static_cast<BlockQ8_0x16*>(out);
+  std::memset(dst, 0, n_groups * nb * sizeof(BlockQ8_0x16));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const auto* src = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) +
+                                                         static_cast<size_t>(row) * w_stride);
+    const int64_t g = row / kInterleaveRows;
+    const int r = static_cast<int>(row % kInterleaveRows);
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ8_0x16& p = dst[g * nb + b];
+      for (int e = 0; e < kQK; ++e) {
+        p.qs[e / 4][4 * r + e % 4] = static_cast<uint8_t>(src[b].qs[e] + 128);
+      }
+      std::memcpy(p.d[r], src[b].d, 2);
+    }
+  }
+}
+
+float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32_t p = 0;
+    for (int j = 0; j < kQK; ++j) p += x[b].qs[j] * y[b].qs[j];
+    acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
+  }
+  return acc;
+}
+
+float VecDotQ4_1Q8_1IntegerRef(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockQ4_1*>(w);
+  const auto* y = static_cast<const BlockQ8_1*>(a);
+  float acc = 0.0f, mins = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32_t p = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      p += (x[b].qs[j] & 0x0F) * y[b].qs[j] + (x[b].qs[j] >> 4) * y[b].qs[j + kQK / 2];
+    }
+    const float s = LoadHalf(x[b].d) * LoadHalf(y[b].d);
+    acc = std::fma(s, static_cast<float>(p), acc);
+    mins = std::fma(LoadHalf(x[b].m), LoadHalf(y[b].s), mins);
+  }
+  return acc + mins;
+}
+
+}  // namespace kiln::quant

@@ -1,0 +1,74 @@
+// Row-interleaved weights and kiln's integer dot order: the fast path of the default
+// (batch-invariant) numeric mode, beside the ggml-order kernels of quant.h that
+// EngineOptions::llama_cpp_order keeps.
+//
+// Layout ("x16"): a matrix's rows in groups of kInterleaveRows = 16, each group stored block by
+// block, so one 512-bit register holds the same 4 elements of all 16 rows (a lane per row) and a
+// dot product never needs a horizontal reduction. Rows past the matrix's last one are zero.
+//
+// Integer order, per (weight row w, activation row a) of nb = n / 32 blocks:
+//   Q4_1 x Q8_1:
+//     acc = 0, mins = 0
+//     for b in 0 .. nb-1:
+//       P    = Σ_j qw_j * qa_j over the block's 32 elements  (exact int32; |P| <= 32 * 15 * 127)
+//       acc  = fma(f32(dw_b) * f32(da_b), float(P), acc)    (one rounded product, then one FMA)
+//       mins = fma(f32(mw_b), f32(sa_b), mins)
+//     result = acc + mins
+//   Q8_0 x Q8_0: the same without the mins (|P| <= 32 * 127 * 127, exact in float too).
+// ggml's x86 order instead keeps 4 or 8 float partial sums per (row, token), each FMA'd per
+// block (legacy_kernels.h); that needs a convert, multiply and FMA per 4 or 8 elements where this
+// order needs them per 32, and the interleaved layout shares every weight load across 16 rows.
+// The two orders differ in the last bits of a result. Each output depends only on its own weight
+// row and activation row, so results are batch invariant by construction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::quant {
+
+inline constexpr int kInterleaveRows = 16;
+
+// 16 Q4_1 rows x one 32-element block (320 B, five cache lines).
+struct alignas(64) BlockQ4_1x16 {
+  // qs[i][4 r + j] = byte 4 i + j of row r's block qs: its low nibble is element 4 i + j, its
+  // high nibble element 16 + 4 i + j (Q4_1's own nibble order, BlockQ4_1).
+  uint8_t qs[4][64];
+  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
+  uint8_t m[kInterleaveRows][2];  // f16 min of row r
+};
+static_assert(sizeof(BlockQ4_1x16) == 320);
+
+// 16 Q8_0 rows x one 32-element block (544 B).
+struct alignas(32) BlockQ8_0x16 {
+  // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
+  uint8_t qs[8][64];
+  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
+};
+static_assert(sizeof(BlockQ8_0x16) == 544);
+
+// Rows [n_rows] of n_in elements (w_stride bytes apart) -> out: ceil(n_rows / 16) groups of
+// n_in / 32 interleaved blocks, group-major. n_in a multiple of 32.
+using InterleaveFn = void (*)(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows,
+                              void* out);
+// Bytes of one group of 16 interleaved rows of n_in elements.
+using InterleavedGroupBytesFn = size_t (*)(int64_t n_in);
+
+// out[t * out_stride + r] = integer-order dot of interleaved row r (of the groups at w) and
+// activation row t (at a + t * a_stride), for r < n_rows, t < n_tokens; bit for bit the
+// reference below. Writes nothing else. Thread-safe (per-thread scratch).
+using InterleavedTileFn = void (*)(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+size_t InterleavedGroupBytesQ4_1(int64_t n_in);
+
+void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+size_t InterleavedGroupBytesQ8_0(int64_t n_in);
+
+// The plain references of the integer order for one weight row and one activation row (the
+// original, not interleaved, layouts).
+float VecDotQ4_1Q8_1IntegerRef(int64_t n, const void* w, const void* a);
+float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
+
+}  // namespace kiln::quant
