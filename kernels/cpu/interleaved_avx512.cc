@@ -52,18 +52,16 @@ inline __m512i BlockDot(const __m512i w[8], const int8_t* qa) {
   return _mm512_add_epi32(p0, p1);
 }
 
-// Weights stream from memory once per call. Tiles of one or two tokens are bandwidth-bound:
-// fetch far ahead into L2 (kFarBytes); wider tiles are compute-bound and wait on each block:
-// fetch closer, into L1 (kNearBytes). engine_bench --widths, 1 thread (noisy, +-10%): one-token
-// passes 6.5 -> 5.7-6.4 ms, eight-token passes 19.4 -> 16.5-16.9 ms; T0 for one token made it
-// slower (7.0-7.6 ms).
-constexpr int64_t kFarBytes = 8192, kNearBytes = 2048;
-template <int T, typename Block>
+// Weights stream from memory once per call: fetch the bytes kPrefetchBytes ahead of each block
+// into L2. engine_bench --widths, 1 thread: one-token passes 6.5 -> 6.3 ms, eight-token passes
+// 19.4 -> 16.8 ms, every width in between monotonic. (Measured, not kept: prefetching into L1,
+// 2 KB ahead, for tiles of 3+ tokens: as fast at 8 tokens, slower at 3-4 with 2 threads, where
+// the two cores share the bandwidth; into L1 for one token: 7.0-7.6 ms.)
+constexpr int64_t kPrefetchBytes = 8192;
+template <typename Block>
 inline void PrefetchAhead(const Block* w, int64_t b) {
-  const char* p = reinterpret_cast<const char*>(w + b) + (T <= 2 ? kFarBytes : kNearBytes);
-  for (size_t off = 0; off < sizeof(Block); off += 64) {
-    _mm_prefetch(p + off, T <= 2 ? _MM_HINT_T1 : _MM_HINT_T0);
-  }
+  const char* p = reinterpret_cast<const char*>(w + b) + kPrefetchBytes;
+  for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
 }
 
 inline __m512 HalvesToFloats(const uint8_t (*h)[2]) {
@@ -91,7 +89,7 @@ struct Q4_1Format {
     });
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
-      PrefetchAhead<T>(w, b);
+      PrefetchAhead(w, b);
       __m512i q[8];  // q[i]: elements 4i..4i+3 (i < 4), 16+4(i-4).. (i >= 4) of every row
       Unroll<4>([&](auto i) {
         const __m512i packed = _mm512_load_si512(w[b].qs[i]);
@@ -131,7 +129,7 @@ struct Q8_0Format {
     __m512 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
     for (int64_t b = 0; b < nb; ++b) {
-      PrefetchAhead<T>(w, b);
+      PrefetchAhead(w, b);
       __m512i q[8];
       Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
       const __m512 dw = HalvesToFloats(w[b].d);
