@@ -268,6 +268,55 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
   }
 }
 
+// NQ heads x up to 64 columns per pass over the rows: 4 * NQ accumulators stay in registers,
+// each V slice is widened once for the NQ heads.
+template <int NQ>
+void KvAccumulateRowsFixed(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
+                           int64_t n_rows, KvElem elem, int64_t d) {
+  for (int64_t c0 = 0; c0 < d; c0 += 64) {
+    __mmask16 m[4];
+    for (int s = 0; s < 4; ++s) m[s] = c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
+    __m512 acc[NQ][4];
+    for (int g = 0; g < NQ; ++g) {
+      for (int s = 0; s < 4; ++s) acc[g][s] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < n_rows; ++j) {
+      __m512 pj[NQ];
+      for (int g = 0; g < NQ; ++g) pj[g] = _mm512_set1_ps(p[g * p_stride + j]);
+      for (int s = 0; s < 4; ++s) {
+        if (m[s] == 0) continue;  // d - c0 < 64: the same slices skipped for every row
+        const __m512 v = LoadKv(v_rows[j], elem, c0 + 16 * s, m[s]);
+        for (int g = 0; g < NQ; ++g) acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]);
+      }
+    }
+    for (int g = 0; g < NQ; ++g) {
+      for (int s = 0; s < 4; ++s) _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]);
+    }
+  }
+}
+
+void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                      const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
+  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+    float* og = out + g0 * d;
+    const float* pg = p + g0 * p_stride;
+    switch (n_q - g0 < 4 ? n_q - g0 : 4) {
+      case 1:
+        KvAccumulateRowsFixed<1>(og, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 2:
+        KvAccumulateRowsFixed<2>(og, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      case 3:
+        KvAccumulateRowsFixed<3>(og, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+      default:
+        KvAccumulateRowsFixed<4>(og, pg, p_stride, v_rows, n_rows, elem, d);
+        break;
+    }
+  }
+}
+
 void ReduceLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = TailMask(d - i);
@@ -300,6 +349,7 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
   k->kv_accumulate_groups = KvAccumulateGroups;
+  k->kv_accumulate_rows = KvAccumulateRows;
   k->reduce_lanes = ReduceLanes;
   k->kv_accumulate = KvAccumulate;
 }

@@ -644,9 +644,9 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
         EXPECT_EQ(0, std::memcmp(alone.data(), out2.data() + t * qsize, qsize * 4))
             << "token " << t << " alone vs in the batch";
       }
-      // Every SIMD level computes ggml's arithmetic: the same bits, in both orders.
-      for (AttentionOrder order :
-           {AttentionOrder::kBatchInvariant, AttentionOrder::kLlamaCppPrompt}) {
+      // Every SIMD level computes the same bits, in every order.
+      for (AttentionOrder order : {AttentionOrder::kBatchInvariant, AttentionOrder::kLlamaCppDecode,
+                                   AttentionOrder::kLlamaCppPrompt}) {
         std::vector<float> want(out2.size());
         ASSERT_TRUE(PagedAttention(pool2, cache.View(), batch, q.data(), sh.n_heads, want.data(), 0,
                                    scratch, order, CpuLevel::kScalar)

@@ -157,11 +157,12 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     max_visible = std::max(max_visible, b.n_visible[t] + extra);
   }
   // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, d] and rounded
-  // q [G, d] (floats), then the V row pointers of the whole lane groups [max_visible / 16].
+  // q [G, d] (floats), then V row pointers: of every visible row [max_visible] (batch-invariant
+  // order) or of the whole lane groups [max_visible / 16] (llama.cpp orders).
   const size_t floats_bytes =
       ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
   const size_t per_thread =
-      (floats_bytes + (max_visible / 16) * sizeof(const void*) + 63) & ~size_t{63};
+      (floats_bytes + max_visible * sizeof(const void*) + 63) & ~size_t{63};
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
@@ -175,8 +176,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
-    // V rows of the leading whole lane groups.
-    const void** v_groups = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
+    // V row pointers (see the workspace above).
+    const void** v_rows = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
@@ -228,22 +229,32 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
         if (p_to_f16) k.round_f16(sg, n_vis);
       }
-      // out = V^T . p per head, in ggml_vec_dot_f32's lanes over the visible index.
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
+      if (order == AttentionOrder::kBatchInvariant) {
+        // out = V^T . p for the G heads at once, one chain per element in index order.
+        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
+                              h * kv.v.head_stride_bytes + row * v_row_bytes;
+          for (int64_t r = 0; r < count; ++r) v_rows[index + r] = vt + r * v_row_bytes;
+        });
+        k.kv_accumulate_rows(ot, sc, max_visible, group, v_rows, n_vis, v_elem, d);
+        continue;
+      }
+      // out = V^T . p per head, in the llama.cpp order's lanes over the visible index.
       // Leading runs that are whole 16-row lane groups (a causal prefix with block_size 16)
       // take the register-blocked kernel; the rest (a partial last block, tree extras) follow
       // in index order through the generic one.
       int64_t n_groups = 0;
       for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
         if (index != 16 * n_groups || count != 16) return;
-        v_groups[n_groups++] = v_base + block * kv.v.block_stride_bytes +
+        v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes +
                                h * kv.v.head_stride_bytes + row * v_row_bytes;
       });
       const int64_t grouped_rows = 16 * n_groups;
       for (int64_t g = 0; g < group; ++g) {
         std::fill(acc, acc + n_lanes * d, 0.0f);
         const float* pg = sc + g * max_visible;
-        k.kv_accumulate_groups(acc, pg, v_groups, n_groups, n_lanes, v_elem, d);
+        k.kv_accumulate_groups(acc, pg, v_rows, n_groups, n_lanes, v_elem, d);
         for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
           if (index < grouped_rows) return;
           const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +

@@ -6,7 +6,8 @@
 // copy the linker keeps for everyone).
 //
 // Arithmetic of the llama-path kernels (rms_norm, swiglu, kv_scores, softmax_exp,
-// kv_accumulate) is ggml's CPU backend on x86 with AVX-512, step for step, so that kiln's
+// kv_accumulate; not kv_accumulate_rows, kiln's own order) is ggml's CPU backend on x86 with
+// AVX-512, step for step, so that kiln's
 // activations equal llama.cpp's bit for bit (quantized models amplify any last-bit difference;
 // see lib/quant/activation.h). Every level gives the same bits; a level without its own version
 // uses the scalar one. The scalar versions are the definitions.
@@ -64,6 +65,12 @@ struct OpKernels {
   // accumulator stays in a register across the runs).
   void (*kv_accumulate_groups)(float* acc, const float* p, const void* const* v_groups,
                                int64_t n_groups, int64_t n_lanes, KvElem elem, int64_t d);
+  // kiln's batch-invariant V side (AttentionOrder::kBatchInvariant), no lanes: for each of n_q
+  // heads g and element i one FMA chain from 0 over the visible rows in index order,
+  //   out[g * d + i] = fma(v_rows[j][i], p[g * p_stride + j], ...) for j = 0 .. n_rows - 1,
+  // so each V row is widened once for the n_q heads that share it.
+  void (*kv_accumulate_rows)(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                             const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d);
   // out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
   // ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
   // tinyBLAS's _mm512_reduce_add_ps.

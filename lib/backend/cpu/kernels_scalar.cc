@@ -139,6 +139,17 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
   }
 }
 
+void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                      const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
+  std::fill(out, out + n_q * d, 0.0f);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    for (int64_t g = 0; g < n_q; ++g) {
+      float* o = out + g * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = std::fma(LoadKv(v_rows[j], elem, i), p[g * p_stride + j], o[i]);
+    }
+  }
+}
+
 void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   for (int64_t i = 0; i < d; ++i) {
     float v[16];
@@ -166,6 +177,7 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->kv_accumulate_groups = KvAccumulateGroups;
   k->reduce_lanes = ReduceAttnLanes;
   k->kv_accumulate = KvAccumulate;
+  k->kv_accumulate_rows = KvAccumulateRows;
 }
 
 }  // namespace kiln::cpu

@@ -226,20 +226,23 @@ struct AttentionBatch {
 
 // out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
 //   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
-// scale <= 0 means 1/sqrt(head_dim). Arithmetic of ggml's non-flash attention (kq = K.q,
-// soft_max_ext, kqv = V^T.p; kernels.h), with the visible rows numbered 0, 1, ... in order
-// (prefix, then extras) as ggml numbers a causal sequence's cache cells, so a tree node's
+// scale <= 0 means 1/sqrt(head_dim). Arithmetic of ggml's non-flash attention for the scores and
+// the softmax (kq = K.q, soft_max_ext; kernels.h), with the visible rows numbered 0, 1, ... in
+// order (prefix, then extras) as ggml numbers a causal sequence's cache cells, so a tree node's
 // output equals, bit for bit, that of the same tokens laid out as a causal chain. With an f16
 // cache q and the softmax weights are rounded to f16 before their products (ggml's f16 path). One
 // (token, kv head) pair per task; each K/V row is read for the G query heads of its group.
 // Errors: any index or count out of range (names field and index), a token that sees nothing,
 // n_heads not a multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16.
-// The one place where llama.cpp's arithmetic depends on the batch: its V . P product runs
-// ggml_vec_dot_f32 (64 lanes) for a one-token batch and tinyBLAS (16 lanes) for a batch of two
-// or more tokens. kiln's default keeps the 64-lane order for every token (batch invariance);
-// kLlamaCppPrompt selects the 16-lane order, which a caller reproducing llama.cpp uses for
-// batches of two or more tokens.
-enum class AttentionOrder { kBatchInvariant, kLlamaCppPrompt };
+// The V . P product has three orders:
+//   kBatchInvariant (default): one FMA chain per output element over the visible rows in index
+//     order (kv_accumulate_rows), the same for every token whatever its batch; each V row is
+//     widened once for the G heads of its group.
+//   kLlamaCppDecode: ggml_vec_dot_f32's 64 lanes, llama.cpp's order for a one-token batch.
+//   kLlamaCppPrompt: tinyBLAS's 16 lanes, llama.cpp's order for a batch of two or more tokens
+//     (and, for an f16 cache, tinyBLAS's 16-lane K . q too).
+// The llama.cpp orders reproduce its bits (EngineOptions::llama_cpp_order).
+enum class AttentionOrder { kBatchInvariant, kLlamaCppDecode, kLlamaCppPrompt };
 
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
                             const float* q, int32_t n_heads, float* out, float scale,

@@ -250,9 +250,9 @@ absl::Status LlamaForward::Forward(const ForwardBatch& batch, KvCache& cache, Fo
   float* h = h_.data();
   // Matrices: the integer order on interleaved copies by default, vec_dot's in llama.cpp order.
   auto weight = [this](const WeightView& w) { return ToCpu(w, !llama_cpp_order_); };
-  const cpu::AttentionOrder order = llama_cpp_order_ && n >= 2
-                                        ? cpu::AttentionOrder::kLlamaCppPrompt
-                                        : cpu::AttentionOrder::kBatchInvariant;
+  const cpu::AttentionOrder order = !llama_cpp_order_ ? cpu::AttentionOrder::kBatchInvariant
+                                    : n >= 2          ? cpu::AttentionOrder::kLlamaCppPrompt
+                                                      : cpu::AttentionOrder::kLlamaCppDecode;
   for (int32_t il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[il];
     // Attention block.                                         x, h: [n, n_embd]
