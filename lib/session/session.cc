@@ -113,10 +113,15 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(Engine& engine,
 absl::Status Session::SetStrategy(spec::Strategy* strategy) {
   Use use(*this, "SetStrategy", true);
   KILN_RETURN_IF_ERROR(use.status());
-  if (spec_ == nullptr) {
+  // A strategy newly attached to this session forgets what it learned elsewhere (a handle may
+  // serve one session after another): its estimates and, for a draft model, its cache. Without
+  // this, a reused handle made the next session's draft lengths, and so a seeded sampled text,
+  // depend on the sessions before it.
+  const bool first = spec_ == nullptr;
+  if (first) {
     spec_ = std::make_unique<spec::SpeculativeDecoder>(engine_, seq_, sampler_, rng_, strategy);
   }
-  if (strategy != nullptr && strategy != spec_->strategy()) strategy->Reset();
+  if (strategy != nullptr && (first || strategy != spec_->strategy())) strategy->Reset();
   spec_->set_strategy(strategy);
   if (owned_strategy_ != nullptr && owned_strategy_.get() != strategy) owned_strategy_.reset();
   return absl::OkStatus();

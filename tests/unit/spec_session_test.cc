@@ -145,6 +145,33 @@ TEST_F(SpecSessionTest, GreedyEqualsPlainAndHonoursLimits) {
   }
 }
 
+// A strategy handle that served one session starts afresh in the next: with a pinned cost the
+// second session drafts exactly as a session with a new handle does (same drafted and accepted
+// counts), rather than from the acceptance the first session taught it.
+TEST_F(SpecSessionTest, ReusedHandleStartsFreshInANewSession) {
+  NgramParams params;
+  params.fixed_pass_cost_beta = 0.3;
+  auto used = NgramStrategy::Create(params);
+  auto fresh = NgramStrategy::Create(params);
+  ASSERT_TRUE(used.ok() && fresh.ok());
+  GenerateOptions options;
+  options.max_tokens = 40;
+  GenerateResult r;
+  {
+    // Teach the handle: a long copy task accepts most drafts.
+    auto first = NewSession(used->get(), Greedy(), kLongCopyPrompt);
+    Run(*first, options, &r);
+    ASSERT_GT(first->spec_metrics().accepted, 0);
+  }
+  auto second = NewSession(used->get());
+  auto reference = NewSession(fresh->get());
+  Run(*second, options, &r);
+  Run(*reference, options, &r);
+  EXPECT_EQ(second->tokens(), reference->tokens());
+  EXPECT_EQ(second->spec_metrics().drafted, reference->spec_metrics().drafted);
+  EXPECT_EQ(second->spec_metrics().accepted, reference->spec_metrics().accepted);
+}
+
 TEST_F(SpecSessionTest, StopStringInsideAcceptedDraft) {
   auto ngram = NgramStrategy::Create(NgramParams{});
   ASSERT_TRUE(ngram.ok());
