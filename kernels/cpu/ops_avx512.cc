@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/unroll.h"
 #include "lib/backend/cpu/kernels.h"
 
 namespace kiln::cpu {
@@ -268,52 +269,127 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
   }
 }
 
-// NQ heads x up to 64 columns per pass over the rows: 4 * NQ accumulators stay in registers,
-// each V slice is widened once for the NQ heads.
-template <int NQ>
-void KvAccumulateRowsFixed(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
-                           int64_t n_rows, KvElem elem, int64_t d) {
+// Lane sums of 16 rows' vectors a[0..15] (row r's lanes in a[r]) -> one vector, lane r = row r's
+// sum in kv_scores_rows's tree: pairs of rows interleaved (unpacklo/hi: x[4q] + x[4q+2] next to
+// x[4q+1] + x[4q+3]), then pairs of pairs (the quad sums Q_q of 4 rows per 128-bit lane), then
+// the 128-bit lanes ((Q0 + Q2) + (Q1 + Q3)).
+inline __m512 TransposeSum16(const __m512 a[16]) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  // t[i], per 128-bit lane q: [r: x0+x2, r': x0+x2, r: x1+x3, r': x1+x3] (r = 2i, r' = 2i + 1).
+  for (int i = 0; i < 4; ++i) {
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // u[i], 128-bit lane q, element e: Q_q of row 4i + e.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // s01: [Q0+Q2 | Q1+Q3 of rows 0..3, Q0+Q2 | Q1+Q3 of rows 4..7] per 128-bit lane.
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// kv_scores_rows for d % 16 == 0 (head_dim <= 1024), one K element type: per block of 16 rows
+// and head, 16 accumulators in registers (Unroll: constant indices, see unroll.h); the missing
+// rows of a last partial block read zeros and their sums are dropped (each lane of
+// TransposeSum16 adds only its own row's values).
+template <KvElem kElem>
+void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                    int64_t d, float* scores, int64_t score_stride) {
+  alignas(64) static const float kZeroRow[1024] = {};
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
+    const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
+    const void* block[16];
+    for (int r = 0; r < 16; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
+    for (int64_t g = 0; g < n_q; ++g) {
+      const float* qg = q + g * d;
+      __m512 acc[16];
+      Unroll<16>([&](auto r) { acc[r] = _mm512_setzero_ps(); });
+      for (int64_t i = 0; i < d; i += 16) {
+        const __m512 qv = _mm512_loadu_ps(qg + i);
+        Unroll<16>([&](auto r) {
+          acc[r] = _mm512_fmadd_ps(LoadKv(block[r], kElem, i, 0xFFFF), qv, acc[r]);
+        });
+      }
+      _mm512_mask_storeu_ps(scores + g * score_stride + j0, TailMask(rows), TransposeSum16(acc));
+    }
+  }
+}
+
+void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
+  switch (elem) {
+    case KvElem::kF32:
+      return KvScoresRowsOf<KvElem::kF32>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+    case KvElem::kF16:
+      return KvScoresRowsOf<KvElem::kF16>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+    case KvElem::kBf16:
+      return KvScoresRowsOf<KvElem::kBf16>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+  }
+}
+
+// NQ heads x up to 64 columns per pass over the rows, one V element type: 4 * NQ accumulators
+// stay in registers, each V slice is widened once for the NQ heads.
+template <int NQ, KvElem kElem>
+void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
+                        int64_t n_rows, int64_t d) {
   for (int64_t c0 = 0; c0 < d; c0 += 64) {
     __mmask16 m[4];
     for (int s = 0; s < 4; ++s) m[s] = c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
     __m512 acc[NQ][4];
-    for (int g = 0; g < NQ; ++g) {
-      for (int s = 0; s < 4; ++s) acc[g][s] = _mm512_setzero_ps();
-    }
+    Unroll<NQ>([&](auto g) { Unroll<4>([&](auto s) { acc[g][s] = _mm512_setzero_ps(); }); });
     for (int64_t j = 0; j < n_rows; ++j) {
       __m512 pj[NQ];
-      for (int g = 0; g < NQ; ++g) pj[g] = _mm512_set1_ps(p[g * p_stride + j]);
-      for (int s = 0; s < 4; ++s) {
-        if (m[s] == 0) continue;  // d - c0 < 64: the same slices skipped for every row
-        const __m512 v = LoadKv(v_rows[j], elem, c0 + 16 * s, m[s]);
-        for (int g = 0; g < NQ; ++g) acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]);
-      }
+      Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
+      Unroll<4>([&](auto s) {
+        if (m[s] == 0) return;  // d - c0 < 64: the same slices skipped for every row
+        const __m512 v = LoadKv(v_rows[j], kElem, c0 + 16 * s, m[s]);
+        Unroll<NQ>([&](auto g) { acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]); });
+      });
     }
-    for (int g = 0; g < NQ; ++g) {
-      for (int s = 0; s < 4; ++s) _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]);
+    Unroll<NQ>([&](auto g) {
+      Unroll<4>([&](auto s) { _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]); });
+    });
+  }
+}
+
+template <KvElem kElem>
+void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                          const void* const* v_rows, int64_t n_rows, int64_t d) {
+  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+    float* og = out + g0 * d;
+    const float* pg = p + g0 * p_stride;
+    switch (n_q - g0 < 4 ? n_q - g0 : 4) {
+      case 1:
+        KvAccumulateRowsOf<1, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        break;
+      case 2:
+        KvAccumulateRowsOf<2, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        break;
+      case 3:
+        KvAccumulateRowsOf<3, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        break;
+      default:
+        KvAccumulateRowsOf<4, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        break;
     }
   }
 }
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
-  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
-    float* og = out + g0 * d;
-    const float* pg = p + g0 * p_stride;
-    switch (n_q - g0 < 4 ? n_q - g0 : 4) {
-      case 1:
-        KvAccumulateRowsFixed<1>(og, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 2:
-        KvAccumulateRowsFixed<2>(og, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      case 3:
-        KvAccumulateRowsFixed<3>(og, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-      default:
-        KvAccumulateRowsFixed<4>(og, pg, p_stride, v_rows, n_rows, elem, d);
-        break;
-    }
+  switch (elem) {
+    case KvElem::kF32:
+      return KvAccumulateRowsElem<KvElem::kF32>(out, p, p_stride, n_q, v_rows, n_rows, d);
+    case KvElem::kF16:
+      return KvAccumulateRowsElem<KvElem::kF16>(out, p, p_stride, n_q, v_rows, n_rows, d);
+    case KvElem::kBf16:
+      return KvAccumulateRowsElem<KvElem::kBf16>(out, p, p_stride, n_q, v_rows, n_rows, d);
   }
 }
 
@@ -349,6 +425,7 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
   k->kv_accumulate_groups = KvAccumulateGroups;
+  k->kv_scores_rows = KvScoresRows;  // PagedAttention calls it for d % 16 == 0 only
   k->kv_accumulate_rows = KvAccumulateRows;
   k->reduce_lanes = ReduceLanes;
   k->kv_accumulate = KvAccumulate;

@@ -624,13 +624,15 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
       EXPECT_EQ(0, std::memcmp(out1.data(), out2.data(), out1.size() * 4)) << "1 vs 2 threads";
 
       for (int32_t t = 0; t < n_tokens; ++t) {
-        // Reference over the contiguous copy: |diff| <= 2e-5 (f32 online softmax vs double).
+        // Reference over the contiguous copy: |diff| <= 2e-5 (f32 online softmax vs double). The
+        // default (batch-invariant) order keeps q and the softmax weights in f32, also with an
+        // f16 cache (no rounding to f16 on either side).
         std::vector<int32_t> visible(n_visible[t]);
         for (int32_t j = 0; j < n_visible[t]; ++j) visible[j] = j;
         std::vector<float> expect(qsize);
         const SeqKv& s = seqs[seq_of[t]];
         ref::Attention(q.data() + t * qsize, sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(),
-                       s.v.data(), visible, scale, expect.data(), type == GgmlType::kF16);
+                       s.v.data(), visible, scale, expect.data(), /*round_to_f16=*/false);
         for (int64_t i = 0; i < qsize; ++i) {
           ASSERT_NEAR(out2[t * qsize + i], expect[i], 2e-5f) << "token " << t << " i " << i;
         }
@@ -735,10 +737,11 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
         // Same math, different run boundaries of the online softmax: |diff| <= 1e-5.
         ASSERT_NEAR(out[node * qsize + i], expect[i], 1e-5f) << "i " << i;
       }
-      // And the double-precision reference over the visible slots.
+      // And the double-precision reference over the visible slots (the default order keeps q
+      // and the softmax weights in f32).
       std::vector<float> ref_out(qsize);
       ref::Attention(q.data() + node * qsize, n_heads, n_kv, d, seq.k.data(), seq.v.data(), src_pos,
-                     1.0f / 8.0f, ref_out.data(), type == GgmlType::kF16);
+                     1.0f / 8.0f, ref_out.data(), /*round_to_f16=*/false);
       for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(out[node * qsize + i], ref_out[i], 2e-5f);
     }
   }

@@ -138,9 +138,11 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   const int64_t group = n_heads / kv.n_kv_heads;
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
+  const bool batch_invariant = order == AttentionOrder::kBatchInvariant;
   // llama.cpp's f16 cache path (ggml_vec_dot_f16 / tinyBLAS f16): q and the softmax weights are
-  // rounded to f16 before their products with K and V.
-  const bool q_to_f16 = k_elem == KvElem::kF16, p_to_f16 = v_elem == KvElem::kF16;
+  // rounded to f16 before their products with K and V. kiln's order keeps them in f32.
+  const bool q_to_f16 = !batch_invariant && k_elem == KvElem::kF16;
+  const bool p_to_f16 = !batch_invariant && v_elem == KvElem::kF16;
   // llama.cpp's prompt batches run K.q through tinyBLAS only for an f16 cache (an f32 q is used
   // in place, which needs a contiguous q; a converted f16 q is contiguous), V.p for both types.
   const bool prompt = order == AttentionOrder::kLlamaCppPrompt;
@@ -157,12 +159,15 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     max_visible = std::max(max_visible, b.n_visible[t] + extra);
   }
   // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, d] and rounded
-  // q [G, d] (floats), then V row pointers: of every visible row [max_visible] (batch-invariant
-  // order) or of the whole lane groups [max_visible / 16] (llama.cpp orders).
+  // q [G, d] (floats), then row pointers [2, max_visible]: K and V of every visible row
+  // (batch-invariant order), or V of the whole lane groups (llama.cpp orders).
   const size_t floats_bytes =
       ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
   const size_t per_thread =
-      (floats_bytes + max_visible * sizeof(const void*) + 63) & ~size_t{63};
+      (floats_bytes + 2 * max_visible * sizeof(const void*) + 63) & ~size_t{63};
+  // The AVX-512 kernel covers head sizes in whole 16-float steps; others use the definition.
+  const auto kv_scores_rows =
+      d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
@@ -176,8 +181,9 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
-    // V row pointers (see the workspace above).
+    // Row pointers (see the workspace above).
     const void** v_rows = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
+    const void** k_rows = v_rows + max_visible;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
@@ -214,14 +220,31 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         }
       };
 
-      // Scores [G, n_vis] = K . q (ggml's f32 dot), then softmax as ggml_soft_max_ext.
+      // Scores [G, n_vis] = K . q, then softmax as ggml_soft_max_ext.
       int64_t n_vis = 0;
-      for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-        const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
-                            row * k_row_bytes;
-        kv_scores(qt, group, kt, count, k_elem, d, kq_lanes, sc + index, max_visible);
-        n_vis = index + count;
-      });
+      if (batch_invariant) {
+        // kiln's order over the visible rows' K and V (kept for V . P below).
+        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          const uint8_t* kt = k_base + block * kv.k.block_stride_bytes +
+                              h * kv.k.head_stride_bytes + row * k_row_bytes;
+          const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
+                              h * kv.v.head_stride_bytes + row * v_row_bytes;
+          for (int64_t r = 0; r < count; ++r) {
+            k_rows[index + r] = kt + r * k_row_bytes;
+            v_rows[index + r] = vt + r * v_row_bytes;
+          }
+          n_vis = index + count;
+        });
+        kv_scores_rows(qt, group, k_rows, n_vis, k_elem, d, sc, max_visible);
+      } else {
+        // ggml's f32 dot.
+        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          const uint8_t* kt = k_base + block * kv.k.block_stride_bytes +
+                              h * kv.k.head_stride_bytes + row * k_row_bytes;
+          kv_scores(qt, group, kt, count, k_elem, d, kq_lanes, sc + index, max_visible);
+          n_vis = index + count;
+        });
+      }
       for (int64_t g = 0; g < group; ++g) {
         float* sg = sc + g * max_visible;
         k.scale(sg, scale, n_vis);
@@ -230,13 +253,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         if (p_to_f16) k.round_f16(sg, n_vis);
       }
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
-      if (order == AttentionOrder::kBatchInvariant) {
+      if (batch_invariant) {
         // out = V^T . p for the G heads at once, one chain per element in index order.
-        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-          const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
-                              h * kv.v.head_stride_bytes + row * v_row_bytes;
-          for (int64_t r = 0; r < count; ++r) v_rows[index + r] = vt + r * v_row_bytes;
-        });
         k.kv_accumulate_rows(ot, sc, max_visible, group, v_rows, n_vis, v_elem, d);
         continue;
       }
@@ -247,8 +265,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       int64_t n_groups = 0;
       for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
         if (index != 16 * n_groups || count != 16) return;
-        v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes +
-                               h * kv.v.head_stride_bytes + row * v_row_bytes;
+        v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
+                             row * v_row_bytes;
       });
       const int64_t grouped_rows = 16 * n_groups;
       for (int64_t g = 0; g < group; ++g) {

@@ -65,6 +65,13 @@ struct OpKernels {
   // accumulator stays in a register across the runs).
   void (*kv_accumulate_groups)(float* acc, const float* p, const void* const* v_groups,
                                int64_t n_groups, int64_t n_lanes, KvElem elem, int64_t d);
+  // kiln's batch-invariant scores (AttentionOrder::kBatchInvariant): for each visible row j (K
+  // at k_rows[j], widened to f32) and head g, 16 lanes l each run one FMA chain from 0 over the
+  // row's elements i = 16 c + l, c = 0, 1, ..., in order; the lanes x[0..15] are summed as
+  // ((Q0 + Q2) + (Q1 + Q3)), Q_q = (x[4q] + x[4q + 2]) + (x[4q + 1] + x[4q + 3]); the last
+  // d % 16 elements follow one FMA each: scores[g * score_stride + j] = s.
+  void (*kv_scores_rows)(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                         KvElem elem, int64_t d, float* scores, int64_t score_stride);
   // kiln's batch-invariant V side (AttentionOrder::kBatchInvariant), no lanes: for each of n_q
   // heads g and element i one FMA chain from 0 over the visible rows in index order,
   //   out[g * d + i] = fma(v_rows[j][i], p[g * p_stride + j], ...) for j = 0 .. n_rows - 1,

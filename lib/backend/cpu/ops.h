@@ -226,19 +226,22 @@ struct AttentionBatch {
 
 // out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
 //   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
-// scale <= 0 means 1/sqrt(head_dim). Arithmetic of ggml's non-flash attention for the scores and
-// the softmax (kq = K.q, soft_max_ext; kernels.h), with the visible rows numbered 0, 1, ... in
-// order (prefix, then extras) as ggml numbers a causal sequence's cache cells, so a tree node's
-// output equals, bit for bit, that of the same tokens laid out as a causal chain. With an f16
-// cache q and the softmax weights are rounded to f16 before their products (ggml's f16 path). One
+// scale <= 0 means 1/sqrt(head_dim). Softmax as ggml's non-flash attention (soft_max_ext;
+// kernels.h), with the visible rows numbered 0, 1, ... in order (prefix, then extras) as ggml
+// numbers a causal sequence's cache cells, so a tree node's
+// output equals, bit for bit, that of the same tokens laid out as a causal chain. In the
+// llama.cpp orders with an f16 cache, q and the softmax weights are rounded to f16 before their
+// products (ggml's f16 path); kiln's order keeps them in f32. One
 // (token, kv head) pair per task; each K/V row is read for the G query heads of its group.
 // Errors: any index or count out of range (names field and index), a token that sees nothing,
 // n_heads not a multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16.
-// The V . P product has three orders:
-//   kBatchInvariant (default): one FMA chain per output element over the visible rows in index
-//     order (kv_accumulate_rows), the same for every token whatever its batch; each V row is
-//     widened once for the G heads of its group.
-//   kLlamaCppDecode: ggml_vec_dot_f32's 64 lanes, llama.cpp's order for a one-token batch.
+// K . q and V . P have three orders:
+//   kBatchInvariant (default): K . q in 16 lanes per (row, head), 16 rows' lanes summed at once
+//     (kv_scores_rows); V . P as one FMA chain per output element over the visible rows in
+//     index order (kv_accumulate_rows), each V row widened once for the G heads of its group.
+//     The same for every token whatever its batch.
+//   kLlamaCppDecode: ggml's: K . q as ggml_vec_dot_f16 / _f32, V . P in ggml_vec_dot_f32's 64
+//     lanes, llama.cpp's order for a one-token batch.
 //   kLlamaCppPrompt: tinyBLAS's 16 lanes, llama.cpp's order for a batch of two or more tokens
 //     (and, for an f16 cache, tinyBLAS's 16-lane K . q too).
 // The llama.cpp orders reproduce its bits (EngineOptions::llama_cpp_order).
