@@ -236,9 +236,11 @@ typedef struct kiln_cache_params {
    * Non-zero: reproduce llama.cpp's CPU arithmetic exactly, so greedy output and logits equal
    * llama.cpp's bit for bit: batches of two or more tokens take llama.cpp's prompt-batch
    * reduction order and prompts are evaluated in batches of up to 512 tokens (llama.cpp's
-   * default n_ubatch). 0 (default): one order for every token, so a token's results never depend
-   * on what else is in its batch (what speculative decoding relies on); the two settings differ
-   * only in the last bits, which can change a sampled token. */
+   * default n_ubatch); it is slower (the matmuls and attention keep ggml's order).
+   * 0 (default): kiln's order, the same for every token, so a token's results never depend on
+   * what else is in its batch (what speculative decoding relies on), and faster (integer-order
+   * matmuls on weights the model interleaves at load, docs/numerics.md); the two settings differ
+   * in the last bits, which can change a sampled token. */
   int llama_cpp_order;
 } kiln_cache_params;
 

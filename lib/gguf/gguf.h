@@ -128,6 +128,8 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }  // absolute start of the data section
   uint64_t file_size() const { return size_; }
   const uint8_t* bytes() const { return data_; }  // the whole file
+  // True when bytes() is a read-only mapping of the file (pages can be dropped and re-read).
+  bool mapped() const { return mapping_ != nullptr; }
 
   const std::vector<KeyValue>& metadata() const { return metadata_; }
   const KeyValue* FindKey(std::string_view key) const;  // nullptr when absent; O(1)

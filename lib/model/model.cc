@@ -1,5 +1,8 @@
 #include "lib/model/model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "lib/gguf/gguf.h"
 #include "lib/tokenizer/tokenizer.h"
 
@@ -144,12 +147,24 @@ absl::Status Model::InterleaveWeights() {
   }
   interleaved_bytes_ = total;
   uint8_t* next = interleaved_.get();
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (WeightView* w : matrices) {
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
     w->kernels->interleave(w->data, w->row_bytes, w->n_in, w->n_out, next);
     w->interleaved = next;
     next += bytes;
+    if (file_->mapped()) {
+      // Packing read the file's copy; drop its pages from this process (the default mode never
+      // reads them again; the llama.cpp order or an embedding lookup re-reads them from the page
+      // cache), so the copy does not double the model's resident memory.
+      const auto begin = reinterpret_cast<uintptr_t>(w->data);
+      const uintptr_t first = (begin + page - 1) / page * page;
+      const uintptr_t last = (begin + w->row_bytes * w->n_out) / page * page;
+      if (last > first) {
+        madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice only
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -37,10 +37,13 @@ class LlamaForward {
 
   int n_threads() const { return pool_.n_threads(); }
 
-  // Reproduce llama.cpp's CPU arithmetic exactly, including its one batch-dependent step
-  // (cpu::AttentionOrder): batches of two or more tokens then use llama.cpp's prompt order for
-  // V . P, so a prompt evaluated in one batch gives llama.cpp's bits. Off by default, which
-  // keeps every token's outputs batch invariant (the two settings differ in the last bits).
+  // Reproduce llama.cpp's CPU arithmetic exactly: the matmuls in vec_dot's order on the file's
+  // rows, attention in ggml's order including its one batch-dependent step
+  // (cpu::AttentionOrder: batches of two or more tokens use llama.cpp's prompt order), so a
+  // prompt evaluated in one batch gives llama.cpp's bits. Off by default: kiln's order
+  // (integer-order matmuls on the model's interleaved weights, cpu::AttentionOrder::
+  // kBatchInvariant), faster and batch invariant; the two differ in the last bits
+  // (docs/numerics.md).
   void set_llama_cpp_order(bool on) { llama_cpp_order_ = on; }
   bool llama_cpp_order() const { return llama_cpp_order_; }
 
