@@ -321,16 +321,25 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
   }
 }
 
-void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
-                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
+// f.template operator()<E>() with E = elem as a compile-time constant (one instantiation per
+// element type, so LoadKv's switch folds away).
+template <typename F>
+void WithKvElem(KvElem elem, F&& f) {
   switch (elem) {
     case KvElem::kF32:
-      return KvScoresRowsOf<KvElem::kF32>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+      return f.template operator()<KvElem::kF32>();
     case KvElem::kF16:
-      return KvScoresRowsOf<KvElem::kF16>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+      return f.template operator()<KvElem::kF16>();
     case KvElem::kBf16:
-      return KvScoresRowsOf<KvElem::kBf16>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+      return f.template operator()<KvElem::kBf16>();
   }
+}
+
+void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
+  WithKvElem(elem, [&]<KvElem E>() {
+    KvScoresRowsOf<E>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+  });
 }
 
 // NQ heads x up to 64 columns per pass over the rows, one V element type: 4 * NQ accumulators
@@ -383,14 +392,8 @@ void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t 
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
-  switch (elem) {
-    case KvElem::kF32:
-      return KvAccumulateRowsElem<KvElem::kF32>(out, p, p_stride, n_q, v_rows, n_rows, d);
-    case KvElem::kF16:
-      return KvAccumulateRowsElem<KvElem::kF16>(out, p, p_stride, n_q, v_rows, n_rows, d);
-    case KvElem::kBf16:
-      return KvAccumulateRowsElem<KvElem::kBf16>(out, p, p_stride, n_q, v_rows, n_rows, d);
-  }
+  WithKvElem(
+      elem, [&]<KvElem E>() { KvAccumulateRowsElem<E>(out, p, p_stride, n_q, v_rows, n_rows, d); });
 }
 
 void ReduceLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {

@@ -7,27 +7,40 @@
 
 namespace kiln::quant {
 
+namespace {
+
+// Rows of Src blocks -> groups of 16 rows of Dst blocks (zeroed first: rows past n_rows stay
+// zero); put(dst, r, src) stores one source block as row r of an interleaved block.
+template <typename Src, typename Dst, typename Put>
+void InterleaveRows(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out,
+                    Put put) {
+  const int64_t nb = n_in / kQK;
+  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
+  auto* dst = static_cast<Dst*>(out);
+  std::memset(dst, 0, n_groups * nb * sizeof(Dst));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const auto* src = reinterpret_cast<const Src*>(static_cast<const uint8_t*>(w) +
+                                                   static_cast<size_t>(row) * w_stride);
+    const int r = static_cast<int>(row % kInterleaveRows);
+    Dst* group = dst + row / kInterleaveRows * nb;
+    for (int64_t b = 0; b < nb; ++b) put(group[b], r, src[b]);
+  }
+}
+
+}  // namespace
+
 size_t InterleavedGroupBytesQ4_1(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_1x16);
 }
 
 void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  const int64_t nb = n_in / kQK;
-  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
-  auto* dst = static_cast<BlockQ4_1x16*>(out);
-  std::memset(dst, 0, n_groups * nb * sizeof(BlockQ4_1x16));
-  for (int64_t row = 0; row < n_rows; ++row) {
-    const auto* src = reinterpret_cast<const BlockQ4_1*>(static_cast<const uint8_t*>(w) +
-                                                         static_cast<size_t>(row) * w_stride);
-    const int64_t g = row / kInterleaveRows;
-    const int r = static_cast<int>(row % kInterleaveRows);
-    for (int64_t b = 0; b < nb; ++b) {
-      BlockQ4_1x16& p = dst[g * nb + b];
-      for (int i = 0; i < 4; ++i) std::memcpy(&p.qs[i][4 * r], src[b].qs + 4 * i, 4);
-      std::memcpy(p.d[r], src[b].d, 2);
-      std::memcpy(p.m[r], src[b].m, 2);
-    }
-  }
+  InterleaveRows<BlockQ4_1, BlockQ4_1x16>(w, w_stride, n_in, n_rows, out,
+                                          [](BlockQ4_1x16& p, int r, const BlockQ4_1& src) {
+                                            for (int i = 0; i < 4; ++i)
+                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
+                                            std::memcpy(p.d[r], src.d, 2);
+                                            std::memcpy(p.m[r], src.m, 2);
+                                          });
 }
 
 size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
@@ -35,23 +48,13 @@ size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
 }
 
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  const int64_t nb = n_in / kQK;
-  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
-  auto* dst = static_cast<BlockQ8_0x16*>(out);
-  std::memset(dst, 0, n_groups * nb * sizeof(BlockQ8_0x16));
-  for (int64_t row = 0; row < n_rows; ++row) {
-    const auto* src = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) +
-                                                         static_cast<size_t>(row) * w_stride);
-    const int64_t g = row / kInterleaveRows;
-    const int r = static_cast<int>(row % kInterleaveRows);
-    for (int64_t b = 0; b < nb; ++b) {
-      BlockQ8_0x16& p = dst[g * nb + b];
-      for (int e = 0; e < kQK; ++e) {
-        p.qs[e / 4][4 * r + e % 4] = static_cast<uint8_t>(src[b].qs[e] + 128);
-      }
-      std::memcpy(p.d[r], src[b].d, 2);
-    }
-  }
+  InterleaveRows<BlockQ8_0, BlockQ8_0x16>(
+      w, w_stride, n_in, n_rows, out, [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
+        for (int e = 0; e < kQK; ++e) {
+          p.qs[e / 4][4 * r + e % 4] = static_cast<uint8_t>(src.qs[e] + 128);
+        }
+        std::memcpy(p.d[r], src.d, 2);
+      });
 }
 
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
