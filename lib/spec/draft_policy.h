@@ -13,7 +13,8 @@
 //
 // Why measured, not constant: the relative cost of a wide pass depends on the backend (with
 // per-token matmuls a pass over w tokens cost about 1 + 0.8 (w - 1) on the default model; the
-// rows x tokens tile kernels, which read each weight once, brought it to about 1 + 0.3 (w - 1)),
+// rows x tokens tile kernels, which read each weight once, brought it to about 1 + 0.3 (w - 1),
+// the integer-order kernels of the default numeric mode to about 1 + 0.2 (w - 1)),
 // on the thread count and on the machine's load. The policy follows whatever the decoder
 // measures.
 //
