@@ -4,6 +4,7 @@
 // scalar code in the same order on every call, so results stay deterministic.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -98,11 +99,116 @@ void Scale(float* x, float s, int64_t n) {
   for (; i < n; ++i) x[i] *= s;
 }
 
+// 8 K/V elements of `elem` at element offset i as floats.
+inline __m256 LoadKv8(const void* row, KvElem elem, int64_t i) {
+  const auto* h = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i);
+  switch (elem) {
+    case KvElem::kF32:
+      return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+    case KvElem::kF16:
+      return _mm256_cvtph_ps(_mm_loadu_si128(h));
+    case KvElem::kBf16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+  }
+  return _mm256_setzero_ps();
+}
+
+inline float LoadKv1(const void* row, KvElem elem, int64_t i) {
+  switch (elem) {
+    case KvElem::kF32:
+      return static_cast<const float*>(row)[i];
+    case KvElem::kF16:
+      return _cvtsh_ss(static_cast<const uint16_t*>(row)[i]);
+    case KvElem::kBf16: {
+      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(row)[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof(f));
+      return f;
+    }
+  }
+  return 0.0f;
+}
+
+// kv_scores_rows (kernels.h): lanes 0..7 and 8..15 of a row's 16 FMA chains in two registers,
+// then per 128-bit half (x0 + x2) + (x1 + x3) (= Q0, Q1 from lanes 0..7, Q2, Q3 from 8..15), then
+// (Q0 + Q2) + (Q1 + Q3); the d % 16 tail one FMA each. Up to 4 heads share each widened K slice.
+void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
+  const int64_t full = d - d % 16;
+  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+    const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
+    for (int64_t j = 0; j < n_rows; ++j) {
+      __m256 lo[4], hi[4];
+      for (int g = 0; g < 4; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < full; i += 16) {
+        const __m256 k0 = LoadKv8(k_rows[j], elem, i), k1 = LoadKv8(k_rows[j], elem, i + 8);
+        for (int g = 0; g < ng; ++g) {
+          const float* qg = q + (g0 + g) * d + i;
+          lo[g] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qg), lo[g]);
+          hi[g] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qg + 8), hi[g]);
+        }
+      }
+      for (int g = 0; g < ng; ++g) {
+        // t: lane 0 of each 128-bit half = (x0 + x2) + (x1 + x3) of that half's quad.
+        auto quads = [](__m256 v) {
+          const __m256 pairs = _mm256_add_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+          return _mm256_add_ps(pairs, _mm256_permute_ps(pairs, _MM_SHUFFLE(2, 3, 0, 1)));
+        };
+        const __m256 qs = _mm256_add_ps(quads(lo[g]), quads(hi[g]));  // Q0 + Q2 | Q1 + Q3
+        float s =
+            _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(qs), _mm256_extractf128_ps(qs, 1)));
+        const float* qg = q + (g0 + g) * d;
+        for (int64_t i = full; i < d; ++i) s = std::fma(LoadKv1(k_rows[j], elem, i), qg[i], s);
+        scores[(g0 + g) * score_stride + j] = s;
+      }
+    }
+  }
+}
+
+// kv_accumulate_rows (kernels.h): up to 4 heads x 16 columns per pass over the rows (8
+// accumulators), each V slice widened once for the heads; the d % 16 columns one FMA each.
+void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                      const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
+  const int64_t full = d - d % 16;
+  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+    const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
+    const float* pg = p + g0 * p_stride;
+    for (int64_t c = 0; c < full; c += 16) {
+      __m256 a0[4], a1[4];
+      for (int g = 0; g < 4; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n_rows; ++j) {
+        const __m256 v0 = LoadKv8(v_rows[j], elem, c), v1 = LoadKv8(v_rows[j], elem, c + 8);
+        for (int g = 0; g < ng; ++g) {
+          const __m256 pj = _mm256_set1_ps(pg[g * p_stride + j]);
+          a0[g] = _mm256_fmadd_ps(v0, pj, a0[g]);
+          a1[g] = _mm256_fmadd_ps(v1, pj, a1[g]);
+        }
+      }
+      for (int g = 0; g < ng; ++g) {
+        _mm256_storeu_ps(out + (g0 + g) * d + c, a0[g]);
+        _mm256_storeu_ps(out + (g0 + g) * d + c + 8, a1[g]);
+      }
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      for (int64_t i = full; i < d; ++i) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < n_rows; ++j) {
+          acc = std::fma(LoadKv1(v_rows[j], elem, i), pg[g * p_stride + j], acc);
+        }
+        out[(g0 + g) * d + i] = acc;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void FillOpKernelsAvx2(OpKernels* k) {
-  // The llama-path kernels (rms_norm, swiglu, attention) keep the scalar definitions here:
-  // same bits as ggml's AVX-512 arithmetic (kernels.h); AVX-512 machines get the fast ones.
+  // The llama-path kernels (rms_norm, swiglu, ggml-order attention) keep the scalar definitions
+  // here: same bits as ggml's AVX-512 arithmetic (kernels.h); AVX-512 machines get the fast ones.
+  // kiln's attention order is defined per lane, so 8-lane versions give its bits too.
+  k->kv_scores_rows = KvScoresRows;
+  k->kv_accumulate_rows = KvAccumulateRows;
   k->add = Add;
   k->max = Max;
   k->exp_sum = ExpSum;
