@@ -371,6 +371,7 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: model, params and out_cache are required");
     }
+    // The struct grows at its end; fields past a caller's struct_size keep their defaults.
     if (params->struct_size < offsetof(kiln_cache_params, llama_cpp_order)) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: params->struct_size is too small; use "

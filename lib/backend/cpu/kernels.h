@@ -6,11 +6,11 @@
 // copy the linker keeps for everyone).
 //
 // Arithmetic of the llama-path kernels (rms_norm, swiglu, kv_scores, softmax_exp,
-// kv_accumulate; not kv_accumulate_rows, kiln's own order) is ggml's CPU backend on x86 with
-// AVX-512, step for step, so that kiln's
-// activations equal llama.cpp's bit for bit (quantized models amplify any last-bit difference;
-// see lib/quant/activation.h). Every level gives the same bits; a level without its own version
-// uses the scalar one. The scalar versions are the definitions.
+// kv_accumulate; not kv_scores_rows / kv_accumulate_rows, kiln's own order) is ggml's CPU
+// backend on x86 with AVX-512, step for step, so that kiln's activations equal llama.cpp's bit for
+// bit (quantized models amplify any last-bit difference; see lib/quant/activation.h). Every level
+// gives the same bits; a level without its own version uses the scalar one. The scalar versions are
+// the definitions.
 //
 // All functions are pure, thread-safe, and accept unaligned pointers. `n` counts floats.
 #pragma once

@@ -142,19 +142,20 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
 void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                   KvElem elem, int64_t d, float* scores, int64_t score_stride) {
   const int64_t full = d - d % 16;
+  float k[1024];  // one widened K row (head_dim <= 1024, checked by PagedAttention)
   for (int64_t j = 0; j < n_rows; ++j) {
+    for (int64_t i = 0; i < d; ++i) k[i] = LoadKv(k_rows[j], elem, i);
     for (int64_t g = 0; g < n_q; ++g) {
       const float* qg = q + g * d;
       float x[16] = {};
-      for (int64_t i = 0; i < full; ++i)
-        x[i % 16] = std::fma(LoadKv(k_rows[j], elem, i), qg[i], x[i % 16]);
+      for (int64_t i = 0; i < full; ++i) x[i % 16] = std::fma(k[i], qg[i], x[i % 16]);
       float quad[4];
       for (int q4 = 0; q4 < 4; ++q4) {
         const float* l = x + 4 * q4;
         quad[q4] = (l[0] + l[2]) + (l[1] + l[3]);
       }
       float s = (quad[0] + quad[2]) + (quad[1] + quad[3]);
-      for (int64_t i = full; i < d; ++i) s = std::fma(LoadKv(k_rows[j], elem, i), qg[i], s);
+      for (int64_t i = full; i < d; ++i) s = std::fma(k[i], qg[i], s);
       scores[g * score_stride + j] = s;
     }
   }
@@ -163,11 +164,13 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
   std::fill(out, out + n_q * d, 0.0f);
+  float v[1024];  // one widened V row
   for (int64_t j = 0; j < n_rows; ++j) {
+    for (int64_t i = 0; i < d; ++i) v[i] = LoadKv(v_rows[j], elem, i);
     for (int64_t g = 0; g < n_q; ++g) {
       float* o = out + g * d;
-      for (int64_t i = 0; i < d; ++i)
-        o[i] = std::fma(LoadKv(v_rows[j], elem, i), p[g * p_stride + j], o[i]);
+      const float pj = p[g * p_stride + j];
+      for (int64_t i = 0; i < d; ++i) o[i] = std::fma(v[i], pj, o[i]);
     }
   }
 }
