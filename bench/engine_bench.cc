@@ -11,11 +11,12 @@
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
 //     repeat instead (for the driver).
-//   engine_bench --widths [--model PATH] [--threads T] [--repeats R]
-//     The cost of a speculative verification pass: after a 256-token prefill, one Forward of
-//     w = 1..9 causal tokens with logits for every row (then truncated back), R x 20 times per
-//     width; prints the median ms per pass and its ratio to w = 1 (the c(w) of
-//     docs/speculative.md), so kernel work on multi-token passes can be judged in isolation.
+//   engine_bench --widths [--model PATH] [--threads T] [--repeats R] [--context N]
+//     The cost of a speculative verification pass: after an N-token prefill (default 256,
+//     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
+//     truncated back), R x 20 times per width; prints the median ms per pass and its ratio to w = 1
+//     (the c(w) of docs/speculative.md), so kernel work on multi-token passes can be judged in
+//     isolation.
 //   engine_bench --bandwidth [--threads T] [--repeats R]
 //     Streams a 1 GiB buffer with T threads (each reads a contiguous 1/T of it with 256-bit
 //     loads) R times; prints the median and min-max GB/s (1 GB = 1e9 bytes).
@@ -186,24 +187,25 @@ struct Engine {
 };
 
 // See --widths in the header comment.
-int RunWidths(Engine& e, const std::vector<int32_t>& prompt, int threads, int repeats) {
-  constexpr int kContext = 256, kMaxWidth = 9, kPassesPerRepeat = 20;
+int RunWidths(Engine& e, const std::vector<int32_t>& prompt, int threads, int repeats,
+              int context) {
+  constexpr int kMaxWidth = 9, kPassesPerRepeat = 20;
   const kiln::SeqId seq = e.cache->CreateSequence();
-  e.Prefill(seq, prompt, 0, kContext);
+  e.Prefill(seq, prompt, 0, context);
   std::printf("verification pass cost after %d tokens, %d thread(s), logits for every row\n",
-              kContext, threads);
+              context, threads);
   double one_token_ms = 0;
   for (int w = 1; w <= kMaxWidth; ++w) {
-    std::span<const int32_t> tokens(prompt.data() + kContext, w);
+    std::span<const int32_t> tokens(prompt.data() + context, w);
     std::vector<double> ms;
     for (int i = 0; i < repeats * kPassesPerRepeat; ++i) {
       e.Check(e.cache->AppendSlots(seq, tokens), "AppendSlots");
       e.batch.Clear();
-      for (int j = 0; j < w; ++j) e.batch.Add(tokens[j], seq, kContext + j, true);
+      for (int j = 0; j < w; ++j) e.batch.Add(tokens[j], seq, context + j, true);
       const auto t0 = Clock::now();
       e.Check(e.fwd->Forward(e.batch, *e.cache, &e.out), "Forward (width)");
       ms.push_back(1e3 * Seconds(t0, Clock::now()));
-      e.Check(e.cache->Truncate(seq, kContext), "Truncate");
+      e.Check(e.cache->Truncate(seq, context), "Truncate");
     }
     const Stats s = Summarize(ms);
     if (w == 1) one_token_ms = s.median;
@@ -229,6 +231,7 @@ std::string JoinTokens(const std::vector<int32_t>& v) {
 int main(int argc, char** argv) {
   std::string model_path, tokens_path;
   int threads = 1, repeats = 5, n_decode = 64;
+  int widths_context = 256;
   bool json = false, bandwidth = false, widths = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -252,11 +255,14 @@ int main(int argc, char** argv) {
       bandwidth = true;
     } else if (a == "--widths") {
       widths = true;
+    } else if (a == "--context") {
+      widths_context = std::atoi(next().c_str());
     } else {
       Die("unknown argument " + a);
     }
   }
   if (threads < 1 || repeats < 1 || n_decode < 1) Die("threads, repeats, decode must be >= 1");
+  if (widths_context < 1 || widths_context > 1000) Die("--context must be in [1, 1000]");
   if (bandwidth) return RunBandwidth(threads, repeats, json);
 
   if (model_path.empty()) {
@@ -315,7 +321,7 @@ int main(int argc, char** argv) {
     weight_bytes -= te.row_bytes * te.n_out;
   }
 
-  if (widths) return RunWidths(e, prompt, threads, repeats);
+  if (widths) return RunWidths(e, prompt, threads, repeats, widths_context);
 
   std::vector<double> prefill_tps, d128_tps, d1024_tps;
   std::vector<int32_t> gen128, gen1024;

@@ -136,6 +136,52 @@ void RoundF16(float* x, int64_t n) {
   }
 }
 
+void StoreF16(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // vcvtps2ph keeps a NaN's payload; the definition stores every NaN as sign | 0x7E00.
+    if (const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
+      const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16),
+                                            _mm512_set1_epi32(0x8000));
+      h = _mm256_mask_blend_epi16(
+          nan, h, _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00))));
+    }
+    _mm256_mask_storeu_epi16(y + i, m, h);
+  }
+}
+
+// (fma(x0, c, -(x1 * s)) is fmsub(x0, c, x1 * s): the same single rounding.)
+void RopePairs(float* x, const float* c, const float* s, int64_t n_pairs, int64_t stride) {
+  if (stride != 1) {  // NEOX: x0 and x1 are separate runs of n_pairs floats
+    for (int64_t i = 0; i < n_pairs; i += 16) {
+      const __mmask16 m = TailMask(n_pairs - i);
+      const __m512 x0 = _mm512_maskz_loadu_ps(m, x + i);
+      const __m512 x1 = _mm512_maskz_loadu_ps(m, x + stride + i);
+      const __m512 cv = _mm512_maskz_loadu_ps(m, c + i);
+      const __m512 sv = _mm512_maskz_loadu_ps(m, s + i);
+      _mm512_mask_storeu_ps(x + i, m, _mm512_fmsub_ps(x0, cv, _mm512_mul_ps(x1, sv)));
+      _mm512_mask_storeu_ps(x + stride + i, m, _mm512_fmadd_ps(x0, sv, _mm512_mul_ps(x1, cv)));
+    }
+    return;
+  }
+  // NORM: 8 pairs per vector, x0 in the even lanes, x1 in the odd ones.
+  const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  for (int64_t i = 0; i < n_pairs; i += 8) {
+    const int64_t pairs = n_pairs - i < 8 ? n_pairs - i : 8;
+    const __mmask16 m = TailMask(2 * pairs);
+    const __mmask16 mp = TailMask(pairs);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + 2 * i);
+    const __m512 swapped = _mm512_permute_ps(v, 0xB1);  // x1 in the even lanes, x0 in the odd
+    const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_maskz_loadu_ps(mp, c + i));
+    const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_maskz_loadu_ps(mp, s + i));
+    const __m512 even = _mm512_fmsub_ps(v, cv, _mm512_mul_ps(swapped, sv));
+    const __m512 odd = _mm512_fmadd_ps(swapped, sv, _mm512_mul_ps(v, cv));
+    _mm512_mask_storeu_ps(x + 2 * i, m, _mm512_mask_blend_ps(0xAAAA, even, odd));
+  }
+}
+
 // GCC's _mm512_reduce_add_ps, spelled out so the order is fixed whatever the compiler.
 inline float Reduce16(__m512 v) {
   const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
@@ -425,6 +471,8 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->exp_sum = ExpSum;
   k->scale = Scale;
   k->round_f16 = RoundF16;
+  k->store_f16 = StoreF16;
+  k->rope_pairs = RopePairs;
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
   k->kv_accumulate_groups = KvAccumulateGroups;

@@ -286,6 +286,73 @@ TEST(ElementwiseTest, RmsNormMatchesReference) {
   }
 }
 
+// Rows at once (independent sum chains) give each row the bits it gets alone.
+TEST(ElementwiseTest, RmsNormRowsEqualOneRowAtATime) {
+  std::mt19937 rng(14);
+  const int64_t n = 576;
+  const std::vector<float> x = RandomVector(11 * n, rng, -3, 3), w = RandomVector(n, rng);
+  for (CpuLevel level : Levels()) {
+    const OpKernels& k = GetOpKernels(level);
+    std::vector<float> alone(11 * n);
+    for (int64_t r = 0; r < 11; ++r)
+      k.rms_norm(x.data() + r * n, w.data(), 1, n, 1e-5f, alone.data() + r * n);
+    for (int64_t rows : {2, 8, 9, 11}) {
+      std::vector<float> together(rows * n);
+      k.rms_norm(x.data(), w.data(), rows, n, 1e-5f, together.data());
+      EXPECT_EQ(0, std::memcmp(together.data(), alone.data(), together.size() * 4))
+          << CpuLevelName(level) << " rows " << rows;
+    }
+  }
+}
+
+// store_f16 at every level equals Fp32ToFp16 bit for bit, specials included.
+TEST(ElementwiseTest, StoreF16EqualsTheDefinition) {
+  std::mt19937 rng(15);
+  std::vector<float> x = RandomVector(1000, rng, -70000.0f, 70000.0f);
+  const std::vector<float> small = RandomVector(200, rng, -1e-4f, 1e-4f);
+  x.insert(x.end(), small.begin(), small.end());
+  for (uint32_t bits :
+       {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu, 0x00000001u,
+        0x80000001u, 0x00000000u, 0x80000000u, 0x477FEFFFu, 0x477FF000u, 0x38800000u, 0x387FFFFFu,
+        0x33000000u, 0x33000001u, 0x32FFFFFFu, 0x3F801000u, 0x3F803000u}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  std::vector<uint16_t> expect(x.size());
+  for (size_t i = 0; i < x.size(); ++i) expect[i] = Fp32ToFp16(x[i]);
+  for (CpuLevel level : Levels()) {
+    for (size_t n : {x.size(), size_t{13}}) {  // 13: a masked tail
+      std::vector<uint16_t> y(n, 0xABCD);
+      GetOpKernels(level).store_f16(x.data() + x.size() - n, static_cast<int64_t>(n), y.data());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(y[i], expect[x.size() - n + i]) << CpuLevelName(level) << " i " << i;
+      }
+    }
+  }
+}
+
+// rope_pairs at every level equals the scalar definition bit for bit, both pair layouts,
+// whole and partial vectors.
+TEST(RopeTest, PairsKernelEqualsTheDefinitionAtEveryLevel) {
+  std::mt19937 rng(16);
+  for (int64_t n_pairs : {32, 5, 13, 24}) {
+    const std::vector<float> c = RandomVector(n_pairs, rng), s = RandomVector(n_pairs, rng);
+    const std::vector<float> x = RandomVector(2 * n_pairs + 3, rng, -2, 2);
+    for (int64_t stride : {int64_t{1}, n_pairs}) {
+      std::vector<float> expect = x;
+      GetOpKernels(CpuLevel::kScalar)
+          .rope_pairs(expect.data(), c.data(), s.data(), n_pairs, stride);
+      for (CpuLevel level : Levels()) {
+        std::vector<float> y = x;
+        GetOpKernels(level).rope_pairs(y.data(), c.data(), s.data(), n_pairs, stride);
+        EXPECT_EQ(0, std::memcmp(y.data(), expect.data(), y.size() * 4))
+            << CpuLevelName(level) << " pairs " << n_pairs << " stride " << stride;
+      }
+    }
+  }
+}
+
 TEST(ElementwiseTest, SwiGluAddSoftmaxMatchReference) {
   std::mt19937 rng(5);
   for (int64_t n : {1536, 13}) {

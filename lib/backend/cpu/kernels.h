@@ -28,9 +28,11 @@ inline constexpr int64_t kAttnLanes = 64;
 inline constexpr int64_t kAttnLanesTinyBlas = 16;
 
 struct OpKernels {
-  // ggml's rms_norm + mul: ss = double sum of float(x[i] * x[i]) in order;
-  // scale = 1 / sqrtf(float(ss / n) + eps); y[i] = (x[i] * scale) * w[i]. x and y may alias.
-  void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
+  // ggml's rms_norm + mul on each of n_rows rows of n floats: ss = double sum of
+  // float(x[i] * x[i]) in order; scale = 1 / sqrtf(float(ss / n) + eps);
+  // y[i] = (x[i] * scale) * w[i]. x and y may alias. (Rows at once: the in-order double sum is
+  // one add-latency chain per row, so independent rows are what can run side by side.)
+  void (*rms_norm)(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
   // y[i] = (g / (1 + ExpGgml(0 - g))) * up[i], g = gate[i] (ggml_vec_swiglu_f32). y may alias
   // gate or up. ExpGgml is ggml_v_expf's polynomial (kernels_scalar.cc).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
@@ -44,6 +46,13 @@ struct OpKernels {
   void (*scale)(float* x, float s, int64_t n);
   // x[i] = x[i] rounded to f16 (nearest, ties to even) and widened back.
   void (*round_f16)(float* x, int64_t n);
+  // y[i] = Fp32ToFp16(x[i]) (lib/common/half.h: nearest, ties to even; every NaN as the quiet
+  // NaN 0x7E00 with x's sign). For the K/V cache stores.
+  void (*store_f16)(const float* x, int64_t n, uint16_t* y);
+  // ggml's rotate_pairs as GCC contracts it, on the n_pairs pairs (x[p], x[p + stride]) of one
+  // head, p = 2 i (stride 1, NORM) or i (stride n_pairs, NEOX), with c[i], s[i] of pair i:
+  //   (x0, x1) -> (fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)).
+  void (*rope_pairs)(float* x, const float* c, const float* s, int64_t n_pairs, int64_t stride);
   // Attention scores of n_q query heads against n_rows consecutive K rows (row-major tile of
   // `elem`, d per row): scores[g * score_stride + j] = Dot(k_rows + j*d, q + g*d). K rows of
   // f16/bf16 are widened to f32 first. With n_lanes = kAttnLanes, Dot is ggml_vec_dot_f32: 4 x 16

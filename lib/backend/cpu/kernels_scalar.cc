@@ -20,12 +20,25 @@ float LoadKv(const void* row, KvElem elem, int64_t i) {
   return 0.0f;
 }
 
-void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
-  const float mean = static_cast<float>(ss / static_cast<double>(n));
-  const float scale = 1.0f / std::sqrt(mean + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+void RmsNorm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
+  // Up to kRows rows' sums advance together (independent chains, each in its row's order).
+  constexpr int64_t kRows = 8;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
+    const int64_t rows = n_rows - r0 < kRows ? n_rows - r0 : kRows;
+    const float* xr = x + r0 * n;
+    double ss[kRows] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float mean = static_cast<float>(ss[r] / static_cast<double>(n));
+      const float scale = 1.0f / std::sqrt(mean + eps);
+      float* yr = y + (r0 + r) * n;
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[r * n + i] * scale * w[i];
+    }
+  }
 }
 
 // ggml_v_expf (ARM optimized-routines expf, as ggml vectorizes it): n = round(x / ln2) via the
@@ -76,6 +89,19 @@ void Scale(float* x, float s, int64_t n) {
 
 void RoundF16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
+void StoreF16(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+}
+
+void RopePairs(float* x, const float* c, const float* s, int64_t n_pairs, int64_t stride) {
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    float* a = x + (stride == 1 ? 2 * i : i);
+    const float x0 = a[0], x1 = a[stride];
+    a[0] = std::fma(x0, c[i], -(x1 * s[i]));
+    a[stride] = std::fma(x0, s[i], x1 * c[i]);
+  }
 }
 
 size_t ElemBytes(KvElem elem) { return elem == KvElem::kF32 ? 4 : 2; }
@@ -197,6 +223,8 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->exp_sum = ExpSum;
   k->scale = Scale;
   k->round_f16 = RoundF16;
+  k->store_f16 = StoreF16;
+  k->rope_pairs = RopePairs;
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
   k->kv_accumulate_groups = KvAccumulateGroups;

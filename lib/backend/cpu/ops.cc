@@ -272,8 +272,7 @@ absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> t
 
 void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps, float* y,
              CpuLevel level) {
-  const OpKernels& k = GetOpKernels(level);
-  for (int64_t r = 0; r < n_rows; ++r) k.rms_norm(x + r * n, weight, n, eps, y + r * n);
+  GetOpKernels(level).rms_norm(x, weight, n_rows, n, eps, y);
 }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y, CpuLevel level) {

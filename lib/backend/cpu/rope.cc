@@ -135,22 +135,16 @@ absl::Status RopeTable::Build(const RopeConfig& c, int32_t head_dim,
   return absl::OkStatus();
 }
 
-void RopeTable::Apply(float* x, int64_t n_heads, CpuLevel /*level*/) const {
-  // Per pair (x0, x1) -> (fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)): ggml's rotate_pairs as
-  // GCC contracts it. NORM pairs (2i, 2i + 1); NEOX pairs (i, i + n_rot / 2).
+void RopeTable::Apply(float* x, int64_t n_heads, CpuLevel level) const {
+  // NORM pairs (2i, 2i + 1); NEOX pairs (i, i + n_rot / 2). See OpKernels::rope_pairs.
+  const OpKernels& k = GetOpKernels(level);
   const int64_t half = n_rot_ / 2;
   const int64_t stride = mode_ == RopeMode::kNorm ? 1 : half;
   for (int64_t t = 0; t < n_tokens_; ++t) {
     const float* ct = cos_.data() + t * half;
     const float* st = sin_.data() + t * half;
     for (int64_t h = 0; h < n_heads; ++h) {
-      float* xh = x + (t * n_heads + h) * head_dim_;  // [head_dim]
-      for (int64_t i = 0; i < half; ++i) {
-        float* a = xh + (mode_ == RopeMode::kNorm ? 2 * i : i);
-        const float x0 = a[0], x1 = a[stride];
-        a[0] = std::fma(x0, ct[i], -(x1 * st[i]));
-        a[stride] = std::fma(x0, st[i], x1 * ct[i]);
-      }
+      k.rope_pairs(x + (t * n_heads + h) * head_dim_, ct, st, half, stride);  // [head_dim]
     }
   }
 }

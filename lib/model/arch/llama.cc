@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lib/backend/cpu/dispatch.h"
 #include "lib/common/half.h"
 
 namespace kiln {
@@ -51,16 +52,14 @@ cpu::RopeConfig RopeConfigOf(const ModelHparams& hp) {
 }
 
 // Stores one f32 row as the cache's element type.
-void StoreRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
+void StoreRow(const cpu::OpKernels& k, const float* src, int64_t n, GgmlType type, std::byte* dst) {
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(dst, src, n * sizeof(float));
       break;
-    case GgmlType::kF16: {
-      auto* d = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToFp16(src[i]);
+    case GgmlType::kF16:
+      k.store_f16(src, n, reinterpret_cast<uint16_t*>(dst));
       break;
-    }
     case GgmlType::kBF16: {
       auto* d = reinterpret_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToBf16(src[i]);
@@ -179,10 +178,11 @@ absl::Status LlamaForward::BuildAttention(const ForwardBatch& batch, KvCache& ca
 void LlamaForward::WriteKv(KvCache& cache, int32_t layer, const float* k, const float* v) {
   const int64_t hd = hp_.head_dim, kv_dim = hp_.n_head_kv * hd;
   const GgmlType type = cache.layout().elem_type();
+  const cpu::OpKernels& kernels = cpu::GetOpKernels(BestCpuLevel());
   for (size_t i = 0; i < slots_.size(); ++i) {
     for (int32_t h = 0; h < hp_.n_head_kv; ++h) {
-      StoreRow(k + i * kv_dim + h * hd, hd, type, cache.KeyRow(slots_[i], layer, h));
-      StoreRow(v + i * kv_dim + h * hd, hd, type, cache.ValueRow(slots_[i], layer, h));
+      StoreRow(kernels, k + i * kv_dim + h * hd, hd, type, cache.KeyRow(slots_[i], layer, h));
+      StoreRow(kernels, v + i * kv_dim + h * hd, hd, type, cache.ValueRow(slots_[i], layer, h));
     }
   }
 }
