@@ -56,12 +56,6 @@ void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n) {
 void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n) {
   QuantizeRowQ8_1<QuantizeActivationBlockRef>(x, y, n);
 }
-void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_0<QuantizeActivationBlockAvx512>(x, y, n);
-}
-void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n) {
-  QuantizeRowQ8_1<QuantizeActivationBlockAvx512>(x, y, n);
-}
 
 }  // namespace quant
 

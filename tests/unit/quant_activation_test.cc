@@ -62,6 +62,8 @@ TEST(ActivationQuantizer, EveryLevelGivesTheSameBytes) {
   std::vector<float> x(n);
   for (float& v : x) v = dist(rng);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: d = 0, q = 0
+  x[32 * 17 + 5] = 1e7f;                            // d = 78740 rounds to an infinite f16
+  std::fill(x.begin() + 32 * 19, x.begin() + 32 * 20, 1e-6f);  // d is an f16 subnormal
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ8_1}) {
     const size_t bytes = (type == GgmlType::kQ8_0 ? 34 : 36) * (n / 32);
     std::vector<uint8_t> want(bytes), got(bytes);
