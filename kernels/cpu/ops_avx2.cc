@@ -131,17 +131,25 @@ inline float LoadKv1(const void* row, KvElem elem, int64_t i) {
 
 // kv_scores_rows (kernels.h): lanes 0..7 and 8..15 of a row's 16 FMA chains in two registers,
 // then per 128-bit half (x0 + x2) + (x1 + x3) (= Q0, Q1 from lanes 0..7, Q2, Q3 from 8..15), then
-// (Q0 + Q2) + (Q1 + Q3); the d % 16 tail one FMA each. Up to 4 heads share each widened K slice.
+// (Q0 + Q2) + (Q1 + Q3); the d % 16 tail one FMA each. Each K row is widened once for all heads.
 void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                   KvElem elem, int64_t d, float* scores, int64_t score_stride) {
   const int64_t full = d - d % 16;
-  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
-    const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
-    for (int64_t j = 0; j < n_rows; ++j) {
+  alignas(32) float widened[1024];  // one K row as f32 (head_dim <= 1024)
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const float* k = static_cast<const float*>(k_rows[j]);
+    if (elem != KvElem::kF32) {
+      for (int64_t i = 0; i < full; i += 8)
+        _mm256_store_ps(widened + i, LoadKv8(k_rows[j], elem, i));
+      for (int64_t i = full; i < d; ++i) widened[i] = LoadKv1(k_rows[j], elem, i);
+      k = widened;
+    }
+    for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+      const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
       __m256 lo[4], hi[4];
       for (int g = 0; g < 4; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
       for (int64_t i = 0; i < full; i += 16) {
-        const __m256 k0 = LoadKv8(k_rows[j], elem, i), k1 = LoadKv8(k_rows[j], elem, i + 8);
+        const __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + i + 8);
         for (int g = 0; g < ng; ++g) {
           const float* qg = q + (g0 + g) * d + i;
           lo[g] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qg), lo[g]);
@@ -158,7 +166,7 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
         float s =
             _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(qs), _mm256_extractf128_ps(qs, 1)));
         const float* qg = q + (g0 + g) * d;
-        for (int64_t i = full; i < d; ++i) s = std::fma(LoadKv1(k_rows[j], elem, i), qg[i], s);
+        for (int64_t i = full; i < d; ++i) s = std::fma(k[i], qg[i], s);
         scores[(g0 + g) * score_stride + j] = s;
       }
     }
@@ -166,7 +174,8 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
 }
 
 // kv_accumulate_rows (kernels.h): up to 4 heads x 16 columns per pass over the rows (8
-// accumulators), each V slice widened once for the heads; the d % 16 columns one FMA each.
+// accumulators, continuing out's chains), each V slice widened once for the heads; the d % 16
+// columns one FMA each.
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
   const int64_t full = d - d % 16;
@@ -176,6 +185,10 @@ void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
     for (int64_t c = 0; c < full; c += 16) {
       __m256 a0[4], a1[4];
       for (int g = 0; g < 4; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+      for (int g = 0; g < ng; ++g) {
+        a0[g] = _mm256_loadu_ps(out + (g0 + g) * d + c);
+        a1[g] = _mm256_loadu_ps(out + (g0 + g) * d + c + 8);
+      }
       for (int64_t j = 0; j < n_rows; ++j) {
         const __m256 v0 = LoadKv8(v_rows[j], elem, c), v1 = LoadKv8(v_rows[j], elem, c + 8);
         for (int g = 0; g < ng; ++g) {
@@ -191,7 +204,7 @@ void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
     }
     for (int64_t g = 0; g < ng; ++g) {
       for (int64_t i = full; i < d; ++i) {
-        float acc = 0.0f;
+        float acc = out[(g0 + g) * d + i];
         for (int64_t j = 0; j < n_rows; ++j) {
           acc = std::fma(LoadKv1(v_rows[j], elem, i), pg[g * p_stride + j], acc);
         }

@@ -340,29 +340,59 @@ inline __m512 TransposeSum16(const __m512 a[16]) {
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// kv_scores_rows for d % 16 == 0 (head_dim <= 1024), one K element type: per block of 16 rows
-// and head, 16 accumulators in registers (Unroll: constant indices, see unroll.h); the missing
-// rows of a last partial block read zeros and their sums are dropped (each lane of
+// Rows [0, rows) of `src` (16-bit K/V elements, d per row) widened into dst [rows][d]; rows up
+// to 16 are then zero-filled. d % 16 == 0.
+template <KvElem kElem>
+void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
+  for (int r = 0; r < 16; ++r) {
+    float* out = dst + r * d;
+    for (int64_t i = 0; i < d; i += 16) {
+      _mm512_store_ps(out + i, r < rows ? LoadKv(src[r], kElem, i, 0xFFFF) : _mm512_setzero_ps());
+    }
+  }
+}
+
+// Widened rows live in a per-call stack buffer of 16 rows when they fit (head_dim <= 256).
+constexpr int64_t kMaxWidenedDim = 256;
+
+// kv_scores_rows for d % 16 == 0 (head_dim <= 1024), one K element type: per block of 16 rows,
+// the rows widened once for all n_q heads (d <= kMaxWidenedDim; larger heads widen per head),
+// then per head 16 accumulators in registers (Unroll: constant indices, see unroll.h); the
+// missing rows of a last partial block read zeros and their sums are dropped (each lane of
 // TransposeSum16 adds only its own row's values).
 template <KvElem kElem>
 void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                     int64_t d, float* scores, int64_t score_stride) {
   alignas(64) static const float kZeroRow[1024] = {};
+  constexpr bool kWiden = kElem != KvElem::kF32;
+  alignas(64) float widened[kWiden ? 16 * kMaxWidenedDim : 1];
+  const bool widen = kWiden && d <= kMaxWidenedDim;
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
     const void* block[16];
     for (int r = 0; r < 16; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
-    for (int64_t g = 0; g < n_q; ++g) {
-      const float* qg = q + g * d;
-      __m512 acc[16];
-      Unroll<16>([&](auto r) { acc[r] = _mm512_setzero_ps(); });
-      for (int64_t i = 0; i < d; i += 16) {
-        const __m512 qv = _mm512_loadu_ps(qg + i);
-        Unroll<16>([&](auto r) {
-          acc[r] = _mm512_fmadd_ps(LoadKv(block[r], kElem, i, 0xFFFF), qv, acc[r]);
-        });
+    if (widen) {
+      if constexpr (kWiden) WidenRows<kElem>(k_rows + j0, rows, d, widened);
+      for (int r = 0; r < 16; ++r) block[r] = widened + r * d;
+    }
+    auto scores_of = [&]<KvElem E>() {
+      for (int64_t g = 0; g < n_q; ++g) {
+        const float* qg = q + g * d;
+        __m512 acc[16];
+        Unroll<16>([&](auto r) { acc[r] = _mm512_setzero_ps(); });
+        for (int64_t i = 0; i < d; i += 16) {
+          const __m512 qv = _mm512_loadu_ps(qg + i);
+          Unroll<16>([&](auto r) {
+            acc[r] = _mm512_fmadd_ps(LoadKv(block[r], E, i, 0xFFFF), qv, acc[r]);
+          });
+        }
+        _mm512_mask_storeu_ps(scores + g * score_stride + j0, TailMask(rows), TransposeSum16(acc));
       }
-      _mm512_mask_storeu_ps(scores + g * score_stride + j0, TailMask(rows), TransposeSum16(acc));
+    };
+    if (widen) {
+      scores_of.template operator()<KvElem::kF32>();
+    } else {
+      scores_of.template operator()<kElem>();
     }
   }
 }
@@ -388,8 +418,9 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   });
 }
 
-// NQ heads x up to 64 columns per pass over the rows, one V element type: 4 * NQ accumulators
-// stay in registers, each V slice is widened once for the NQ heads.
+// NQ heads x up to 64 columns over the rows of `rows` (f32 or kElem), continuing the chains in
+// out: 4 * NQ accumulators stay in registers over the rows, each V slice is loaded once for the
+// NQ heads.
 template <int NQ, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
@@ -397,7 +428,10 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
     __mmask16 m[4];
     for (int s = 0; s < 4; ++s) m[s] = c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
     __m512 acc[NQ][4];
-    Unroll<NQ>([&](auto g) { Unroll<4>([&](auto s) { acc[g][s] = _mm512_setzero_ps(); }); });
+    Unroll<NQ>([&](auto g) {
+      Unroll<4>(
+          [&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(m[s], out + g * d + c0 + 16 * s); });
+    });
     for (int64_t j = 0; j < n_rows; ++j) {
       __m512 pj[NQ];
       Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
@@ -413,27 +447,50 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
   }
 }
 
-template <KvElem kElem>
-void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
-                          const void* const* v_rows, int64_t n_rows, int64_t d) {
+// Every head over the rows v_rows[0, n_rows) read as E, in groups of up to 4 heads.
+template <KvElem E>
+void KvAccumulateHeads(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                       const void* const* v_rows, int64_t n_rows, int64_t d) {
   for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
     float* og = out + g0 * d;
     const float* pg = p + g0 * p_stride;
     switch (n_q - g0 < 4 ? n_q - g0 : 4) {
       case 1:
-        KvAccumulateRowsOf<1, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<1, E>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       case 2:
-        KvAccumulateRowsOf<2, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<2, E>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       case 3:
-        KvAccumulateRowsOf<3, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<3, E>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       default:
-        KvAccumulateRowsOf<4, kElem>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<4, E>(og, pg, p_stride, v_rows, n_rows, d);
         break;
     }
   }
+}
+
+// kv_accumulate_rows for one V element type. With more than 4 heads (tokens sharing rows) and
+// d % 16 == 0, d <= kMaxWidenedDim, the rows are widened 16 at a time, once for every head;
+// otherwise each group of 4 heads widens them itself. The chains are the same either way.
+template <KvElem kElem>
+void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                          const void* const* v_rows, int64_t n_rows, int64_t d) {
+  if constexpr (kElem != KvElem::kF32) {
+    if (n_q > 4 && d % 16 == 0 && d <= kMaxWidenedDim) {
+      alignas(64) float widened[16 * kMaxWidenedDim];
+      const void* block[16];
+      for (int r = 0; r < 16; ++r) block[r] = widened + r * d;
+      for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
+        const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
+        WidenRows<kElem>(v_rows + j0, rows, d, widened);
+        KvAccumulateHeads<KvElem::kF32>(out, p + j0, p_stride, n_q, block, rows, d);
+      }
+      return;
+    }
+  }
+  KvAccumulateHeads<kElem>(out, p, p_stride, n_q, v_rows, n_rows, d);
 }
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,

@@ -648,7 +648,8 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
   ThreadPool pool1(1), pool2(2);
   Scratch scratch;
   const AttnShape shapes[] = {
-      {4, 4, 64, 16}, {9, 3, 64, 16}, {8, 1, 32, 5}, {6, 2, 80, 7}, {12, 1, 64, 16}};
+      {4, 4, 64, 16},  {9, 3, 64, 16},  {8, 1, 32, 5}, {6, 2, 80, 7},
+      {12, 1, 64, 16}, {4, 2, 320, 16}, {6, 3, 72, 8}};  // 320: wider than the widening buffer
   for (const AttnShape& sh : shapes) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
       SCOPED_TRACE(::testing::Message()

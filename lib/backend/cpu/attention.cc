@@ -121,6 +121,150 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
   return absl::OkStatus();
 }
 
+// kiln's batch-invariant order (AttentionOrder::kBatchInvariant). One task per (chunk of up to
+// kMaxChunkTokens consecutive tokens of one sequence, kv head): the rows every token of the
+// chunk sees (its common causal prefix) are scored and accumulated once for all the chunk's
+// heads, so each K/V row is read and widened once per chunk instead of once per token; each
+// token then continues with its own rows (the rest of its causal prefix, then its tree extras).
+// Every score and every V chain is computed exactly as for the token alone (kernels.h), so the
+// result does not depend on the chunking.
+constexpr int64_t kMaxChunkTokens = 8;
+
+size_t Align64(size_t bytes) { return (bytes + 63) & ~size_t{63}; }
+
+// One thread's workspace for a chunk: scores [n_q_max, max_visible], q and out of the chunk's
+// heads [n_q_max, d] each (floats), then the K and V row pointers of the common prefix and of
+// one token's own rows [max_visible] each.
+struct ChunkWorkspace {
+  float* scores;
+  float* q;
+  float* out;
+  const void** k_common;
+  const void** v_common;
+  const void** k_own;
+  const void** v_own;
+
+  static size_t Bytes(int64_t n_q_max, int64_t max_visible, int64_t d) {
+    return Align64(n_q_max * max_visible * sizeof(float)) +
+           2 * Align64(n_q_max * d * sizeof(float)) + 4 * Align64(max_visible * sizeof(void*));
+  }
+  ChunkWorkspace(uint8_t* base, int64_t n_q_max, int64_t max_visible, int64_t d) {
+    scores = reinterpret_cast<float*>(base);
+    base += Align64(n_q_max * max_visible * sizeof(float));
+    q = reinterpret_cast<float*>(base);
+    base += Align64(n_q_max * d * sizeof(float));
+    out = reinterpret_cast<float*>(base);
+    base += Align64(n_q_max * d * sizeof(float));
+    const void*** lists[] = {&k_common, &v_common, &k_own, &v_own};
+    for (const void*** list : lists) {
+      *list = reinterpret_cast<const void**>(base);
+      base += Align64(max_visible * sizeof(void*));
+    }
+  }
+};
+
+void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
+                             const float* q, int32_t n_heads, float* out, float scale, uint8_t* ws,
+                             size_t per_thread, int64_t max_visible, KvElem k_elem, KvElem v_elem,
+                             const OpKernels& k) {
+  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
+  const int64_t d = kv.head_dim, bs = kv.block_size, group = n_heads / kv.n_kv_heads;
+  const bool has_extra = !b.extra_indptr.empty();
+  const auto kv_scores_rows =
+      d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
+  // Chunks of equal size within each run of one sequence's tokens, small enough that every
+  // thread gets about two tasks.
+  const int64_t chunk_max =
+      std::clamp<int64_t>(n_tokens * kv.n_kv_heads / (2 * pool.n_threads()), 1, kMaxChunkTokens);
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [t0, t1)
+  for (int64_t t0 = 0; t0 < n_tokens;) {
+    int64_t run = 1;
+    while (t0 + run < n_tokens && b.seq[t0 + run] == b.seq[t0]) ++run;
+    const int64_t n_chunks = (run + chunk_max - 1) / chunk_max;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      chunks.emplace_back(t0 + run * c / n_chunks, t0 + run * (c + 1) / n_chunks);
+    }
+    t0 += run;
+  }
+  const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
+  const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
+  const size_t k_row_bytes = d * ElemBytes(k_elem), v_row_bytes = d * ElemBytes(v_elem);
+  const int64_t n_q_max = kMaxChunkTokens * group;
+
+  pool.ParallelFor(
+      static_cast<int64_t>(chunks.size()) * kv.n_kv_heads,
+      [&](int64_t task0, int64_t task1, int thread) {
+        const ChunkWorkspace w(ws + per_thread * thread, n_q_max, max_visible, d);
+        float* sc = w.scores;
+        for (int64_t task = task0; task < task1; ++task) {
+          const auto [t0, t1] = chunks[task / kv.n_kv_heads];
+          const int64_t h = task % kv.n_kv_heads;
+          const int64_t n_q = (t1 - t0) * group;
+          const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t0]];
+          auto k_row = [&](int64_t pos) {
+            return k_base + blocks[pos / bs] * kv.k.block_stride_bytes +
+                   h * kv.k.head_stride_bytes + (pos % bs) * k_row_bytes;
+          };
+          auto v_row = [&](int64_t pos) {
+            return v_base + blocks[pos / bs] * kv.v.block_stride_bytes +
+                   h * kv.v.head_stride_bytes + (pos % bs) * v_row_bytes;
+          };
+          int64_t common = b.n_visible[t0];
+          for (int64_t t = t0; t < t1; ++t) common = std::min<int64_t>(common, b.n_visible[t]);
+          for (int64_t p = 0; p < common; ++p) {
+            w.k_common[p] = k_row(p);
+            w.v_common[p] = v_row(p);
+          }
+          for (int64_t t = t0; t < t1; ++t) {
+            const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
+            std::copy(qt, qt + group * d, w.q + (t - t0) * group * d);
+          }
+          // Scores [n_q, max_visible]: the common rows for every head of the chunk at once.
+          kv_scores_rows(w.q, n_q, w.k_common, common, k_elem, d, sc, max_visible);
+          std::fill(w.out, w.out + n_q * d, 0.0f);
+          // Each token's own rows (visible indices common, common + 1, ...), its softmax, and
+          // V . P over the common rows for every head at once, then over the token's own rows.
+          int64_t own_counts[kMaxChunkTokens];
+          for (int64_t t = t0; t < t1; ++t) {
+            int64_t n_own = 0;
+            for (int64_t p = common; p < b.n_visible[t]; ++p, ++n_own) {
+              w.k_own[n_own] = k_row(p);
+            }
+            if (has_extra) {
+              for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i, ++n_own) {
+                w.k_own[n_own] = k_row(b.extra_positions[i]);
+              }
+            }
+            own_counts[t - t0] = n_own;
+            float* st = sc + (t - t0) * group * max_visible;  // [G, max_visible]
+            kv_scores_rows(w.q + (t - t0) * group * d, group, w.k_own, n_own, k_elem, d,
+                           st + common, max_visible);
+            const int64_t n_vis = common + n_own;
+            for (int64_t g = 0; g < group; ++g) {
+              float* sg = st + g * max_visible;
+              k.scale(sg, scale, n_vis);
+              const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
+              k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+            }
+          }
+          k.kv_accumulate_rows(w.out, sc, max_visible, n_q, w.v_common, common, v_elem, d);
+          for (int64_t t = t0; t < t1; ++t) {
+            int64_t n_own = 0;
+            for (int64_t p = common; p < b.n_visible[t]; ++p) w.v_own[n_own++] = v_row(p);
+            if (has_extra) {
+              for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
+                w.v_own[n_own++] = v_row(b.extra_positions[i]);
+              }
+            }
+            float* ot = w.out + (t - t0) * group * d;
+            k.kv_accumulate_rows(ot, sc + (t - t0) * group * max_visible + common, max_visible,
+                                 group, w.v_own, own_counts[t - t0], v_elem, d);
+            std::copy(ot, ot + group * d, out + (t * n_heads + h * group) * d);
+          }
+        }
+      });
+}
+
 }  // namespace
 
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
@@ -138,11 +282,27 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   const int64_t group = n_heads / kv.n_kv_heads;
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
-  const bool batch_invariant = order == AttentionOrder::kBatchInvariant;
+  const bool has_extra = !b.extra_indptr.empty();
+  int64_t max_visible = 0;  // longest visible list of any token
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
+    max_visible = std::max(max_visible, b.n_visible[t] + extra);
+  }
+  if (order == AttentionOrder::kBatchInvariant) {
+    const size_t per_thread = ChunkWorkspace::Bytes(kMaxChunkTokens * group, max_visible, d);
+    uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
+    if (ws == nullptr) {
+      return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
+    }
+    BatchInvariantAttention(pool, kv, b, q, n_heads, out, scale, ws, per_thread, max_visible,
+                            k_elem, v_elem, k);
+    return absl::OkStatus();
+  }
+
   // llama.cpp's f16 cache path (ggml_vec_dot_f16 / tinyBLAS f16): q and the softmax weights are
-  // rounded to f16 before their products with K and V. kiln's order keeps them in f32.
-  const bool q_to_f16 = !batch_invariant && k_elem == KvElem::kF16;
-  const bool p_to_f16 = !batch_invariant && v_elem == KvElem::kF16;
+  // rounded to f16 before their products with K and V. (kiln's order keeps them in f32.)
+  const bool q_to_f16 = k_elem == KvElem::kF16;
+  const bool p_to_f16 = v_elem == KvElem::kF16;
   // llama.cpp's prompt batches run K.q through tinyBLAS only for an f16 cache (an f32 q is used
   // in place, which needs a contiguous q; a converted f16 q is contiguous), V.p for both types.
   const bool prompt = order == AttentionOrder::kLlamaCppPrompt;
@@ -150,24 +310,14 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   // The AVX-512 score kernel covers whole steps of its lanes; other head sizes use the definition.
   const auto kv_scores =
       d % kq_lanes == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
-
   const int64_t n_lanes = prompt ? kAttnLanesTinyBlas : kAttnLanes;
-  const bool has_extra = !b.extra_indptr.empty();
-  int64_t max_visible = 0;  // longest visible list of any token
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
-    max_visible = std::max(max_visible, b.n_visible[t] + extra);
-  }
-  // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, d] and rounded
-  // q [G, d] (floats), then row pointers [2, max_visible]: K and V of every visible row
-  // (batch-invariant order), or V of the whole lane groups (llama.cpp orders).
+
+  // The llama.cpp orders. Per-thread workspace: scores [G, max_visible], lane accumulator
+  // [kAttnLanes, d] and rounded q [G, d] (floats), then the V row pointers of the whole lane
+  // groups [max_visible].
   const size_t floats_bytes =
-      ((group * max_visible + kAttnLanes * d + group * d) * sizeof(float) + 63) & ~size_t{63};
-  const size_t per_thread =
-      (floats_bytes + 2 * max_visible * sizeof(const void*) + 63) & ~size_t{63};
-  // The AVX-512 kernel covers head sizes in whole 16-float steps; others use the definition.
-  const auto kv_scores_rows =
-      d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
+      Align64((group * max_visible + kAttnLanes * d + group * d) * sizeof(float));
+  const size_t per_thread = floats_bytes + Align64(max_visible * sizeof(const void*));
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
     return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
@@ -181,9 +331,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
     float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
     float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
-    // Row pointers (see the workspace above).
     const void** v_rows = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
-    const void** k_rows = v_rows + max_visible;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
       const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
@@ -221,30 +369,14 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       };
 
       // Scores [G, n_vis] = K . q, then softmax as ggml_soft_max_ext.
+      // ggml's f32 dot.
       int64_t n_vis = 0;
-      if (batch_invariant) {
-        // kiln's order over the visible rows' K and V (kept for V . P below).
-        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-          const uint8_t* kt = k_base + block * kv.k.block_stride_bytes +
-                              h * kv.k.head_stride_bytes + row * k_row_bytes;
-          const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
-                              h * kv.v.head_stride_bytes + row * v_row_bytes;
-          for (int64_t r = 0; r < count; ++r) {
-            k_rows[index + r] = kt + r * k_row_bytes;
-            v_rows[index + r] = vt + r * v_row_bytes;
-          }
-          n_vis = index + count;
-        });
-        kv_scores_rows(qt, group, k_rows, n_vis, k_elem, d, sc, max_visible);
-      } else {
-        // ggml's f32 dot.
-        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-          const uint8_t* kt = k_base + block * kv.k.block_stride_bytes +
-                              h * kv.k.head_stride_bytes + row * k_row_bytes;
-          kv_scores(qt, group, kt, count, k_elem, d, kq_lanes, sc + index, max_visible);
-          n_vis = index + count;
-        });
-      }
+      for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+        const uint8_t* kt = k_base + block * kv.k.block_stride_bytes + h * kv.k.head_stride_bytes +
+                            row * k_row_bytes;
+        kv_scores(qt, group, kt, count, k_elem, d, kq_lanes, sc + index, max_visible);
+        n_vis = index + count;
+      });
       for (int64_t g = 0; g < group; ++g) {
         float* sg = sc + g * max_visible;
         k.scale(sg, scale, n_vis);
@@ -253,11 +385,6 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         if (p_to_f16) k.round_f16(sg, n_vis);
       }
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
-      if (batch_invariant) {
-        // out = V^T . p for the G heads at once, one chain per element in index order.
-        k.kv_accumulate_rows(ot, sc, max_visible, group, v_rows, n_vis, v_elem, d);
-        continue;
-      }
       // out = V^T . p per head, in the llama.cpp order's lanes over the visible index.
       // Leading runs that are whole 16-row lane groups (a causal prefix with block_size 16)
       // take the register-blocked kernel; the rest (a partial last block, tree extras) follow

@@ -189,7 +189,6 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
-  std::fill(out, out + n_q * d, 0.0f);
   float v[1024];  // one widened V row
   for (int64_t j = 0; j < n_rows; ++j) {
     for (int64_t i = 0; i < d; ++i) v[i] = LoadKv(v_rows[j], elem, i);
