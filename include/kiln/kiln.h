@@ -474,7 +474,7 @@ typedef struct kiln_strategy kiln_strategy;
 typedef struct kiln_ngram_params {
   uint32_t struct_size; /* sizeof(kiln_ngram_params), set by the default params call */
   int32_t max_ngram;    /* longest suffix matched first; default 3 */
-  int32_t min_ngram;    /* shortest suffix matched (>= 1); default 2 */
+  int32_t min_ngram;    /* shortest suffix matched (>= 1); default 1 */
   int32_t max_draft;    /* most tokens proposed per step (>= 1); default 8 */
   int32_t start_draft;  /* longest draft while the pass cost is not yet measured, in
                          * [1, max_draft]; default 4 */

@@ -15,6 +15,21 @@ void PassCostModel::Observe(int32_t width, double seconds) {
   const double per_extra = (seconds - t1_) / (width - 1);
   slope_ = n_wide_ == 0 ? per_extra : slope_ + kEmaWeight * (per_extra - slope_);
   ++n_wide_;
+  if (width <= kMaxTimedWidth) {
+    double& t = t_width_[width];
+    t = t == 0.0 || n_wide_ - seen_at_[width] > kStaleAfter ? seconds
+                                                            : t + kEmaWeight * (seconds - t);
+    seen_at_[width] = n_wide_;
+  }
+}
+
+double PassCostModel::RelativeCost(int32_t width) const {
+  if (width <= 1) return 1.0;
+  if (!pinned_ && width <= kMaxTimedWidth && t_width_[width] > 0.0 && t1_ > 0.0 &&
+      n_wide_ - seen_at_[width] <= kStaleAfter) {
+    return std::clamp(t_width_[width] / t1_, 1.0, 1.0 + 4.0 * (width - 1));
+  }
+  return 1.0 + Beta() * (width - 1);
 }
 
 double PassCostModel::Beta() const {

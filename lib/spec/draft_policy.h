@@ -1,8 +1,9 @@
 // Cost-aware draft length: the pieces a strategy needs to decide how many tokens to draft.
 //
-//   PassCostModel      what a target pass over w tokens costs, relative to a one-token pass,
-//                      c(w) = 1 + beta (w - 1), with beta measured online by the decoder from the
-//                      wall time of its steps (or pinned for reproducibility);
+//   PassCostModel      what a target pass over w tokens costs, relative to a one-token pass:
+//                      c(w) = t(w) / t(1), the measured step times of each width (moving
+//                      averages kept by the decoder), and c(w) = 1 + beta (w - 1) for widths not
+//                      measured yet, beta the measured slope (or pinned for reproducibility);
 //   AcceptanceEstimate how likely drafts of a strategy are to be accepted, estimated online: the
 //                      first draft token is accepted with probability a1, each following one
 //                      (given its predecessor was) with probability a, so
@@ -16,7 +17,10 @@
 // rows x tokens tile kernels, which read each weight once, brought it to about 1 + 0.3 (w - 1),
 // the integer-order kernels of the default numeric mode to about 1 + 0.2 (w - 1)),
 // on the thread count and on the machine's load. The policy follows whatever the decoder
-// measures.
+// measures. Why per width, not one slope: a pass is bound by the weight stream until its compute
+// catches up, so on the default model at one thread c(2) is about 1.0 and c(3) about 1.06 while
+// each token beyond costs about 0.2 (engine_bench --widths); one slope would overcharge the
+// short drafts that cost nearly nothing and undercharge the long ones.
 //
 // Determinism: in greedy mode the emitted tokens never depend on the draft length (the verifier
 // keeps exactly the target's argmax path), so a timing-driven policy cannot change greedy output.
@@ -27,6 +31,7 @@
 // Thread-safety: plain values; none of the methods may be called concurrently on one object.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 
@@ -42,8 +47,11 @@ class PassCostModel {
   // or seconds <= 0.
   void Observe(int32_t width, double seconds);
 
-  // c(width) = 1 + beta (width - 1): the cost of a pass over `width` tokens in one-token passes.
-  double RelativeCost(int32_t width) const { return 1.0 + Beta() * (width - 1); }
+  // The cost of a pass over `width` tokens in one-token passes: t(width) / t(1) when that width
+  // was measured within the last kStaleAfter wider steps (clamped to [1, 1 + 4 (width - 1)]),
+  // else 1 + beta (width - 1), so a width that looked expensive once is tried again when the
+  // slope says it may pay; pinned: always 1 + beta (width - 1).
+  double RelativeCost(int32_t width) const;
   // The current slope (measured, pinned or the prior), >= 0.
   double Beta() const;
   // Measured seconds of a one-token step (exponential moving average); 0 until one was seen.
@@ -51,6 +59,10 @@ class PassCostModel {
   // Number of one-token and wider steps observed.
   int64_t one_token_observations() const { return n1_; }
   int64_t wide_observations() const { return n_wide_; }
+
+  // Widths up to this one keep their own step time; wider ones use the slope.
+  static constexpr int32_t kMaxTimedWidth = 32;
+  static constexpr int64_t kStaleAfter = 64;
 
   // Pins beta (>= 0): Observe is ignored from now on and RelativeCost is deterministic.
   void Pin(double beta) {
@@ -65,6 +77,10 @@ class PassCostModel {
 
   double t1_ = 0.0;     // EMA of one-token step seconds
   double slope_ = 0.0;  // EMA of (t(w) - t1) / (w - 1), seconds per extra token
+  // EMA of the step seconds of each width in [2, kMaxTimedWidth] (0: not seen yet), and
+  // n_wide_ when it was last observed.
+  std::array<double, kMaxTimedWidth + 1> t_width_{};
+  std::array<int64_t, kMaxTimedWidth + 1> seen_at_{};
   int64_t n1_ = 0;
   int64_t n_wide_ = 0;
   bool pinned_ = false;

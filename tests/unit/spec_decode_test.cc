@@ -375,6 +375,32 @@ TEST(DraftPolicyTest, PassCostModelMeasuresTheSlope) {
   EXPECT_TRUE(cost.pinned());
 }
 
+// Each width keeps its own measured time (a pass is bound by the weight stream until its
+// compute catches up, so the cost is not linear in the width); unmeasured or stale widths use
+// the slope.
+TEST(DraftPolicyTest, PassCostModelKeepsEachWidthsTime) {
+  PassCostModel cost;
+  cost.Observe(1, 1.0);
+  for (int i = 0; i < 20; ++i) {
+    cost.Observe(2, 1.02);
+    cost.Observe(8, 2.4);
+  }
+  EXPECT_NEAR(cost.RelativeCost(2), 1.02, 1e-9);
+  EXPECT_NEAR(cost.RelativeCost(8), 2.4, 1e-9);
+  const double beta = cost.Beta();  // between the two widths' slopes, 0.02 and 0.2
+  EXPECT_GT(beta, 0.02);
+  EXPECT_LT(beta, 0.2);
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(4), 1.0 + 3 * beta);  // never measured
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(1), 1.0);
+  cost.Observe(3, 0.5);  // faster than one token: noise, clamped
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(3), 1.0);
+  for (int i = 0; i <= PassCostModel::kStaleAfter; ++i) cost.Observe(2, 1.02);
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(8), 1.0 + 7 * cost.Beta());  // stale: the slope again
+  EXPECT_NEAR(cost.RelativeCost(2), 1.02, 1e-9);
+  cost.Pin(0.3);
+  EXPECT_DOUBLE_EQ(cost.RelativeCost(2), 1.3);  // pinned: the line
+}
+
 TEST(DraftPolicyTest, AcceptanceEstimateAndBestLength) {
   AcceptanceEstimate a;
   EXPECT_DOUBLE_EQ(a.first(), 0.5);
