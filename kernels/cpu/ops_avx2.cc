@@ -99,6 +99,58 @@ void Scale(float* x, float s, int64_t n) {
   for (; i < n; ++i) x[i] *= s;
 }
 
+// Fp32ToFp16 (lib/common/half.h) of one value: nearest, ties to even; a NaN as sign | 0x7E00.
+uint16_t HalfOf(float f) {
+  const __m128i h = _mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  uint16_t v = static_cast<uint16_t>(_mm_extract_epi16(h, 0));
+  if (f != f) v = static_cast<uint16_t>((v & 0x8000) | 0x7E00);
+  return v;
+}
+
+void StoreF16(const float* x, int64_t n, uint16_t* y) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // vcvtps2ph keeps a NaN's payload; the definition stores every NaN as sign | 0x7E00.
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      for (int64_t j = i; j < i + 8; ++j) y[j] = HalfOf(x[j]);
+    }
+  }
+  for (; i < n; ++i) y[i] = HalfOf(x[i]);
+}
+
+// (fma(x0, c, -(x1 * s)) is fmsub(x0, c, x1 * s): the same single rounding.)
+void RopePairs(float* x, const float* c, const float* s, int64_t n_pairs, int64_t stride) {
+  int64_t i = 0;
+  if (stride != 1) {  // NEOX: x0 and x1 are separate runs of n_pairs floats
+    for (; i + 8 <= n_pairs; i += 8) {
+      const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + stride + i);
+      const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+      _mm256_storeu_ps(x + i, _mm256_fmsub_ps(x0, cv, _mm256_mul_ps(x1, sv)));
+      _mm256_storeu_ps(x + stride + i, _mm256_fmadd_ps(x0, sv, _mm256_mul_ps(x1, cv)));
+    }
+  } else {  // NORM: 4 pairs per vector, x0 in the even lanes, x1 in the odd ones
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    for (; i + 4 <= n_pairs; i += 4) {
+      const __m256 v = _mm256_loadu_ps(x + 2 * i);
+      const __m256 swapped = _mm256_permute_ps(v, 0xB1);
+      const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + i)), dup);
+      const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + i)), dup);
+      const __m256 even = _mm256_fmsub_ps(v, cv, _mm256_mul_ps(swapped, sv));
+      const __m256 odd = _mm256_fmadd_ps(swapped, sv, _mm256_mul_ps(v, cv));
+      _mm256_storeu_ps(x + 2 * i, _mm256_blend_ps(even, odd, 0xAA));
+    }
+  }
+  for (; i < n_pairs; ++i) {
+    float* a = x + (stride == 1 ? 2 * i : i);
+    const float x0 = a[0], x1 = a[stride];
+    a[0] = std::fma(x0, c[i], -(x1 * s[i]));
+    a[stride] = std::fma(x0, s[i], x1 * c[i]);
+  }
+}
+
 // 8 K/V elements of `elem` at element offset i as floats.
 inline __m256 LoadKv8(const void* row, KvElem elem, int64_t i) {
   const auto* h = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i);
@@ -226,6 +278,8 @@ void FillOpKernelsAvx2(OpKernels* k) {
   k->max = Max;
   k->exp_sum = ExpSum;
   k->scale = Scale;
+  k->store_f16 = StoreF16;
+  k->rope_pairs = RopePairs;
 }
 
 }  // namespace kiln::cpu

@@ -38,7 +38,7 @@ struct NgramParams {
   // Shortest suffix tried (>= 1). One-token matches are right less often, but their acceptance
   // is learned apart from the longer ones', so they are drafted only while they pay; they pick
   // a copy up again one token after the answer departs from it (a corrected word), where a
-  // two-token suffix needs two (spec_bench copy set: 1.47x -> see docs/speculative.md).
+  // two-token suffix needs two.
   int32_t min_ngram = 1;
   int32_t max_draft = 8;    // tokens proposed at most per step
   int32_t start_draft = 4;  // longest draft while the pass cost is the prior, in [1, max_draft]
