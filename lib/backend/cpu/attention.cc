@@ -195,17 +195,16 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
       static_cast<int64_t>(chunks.size()) * kv.n_kv_heads,
       [&](int64_t task0, int64_t task1, int thread) {
         const ChunkWorkspace w(ws + per_thread * thread, n_q_max, max_visible, d);
-        float* sc = w.scores;
         for (int64_t task = task0; task < task1; ++task) {
           const auto [t0, t1] = chunks[task / kv.n_kv_heads];
           const int64_t h = task % kv.n_kv_heads;
           const int64_t n_q = (t1 - t0) * group;
           const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t0]];
-          auto k_row = [&](int64_t pos) {
+          auto k_row = [&](int64_t pos) -> const void* {
             return k_base + blocks[pos / bs] * kv.k.block_stride_bytes +
                    h * kv.k.head_stride_bytes + (pos % bs) * k_row_bytes;
           };
-          auto v_row = [&](int64_t pos) {
+          auto v_row = [&](int64_t pos) -> const void* {
             return v_base + blocks[pos / bs] * kv.v.block_stride_bytes +
                    h * kv.v.head_stride_bytes + (pos % bs) * v_row_bytes;
           };
@@ -215,28 +214,28 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
             w.k_common[p] = k_row(p);
             w.v_common[p] = v_row(p);
           }
+          // Token t's own rows (visible indices common, common + 1, ...: the rest of its causal
+          // prefix, then its tree extras) into `list`; returns their count.
+          auto own_rows = [&](int64_t t, auto&& row, const void** list) {
+            int64_t n = 0;
+            for (int64_t p = common; p < b.n_visible[t]; ++p) list[n++] = row(p);
+            if (has_extra) {
+              for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
+                list[n++] = row(b.extra_positions[i]);
+              }
+            }
+            return n;
+          };
           for (int64_t t = t0; t < t1; ++t) {
             const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
             std::copy(qt, qt + group * d, w.q + (t - t0) * group * d);
           }
-          // Scores [n_q, max_visible]: the common rows for every head of the chunk at once.
-          kv_scores_rows(w.q, n_q, w.k_common, common, k_elem, d, sc, max_visible);
-          std::fill(w.out, w.out + n_q * d, 0.0f);
-          // Each token's own rows (visible indices common, common + 1, ...), its softmax, and
-          // V . P over the common rows for every head at once, then over the token's own rows.
-          int64_t own_counts[kMaxChunkTokens];
+          // Scores [n_q, max_visible]: the common rows for every head of the chunk at once, then
+          // each token's own rows and its softmax.
+          kv_scores_rows(w.q, n_q, w.k_common, common, k_elem, d, w.scores, max_visible);
           for (int64_t t = t0; t < t1; ++t) {
-            int64_t n_own = 0;
-            for (int64_t p = common; p < b.n_visible[t]; ++p, ++n_own) {
-              w.k_own[n_own] = k_row(p);
-            }
-            if (has_extra) {
-              for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i, ++n_own) {
-                w.k_own[n_own] = k_row(b.extra_positions[i]);
-              }
-            }
-            own_counts[t - t0] = n_own;
-            float* st = sc + (t - t0) * group * max_visible;  // [G, max_visible]
+            float* st = w.scores + (t - t0) * group * max_visible;  // [G, max_visible]
+            const int64_t n_own = own_rows(t, k_row, w.k_own);
             kv_scores_rows(w.q + (t - t0) * group * d, group, w.k_own, n_own, k_elem, d,
                            st + common, max_visible);
             const int64_t n_vis = common + n_own;
@@ -247,18 +246,14 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
               k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
             }
           }
-          k.kv_accumulate_rows(w.out, sc, max_visible, n_q, w.v_common, common, v_elem, d);
+          // V . P: the common rows for every head at once, then each token's own rows.
+          std::fill(w.out, w.out + n_q * d, 0.0f);
+          k.kv_accumulate_rows(w.out, w.scores, max_visible, n_q, w.v_common, common, v_elem, d);
           for (int64_t t = t0; t < t1; ++t) {
-            int64_t n_own = 0;
-            for (int64_t p = common; p < b.n_visible[t]; ++p) w.v_own[n_own++] = v_row(p);
-            if (has_extra) {
-              for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
-                w.v_own[n_own++] = v_row(b.extra_positions[i]);
-              }
-            }
+            const int64_t n_own = own_rows(t, v_row, w.v_own);
             float* ot = w.out + (t - t0) * group * d;
-            k.kv_accumulate_rows(ot, sc + (t - t0) * group * max_visible + common, max_visible,
-                                 group, w.v_own, own_counts[t - t0], v_elem, d);
+            k.kv_accumulate_rows(ot, w.scores + (t - t0) * group * max_visible + common,
+                                 max_visible, group, w.v_own, n_own, v_elem, d);
             std::copy(ot, ot + group * d, out + (t * n_heads + h * group) * d);
           }
         }
