@@ -3,7 +3,8 @@
 // editing), it runs plain decoding (no strategy), the n-gram strategy with its cost-aware draft
 // length (measured pass cost, docs/speculative.md), the n-gram strategy always drafting
 // --ngram-max tokens (what the back-off buys), and a draft model cut from the target (its first
-// --draft-layers layers, made with MakeDraftModel; cost-aware length), each --reps times, and
+// --draft-layers layers, made with MakeDraftModel; cost-aware length), each --reps times (the
+// strategies in turn within each repetition, so a drift in the machine's speed touches all), and
 // prints decode tokens/s (generated tokens / wall time of the decoding steps, prefill excluded;
 // per repetition over the whole prompt set) as median [min-max] and the speedup over plain; the
 // same per second of process CPU time (all threads; steadier than wall time on a shared, loaded
@@ -15,7 +16,8 @@
 // accepted drafts shows how much of it copied the input).
 //
 //   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
-//              [--draft-max K] [--ngram-max K] [--prompts N (per set, at most 4)]
+//              [--draft-max K] [--ngram-max K] [--ngram-min N] [--prompts N (per set, at most 4)]
+//              [--temp T (only this temperature)] [--set chat|copy (only this set)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -87,14 +89,17 @@ int main(int argc, char** argv) {
     model_path = std::string(home) + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   int threads = 2, tokens = 64, reps = 3, draft_layers = 4, draft_max = 4, ngram_max = 8,
-      n_prompts = 4;
+      n_prompts = 4, ngram_min = NgramParams().min_ngram;
+  std::vector<float> temps = {0.0f, 0.8f};
+  std::vector<int> sets = {0, 1};  // chat, copy
   for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: spec_bench [--model PATH] [--threads N (2)] [--tokens N (64)] [--reps N (3)]\n"
           "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
-          "                  [--prompts N (4, per set, at most 4)]\n"
+          "                  [--ngram-min N (shortest suffix, 1)]\n"
+          "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
@@ -118,9 +123,19 @@ int main(int argc, char** argv) {
       draft_max = std::atoi(v);
     else if (a == "--ngram-max")
       ngram_max = std::atoi(v);
+    else if (a == "--ngram-min")
+      ngram_min = std::atoi(v);
     else if (a == "--prompts")
       n_prompts = std::atoi(v);
-    else {
+    else if (a == "--temp")
+      temps = {static_cast<float>(std::atof(v))};
+    else if (a == "--set") {
+      if (std::string_view(v) != "chat" && std::string_view(v) != "copy") {
+        std::fprintf(stderr, "--set must be chat or copy, got %s\n", v);
+        return 2;
+      }
+      sets = {std::string_view(v) == "chat" ? 0 : 1};
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
@@ -146,6 +161,7 @@ int main(int argc, char** argv) {
   }
   NgramParams np;
   np.max_draft = ngram_max;
+  np.min_ngram = ngram_min;
   np.start_draft = std::min(np.start_draft, ngram_max);
   auto ngram = NgramStrategy::Create(np);
   NgramParams always = np;
@@ -155,9 +171,11 @@ int main(int argc, char** argv) {
   dp.n_threads = threads;
   dp.max_draft = draft_max;
   auto draft = DraftModelStrategy::Load(draft_path, (*model)->hparams().n_vocab, dp);
-  if (!ngram.ok() || !ngram_always.ok() || !draft.ok()) {
-    std::fprintf(stderr, "strategy: %s\n", std::string(draft.status().message()).c_str());
-    return 1;
+  for (const absl::Status& st : {ngram.status(), ngram_always.status(), draft.status()}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "strategy: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
   }
   struct Named {
     const char* name;
@@ -173,10 +191,10 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-5s %-9s %24s %8s %24s %8s %9s %9s %11s %6s\n", "temp", "set", "strat",
               "wall tok/s med [min-max]", "speedup", "tok/cpu-s med [min-max]", "speedup",
               "acc/step", "acc rate", "passes/tok", "beta");
-  for (float temp : {0.0f, 0.8f}) {
+  for (float temp : temps) {
     sample::SamplerParams sp;
     sp.temperature = temp;
-    for (int set = 0; set < 2; ++set) {
+    for (int set : sets) {
       std::vector<std::vector<int32_t>> prompts;
       const auto& texts = set == 0 ? kChatPrompts : kCopyPrompts;
       for (const char* t : texts) {
@@ -185,10 +203,15 @@ int main(int argc, char** argv) {
       }
       double plain_median = 0.0, plain_cpu_median = 0.0;
       std::vector<PromptTotals> plain_prompts(prompts.size()), ngram_prompts(prompts.size());
-      for (const Named& s : strategies) {
-        Row row;
-        std::vector<double> betas;
-        for (int r = 0; r < reps; ++r) {
+      // Repetitions outer, strategies inner: a drift in the machine's speed (a loaded
+      // neighbour, frequency) then touches every strategy alike instead of whichever ran last.
+      constexpr size_t kStrategies = std::size(strategies);
+      Row rows[kStrategies];
+      std::vector<double> betas[kStrategies];
+      for (int r = 0; r < reps; ++r) {
+        for (size_t si = 0; si < kStrategies; ++si) {
+          const Named& s = strategies[si];
+          Row& row = rows[si];
           PassCostModel cost;  // carried across the prompt set, as a session would
           int64_t gen = 0;
           double secs = 0.0, cpu_secs = 0.0;
@@ -213,10 +236,14 @@ int main(int argc, char** argv) {
             row.drafted += res->metrics.drafted;
             row.generated += res->metrics.generated;
           }
-          if (cost.wide_observations() > 0) betas.push_back(cost.Beta());
+          if (cost.wide_observations() > 0) betas[si].push_back(cost.Beta());
           row.tok_s.push_back(static_cast<double>(gen) / secs);
           row.tok_cpu_s.push_back(static_cast<double>(gen) / cpu_secs);
         }
+      }
+      for (size_t si = 0; si < kStrategies; ++si) {
+        const Named& s = strategies[si];
+        const Row& row = rows[si];
         const double med = Median(row.tok_s);
         const double cpu_med = Median(row.tok_cpu_s);
         if (s.strategy == nullptr) {
@@ -232,7 +259,9 @@ int main(int argc, char** argv) {
                       *std::min_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()),
                       *std::max_element(row.tok_cpu_s.begin(), row.tok_cpu_s.end()));
         char beta_buf[16] = "-";
-        if (!betas.empty()) std::snprintf(beta_buf, sizeof(beta_buf), "%.2f", Median(betas));
+        if (!betas[si].empty()) {
+          std::snprintf(beta_buf, sizeof(beta_buf), "%.2f", Median(betas[si]));
+        }
         std::printf("%-5.1f %-5s %-9s %24s %7.2fx %24s %7.2fx %9.2f %9.2f %11.3f %6s\n", temp,
                     set == 0 ? "chat" : "copy", s.name, buf, med / plain_median, cpu_buf,
                     cpu_med / plain_cpu_median,
