@@ -418,9 +418,8 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   });
 }
 
-// NQ heads x up to 64 columns over the rows of `rows` (f32 or kElem), continuing the chains in
-// out: 4 * NQ accumulators stay in registers over the rows, each V slice is loaded once for the
-// NQ heads.
+// NQ heads x up to 64 columns per pass over the rows, one V element type, continuing the chains
+// in out: 4 * NQ accumulators stay in registers, each V slice is widened once for the NQ heads.
 template <int NQ, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
@@ -447,50 +446,30 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
   }
 }
 
-// Every head over the rows v_rows[0, n_rows) read as E, in groups of up to 4 heads.
-template <KvElem E>
-void KvAccumulateHeads(float* out, const float* p, int64_t p_stride, int64_t n_q,
-                       const void* const* v_rows, int64_t n_rows, int64_t d) {
+// kv_accumulate_rows for one V element type, in groups of up to 4 heads. (Widening 16 rows into
+// a buffer once for all the heads of a chunk, as the scores do, measured no faster here: the
+// FMAs, not the conversions, bound this loop.)
+template <KvElem kElem>
+void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                          const void* const* v_rows, int64_t n_rows, int64_t d) {
   for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
     float* og = out + g0 * d;
     const float* pg = p + g0 * p_stride;
     switch (n_q - g0 < 4 ? n_q - g0 : 4) {
       case 1:
-        KvAccumulateRowsOf<1, E>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<1, kElem>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       case 2:
-        KvAccumulateRowsOf<2, E>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<2, kElem>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       case 3:
-        KvAccumulateRowsOf<3, E>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<3, kElem>(og, pg, p_stride, v_rows, n_rows, d);
         break;
       default:
-        KvAccumulateRowsOf<4, E>(og, pg, p_stride, v_rows, n_rows, d);
+        KvAccumulateRowsOf<4, kElem>(og, pg, p_stride, v_rows, n_rows, d);
         break;
     }
   }
-}
-
-// kv_accumulate_rows for one V element type. With more than 4 heads (tokens sharing rows) and
-// d % 16 == 0, d <= kMaxWidenedDim, the rows are widened 16 at a time, once for every head;
-// otherwise each group of 4 heads widens them itself. The chains are the same either way.
-template <KvElem kElem>
-void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
-                          const void* const* v_rows, int64_t n_rows, int64_t d) {
-  if constexpr (kElem != KvElem::kF32) {
-    if (n_q > 4 && d % 16 == 0 && d <= kMaxWidenedDim) {
-      alignas(64) float widened[16 * kMaxWidenedDim];
-      const void* block[16];
-      for (int r = 0; r < 16; ++r) block[r] = widened + r * d;
-      for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
-        const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
-        WidenRows<kElem>(v_rows + j0, rows, d, widened);
-        KvAccumulateHeads<KvElem::kF32>(out, p + j0, p_stride, n_q, block, rows, d);
-      }
-      return;
-    }
-  }
-  KvAccumulateHeads<kElem>(out, p, p_stride, n_q, v_rows, n_rows, d);
 }
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,

@@ -85,8 +85,8 @@ struct OpKernels {
   // heads g and element i one FMA chain over the visible rows in index order, continuing from
   // out's value (the caller zeroes out first; a later call continues the chains with more rows):
   //   out[g * d + i] = fma(v_rows[j][i], p[g * p_stride + j], out[g * d + i]), j = 0 .. n_rows - 1,
-  // so each V row is widened once for the n_q heads that share it (heads of a GQA group, or of
-  // several tokens seeing the same rows).
+  // so a V row can be widened once for several of the n_q heads that share it (heads of a GQA
+  // group, or of several tokens seeing the same rows).
   void (*kv_accumulate_rows)(float* out, const float* p, int64_t p_stride, int64_t n_q,
                              const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d);
   // out[i] = the reduction of acc[n_lanes][d] column i (see kv_accumulate): for 64 lanes
