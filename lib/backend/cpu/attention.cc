@@ -123,9 +123,10 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
 
 // kiln's batch-invariant order (AttentionOrder::kBatchInvariant). One task per (chunk of up to
 // kMaxChunkTokens consecutive tokens of one sequence, kv head): the rows every token of the
-// chunk sees (its common causal prefix) are scored and accumulated once for all the chunk's
-// heads, so each K/V row is read and widened once per chunk instead of once per token; each
-// token then continues with its own rows (the rest of its causal prefix, then its tree extras).
+// chunk sees (its common causal prefix) are scored and accumulated in one call for all the
+// chunk's heads, so each K row is widened once per chunk instead of once per token (each V row
+// once per four heads); each token then continues with its own rows (the rest of its causal
+// prefix, then its tree extras).
 // Every score and every V chain is computed exactly as for the token alone (kernels.h), so the
 // result does not depend on the chunking.
 constexpr int64_t kMaxChunkTokens = 8;

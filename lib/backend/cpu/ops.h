@@ -232,12 +232,11 @@ struct AttentionBatch {
 // output equals, bit for bit, that of the same tokens laid out as a causal chain. In the
 // llama.cpp orders with an f16 cache, q and the softmax weights are rounded to f16 before their
 // products (ggml's f16 path); kiln's order keeps them in f32. Tasks: in kiln's order, a chunk
-// of up to 8 tokens of one sequence x a kv head (the rows all of the chunk's tokens see are read
-// once for the chunk's G x tokens heads); in the llama.cpp orders, a (token, kv head) pair (each
-// K/V row read for the G query heads of its group).
-// Errors: any index or count out of range (names field and index), a token that sees nothing,
-// n_heads not a multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16.
-// K . q and V . P have three orders:
+// of up to 8 tokens of one sequence x a kv head (the rows all of the chunk's tokens see are
+// handled in one call for the chunk's G x tokens heads); in the llama.cpp orders, a (token, kv
+// head) pair (each K/V row read for the G query heads of its group). Errors: any index or count out
+// of range (names field and index), a token that sees nothing, n_heads not a multiple of
+// n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16. K . q and V . P have three orders:
 //   kBatchInvariant (default): K . q in 16 lanes per (row, head), 16 rows' lanes summed at once
 //     (kv_scores_rows); V . P as one FMA chain per output element over the visible rows in
 //     index order (kv_accumulate_rows). The same for every token whatever its batch (each
