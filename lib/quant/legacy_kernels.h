@@ -85,12 +85,14 @@ struct BlockQ8_1 {  // 36 B: element j = qs[j] * d; s = f16(d * Σ qs) for the m
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 
-inline float LoadHalf(const uint8_t* p) {
+// `static inline` as in half.h: the SIMD translation units include this header, and an
+// out-of-line copy with external linkage compiled there could serve every caller.
+static inline float LoadHalf(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return Fp16ToFp32(h);
 }
-inline void StoreHalf(uint8_t* p, float f) {
+static inline void StoreHalf(uint8_t* p, float f) {
   const uint16_t h = Fp32ToFp16(f);
   std::memcpy(p, &h, 2);
 }
