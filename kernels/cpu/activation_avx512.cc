@@ -9,24 +9,12 @@
 
 #include <cstring>
 
+#include "kernels/cpu/f16_avx512.h"
 #include "lib/quant/activation.h"
 #include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
 namespace {
-
-// f16 of 16 floats as Fp32ToFp16 (lib/common/half.h): nearest, ties to even; a NaN as
-// sign | 0x7E00 (vcvtps2ph would keep its payload).
-inline __m256i Halves(__m512 v) {
-  __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  if (const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
-    const __m512i sign =
-        _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(0x8000));
-    h = _mm256_mask_blend_epi16(
-        nan, h, _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00))));
-  }
-  return h;
-}
 
 template <typename Block>
 void QuantizeRow(const float* x, void* vy, int64_t n) {
@@ -59,10 +47,10 @@ void QuantizeRow(const float* x, void* vy, int64_t n) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(i1));
     }
     alignas(32) uint16_t dh[16], sh[16];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(dh), Halves(d));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dh), F16OfLanesAvx512(d));
     if constexpr (kHasSum) {
       const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(sum)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sh), Halves(s));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sh), F16OfLanesAvx512(s));
     }
     for (int j = 0; j < g; ++j) {
       std::memcpy(y[b0 + j].d, &dh[j], 2);

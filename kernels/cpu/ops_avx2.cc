@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "lib/backend/cpu/kernels.h"
+#include "lib/common/half.h"
 
 namespace kiln::cpu {
 namespace {
@@ -99,14 +100,6 @@ void Scale(float* x, float s, int64_t n) {
   for (; i < n; ++i) x[i] *= s;
 }
 
-// Fp32ToFp16 (lib/common/half.h) of one value: nearest, ties to even; a NaN as sign | 0x7E00.
-uint16_t HalfOf(float f) {
-  const __m128i h = _mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  uint16_t v = static_cast<uint16_t>(_mm_extract_epi16(h, 0));
-  if (f != f) v = static_cast<uint16_t>((v & 0x8000) | 0x7E00);
-  return v;
-}
-
 void StoreF16(const float* x, int64_t n, uint16_t* y) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -115,10 +108,10 @@ void StoreF16(const float* x, int64_t n, uint16_t* y) {
                      _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     // vcvtps2ph keeps a NaN's payload; the definition stores every NaN as sign | 0x7E00.
     if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
-      for (int64_t j = i; j < i + 8; ++j) y[j] = HalfOf(x[j]);
+      for (int64_t j = i; j < i + 8; ++j) y[j] = Fp32ToFp16(x[j]);
     }
   }
-  for (; i < n; ++i) y[i] = HalfOf(x[i]);
+  for (; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }
 
 // (fma(x0, c, -(x1 * s)) is fmsub(x0, c, x1 * s): the same single rounding.)

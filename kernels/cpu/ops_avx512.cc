@@ -1,6 +1,6 @@
 // AVX-512 versions of the CPU op kernels (lib/backend/cpu/kernels.h). Compiled with
 // -mavx512f/bw/vl/... (kernels/cpu/sources.cmake); only called when the CPU has AVX-512.
-// No std:: templates or shared inline functions here (see kernels.h).
+// No std:: templates or shared inline functions with external linkage here (see kernels.h).
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own intrinsics as uninitialized
 // when they are inlined here (GCC bug 105593); the warning is a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/f16_avx512.h"
 #include "kernels/cpu/unroll.h"
 #include "lib/backend/cpu/kernels.h"
 
@@ -139,16 +140,7 @@ void RoundF16(float* x, int64_t n) {
 void StoreF16(const float* x, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    // vcvtps2ph keeps a NaN's payload; the definition stores every NaN as sign | 0x7E00.
-    if (const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
-      const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16),
-                                            _mm512_set1_epi32(0x8000));
-      h = _mm256_mask_blend_epi16(
-          nan, h, _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00))));
-    }
-    _mm256_mask_storeu_epi16(y + i, m, h);
+    _mm256_mask_storeu_epi16(y + i, m, F16OfLanesAvx512(_mm512_maskz_loadu_ps(m, x + i)));
   }
 }
 
