@@ -1,5 +1,5 @@
 // End-to-end CPU engine speed: prefill of a 512-token prompt and greedy decode at contexts 128
-// and 1,024, on a real GGUF, through the internal API (Model, LlamaForward, KvCache). Also a
+// and 1,024, on a real GGUF, through the internal API (Model, Engine). Also a
 // memory read-bandwidth probe. bench/bench_decode.py drives this next to llama.cpp; see
 // bench/README.md.
 //
@@ -41,9 +41,9 @@
 #include <thread>
 #include <vector>
 
-#include "lib/engine/forward_batch.h"
+#include "lib/engine/engine.h"
 #include "lib/kv/kv_cache.h"
-#include "lib/model/arch/llama.h"
+#include "lib/model/forward_batch.h"
 #include "lib/model/model.h"
 
 namespace {
@@ -147,23 +147,34 @@ int RunBandwidth(int threads, int repeats, bool json) {
 
 // ---- Engine -------------------------------------------------------------------------------
 
-struct Engine {
+struct Bench {
   std::unique_ptr<kiln::Model> model;
-  std::unique_ptr<kiln::LlamaForward> fwd;
-  std::unique_ptr<kiln::KvCache> cache;
+  std::unique_ptr<kiln::Engine> engine;
   kiln::ForwardBatch batch;
   kiln::ForwardOutput out;
 
   void Check(const absl::Status& s, const char* what) {
     if (!s.ok()) Die(std::string(what) + ": " + std::string(s.message()));
   }
+  // fn(KvCache&) under the engine's lock.
+  template <typename Fn>
+  auto Cache(Fn&& fn) {
+    return engine->Locked([&](kiln::KvCache& cache, kiln::ForwardPass&) { return fn(cache); });
+  }
+  // Appends `tokens` to seq and runs `batch` (built by the caller for them).
+  void Run(kiln::SeqId seq, std::span<const int32_t> tokens, const char* what) {
+    Check(engine->Locked([&](kiln::KvCache& cache, kiln::ForwardPass& pass) -> absl::Status {
+      KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, tokens));
+      return pass.Forward(batch, cache, &out);
+    }),
+          what);
+  }
 
   // Appends tokens [begin, end) of `prompt` to `seq` as one Forward; logits for the last one.
   void Prefill(kiln::SeqId seq, const std::vector<int32_t>& prompt, int begin, int end) {
-    Check(cache->AppendSlots(seq, std::span(prompt).subspan(begin, end - begin)), "AppendSlots");
     batch.Clear();
     for (int i = begin; i < end; ++i) batch.Add(prompt[i], seq, i, i == end - 1);
-    Check(fwd->Forward(batch, *cache, &out), "Forward (prefill)");
+    Run(seq, std::span(prompt).subspan(begin, end - begin), "Forward (prefill)");
   }
 
   int32_t Argmax() const {
@@ -177,20 +188,18 @@ struct Engine {
     gen->clear();
     for (int i = 0; i < n; ++i) {
       gen->push_back(tok);
-      Check(cache->AppendSlots(seq, std::span(&tok, 1)), "AppendSlots (decode)");
       batch.Clear();
       batch.Add(tok, seq, pos + i, true);
-      Check(fwd->Forward(batch, *cache, &out), "Forward (decode)");
+      Run(seq, std::span(&tok, 1), "Forward (decode)");
       tok = Argmax();
     }
   }
 };
 
 // See --widths in the header comment.
-int RunWidths(Engine& e, const std::vector<int32_t>& prompt, int threads, int repeats,
-              int context) {
+int RunWidths(Bench& e, const std::vector<int32_t>& prompt, int threads, int repeats, int context) {
   constexpr int kMaxWidth = 9, kPassesPerRepeat = 20;
-  const kiln::SeqId seq = e.cache->CreateSequence();
+  const kiln::SeqId seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
   e.Prefill(seq, prompt, 0, context);
   std::printf("verification pass cost after %d tokens, %d thread(s), logits for every row\n",
               context, threads);
@@ -199,13 +208,17 @@ int RunWidths(Engine& e, const std::vector<int32_t>& prompt, int threads, int re
     std::span<const int32_t> tokens(prompt.data() + context, w);
     std::vector<double> ms;
     for (int i = 0; i < repeats * kPassesPerRepeat; ++i) {
-      e.Check(e.cache->AppendSlots(seq, tokens), "AppendSlots");
       e.batch.Clear();
       for (int j = 0; j < w; ++j) e.batch.Add(tokens[j], seq, context + j, true);
-      const auto t0 = Clock::now();
-      e.Check(e.fwd->Forward(e.batch, *e.cache, &e.out), "Forward (width)");
-      ms.push_back(1e3 * Seconds(t0, Clock::now()));
-      e.Check(e.cache->Truncate(seq, context), "Truncate");
+      e.Check(e.engine->Locked([&](kiln::KvCache& cache, kiln::ForwardPass& pass) -> absl::Status {
+        KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, tokens));
+        const auto t0 = Clock::now();
+        absl::Status st = pass.Forward(e.batch, cache, &e.out);
+        ms.push_back(1e3 * Seconds(t0, Clock::now()));
+        return st;
+      }),
+              "Forward (width)");
+      e.Check(e.Cache([&](kiln::KvCache& c) { return c.Truncate(seq, context); }), "Truncate");
     }
     const Stats s = Summarize(ms);
     if (w == 1) one_token_ms = s.median;
@@ -273,7 +286,7 @@ int main(int argc, char** argv) {
   }
   constexpr int kPrefill = 512, kShortCtx = 128, kLongCtx = 1024;
 
-  Engine e;
+  Bench e;
   kiln::ModelLoadOptions load;
   load.path = model_path;
   auto model = kiln::Model::Load(load);
@@ -300,25 +313,23 @@ int main(int argc, char** argv) {
     Die("need at least 1024 prompt tokens, got " + std::to_string(prompt.size()));
   }
 
-  constexpr int kBlock = 16;
-  auto layout = kiln::LlamaForward::CacheLayout(hp, kiln::GgmlType::kF16, kBlock);
-  if (!layout.ok()) Die(std::string(layout.status().message()));
-  kiln::KvCacheOptions copt;
+  kiln::EngineOptions eo;
   // Room for the longest sequence (1,024 + decode), plus a block of slack and the null block.
-  copt.num_blocks = (kLongCtx + n_decode + kBlock - 1) / kBlock + 2;
-  copt.enable_prefix_caching = false;
-  auto cache = kiln::KvCache::Create(*layout, copt);
-  if (!cache.ok()) Die(std::string(cache.status().message()));
-  e.cache = std::move(*cache);
-  e.fwd = std::make_unique<kiln::LlamaForward>(*e.model, threads);
-  const size_t kv_bytes_per_token = e.cache->Counters().bytes_per_token;
+  eo.n_ctx = kLongCtx + n_decode;
+  eo.prefix_caching = false;
+  eo.n_threads = threads;
+  eo.kv_type = kiln::GgmlType::kF16;
+  auto engine = kiln::Engine::Create(*e.model, eo);
+  if (!engine.ok()) Die(std::string(engine.status().message()));
+  e.engine = std::move(*engine);
+  const size_t kv_bytes_per_token = e.engine->Counters().bytes_per_token;
 
   // Bytes a decode step must read: every weight except the embedding table (one row is
   // gathered), which is read in full only when it doubles as the output matrix.
   uint64_t weight_bytes = e.model->weight_bytes();
   if (!hp.tied_output) {
     const auto& te = e.model->token_embd();
-    weight_bytes -= te.row_bytes * te.n_out;
+    weight_bytes -= te.row_bytes() * te.n_out;
   }
 
   if (widths) return RunWidths(e, prompt, threads, repeats, widths_context);
@@ -327,7 +338,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> gen128, gen1024;
   for (int r = 0; r < repeats; ++r) {
     // prefill512, then extend to 1024 and decode.
-    kiln::SeqId seq = e.cache->CreateSequence();
+    kiln::SeqId seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
     auto t0 = Clock::now();
     e.Prefill(seq, prompt, 0, kPrefill);
     auto t1 = Clock::now();
@@ -337,15 +348,15 @@ int main(int argc, char** argv) {
     e.Decode(seq, kLongCtx, n_decode, &gen1024);
     t1 = Clock::now();
     d1024_tps.push_back(n_decode / Seconds(t0, t1));
-    e.Check(e.cache->Free(seq), "Free");
+    e.Check(e.Cache([&](kiln::KvCache& c) { return c.Free(seq); }), "Free");
 
-    seq = e.cache->CreateSequence();
+    seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
     e.Prefill(seq, prompt, 0, kShortCtx);
     t0 = Clock::now();
     e.Decode(seq, kShortCtx, n_decode, &gen128);
     t1 = Clock::now();
     d128_tps.push_back(n_decode / Seconds(t0, t1));
-    e.Check(e.cache->Free(seq), "Free");
+    e.Check(e.Cache([&](kiln::KvCache& c) { return c.Free(seq); }), "Free");
 
     if (json) {
       std::printf(

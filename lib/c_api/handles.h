@@ -33,7 +33,7 @@ struct kiln_session {
   std::unique_ptr<kiln::Session> session;
 };
 
-#include "lib/spec/strategy.h"
+#include "lib/engine/strategy.h"
 
 struct kiln_strategy {
   std::unique_ptr<kiln::spec::Strategy> strategy;

@@ -2,13 +2,8 @@
 
 #include <algorithm>
 #include <cassert>
-#include <new>
 
 namespace kiln {
-
-void BlockPool::AlignedDelete::operator()(std::byte* p) const {
-  ::operator delete[](p, std::align_val_t{KvLayout::kBlockAlignment});
-}
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout,
                                                              int32_t n_blocks) {
@@ -16,26 +11,12 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& lay
     return absl::InvalidArgumentError(absl::StrCat(
         "BlockPool: n_blocks must be >= 2 (block 0 is the reserved null block), got ", n_blocks));
   }
-  const size_t bytes = static_cast<size_t>(n_blocks) * layout.block_bytes();
-  if (bytes / layout.block_bytes() != static_cast<size_t>(n_blocks)) {
-    return absl::InvalidArgumentError("BlockPool: n_blocks * block_bytes overflows size_t");
-  }
-  std::byte* raw = static_cast<std::byte*>(
-      ::operator new[](bytes, std::align_val_t{KvLayout::kBlockAlignment}, std::nothrow));
-  if (raw == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("BlockPool: cannot allocate ", bytes, " bytes for ", n_blocks, " KV blocks"));
-  }
-  std::unique_ptr<std::byte[], AlignedDelete> base(raw);
-  return std::unique_ptr<BlockPool>(new BlockPool(layout, n_blocks, std::move(base)));
+  return std::unique_ptr<BlockPool>(new BlockPool(layout, n_blocks));
 }
 
-BlockPool::BlockPool(const KvLayout& layout, int32_t n_blocks,
-                     std::unique_ptr<std::byte[], AlignedDelete> base)
+BlockPool::BlockPool(const KvLayout& layout, int32_t n_blocks)
     : layout_(layout),
       n_blocks_(n_blocks),
-      block_bytes_(layout.block_bytes()),
-      base_(std::move(base)),
       ref_(n_blocks, 0),
       prev_(n_blocks + 2, 0),
       next_(n_blocks + 2, 0),

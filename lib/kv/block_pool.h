@@ -1,5 +1,6 @@
-// The physical block pool of the KV cache: one allocation of n_blocks fixed-size blocks
-// (layout in kv_layout.h), a reference count per block, two intrusive lists and the prefix index.
+// The physical block pool of the KV cache: the bookkeeping of n_blocks fixed-size blocks (their
+// bytes live in a KvStorage, kv_storage.h): a reference count per block, two intrusive lists and
+// the prefix index.
 //
 // Block states (every block except the null block is in exactly one):
 //   free    ref == 0, no hash      on the free list (LIFO: the most recently freed is reused first)
@@ -28,16 +29,15 @@
 #include "lib/common/status.h"
 #include "lib/kv/block_hash.h"
 #include "lib/kv/kv_layout.h"
+#include "lib/kv/kv_storage.h"
 
 namespace kiln {
 
-using BlockId = int32_t;
 inline constexpr BlockId kNullBlock = 0;
 
 class BlockPool {
  public:
-  // `n_blocks` includes the null block; requires n_blocks >= 2. Fails with ResourceExhausted when
-  // the allocation (n_blocks * layout.block_bytes()) cannot be made. Block memory is not zeroed.
+  // `n_blocks` includes the null block; requires n_blocks >= 2.
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const KvLayout& layout,
                                                            int32_t n_blocks);
 
@@ -72,12 +72,6 @@ class BlockPool {
                  std::span<const int32_t> tokens) const;
   int32_t num_hashed() const { return static_cast<int32_t>(index_.size()); }
 
-  std::byte* data(BlockId b) { return base_.get() + static_cast<size_t>(b) * block_bytes_; }
-  const std::byte* data(BlockId b) const {
-    return base_.get() + static_cast<size_t>(b) * block_bytes_;
-  }
-  std::byte* base() { return base_.get(); }
-
   // Walks every list and the index; Internal error naming the first broken invariant.
   absl::Status CheckInvariants() const;
 
@@ -86,12 +80,7 @@ class BlockPool {
 
  private:
   enum ListId : uint8_t { kNoList = 0, kFreeList = 1, kLruList = 2 };
-  struct AlignedDelete {
-    void operator()(std::byte* p) const;
-  };
-
-  BlockPool(const KvLayout& layout, int32_t n_blocks,
-            std::unique_ptr<std::byte[], AlignedDelete> base);
+  BlockPool(const KvLayout& layout, int32_t n_blocks);
 
   int32_t Sentinel(ListId list) const { return n_blocks_ + (list == kFreeList ? 0 : 1); }
   void PushFront(ListId list, BlockId b);
@@ -101,8 +90,6 @@ class BlockPool {
 
   KvLayout layout_;
   int32_t n_blocks_;
-  size_t block_bytes_;
-  std::unique_ptr<std::byte[], AlignedDelete> base_;  // [n_blocks, block_bytes]
 
   std::vector<int32_t> ref_;   // [n_blocks]
   std::vector<int32_t> prev_;  // [n_blocks + 2]; the two sentinels are the free and LRU heads

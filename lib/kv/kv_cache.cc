@@ -30,11 +30,20 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout,
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                         BlockPool::Create(layout, static_cast<int32_t>(n_blocks)));
-  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), options));
+  std::unique_ptr<KvStorage> storage;
+  if (options.storage) {
+    KILN_ASSIGN_OR_RETURN(storage, options.storage(layout, static_cast<int32_t>(n_blocks)));
+  } else {
+    KILN_ASSIGN_OR_RETURN(storage, NewHostKvStorage(layout, static_cast<int32_t>(n_blocks)));
+  }
+  if (storage == nullptr) return absl::InternalError("KvCache: the storage factory returned null");
+  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), std::move(storage), options));
 }
 
-KvCache::KvCache(std::unique_ptr<BlockPool> pool, const KvCacheOptions& options)
+KvCache::KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
+                 const KvCacheOptions& options)
     : pool_(std::move(pool)),
+      storage_(std::move(storage)),
       block_size_(pool_->layout().block_size()),
       prefix_caching_(options.enable_prefix_caching),
       hash_seed_(options.hash_seed),
@@ -113,7 +122,7 @@ absl::StatusOr<int32_t> KvCache::BlocksNeededToAppend(SeqId seq, int32_t n_token
 void KvCache::CopyOnWrite(Sequence& s, size_t i) {
   const BlockId old_block = s.table[i];
   const BlockId new_block = pool_->Allocate();
-  std::memcpy(pool_->data(new_block), pool_->data(old_block), layout().block_bytes());
+  storage_->CopyBlock(old_block, new_block);
   s.table[i] = new_block;
   pool_->Release(old_block);  // a hashed block with no other holder goes to the LRU, still cached
   ++stats_.cow_copies;

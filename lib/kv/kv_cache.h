@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -47,6 +48,7 @@
 #include "lib/kv/block_hash.h"
 #include "lib/kv/block_pool.h"
 #include "lib/kv/kv_layout.h"
+#include "lib/kv/kv_storage.h"
 
 namespace kiln {
 
@@ -78,6 +80,10 @@ struct KvCacheOptions {
   size_t capacity_bytes = 0;
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // seeds the chained block hashes (block_hash.h)
+  // Where the blocks' bytes live (a backend's Backend::NewKvStorage); empty: host memory
+  // (NewHostKvStorage).
+  std::function<absl::StatusOr<std::unique_ptr<KvStorage>>(const KvLayout&, int32_t n_blocks)>
+      storage = {};
 };
 
 struct KvCacheCounters {
@@ -168,25 +174,26 @@ class KvCache {
   // --- Block memory ----------------------------------------------------------------------------
   // Start of [block_size, head_dim] tiles (kv_layout.h). Preconditions (assert only): valid
   // physical block, GQA layout for Key/Value, MLA layout for Latent, indices in range.
-  std::byte* BlockData(BlockId b) { return pool_->data(b); }
-  const std::byte* BlockData(BlockId b) const { return pool_->data(b); }
+  std::byte* BlockData(BlockId b) { return storage_->BlockData(b); }
+  const std::byte* BlockData(BlockId b) const { return storage_->BlockData(b); }
+  KvStorage& storage() { return *storage_; }
   std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return pool_->data(b) + layout().KeyTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return pool_->data(b) + layout().ValueTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   std::byte* LatentPtr(BlockId b, int32_t layer) {
-    return pool_->data(b) + layout().LatentTileOffset(layer);
+    return storage_->BlockData(b) + layout().LatentTileOffset(layer);
   }
   const std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return pool_->data(b) + layout().KeyTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   const std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return pool_->data(b) + layout().ValueTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   const std::byte* LatentPtr(BlockId b, int32_t layer) const {
-    return pool_->data(b) + layout().LatentTileOffset(layer);
+    return storage_->BlockData(b) + layout().LatentTileOffset(layer);
   }
   // Row of one token slot inside those tiles: [head_dim] (or [kv_lora_rank + rope_dim]).
   std::byte* KeyRow(KvSlot s, int32_t layer, int32_t kv_head) {
@@ -224,7 +231,8 @@ class KvCache {
     std::vector<BlockHash> hashes;  // chained hashes of the first full computed blocks
   };
 
-  KvCache(std::unique_ptr<BlockPool> pool, const KvCacheOptions& options);
+  KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
+          const KvCacheOptions& options);
   absl::StatusOr<Sequence*> Find(SeqId seq);
   absl::StatusOr<const Sequence*> Find(SeqId seq) const;
   size_t RowOffset(KvSlot s) const { return static_cast<size_t>(s.offset) * layout().row_bytes(); }
@@ -235,6 +243,7 @@ class KvCache {
   BlockHash ParentHash(const Sequence& s, size_t block_index) const;
 
   std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<KvStorage> storage_;
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_seed_;

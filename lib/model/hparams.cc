@@ -1,8 +1,7 @@
 #include "lib/model/hparams.h"
 
-#include <cstring>
-
 #include "lib/gguf/gguf.h"
+#include "lib/gguf/gguf_writer.h"
 
 namespace kiln {
 namespace {
@@ -29,7 +28,7 @@ absl::StatusOr<T> Optional(const gguf::GgufFile& f, const std::string& key, T fa
 
 }  // namespace
 
-absl::StatusOr<ModelHparams> ReadLlamaHparams(const gguf::GgufFile& f) {
+absl::StatusOr<ModelHparams> ReadDecoderHparams(const gguf::GgufFile& f, RopeMode rope_mode) {
   ModelHparams hp;
   KILN_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
   hp.arch = std::string(arch);
@@ -73,18 +72,18 @@ absl::StatusOr<ModelHparams> ReadLlamaHparams(const gguf::GgufFile& f) {
   hp.n_vocab = static_cast<int64_t>(tokens.size());
   if (hp.n_vocab == 0) return absl::InvalidArgumentError("model: empty tokenizer.ggml.tokens");
 
-  RopeParams& r = hp.rope;
-  r.type = RopeType::kNorm;  // the llama graph rotates adjacent pairs
+  RopeConfig& r = hp.rope;
+  r.mode = rope_mode;
   KILN_ASSIGN_OR_RETURN(int64_t n_rot,
                         Optional<int64_t>(f, p + "rope.dimension_count", hp.head_dim, get_uint));
   if (n_rot <= 0 || n_rot > hp.head_dim || n_rot % 2 != 0) {
     return absl::InvalidArgumentError(
         kiln::StrCat("model: rope.dimension_count ", n_rot, " invalid for head_dim ", hp.head_dim));
   }
-  r.n_rot = static_cast<int>(n_rot);
+  r.n_rot = static_cast<int32_t>(n_rot);
   KILN_ASSIGN_OR_RETURN(r.freq_base, Optional<float>(f, p + "rope.freq_base", 10000.0f, get_float));
   if (!(r.freq_base > 1.0f)) return absl::InvalidArgumentError("model: rope.freq_base must be > 1");
-  r.n_ctx_orig = static_cast<int>(hp.n_ctx_train);
+  r.orig_ctx = static_cast<int32_t>(hp.n_ctx_train);
   float factor = 1.0f;
   if (f.FindKey(p + "rope.scaling.factor")) {
     KILN_ASSIGN_OR_RETURN(double v, f.GetFloat(p + "rope.scaling.factor"));
@@ -100,7 +99,7 @@ absl::StatusOr<ModelHparams> ReadLlamaHparams(const gguf::GgufFile& f) {
   }
   if (f.FindKey(p + "rope.scaling.original_context_length")) {
     KILN_ASSIGN_OR_RETURN(uint64_t v, f.GetUint(p + "rope.scaling.original_context_length"));
-    r.n_ctx_orig = static_cast<int>(v);
+    r.orig_ctx = static_cast<int32_t>(v);
   }
   if (!(factor > 0.0f)) return absl::InvalidArgumentError("model: rope.scaling.factor must be > 0");
   if (scaling == "none") {
@@ -111,10 +110,11 @@ absl::StatusOr<ModelHparams> ReadLlamaHparams(const gguf::GgufFile& f) {
   } else if (scaling == "yarn") {
     r.scaling = RopeScaling::kYarn;
     r.freq_scale = 1.0f / factor;
-    r.yarn_ext_factor = 1.0f;
-    KILN_ASSIGN_OR_RETURN(r.yarn_beta_fast,
+    r.ext_factor = 1.0f;
+    r.attn_factor = 1.0f;
+    KILN_ASSIGN_OR_RETURN(r.beta_fast,
                           Optional<float>(f, p + "rope.scaling.yarn_beta_fast", 32.0f, get_float));
-    KILN_ASSIGN_OR_RETURN(r.yarn_beta_slow,
+    KILN_ASSIGN_OR_RETURN(r.beta_slow,
                           Optional<float>(f, p + "rope.scaling.yarn_beta_slow", 1.0f, get_float));
   } else {
     return absl::UnimplementedError(kiln::StrCat("model: rope scaling '", scaling, "'"));
@@ -124,12 +124,26 @@ absl::StatusOr<ModelHparams> ReadLlamaHparams(const gguf::GgufFile& f) {
     if (t->type != 0 || t->n_elements != static_cast<uint64_t>(r.n_rot / 2)) {
       return absl::InvalidArgumentError("model: rope_freqs.weight must be f32 of n_rot/2 values");
     }
-    r.freq_factors.resize(r.n_rot / 2);
-    std::memcpy(r.freq_factors.data(), t->data, t->nbytes);
+    r.freq_factors = reinterpret_cast<const float*>(t->data);
     r.scaling = RopeScaling::kLlama3;
   }
   hp.tied_output = f.FindTensor("output.weight") == nullptr;
   return hp;
+}
+
+void WriteDecoderHparams(const ModelHparams& hp, gguf::GgufWriter* w) {
+  const std::string p = hp.arch + ".";
+  auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  w->SetUint32(p + "block_count", u32(hp.n_layer));
+  w->SetUint32(p + "context_length", u32(hp.n_ctx_train));
+  w->SetUint32(p + "embedding_length", u32(hp.n_embd));
+  w->SetUint32(p + "feed_forward_length", u32(hp.n_ff));
+  w->SetUint32(p + "attention.head_count", u32(hp.n_head));
+  w->SetUint32(p + "attention.head_count_kv", u32(hp.n_head_kv));
+  w->SetFloat32(p + "rope.freq_base", hp.rope.freq_base);
+  w->SetFloat32(p + "attention.layer_norm_rms_epsilon", hp.rms_eps);
+  w->SetUint32(p + "vocab_size", u32(hp.n_vocab));
+  w->SetUint32(p + "rope.dimension_count", u32(hp.rope.n_rot));
 }
 
 }  // namespace kiln

@@ -1,52 +1,87 @@
 #include "lib/model/model.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
+#include "lib/backend/cpu/cpu_backend.h"
 #include "lib/gguf/gguf.h"
+#include "lib/quant/quant.h"
 #include "lib/tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace {
 
-// Binds tensor `name` with the expected shape {n_in, n_out} (n_out = 1 for vectors).
-absl::StatusOr<WeightView> Bind(const gguf::GgufFile& f, const std::string& name, int64_t n_in,
-                                int64_t n_out, bool f32_only) {
-  const gguf::TensorInfo* t = f.FindTensor(name);
-  if (t == nullptr)
-    return absl::InvalidArgumentError(kiln::StrCat("model: missing tensor '", name, "'"));
+// Binds tensor `spec.name` checking its shape and type; nullopt-like empty view (data null) for
+// an optional tensor the file lacks.
+absl::StatusOr<WeightView> Bind(const gguf::GgufFile& f, const TensorSpec& spec) {
+  const gguf::TensorInfo* t = f.FindTensor(spec.name);
+  if (t == nullptr) {
+    if (spec.optional) return WeightView{};
+    return absl::InvalidArgumentError(kiln::StrCat("model: missing tensor '", spec.name, "'"));
+  }
   const uint64_t ne1 = t->ne.size() > 1 ? t->ne[1] : 1;
-  bool shape_ok = t->ne.size() <= 2 && t->ne[0] == static_cast<uint64_t>(n_in) &&
-                  ne1 == static_cast<uint64_t>(n_out);
+  const bool shape_ok = t->ne.size() <= 2 && t->ne[0] == static_cast<uint64_t>(spec.n_in) &&
+                        ne1 == static_cast<uint64_t>(spec.n_out);
   if (!shape_ok) {
     std::string got;
     for (uint64_t d : t->ne) got += (got.empty() ? "" : ", ") + std::to_string(d);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "model: tensor '%s' has shape {%s}, expected {%d, %d}", name, got, n_in, n_out));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model: tensor '%s' has shape {%s}, expected {%d, %d}", spec.name, got,
+                        spec.n_in, spec.n_out));
   }
-  if (f32_only && t->type != static_cast<uint32_t>(GgmlType::kF32)) {
+  if (spec.role == TensorRole::kVector && t->type != static_cast<uint32_t>(GgmlType::kF32)) {
     return absl::UnimplementedError(
-        kiln::StrCat("model: tensor '", name, "' must be f32, is ", GgmlTypeName(t->type)));
+        kiln::StrCat("model: tensor '", spec.name, "' must be f32, is ", GgmlTypeName(t->type)));
   }
   WeightView w;
   w.name = t->name;
   w.data = t->data;
   w.type = static_cast<GgmlType>(t->type);
-  w.n_in = n_in;
-  w.n_out = n_out;
-  w.row_bytes = static_cast<size_t>(t->nbytes / ne1);
-  w.kernels = GetQuantKernels(w.type);
-  if (w.kernels == nullptr) {
-    return absl::UnimplementedError(kiln::StrCat("model: tensor '", name, "' has type ",
+  w.n_in = spec.n_in;
+  w.n_out = spec.n_out;
+  if (GetQuantKernels(w.type) == nullptr) {
+    return absl::UnimplementedError(kiln::StrCat("model: tensor '", spec.name, "' has type ",
                                                  GgmlTypeName(t->type),
                                                  ", which kiln cannot compute with"));
   }
   return w;
 }
 
+std::string SupportedList() {
+  std::string names;
+  for (std::string_view n : ArchitectureNames())
+    names += (names.empty() ? "" : ", ") + std::string(n);
+  return names;
+}
+
+absl::StatusOr<const Architecture*> ArchitectureOf(const gguf::GgufFile& f) {
+  KILN_ASSIGN_OR_RETURN(std::string_view name, f.GetString("general.architecture"));
+  const Architecture* arch = FindArchitecture(name);
+  if (arch == nullptr) {
+    return absl::UnimplementedError(kiln::StrCat(
+        "model: architecture '", name, "' is not supported (supported: ", SupportedList(), ")"));
+  }
+  return arch;
+}
+
 }  // namespace
 
 Model::~Model() = default;
+
+const WeightView* Model::Tensor(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::vector<std::string> Model::Unsupported(const gguf::GgufFile& f) {
+  auto arch = ArchitectureOf(f);
+  if (!arch.ok()) return {std::string(arch.status().message())};
+  auto hp = (*arch)->ReadHparams(f);
+  if (!hp.ok()) return {std::string(hp.status().message())};
+  std::vector<std::string> problems;
+  for (const TensorSpec& spec : (*arch)->Tensors(*hp)) {
+    auto w = Bind(f, spec);
+    if (!w.ok()) problems.emplace_back(w.status().message());
+  }
+  return problems;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
@@ -55,12 +90,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& optio
   KILN_ASSIGN_OR_RETURN(m->file_, gguf::GgufFile::Open(options.path, open_options));
   if (options.progress && !options.progress(0.1f))
     return absl::CancelledError("model load cancelled");
-  KILN_ASSIGN_OR_RETURN(std::string_view arch, m->file_->GetString("general.architecture"));
-  if (arch != "llama") {
-    return absl::UnimplementedError(
-        kiln::StrCat("model: architecture '", arch, "' is not supported (supported: llama)"));
-  }
-  KILN_ASSIGN_OR_RETURN(m->hparams_, ReadLlamaHparams(*m->file_));
+  KILN_ASSIGN_OR_RETURN(m->arch_, ArchitectureOf(*m->file_));
+  KILN_ASSIGN_OR_RETURN(m->hparams_, m->arch_->ReadHparams(*m->file_));
   KILN_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(*m->file_));
   if (m->file_->FindKey("tokenizer.chat_template")) {
     KILN_ASSIGN_OR_RETURN(std::string_view tmpl, m->file_->GetString("tokenizer.chat_template"));
@@ -68,8 +99,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& optio
   }
   if (options.progress && !options.progress(0.3f))
     return absl::CancelledError("model load cancelled");
-  KILN_RETURN_IF_ERROR(m->BindWeights(options));
-  KILN_RETURN_IF_ERROR(m->InterleaveWeights());
+  KILN_RETURN_IF_ERROR(m->BindTensors(options));
   for (const gguf::TensorInfo& t : m->file_->tensors()) {
     m->n_params_ += t.n_elements;
     m->weight_bytes_ += t.nbytes;
@@ -77,94 +107,48 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& optio
   if (options.log) {
     options.log(LogLevel::kInfo,
                 absl::StrFormat(
-                    "loaded %s: %d layers, %d embd, %d params, %d bytes (+%d bytes interleaved)",
-                    options.path, m->hparams_.n_layer, m->hparams_.n_embd, m->n_params_,
-                    m->weight_bytes_, m->interleaved_bytes_));
+                    "loaded %s (%s): %d layers, %d embd, %d params, %d bytes (+%d bytes prepared)",
+                    options.path, m->hparams_.arch, m->hparams_.n_layer, m->hparams_.n_embd,
+                    m->n_params_, m->weight_bytes_, m->interleaved_bytes()));
   }
   if (options.progress && !options.progress(1.0f))
     return absl::CancelledError("model load cancelled");
   return m;
 }
 
-absl::Status Model::BindWeights(const ModelLoadOptions& options) {
-  const ModelHparams& hp = hparams_;
-  const gguf::GgufFile& f = *file_;
-  const int64_t q_dim = hp.n_head * hp.head_dim;
-  const int64_t kv_dim = hp.n_head_kv * hp.head_dim;
-  KILN_ASSIGN_OR_RETURN(token_embd_, Bind(f, "token_embd.weight", hp.n_embd, hp.n_vocab, false));
-  KILN_ASSIGN_OR_RETURN(output_norm_, Bind(f, "output_norm.weight", hp.n_embd, 1, true));
-  if (hp.tied_output) {
-    output_ = token_embd_;
-  } else {
-    KILN_ASSIGN_OR_RETURN(output_, Bind(f, "output.weight", hp.n_embd, hp.n_vocab, false));
-  }
-  layers_.resize(hp.n_layer);
-  for (int64_t i = 0; i < hp.n_layer; ++i) {
-    const std::string p = kiln::StrCat("blk.", i, ".");
-    LayerWeights& l = layers_[i];
-    KILN_ASSIGN_OR_RETURN(l.attn_norm, Bind(f, p + "attn_norm.weight", hp.n_embd, 1, true));
-    KILN_ASSIGN_OR_RETURN(l.wq, Bind(f, p + "attn_q.weight", hp.n_embd, q_dim, false));
-    KILN_ASSIGN_OR_RETURN(l.wk, Bind(f, p + "attn_k.weight", hp.n_embd, kv_dim, false));
-    KILN_ASSIGN_OR_RETURN(l.wv, Bind(f, p + "attn_v.weight", hp.n_embd, kv_dim, false));
-    KILN_ASSIGN_OR_RETURN(l.wo, Bind(f, p + "attn_output.weight", q_dim, hp.n_embd, false));
-    KILN_ASSIGN_OR_RETURN(l.ffn_norm, Bind(f, p + "ffn_norm.weight", hp.n_embd, 1, true));
-    KILN_ASSIGN_OR_RETURN(l.ffn_gate, Bind(f, p + "ffn_gate.weight", hp.n_embd, hp.n_ff, false));
-    KILN_ASSIGN_OR_RETURN(l.ffn_up, Bind(f, p + "ffn_up.weight", hp.n_embd, hp.n_ff, false));
-    KILN_ASSIGN_OR_RETURN(l.ffn_down, Bind(f, p + "ffn_down.weight", hp.n_ff, hp.n_embd, false));
-    if (options.progress &&
-        !options.progress(0.3f + 0.7f * static_cast<float>(i + 1) / hp.n_layer)) {
+absl::Status Model::BindTensors(const ModelLoadOptions& options) {
+  const std::vector<TensorSpec> table = arch_->Tensors(hparams_);
+  tensors_.reserve(table.size());
+  std::vector<TensorRole> roles;
+  for (size_t i = 0; i < table.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(WeightView w, Bind(*file_, table[i]));
+    if (w.data != nullptr) {
+      index_[w.name] = tensors_.size();
+      tensors_.push_back(w);
+      roles.push_back(table[i].role);
+    }
+    if (options.progress && !options.progress(0.3f + 0.5f * static_cast<float>(i + 1) /
+                                                         static_cast<float>(table.size()))) {
       return absl::CancelledError("model load cancelled");
     }
   }
-  return absl::OkStatus();
-}
-
-// Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU: what
-// the default numeric mode multiplies with (LlamaForward; llama_cpp_order keeps the file's rows).
-// One allocation; the mapped file's pages of those matrices are then read only in that mode.
-absl::Status Model::InterleaveWeights() {
+  const WeightView* head = Tensor("output.weight");
+  const WeightView* embd = Tensor("token_embd.weight");
+  if (head == nullptr && embd == nullptr) {
+    return absl::InvalidArgumentError("model: neither output.weight nor token_embd.weight");
+  }
+  output_ = head != nullptr ? *head : *embd;
+  // The backend prepares the matrices it multiplies with (the tied head as a matrix too).
   std::vector<WeightView*> matrices;
-  for (LayerWeights& l : layers_) {
-    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
-      matrices.push_back(w);
-    }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (roles[i] == TensorRole::kMatrix && &tensors_[i] != head) matrices.push_back(&tensors_[i]);
   }
-  matrices.push_back(&output_);  // token_embd_ itself is only gathered from
-  constexpr size_t kAlign = 64;
-  auto bytes_of = [](const WeightView& w) -> size_t {
-    if (w.kernels->interleave == nullptr) return 0;
-    const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
-    const size_t bytes = groups * w.kernels->interleaved_group_bytes(w.n_in);
-    return (bytes + kAlign - 1) / kAlign * kAlign;
-  };
-  size_t total = 0;
-  for (const WeightView* w : matrices) total += bytes_of(*w);
-  if (total == 0) return absl::OkStatus();
-  interleaved_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, total)));
-  if (interleaved_ == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("model: cannot allocate %d bytes for the interleaved weights", total));
-  }
-  interleaved_bytes_ = total;
-  uint8_t* next = interleaved_.get();
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  for (WeightView* w : matrices) {
-    const size_t bytes = bytes_of(*w);
-    if (bytes == 0) continue;
-    w->kernels->interleave(w->data, w->row_bytes, w->n_in, w->n_out, next);
-    w->interleaved = next;
-    next += bytes;
-    if (file_->mapped()) {
-      // Packing read the file's copy; drop its pages from this process (the default mode never
-      // reads them again; the llama.cpp order or an embedding lookup re-reads them from the page
-      // cache), so the copy does not double the model's resident memory.
-      const auto begin = reinterpret_cast<uintptr_t>(w->data);
-      const uintptr_t first = (begin + page - 1) / page * page;
-      const uintptr_t last = (begin + w->row_bytes * w->n_out) / page * page;
-      if (last > first) {
-        madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice only
-      }
-    }
+  matrices.push_back(&output_);
+  const bool mapped = file_->mapped();
+  if (options.backend != nullptr) {
+    KILN_ASSIGN_OR_RETURN(prepared_, options.backend->PrepareWeights(matrices, mapped));
+  } else {
+    KILN_ASSIGN_OR_RETURN(prepared_, cpu::CpuBackend(1).PrepareWeights(matrices, mapped));
   }
   return absl::OkStatus();
 }

@@ -1,54 +1,27 @@
-// A loaded model: immutable after Load, thread-safe, shareable by any number of sessions.
-// Weights are views into the memory-mapped GGUF file (never dequantized as a whole).
+// A loaded model: immutable after Load, thread-safe, shareable by any number of engines.
+// Weights are views into the memory-mapped GGUF file (never dequantized as a whole); the
+// backend's prepared copies (the CPU's interleaved rows) are made once at load and owned here.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "lib/common/ggml_type.h"
+#include "absl/container/flat_hash_map.h"
+#include "lib/backend/backend.h"
+#include "lib/backend/weight_view.h"
 #include "lib/common/status.h"
+#include "lib/model/architecture.h"
 #include "lib/model/hparams.h"
-#include "lib/quant/quant.h"
 
 namespace kiln {
 namespace gguf {
 class GgufFile;
 }
 class Tokenizer;
-
-// A 2-D weight [n_out rows, n_in elements per row] (GGUF ne = {n_in, n_out}), rows contiguous.
-struct WeightView {
-  std::string_view name;
-  const uint8_t* data = nullptr;
-  GgmlType type = GgmlType::kF32;
-  int64_t n_in = 0;   // ne[0]
-  int64_t n_out = 0;  // ne[1] (1 for vectors)
-  size_t row_bytes = 0;
-  const QuantKernels* kernels = nullptr;  // never null for a loaded weight
-  // Row-interleaved copy for the integer-order kernels (lib/quant/interleave.h), owned by the
-  // model; null when the type has none on this CPU (and for vectors and embeddings).
-  const uint8_t* interleaved = nullptr;
-
-  const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
-  const float* AsF32() const { return reinterpret_cast<const float*>(data); }  // f32 vectors
-};
-
-struct LayerWeights {
-  WeightView attn_norm;  // [n_embd] f32
-  WeightView wq;         // [n_head * head_dim, n_embd]
-  WeightView wk;         // [n_head_kv * head_dim, n_embd]
-  WeightView wv;         // [n_head_kv * head_dim, n_embd]
-  WeightView wo;         // [n_embd, n_head * head_dim]
-  WeightView ffn_norm;   // [n_embd] f32
-  WeightView ffn_gate;   // [n_ff, n_embd]
-  WeightView ffn_up;     // [n_ff, n_embd]
-  WeightView ffn_down;   // [n_embd, n_ff]
-};
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
@@ -58,48 +31,58 @@ struct ModelLoadOptions {
   // Called with progress in [0, 1]; returning false cancels the load (absl::CancelledError).
   std::function<bool(float)> progress;
   std::function<void(LogLevel, std::string_view)> log;
+  // The backend whose prepared weights the model keeps (Backend::PrepareWeights); nullptr: the
+  // CPU backend's.
+  const Backend* backend = nullptr;
 };
 
 class Model {
  public:
+  // Errors: the file's (gguf.h), Unimplemented for an architecture kiln cannot run (naming it
+  // and the supported ones) or a tensor type without kernels, InvalidArgument for a missing
+  // tensor or a wrong shape (naming the tensor), Cancelled from the progress callback.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const ModelLoadOptions& options);
   ~Model();
 
+  // What a file needs that kiln lacks, as one message per problem (empty when kiln can run it):
+  // an unknown architecture, invalid hyper-parameters, missing tensors, tensor types without
+  // kernels. For `kiln info` on any valid GGUF.
+  static std::vector<std::string> Unsupported(const gguf::GgufFile& file);
+
+  const Architecture& architecture() const { return *arch_; }
   const ModelHparams& hparams() const { return hparams_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::GgufFile& file() const { return *file_; }
   // The model's Jinja chat template source, "" when the file has none.
   std::string_view chat_template() const { return chat_template_; }
 
-  const WeightView& token_embd() const { return token_embd_; }  // [n_vocab, n_embd]
-  const WeightView& output_norm() const { return output_norm_; }
-  const WeightView& output() const { return output_; }  // token_embd when tied
-  const std::vector<LayerWeights>& layers() const { return layers_; }
+  // A tensor of the architecture's table, or nullptr when the file omits an optional one.
+  const WeightView* Tensor(std::string_view name) const;
+  const WeightView& token_embd() const { return *Tensor("token_embd.weight"); }  // [n_vocab rows]
+  const WeightView& output_norm() const { return *Tensor("output_norm.weight"); }
+  // The output head: output.weight, or token_embd's rows when tied (with its own prepared copy).
+  const WeightView& output() const { return output_; }
 
   uint64_t n_params() const { return n_params_; }
   uint64_t weight_bytes() const { return weight_bytes_; }  // bytes of all tensors
-  // Bytes of the row-interleaved weight copies (WeightView::interleaved) the model holds.
-  size_t interleaved_bytes() const { return interleaved_bytes_; }
+  // Bytes of the backend's prepared weight copies (WeightView::interleaved) the model holds.
+  size_t interleaved_bytes() const { return prepared_ == nullptr ? 0 : prepared_->bytes(); }
 
  private:
   Model() = default;
-  absl::Status BindWeights(const ModelLoadOptions& options);
-  absl::Status InterleaveWeights();
-
-  struct FreeDeleter {
-    void operator()(void* p) const { std::free(p); }
-  };
+  absl::Status BindTensors(const ModelLoadOptions& options);
 
   std::unique_ptr<gguf::GgufFile> file_;
+  const Architecture* arch_ = nullptr;
   ModelHparams hparams_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string chat_template_;
-  WeightView token_embd_, output_norm_, output_;
-  std::vector<LayerWeights> layers_;
+  std::vector<WeightView> tensors_;  // the architecture's table, in order (absent: data null)
+  absl::flat_hash_map<std::string_view, size_t> index_;  // name -> tensors_ index
+  WeightView output_;
   uint64_t n_params_ = 0;
   uint64_t weight_bytes_ = 0;
-  std::unique_ptr<uint8_t, FreeDeleter> interleaved_;  // every WeightView::interleaved copy
-  size_t interleaved_bytes_ = 0;
+  std::unique_ptr<WeightStore> prepared_;
 };
 
 }  // namespace kiln

@@ -4,67 +4,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "lib/spec/speculative_decoder.h"
+#include "lib/engine/speculative_decoder.h"
 #include "lib/tokenizer/streaming_detokenizer.h"
 #include "lib/tokenizer/tokenizer.h"
 
 namespace kiln {
-
-// ------------------------------------------------------------------ Engine
-
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
-                                                       const EngineOptions& options) {
-  EngineOptions opt = options;
-  if (opt.kv_type != GgmlType::kF16 && opt.kv_type != GgmlType::kF32 &&
-      opt.kv_type != GgmlType::kBF16) {
-    return absl::InvalidArgumentError("kv_type must be f16, f32 or bf16");
-  }
-  if (opt.block_size <= 0 || opt.block_size > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block_size ", opt.block_size, " is outside [1, 1024]"));
-  }
-  if (opt.n_ctx < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("n_ctx ", opt.n_ctx, " < 0"));
-  }
-  if (opt.prefill_chunk <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk ", opt.prefill_chunk, " <= 0"));
-  }
-  if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
-  if (opt.n_ctx == 0) {
-    opt.n_ctx = model.hparams().n_ctx_train > 0
-                    ? static_cast<int32_t>(std::min<int64_t>(model.hparams().n_ctx_train, 1 << 20))
-                    : 4096;
-  }
-  KILN_ASSIGN_OR_RETURN(KvLayout layout,
-                        LlamaForward::CacheLayout(model.hparams(), opt.kv_type, opt.block_size));
-  KvCacheOptions cache_options;
-  cache_options.enable_prefix_caching = opt.prefix_caching;
-  if (opt.pool_bytes == 0) {
-    // Room for one full context: its blocks, a copy-on-write spare and the null block.
-    const size_t blocks =
-        static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 2;
-    cache_options.capacity_bytes = blocks * layout.block_bytes();
-  } else {
-    if (opt.pool_bytes < 2 * layout.block_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
-                       layout.block_bytes(), " bytes (one is the reserved null block)"));
-    }
-    cache_options.capacity_bytes = opt.pool_bytes;
-  }
-  auto cache = KvCache::Create(layout, cache_options);
-  if (!cache.ok()) return cache.status();
-  std::unique_ptr<Engine> engine(new Engine(model, opt));
-  engine->cache_ = std::move(*cache);
-  engine->forward_ = std::make_unique<LlamaForward>(model, opt.n_threads);
-  engine->forward_->set_llama_cpp_order(opt.llama_cpp_order);
-  return engine;
-}
-
-KvCacheCounters Engine::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return cache_->Counters();
-}
 
 // ------------------------------------------------------------------ Session::Use
 
@@ -106,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(Engine& engine,
                                                          uint64_t seed) {
   KILN_RETURN_IF_ERROR(sample::Sampler::Validate(params));
   const SeqId seq =
-      engine.Locked([](KvCache& cache, LlamaForward&) { return cache.CreateSequence(); });
+      engine.Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
   return std::unique_ptr<Session>(new Session(engine, params, seed, seq));
 }
 
@@ -140,7 +84,7 @@ spec::SpecMetrics Session::spec_metrics() const {
 }
 
 Session::~Session() {
-  engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Free(seq_); }).IgnoreError();
+  engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq_); }).IgnoreError();
 }
 
 absl::Status Session::CheckTokens(std::span<const int32_t> tokens) const {
@@ -160,7 +104,7 @@ std::span<const float> Session::Logits() const {
 
 void Session::RestoreTo(size_t n_tokens, int32_t n_cached) {
   engine_
-      .Locked([&](KvCache& cache, LlamaForward&) -> absl::Status {
+      .Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
         auto len = cache.Length(seq_);
         if (len.ok() && *len > n_cached) return cache.Truncate(seq_, n_cached);
         return absl::OkStatus();
@@ -175,11 +119,10 @@ absl::Status Session::ComputePending(std::span<float> scores, int32_t score_from
   const int32_t n = n_tokens();
   if (n_cached_ == n) return absl::OkStatus();
   const bool scoring = !scores.empty();
-  const EngineOptions& opt = engine_.options();
-  if (opt.prefix_caching && n_cached_ == 0 && !scoring) {
+  if (engine_.options().prefix_caching && n_cached_ == 0 && !scoring) {
     // Attach the longest cached prefix of tokens[0, n - 1): the last token is always computed so
     // that its logits exist.
-    auto attached = engine_.Locked([&](KvCache& cache, LlamaForward&) -> absl::StatusOr<int32_t> {
+    auto attached = engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<int32_t> {
       KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
       if (len != 0) return 0;
       return cache.AttachCachedPrefix(seq_, std::span(tokens_).first(n - 1));
@@ -189,46 +132,35 @@ absl::Status Session::ComputePending(std::span<float> scores, int32_t score_from
     n_cached_ += *attached;
     stats_.attached_tokens += *attached;
   }
-  while (n_cached_ < n) {
-    if (ConsumeCancel()) {
-      return absl::CancelledError(
-          absl::StrCat("cancelled after ", n_cached_, " of ", n, " tokens were computed"));
+  PrefillRequest request;
+  request.seq = seq_;
+  request.tokens = std::span(tokens_).subspan(n_cached_);
+  request.logits_from = scoring ? std::max(0, score_from - n_cached_) : INT32_MAX;
+  const int32_t base = n_cached_;
+  request.on_logits = [&](int32_t index, const float* row) {
+    const int32_t i = base + index;
+    if (scoring && i >= score_from && i + 1 < n) {
+      double max_logit = row[0];
+      for (int64_t v = 1; v < n_vocab_; ++v) max_logit = std::max<double>(max_logit, row[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < n_vocab_; ++v) sum += std::exp(row[v] - max_logit);
+      scores[i - score_from] = static_cast<float>(row[tokens_[i + 1]] - max_logit - std::log(sum));
     }
-    const int32_t begin = n_cached_;
-    const int32_t end = std::min(n, begin + opt.prefill_chunk);
-    batch_.Clear();
-    for (int32_t i = begin; i < end; ++i) {
-      const bool want = i == n - 1 || (scoring && i >= score_from);
-      batch_.Add(tokens_[i], seq_, i, want);
+    if (i == n - 1) {
+      logits_.assign(row, row + n_vocab_);
+      logits_valid_ = true;
     }
-    absl::Status st = engine_.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
-      KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, std::span(tokens_).subspan(begin, end - begin)));
-      absl::Status s = fwd.Forward(batch_, cache, &out_);
-      if (!s.ok()) cache.Truncate(seq_, begin).IgnoreError();
-      return s;
-    });
-    if (!st.ok()) return st;
-    // Rows of out_.logits are the tokens that asked, in batch order.
-    for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
-      const int32_t i = begin + out_.logit_tokens[r];
-      const float* row = out_.LogitsRow(r);
-      if (scoring && i >= score_from && i + 1 < n) {
-        double max_logit = row[0];
-        for (int64_t v = 1; v < n_vocab_; ++v) max_logit = std::max<double>(max_logit, row[v]);
-        double sum = 0;
-        for (int64_t v = 0; v < n_vocab_; ++v) sum += std::exp(row[v] - max_logit);
-        scores[i - score_from] =
-            static_cast<float>(row[tokens_[i + 1]] - max_logit - std::log(sum));
-      }
-      if (i == n - 1) {
-        logits_.assign(row, row + n_vocab_);
-        logits_valid_ = true;
-      }
-    }
-    stats_.computed_tokens += end - begin;
-    n_cached_ = end;
+  };
+  request.cancelled = [this] { return ConsumeCancel(); };
+  int32_t done = 0;
+  absl::Status st = engine_.Prefill(request, &done);
+  stats_.computed_tokens += done;
+  n_cached_ += done;
+  if (absl::IsCancelled(st)) {
+    return absl::CancelledError(
+        absl::StrCat("cancelled after ", n_cached_, " of ", n, " tokens were computed"));
   }
-  return absl::OkStatus();
+  return st;
 }
 
 absl::Status Session::AppendText(std::string_view text, bool add_special, bool parse_special) {
@@ -345,7 +277,7 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
     if (n_cached_ == n_tokens() && !logits_valid_) {
       // After a Rewind or a prefix attach: recompute the last token to get its logits.
       KILN_RETURN_IF_ERROR(engine_.Locked(
-          [&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, n_cached_ - 1); }));
+          [&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, n_cached_ - 1); }));
       --n_cached_;
     }
     if (spec_ != nullptr && spec_->strategy() != nullptr && n_cached_ + 1 == n_tokens() &&
@@ -415,7 +347,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
   Use use(*this, "Fork", true);
   KILN_RETURN_IF_ERROR(use.status());
   KILN_ASSIGN_OR_RETURN(
-      SeqId seq, engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Fork(seq_); }));
+      SeqId seq, engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Fork(seq_); }));
   std::unique_ptr<Session> fork(new Session(engine_, sampler_.params(), 0, seq));
   fork->rng_ = rng_;
   fork->tokens_ = tokens_;
@@ -446,7 +378,7 @@ absl::Status Session::Rewind(int32_t n) {
   const int32_t new_len = n_tokens() - n;
   if (new_len < n_cached_) {
     KILN_RETURN_IF_ERROR(engine_.Locked(
-        [&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, new_len); }));
+        [&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, new_len); }));
     n_cached_ = new_len;
     logits_valid_ = false;
   }

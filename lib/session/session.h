@@ -1,11 +1,7 @@
-// Engine and Session: the stateful layer over the llama forward pass and the paged KV cache.
+// Session: a conversation on an Engine (lib/engine/engine.h). Sessions take the engine's mutex
+// per prefill chunk and per decode step, so concurrent sessions interleave at that granularity.
 //
-// Engine: one per (model, cache). It owns the KvCache and the LlamaForward (thread pool and
-// scratch) and a mutex that serializes every cache call and forward pass, so sessions on
-// different threads may share it safely. Sessions take the mutex per prefill chunk and per
-// decode step, so concurrent sessions interleave at that granularity.
-//
-// Session: one token stream (a conversation) held as a sequence in the engine's cache, plus a
+// A session is one token stream (a conversation) held as a sequence in the engine's cache, plus a
 // sampler and a seeded Rng. Its tokens are split in two parts:
 //   tokens()[0, n_cached)  K/V in the cache (computed, or attached from the prefix cache)
 //   tokens()[n_cached, n)  pending: accepted but not computed yet (the last generated token, a
@@ -16,7 +12,7 @@
 // was (cache full, cancel, bad token id, past the context: the sequence is truncated back).
 // Generate keeps the tokens it emitted through the callback, also when it then fails.
 //
-// Thread-safety: an Engine is fully thread-safe. A Session is used by one thread at a time; a
+// Thread-safety: a Session is used by one thread at a time; a
 // call made while another thread is inside a call on the same session fails with Aborted ("busy")
 // and changes nothing, never undefined behaviour. Read-only getters may also be called from the
 // Generate callback on the generating thread. Cancel() may be called from any thread at any time.
@@ -34,71 +30,18 @@
 #include <thread>
 #include <vector>
 
-#include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
-#include "lib/engine/forward_batch.h"
-#include "lib/kv/kv_cache.h"
-#include "lib/model/arch/llama.h"
-#include "lib/model/model.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/strategy.h"
 #include "lib/sample/distribution.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
-#include "lib/spec/strategy.h"
 
 namespace kiln {
 
 namespace spec {
 class SpeculativeDecoder;
 }  // namespace spec
-
-// llama.cpp's default n_ubatch: the prompt batch size EngineOptions::llama_cpp_order prefills with.
-inline constexpr int32_t kLlamaCppUbatch = 512;
-
-struct EngineOptions {
-  // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
-  size_t pool_bytes = 0;
-  int32_t block_size = 16;
-  GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
-  bool prefix_caching = true;
-  // Largest number of tokens a session may hold. 0: the model's training context.
-  int32_t n_ctx = 0;
-  int n_threads = 0;  // <= 0: physical cores
-  // Tokens per forward call when prefilling (and per cancellation check).
-  int32_t prefill_chunk = 256;
-  // LlamaForward::set_llama_cpp_order: llama.cpp's bits instead of batch invariance. Its bits
-  // depend on how a prompt is split into batches, so this also prefills in chunks of
-  // kLlamaCppUbatch tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
-  bool llama_cpp_order = false;
-};
-
-class Engine {
- public:
-  // InvalidArgument naming the field for bad options; ResourceExhausted when the pool cannot hold
-  // a single block. The model must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
-                                                        const EngineOptions& options);
-
-  const Model& model() const { return model_; }
-  const EngineOptions& options() const { return options_; }
-  int32_t n_ctx() const { return options_.n_ctx; }
-  KvCacheCounters Counters() const;
-
-  // Runs fn(KvCache&, LlamaForward&) with the engine mutex held; returns what fn returns.
-  template <typename Fn>
-  auto Locked(Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return fn(*cache_, *forward_);
-  }
-
- private:
-  Engine(const Model& model, const EngineOptions& options) : model_(model), options_(options) {}
-
-  const Model& model_;
-  EngineOptions options_;
-  mutable std::mutex mu_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<LlamaForward> forward_;
-};
 
 enum class StopReason {
   kEndOfGeneration = 0,  // the model produced an end-of-generation token (kept in the session)
@@ -254,8 +197,6 @@ class Session {
   SessionStats stats_;
   std::atomic<bool> cancel_{false};
   mutable std::atomic<std::thread::id> owner_{};
-  ForwardBatch batch_;
-  ForwardOutput out_;
   std::unique_ptr<spec::Strategy> owned_strategy_;  // a fork's clone (declared before spec_)
   std::unique_ptr<spec::SpeculativeDecoder> spec_;  // created by SetStrategy
 };

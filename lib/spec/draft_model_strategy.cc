@@ -2,20 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 
 namespace kiln::spec {
 
-struct DraftModelStrategy::Runtime {
-  std::mutex mu;  // guards cache and forward
-  std::unique_ptr<KvCache> cache;
-  std::unique_ptr<LlamaForward> forward;
-};
-
 DraftModelStrategy::~DraftModelStrategy() {
-  if (runtime_ == nullptr) return;
-  std::lock_guard<std::mutex> lock(runtime_->mu);
-  runtime_->cache->Free(seq_).IgnoreError();
+  if (engine_ == nullptr) return;
+  engine_->Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq_); }).IgnoreError();
 }
 
 absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Load(
@@ -30,21 +22,16 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Load(
   return s;
 }
 
-absl::StatusOr<std::shared_ptr<DraftModelStrategy::Runtime>> DraftModelStrategy::MakeRuntime(
+absl::StatusOr<std::shared_ptr<Engine>> DraftModelStrategy::MakeEngine(
     const Model& draft, const DraftModelParams& params) {
-  constexpr int32_t kBlockSize = 16;
-  KILN_ASSIGN_OR_RETURN(KvLayout layout,
-                        LlamaForward::CacheLayout(draft.hparams(), params.kv_type, kBlockSize));
-  KvCacheOptions options;
-  options.enable_prefix_caching = false;
+  EngineOptions options;
+  options.prefix_caching = false;
+  options.n_threads = params.n_threads;
+  options.kv_type = params.kv_type;
   // The context, max_draft drafts, a copy-on-write spare and the null block.
-  const size_t blocks =
-      static_cast<size_t>((params.n_ctx + params.max_draft + kBlockSize - 1) / kBlockSize) + 2;
-  options.capacity_bytes = blocks * layout.block_bytes();
-  auto runtime = std::make_shared<Runtime>();
-  KILN_ASSIGN_OR_RETURN(runtime->cache, KvCache::Create(layout, options));
-  runtime->forward = std::make_unique<LlamaForward>(draft, params.n_threads);
-  return runtime;
+  options.n_ctx = params.n_ctx + params.max_draft;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(draft, options));
+  return std::shared_ptr<Engine>(std::move(engine));
 }
 
 absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
@@ -75,8 +62,8 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
     s->params_.n_ctx =
         static_cast<int32_t>(hp.n_ctx_train > 0 ? std::min<int64_t>(hp.n_ctx_train, 8192) : 4096);
   }
-  KILN_ASSIGN_OR_RETURN(s->runtime_, MakeRuntime(draft, s->params_));
-  s->seq_ = s->runtime_->cache->CreateSequence();
+  KILN_ASSIGN_OR_RETURN(s->engine_, MakeEngine(draft, s->params_));
+  s->seq_ = s->engine_->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
   s->Reset();
   return s;
 }
@@ -84,11 +71,9 @@ absl::StatusOr<std::unique_ptr<DraftModelStrategy>> DraftModelStrategy::Create(
 absl::StatusOr<std::unique_ptr<Strategy>> DraftModelStrategy::Clone() const {
   std::unique_ptr<DraftModelStrategy> c(new DraftModelStrategy(*model_, params_));
   c->owned_model_ = owned_model_;
-  c->runtime_ = runtime_;
-  {
-    std::lock_guard<std::mutex> lock(runtime_->mu);
-    KILN_ASSIGN_OR_RETURN(c->seq_, runtime_->cache->Fork(seq_));
-  }
+  c->engine_ = engine_;
+  KILN_ASSIGN_OR_RETURN(
+      c->seq_, engine_->Locked([&](KvCache& cache, ForwardPass&) { return cache.Fork(seq_); }));
   c->draft_len_ = draft_len_;
   c->acceptance_ = acceptance_;
   c->probes_ = probes_;
@@ -100,10 +85,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> DraftModelStrategy::Clone() const {
 }
 
 void DraftModelStrategy::Reset() {
-  {
-    std::lock_guard<std::mutex> lock(runtime_->mu);
-    runtime_->cache->Truncate(seq_, 0).IgnoreError();
-  }
+  engine_->Locked([&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, 0); })
+      .IgnoreError();
   draft_len_ = 0;
   acceptance_.Reset();
   probes_ = 0;
@@ -112,41 +95,31 @@ void DraftModelStrategy::Reset() {
   last_computed_drafts_ = 0;
 }
 
-absl::Status DraftModelStrategy::RunLocked(std::span<const int32_t> tokens, int32_t pos) {
-  constexpr int32_t kChunk = 256;
+absl::Status DraftModelStrategy::Run(std::span<const int32_t> tokens) {
   const int64_t n_vocab = model_->hparams().n_vocab;
-  KvCache& cache = *runtime_->cache;
-  for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
-    const size_t end = std::min(tokens.size(), begin + kChunk);
-    batch_.Clear();
-    for (size_t i = begin; i < end; ++i) {
-      batch_.Add(tokens[i], seq_, pos + static_cast<int32_t>(i), i + 1 == tokens.size());
-    }
-    const auto chunk = tokens.subspan(begin, end - begin);
-    KILN_RETURN_IF_ERROR(cache.AppendSlots(seq_, chunk));
-    absl::Status st = runtime_->forward->Forward(batch_, cache, &out_);
-    if (!st.ok()) {
-      cache.Truncate(seq_, pos + static_cast<int32_t>(begin)).IgnoreError();
-      return st;
-    }
-    computed_tokens_ += static_cast<int64_t>(end - begin);
-  }
-  if (out_.logit_tokens.size() != 1) {
-    return absl::InternalError("draft forward: expected one logits row");
-  }
-  logits_.assign(out_.LogitsRow(0), out_.LogitsRow(0) + n_vocab);
-  return absl::OkStatus();
+  PrefillRequest request;
+  request.seq = seq_;
+  request.tokens = tokens;
+  request.on_logits = [&](int32_t, const float* row) { logits_.assign(row, row + n_vocab); };
+  int32_t done = 0;
+  absl::Status st = engine_->Prefill(request, &done);
+  computed_tokens_ += done;
+  return st;
 }
 
-absl::Status DraftModelStrategy::SyncLocked(std::span<const int32_t> context) {
-  KvCache& cache = *runtime_->cache;
-  KILN_ASSIGN_OR_RETURN(std::span<const int32_t> held, cache.Tokens(seq_));
-  size_t common = 0;
-  const size_t limit = std::min(held.size(), context.size() - 1);  // recompute the last token
-  while (common < limit && held[common] == context[common]) ++common;
-  KILN_RETURN_IF_ERROR(cache.Truncate(seq_, static_cast<int32_t>(common)));
+absl::Status DraftModelStrategy::Sync(std::span<const int32_t> context) {
+  KILN_ASSIGN_OR_RETURN(
+      const size_t common,
+      engine_->Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<size_t> {
+        KILN_ASSIGN_OR_RETURN(std::span<const int32_t> held, cache.Tokens(seq_));
+        size_t common = 0;
+        const size_t limit = std::min(held.size(), context.size() - 1);  // recompute the last
+        while (common < limit && held[common] == context[common]) ++common;
+        KILN_RETURN_IF_ERROR(cache.Truncate(seq_, static_cast<int32_t>(common)));
+        return common;
+      }));
   const auto start = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(RunLocked(context.subspan(common), static_cast<int32_t>(common)));
+  KILN_RETURN_IF_ERROR(Run(context.subspan(common)));
   if (context.size() - common == 1) {
     ObserveDraftPass(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -206,33 +179,25 @@ absl::Status DraftModelStrategy::Propose(std::span<const int32_t> context, int32
   if (ctx.sampler_params->temperature > 0.0f && ctx.rng == nullptr) {
     return absl::InvalidArgumentError("DraftModelStrategy::Propose: sampling needs an rng");
   }
-  absl::Status st;
-  {
-    std::lock_guard<std::mutex> lock(runtime_->mu);
-    st = ProposeLocked(context, k, ctx, out);
-  }
+  absl::Status st = Draft(context, k, ctx, out);
   if (absl::IsResourceExhausted(st) && shares_cache()) {
-    // The cache shared with clones is full: move to a cache of our own and start over there.
-    KILN_ASSIGN_OR_RETURN(std::shared_ptr<Runtime> own, MakeRuntime(*model_, params_));
-    {
-      std::lock_guard<std::mutex> lock(runtime_->mu);
-      runtime_->cache->Free(seq_).IgnoreError();
-    }
-    runtime_ = std::move(own);
-    seq_ = runtime_->cache->CreateSequence();
-    std::lock_guard<std::mutex> lock(runtime_->mu);
-    st = ProposeLocked(context, k, ctx, out);
+    // The engine shared with clones is full: move to an engine of our own and start over there.
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<Engine> own, MakeEngine(*model_, params_));
+    engine_->Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq_); }).IgnoreError();
+    engine_ = std::move(own);
+    seq_ = engine_->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+    st = Draft(context, k, ctx, out);
   }
   if (st.ok()) draft_len_ = out->size();
   return st;
 }
 
-absl::Status DraftModelStrategy::ProposeLocked(std::span<const int32_t> context, int32_t k,
-                                               const ProposeContext& ctx, DraftTree* out) {
+absl::Status DraftModelStrategy::Draft(std::span<const int32_t> context, int32_t k,
+                                       const ProposeContext& ctx, DraftTree* out) {
   out->Clear();
   const int32_t len = static_cast<int32_t>(context.size());
   const bool greedy = ctx.sampler_params->temperature <= 0.0f;
-  KILN_RETURN_IF_ERROR(SyncLocked(context));
+  KILN_RETURN_IF_ERROR(Sync(context));
   sample::Sampler sampler(*ctx.sampler_params);
   history_.assign(context.begin(), context.end());
   out->deterministic = greedy;
@@ -248,7 +213,7 @@ absl::Status DraftModelStrategy::ProposeLocked(std::span<const int32_t> context,
     if (d + 1 < k) {
       const int32_t one[1] = {token};
       const Clock::time_point start = Clock::now();
-      KILN_RETURN_IF_ERROR(RunLocked(one, len + d));
+      KILN_RETURN_IF_ERROR(Run(one));
       ObserveDraftPass(std::chrono::duration<double>(Clock::now() - start).count());
     }
   }
@@ -261,11 +226,11 @@ void DraftModelStrategy::Accepted(int32_t drafted, std::span<const int32_t> acce
   if (drafted == 0) return;
   const int32_t m = static_cast<int32_t>(accepted.size());
   // Rollback: keep the context and the accepted drafts whose K/V the draft computed.
-  {
-    std::lock_guard<std::mutex> lock(runtime_->mu);
-    runtime_->cache->Truncate(seq_, last_context_len_ + std::min(m, last_computed_drafts_))
-        .IgnoreError();
-  }
+  engine_
+      ->Locked([&](KvCache& cache, ForwardPass&) {
+        return cache.Truncate(seq_, last_context_len_ + std::min(m, last_computed_drafts_));
+      })
+      .IgnoreError();
   acceptance_.Observe(drafted, m);
   if (m > 0) {  // a hit ends the back-off: evaluate again at the next proposal
     probes_ = 0;

@@ -37,12 +37,10 @@
 #include <vector>
 
 #include "lib/common/ggml_type.h"
-#include "lib/engine/forward_batch.h"
-#include "lib/kv/kv_cache.h"
-#include "lib/model/arch/llama.h"
+#include "lib/engine/draft_policy.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/strategy.h"
 #include "lib/model/model.h"
-#include "lib/spec/draft_policy.h"
-#include "lib/spec/strategy.h"
 
 namespace kiln::spec {
 
@@ -90,23 +88,23 @@ class DraftModelStrategy final : public Strategy {
   double draft_pass_seconds() const { return draft_t1_; }
   // Tokens this strategy has run through the draft forward pass (context catch-up and drafts).
   int64_t computed_tokens() const { return computed_tokens_; }
-  // Whether this strategy shares its draft cache with clones (or the strategy it was cloned
-  // from).
-  bool shares_cache() const { return runtime_.use_count() > 1; }
+  // Whether this strategy shares its draft engine (and cache) with clones (or the strategy it
+  // was cloned from).
+  bool shares_cache() const { return engine_.use_count() > 1; }
 
  private:
-  struct Runtime;  // the draft cache and forward pass, shared with clones behind a mutex
-
   DraftModelStrategy(const Model& draft, const DraftModelParams& params)
       : model_(&draft), params_(params) {}
-  static absl::StatusOr<std::shared_ptr<Runtime>> MakeRuntime(const Model& draft,
-                                                              const DraftModelParams& params);
-  absl::Status ProposeLocked(std::span<const int32_t> context, int32_t k, const ProposeContext& ctx,
-                             DraftTree* out);
+  // The draft model's engine: its cache holds one sequence per strategy (clones fork theirs).
+  static absl::StatusOr<std::shared_ptr<Engine>> MakeEngine(const Model& draft,
+                                                            const DraftModelParams& params);
+  // Drafts k tokens continuing context into *out.
+  absl::Status Draft(std::span<const int32_t> context, int32_t k, const ProposeContext& ctx,
+                     DraftTree* out);
   // Makes the draft sequence hold exactly context and leaves the last token's logits in logits_.
-  absl::Status SyncLocked(std::span<const int32_t> context);
-  // Runs `tokens` at positions [pos, pos + n) causally; logits of the last one into logits_.
-  absl::Status RunLocked(std::span<const int32_t> tokens, int32_t pos);
+  absl::Status Sync(std::span<const int32_t> context);
+  // Appends `tokens` to the draft sequence and computes them; logits of the last into logits_.
+  absl::Status Run(std::span<const int32_t> tokens);
   void ObserveDraftPass(double seconds);
   // k = the cost-aware draft length for at most max_k tokens (adaptive mode).
   int32_t ChooseLength(int32_t max_k, const ProposeContext& ctx);
@@ -114,7 +112,7 @@ class DraftModelStrategy final : public Strategy {
   std::shared_ptr<Model> owned_model_;  // set by Load; shared with clones
   const Model* model_;
   DraftModelParams params_;
-  std::shared_ptr<Runtime> runtime_;
+  std::shared_ptr<Engine> engine_;  // shared with clones (its mutex serializes them)
   SeqId seq_ = 0;
   int32_t draft_len_ = 0;
   AcceptanceEstimate acceptance_;
@@ -126,8 +124,6 @@ class DraftModelStrategy final : public Strategy {
   int32_t last_computed_drafts_ = 0;
   std::vector<float> logits_;  // [n_vocab]
   std::vector<int32_t> history_;
-  ForwardBatch batch_;
-  ForwardOutput out_;
 };
 
 }  // namespace kiln::spec

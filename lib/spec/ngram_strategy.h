@@ -28,8 +28,8 @@
 
 #include <vector>
 
-#include "lib/spec/draft_policy.h"
-#include "lib/spec/strategy.h"
+#include "lib/engine/draft_policy.h"
+#include "lib/engine/strategy.h"
 
 namespace kiln::spec {
 

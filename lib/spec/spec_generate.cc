@@ -40,22 +40,14 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
   sample::Sampler sampler(params);
   sample::Rng rng(seed);
   const SeqId seq =
-      engine.Locked([](KvCache& cache, LlamaForward&) { return cache.CreateSequence(); });
+      engine.Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
   auto run = [&]() -> absl::StatusOr<SpecGenerateResult> {
-    // Prefill prompt[0, n - 1).
-    const int32_t n_pre = static_cast<int32_t>(prompt.size()) - 1;
-    const int32_t chunk = engine.options().prefill_chunk;
-    ForwardBatch batch;
-    ForwardOutput out;
-    for (int32_t begin = 0; begin < n_pre; begin += chunk) {
-      const int32_t end = std::min(n_pre, begin + chunk);
-      batch.Clear();
-      for (int32_t i = begin; i < end; ++i) batch.Add(prompt[i], seq, i, false);
-      KILN_RETURN_IF_ERROR(engine.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
-        KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, prompt.subspan(begin, end - begin)));
-        return fwd.Forward(batch, cache, &out);
-      }));
-    }
+    // Prefill prompt[0, n - 1): the last prompt token is the first root.
+    PrefillRequest prefill;
+    prefill.seq = seq;
+    prefill.tokens = prompt.first(prompt.size() - 1);
+    prefill.last_logits = false;
+    KILN_RETURN_IF_ERROR(engine.Prefill(prefill));
     SpecGenerateResult result;
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());
     SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy);
@@ -86,7 +78,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     return result;
   };
   auto result = run();
-  engine.Locked([&](KvCache& cache, LlamaForward&) { return cache.Free(seq); }).IgnoreError();
+  engine.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq); }).IgnoreError();
   return result;
 }
 

@@ -13,10 +13,10 @@
 #include <span>
 #include <vector>
 
+#include "lib/engine/engine.h"
+#include "lib/engine/speculative_decoder.h"
+#include "lib/engine/strategy.h"
 #include "lib/sample/sampler.h"
-#include "lib/session/session.h"
-#include "lib/spec/speculative_decoder.h"
-#include "lib/spec/strategy.h"
 
 namespace kiln::spec {
 

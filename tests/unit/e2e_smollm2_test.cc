@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "lib/model/arch/llama.h"
 #include "lib/model/model.h"
 #include "lib/quant/requantize.h"
 #include "lib/tokenizer/chat_template.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/forward_util.h"
 #include "tests/common/test_util.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -265,12 +265,12 @@ class E2eSmolLm2 : public ::testing::Test {
   }
   void SetUp() override {
     ASSERT_NE(model_, nullptr) << "the default model did not load";
-    forward_ = std::make_unique<LlamaForward>(*model_, kThreads);
+    forward_ = std::make_unique<CpuForward>(*model_, kThreads);
   }
 
   // 64 blocks of 16 = 1024 tokens: one perplexity chunk or one greedy case at a time.
   void MakeCache(GgmlType kv_type) {
-    auto layout = LlamaForward::CacheLayout(model_->hparams(), kv_type, 16);
+    auto layout = CpuForward::CacheLayout(model_->hparams(), kv_type, 16);
     ASSERT_TRUE(layout.ok()) << layout.status();
     KvCacheOptions options;
     options.num_blocks = 64;
@@ -293,7 +293,7 @@ class E2eSmolLm2 : public ::testing::Test {
   }
 
   // Greedy decoding of every golden prompt, compared token by token (the rule).
-  // kiln runs in llama.cpp's order (LlamaForward::set_llama_cpp_order), which reproduces its
+  // kiln runs in llama.cpp's order (Backend::set_llama_cpp_order), which reproduces its
   // arithmetic bit for bit, prompt batches included.
   void CheckGreedy(const std::string& golden_path, GgmlType kv_type) {
     ASSERT_NO_FATAL_FAILURE(MakeCache(kv_type));
@@ -363,7 +363,7 @@ class E2eSmolLm2 : public ::testing::Test {
 
   static Model* model_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<CpuForward> forward_;
 };
 Model* E2eSmolLm2::model_ = nullptr;
 
@@ -394,7 +394,7 @@ TEST_F(E2eSmolLm2, PromptsTokenizeAndTemplateLikeLlamaCpp) {
 }
 
 // The rule: at most one prompt may diverge from llama.cpp, and only at a near-tie.
-// llama.cpp with an f32 KV cache; kiln in llama.cpp order (LlamaForward::set_llama_cpp_order),
+// llama.cpp with an f32 KV cache; kiln in llama.cpp order (Backend::set_llama_cpp_order),
 // which reproduces llama.cpp's arithmetic bit for bit, including its prompt-batch V . P order.
 TEST_F(E2eSmolLm2, GreedyMatchesLlamaCppWithF32KvCache) {
   CheckGreedy("tests/data/golden/smollm2_greedy_kv_f32.json", GgmlType::kF32);
@@ -462,8 +462,8 @@ TEST_F(E2eSmolLm2, F32CopyLogitsMatchLlamaCpp) {
   auto model = Model::Load(options);
   std::filesystem::remove(f32_path);  // ~540 MB; the mapping keeps the data alive
   ASSERT_TRUE(model.ok()) << model.status();
-  LlamaForward forward(**model, kThreads);
-  auto layout = LlamaForward::CacheLayout((*model)->hparams(), GgmlType::kF32, 16);
+  CpuForward forward(**model, kThreads);
+  auto layout = CpuForward::CacheLayout((*model)->hparams(), GgmlType::kF32, 16);
   ASSERT_TRUE(layout.ok()) << layout.status();
   KvCacheOptions cache_options;
   cache_options.num_blocks = 16;

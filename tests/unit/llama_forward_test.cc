@@ -8,7 +8,7 @@
 
 #include "lib/gguf/gguf_writer.h"
 #include "lib/gguf/random_model.h"
-#include "lib/model/arch/llama.h"
+#include "tests/common/forward_util.h"
 #include "tests/common/reference_llama.h"
 #include "tests/common/test_util.h"
 
@@ -32,7 +32,7 @@ std::string MakeTinyModel(const std::string& shape_name, const std::string& type
 }
 
 std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t blocks = 64) {
-  auto layout = LlamaForward::CacheLayout(model.hparams(), kv_type, 16);
+  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16);
   EXPECT_TRUE(layout.ok());
   KvCacheOptions options;
   options.num_blocks = blocks;
@@ -49,7 +49,7 @@ std::vector<int32_t> RandomTokens(int n, int64_t n_vocab, uint32_t seed) {
 }
 
 // Prefills `tokens` as one sequence in chunks of `chunk`, returning all logits [n, n_vocab].
-std::vector<float> Prefill(LlamaForward& fwd, KvCache& cache, SeqId seq,
+std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
                            const std::vector<int32_t>& tokens, int chunk, int start = 0) {
   std::vector<float> logits;
   for (int begin = start; begin < static_cast<int>(tokens.size()); begin += chunk) {
@@ -86,7 +86,7 @@ TEST_P(LlamaVsReference, LogitsMatchFloat64Reference) {
   ASSERT_TRUE(rounded_ref.ok()) << rounded_ref.status();
   const std::vector<int32_t> tokens = RandomTokens(40, (*model)->hparams().n_vocab, 3);
 
-  LlamaForward fwd(**model, 2);
+  CpuForward fwd(**model, 2);
   auto cache = MakeCache(**model, GgmlType::kF32);
   const SeqId seq = cache->CreateSequence();
   const std::vector<float> got = Prefill(fwd, *cache, seq, tokens, 16);
@@ -151,13 +151,13 @@ TEST_F(LlamaInvariance, BitwiseSameAcrossChunkingBatchingAndThreads) {
   const std::vector<int32_t> tokens = RandomTokens(37, model_->hparams().n_vocab, 11);
   const std::vector<int32_t> other = RandomTokens(23, model_->hparams().n_vocab, 12);
   // Reference run: one token per step, one thread.
-  LlamaForward one_thread(*model_, 1);
+  CpuForward one_thread(*model_, 1);
   auto cache1 = MakeCache(*model_, GgmlType::kF16);
   const std::vector<float> decode =
       Prefill(one_thread, *cache1, cache1->CreateSequence(), tokens, 1);
 
   // Whole prompt in chunks of 16 with 2 threads.
-  LlamaForward two_threads(*model_, 2);
+  CpuForward two_threads(*model_, 2);
   auto cache2 = MakeCache(*model_, GgmlType::kF16);
   EXPECT_EQ(Prefill(two_threads, *cache2, cache2->CreateSequence(), tokens, 16), decode);
 
@@ -189,7 +189,7 @@ TEST_F(LlamaInvariance, BitwiseSameAcrossChunkingBatchingAndThreads) {
 TEST_F(LlamaInvariance, TreeNodesEqualTheirRootToNodePaths) {
   const int64_t V = model_->hparams().n_vocab;
   const std::vector<int32_t> prompt = RandomTokens(20, V, 21);
-  LlamaForward fwd(*model_, 2);
+  CpuForward fwd(*model_, 2);
   auto cache = MakeCache(*model_, GgmlType::kF16);
   const SeqId seq = cache->CreateSequence();
   Prefill(fwd, *cache, seq, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 32);
@@ -225,7 +225,7 @@ TEST_F(LlamaInvariance, TreeNodesEqualTheirRootToNodePaths) {
 TEST_F(LlamaInvariance, PrefixCacheHitEqualsColdPrefill) {
   const int64_t V = model_->hparams().n_vocab;
   const std::vector<int32_t> prompt = RandomTokens(50, V, 31);
-  LlamaForward fwd(*model_, 2);
+  CpuForward fwd(*model_, 2);
   auto cache = MakeCache(*model_, GgmlType::kF16);
   const SeqId cold = cache->CreateSequence();
   const std::vector<float> cold_logits = Prefill(fwd, *cache, cold, prompt, 64);
@@ -240,7 +240,7 @@ TEST_F(LlamaInvariance, PrefixCacheHitEqualsColdPrefill) {
 }
 
 TEST_F(LlamaInvariance, BadInputIsRejected) {
-  LlamaForward fwd(*model_, 1);
+  CpuForward fwd(*model_, 1);
   auto cache = MakeCache(*model_, GgmlType::kF16);
   const SeqId seq = cache->CreateSequence();
   ASSERT_TRUE(cache->AppendSlots(seq, std::vector<int32_t>{1, 2}).ok());

@@ -182,7 +182,7 @@ TEST_F(TinySession, ForkAndRewind) {
   EXPECT_EQ(Generated(*a, prompt.size()), gen);
   EXPECT_EQ(a->Rewind(a->n_tokens() + 1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(a->Rewind(-1).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_TRUE(engine->Locked([](KvCache& c, LlamaForward&) { return c.CheckInvariants(); }).ok());
+  EXPECT_TRUE(engine->Locked([](KvCache& c, ForwardPass&) { return c.CheckInvariants(); }).ok());
 }
 
 TEST_F(TinySession, TokenIdsOutOfRangeChangeNothing) {
@@ -222,7 +222,7 @@ TEST_F(TinySession, CacheFullLeavesSessionUsable) {
   EngineOptions eo;
   eo.prefix_caching = false;
   eo.block_size = 16;
-  auto layout = LlamaForward::CacheLayout(model_->hparams(), GgmlType::kF16, 16);
+  auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
   ASSERT_TRUE(layout.ok());
   eo.pool_bytes = 5 * layout->block_bytes();  // the null block + 4 usable blocks
   auto engine = MakeEngine(*model_, eo);
@@ -239,7 +239,7 @@ TEST_F(TinySession, CacheFullLeavesSessionUsable) {
   auto r = a->Generate(options);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(a->n_tokens(), 64 + 1);  // 4 blocks full, plus the sampled token that did not fit
-  EXPECT_TRUE(engine->Locked([](KvCache& c, LlamaForward&) { return c.CheckInvariants(); }).ok());
+  EXPECT_TRUE(engine->Locked([](KvCache& c, ForwardPass&) { return c.CheckInvariants(); }).ok());
   a.reset();  // frees 4 blocks
   ASSERT_TRUE(b->AppendTokens(prompt_b).ok());
   options.max_tokens = 4;

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "lib/common/half.h"
+#include "lib/engine/draft_policy.h"
+#include "lib/engine/speculative_decoder.h"
 #include "lib/model/model.h"
 #include "lib/session/session.h"
-#include "lib/spec/draft_policy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/spec/spec_generate.h"
-#include "lib/spec/speculative_decoder.h"
 #include "lib/tokenizer/tokenizer.h"
 #include "tests/common/spec_test_util.h"
 
@@ -188,13 +188,13 @@ void RunAndCompare(Engine& engine, const std::vector<int32_t>& prompt,
   params.temperature = 0.0f;
   sample::Sampler sampler(params);
   sample::Rng rng(1);
-  const SeqId seq = engine.Locked([](KvCache& c, LlamaForward&) { return c.CreateSequence(); });
-  const SeqId ref = engine.Locked([](KvCache& c, LlamaForward&) { return c.CreateSequence(); });
+  const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  const SeqId ref = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
   auto prefill = [&](SeqId s, std::span<const int32_t> toks) {
     ForwardBatch batch;
     ForwardOutput out;
     for (size_t i = 0; i < toks.size(); ++i) batch.Add(toks[i], s, static_cast<int32_t>(i), false);
-    return engine.Locked([&](KvCache& c, LlamaForward& f) -> absl::Status {
+    return engine.Locked([&](KvCache& c, ForwardPass& f) -> absl::Status {
       KILN_RETURN_IF_ERROR(c.AppendSlots(s, toks));
       return f.Forward(batch, c, &out);
     });
@@ -210,7 +210,7 @@ void RunAndCompare(Engine& engine, const std::vector<int32_t>& prompt,
   EXPECT_EQ(tokens, full);
   *metrics = decoder.metrics();
   ASSERT_TRUE(prefill(ref, std::span(full).first(full.size() - 1)).ok());
-  engine.Locked([&](KvCache& cache, LlamaForward&) {
+  engine.Locked([&](KvCache& cache, ForwardPass&) {
     const int32_t len = static_cast<int32_t>(full.size()) - 1;
     ASSERT_EQ(*cache.Length(seq), len);
     ASSERT_EQ(*cache.NumComputed(seq), len);
@@ -225,7 +225,7 @@ void RunAndCompare(Engine& engine, const std::vector<int32_t>& prompt,
     ForwardOutput out;
     batch.Add(full.back(), seqs[k], static_cast<int32_t>(full.size()) - 1, true);
     ASSERT_TRUE(engine
-                    .Locked([&](KvCache& c, LlamaForward& f) -> absl::Status {
+                    .Locked([&](KvCache& c, ForwardPass& f) -> absl::Status {
                       const int32_t last[1] = {full.back()};
                       KILN_RETURN_IF_ERROR(c.AppendSlots(seqs[k], last));
                       return f.Forward(batch, c, &out);
@@ -238,11 +238,11 @@ void RunAndCompare(Engine& engine, const std::vector<int32_t>& prompt,
     *max_logit_diff = std::max(*max_logit_diff, std::fabs(logits[0][i] - logits[1][i]));
   }
   *kept = seq;
-  engine.Locked([&](KvCache& c, LlamaForward&) { return c.Free(ref); }).IgnoreError();
+  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(ref); }).IgnoreError();
 }
 
 void FreeSeq(Engine& engine, SeqId seq) {
-  engine.Locked([&](KvCache& c, LlamaForward&) { return c.Free(seq); }).IgnoreError();
+  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
 }
 
 TEST_F(SpecDecodeTest, ChainCommitGivesBitwisePlainCacheAndLogits) {
@@ -293,7 +293,7 @@ TEST_F(SpecDecodeTest, TreeCompactionGivesPlainGreedyTokens) {
   }
   // The two tree runs differ from each other by the same kernel rounding (the attention reads
   // scattered vs consecutive extra rows), not bitwise; both give the plain greedy tokens.
-  engine_->Locked([&](KvCache& cache, LlamaForward&) {
+  engine_->Locked([&](KvCache& cache, ForwardPass&) {
     const KvDiff d = CompareKv(cache, seqs[0], seqs[1], static_cast<int32_t>(full.size()) - 1);
     std::printf("tree shape 0 vs 1: %lld K/V rows differ, max |diff| %g\n",
                 static_cast<long long>(d.differing_rows), d.max_abs);

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "lib/backend/cpu/thread_pool.h"
+#include "lib/backend/rope_config.h"
+#include "lib/backend/weight_view.h"
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
 #include "lib/quant/quant.h"
@@ -46,18 +48,11 @@ class Scratch {
   size_t size_ = 0;
 };
 
-// A weight matrix as stored in GGUF: ggml ne = {n_in, n_out}, i.e. n_out rows of n_in elements
-// of `type`, each row contiguous (GgmlRowBytes(n_in) bytes), rows back to back.
-struct WeightView {
-  GgmlType type = GgmlType::kF32;
-  const void* data = nullptr;
-  int64_t n_in = 0;
-  int64_t n_out = 0;
-  // Optional row-interleaved copy of data (QuantKernels::interleave, lib/quant/interleave.h).
-  // When set and the type has an interleaved_tile kernel at the call's level, MatMul computes in
-  // the integer order instead of vec_dot's (different last bits; batch invariant as well).
-  const void* interleaved = nullptr;
-};
+// One WeightView and one RopeConfig for the model and every backend (lib/backend/).
+using kiln::RopeConfig;
+using kiln::RopeMode;
+using kiln::RopeScaling;
+using kiln::WeightView;
 
 // ---- Matrix multiply ----------------------------------------------------------------------
 
@@ -129,32 +124,6 @@ void SoftmaxRows(float* x, int64_t n_rows, int64_t n, float scale = 1.0f,
 // The angles and rotations use ggml's float arithmetic step for step (theta_scale =
 // powf(base, -2 / n_rot) multiplied up in float, cosf / sinf, FMAs where GCC contracts ggml's
 // expressions), so the rotated values equal llama.cpp's bit for bit.
-
-enum class RopeMode { kNorm, kNeox };
-enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
-
-struct RopeConfig {
-  RopeMode mode = RopeMode::kNorm;
-  int32_t n_rot = 0;  // rotated dims: even, 2 <= n_rot <= head_dim
-  float freq_base = 10000.0f;
-  RopeScaling scaling = RopeScaling::kNone;
-  // kLinear and kYarn: 1 / scaling factor (ignored for kNone / kLlama3).
-  float freq_scale = 1.0f;
-  // Optional per-dimension divisors of theta ("rope_freqs" tensor), n_rot/2 entries; used with
-  // any scaling (takes precedence over the kLlama3 rule). Must outlive the RopeTable build.
-  const float* freq_factors = nullptr;
-  // kLlama3 rule parameters.
-  float llama3_factor = 8.0f;
-  float llama3_low_freq_factor = 1.0f;
-  float llama3_high_freq_factor = 4.0f;
-  // kLlama3 and kYarn: the original training context.
-  int32_t orig_ctx = 8192;
-  // kYarn parameters.
-  float ext_factor = 1.0f;
-  float attn_factor = 1.0f;
-  float beta_fast = 32.0f;
-  float beta_slow = 1.0f;
-};
 
 // Checks a config against head_dim (n_rot even, in range; finite positive base and scales).
 absl::Status ValidateRopeConfig(const RopeConfig& config, int32_t head_dim);

@@ -23,10 +23,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/common/strings.h"
+#include "lib/engine/draft_policy.h"
 #include "lib/sample/distribution.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
-#include "lib/spec/draft_policy.h"
 
 namespace kiln::spec {
 
@@ -78,10 +78,6 @@ struct SpecMetrics {
   // Accepted draft tokens per step (0 when no step ran).
   double MeanAcceptedPerStep() const {
     return steps == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(steps);
-  }
-  // Accepted / drafted (0 when nothing was drafted).
-  double AcceptanceRate() const {
-    return drafted == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(drafted);
   }
   // Target passes per generated token: 1 for plain decoding, lower is better.
   double TargetPassesPerToken() const {

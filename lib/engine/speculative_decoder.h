@@ -48,13 +48,13 @@
 #include <vector>
 
 #include "lib/common/status.h"
-#include "lib/engine/forward_batch.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/strategy.h"
+#include "lib/model/forward_batch.h"
 #include "lib/sample/distribution.h"
 #include "lib/sample/rejection_sampler.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
-#include "lib/session/session.h"
-#include "lib/spec/strategy.h"
 
 namespace kiln::spec {
 
@@ -84,12 +84,7 @@ class SpeculativeDecoder {
   // (nothing changed in the sequence).
   absl::Status Step(std::vector<int32_t>* tokens, int32_t max_emit, SpecStepResult* out);
 
-  // Logits [n_vocab] of the root of the last step (the distribution the first emitted token
-  // came from), for callers that expose logits.
-  std::span<const float> RootLogits() const { return root_logits_; }
-
   const SpecMetrics& metrics() const { return metrics_; }
-  void ResetMetrics() { metrics_ = {}; }
 
   // The measured cost of steps by width (see the header comment). Mutable so that callers can
   // pin it (reproducible sampled text) or carry it over to a fork's decoder.
@@ -116,7 +111,6 @@ class SpeculativeDecoder {
   std::vector<sample::DraftNode> nodes_;  // [n_nodes]
   std::vector<int32_t> history_;          // scratch: tokens + a node's ancestors
   std::vector<int32_t> path_;             // scratch
-  std::vector<float> root_logits_;        // [n_vocab]
   sample::VerifyResult verify_;
 };
 

@@ -1,4 +1,4 @@
-#include "lib/spec/draft_policy.h"
+#include "lib/engine/draft_policy.h"
 
 #include <algorithm>
 

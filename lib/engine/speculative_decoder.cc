@@ -1,8 +1,7 @@
-#include "lib/spec/speculative_decoder.h"
+#include "lib/engine/speculative_decoder.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -43,22 +42,6 @@ absl::Status CheckDraft(DraftTree& d, int32_t max_draft, int64_t n_vocab, const 
     }
   }
   return absl::OkStatus();
-}
-
-// Copies the K/V rows of slot `from` into slot `to` for every layer and KV head.
-void CopyKvRows(KvCache& cache, KvSlot from, KvSlot to) {
-  const KvLayout& layout = cache.layout();
-  const size_t row_bytes = layout.row_bytes();
-  for (int32_t layer = 0; layer < layout.n_layers(); ++layer) {
-    if (layout.kv_lora_rank() > 0) {
-      std::memcpy(cache.LatentRow(to, layer), cache.LatentRow(from, layer), row_bytes);
-      continue;
-    }
-    for (int32_t h = 0; h < layout.n_kv_heads(); ++h) {
-      std::memcpy(cache.KeyRow(to, layer, h), cache.KeyRow(from, layer, h), row_bytes);
-      std::memcpy(cache.ValueRow(to, layer, h), cache.ValueRow(from, layer, h), row_bytes);
-    }
-  }
 }
 
 }  // namespace
@@ -113,7 +96,7 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
   // 3. Target forward.
   using Clock = std::chrono::steady_clock;
   Clock::duration busy{};  // forward + sampling + verification, without waiting for the lock
-  KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, LlamaForward& fwd) -> absl::Status {
+  KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass& fwd) -> absl::Status {
     KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
     KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(seq_));
     if (len != root_index || computed != root_index) {
@@ -129,14 +112,13 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
     return st;
   }));
   auto undo = [&] {
-    engine_.Locked([&](KvCache& cache, LlamaForward&) { return cache.Truncate(seq_, root_index); })
+    engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, root_index); })
         .IgnoreError();
   };
   if (out_.logit_tokens.size() != static_cast<size_t>(n_nodes + 1)) {
     undo();
     return absl::InternalError("SpeculativeDecoder::Step: forward returned the wrong logit rows");
   }
-  root_logits_.assign(out_.LogitsRow(0), out_.LogitsRow(0) + n_vocab);
 
   // Target distributions through the session's chain; history = tokens + the node's ancestors.
   const Clock::time_point sampling_start = Clock::now();
@@ -214,7 +196,7 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
 absl::Status SpeculativeDecoder::Commit(int32_t root_index, std::span<const int32_t> accepted_nodes,
                                         std::span<const int32_t> accepted_tokens) {
   const int32_t m = static_cast<int32_t>(accepted_nodes.size());
-  return engine_.Locked([&](KvCache& cache, LlamaForward&) -> absl::Status {
+  return engine_.Locked([&](KvCache& cache, ForwardPass& pass) -> absl::Status {
     for (int32_t j = 0; j < m; ++j) {
       // Node a_j sits at cache index root + 1 + a_j; its place in the text is root + 1 + j.
       // a_j >= j and the a_j increase, so a later source is never overwritten before it is read.
@@ -223,7 +205,7 @@ absl::Status SpeculativeDecoder::Commit(int32_t root_index, std::span<const int3
       if (from == to) continue;
       KILN_ASSIGN_OR_RETURN(KvSlot to_slot, cache.PrepareOverwrite(seq_, to, accepted_tokens[j]));
       KILN_ASSIGN_OR_RETURN(KvSlot from_slot, cache.SlotOf(seq_, from));
-      CopyKvRows(cache, from_slot, to_slot);
+      pass.backend().CopyKvSlot(cache, from_slot, to_slot);
     }
     KILN_RETURN_IF_ERROR(cache.Truncate(seq_, root_index + 1 + m));
     return cache.MarkComputed(seq_, root_index + 1 + m);

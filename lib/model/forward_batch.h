@@ -1,6 +1,6 @@
-// ForwardBatch: the single entry point of computation (ARCHITECTURE.md §3). A flat list of
-// tokens from any number of sequences: prefill chunks, decode tokens and speculative trees of
-// different sessions all go in one batch.
+// ForwardBatch: what one forward pass computes (the input of ForwardPass::Forward, which the
+// engine runs). A flat list of tokens from any number of sequences: prefill chunks, decode tokens
+// and speculative trees of different sessions all go in one batch.
 #pragma once
 
 #include <cstdint>
@@ -24,33 +24,22 @@ struct BatchToken {
   // to and including its causal root plus its tree ancestors and itself.
   int32_t parent = -1;
   bool want_logits = false;
-  bool want_hidden = false;
 };
 
 struct ForwardBatch {
   std::vector<BatchToken> tokens;
-  // Layers after which hidden states are returned for tokens with want_hidden: 0..n_layer-1
-  // (residual stream after that layer) or n_layer (final-norm output, what the head sees).
-  std::vector<int32_t> hidden_layers;
 
-  void Clear() {
-    tokens.clear();
-    hidden_layers.clear();
-  }
+  void Clear() { tokens.clear(); }
   void Add(int32_t token, SeqId seq, int32_t pos, bool want_logits, int32_t parent = -1,
            int32_t cache_index = -1) {
-    tokens.push_back(
-        {token, seq, pos, cache_index < 0 ? pos : cache_index, parent, want_logits, false});
+    tokens.push_back({token, seq, pos, cache_index < 0 ? pos : cache_index, parent, want_logits});
   }
 };
 
 struct ForwardOutput {
   int64_t n_vocab = 0;
-  int64_t n_embd = 0;
-  std::vector<int32_t> logit_tokens;   // batch index of each logits row, in batch order
-  std::vector<float> logits;           // [logit_tokens.size(), n_vocab]
-  std::vector<int32_t> hidden_tokens;  // batch index of each hidden row, in batch order
-  std::vector<float> hidden;           // [hidden_tokens.size(), hidden_layers.size(), n_embd]
+  std::vector<int32_t> logit_tokens;  // batch index of each logits row, in batch order
+  std::vector<float> logits;          // [logit_tokens.size(), n_vocab]
 
   const float* LogitsRow(size_t i) const { return logits.data() + i * n_vocab; }
 };

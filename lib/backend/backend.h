@@ -1,0 +1,112 @@
+// Backend: the op set a model's forward pass runs on, plus the memory it needs (prepared weights,
+// K/V storage). Model code (lib/model/arch/, lib/model/decoder.cc) and the speculative commit
+// call only this interface; the CPU backend (cpu/cpu_backend.h) implements it, the CUDA module
+// will (cuda_loader.h finds it today; BackendInfo reports it).
+//
+// Shapes are row-major f32 activations unless said otherwise. Every op returns a status naming
+// the bad field; none aborts.
+//
+// Numeric order: kiln's own (batch invariant: a token's outputs never depend on the rest of its
+// batch or on the thread count) by default, or llama.cpp's (set_llama_cpp_order: its arithmetic
+// bit for bit, batch-dependent like llama.cpp itself); see docs/numerics.md.
+//
+// Thread-safety: one backend instance serves one engine; calls are serialized by the engine.
+// PrepareWeights is const and may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "lib/backend/rope_config.h"
+#include "lib/backend/weight_view.h"
+#include "lib/common/status.h"
+#include "lib/kv/kv_cache.h"
+
+namespace kiln {
+
+// Memory a backend keeps for a model's weights (the CPU's row-interleaved copies; a device's
+// uploaded copies). Owned by the Model, so every engine on that model shares it.
+class WeightStore {
+ public:
+  virtual ~WeightStore() = default;
+  virtual size_t bytes() const = 0;
+};
+
+// Which token sees which cache positions, in the flat (CSR) form kernels read. Token t of the
+// batch belongs to sequence seq[t] (an index into the tables' sequences) and attends to its
+// positions [0, n_visible[t]) plus, when extra_indptr is not empty, the positions
+// extra_positions[extra_indptr[t] .. extra_indptr[t + 1]) (tree ancestors and itself).
+struct AttentionMask {
+  std::span<const int32_t> seq;              // [n_tokens]
+  const KvTables* tables = nullptr;          // block tables of the batch's sequences
+  std::span<const int32_t> n_visible;        // [n_tokens]
+  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu (avx512, 2 threads)", for logs and `kiln info`.
+  virtual std::string Describe() const = 0;
+
+  // Prepares `matrices` for this backend's matmul kernels (sets WeightView::interleaved where the
+  // backend has a prepared form) and returns the memory holding them. When release_file_pages,
+  // the mapped file's pages of prepared matrices may be dropped from memory (re-read on demand).
+  virtual absl::StatusOr<std::unique_ptr<WeightStore>> PrepareWeights(
+      std::span<WeightView* const> matrices, bool release_file_pages) const = 0;
+
+  // Storage for a cache of n_blocks blocks of `layout` (KvCacheOptions::storage).
+  virtual absl::StatusOr<std::unique_ptr<KvStorage>> NewKvStorage(const KvLayout& layout,
+                                                                  int32_t n_blocks) = 0;
+
+  virtual void set_llama_cpp_order(bool on) = 0;
+  virtual bool llama_cpp_order() const = 0;
+  virtual int n_threads() const = 0;
+
+  // ---- ops -----------------------------------------------------------------------------------
+  // y[t, o] = W[o, :] . x[t, :]             x: [n_tokens, w.n_in]   y: [n_tokens, w.n_out]
+  virtual absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
+  // y[r, o] = W[o, :] . x[rows[r], :]       x: [n_x_rows, w.n_in]   y: [rows.size(), w.n_out]
+  virtual absl::Status MatMulRows(const WeightView& w, const float* x, int64_t n_x_rows,
+                                  std::span<const int32_t> rows, float* y) = 0;
+  // out[t, :] = row tokens[t] of table.      out: [tokens.size(), table.n_in]
+  virtual absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
+                                       float* out) = 0;
+  // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight.   x, y: [n_rows, n] (may alias)
+  virtual void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+                       float* y) = 0;
+  // y = a + b over n floats (may alias).
+  virtual void Add(const float* a, const float* b, int64_t n, float* y) = 0;
+  // x[r, :] += bias for each of n_rows rows of n floats.
+  virtual void AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) = 0;
+  // y = silu(gate) * up over n floats (y may alias either).
+  virtual void SwiGlu(const float* gate, const float* up, int64_t n, float* y) = 0;
+  // Prepares the rotation of a batch (positions: [n_tokens]); RotateRope then rotates
+  // x: [n_tokens, n_heads, head_dim] in place.
+  virtual absl::Status PrepareRope(const RopeConfig& config, int32_t head_dim,
+                                   std::span<const int32_t> positions) = 0;
+  virtual void RotateRope(float* x, int64_t n_heads) = 0;
+
+  // Writes the K and V rows of each token into its slot of `layer` (in the cache's element type).
+  //   k, v: [slots.size(), n_kv_heads, head_dim]
+  virtual absl::Status WriteKv(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                               const float* k, const float* v) = 0;
+  // out[t, h, :] = softmax(q[t, h, :] . K[j, h / G, :] * scale over visible j) . V[j, h / G, :]
+  //   q, out: [n_tokens, n_heads, head_dim]; scale <= 0: 1 / sqrt(head_dim)
+  virtual absl::Status Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                                 const float* q, int32_t n_heads, float* out, float scale) = 0;
+  // Copies every layer's K/V rows of slot `from` into slot `to` (speculative commits).
+  virtual void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) = 0;
+};
+
+// The backends this process can use, for `kiln info` and logs: "cpu: avx512 (...)", and the CUDA
+// device or why there is none.
+std::string DescribeBackends();
+
+}  // namespace kiln

@@ -1,0 +1,208 @@
+#include "lib/backend/cpu/cpu_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "lib/backend/cpu/dispatch.h"
+#include "lib/common/half.h"
+#include "lib/quant/interleave.h"
+
+namespace kiln::cpu {
+namespace {
+
+class InterleavedWeights final : public WeightStore {
+ public:
+  InterleavedWeights(uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~InterleavedWeights() override { std::free(data_); }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  uint8_t* data_;
+  size_t bytes_;
+};
+
+// Stores one f32 row as the cache's element type.
+void StoreRow(const OpKernels& k, const float* src, int64_t n, GgmlType type, std::byte* dst) {
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      k.store_f16(src, n, reinterpret_cast<uint16_t*>(dst));
+      break;
+    case GgmlType::kBF16: {
+      auto* d = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToBf16(src[i]);
+      break;
+    }
+    default:
+      break;  // KvLayout admits only the three types above
+  }
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+
+std::string CpuBackend::Describe() const {
+  return absl::StrCat("cpu (", CpuLevelName(BestCpuLevel()), ", ", pool_.n_threads(),
+                      pool_.n_threads() == 1 ? " thread)" : " threads)");
+}
+
+// Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU, in
+// one allocation. The mapped file's pages of those matrices are then read only in the llama.cpp
+// order (or for an embedding row), so they may be dropped.
+absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
+    std::span<WeightView* const> matrices, bool release_file_pages) const {
+  constexpr size_t kAlign = 64;
+  auto bytes_of = [](const WeightView& w) -> size_t {
+    const QuantKernels* k = GetQuantKernels(w.type);
+    if (k == nullptr || k->interleave == nullptr) return 0;
+    const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
+    const size_t bytes = groups * k->interleaved_group_bytes(w.n_in);
+    return (bytes + kAlign - 1) / kAlign * kAlign;
+  };
+  size_t total = 0;
+  for (const WeightView* w : matrices) total += bytes_of(*w);
+  if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
+  auto* data = static_cast<uint8_t*>(std::aligned_alloc(kAlign, total));
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
+  }
+  std::unique_ptr<WeightStore> store(new InterleavedWeights(data, total));
+  uint8_t* next = data;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (WeightView* w : matrices) {
+    const size_t bytes = bytes_of(*w);
+    if (bytes == 0) continue;
+    GetQuantKernels(w->type)->interleave(static_cast<const uint8_t*>(w->data), w->row_bytes(),
+                                         w->n_in, w->n_out, next);
+    w->interleaved = next;
+    next += bytes;
+    if (release_file_pages) {
+      const auto begin = reinterpret_cast<uintptr_t>(w->data);
+      const uintptr_t first = (begin + page - 1) / page * page;
+      const uintptr_t last = (begin + w->row_bytes() * w->n_out) / page * page;
+      if (last > first) {
+        madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice only
+      }
+    }
+  }
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::NewKvStorage(const KvLayout& layout,
+                                                                    int32_t n_blocks) {
+  return NewHostKvStorage(layout, n_blocks);
+}
+
+WeightView CpuBackend::ForOrder(const WeightView& w) const {
+  WeightView v = w;
+  if (llama_cpp_order_) v.interleaved = nullptr;
+  return v;
+}
+
+absl::Status CpuBackend::MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+  return cpu::MatMul(pool_, ForOrder(w), x, n_tokens, y, scratch_);
+}
+
+absl::Status CpuBackend::MatMulRows(const WeightView& w, const float* x, int64_t n_x_rows,
+                                    std::span<const int32_t> rows, float* y) {
+  return cpu::MatMulRows(pool_, ForOrder(w), x, n_x_rows, rows, y, scratch_);
+}
+
+absl::Status CpuBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
+                                         float* out) {
+  return cpu::EmbeddingGather(ForOrder(table), tokens, out);
+}
+
+void CpuBackend::RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+                         float* y) {
+  cpu::RmsNorm(x, weight, n_rows, n, eps, y);
+}
+
+void CpuBackend::Add(const float* a, const float* b, int64_t n, float* y) { cpu::Add(a, b, n, y); }
+
+void CpuBackend::AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) {
+  for (int64_t r = 0; r < n_rows; ++r) cpu::Add(x + r * n, bias, n, x + r * n);
+}
+
+void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
+  cpu::SwiGlu(gate, up, n, y);
+}
+
+absl::Status CpuBackend::PrepareRope(const RopeConfig& config, int32_t head_dim,
+                                     std::span<const int32_t> positions) {
+  return rope_.Build(config, head_dim, positions);
+}
+
+void CpuBackend::RotateRope(float* x, int64_t n_heads) { rope_.Apply(x, n_heads); }
+
+absl::Status CpuBackend::WriteKv(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                 const float* k, const float* v) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kGqa || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteKv: layer ", layer, " of a cache that is not a GQA cache of it"));
+  }
+  const int64_t hd = layout.head_dim(), n_kv = layout.n_kv_heads(), kv_dim = n_kv * hd;
+  const GgmlType type = layout.elem_type();
+  const OpKernels& kernels = GetOpKernels(BestCpuLevel());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int32_t h = 0; h < n_kv; ++h) {
+      StoreRow(kernels, k + i * kv_dim + h * hd, hd, type, cache.KeyRow(slots[i], layer, h));
+      StoreRow(kernels, v + i * kv_dim + h * hd, hd, type, cache.ValueRow(slots[i], layer, h));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                                   const float* q, int32_t n_heads, float* out, float scale) {
+  const KvLayout& layout = cache.layout();
+  if (mask.tables == nullptr) return absl::InvalidArgumentError("Attention: no block tables");
+  const std::byte* pool_base = cache.BlockData(0);
+  PagedKvView kv;
+  kv.block_size = layout.block_size();
+  kv.n_kv_heads = layout.n_kv_heads();
+  kv.head_dim = layout.head_dim();
+  kv.n_blocks = cache.NumBlocks();
+  kv.k.type = kv.v.type = layout.elem_type();
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+  kv.k.base = pool_base + layout.KeyTileOffset(layer, 0);
+  kv.v.base = pool_base + layout.ValueTileOffset(layer, 0);
+  AttentionBatch ab;
+  ab.seq = mask.seq;
+  ab.kv_indptr = mask.tables->indptr;
+  ab.kv_indices = mask.tables->indices;
+  ab.n_visible = mask.n_visible;
+  ab.extra_indptr = mask.extra_indptr;
+  ab.extra_positions = mask.extra_positions;
+  // llama.cpp's order changes with the batch: one token decodes, two or more are a prompt.
+  const AttentionOrder order = !llama_cpp_order_      ? AttentionOrder::kBatchInvariant
+                               : mask.seq.size() >= 2 ? AttentionOrder::kLlamaCppPrompt
+                                                      : AttentionOrder::kLlamaCppDecode;
+  return PagedAttention(pool_, kv, ab, q, n_heads, out, scale, scratch_, order);
+}
+
+void CpuBackend::CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) {
+  const KvLayout& layout = cache.layout();
+  const size_t row_bytes = layout.row_bytes();
+  for (int32_t layer = 0; layer < layout.n_layers(); ++layer) {
+    if (layout.kind() == KvAttentionKind::kMla) {
+      std::memcpy(cache.LatentRow(to, layer), cache.LatentRow(from, layer), row_bytes);
+      continue;
+    }
+    for (int32_t h = 0; h < layout.n_kv_heads(); ++h) {
+      std::memcpy(cache.KeyRow(to, layer, h), cache.KeyRow(from, layer, h), row_bytes);
+      std::memcpy(cache.ValueRow(to, layer, h), cache.ValueRow(from, layer, h), row_bytes);
+    }
+  }
+}
+
+}  // namespace kiln::cpu

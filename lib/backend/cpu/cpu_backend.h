@@ -1,0 +1,58 @@
+// The CPU backend: the Backend interface over the ops of ops.h, with its own thread pool and
+// scratch memory. Weights are prepared as row-interleaved copies for the integer-order matmuls
+// (kiln's numeric order); K/V live in host memory.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "lib/backend/backend.h"
+#include "lib/backend/cpu/ops.h"
+#include "lib/backend/cpu/thread_pool.h"
+
+namespace kiln::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  // n_threads <= 0: physical cores. One thread starts no worker, so a CpuBackend(1) is cheap.
+  explicit CpuBackend(int n_threads);
+
+  std::string Describe() const override;
+  absl::StatusOr<std::unique_ptr<WeightStore>> PrepareWeights(
+      std::span<WeightView* const> matrices, bool release_file_pages) const override;
+  absl::StatusOr<std::unique_ptr<KvStorage>> NewKvStorage(const KvLayout& layout,
+                                                          int32_t n_blocks) override;
+  void set_llama_cpp_order(bool on) override { llama_cpp_order_ = on; }
+  bool llama_cpp_order() const override { return llama_cpp_order_; }
+  int n_threads() const override { return pool_.n_threads(); }
+
+  absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) override;
+  absl::Status MatMulRows(const WeightView& w, const float* x, int64_t n_x_rows,
+                          std::span<const int32_t> rows, float* y) override;
+  absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
+                               float* out) override;
+  void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+               float* y) override;
+  void Add(const float* a, const float* b, int64_t n, float* y) override;
+  void AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) override;
+  void SwiGlu(const float* gate, const float* up, int64_t n, float* y) override;
+  absl::Status PrepareRope(const RopeConfig& config, int32_t head_dim,
+                           std::span<const int32_t> positions) override;
+  void RotateRope(float* x, int64_t n_heads) override;
+  absl::Status WriteKv(KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k,
+                       const float* v) override;
+  absl::Status Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                         const float* q, int32_t n_heads, float* out, float scale) override;
+  void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) override;
+
+ private:
+  // The view of `w` the current numeric order multiplies with (the interleaved copy is kiln's).
+  WeightView ForOrder(const WeightView& w) const;
+
+  ThreadPool pool_;
+  Scratch scratch_;
+  RopeTable rope_;
+  bool llama_cpp_order_ = false;
+};
+
+}  // namespace kiln::cpu

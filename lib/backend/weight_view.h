@@ -1,0 +1,36 @@
+// WeightView: one weight tensor as the model binds it and every backend op reads it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "lib/common/ggml_type.h"
+
+namespace kiln {
+
+// A 2-D weight as stored in GGUF: ggml ne = {n_in, n_out}, i.e. n_out rows of n_in elements of
+// `type`, each row contiguous (GgmlRowBytes bytes), rows back to back. Vectors
+// (norms, biases) have n_out = 1.
+struct WeightView {
+  GgmlType type = GgmlType::kF32;
+  const void* data = nullptr;
+  int64_t n_in = 0;   // ne[0]
+  int64_t n_out = 0;  // ne[1]
+  // The backend's prepared copy of `data` (Backend::PrepareWeights; the CPU backend's
+  // row-interleaved layout for the integer-order matmuls), or null. When set, the kiln numeric
+  // order multiplies with it; the llama.cpp order always reads `data`.
+  const void* interleaved = nullptr;
+  std::string_view name = {};  // the GGUF tensor name ("" for views made by tests and benchmarks)
+
+  size_t row_bytes() const {
+    const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(type));
+    return info ? GgmlRowBytes(*info, static_cast<uint64_t>(n_in)) : 0;
+  }
+  const uint8_t* Row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
+  }
+  const float* AsF32() const { return static_cast<const float*>(data); }  // f32 vectors
+};
+
+}  // namespace kiln

@@ -1,0 +1,103 @@
+#include "lib/engine/engine.h"
+
+#include <algorithm>
+
+#include "lib/backend/cpu/cpu_backend.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
+                                                       const EngineOptions& options) {
+  EngineOptions opt = options;
+  if (opt.kv_type != GgmlType::kF16 && opt.kv_type != GgmlType::kF32 &&
+      opt.kv_type != GgmlType::kBF16) {
+    return absl::InvalidArgumentError("kv_type must be f16, f32 or bf16");
+  }
+  if (opt.block_size <= 0 || opt.block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size ", opt.block_size, " is outside [1, 1024]"));
+  }
+  if (opt.n_ctx < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("n_ctx ", opt.n_ctx, " < 0"));
+  }
+  if (opt.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk ", opt.prefill_chunk, " <= 0"));
+  }
+  if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
+  if (opt.n_ctx == 0) {
+    opt.n_ctx = model.hparams().n_ctx_train > 0
+                    ? static_cast<int32_t>(std::min<int64_t>(model.hparams().n_ctx_train, 1 << 20))
+                    : 4096;
+  }
+  KILN_ASSIGN_OR_RETURN(KvLayout layout, model.architecture().CacheLayout(
+                                             model.hparams(), opt.kv_type, opt.block_size));
+  std::unique_ptr<Engine> engine(new Engine(model, opt));
+  engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
+  engine->backend_->set_llama_cpp_order(opt.llama_cpp_order);
+  KvCacheOptions cache_options;
+  cache_options.enable_prefix_caching = opt.prefix_caching;
+  cache_options.storage = [backend = engine->backend_.get()](const KvLayout& l, int32_t n_blocks) {
+    return backend->NewKvStorage(l, n_blocks);
+  };
+  if (opt.pool_bytes == 0) {
+    // Room for one full context: its blocks, a copy-on-write spare and the null block.
+    const size_t blocks =
+        static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 2;
+    cache_options.capacity_bytes = blocks * layout.block_bytes();
+  } else {
+    if (opt.pool_bytes < 2 * layout.block_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
+                       layout.block_bytes(), " bytes (one is the reserved null block)"));
+    }
+    cache_options.capacity_bytes = opt.pool_bytes;
+  }
+  KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
+  KILN_ASSIGN_OR_RETURN(engine->forward_,
+                        model.architecture().NewForward(model, *engine->backend_));
+  return engine;
+}
+
+KvCacheCounters Engine::Counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_->Counters();
+}
+
+absl::Status Engine::Prefill(const PrefillRequest& request, int32_t* n_done) {
+  const int32_t n = static_cast<int32_t>(request.tokens.size());
+  const int32_t chunk = options_.prefill_chunk;
+  if (n_done != nullptr) *n_done = 0;
+  for (int32_t begin = 0; begin < n; begin += chunk) {
+    if (request.cancelled && request.cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("cancelled after ", begin, " of ", n, " new tokens were computed"));
+    }
+    const int32_t end = std::min(n, begin + chunk);
+    KILN_RETURN_IF_ERROR(Locked([&](KvCache& cache, ForwardPass& pass) -> absl::Status {
+      KILN_ASSIGN_OR_RETURN(const int32_t start, cache.Length(request.seq));
+      batch_.Clear();
+      for (int32_t i = begin; i < end; ++i) {
+        const bool want = i >= request.logits_from || (request.last_logits && i == n - 1);
+        batch_.Add(request.tokens[i], request.seq, start + (i - begin), want);
+      }
+      KILN_RETURN_IF_ERROR(
+          cache.AppendSlots(request.seq, request.tokens.subspan(begin, end - begin)));
+      absl::Status st = pass.Forward(batch_, cache, &out_);
+      if (!st.ok()) {
+        cache.Truncate(request.seq, start).IgnoreError();
+        return st;
+      }
+      if (request.on_logits) {
+        // Rows of out_.logits are the tokens that asked, in batch order.
+        for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
+          request.on_logits(begin + out_.logit_tokens[r], out_.LogitsRow(r));
+        }
+      }
+      return absl::OkStatus();
+    }));
+    if (n_done != nullptr) *n_done = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,103 @@
+// Engine: one model's forward pass on one backend over one paged KV cache, the single place
+// computation happens. Sessions, speculative strategies (a draft model is an Engine of its own),
+// tools and benches all run their batches through it.
+//
+// It owns the KvCache (its blocks' storage comes from the backend), the Backend (the CPU's
+// thread pool and scratch) and the architecture's ForwardPass, and a mutex that serializes every
+// cache call and forward pass, so sessions on different threads may share it. Locked() runs a
+// step under the mutex; Prefill() is the one loop that computes a run of new tokens of a
+// sequence in chunks (taking the mutex per chunk, so concurrent sessions interleave).
+//
+// Thread-safety: fully thread-safe. The model must outlive the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+
+#include "lib/backend/backend.h"
+#include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/architecture.h"
+#include "lib/model/forward_batch.h"
+#include "lib/model/model.h"
+
+namespace kiln {
+
+// llama.cpp's default n_ubatch: the prompt batch size EngineOptions::llama_cpp_order prefills with.
+inline constexpr int32_t kLlamaCppUbatch = 512;
+
+struct EngineOptions {
+  // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
+  size_t pool_bytes = 0;
+  int32_t block_size = 16;
+  GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
+  bool prefix_caching = true;
+  // Largest number of tokens a session may hold. 0: the model's training context.
+  int32_t n_ctx = 0;
+  int n_threads = 0;  // <= 0: physical cores
+  // Tokens per forward call when prefilling (and per cancellation check).
+  int32_t prefill_chunk = 256;
+  // Backend::set_llama_cpp_order: llama.cpp's bits instead of batch invariance. Its bits depend
+  // on how a prompt is split into batches, so this also prefills in chunks of kLlamaCppUbatch
+  // tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
+  bool llama_cpp_order = false;
+};
+
+// A run of new tokens for Engine::Prefill.
+struct PrefillRequest {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;  // appended after the sequence's current Length
+  // Tokens at index >= logits_from (and the last token when last_logits) return logits to
+  // on_logits(index in tokens, row [n_vocab]).
+  int32_t logits_from = INT32_MAX;
+  bool last_logits = true;
+  std::function<void(int32_t index, const float* logits)> on_logits;
+  // Checked before each chunk; true stops with Cancelled (the chunks done stay computed).
+  std::function<bool()> cancelled;
+};
+
+class Engine {
+ public:
+  // InvalidArgument naming the field for bad options; ResourceExhausted when the pool cannot hold
+  // a single block; the architecture's errors. The model must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model,
+                                                        const EngineOptions& options);
+
+  const Model& model() const { return model_; }
+  const EngineOptions& options() const { return options_; }
+  int32_t n_ctx() const { return options_.n_ctx; }
+  KvCacheCounters Counters() const;
+
+  // Runs fn(KvCache&, ForwardPass&) with the engine mutex held; returns what fn returns. The
+  // pass's Forward is the entry point of computation (lib/model/architecture.h).
+  template <typename Fn>
+  auto Locked(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn(*cache_, *forward_);
+  }
+
+  // Appends request.tokens to the sequence and computes them in chunks of the engine's prefill
+  // size, causally. *n_done (optional) counts the tokens computed so far, also on failure. On an
+  // error the failing chunk's slots are removed again (earlier chunks stay computed); the
+  // caller truncates further if it wants the sequence back as it was. Errors: the cache's
+  // (ResourceExhausted when full), the forward pass's, Cancelled.
+  absl::Status Prefill(const PrefillRequest& request, int32_t* n_done = nullptr);
+
+ private:
+  Engine(const Model& model, const EngineOptions& options) : model_(model), options_(options) {}
+
+  const Model& model_;
+  EngineOptions options_;
+  mutable std::mutex mu_;
+  std::unique_ptr<Backend> backend_;  // declared before what borrows it
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<ForwardPass> forward_;
+  ForwardBatch batch_;  // Prefill's, under mu_
+  ForwardOutput out_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,32 @@
+#include "lib/model/architecture.h"
+
+namespace kiln {
+
+// Each architecture's file (arch/<name>.cc) defines its factory, named here once.
+namespace arch {
+const Architecture& Llama();
+}  // namespace arch
+
+namespace {
+
+// The registry: one line per architecture.
+const Architecture* const kArchitectures[] = {
+    &arch::Llama(),
+};
+
+}  // namespace
+
+const Architecture* FindArchitecture(std::string_view name) {
+  for (const Architecture* a : kArchitectures) {
+    if (a->name() == name) return a;
+  }
+  return nullptr;
+}
+
+std::vector<std::string_view> ArchitectureNames() {
+  std::vector<std::string_view> names;
+  for (const Architecture* a : kArchitectures) names.push_back(a->name());
+  return names;
+}
+
+}  // namespace kiln

@@ -1,0 +1,98 @@
+// Architecture: everything kiln knows about one model family (`general.architecture`), behind one
+// interface, and the registry that finds it. Adding a family is one file under arch/ plus one
+// line in architecture.cc (docs/architecture.md walks through it).
+//
+// An architecture provides:
+//   - its hyper-parameters, read from the GGUF keys (and written back for kiln-mkmodel);
+//   - the tensor table: the one place tensor names and shapes are written; the loader binds it
+//     and kiln-mkmodel writes random models from it;
+//   - the cache layout its attention needs (GQA rows per KV head, or MLA latent rows);
+//   - its forward pass on a Backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lib/backend/backend.h"
+#include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/forward_batch.h"
+#include "lib/model/hparams.h"
+
+namespace kiln {
+namespace gguf {
+class GgufFile;
+class GgufWriter;
+}  // namespace gguf
+class Model;
+
+enum class TensorRole {
+  kEmbedding,  // gathered by row (any type with kernels), never multiplied in kiln's order
+  kMatrix,     // multiplied (any type with kernels); prepared by the backend
+  kVector,     // norm weights and biases: f32 only
+};
+
+// One entry of the tensor table: a tensor named `name` with ggml shape {n_in, n_out} (n_out = 1
+// for vectors).
+struct TensorSpec {
+  std::string name;
+  int64_t n_in = 0;
+  int64_t n_out = 1;
+  TensorRole role = TensorRole::kMatrix;
+  bool optional = false;  // the file may omit it (the forward pass then does without)
+};
+
+// A model's forward pass on one backend: scratch memory and the per-batch state.
+class ForwardPass {
+ public:
+  virtual ~ForwardPass() = default;
+
+  // Runs the batch. Preconditions checked (InvalidArgument/OutOfRange naming the token index):
+  // token ids in range, sequences present in `cache` with cache_index < Length, tree parents
+  // earlier in the batch and of the same sequence, pos >= 0, the cache's layout the model's.
+  // Writes each token's K/V into its slot and marks causal tokens computed in the cache. Logits
+  // of the tokens that asked go to `out`.
+  //
+  // Batch invariance (kiln's numeric order): each token's outputs are bitwise identical whatever
+  // else is in the batch and whatever the thread count.
+  //
+  // Not thread-safe: one Forward at a time per object (the engine serializes them).
+  virtual absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) = 0;
+
+  virtual Backend& backend() = 0;
+};
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+
+  // The `general.architecture` value this serves ("llama").
+  virtual std::string_view name() const = 0;
+
+  // Reads and validates the hyper-parameters; errors name the key.
+  virtual absl::StatusOr<ModelHparams> ReadHparams(const gguf::GgufFile& file) const = 0;
+  // Writes the keys ReadHparams reads (random-weight models).
+  virtual void WriteHparams(const ModelHparams& hp, gguf::GgufWriter* writer) const = 0;
+
+  // Every tensor the forward pass reads, in file order.
+  virtual std::vector<TensorSpec> Tensors(const ModelHparams& hp) const = 0;
+
+  // The cache layout for K/V elements of `kv_type`.
+  virtual absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
+                                               int32_t block_size) const = 0;
+
+  // A forward pass of `model` on `backend` (both must outlive it).
+  virtual absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
+                                                                  Backend& backend) const = 0;
+};
+
+// The architecture registered for `name`, or nullptr.
+const Architecture* FindArchitecture(std::string_view name);
+// Every registered name, in registry order ("llama, qwen2" in messages).
+std::vector<std::string_view> ArchitectureNames();
+
+}  // namespace kiln

@@ -1,0 +1,314 @@
+#include "lib/model/decoder.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lib/backend/cpu/ops.h"
+
+namespace kiln {
+namespace {
+
+template <typename T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+std::string Blk(int64_t layer, const char* tensor) { return StrCat("blk.", layer, ".", tensor); }
+
+struct DecoderLayer {
+  const WeightView* attn_norm;  // [n_embd] f32
+  const WeightView* wq;         // [n_embd -> n_head * head_dim]
+  const WeightView* wk;         // [n_embd -> n_head_kv * head_dim]
+  const WeightView* wv;         // [n_embd -> n_head_kv * head_dim]
+  const WeightView* wo;         // [n_head * head_dim -> n_embd]
+  const WeightView* bq;         // biases, null when the file has none
+  const WeightView* bk;
+  const WeightView* bv;
+  const WeightView* bo;
+  const WeightView* ffn_norm;  // [n_embd] f32
+  const WeightView* ffn_gate;  // [n_embd -> n_ff]
+  const WeightView* ffn_up;    // [n_embd -> n_ff]
+  const WeightView* ffn_down;  // [n_ff -> n_embd]
+};
+
+class DecoderForward final : public ForwardPass {
+ public:
+  DecoderForward(const Model& model, Backend& backend, std::vector<DecoderLayer> layers)
+      : model_(model), hp_(model.hparams()), backend_(backend), layers_(std::move(layers)) {}
+
+  absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
+  Backend& backend() override { return backend_; }
+
+ private:
+  absl::Status Validate(const ForwardBatch& batch, const KvCache& cache) const;
+  absl::Status BuildMask(const ForwardBatch& batch, KvCache& cache);
+  // y = W x (+ bias)                                      x: [n, w.n_in]   y: [n, w.n_out]
+  absl::Status Linear(const WeightView& w, const WeightView* bias, const float* x, int64_t n,
+                      float* y);
+
+  const Model& model_;
+  const ModelHparams& hp_;
+  Backend& backend_;
+  std::vector<DecoderLayer> layers_;
+
+  // Per-batch state, reused across calls (grows, never shrinks).
+  std::vector<SeqId> seqs_;         // unique sequences in batch order
+  std::vector<int32_t> token_seq_;  // [n_tokens] index into seqs_
+  std::vector<KvSlot> slots_;       // [n_tokens] where each token's K/V go
+  std::vector<int32_t> positions_, ids_, n_visible_, extra_indptr_, extra_positions_;
+  std::vector<int32_t> tree_nodes_, tree_parent_, tree_slot_, tree_indptr_;
+  KvTables tables_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;
+};
+
+absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kGqa || layout.n_layers() != hp_.n_layer ||
+      layout.n_kv_heads() != hp_.n_head_kv || layout.head_dim() != hp_.head_dim) {
+    return absl::InvalidArgumentError("forward: the KV cache layout does not match the model");
+  }
+  if (batch.tokens.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  for (size_t i = 0; i < batch.tokens.size(); ++i) {
+    const BatchToken& t = batch.tokens[i];
+    if (t.token < 0 || t.token >= hp_.n_vocab) {
+      return absl::InvalidArgumentError(
+          StrCat("forward: token ", i, " has id ", t.token, " outside [0, ", hp_.n_vocab, ")"));
+    }
+    if (t.pos < 0)
+      return absl::OutOfRangeError(StrCat("forward: token ", i, " has position ", t.pos));
+    auto len = cache.Length(t.seq);
+    if (!len.ok()) {
+      return absl::InvalidArgumentError(StrCat("forward: token ", i, ": ", len.status().message()));
+    }
+    if (t.cache_index < 0 || t.cache_index >= *len) {
+      return absl::OutOfRangeError(StrCat("forward: token ", i, " cache index ", t.cache_index,
+                                          " outside its sequence's ", *len, " slots"));
+    }
+    if (t.parent >= 0) {
+      if (t.parent >= static_cast<int32_t>(i) || batch.tokens[t.parent].seq != t.seq) {
+        return absl::InvalidArgumentError(
+            StrCat("forward: token ", i, " has parent ", t.parent,
+                   ", which is not an earlier token of its sequence"));
+      }
+      if (batch.tokens[t.parent].cache_index >= t.cache_index) {
+        return absl::InvalidArgumentError(
+            StrCat("forward: tree token ", i, " must sit after its parent in the cache"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Visibility: causal tokens see [0, cache_index]; a tree node sees up to its causal root plus
+// the cache slots of its tree ancestors and itself (cpu::BuildTreeVisibility, over the tree
+// nodes alone: a node whose parent is causal hangs off that root's prefix).
+absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache) {
+  const size_t n = batch.tokens.size();
+  seqs_.clear();
+  token_seq_.resize(n);
+  slots_.resize(n);
+  positions_.resize(n);
+  ids_.resize(n);
+  n_visible_.resize(n);
+  extra_indptr_.clear();
+  extra_positions_.clear();
+  tree_nodes_.clear();
+  tree_parent_.clear();
+  tree_slot_.clear();
+  tree_indptr_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const BatchToken& t = batch.tokens[i];
+    auto it = std::find(seqs_.begin(), seqs_.end(), t.seq);
+    token_seq_[i] = static_cast<int32_t>(it - seqs_.begin());
+    if (it == seqs_.end()) seqs_.push_back(t.seq);
+    KILN_ASSIGN_OR_RETURN(slots_[i], cache.SlotOf(t.seq, t.cache_index));
+    positions_[i] = t.pos;
+    ids_[i] = t.token;
+    if (t.parent < 0) {
+      n_visible_[i] = t.cache_index + 1;
+      continue;
+    }
+    int32_t root = t.parent;
+    while (batch.tokens[root].parent >= 0) root = batch.tokens[root].parent;
+    n_visible_[i] = batch.tokens[root].cache_index + 1;
+    const BatchToken& parent = batch.tokens[t.parent];
+    int32_t tree_parent = -1;
+    if (parent.parent >= 0) {
+      tree_parent = static_cast<int32_t>(
+          std::find(tree_nodes_.begin(), tree_nodes_.end(), t.parent) - tree_nodes_.begin());
+    }
+    tree_nodes_.push_back(static_cast<int32_t>(i));
+    tree_parent_.push_back(tree_parent);
+    tree_slot_.push_back(t.cache_index);
+  }
+  KILN_RETURN_IF_ERROR(cache.BuildTables(seqs_, &tables_));
+  if (tree_nodes_.empty()) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(
+      cpu::BuildTreeVisibility(tree_parent_, tree_slot_, tree_indptr_, extra_positions_));
+  extra_indptr_.push_back(0);
+  size_t next_node = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool is_node =
+        next_node < tree_nodes_.size() && tree_nodes_[next_node] == static_cast<int32_t>(i);
+    extra_indptr_.push_back(is_node ? tree_indptr_[++next_node] : extra_indptr_.back());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecoderForward::Linear(const WeightView& w, const WeightView* bias, const float* x,
+                                    int64_t n, float* y) {
+  KILN_RETURN_IF_ERROR(backend_.MatMul(w, x, n, y));
+  if (bias != nullptr) backend_.AddRowBias(y, bias->AsF32(), n, w.n_out);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
+                                     ForwardOutput* out) {
+  KILN_RETURN_IF_ERROR(Validate(batch, cache));
+  KILN_RETURN_IF_ERROR(BuildMask(batch, cache));
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  const int64_t d = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd,
+                kv_dim = hp_.n_head_kv * hd, ff = hp_.n_ff;
+  Grow(x_, n * d);
+  Grow(h_, n * d);
+  Grow(q_, n * q_dim);
+  Grow(k_, n * kv_dim);
+  Grow(v_, n * kv_dim);
+  Grow(attn_, n * q_dim);
+  Grow(proj_, n * d);
+  Grow(gate_, n * ff);
+  Grow(up_, n * ff);
+
+  out->n_vocab = hp_.n_vocab;
+  out->logit_tokens.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
+  }
+  AttentionMask mask;
+  mask.seq = std::span<const int32_t>(token_seq_.data(), n);
+  mask.tables = &tables_;
+  mask.n_visible = std::span<const int32_t>(n_visible_.data(), n);
+  mask.extra_indptr = extra_indptr_;
+  mask.extra_positions = extra_positions_;
+  const std::span<const KvSlot> slots(slots_.data(), n);
+
+  KILN_RETURN_IF_ERROR(backend_.PrepareRope(hp_.rope, static_cast<int32_t>(hd),
+                                            std::span<const int32_t>(positions_.data(), n)));
+  KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
+      model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
+  float* x = x_.data();
+  float* h = h_.data();
+  for (int32_t il = 0; il < hp_.n_layer; ++il) {
+    const DecoderLayer& L = layers_[il];
+    // Attention block.                                         x, h: [n, n_embd]
+    backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, hp_.rms_eps, h);
+    KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
+    KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
+    KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
+    backend_.RotateRope(q_.data(), hp_.n_head);
+    backend_.RotateRope(k_.data(), hp_.n_head_kv);
+    KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, slots, k_.data(), v_.data()));
+    KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, mask, q_.data(),
+                                            static_cast<int32_t>(hp_.n_head), attn_.data(),
+                                            0.0f));  // [n, q_dim]
+    KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));
+    backend_.Add(x, proj_.data(), n * d, x);
+    // Feed-forward block (SwiGLU).
+    backend_.RmsNorm(x, L.ffn_norm->AsF32(), n, d, hp_.rms_eps, h);
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, n, gate_.data()));
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, n, up_.data()));
+    backend_.SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());  // [n, n_ff]
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), n, proj_.data()));
+    backend_.Add(x, proj_.data(), n * d, x);
+  }
+  backend_.RmsNorm(x, model_.output_norm().AsF32(), n, d, hp_.rms_eps, h);
+  out->logits.resize(out->logit_tokens.size() * hp_.n_vocab);
+  if (!out->logit_tokens.empty()) {
+    KILN_RETURN_IF_ERROR(backend_.MatMulRows(model_.output(), h, n, out->logit_tokens,
+                                             out->logits.data()));  // [n_logits, n_vocab]
+  }
+  // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    int32_t done = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (token_seq_[i] == static_cast<int32_t>(s) && batch.tokens[i].parent < 0) {
+        done = std::max(done, batch.tokens[i].cache_index + 1);
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(seqs_[s]));
+    if (done > computed) KILN_RETURN_IF_ERROR(cache.MarkComputed(seqs_[s], done));
+  }
+  return absl::OkStatus();
+}
+
+void AddBiases(std::vector<TensorSpec>& t, int64_t layer, Presence presence,
+               std::initializer_list<std::pair<const char*, int64_t>> biases) {
+  if (presence == Presence::kAbsent) return;
+  for (const auto& [name, size] : biases) {
+    t.push_back({Blk(layer, name), size, 1, TensorRole::kVector, presence == Presence::kOptional});
+  }
+}
+
+}  // namespace
+
+std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp,
+                                       const DecoderTensorOptions& options) {
+  const int64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
+  std::vector<TensorSpec> t;
+  t.push_back({"token_embd.weight", d, hp.n_vocab, TensorRole::kEmbedding});
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    t.push_back({Blk(l, "attn_norm.weight"), d, 1, TensorRole::kVector});
+    t.push_back({Blk(l, "attn_q.weight"), d, q_dim, TensorRole::kMatrix});
+    t.push_back({Blk(l, "attn_k.weight"), d, kv_dim, TensorRole::kMatrix});
+    t.push_back({Blk(l, "attn_v.weight"), d, kv_dim, TensorRole::kMatrix});
+    AddBiases(t, l, options.qkv_bias,
+              {{"attn_q.bias", q_dim}, {"attn_k.bias", kv_dim}, {"attn_v.bias", kv_dim}});
+    t.push_back({Blk(l, "attn_output.weight"), q_dim, d, TensorRole::kMatrix});
+    AddBiases(t, l, options.output_bias, {{"attn_output.bias", d}});
+    t.push_back({Blk(l, "ffn_norm.weight"), d, 1, TensorRole::kVector});
+    t.push_back({Blk(l, "ffn_gate.weight"), d, hp.n_ff, TensorRole::kMatrix});
+    t.push_back({Blk(l, "ffn_up.weight"), d, hp.n_ff, TensorRole::kMatrix});
+    t.push_back({Blk(l, "ffn_down.weight"), hp.n_ff, d, TensorRole::kMatrix});
+  }
+  t.push_back({"output_norm.weight", d, 1, TensorRole::kVector});
+  if (!hp.tied_output) t.push_back({"output.weight", d, hp.n_vocab, TensorRole::kMatrix});
+  return t;
+}
+
+absl::StatusOr<KvLayout> GqaCacheLayout(const ModelHparams& hp, GgmlType kv_type,
+                                        int32_t block_size) {
+  return KvLayout::Gqa(static_cast<int32_t>(hp.n_layer), static_cast<int32_t>(hp.n_head_kv),
+                       static_cast<int32_t>(hp.head_dim), kv_type, block_size);
+}
+
+absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model,
+                                                               Backend& backend) {
+  const ModelHparams& hp = model.hparams();
+  std::vector<DecoderLayer> layers(hp.n_layer);
+  auto required = [&](int64_t l, const char* name) -> absl::StatusOr<const WeightView*> {
+    const WeightView* w = model.Tensor(Blk(l, name));
+    if (w == nullptr) {
+      return absl::InvalidArgumentError(StrCat("model: missing tensor '", Blk(l, name), "'"));
+    }
+    return w;
+  };
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    DecoderLayer& L = layers[l];
+    KILN_ASSIGN_OR_RETURN(L.attn_norm, required(l, "attn_norm.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wq, required(l, "attn_q.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wk, required(l, "attn_k.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wv, required(l, "attn_v.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wo, required(l, "attn_output.weight"));
+    L.bq = model.Tensor(Blk(l, "attn_q.bias"));
+    L.bk = model.Tensor(Blk(l, "attn_k.bias"));
+    L.bv = model.Tensor(Blk(l, "attn_v.bias"));
+    L.bo = model.Tensor(Blk(l, "attn_output.bias"));
+    KILN_ASSIGN_OR_RETURN(L.ffn_norm, required(l, "ffn_norm.weight"));
+    KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
+    KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
+    KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
+  }
+  return std::unique_ptr<ForwardPass>(new DecoderForward(model, backend, std::move(layers)));
+}
+
+}  // namespace kiln
