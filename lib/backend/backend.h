@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "lib/backend/attention_mask.h"
 #include "lib/backend/rope_config.h"
 #include "lib/backend/weight_view.h"
 #include "lib/common/status.h"
@@ -34,18 +35,6 @@ class WeightStore {
  public:
   virtual ~WeightStore() = default;
   virtual size_t bytes() const = 0;
-};
-
-// Which token sees which cache positions, in the flat (CSR) form kernels read. Token t of the
-// batch belongs to sequence seq[t] (an index into the tables' sequences) and attends to its
-// positions [0, n_visible[t]) plus, when extra_indptr is not empty, the positions
-// extra_positions[extra_indptr[t] .. extra_indptr[t + 1]) (tree ancestors and itself).
-struct AttentionMask {
-  std::span<const int32_t> seq;              // [n_tokens]
-  const KvTables* tables = nullptr;          // block tables of the batch's sequences
-  std::span<const int32_t> n_visible;        // [n_tokens]
-  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
-  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
 };
 
 class Backend {

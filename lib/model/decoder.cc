@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "lib/backend/cpu/ops.h"
-
 namespace kiln {
 namespace {
 
@@ -100,7 +98,7 @@ absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& 
 }
 
 // Visibility: causal tokens see [0, cache_index]; a tree node sees up to its causal root plus
-// the cache slots of its tree ancestors and itself (cpu::BuildTreeVisibility, over the tree
+// the cache slots of its tree ancestors and itself (BuildTreeVisibility, over the tree
 // nodes alone: a node whose parent is causal hangs off that root's prefix).
 absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache) {
   const size_t n = batch.tokens.size();
@@ -144,7 +142,7 @@ absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache
   KILN_RETURN_IF_ERROR(cache.BuildTables(seqs_, &tables_));
   if (tree_nodes_.empty()) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(
-      cpu::BuildTreeVisibility(tree_parent_, tree_slot_, tree_indptr_, extra_positions_));
+      BuildTreeVisibility(tree_parent_, tree_slot_, tree_indptr_, extra_positions_));
   extra_indptr_.push_back(0);
   size_t next_node = 0;
   for (size_t i = 0; i < n; ++i) {

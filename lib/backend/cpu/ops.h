@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/thread_pool.h"
 #include "lib/backend/rope_config.h"
 #include "lib/backend/weight_view.h"
@@ -223,14 +224,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
                             AttentionOrder order = AttentionOrder::kBatchInvariant,
                             CpuLevel level = BestCpuLevel());
 
-// Tree mask helper. For n tree nodes of one sequence: parent[i] is the index of node i's parent
-// among the nodes (-1: child of the committed prefix; parents come before children), slot[i] is
-// the logical cache position holding node i's K/V. Appends, for each node in order, its
-// ancestors' slots and its own (sorted increasing) to extra_positions and the running offsets to
-// extra_indptr (which gets n + 1 entries when it starts empty; otherwise n more, continuing
-// from its last entry). Errors: parent index out of range or not earlier than the node.
-absl::Status BuildTreeVisibility(std::span<const int32_t> parent, std::span<const int32_t> slot,
-                                 std::vector<int32_t>& extra_indptr,
-                                 std::vector<int32_t>& extra_positions);
+// The tree-visibility builder (lib/backend/attention_mask.h).
+using kiln::BuildTreeVisibility;
 
 }  // namespace kiln::cpu
