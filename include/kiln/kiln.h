@@ -332,7 +332,8 @@ KILN_API void kiln_sampler_destroy(kiln_sampler* sampler);
  * must be used by one thread at a time: a call made while another thread is inside a call on the
  * same session fails with KILN_ERR_BUSY and changes nothing (detected, never undefined
  * behaviour); so does a mutating call made from inside the session's own generate callback
- * (getters are allowed there). kiln_session_cancel is the exception: any thread, any time.
+ * (getters are allowed there). kiln_session_cancel and kiln_session_n_tokens are the exceptions:
+ * any thread, any time.
  * A destroyed handle must never be used again (that cannot be detected); destroy sessions before
  * their cache, and caches before their model.
  */
@@ -354,7 +355,8 @@ KILN_API void kiln_session_destroy(kiln_session* session);
  * All or nothing: on any error the session is exactly as before.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session, NULL text with len > 0, unknown flags),
  * KILN_ERR_OUT_OF_RANGE (the session would pass n_ctx), KILN_ERR_CACHE_FULL (free or destroy
- * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel), KILN_ERR_BUSY. */
+ * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel during the call),
+ * KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_append_text(kiln_session* session, const char* text, size_t len,
                                               uint32_t flags);
 
@@ -414,10 +416,13 @@ KILN_API kiln_status kiln_session_generate(kiln_session* session,
                                            const kiln_generate_params* params,
                                            kiln_generate_result* result);
 
-/* Stops the append or generate in progress on `session` at its next prefill chunk or decode
- * step; when none is in progress, the next append/generate on it is cancelled. The only session
- * call allowed from any thread at any time (but not concurrently with kiln_session_destroy).
- * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
+/* Stops the call in flight on `session`: an append at its next prefill chunk (it fails with
+ * KILN_ERR_CANCELLED and changes nothing), a generate at its next decode step (KILN_OK,
+ * KILN_STOP_CANCELLED). A cancel applies only to the call in flight: every call that changes
+ * the session (append, generate, rewind, fork, set_strategy) drops a cancel that arrived before
+ * it started, so a cancel that arrives while no call is in flight has no effect. Allowed from any
+ * thread at any time, the generate callback included (but not concurrently with
+ * kiln_session_destroy). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
 KILN_API kiln_status kiln_session_cancel(kiln_session* session);
 
 /* A new session with the same tokens (sharing cache blocks copy-on-write), logits, sampler and
@@ -431,8 +436,11 @@ KILN_API kiln_status kiln_session_fork(kiln_session* session, kiln_session** out
  * KILN_ERR_OUT_OF_RANGE (n_tokens > kiln_session_n_tokens), KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens);
 
-/* Number of tokens the session holds (prompt and generated); 0 for NULL, and 0 while another
- * thread is inside a call on the session. */
+/* Number of tokens the session holds (prompt and generated); 0 for NULL. Allowed from any thread
+ * at any time (but not concurrently with kiln_session_destroy), also while another thread is
+ * inside a call on the session: it then returns the count as of the last completed token: an
+ * append's tokens count once the append has succeeded, a generated token from the moment it is
+ * passed to the callback. Between calls it is exact. */
 KILN_API size_t kiln_session_n_tokens(const kiln_session* session);
 
 /* Copies the session's tokens into tokens[0, capacity); *n_tokens receives the count, also on

@@ -681,10 +681,12 @@ kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens) {
     if (session == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_rewind: session is NULL");
     }
-    if (n_tokens > static_cast<size_t>(session->session->n_tokens())) {
+    // Session::Rewind checks the count against the session (under its busy check); this only
+    // keeps the conversion to int32_t exact.
+    if (n_tokens > static_cast<size_t>(INT32_MAX)) {
       return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_session_rewind: ", n_tokens,
-                                                      " tokens requested, the session holds ",
-                                                      session->session->n_tokens()));
+                                                      " tokens requested, more than a session "
+                                                      "can hold"));
     }
     return FromAbsl(session->session->Rewind(static_cast<int32_t>(n_tokens)));
   });
@@ -692,9 +694,8 @@ kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens) {
 
 size_t kiln_session_n_tokens(const kiln_session* session) {
   if (session == nullptr) return 0;
-  kiln::Session::Use use(*session->session, "kiln_session_n_tokens", false);
-  if (!use.status().ok()) return 0;
-  return static_cast<size_t>(session->session->n_tokens());
+  // No busy check: the published count is safe to read while another thread is inside a call.
+  return static_cast<size_t>(session->session->published_n_tokens());
 }
 
 kiln_status kiln_session_get_tokens(const kiln_session* session, int32_t* tokens, size_t capacity,

@@ -1,7 +1,9 @@
 /* Sessions through the public C API (strict C11 + POSIX threads) on the real default model:
- * NULL handling, greedy generation with a callback that stops, stop strings, cancel (before a
- * call, from the callback, from another thread during a long prefill), busy detection, cache
- * full and recovery, fork/rewind, logits and logprobs, prefix-cache statistics. */
+ * NULL handling, greedy generation with a callback that stops, stop strings, cancel (dropped
+ * when no call is in flight; from the callback; from another thread during a long prefill and
+ * during a generate), the token count read from another thread during a generate, busy
+ * detection, cache full and recovery, fork/rewind, logits and logprobs, prefix-cache
+ * statistics. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <math.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int g_failures = 0;
 #include "c_check.h"
@@ -182,10 +185,24 @@ static void test_generate(kiln_model* model, kiln_cache* cache) {
     CHECK(gr.stop_reason == KILN_STOP_CANCELLED);
     CHECK(gr.n_tokens == 2);
   }
-  /* A cancel with no call in progress cancels the next one, once. */
+  /* A cancel applies only to the call in flight: one sent while no call runs (here, right
+   * after the generate it would have stopped ended) has no effect on the next call. */
   CHECK(kiln_session_cancel(s) == KILN_OK);
-  CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_ERR_CANCELLED);
   CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_OK);
+  {
+    const size_t before = kiln_session_n_tokens(s);
+    CHECK(kiln_session_cancel(s) == KILN_OK);
+    gp.user_data = NULL;
+    gp.callback = NULL;
+    gp.max_tokens = 4;
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    CHECK(gr.stop_reason != KILN_STOP_CANCELLED);
+    CHECK(gr.n_tokens > 0);
+    CHECK(kiln_session_n_tokens(s) == before + (size_t)gr.n_tokens);
+    CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+    gp.callback = collect_cb;
+    gp.max_tokens = 20;
+  }
 
   /* Fork shares the prefix and continues identically. */
   {
@@ -322,6 +339,98 @@ static void test_cancel_during_prefill(kiln_model* model, kiln_cache* cache) {
   CHECK(job.status == KILN_ERR_CANCELLED);
   CHECK(kiln_session_n_tokens(s) == 0);
   CHECK(kiln_session_append_tokens(s, tokens, 8) == KILN_OK);
+  kiln_session_destroy(s);
+}
+
+typedef struct generate_job {
+  kiln_session* session;
+  kiln_generate_params params;
+  kiln_generate_result result;
+  kiln_status status;
+  atomic_int done;
+} generate_job;
+
+static void* generate_thread(void* arg) {
+  generate_job* job = (generate_job*)arg;
+  job->status = kiln_session_generate(job->session, &job->params, &job->result);
+  atomic_store(&job->done, 1);
+  return NULL;
+}
+
+/* While a generate runs on another thread, kiln_session_n_tokens reports the growing count
+ * (never 0, never decreasing, never below the prompt), and kiln_session_cancel from this thread
+ * stops the generate. Greedy with every end-of-generation token banned, so that only the cancel
+ * (or max_tokens, which would fail the test) ends it. */
+static void test_cancel_and_count_during_generate(kiln_model* model, kiln_cache* cache) {
+  enum { kMaxTokens = 1000, kCancelAfter = 8 };
+  kiln_model_info info;
+  kiln_sampler_params sp;
+  kiln_sampler* sampler = NULL;
+  kiln_logit_bias* bans;
+  size_t n_bans = 0, n_prompt, last, reads = 0, decreases = 0, below_prompt = 0;
+  int32_t t;
+  int cancelled = 0;
+  kiln_session* s;
+  generate_job job;
+  pthread_t thread;
+  const struct timespec pause = {0, 100000}; /* 0.1 ms: leave the cores to the generate */
+  info.struct_size = sizeof info;
+  CHECK(kiln_model_get_info(model, &info) == KILN_OK);
+  bans = (kiln_logit_bias*)malloc(sizeof(kiln_logit_bias) * (size_t)info.n_vocab);
+  for (t = 0; t < info.n_vocab; ++t) {
+    if (kiln_model_token_is_eog(model, t)) {
+      bans[n_bans].token = t;
+      bans[n_bans].bias = -INFINITY;
+      ++n_bans;
+    }
+  }
+  CHECK(n_bans > 0);
+  sp = kiln_sampler_default_params();
+  sp.temperature = 0.0f;
+  sp.logit_bias = bans;
+  sp.n_logit_bias = n_bans;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  free(bans);
+  s = new_session(model, cache, sampler);
+  kiln_sampler_destroy(sampler);
+  CHECK(kiln_session_append_text(s, kPrompt, strlen(kPrompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+        KILN_OK);
+  n_prompt = kiln_session_n_tokens(s);
+  CHECK(n_prompt > 10);
+
+  job.session = s;
+  job.params = kiln_generate_default_params();
+  job.params.max_tokens = kMaxTokens;
+  memset(&job.result, 0, sizeof job.result);
+  job.result.struct_size = sizeof job.result;
+  job.status = KILN_ERR_INTERNAL;
+  atomic_init(&job.done, 0);
+  last = n_prompt;
+  CHECK(pthread_create(&thread, NULL, generate_thread, &job) == 0);
+  while (!atomic_load(&job.done)) {
+    const size_t n = kiln_session_n_tokens(s);
+    ++reads;
+    if (n < last) ++decreases;
+    if (n < n_prompt) ++below_prompt;
+    last = n;
+    if (!cancelled && n >= n_prompt + kCancelAfter) {
+      CHECK(kiln_session_cancel(s) == KILN_OK);
+      cancelled = 1;
+    }
+    nanosleep(&pause, NULL);
+  }
+  pthread_join(thread, NULL);
+  CHECK(reads > 0);
+  CHECK(decreases == 0);
+  CHECK(below_prompt == 0);
+  CHECK(cancelled);
+  CHECK(job.status == KILN_OK);
+  CHECK(job.result.stop_reason == KILN_STOP_CANCELLED);
+  CHECK(job.result.n_tokens >= kCancelAfter && job.result.n_tokens < kMaxTokens);
+  CHECK(kiln_session_n_tokens(s) == n_prompt + (size_t)job.result.n_tokens);
+  CHECK(last <= kiln_session_n_tokens(s));
+  printf("cancel from another thread: stopped after %d tokens, %zu concurrent count reads\n",
+         (int)job.result.n_tokens, reads);
   kiln_session_destroy(s);
 }
 
@@ -511,6 +620,7 @@ int main(void) {
   test_sampler_and_logprobs(model, cache);
   test_cache_full(model, st.block_bytes);
   test_cancel_during_prefill(model, cache);
+  test_cancel_and_count_during_generate(model, cache);
   test_prefix_cache(model);
   kiln_cache_destroy(cache);
   kiln_model_destroy(model);
