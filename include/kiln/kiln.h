@@ -25,9 +25,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
+/* KILN_API marks the exported functions. On Windows the library is a DLL: it is built with
+ * KILN_BUILD defined (exporting), and callers import. Elsewhere only these symbols are visible. */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#if defined(KILN_BUILD)
+#define KILN_API __declspec(dllexport)
+#else
 #define KILN_API __declspec(dllimport)
-#elif defined(__GNUC__)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
 #define KILN_API __attribute__((visibility("default")))
 #else
 #define KILN_API
