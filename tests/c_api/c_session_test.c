@@ -28,11 +28,13 @@ static kiln_session* new_session(kiln_model* model, kiln_cache* cache, const kil
 }
 
 static void test_null_handles(kiln_model* model, kiln_cache* cache) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* c = NULL;
   kiln_session* s = NULL;
   kiln_sampler* smp = NULL;
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   const float* logits = NULL;
   int32_t n_vocab = 0;
@@ -47,15 +49,15 @@ static void test_null_handles(kiln_model* model, kiln_cache* cache) {
   cp.kv_type = (kiln_kv_type)7;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "kv_type") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.pool_bytes = 1000;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "pool_bytes") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.block_size = 0;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "block_size") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.struct_size = 4;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_sampler_create(NULL, &smp) == KILN_ERR_INVALID_ARGUMENT);
@@ -112,7 +114,8 @@ static int collect_cb(int32_t token, const char* piece, size_t piece_len, void* 
 
 static void test_generate(kiln_model* model, kiln_cache* cache) {
   kiln_session* s = new_session(model, cache, NULL);
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   collect full, again, stopped, cut;
   size_t n_prompt;
@@ -224,10 +227,12 @@ static void test_generate(kiln_model* model, kiln_cache* cache) {
 }
 
 static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
-  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler_params sp;
+  kiln_sampler_params_init(&sp, sizeof sp);
   kiln_sampler* sampler = NULL;
   kiln_logit_bias bias[1];
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   int32_t tokens_a[64], tokens_b[64];
   size_t na = 0, nb = 0;
@@ -240,7 +245,7 @@ static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
   sp.repeat_penalty = 0.0f;
   CHECK(kiln_sampler_create(&sp, &sampler) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "repeat_penalty") != NULL);
-  sp = kiln_sampler_default_params();
+  kiln_sampler_params_init(&sp, sizeof sp);
   bias[0].token = 60000; /* past the vocabulary: rejected when a session uses it */
   bias[0].bias = 1.0f;
   sp.logit_bias = bias;
@@ -273,7 +278,8 @@ static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
 }
 
 static void test_cache_full(kiln_model* model, size_t block_bytes) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_session *a, *b;
   int32_t prompt[40];
@@ -385,7 +391,7 @@ static void test_cancel_and_count_during_generate(kiln_model* model, kiln_cache*
     }
   }
   CHECK(n_bans > 0);
-  sp = kiln_sampler_default_params();
+  kiln_sampler_params_init(&sp, sizeof sp);
   sp.temperature = 0.0f;
   sp.logit_bias = bans;
   sp.n_logit_bias = n_bans;
@@ -399,7 +405,7 @@ static void test_cancel_and_count_during_generate(kiln_model* model, kiln_cache*
   CHECK(n_prompt > 10);
 
   job.session = s;
-  job.params = kiln_generate_default_params();
+  kiln_generate_params_init(&job.params, sizeof job.params);
   job.params.max_tokens = kMaxTokens;
   memset(&job.result, 0, sizeof job.result);
   job.result.struct_size = sizeof job.result;
@@ -435,7 +441,8 @@ static void test_cancel_and_count_during_generate(kiln_model* model, kiln_cache*
 }
 
 static void test_prefix_cache(kiln_model* model) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_cache_stats st;
   const char* sys =
@@ -484,10 +491,12 @@ static void test_llama_cpp_order(kiln_model* model) {
   static const int32_t kLlamaCpp[32] = {7042, 30,   198, 198, 504,  1797, 1918, 553, 253, 2155, 282,
                                         4723, 216,  35,  33,  33,   2215, 701,  30,  198, 198,  504,
                                         1797, 1918, 553, 253, 2155, 282,  4723, 216, 35,  33};
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_session* s = NULL;
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   int i;
   cp.n_threads = 2;
@@ -508,12 +517,14 @@ static void test_llama_cpp_order(kiln_model* model) {
   kiln_session_destroy(s);
   kiln_cache_destroy(cache);
 
-  cp = kiln_cache_default_params();
+  /* llama_cpp_order is part of the first release (0.2): a struct that ends before it is below
+   * the smallest size accepted (tests/c_api/c_abi_test.c tests the rule for every struct). */
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.struct_size = (uint32_t)offsetof(kiln_cache_params, llama_cpp_order);
-  cp.n_ctx = 512;
-  cp.llama_cpp_order = 1; /* beyond the caller's struct: ignored */
-  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
-  kiln_cache_destroy(cache);
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kiln_last_error_message(), "kiln_cache_params") != NULL);
 }
 
 /* Speculative decoding through the C API: n-gram greedy output equals plain greedy output on a
@@ -523,7 +534,8 @@ static void generate_ids(kiln_model* model, kiln_cache* cache, const kiln_sample
                          kiln_strategy* strategy, const char* prompt, int32_t n,
                          kiln_spec_metrics* metrics) {
   kiln_session* s = new_session(model, cache, sampler);
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   memset(&gr, 0, sizeof gr);
   gr.struct_size = sizeof gr;
@@ -545,9 +557,11 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
       "<|im_start|>assistant\n";
   int32_t plain[48], again[48];
   int n_plain, i;
-  kiln_ngram_params np = kiln_ngram_default_params();
+  kiln_ngram_params np;
+  kiln_ngram_params_init(&np, sizeof np);
   kiln_strategy* ngram = NULL;
-  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler_params sp;
+  kiln_sampler_params_init(&sp, sizeof sp);
   kiln_sampler* sampler = NULL;
   kiln_spec_metrics m;
   CHECK(np.fixed_pass_cost_beta < 0); /* measured by default */
@@ -560,6 +574,7 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   memcpy(plain, collect_ids, sizeof plain);
   CHECK(n_plain > 16);
   memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
   generate_ids(model, cache, NULL, ngram, kCopy, 48, &m);
   CHECK(collect_n == n_plain);
   for (i = 0; i < n_plain && i < collect_n; ++i) CHECK(collect_ids[i] == plain[i]);
@@ -579,11 +594,12 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   kiln_sampler_destroy(sampler);
   kiln_strategy_destroy(ngram);
 
-  np = kiln_ngram_default_params();
+  kiln_ngram_params_init(&np, sizeof np);
   np.struct_size = (uint32_t)offsetof(kiln_ngram_params, fixed_pass_cost_beta);
-  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_OK);
-  kiln_strategy_destroy(ngram);
-  np = kiln_ngram_default_params();
+  ngram = NULL;
+  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(ngram == NULL);
+  kiln_ngram_params_init(&np, sizeof np);
   np.max_draft = 0;
   CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
@@ -593,9 +609,11 @@ int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
   const char* home = getenv("HOME");
-  kiln_model_params mp = kiln_model_default_params();
+  kiln_model_params mp;
+  kiln_model_params_init(&mp, sizeof mp);
   kiln_model* model = NULL;
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_cache_stats st;
   if (dir && *dir) {
