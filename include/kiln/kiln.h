@@ -13,11 +13,29 @@
  *   the call returns KILN_ERR_BUFFER_TOO_SMALL and stores the required length in the size output,
  *   so a caller can size and retry. Text is UTF-8 as (pointer, length); returned strings owned by
  *   a handle stay valid until that handle is destroyed.
- * - Parameter structs start with `struct_size` and come from kiln_*_default_params(), so fields
- *   can be appended without breaking callers compiled against an older header.
  * - Thread-safety: a kiln_model is immutable after load and may be used from any number of
  *   threads at once. Each function says otherwise where it differs.
  * - A signature never changes once released; replacements get a _v2 suffix.
+ * - This header is ABI 1, first released in 0.2.0. Everything in it is part of that release
+ *   unless marked "Added in X.Y"; within one ABI version, later releases only add.
+ *
+ * Versioned structs (one rule for every struct a call reads or fills, except the element types
+ * of arrays — kiln_logit_bias, kiln_chat_message, kiln_token_logprob — which never change):
+ * - The struct starts with `uint32_t struct_size` and only ever grows at its end.
+ * - The caller sets struct_size to the struct's size as its own header declares it: parameter
+ *   structs through their init function, which also writes the defaults
+ *   (kiln_model_params p; kiln_model_params_init(&p, sizeof p);), output structs by hand before
+ *   the call (kiln_model_info info; info.struct_size = sizeof info;).
+ * - The library reads and writes only the first struct_size bytes. A field takes part when
+ *   struct_size covers all of its bytes: an input field outside them keeps its default, an
+ *   output field outside them is not written.
+ * - Any struct_size from the struct's first release up is accepted. The smallest is where the
+ *   last field of the first release ends (sizeof of that struct, or less by its trailing
+ *   padding). A struct_size larger than the loaded library knows (a caller built against a newer
+ *   header) is accepted too: the fields it does not know are ignored on input and set to zero by
+ *   init functions and output calls.
+ * - A smaller struct_size, 0 included, fails with KILN_ERR_INVALID_ARGUMENT and a message naming
+ *   the struct, the size given and the smallest accepted.
  */
 #ifndef KILN_KILN_H_
 #define KILN_KILN_H_
@@ -25,9 +43,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
+/* KILN_API marks the exported functions. On Windows the library is a DLL: it is built with
+ * KILN_BUILD defined (exporting), and callers import. Elsewhere only these symbols are visible. */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#if defined(KILN_BUILD)
+#define KILN_API __declspec(dllexport)
+#else
 #define KILN_API __declspec(dllimport)
-#elif defined(__GNUC__)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
 #define KILN_API __attribute__((visibility("default")))
 #else
 #define KILN_API
@@ -40,10 +64,10 @@ extern "C" {
 /* ---------------------------------------------------------------- versions */
 
 #define KILN_VERSION_MAJOR 0
-#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_MINOR 2
 #define KILN_VERSION_PATCH 0
 /* Bumped only when the binary interface breaks; it is the shared library's SONAME suffix. */
-#define KILN_ABI_VERSION 0
+#define KILN_ABI_VERSION 1
 
 #define KILN_STRINGIFY_INNER(x) #x
 #define KILN_STRINGIFY(x) KILN_STRINGIFY_INNER(x)
@@ -57,7 +81,8 @@ KILN_API int kiln_abi_version(void);
 
 typedef enum kiln_status {
   KILN_OK = 0,
-  KILN_ERR_INVALID_ARGUMENT = 1, /* NULL handle/pointer, bad value, token id out of range */
+  KILN_ERR_INVALID_ARGUMENT = 1, /* NULL handle/pointer, bad value, token id out of range,
+                                  * struct_size below the smallest accepted */
   KILN_ERR_IO = 2,               /* file missing or unreadable */
   KILN_ERR_FORMAT = 3,           /* malformed or hostile model file */
   KILN_ERR_UNSUPPORTED = 4,      /* valid input that kiln cannot handle (type, architecture) */
@@ -99,7 +124,7 @@ typedef struct kiln_model kiln_model;
 typedef int (*kiln_progress_fn)(float progress, void* user_data);
 
 typedef struct kiln_model_params {
-  uint32_t struct_size;      /* sizeof(kiln_model_params), set by the default params call */
+  uint32_t struct_size;      /* set by kiln_model_params_init */
   const char* path;          /* GGUF file (UTF-8 path); required */
   int use_mmap;              /* non-zero (default): map the file; 0: read it into memory */
   kiln_progress_fn progress; /* optional */
@@ -108,8 +133,11 @@ typedef struct kiln_model_params {
   void* log_user_data;
 } kiln_model_params;
 
-/* Defaults: path NULL, use_mmap 1, no callbacks. */
-KILN_API kiln_model_params kiln_model_default_params(void);
+/* Writes the defaults into the first struct_size bytes of *params and sets params->struct_size
+ * (pass sizeof *params; see "Versioned structs"). Defaults: path NULL, use_mmap 1, no callbacks.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL params, struct_size below the smallest accepted or
+ * above UINT32_MAX). */
+KILN_API kiln_status kiln_model_params_init(kiln_model_params* params, size_t struct_size);
 
 /* Loads a model. On KILN_OK *out_model owns the model; free it with kiln_model_destroy.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL params/path/out_model, struct_size too small),
@@ -142,7 +170,7 @@ typedef struct kiln_model_info {
   int32_t token_eot;
 } kiln_model_info;
 
-/* Fills *info (info->struct_size must be set; fields past it are not written).
+/* Fills *info (info->struct_size set by the caller; see "Versioned structs").
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL model/info, struct_size too small). */
 KILN_API kiln_status kiln_model_get_info(const kiln_model* model, kiln_model_info* info);
 
@@ -225,15 +253,14 @@ typedef enum kiln_kv_type {
 } kiln_kv_type;
 
 typedef struct kiln_cache_params {
-  uint32_t struct_size; /* sizeof(kiln_cache_params), set by the default params call */
+  uint32_t struct_size; /* set by kiln_cache_params_init */
   size_t pool_bytes;    /* KV pool size (rounded down to whole blocks); 0: one full context */
   int32_t block_size;   /* tokens per block, in [1, 1024]; default 16 */
   kiln_kv_type kv_type; /* element type of the stored K/V; default KILN_KV_F16 */
   int prefix_caching;   /* non-zero (default): sessions starting with cached tokens reuse them */
   int32_t n_ctx;        /* most tokens one session may hold; 0 (default): training context */
   int32_t n_threads;    /* compute threads; 0 (default): physical cores */
-  /* Added in 0.2 (callers built earlier pass a smaller struct_size and get the default 0).
-   * Non-zero: reproduce llama.cpp's CPU arithmetic exactly, so greedy output and logits equal
+  /* Non-zero: reproduce llama.cpp's CPU arithmetic exactly, so greedy output and logits equal
    * llama.cpp's bit for bit: batches of two or more tokens take llama.cpp's prompt-batch
    * reduction order and prompts are evaluated in batches of up to 512 tokens (llama.cpp's
    * default n_ubatch); it is slower (the matmuls and attention keep ggml's order).
@@ -244,9 +271,10 @@ typedef struct kiln_cache_params {
   int llama_cpp_order;
 } kiln_cache_params;
 
-/* Defaults: pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0, n_threads 0,
- * llama_cpp_order 0. */
-KILN_API kiln_cache_params kiln_cache_default_params(void);
+/* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
+ * n_threads 0, llama_cpp_order 0) as kiln_model_params_init does. Statuses: as
+ * kiln_model_params_init. */
+KILN_API kiln_status kiln_cache_params_init(kiln_cache_params* params, size_t struct_size);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
@@ -275,8 +303,8 @@ typedef struct kiln_cache_stats {
   size_t block_bytes;
 } kiln_cache_stats;
 
-/* Fills *stats (stats->struct_size must be set). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL,
- * struct_size too small). Thread-safe. */
+/* Fills *stats (stats->struct_size set by the caller). Statuses: KILN_ERR_INVALID_ARGUMENT
+ * (NULL, struct_size too small). Thread-safe. */
 KILN_API kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stats);
 
 /* ---------------------------------------------------------------- sampler
@@ -294,7 +322,7 @@ typedef struct kiln_logit_bias {
 } kiln_logit_bias;
 
 typedef struct kiln_sampler_params {
-  uint32_t struct_size;    /* sizeof(kiln_sampler_params), set by the default params call */
+  uint32_t struct_size;    /* set by kiln_sampler_params_init */
   float temperature;       /* <= 0: greedy (argmax, no randomness); default 0.8 */
   int32_t top_k;           /* <= 0: off; default 40 */
   float top_p;             /* >= 1: off; default 0.95 */
@@ -310,9 +338,10 @@ typedef struct kiln_sampler_params {
   size_t n_logit_bias;
 } kiln_sampler_params;
 
-/* Defaults: those of llama.cpp (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty window
- * 64, penalties off, typical off), seed 0, no logprobs, no bias. */
-KILN_API kiln_sampler_params kiln_sampler_default_params(void);
+/* Writes the defaults as kiln_model_params_init does: those of llama.cpp (temperature 0.8, top_k
+ * 40, top_p 0.95, min_p 0.05, penalty window 64, penalties off, typical off), seed 0, no
+ * logprobs, no bias. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_sampler_params_init(kiln_sampler_params* params, size_t struct_size);
 
 /* Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, NaN anywhere,
  * repeat_penalty <= 0, n_logprobs < 0, penalty_last_n < -1, a bias token < 0 or a non-finite
@@ -332,7 +361,8 @@ KILN_API void kiln_sampler_destroy(kiln_sampler* sampler);
  * must be used by one thread at a time: a call made while another thread is inside a call on the
  * same session fails with KILN_ERR_BUSY and changes nothing (detected, never undefined
  * behaviour); so does a mutating call made from inside the session's own generate callback
- * (getters are allowed there). kiln_session_cancel is the exception: any thread, any time.
+ * (getters are allowed there). kiln_session_cancel and kiln_session_n_tokens are the exceptions:
+ * any thread, any time.
  * A destroyed handle must never be used again (that cannot be detected); destroy sessions before
  * their cache, and caches before their model.
  */
@@ -354,7 +384,8 @@ KILN_API void kiln_session_destroy(kiln_session* session);
  * All or nothing: on any error the session is exactly as before.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session, NULL text with len > 0, unknown flags),
  * KILN_ERR_OUT_OF_RANGE (the session would pass n_ctx), KILN_ERR_CACHE_FULL (free or destroy
- * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel), KILN_ERR_BUSY. */
+ * another session and retry), KILN_ERR_CANCELLED (kiln_session_cancel during the call),
+ * KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_append_text(kiln_session* session, const char* text, size_t len,
                                               uint32_t flags);
 
@@ -376,7 +407,7 @@ KILN_API kiln_status kiln_session_append_tokens_scored(kiln_session* session, co
 typedef int (*kiln_token_fn)(int32_t token, const char* piece, size_t piece_len, void* user_data);
 
 typedef struct kiln_generate_params {
-  uint32_t struct_size;            /* sizeof(kiln_generate_params), set by the default call */
+  uint32_t struct_size;            /* set by kiln_generate_params_init */
   int32_t max_tokens;              /* >= 0; default 128 */
   const char* const* stop_strings; /* optional NUL-terminated non-empty strings; a stop string is
                                     * never emitted, also when split across tokens */
@@ -400,8 +431,9 @@ typedef struct kiln_generate_result {
   kiln_stop_reason stop_reason;
 } kiln_generate_result;
 
-/* Defaults: max_tokens 128, no stop strings, no callback. */
-KILN_API kiln_generate_params kiln_generate_default_params(void);
+/* Writes the defaults (max_tokens 128, no stop strings, no callback) as kiln_model_params_init
+ * does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_generate_params_init(kiln_generate_params* params, size_t struct_size);
 
 /* Generates up to params->max_tokens tokens after the session's tokens, sampling each with the
  * session's sampler and streaming it to the callback. Generated tokens stay in the session
@@ -414,10 +446,13 @@ KILN_API kiln_status kiln_session_generate(kiln_session* session,
                                            const kiln_generate_params* params,
                                            kiln_generate_result* result);
 
-/* Stops the append or generate in progress on `session` at its next prefill chunk or decode
- * step; when none is in progress, the next append/generate on it is cancelled. The only session
- * call allowed from any thread at any time (but not concurrently with kiln_session_destroy).
- * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
+/* Stops the call in flight on `session`: an append at its next prefill chunk (it fails with
+ * KILN_ERR_CANCELLED and changes nothing), a generate at its next decode step (KILN_OK,
+ * KILN_STOP_CANCELLED). A cancel applies only to the call in flight: every call that changes
+ * the session (append, generate, rewind, fork, set_strategy) drops a cancel that arrived before
+ * it started, so a cancel that arrives while no call is in flight has no effect. Allowed from any
+ * thread at any time, the generate callback included (but not concurrently with
+ * kiln_session_destroy). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
 KILN_API kiln_status kiln_session_cancel(kiln_session* session);
 
 /* A new session with the same tokens (sharing cache blocks copy-on-write), logits, sampler and
@@ -431,8 +466,11 @@ KILN_API kiln_status kiln_session_fork(kiln_session* session, kiln_session** out
  * KILN_ERR_OUT_OF_RANGE (n_tokens > kiln_session_n_tokens), KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens);
 
-/* Number of tokens the session holds (prompt and generated); 0 for NULL, and 0 while another
- * thread is inside a call on the session. */
+/* Number of tokens the session holds (prompt and generated); 0 for NULL. Allowed from any thread
+ * at any time (but not concurrently with kiln_session_destroy), also while another thread is
+ * inside a call on the session: it then returns the count as of the last completed token: an
+ * append's tokens count once the append has succeeded, a generated token from the moment it is
+ * passed to the callback. Between calls it is exact. */
 KILN_API size_t kiln_session_n_tokens(const kiln_session* session);
 
 /* Copies the session's tokens into tokens[0, capacity); *n_tokens receives the count, also on
@@ -472,7 +510,7 @@ KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln
 typedef struct kiln_strategy kiln_strategy;
 
 typedef struct kiln_ngram_params {
-  uint32_t struct_size; /* sizeof(kiln_ngram_params), set by the default params call */
+  uint32_t struct_size; /* set by kiln_ngram_params_init */
   int32_t max_ngram;    /* longest suffix matched first; default 3 */
   int32_t min_ngram;    /* shortest suffix matched (>= 1); default 1 */
   int32_t max_draft;    /* most tokens proposed per step (>= 1); default 8 */
@@ -481,14 +519,15 @@ typedef struct kiln_ngram_params {
   int32_t max_skip;     /* plain steps between probes of the pass cost (0: never); default 32 */
   int32_t adaptive;     /* nonzero: cost-aware draft length (docs/speculative.md); 0: always
                          * max_draft when a match is found; default 1 */
-  /* Added in 0.2 (a smaller struct_size keeps the default). >= 0: a pass over w tokens is taken
-   * to cost 1 + fixed_pass_cost_beta (w - 1) one-token passes, so the draft lengths, and with a
+  /* >= 0: a pass over w tokens is taken to cost 1 + fixed_pass_cost_beta (w - 1) one-token
+   * passes, so the draft lengths, and with a
    * sampler the text for a fixed seed, do not depend on timing; < 0 (default -1): the measured
    * cost. Greedy output never depends on it. */
   double fixed_pass_cost_beta;
 } kiln_ngram_params;
 
-KILN_API kiln_ngram_params kiln_ngram_default_params(void);
+/* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_ngram_params_init(kiln_ngram_params* params, size_t struct_size);
 
 /* N-gram prompt lookup (no model). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too
  * small, a bad field: the message names it), KILN_ERR_OUT_OF_MEMORY. */
@@ -496,17 +535,18 @@ KILN_API kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
                                                 kiln_strategy** out_strategy);
 
 typedef struct kiln_draft_params {
-  uint32_t struct_size; /* sizeof(kiln_draft_params), set by the default params call */
+  uint32_t struct_size; /* set by kiln_draft_params_init */
   int32_t max_draft;    /* most tokens drafted per step (>= 1); default 5 */
   int32_t adaptive;     /* nonzero: adapt the draft length to acceptance; default 1 */
   int32_t n_threads;    /* draft forward threads; <= 0: physical cores (default) */
   int32_t n_ctx;        /* longest context drafted for; 0: min(training context, 8192) */
-  /* Added in 0.2 (a smaller struct_size keeps the default). As in kiln_ngram_params; >= 0 also
-   * pins a draft pass to the cost of one one-token target pass. Default -1: measured. */
+  /* As in kiln_ngram_params; >= 0 also pins a draft pass to the cost of one one-token target
+   * pass. Default -1: measured. */
   double fixed_pass_cost_beta;
 } kiln_draft_params;
 
-KILN_API kiln_draft_params kiln_draft_default_params(void);
+/* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_draft_params_init(kiln_draft_params* params, size_t struct_size);
 
 /* A draft model loaded from `draft_path` (any GGUF with the target's vocabulary size; kiln-mkdraft
  * makes one from the target) with its own KV cache. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL,
@@ -524,6 +564,7 @@ KILN_API void kiln_strategy_destroy(kiln_strategy* strategy);
 KILN_API kiln_status kiln_session_set_strategy(kiln_session* session, kiln_strategy* strategy);
 
 typedef struct kiln_spec_metrics {
+  uint32_t struct_size;           /* set by the caller: sizeof(kiln_spec_metrics) */
   int64_t steps;                  /* target passes made by speculative steps */
   int64_t drafted;                /* draft tokens proposed */
   int64_t accepted;               /* draft tokens accepted */
@@ -532,8 +573,9 @@ typedef struct kiln_spec_metrics {
   double target_passes_per_token; /* steps / generated (1 = plain decoding) */
 } kiln_spec_metrics;
 
-/* Cumulative speculative metrics of the session (zeros without a strategy). Statuses:
- * KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY. */
+/* Fills *out (out->struct_size set by the caller) with the session's cumulative speculative
+ * metrics (zeros without a strategy). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too
+ * small), KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_get_spec_metrics(const kiln_session* session,
                                                    kiln_spec_metrics* out);
 

@@ -11,6 +11,7 @@
 
 #include "include/kiln/kiln.h"
 #include "lib/c_api/handles.h"
+#include "lib/c_api/versioned_struct.h"
 #include "lib/common/status.h"
 #include "lib/gguf/gguf.h"
 #include "lib/model/model.h"
@@ -20,12 +21,20 @@
 #include "lib/tokenizer/tokenizer.h"
 
 namespace {
-
 thread_local std::string g_last_error;
+}  // namespace
 
-kiln_status Fail(kiln_status status, std::string message) {
+kiln_status kiln::c_api::SetLastError(kiln_status status, std::string message) {
   g_last_error = std::move(message);
   return status;
+}
+
+namespace {
+
+using kiln::c_api::VersionedStruct;
+
+kiln_status Fail(kiln_status status, std::string message) {
+  return kiln::c_api::SetLastError(status, std::move(message));
 }
 
 kiln_status FromAbsl(const absl::Status& s) {
@@ -99,6 +108,94 @@ kiln::ChatTemplateTokens ChatTokensOf(const kiln::Tokenizer& tok) {
   return t;
 }
 
+// Defaults of each parameter struct: what its init function writes, and what a field outside a
+// caller's struct_size reads as.
+template <typename T>
+T Defaults();
+
+template <>
+kiln_model_params Defaults() {
+  kiln_model_params p = VersionedStruct<kiln_model_params>::Zeroed();
+  p.use_mmap = 1;
+  return p;
+}
+
+template <>
+kiln_cache_params Defaults() {
+  kiln_cache_params p = VersionedStruct<kiln_cache_params>::Zeroed();
+  p.block_size = 16;
+  p.kv_type = KILN_KV_F16;
+  p.prefix_caching = 1;
+  return p;
+}
+
+template <>
+kiln_sampler_params Defaults() {
+  kiln_sampler_params p = VersionedStruct<kiln_sampler_params>::Zeroed();
+  const kiln::sample::SamplerParams d;
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.typical_p = d.typical_p;
+  p.repeat_penalty = d.repeat_penalty;
+  p.frequency_penalty = d.frequency_penalty;
+  p.presence_penalty = d.presence_penalty;
+  p.penalty_last_n = d.penalty_last_n;
+  p.n_logprobs = d.n_logprobs;
+  return p;
+}
+
+template <>
+kiln_generate_params Defaults() {
+  kiln_generate_params p = VersionedStruct<kiln_generate_params>::Zeroed();
+  p.max_tokens = 128;
+  return p;
+}
+
+template <>
+kiln_ngram_params Defaults() {
+  kiln_ngram_params p = VersionedStruct<kiln_ngram_params>::Zeroed();
+  const kiln::spec::NgramParams d;
+  p.max_ngram = d.max_ngram;
+  p.min_ngram = d.min_ngram;
+  p.max_draft = d.max_draft;
+  p.start_draft = d.start_draft;
+  p.max_skip = d.max_skip;
+  p.adaptive = d.adaptive ? 1 : 0;
+  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
+  return p;
+}
+
+template <>
+kiln_draft_params Defaults() {
+  kiln_draft_params p = VersionedStruct<kiln_draft_params>::Zeroed();
+  const kiln::spec::DraftModelParams d;
+  p.max_draft = d.max_draft;
+  p.adaptive = d.adaptive ? 1 : 0;
+  p.n_threads = d.n_threads;
+  p.n_ctx = d.n_ctx;
+  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
+  return p;
+}
+
+// The body of every kiln_*_params_init.
+template <typename T>
+kiln_status InitParams(const char* fn, T* params, size_t struct_size) {
+  return Guard(fn, [&]() -> kiln_status {
+    if (params == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, kiln::StrCat(fn, ": params is NULL"));
+    }
+    return VersionedStruct<T>::Write(fn, "struct_size", Defaults<T>(), struct_size, params);
+  });
+}
+
+// Reads a caller's parameter struct into *out (defaults past its struct_size).
+template <typename T>
+kiln_status ReadParams(const char* fn, const T* caller_params, T* out) {
+  return VersionedStruct<T>::Read(fn, "params", caller_params, Defaults<T>(), out);
+}
+
 }  // namespace
 
 extern "C" {
@@ -143,24 +240,19 @@ const char* kiln_last_error_message(void) { return g_last_error.c_str(); }
 
 // ------------------------------------------------------------------ model
 
-kiln_model_params kiln_model_default_params(void) {
-  kiln_model_params p;
-  std::memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.use_mmap = 1;
-  return p;
+kiln_status kiln_model_params_init(kiln_model_params* params, size_t struct_size) {
+  return InitParams("kiln_model_params_init", params, struct_size);
 }
 
-kiln_status kiln_model_load(const kiln_model_params* params, kiln_model** out_model) {
+kiln_status kiln_model_load(const kiln_model_params* caller_params, kiln_model** out_model) {
   return Guard("kiln_model_load", [&]() -> kiln_status {
-    if (params == nullptr || out_model == nullptr) {
+    if (caller_params == nullptr || out_model == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load: params and out_model are required");
     }
-    if (params->struct_size < sizeof(kiln_model_params)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_model_load: params->struct_size is too small; use "
-                  "kiln_model_default_params()");
-    }
+    kiln_model_params read;
+    const kiln_status status = ReadParams("kiln_model_load", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_model_params* params = &read;
     if (params->path == nullptr || params->path[0] == '\0') {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_load: params->path is empty");
     }
@@ -208,27 +300,25 @@ kiln_status kiln_model_get_info(const kiln_model* model, kiln_model_info* info) 
     if (model == nullptr || info == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_get_info: model and info are required");
     }
-    if (info->struct_size < sizeof(kiln_model_info)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_model_get_info: info->struct_size too small");
-    }
     const kiln::ModelHparams& hp = model->model->hparams();
     const kiln::Tokenizer& tok = model->model->tokenizer();
-    info->architecture = hp.arch.c_str();
-    info->name = hp.name.c_str();
-    info->n_params = static_cast<int64_t>(model->model->n_params());
-    info->size_bytes = static_cast<int64_t>(model->model->weight_bytes());
-    info->n_vocab = static_cast<int32_t>(hp.n_vocab);
-    info->n_ctx_train = static_cast<int32_t>(hp.n_ctx_train);
-    info->n_embd = static_cast<int32_t>(hp.n_embd);
-    info->n_layer = static_cast<int32_t>(hp.n_layer);
-    info->n_head = static_cast<int32_t>(hp.n_head);
-    info->n_head_kv = static_cast<int32_t>(hp.n_head_kv);
-    info->head_dim = static_cast<int32_t>(hp.head_dim);
-    info->n_ff = static_cast<int32_t>(hp.n_ff);
-    info->token_bos = tok.bos();
-    info->token_eos = tok.eos();
-    info->token_eot = tok.eot();
-    return KILN_OK;
+    kiln_model_info out = VersionedStruct<kiln_model_info>::Zeroed();
+    out.architecture = hp.arch.c_str();
+    out.name = hp.name.c_str();
+    out.n_params = static_cast<int64_t>(model->model->n_params());
+    out.size_bytes = static_cast<int64_t>(model->model->weight_bytes());
+    out.n_vocab = static_cast<int32_t>(hp.n_vocab);
+    out.n_ctx_train = static_cast<int32_t>(hp.n_ctx_train);
+    out.n_embd = static_cast<int32_t>(hp.n_embd);
+    out.n_layer = static_cast<int32_t>(hp.n_layer);
+    out.n_head = static_cast<int32_t>(hp.n_head);
+    out.n_head_kv = static_cast<int32_t>(hp.n_head_kv);
+    out.head_dim = static_cast<int32_t>(hp.head_dim);
+    out.n_ff = static_cast<int32_t>(hp.n_ff);
+    out.token_bos = tok.bos();
+    out.token_eos = tok.eos();
+    out.token_eot = tok.eot();
+    return VersionedStruct<kiln_model_info>::WriteOutput("kiln_model_get_info", "info", out, info);
   });
 }
 
@@ -349,34 +439,21 @@ kiln_status kiln_chat_apply_template(const kiln_model* model, const char* tmpl,
 
 // ------------------------------------------------------------------ cache
 
-// Versioned parameter structs grow at their end: a field lies inside the caller's struct when
-// struct_size covers it; fields beyond keep their defaults.
-#define KILN_HAS_FIELD(params, type, field) \
-  ((params)->struct_size >= offsetof(type, field) + sizeof(static_cast<type*>(nullptr)->field))
-
-kiln_cache_params kiln_cache_default_params(void) {
-  kiln_cache_params p;
-  std::memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.block_size = 16;
-  p.kv_type = KILN_KV_F16;
-  p.prefix_caching = 1;
-  return p;
+kiln_status kiln_cache_params_init(kiln_cache_params* params, size_t struct_size) {
+  return InitParams("kiln_cache_params_init", params, struct_size);
 }
 
-kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
+kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* caller_params,
                               kiln_cache** out_cache) {
   return Guard("kiln_cache_create", [&]() -> kiln_status {
-    if (model == nullptr || params == nullptr || out_cache == nullptr) {
+    if (model == nullptr || caller_params == nullptr || out_cache == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_cache_create: model, params and out_cache are required");
     }
-    // The struct grows at its end; fields past a caller's struct_size keep their defaults.
-    if (params->struct_size < offsetof(kiln_cache_params, llama_cpp_order)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_cache_create: params->struct_size is too small; use "
-                  "kiln_cache_default_params()");
-    }
+    kiln_cache_params read;
+    const kiln_status status = ReadParams("kiln_cache_create", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_cache_params* params = &read;
     kiln::EngineOptions options;
     options.pool_bytes = params->pool_bytes;
     options.block_size = params->block_size;
@@ -405,8 +482,7 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   kiln::StrCat("kiln_cache_create: params->n_threads ", params->n_threads, " < 0"));
     }
     options.n_threads = params->n_threads;
-    options.llama_cpp_order =
-        KILN_HAS_FIELD(params, kiln_cache_params, llama_cpp_order) && params->llama_cpp_order != 0;
+    options.llama_cpp_order = params->llama_cpp_order != 0;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
@@ -427,58 +503,43 @@ kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stat
     if (cache == nullptr || stats == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get_stats: cache and stats are required");
     }
-    if (stats->struct_size < sizeof(kiln_cache_stats)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get_stats: stats->struct_size too small");
-    }
     const kiln::KvCacheCounters c = cache->engine->Counters();
-    stats->n_ctx = cache->engine->n_ctx();
-    stats->block_size = cache->engine->options().block_size;
-    stats->blocks_total = c.blocks_total;
-    stats->blocks_free = c.blocks_free;
-    stats->blocks_used = c.blocks_used;
-    stats->blocks_cached = c.blocks_cached;
-    stats->n_sequences = c.num_sequences;
-    stats->prefix_lookups = c.prefix_lookups;
-    stats->prefix_query_tokens = c.prefix_query_tokens;
-    stats->prefix_hit_tokens = c.prefix_hit_tokens;
-    stats->evictions = c.evictions;
-    stats->bytes_per_token = c.bytes_per_token;
-    stats->block_bytes = c.block_bytes;
-    return KILN_OK;
+    kiln_cache_stats out = VersionedStruct<kiln_cache_stats>::Zeroed();
+    out.n_ctx = cache->engine->n_ctx();
+    out.block_size = cache->engine->options().block_size;
+    out.blocks_total = c.blocks_total;
+    out.blocks_free = c.blocks_free;
+    out.blocks_used = c.blocks_used;
+    out.blocks_cached = c.blocks_cached;
+    out.n_sequences = c.num_sequences;
+    out.prefix_lookups = c.prefix_lookups;
+    out.prefix_query_tokens = c.prefix_query_tokens;
+    out.prefix_hit_tokens = c.prefix_hit_tokens;
+    out.evictions = c.evictions;
+    out.bytes_per_token = c.bytes_per_token;
+    out.block_bytes = c.block_bytes;
+    return VersionedStruct<kiln_cache_stats>::WriteOutput("kiln_cache_get_stats", "stats", out,
+                                                          stats);
   });
 }
 
 // ------------------------------------------------------------------ sampler
 
-kiln_sampler_params kiln_sampler_default_params(void) {
-  kiln_sampler_params p;
-  std::memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  const kiln::sample::SamplerParams d;
-  p.temperature = d.temperature;
-  p.top_k = d.top_k;
-  p.top_p = d.top_p;
-  p.min_p = d.min_p;
-  p.typical_p = d.typical_p;
-  p.repeat_penalty = d.repeat_penalty;
-  p.frequency_penalty = d.frequency_penalty;
-  p.presence_penalty = d.presence_penalty;
-  p.penalty_last_n = d.penalty_last_n;
-  p.n_logprobs = d.n_logprobs;
-  return p;
+kiln_status kiln_sampler_params_init(kiln_sampler_params* params, size_t struct_size) {
+  return InitParams("kiln_sampler_params_init", params, struct_size);
 }
 
-kiln_status kiln_sampler_create(const kiln_sampler_params* params, kiln_sampler** out_sampler) {
+kiln_status kiln_sampler_create(const kiln_sampler_params* caller_params,
+                                kiln_sampler** out_sampler) {
   return Guard("kiln_sampler_create", [&]() -> kiln_status {
-    if (params == nullptr || out_sampler == nullptr) {
+    if (caller_params == nullptr || out_sampler == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_sampler_create: params and out_sampler are required");
     }
-    if (params->struct_size < sizeof(kiln_sampler_params)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_sampler_create: params->struct_size is too small; use "
-                  "kiln_sampler_default_params()");
-    }
+    kiln_sampler_params read;
+    const kiln_status status = ReadParams("kiln_sampler_create", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_sampler_params* params = &read;
     if (params->logit_bias == nullptr && params->n_logit_bias > 0) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_sampler_create: params->logit_bias is NULL but n_logit_bias > 0");
@@ -600,30 +661,25 @@ kiln_status kiln_session_append_tokens_scored(kiln_session* session, const int32
   });
 }
 
-kiln_generate_params kiln_generate_default_params(void) {
-  kiln_generate_params p;
-  std::memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.max_tokens = 128;
-  return p;
+kiln_status kiln_generate_params_init(kiln_generate_params* params, size_t struct_size) {
+  return InitParams("kiln_generate_params_init", params, struct_size);
 }
 
-kiln_status kiln_session_generate(kiln_session* session, const kiln_generate_params* params,
+kiln_status kiln_session_generate(kiln_session* session, const kiln_generate_params* caller_params,
                                   kiln_generate_result* result) {
   return Guard("kiln_session_generate", [&]() -> kiln_status {
-    if (session == nullptr || params == nullptr || result == nullptr) {
+    if (session == nullptr || caller_params == nullptr || result == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_session_generate: session, params and result are required");
     }
-    if (params->struct_size < sizeof(kiln_generate_params)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_session_generate: params->struct_size is too small; use "
-                  "kiln_generate_default_params()");
-    }
-    if (result->struct_size < sizeof(kiln_generate_result)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_session_generate: result->struct_size is too small");
-    }
+    kiln_generate_params read;
+    kiln_status status = ReadParams("kiln_session_generate", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_generate_params* params = &read;
+    // The result's size is checked before generating, so that a bad one changes nothing.
+    status = VersionedStruct<kiln_generate_result>::CheckSize(
+        "kiln_session_generate", "result->struct_size", result->struct_size);
+    if (status != KILN_OK) return status;
     if (params->stop_strings == nullptr && params->n_stop_strings > 0) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_session_generate: params->stop_strings is NULL but n_stop_strings > 0");
@@ -645,9 +701,11 @@ kiln_status kiln_session_generate(kiln_session* session, const kiln_generate_par
     }
     auto r = session->session->Generate(options);
     if (!r.ok()) return FromAbsl(r.status());
-    result->n_tokens = r->n_tokens;
-    result->stop_reason = static_cast<kiln_stop_reason>(static_cast<int>(r->reason));
-    return KILN_OK;
+    kiln_generate_result out = VersionedStruct<kiln_generate_result>::Zeroed();
+    out.n_tokens = r->n_tokens;
+    out.stop_reason = static_cast<kiln_stop_reason>(static_cast<int>(r->reason));
+    return VersionedStruct<kiln_generate_result>::WriteOutput("kiln_session_generate", "result",
+                                                              out, result);
   });
 }
 
@@ -681,10 +739,12 @@ kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens) {
     if (session == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_rewind: session is NULL");
     }
-    if (n_tokens > static_cast<size_t>(session->session->n_tokens())) {
+    // Session::Rewind checks the count against the session (under its busy check); this only
+    // keeps the conversion to int32_t exact.
+    if (n_tokens > static_cast<size_t>(INT32_MAX)) {
       return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_session_rewind: ", n_tokens,
-                                                      " tokens requested, the session holds ",
-                                                      session->session->n_tokens()));
+                                                      " tokens requested, more than a session "
+                                                      "can hold"));
     }
     return FromAbsl(session->session->Rewind(static_cast<int32_t>(n_tokens)));
   });
@@ -692,9 +752,8 @@ kiln_status kiln_session_rewind(kiln_session* session, size_t n_tokens) {
 
 size_t kiln_session_n_tokens(const kiln_session* session) {
   if (session == nullptr) return 0;
-  kiln::Session::Use use(*session->session, "kiln_session_n_tokens", false);
-  if (!use.status().ok()) return 0;
-  return static_cast<size_t>(session->session->n_tokens());
+  // No busy check: the published count is safe to read while another thread is inside a call.
+  return static_cast<size_t>(session->session->published_n_tokens());
 }
 
 kiln_status kiln_session_get_tokens(const kiln_session* session, int32_t* tokens, size_t capacity,
@@ -762,36 +821,23 @@ kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_lo
   });
 }
 
-}  // extern "C"
-
 // ------------------------------------------------------------------ speculative decoding
 
-kiln_ngram_params kiln_ngram_default_params(void) {
-  const kiln::spec::NgramParams d;
-  kiln_ngram_params p{};
-  p.struct_size = sizeof(kiln_ngram_params);
-  p.max_ngram = d.max_ngram;
-  p.min_ngram = d.min_ngram;
-  p.max_draft = d.max_draft;
-  p.start_draft = d.start_draft;
-  p.max_skip = d.max_skip;
-  p.adaptive = d.adaptive ? 1 : 0;
-  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
-  return p;
+kiln_status kiln_ngram_params_init(kiln_ngram_params* params, size_t struct_size) {
+  return InitParams("kiln_ngram_params_init", params, struct_size);
 }
 
-kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
+kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* caller_params,
                                        kiln_strategy** out_strategy) {
   return Guard("kiln_strategy_create_ngram", [&]() -> kiln_status {
-    if (params == nullptr || out_strategy == nullptr) {
+    if (caller_params == nullptr || out_strategy == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_strategy_create_ngram: params and out_strategy are required");
     }
-    if (params->struct_size < offsetof(kiln_ngram_params, fixed_pass_cost_beta)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_strategy_create_ngram: params->struct_size is too small; use "
-                  "kiln_ngram_default_params()");
-    }
+    kiln_ngram_params read;
+    const kiln_status status = ReadParams("kiln_strategy_create_ngram", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_ngram_params* params = &read;
     kiln::spec::NgramParams p;
     p.max_ngram = params->max_ngram;
     p.min_ngram = params->min_ngram;
@@ -799,9 +845,7 @@ kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
     p.start_draft = params->start_draft;
     p.max_skip = params->max_skip;
     p.adaptive = params->adaptive != 0;
-    if (KILN_HAS_FIELD(params, kiln_ngram_params, fixed_pass_cost_beta)) {
-      p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
-    }
+    p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
     auto s = kiln::spec::NgramStrategy::Create(p);
     if (!s.ok()) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
@@ -814,41 +858,30 @@ kiln_status kiln_strategy_create_ngram(const kiln_ngram_params* params,
   });
 }
 
-kiln_draft_params kiln_draft_default_params(void) {
-  const kiln::spec::DraftModelParams d;
-  kiln_draft_params p{};
-  p.struct_size = sizeof(kiln_draft_params);
-  p.max_draft = d.max_draft;
-  p.adaptive = d.adaptive ? 1 : 0;
-  p.n_threads = d.n_threads;
-  p.n_ctx = d.n_ctx;
-  p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
-  return p;
+kiln_status kiln_draft_params_init(kiln_draft_params* params, size_t struct_size) {
+  return InitParams("kiln_draft_params_init", params, struct_size);
 }
 
 kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* draft_path,
-                                       const kiln_draft_params* params,
+                                       const kiln_draft_params* caller_params,
                                        kiln_strategy** out_strategy) {
   return Guard("kiln_strategy_create_draft", [&]() -> kiln_status {
-    if (target == nullptr || draft_path == nullptr || params == nullptr ||
+    if (target == nullptr || draft_path == nullptr || caller_params == nullptr ||
         out_strategy == nullptr) {
       return Fail(KILN_ERR_INVALID_ARGUMENT,
                   "kiln_strategy_create_draft: target, draft_path, params and out_strategy are "
                   "required");
     }
-    if (params->struct_size < offsetof(kiln_draft_params, fixed_pass_cost_beta)) {
-      return Fail(KILN_ERR_INVALID_ARGUMENT,
-                  "kiln_strategy_create_draft: params->struct_size is too small; use "
-                  "kiln_draft_default_params()");
-    }
+    kiln_draft_params read;
+    const kiln_status status = ReadParams("kiln_strategy_create_draft", caller_params, &read);
+    if (status != KILN_OK) return status;
+    const kiln_draft_params* params = &read;
     kiln::spec::DraftModelParams p;
     p.max_draft = params->max_draft;
     p.adaptive = params->adaptive != 0;
     p.n_threads = params->n_threads;
     p.n_ctx = params->n_ctx;
-    if (KILN_HAS_FIELD(params, kiln_draft_params, fixed_pass_cost_beta)) {
-      p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
-    }
+    p.fixed_pass_cost_beta = params->fixed_pass_cost_beta;
     auto s = kiln::spec::DraftModelStrategy::Load(draft_path, target->model->hparams().n_vocab, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(
@@ -882,12 +915,16 @@ kiln_status kiln_session_get_spec_metrics(const kiln_session* session, kiln_spec
     kiln::Session::Use use(*session->session, "kiln_session_get_spec_metrics", false);
     if (!use.status().ok()) return FromAbsl(use.status());
     const kiln::spec::SpecMetrics m = session->session->spec_metrics();
-    out->steps = m.steps;
-    out->drafted = m.drafted;
-    out->accepted = m.accepted;
-    out->generated = m.generated;
-    out->mean_accepted_per_step = m.MeanAcceptedPerStep();
-    out->target_passes_per_token = m.TargetPassesPerToken();
-    return KILN_OK;
+    kiln_spec_metrics metrics = VersionedStruct<kiln_spec_metrics>::Zeroed();
+    metrics.steps = m.steps;
+    metrics.drafted = m.drafted;
+    metrics.accepted = m.accepted;
+    metrics.generated = m.generated;
+    metrics.mean_accepted_per_step = m.MeanAcceptedPerStep();
+    metrics.target_passes_per_token = m.TargetPassesPerToken();
+    return VersionedStruct<kiln_spec_metrics>::WriteOutput("kiln_session_get_spec_metrics", "out",
+                                                           metrics, out);
   });
 }
+
+}  // extern "C"

@@ -12,13 +12,20 @@ namespace kiln {
 
 // ------------------------------------------------------------------ Session::Use
 
-Session::Use::Use(const Session& session, const char* what, bool mutating) : session_(session) {
+Session::Use::Use(const Session& session, const char* what, bool mutating)
+    : session_(session), mutating_(mutating) {
   const std::thread::id self = std::this_thread::get_id();
+  // A mutating call drops a cancel that arrived before it. The flag is cleared before the session
+  // is taken, so that a cancel sent as soon as the session shows busy is never lost; when the
+  // session turns out to be busy, a cancel meant for the call in flight is put back.
+  const bool dropped_cancel =
+      mutating && session.cancel_.exchange(false, std::memory_order_acq_rel);
   std::thread::id expected{};
   if (session.owner_.compare_exchange_strong(expected, self, std::memory_order_acq_rel)) {
     owns_ = true;
     return;
   }
+  if (dropped_cancel) session.cancel_.store(true, std::memory_order_release);
   if (expected == self) {
     if (mutating) {
       status_ = absl::AbortedError(absl::StrCat(
@@ -33,7 +40,9 @@ Session::Use::Use(const Session& session, const char* what, bool mutating) : ses
 }
 
 Session::Use::~Use() {
-  if (owns_) session_.owner_.store(std::thread::id(), std::memory_order_release);
+  if (!owns_) return;
+  if (mutating_) session_.PublishNTokens(session_.tokens_.size());
+  session_.owner_.store(std::thread::id(), std::memory_order_release);
 }
 
 // ------------------------------------------------------------------ Session
@@ -164,14 +173,20 @@ absl::Status Session::ComputePending(std::span<float> scores, int32_t score_from
 }
 
 absl::Status Session::AppendText(std::string_view text, bool add_special, bool parse_special) {
+  Use use(*this, "AppendText", true);
+  KILN_RETURN_IF_ERROR(use.status());
   auto ids = engine_.model().tokenizer().Encode(text, add_special, parse_special);
   if (!ids.ok()) return ids.status();
-  return AppendTokens(*ids);
+  return AppendTokensHeld(*ids);
 }
 
 absl::Status Session::AppendTokens(std::span<const int32_t> tokens) {
   Use use(*this, "AppendTokens", true);
   KILN_RETURN_IF_ERROR(use.status());
+  return AppendTokensHeld(tokens);
+}
+
+absl::Status Session::AppendTokensHeld(std::span<const int32_t> tokens) {
   KILN_RETURN_IF_ERROR(CheckTokens(tokens));
   if (tokens_.size() + tokens.size() > static_cast<size_t>(engine_.n_ctx())) {
     return absl::OutOfRangeError(
@@ -299,6 +314,7 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
       bool stop = false;
       for (int32_t i = first; i < n_tokens() && !stop; ++i) {
         if (!step.logprobs.empty()) last_logprobs_ = std::move(step.logprobs[i - first]);
+        PublishNTokens(static_cast<size_t>(i + 1));
         KILN_ASSIGN_OR_RETURN(stop, handle(tokens_[i]));
         if (stop && i + 1 < n_tokens()) {
           // Drop the tokens after the stopping one (their K/V too); the stopping token stays
@@ -333,6 +349,7 @@ absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options)
     if (token < 0) return absl::InternalError("Generate: the sampler returned no token");
     last_logprobs_ = dist_.top_logprobs;
     tokens_.push_back(token);  // pending: computed by the next step or call
+    PublishNTokens(tokens_.size());
     KILN_ASSIGN_OR_RETURN(bool stop, handle(token));
     if (stop) break;
   }
@@ -351,6 +368,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
   std::unique_ptr<Session> fork(new Session(engine_, sampler_.params(), 0, seq));
   fork->rng_ = rng_;
   fork->tokens_ = tokens_;
+  fork->PublishNTokens(fork->tokens_.size());
   fork->n_cached_ = n_cached_;
   fork->logits_ = logits_;
   fork->logits_valid_ = logits_valid_;

@@ -15,8 +15,8 @@
 // Thread-safety: a Session is used by one thread at a time; a
 // call made while another thread is inside a call on the same session fails with Aborted ("busy")
 // and changes nothing, never undefined behaviour. Read-only getters may also be called from the
-// Generate callback on the generating thread. Cancel() may be called from any thread at any time.
-// The engine (and model) must outlive every session created on it.
+// Generate callback on the generating thread. Cancel() and published_n_tokens() may be called
+// from any thread at any time. The engine (and model) must outlive every session created on it.
 #pragma once
 
 #include <atomic>
@@ -91,7 +91,7 @@ class Session {
   // empty session with prefix caching on, the longest cached prefix of tokens[0, n-1) is attached
   // instead of recomputed. Errors (nothing changed): InvalidArgument (token id out of range,
   // naming its index), OutOfRange (the session would exceed n_ctx), ResourceExhausted (cache
-  // full), Cancelled (Cancel() before or during the call), Aborted (busy).
+  // full), Cancelled (Cancel() during the call), Aborted (busy).
   absl::Status AppendTokens(std::span<const int32_t> tokens);
 
   // Appends tokens like AppendTokens and writes, for i in [0, tokens.size() - 1), the natural
@@ -106,9 +106,10 @@ class Session {
   // generated so far stay, the failing step changed nothing), Aborted (busy).
   absl::StatusOr<GenerateResult> Generate(const GenerateOptions& options);
 
-  // Asks the call in progress to stop (between prefill chunks and decode steps); when no call is
-  // in progress, the next Append*/Generate honours it. The request is consumed by the call that
-  // honours it. Any thread, any time.
+  // Asks the call in flight to stop (Append* between prefill chunks, Generate between decode
+  // steps). A cancel applies only to the call in flight: every mutating call drops a pending
+  // cancel as it starts, so a cancel that arrives while no call is in flight has no effect.
+  // Any thread, any time.
   void Cancel() { cancel_.store(true, std::memory_order_release); }
 
   // A new session with the same tokens (sharing the cache blocks by reference), logits, sampler
@@ -148,6 +149,11 @@ class Session {
 
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int32_t n_tokens() const { return static_cast<int32_t>(tokens_.size()); }
+  // n_tokens() for any thread at any time, also while another thread is inside a call: the count
+  // as of the last completed token. During an append it is the count before the append (the
+  // appended tokens count once the append has succeeded); during Generate each generated token
+  // counts from the moment it is handed to the callback. Between calls it equals n_tokens().
+  int32_t published_n_tokens() const { return published_n_tokens_.load(std::memory_order_acquire); }
   int32_t n_cached() const { return n_cached_; }
   const SessionStats& stats() const { return stats_; }
   // True while some thread is inside a call on this session.
@@ -156,7 +162,8 @@ class Session {
   // The in-use flag of one call. status() is Aborted when another thread is inside a call on the
   // session, or when a mutating call is made from inside this thread's own Generate callback;
   // a read-only scope on the generating thread (the callback) is allowed. Every public mutating
-  // method takes one; the C API takes a read-only one around the getters.
+  // method takes one; the C API takes a read-only one around the getters. A mutating Use starts
+  // a call: it drops a cancel that arrived before it (see Cancel).
   class Use {
    public:
     Use(const Session& session, const char* what, bool mutating);
@@ -167,6 +174,7 @@ class Session {
 
    private:
     const Session& session_;
+    const bool mutating_;
     bool owns_ = false;
     absl::Status status_;
   };
@@ -181,6 +189,13 @@ class Session {
   // Takes back tokens_/n_cached_ to (n_tokens, n_cached) after a failure.
   void RestoreTo(size_t n_tokens, int32_t n_cached);
   bool ConsumeCancel() { return cancel_.exchange(false, std::memory_order_acq_rel); }
+  // Sets published_n_tokens(). Every mutating call publishes tokens_.size() as it ends (Use);
+  // Generate also publishes each token as it hands it to the callback.
+  void PublishNTokens(size_t n) const {
+    published_n_tokens_.store(static_cast<int32_t>(n), std::memory_order_release);
+  }
+  // AppendTokens inside a call that already holds the session (AppendText tokenizes first).
+  absl::Status AppendTokensHeld(std::span<const int32_t> tokens);
   absl::Status CheckTokens(std::span<const int32_t> tokens) const;
 
   Engine& engine_;
@@ -195,7 +210,9 @@ class Session {
   sample::Distribution dist_;
   std::vector<sample::TokenLogprob> last_logprobs_;
   SessionStats stats_;
-  std::atomic<bool> cancel_{false};
+  // Set by Cancel(); cleared as each mutating call starts (Use), consumed when honoured.
+  mutable std::atomic<bool> cancel_{false};
+  mutable std::atomic<int32_t> published_n_tokens_{0};  // see published_n_tokens()
   mutable std::atomic<std::thread::id> owner_{};
   std::unique_ptr<spec::Strategy> owned_strategy_;  // a fork's clone (declared before spec_)
   std::unique_ptr<spec::SpeculativeDecoder> spec_;  // created by SetStrategy

@@ -39,7 +39,8 @@ static void count_log(kiln_log_level level, const char* message, void* user_data
 
 static void test_bad_loads(const char* tmp_dir) {
   kiln_model* model = NULL;
-  kiln_model_params params = kiln_model_default_params();
+  kiln_model_params params;
+  kiln_model_params_init(&params, sizeof params);
   CHECK(kiln_model_load(NULL, &model) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_model_load(&params, NULL) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_model_load(&params, &model) == KILN_ERR_INVALID_ARGUMENT); /* no path */
@@ -48,6 +49,7 @@ static void test_bad_loads(const char* tmp_dir) {
   CHECK(strstr(kiln_last_error_message(), "/nonexistent/model.gguf") != NULL);
   params.struct_size = 4;
   CHECK(kiln_model_load(&params, &model) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "struct_size 4 is below") != NULL);
 
   /* A file that is not GGUF. */
   char bad_path[512];
@@ -58,7 +60,7 @@ static void test_bad_loads(const char* tmp_dir) {
     fputs("GGUX this is not a model file at all, just text", f);
     fclose(f);
   }
-  params = kiln_model_default_params();
+  kiln_model_params_init(&params, sizeof params);
   params.path = bad_path;
   CHECK(kiln_model_load(&params, &model) == KILN_ERR_FORMAT);
   CHECK(strlen(kiln_last_error_message()) > 0);
@@ -67,8 +69,62 @@ static void test_bad_loads(const char* tmp_dir) {
   kiln_model_destroy(NULL); /* no-op */
 }
 
+/* A caller built against a newer header passes structs larger than this library knows: they are
+ * accepted, the fields the library does not know read zero, and nothing past struct_size is
+ * written. (tests/c_api/c_abi_test.c holds the library to the frozen ABI 1 baseline.) */
+typedef struct newer_model_info {
+  kiln_model_info info;
+  int64_t added_later;
+  unsigned char after[16];
+} newer_model_info;
+typedef struct newer_cache_params {
+  kiln_cache_params params;
+  int64_t added_later;
+  unsigned char after[16];
+} newer_cache_params;
+
+static int all_bytes(const unsigned char* p, size_t n, unsigned char value) {
+  size_t i;
+  for (i = 0; i < n; ++i) {
+    if (p[i] != value) return 0;
+  }
+  return 1;
+}
+
+static void test_newer_caller(const kiln_model* model) {
+  newer_model_info info;
+  newer_cache_params cp;
+  kiln_cache* cache = NULL;
+  memset(&info, 0xA5, sizeof info);
+  info.info.struct_size = (uint32_t)offsetof(newer_model_info, after);
+  CHECK(kiln_model_get_info(model, &info.info) == KILN_OK);
+  CHECK(info.info.struct_size == offsetof(newer_model_info, after));
+  CHECK(info.info.n_layer == 30);
+  CHECK(info.added_later == 0);
+  CHECK(all_bytes(info.after, sizeof info.after, 0xA5));
+
+  memset(&cp, 0xA5, sizeof cp);
+  CHECK(kiln_cache_params_init(&cp.params, offsetof(newer_cache_params, after)) == KILN_OK);
+  CHECK(cp.params.struct_size == offsetof(newer_cache_params, after));
+  CHECK(cp.params.block_size == 16 && cp.added_later == 0);
+  CHECK(all_bytes(cp.after, sizeof cp.after, 0xA5));
+  cp.params.n_ctx = 256;
+  cp.params.n_threads = 1;
+  cp.added_later = 12345; /* unknown to this library: ignored */
+  CHECK(kiln_cache_create(model, &cp.params, &cache) == KILN_OK);
+  kiln_cache_destroy(cache);
+
+  /* struct_size is a uint32_t: a larger size cannot be a struct's. */
+  if ((uint64_t)SIZE_MAX > UINT32_MAX) {
+    CHECK(kiln_cache_params_init(&cp.params, (size_t)((uint64_t)UINT32_MAX + 1)) ==
+          KILN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kiln_last_error_message(), "uint32_t") != NULL);
+  }
+}
+
 static void test_model(const char* path) {
-  kiln_model_params params = kiln_model_default_params();
+  kiln_model_params params;
+  kiln_model_params_init(&params, sizeof params);
   params.path = path;
   params.progress = cancel_progress;
   kiln_model* model = NULL;
@@ -93,6 +149,8 @@ static void test_model(const char* path) {
   CHECK(info.n_params > 134000000 && info.n_params < 135000000);
   info.struct_size = 8;
   CHECK(kiln_model_get_info(model, &info) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "kiln_model_info") != NULL);
+  test_newer_caller(model);
 
   const char* value = NULL;
   CHECK(kiln_model_meta_get(model, "llama.block_count", &value) == KILN_OK);
@@ -152,8 +210,8 @@ static void test_model(const char* path) {
   kiln_chat_message bad_role[1] = {{"wizard", "Hi"}};
   CHECK(kiln_chat_apply_template(model, NULL, bad_role, 1, 1, out, sizeof out, &len) ==
         KILN_ERR_INVALID_ARGUMENT);
-  CHECK(kiln_chat_apply_template(model, "{{ not a known template }}", msgs, 1, 1, out,
-                                 sizeof out, &len) != KILN_OK);
+  CHECK(kiln_chat_apply_template(model, "{{ not a known template }}", msgs, 1, 1, out, sizeof out,
+                                 &len) != KILN_OK);
   CHECK(kiln_chat_apply_template(model, "llama3", msgs, 1, 1, out, sizeof out, &len) == KILN_OK);
   kiln_model_destroy(model);
 }
@@ -168,8 +226,7 @@ int main(void) {
   if (dir && *dir) {
     snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
   } else {
-    snprintf(path, sizeof path, "%s/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf",
-             home ? home : "");
+    snprintf(path, sizeof path, "%s/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
   }
   test_model(path);
   if (g_failures) {

@@ -1,9 +1,9 @@
 /* CHECK for the C API tests: records a failure (with kiln's last error message) and goes on.
- * Each test file defines `static int g_failures` before including this. */
+ * Each test file includes the kiln header it is built against (the current <kiln/kiln.h>, or a
+ * frozen baseline from abi/) and defines `static int g_failures` before including this. */
 #ifndef KILN_TESTS_C_CHECK_H_
 #define KILN_TESTS_C_CHECK_H_
 
-#include <kiln/kiln.h>
 #include <stdio.h>
 
 #define CHECK(cond)                                                                            \

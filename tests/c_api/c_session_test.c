@@ -1,7 +1,9 @@
 /* Sessions through the public C API (strict C11 + POSIX threads) on the real default model:
- * NULL handling, greedy generation with a callback that stops, stop strings, cancel (before a
- * call, from the callback, from another thread during a long prefill), busy detection, cache
- * full and recovery, fork/rewind, logits and logprobs, prefix-cache statistics. */
+ * NULL handling, greedy generation with a callback that stops, stop strings, cancel (dropped
+ * when no call is in flight; from the callback; from another thread during a long prefill and
+ * during a generate), the token count read from another thread during a generate, busy
+ * detection, cache full and recovery, fork/rewind, logits and logprobs, prefix-cache
+ * statistics. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <math.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int g_failures = 0;
 #include "c_check.h"
@@ -25,11 +28,13 @@ static kiln_session* new_session(kiln_model* model, kiln_cache* cache, const kil
 }
 
 static void test_null_handles(kiln_model* model, kiln_cache* cache) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* c = NULL;
   kiln_session* s = NULL;
   kiln_sampler* smp = NULL;
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   const float* logits = NULL;
   int32_t n_vocab = 0;
@@ -44,15 +49,15 @@ static void test_null_handles(kiln_model* model, kiln_cache* cache) {
   cp.kv_type = (kiln_kv_type)7;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "kv_type") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.pool_bytes = 1000;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "pool_bytes") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.block_size = 0;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "block_size") != NULL);
-  cp = kiln_cache_default_params();
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.struct_size = 4;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_sampler_create(NULL, &smp) == KILN_ERR_INVALID_ARGUMENT);
@@ -109,7 +114,8 @@ static int collect_cb(int32_t token, const char* piece, size_t piece_len, void* 
 
 static void test_generate(kiln_model* model, kiln_cache* cache) {
   kiln_session* s = new_session(model, cache, NULL);
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   collect full, again, stopped, cut;
   size_t n_prompt;
@@ -182,10 +188,24 @@ static void test_generate(kiln_model* model, kiln_cache* cache) {
     CHECK(gr.stop_reason == KILN_STOP_CANCELLED);
     CHECK(gr.n_tokens == 2);
   }
-  /* A cancel with no call in progress cancels the next one, once. */
+  /* A cancel applies only to the call in flight: one sent while no call runs (here, right
+   * after the generate it would have stopped ended) has no effect on the next call. */
   CHECK(kiln_session_cancel(s) == KILN_OK);
-  CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_ERR_CANCELLED);
   CHECK(kiln_session_append_text(s, " ok", 3, 0) == KILN_OK);
+  {
+    const size_t before = kiln_session_n_tokens(s);
+    CHECK(kiln_session_cancel(s) == KILN_OK);
+    gp.user_data = NULL;
+    gp.callback = NULL;
+    gp.max_tokens = 4;
+    CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+    CHECK(gr.stop_reason != KILN_STOP_CANCELLED);
+    CHECK(gr.n_tokens > 0);
+    CHECK(kiln_session_n_tokens(s) == before + (size_t)gr.n_tokens);
+    CHECK(kiln_session_rewind(s, (size_t)gr.n_tokens) == KILN_OK);
+    gp.callback = collect_cb;
+    gp.max_tokens = 20;
+  }
 
   /* Fork shares the prefix and continues identically. */
   {
@@ -207,10 +227,12 @@ static void test_generate(kiln_model* model, kiln_cache* cache) {
 }
 
 static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
-  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler_params sp;
+  kiln_sampler_params_init(&sp, sizeof sp);
   kiln_sampler* sampler = NULL;
   kiln_logit_bias bias[1];
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   int32_t tokens_a[64], tokens_b[64];
   size_t na = 0, nb = 0;
@@ -223,7 +245,7 @@ static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
   sp.repeat_penalty = 0.0f;
   CHECK(kiln_sampler_create(&sp, &sampler) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "repeat_penalty") != NULL);
-  sp = kiln_sampler_default_params();
+  kiln_sampler_params_init(&sp, sizeof sp);
   bias[0].token = 60000; /* past the vocabulary: rejected when a session uses it */
   bias[0].bias = 1.0f;
   sp.logit_bias = bias;
@@ -256,7 +278,8 @@ static void test_sampler_and_logprobs(kiln_model* model, kiln_cache* cache) {
 }
 
 static void test_cache_full(kiln_model* model, size_t block_bytes) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_session *a, *b;
   int32_t prompt[40];
@@ -325,8 +348,101 @@ static void test_cancel_during_prefill(kiln_model* model, kiln_cache* cache) {
   kiln_session_destroy(s);
 }
 
+typedef struct generate_job {
+  kiln_session* session;
+  kiln_generate_params params;
+  kiln_generate_result result;
+  kiln_status status;
+  atomic_int done;
+} generate_job;
+
+static void* generate_thread(void* arg) {
+  generate_job* job = (generate_job*)arg;
+  job->status = kiln_session_generate(job->session, &job->params, &job->result);
+  atomic_store(&job->done, 1);
+  return NULL;
+}
+
+/* While a generate runs on another thread, kiln_session_n_tokens reports the growing count
+ * (never 0, never decreasing, never below the prompt), and kiln_session_cancel from this thread
+ * stops the generate. Greedy with every end-of-generation token banned, so that only the cancel
+ * (or max_tokens, which would fail the test) ends it. */
+static void test_cancel_and_count_during_generate(kiln_model* model, kiln_cache* cache) {
+  enum { kMaxTokens = 1000, kCancelAfter = 8 };
+  kiln_model_info info;
+  kiln_sampler_params sp;
+  kiln_sampler* sampler = NULL;
+  kiln_logit_bias* bans;
+  size_t n_bans = 0, n_prompt, last, reads = 0, decreases = 0, below_prompt = 0;
+  int32_t t;
+  int cancelled = 0;
+  kiln_session* s;
+  generate_job job;
+  pthread_t thread;
+  const struct timespec pause = {0, 100000}; /* 0.1 ms: leave the cores to the generate */
+  info.struct_size = sizeof info;
+  CHECK(kiln_model_get_info(model, &info) == KILN_OK);
+  bans = (kiln_logit_bias*)malloc(sizeof(kiln_logit_bias) * (size_t)info.n_vocab);
+  for (t = 0; t < info.n_vocab; ++t) {
+    if (kiln_model_token_is_eog(model, t)) {
+      bans[n_bans].token = t;
+      bans[n_bans].bias = -INFINITY;
+      ++n_bans;
+    }
+  }
+  CHECK(n_bans > 0);
+  kiln_sampler_params_init(&sp, sizeof sp);
+  sp.temperature = 0.0f;
+  sp.logit_bias = bans;
+  sp.n_logit_bias = n_bans;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  free(bans);
+  s = new_session(model, cache, sampler);
+  kiln_sampler_destroy(sampler);
+  CHECK(kiln_session_append_text(s, kPrompt, strlen(kPrompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+        KILN_OK);
+  n_prompt = kiln_session_n_tokens(s);
+  CHECK(n_prompt > 10);
+
+  job.session = s;
+  kiln_generate_params_init(&job.params, sizeof job.params);
+  job.params.max_tokens = kMaxTokens;
+  memset(&job.result, 0, sizeof job.result);
+  job.result.struct_size = sizeof job.result;
+  job.status = KILN_ERR_INTERNAL;
+  atomic_init(&job.done, 0);
+  last = n_prompt;
+  CHECK(pthread_create(&thread, NULL, generate_thread, &job) == 0);
+  while (!atomic_load(&job.done)) {
+    const size_t n = kiln_session_n_tokens(s);
+    ++reads;
+    if (n < last) ++decreases;
+    if (n < n_prompt) ++below_prompt;
+    last = n;
+    if (!cancelled && n >= n_prompt + kCancelAfter) {
+      CHECK(kiln_session_cancel(s) == KILN_OK);
+      cancelled = 1;
+    }
+    nanosleep(&pause, NULL);
+  }
+  pthread_join(thread, NULL);
+  CHECK(reads > 0);
+  CHECK(decreases == 0);
+  CHECK(below_prompt == 0);
+  CHECK(cancelled);
+  CHECK(job.status == KILN_OK);
+  CHECK(job.result.stop_reason == KILN_STOP_CANCELLED);
+  CHECK(job.result.n_tokens >= kCancelAfter && job.result.n_tokens < kMaxTokens);
+  CHECK(kiln_session_n_tokens(s) == n_prompt + (size_t)job.result.n_tokens);
+  CHECK(last <= kiln_session_n_tokens(s));
+  printf("cancel from another thread: stopped after %d tokens, %zu concurrent count reads\n",
+         (int)job.result.n_tokens, reads);
+  kiln_session_destroy(s);
+}
+
 static void test_prefix_cache(kiln_model* model) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_cache_stats st;
   const char* sys =
@@ -375,10 +491,12 @@ static void test_llama_cpp_order(kiln_model* model) {
   static const int32_t kLlamaCpp[32] = {7042, 30,   198, 198, 504,  1797, 1918, 553, 253, 2155, 282,
                                         4723, 216,  35,  33,  33,   2215, 701,  30,  198, 198,  504,
                                         1797, 1918, 553, 253, 2155, 282,  4723, 216, 35,  33};
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_session* s = NULL;
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   int i;
   cp.n_threads = 2;
@@ -399,12 +517,14 @@ static void test_llama_cpp_order(kiln_model* model) {
   kiln_session_destroy(s);
   kiln_cache_destroy(cache);
 
-  cp = kiln_cache_default_params();
+  /* llama_cpp_order is part of the first release (0.2): a struct that ends before it is below
+   * the smallest size accepted (tests/c_api/c_abi_test.c tests the rule for every struct). */
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.struct_size = (uint32_t)offsetof(kiln_cache_params, llama_cpp_order);
-  cp.n_ctx = 512;
-  cp.llama_cpp_order = 1; /* beyond the caller's struct: ignored */
-  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
-  kiln_cache_destroy(cache);
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kiln_last_error_message(), "kiln_cache_params") != NULL);
 }
 
 /* Speculative decoding through the C API: n-gram greedy output equals plain greedy output on a
@@ -414,7 +534,8 @@ static void generate_ids(kiln_model* model, kiln_cache* cache, const kiln_sample
                          kiln_strategy* strategy, const char* prompt, int32_t n,
                          kiln_spec_metrics* metrics) {
   kiln_session* s = new_session(model, cache, sampler);
-  kiln_generate_params gp = kiln_generate_default_params();
+  kiln_generate_params gp;
+  kiln_generate_params_init(&gp, sizeof gp);
   kiln_generate_result gr;
   memset(&gr, 0, sizeof gr);
   gr.struct_size = sizeof gr;
@@ -436,9 +557,11 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
       "<|im_start|>assistant\n";
   int32_t plain[48], again[48];
   int n_plain, i;
-  kiln_ngram_params np = kiln_ngram_default_params();
+  kiln_ngram_params np;
+  kiln_ngram_params_init(&np, sizeof np);
   kiln_strategy* ngram = NULL;
-  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler_params sp;
+  kiln_sampler_params_init(&sp, sizeof sp);
   kiln_sampler* sampler = NULL;
   kiln_spec_metrics m;
   CHECK(np.fixed_pass_cost_beta < 0); /* measured by default */
@@ -451,6 +574,7 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   memcpy(plain, collect_ids, sizeof plain);
   CHECK(n_plain > 16);
   memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
   generate_ids(model, cache, NULL, ngram, kCopy, 48, &m);
   CHECK(collect_n == n_plain);
   for (i = 0; i < n_plain && i < collect_n; ++i) CHECK(collect_ids[i] == plain[i]);
@@ -470,11 +594,12 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   kiln_sampler_destroy(sampler);
   kiln_strategy_destroy(ngram);
 
-  np = kiln_ngram_default_params();
+  kiln_ngram_params_init(&np, sizeof np);
   np.struct_size = (uint32_t)offsetof(kiln_ngram_params, fixed_pass_cost_beta);
-  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_OK);
-  kiln_strategy_destroy(ngram);
-  np = kiln_ngram_default_params();
+  ngram = NULL;
+  CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(ngram == NULL);
+  kiln_ngram_params_init(&np, sizeof np);
   np.max_draft = 0;
   CHECK(kiln_strategy_create_ngram(&np, &ngram) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
@@ -484,9 +609,11 @@ int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
   const char* home = getenv("HOME");
-  kiln_model_params mp = kiln_model_default_params();
+  kiln_model_params mp;
+  kiln_model_params_init(&mp, sizeof mp);
   kiln_model* model = NULL;
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   kiln_cache* cache = NULL;
   kiln_cache_stats st;
   if (dir && *dir) {
@@ -511,6 +638,7 @@ int main(void) {
   test_sampler_and_logprobs(model, cache);
   test_cache_full(model, st.block_bytes);
   test_cancel_during_prefill(model, cache);
+  test_cancel_and_count_during_generate(model, cache);
   test_prefix_cache(model);
   kiln_cache_destroy(cache);
   kiln_model_destroy(model);

@@ -319,20 +319,39 @@ TEST_F(TinySession, SessionsOnSeveralThreadsShareOneEngine) {
   EXPECT_EQ(parallel, sequential);
 }
 
-TEST_F(TinySession, CancelBeforeACallCancelsIt) {
+// A cancel applies only to the call in flight: one sent while no call runs is dropped by the
+// next call, and one sent from the generate callback stops that generate.
+TEST_F(TinySession, CancelWhileIdleHasNoEffect) {
   auto engine = MakeEngine(*model_);
   auto s = NewSession(*engine, Greedy());
   s->Cancel();
-  EXPECT_EQ(s->AppendTokens(RandomTokens(20, 3, 300, 30)).code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(s->n_tokens(), 0);
-  ASSERT_TRUE(s->AppendTokens(RandomTokens(20, 3, 300, 30)).ok());  // consumed
+  ASSERT_TRUE(s->AppendTokens(RandomTokens(20, 3, 300, 30)).ok());
+  EXPECT_EQ(s->n_tokens(), 20);
+  EXPECT_EQ(s->published_n_tokens(), 20);
   s->Cancel();
   GenerateOptions options;
   options.max_tokens = 5;
   auto r = s->Generate(options);
   ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reason, StopReason::kMaxTokens);  // Greedy() bans the control tokens
+  EXPECT_EQ(r->n_tokens, 5);
+  EXPECT_EQ(s->published_n_tokens(), 25);
+
+  int seen = 0;
+  options.on_token = [&](int32_t token, std::string_view) {
+    if (token >= 0 && ++seen == 2) s->Cancel();
+    return true;
+  };
+  r = s->Generate(options);
+  ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reason, StopReason::kCancelled);
-  EXPECT_EQ(r->n_tokens, 0);
+  EXPECT_EQ(r->n_tokens, 2);
+  s->Cancel();  // after the call that honoured the previous one ended: dropped
+  options.on_token = nullptr;
+  r = s->Generate(options);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reason, StopReason::kMaxTokens);
+  EXPECT_EQ(r->n_tokens, 5);
 }
 
 TEST_F(TinySession, MutatingFromOwnCallbackIsBusyReadingIsFine) {

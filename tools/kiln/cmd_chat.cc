@@ -116,7 +116,8 @@ int RunChat(const std::vector<std::string>& args) {
         break;
       }
       Answer answer;
-      kiln_generate_params gp = kiln_generate_default_params();
+      kiln_generate_params gp;
+      kiln_generate_params_init(&gp, sizeof gp);
       gp.max_tokens = flags.n_predict;
       gp.callback = Stream;
       gp.user_data = &answer;

@@ -102,14 +102,16 @@ int RunGenerate(const std::vector<std::string>& args) {
       break;
     }
     if (strategy_name == "ngram") {
-      kiln_ngram_params np = kiln_ngram_default_params();
+      kiln_ngram_params np;
+      kiln_ngram_params_init(&np, sizeof np);
       if (draft_max > 0) {
         np.max_draft = static_cast<int32_t>(draft_max);
         np.start_draft = std::min(np.start_draft, np.max_draft);
       }
       s = kiln_strategy_create_ngram(&np, &strategy);
     } else if (strategy_name.rfind("draft:", 0) == 0) {
-      kiln_draft_params dp = kiln_draft_default_params();
+      kiln_draft_params dp;
+      kiln_draft_params_init(&dp, sizeof dp);
       if (draft_max > 0) dp.max_draft = static_cast<int32_t>(draft_max);
       dp.n_threads = flags.threads;
       s = kiln_strategy_create_draft(model, strategy_name.c_str() + 6, &dp, &strategy);
@@ -142,7 +144,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       break;
     }
     const double t1 = NowSeconds();
-    kiln_generate_params gp = kiln_generate_default_params();
+    kiln_generate_params gp;
+    kiln_generate_params_init(&gp, sizeof gp);
     gp.max_tokens = flags.n_predict;
     gp.callback = PrintPiece;
     kiln_generate_result result;
@@ -161,6 +164,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                  result.n_tokens / (t2 - t1), StopReasonName(result.stop_reason));
     if (strategy != nullptr) {
       kiln_spec_metrics m;
+      m.struct_size = sizeof m;
       if (kiln_session_get_spec_metrics(session, &m) == KILN_OK) {
         std::fprintf(stderr,
                      "speculative (%s): drafted %lld, accepted %lld (%.1f%%), mean accepted per "

@@ -61,7 +61,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   kiln_session* session = nullptr;
   int rc = 1;
   do {
-    kiln_cache_params cp = kiln_cache_default_params();
+    kiln_cache_params cp;
+    kiln_cache_params_init(&cp, sizeof cp);
     cp.n_threads = flags.threads;
     cp.n_ctx = flags.ctx;
     cp.prefix_caching = 0;  // every chunk is new text

@@ -111,7 +111,8 @@ std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_wh
 
 bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** cache,
                          kiln_sampler** sampler) {
-  kiln_cache_params cp = kiln_cache_default_params();
+  kiln_cache_params cp;
+  kiln_cache_params_init(&cp, sizeof cp);
   cp.n_threads = flags.threads;
   cp.n_ctx = flags.ctx;
   cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
@@ -120,7 +121,8 @@ bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** 
     ReportError("creating the cache", s);
     return false;
   }
-  kiln_sampler_params sp = kiln_sampler_default_params();
+  kiln_sampler_params sp;
+  kiln_sampler_params_init(&sp, sizeof sp);
   sp.temperature = flags.temp;
   sp.top_k = flags.top_k;
   sp.top_p = flags.top_p;

@@ -14,7 +14,8 @@ int ReportError(const std::string& what, kiln_status status) {
 }
 
 kiln_model* LoadModelOrReport(const std::string& path) {
-  kiln_model_params params = kiln_model_default_params();
+  kiln_model_params params;
+  kiln_model_params_init(&params, sizeof params);
   params.path = path.c_str();
   kiln_model* model = nullptr;
   kiln_status s = kiln_model_load(&params, &model);
