@@ -10,23 +10,28 @@ Cross-check: the HF `tokenizers` package, rebuilt from the GGUF's vocab + merges
 Digits(individual) + ByteLevel pre-tokenizers (SmolLM2's pipeline), must agree with llama.cpp on
 every valid-UTF-8 string without special parsing; the script fails otherwise.
 
-Invalid UTF-8: llama.cpp replaces each invalid byte with U+FFFD before tokenizing (so its ids do
-not decode to the input). kiln instead keeps each invalid byte as its own unit (a symbol-class
-code point for the pre-tokenizer) and BPE-encodes the raw byte. For these cases `ids` is computed
-independently of kiln: Python's `regex` module splits the surrogateescape-decoded text (each
-invalid byte becomes a lone surrogate, category Cs, matching [^\\s\\p{L}\\p{N}] like U+FFFD)
-with SmolLM2's two patterns, and HF `tokenizers` BPE encodes each byte-level-mapped word
-(is_pretokenized); a byte that has no token is dropped but still separates its neighbours (as in
-llama.cpp's merge loop). `llama_cpp_ids` keeps llama.cpp's answer, which must equal kiln's encoding of
-the text with every invalid byte replaced by U+FFFD (`fffd_text`).
+Invalid UTF-8: llama.cpp replaces each byte its UTF-8 decoder rejects with U+FFFD before the
+pre-tokenizer (its decoder goes by the lead byte's bits: overlong forms and surrogates decode,
+values above U+10FFFF make it throw, so no case has one). kiln does the same; for these cases the
+ids are llama.cpp's, and `decode_special` (llama.cpp's detokenize) must equal the text as this
+script replaces it on its own (llama_replace) and, where Python can hold the replaced text (no
+surrogate), HF tokenizers must give the same ids for it.
 
-Usage: python3 scripts/gen_tokenizer_goldens.py [model.gguf] [out.json]
+SentencePiece (tests/data/tokenizer/spm_invalid_utf8_goldens.json): a small SPM vocabulary with
+byte fallback (letters, a few merges, all 256 <0xXX> tokens; written into a vocab-only GGUF that
+llama.cpp loads) and llama.cpp's ids for invalid UTF-8. llama.cpp's SPM tokenizer never replaces
+bytes: it cuts the text into symbols of the length a lead byte announces, and whatever is not a
+token becomes byte tokens. kiln keeps each byte that is not UTF-8 a symbol of its own instead, so
+where an invalid lead byte is followed by other bytes (`kiln_differs`), llama.cpp turns those into
+byte tokens too (an escaped space then decodes as "▁"); everywhere else the ids must be equal.
+(Without byte tokens llama.cpp throws on such input, so there are no goldens for that case.)
+
+Usage: python3 scripts/gen_tokenizer_goldens.py [model.gguf] [out.json] [spm_out.json]
 """
 import json
 import os
 import sys
 
-import regex
 from gguf import GGUFReader
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -83,10 +88,13 @@ CASES = [
 
 # Invalid UTF-8 (bytes).
 INVALID_CASES = [
+    ('invalid_ff_fe', b'abc\xff\xfedef'),
     ('invalid_lone_ff', b'abc\xffdef'),
+    ('invalid_lone_continuation', b'lone \x80 byte'),
     ('invalid_stray_continuation', b'x\x80\x80y'),
     ('invalid_truncated_3byte', b'euro \xe2\x82 end'),
     ('invalid_overlong', b'\xc0\xaf slash'),
+    ('invalid_overlong_3byte', b'a\xe0\x80\xafb \xf0\x80\x80\xaf'),
     ('invalid_surrogate', b'sur\xed\xa0\x80rogate'),
     ('invalid_mixed', b'ok \xf0\x9f\x98 \xfe!\xff? \xe4\xbd\xa0'),
     ('invalid_truncated_emoji_end', b'smile \xf0\x9f\x98'),
@@ -96,43 +104,94 @@ INVALID_CASES = [
 LONG_REPEAT = 200
 LONG_SEPARATOR = b'  \n'
 
-SMOLLM_PATTERNS = [
-    r"\p{N}",
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+def llama_replace(b):
+    """The bytes llama.cpp tokenizes for `b`: a lead byte announces 1 + (number of its leading
+    one bits - 1) continuation bytes (10xxxxxx); a complete sequence is re-encoded from its code
+    point (overlong forms shrink, surrogates stay), any other byte becomes U+FFFD."""
+    out = bytearray()
+    i = 0
+    while i < len(b):
+        b0 = b[i]
+        n = 1 if b0 < 0x80 else 2 if 0xC0 <= b0 < 0xE0 else 3 if 0xE0 <= b0 < 0xF0 \
+            else 4 if 0xF0 <= b0 < 0xF8 else 0
+        tail = b[i + 1:i + n]
+        if n and len(tail) == n - 1 and all(0x80 <= c < 0xC0 for c in tail):
+            cp = b0 & (0x7F >> n) if n > 1 else b0
+            for c in tail:
+                cp = (cp << 6) | (c & 0x3F)
+            assert cp <= 0x10FFFF, 'llama.cpp throws on this input; no golden possible'
+            out += chr(cp).encode('utf-8', errors='surrogatepass')
+            i += n
+        else:
+            out += '\ufffd'.encode('utf-8')
+            i += 1
+    return bytes(out)
+
+
+# SPM vocabulary: (text, score, token type); 1 normal, 2 unknown, 3 control, 6 byte.
+SPM_TOKENS = [('<unk>', 0.0, 2), ('<s>', 0.0, 3), ('</s>', 0.0, 3), ('\u2581', -5.0, 1)] + \
+    [(c, -10.0, 1) for c in 'abcdef'] + \
+    [('ab', -1.0, 1), ('\u2581a', -2.0, 1), ('de', -3.0, 1)] + \
+    [(f'<0x{b:02X}>', 0.0, 6) for b in range(256)]
+
+# (name, bytes, kiln_differs): see the docstring.
+SPM_CASES = [
+    ('valid', b'abc de fab', False),
+    ('ff_fe', b'abc\xff\xfedef', True),            # 0xFF announces 4 bytes: FF FE d e
+    ('lone_continuation', b'a\x80b', False),
+    ('truncated_3byte_end', b'ab\xe2\x82', False),
+    ('truncated_before_space', b'a\xe2 b', True),   # E2 announces 3 bytes: E2 + two of "▁"
+    ('lead_then_letters', b'\xe4abc', True),
+    ('overlong', b'\xc0\xaf', False),
+    ('surrogate', b'a\xed\xa0\x80b', False),
+    ('stray_then_valid', b'\x80\xc3\xa9', False),
 ]
 
 
-def bytes_to_unicode():
-    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+def gen_spm(out_path):
+    import tempfile
 
-
-B2U = bytes_to_unicode()
-
-
-def regex_split(text, patterns):
-    """Applies the patterns in sequence; matches and gaps both become fragments."""
-    frags = [text]
-    for pat in patterns:
-        out = []
-        for f in frags:
-            last = 0
-            for m in regex.finditer(pat, f):
-                if m.start() > last:
-                    out.append(f[last:m.start()])
-                out.append(m.group())
-                last = m.end()
-            if last < len(f):
-                out.append(f[last:])
-        frags = out
-    return frags
+    import gguf
+    import llama_cpp
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, 'spm_vocab.gguf')
+        w = gguf.GGUFWriter(path, 'llama')
+        w.add_tokenizer_model('llama')
+        w.add_token_list([t for t, _, _ in SPM_TOKENS])
+        w.add_token_scores([sc for _, sc, _ in SPM_TOKENS])
+        w.add_token_types([ty for _, _, ty in SPM_TOKENS])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(False)
+        w.add_add_space_prefix(True)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        cases = []
+        for name, b, differs in SPM_CASES:
+            ids = list(llm.tokenize(b, add_bos=False, special=False))
+            cases.append({
+                'name': name,
+                'bytes': list(b),
+                'llama_cpp_ids': ids,
+                'llama_cpp_decoded': list(llm.detokenize(ids)),
+                'kiln_differs': differs,
+            })
+    with open(out_path, 'w') as f:
+        f.write('{\n')
+        f.write(' "generator": "scripts/gen_tokenizer_goldens.py",\n')
+        f.write(f' "reference": {json.dumps(f"llama-cpp-python {llama_cpp.__version__}")},\n')
+        f.write(' "add_space_prefix": true, "bos": 1, "eos": 2, "unk": 0,\n')
+        f.write(' "tokens": [\n')
+        f.write(',\n'.join('  ' + json.dumps({'text': t, 'score': int(sc), 'type': ty}, ensure_ascii=True)
+                           for t, sc, ty in SPM_TOKENS))
+        f.write('\n ],\n "cases": [\n')
+        f.write(',\n'.join('  ' + json.dumps(c, ensure_ascii=True) for c in cases))
+        f.write('\n ]\n}\n')
+    print(f'wrote {len(cases)} SPM cases to {out_path}')
 
 
 def build_hf(tokens, merges):
@@ -144,8 +203,7 @@ def build_hf(tokens, merges):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     full.decoder = decoders.ByteLevel()
-    bare = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(' ', 1)) for m in merges]))
-    return full, bare
+    return full
 
 
 def main():
@@ -155,13 +213,7 @@ def main():
     reader = GGUFReader(model)
     tokens = reader.fields['tokenizer.ggml.tokens'].contents()
     merges = reader.fields['tokenizer.ggml.merges'].contents()
-    hf_full, hf_bare = build_hf(tokens, merges)
-    u2b = {c: bt for bt, c in B2U.items()}
-    global U2B_TOKEN
-    U2B_TOKEN = [bytes(u2b.get(ch, 0) for ch in t) for t in tokens]
-    global UNTOKENIZABLE
-    token_set = set(tokens)
-    UNTOKENIZABLE = [B2U[b] for b in range(256) if B2U[b] not in token_set]
+    hf_full = build_hf(tokens, merges)
 
     import llama_cpp
     llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
@@ -187,33 +239,24 @@ def main():
             'decode_special': list(decoded),
         })
     for name, b in INVALID_CASES:
-        text = b.decode('utf-8', errors='surrogateescape')
-        words = regex_split(text, SMOLLM_PATTERNS)
-        mapped = [''.join(B2U[x] for x in w.encode('utf-8', errors='surrogateescape'))
-                  for w in words]
-        # A byte with no token (0xFE, 0xFF, ... in this vocab) is dropped but still separates
-        # its neighbours (llama.cpp keeps it as a symbol that never merges; HF would skip it
-        # before merging), so split words around such bytes first.
-        parts = []
-        for w in mapped:
-            parts += [p for p in regex.split('|'.join(map(regex.escape, UNTOKENIZABLE)), w) if p] \
-                if UNTOKENIZABLE else [w]
-        expected = hf_bare.encode(parts, is_pretokenized=True).ids if parts else []
-        # Each invalid byte -> U+FFFD, as llama.cpp does for bytes its (lenient) decoder rejects.
-        fffd = regex.sub(r'[\udc80-\udcff]', '\ufffd', text)
-        fffd_ok = hf_full.encode(fffd).ids == lc_tok(b, False)
-        roundtrip = b''.join(U2B_TOKEN[i] for i in expected) == b
+        plain = lc_tok(b, False)
+        special = lc_tok(b, True)
+        replaced = llama_replace(b)
+        decoded = bytes(llm.detokenize(special, special=True))
+        if decoded != replaced:
+            sys.exit(f'{name}: llama.cpp decodes {decoded!r}, the replacement rule gives {replaced!r}')
+        try:
+            text = replaced.decode('utf-8')
+        except UnicodeDecodeError:  # a surrogate: Python (and HF tokenizers) cannot hold it
+            text = None
+        if text is not None and hf_full.encode(text).ids != plain:
+            sys.exit(f'{name}: HF tokenizers {hf_full.encode(text).ids} != llama.cpp {plain}')
         cases.append({
             'name': name,
             'bytes': list(b),
-            'ids': expected,
-            'ids_parse_special': expected,
-            'llama_cpp_ids': lc_tok(b, False),
-            # Only where llama.cpp's decoder rejects the same bytes (it accepts overlong and
-            # surrogate forms), so the FFFD relation holds; else null.
-            'fffd_text': list(fffd.encode('utf-8')) if fffd_ok else None,
-            # False when some byte has no token in the vocab (llama.cpp and kiln drop it).
-            'roundtrip': roundtrip,
+            'ids': plain,
+            'ids_parse_special': special,
+            'decode_special': list(decoded),
             'invalid_utf8': True,
         })
     # A long text (several pre-tokenizer chunks in kiln) checked by count and FNV-1a hash of the
@@ -244,6 +287,8 @@ def main():
         f.write(',\n'.join('  ' + json.dumps(c, ensure_ascii=True) for c in cases))
         f.write('\n ]\n}\n')
     print(f'wrote {len(cases)} cases to {out_path}')
+    gen_spm(sys.argv[3] if len(sys.argv) > 3 else os.path.join(
+        os.path.dirname(out_path), 'spm_invalid_utf8_goldens.json'))
 
 
 if __name__ == '__main__':

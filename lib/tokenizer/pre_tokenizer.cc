@@ -277,7 +277,7 @@ void DecodeUnits(std::string_view text, std::vector<Unit>* units) {
   size_t pos = 0;
   while (pos < text.size()) {
     const auto offset = static_cast<uint32_t>(pos);
-    const uint32_t cp = unicode::DecodeUtf8(text, &pos);
+    const uint32_t cp = unicode::DecodeUtf8Lenient(text, &pos);
     const uint8_t flags = cp >= unicode::kInvalidBase ? 0 : unicode::FlagsOf(cp);
     units->push_back(Unit{offset, cp, flags});
   }

@@ -3,12 +3,12 @@
 // applied in sequence: each pass re-splits every fragment of the previous pass, and both the
 // matched spans and the gaps between them become fragments.
 //
-// Invalid UTF-8: the text is decoded with unicode::DecodeUtf8; every byte that is not part of a
-// well-formed sequence becomes its own unit with no class (like a symbol: not \p{L}, \p{N} nor
-// \s), so it groups with neighbouring punctuation/symbols under [^\s\p{L}\p{N}]+. Words are
-// reported as byte ranges of the original text, so the invalid bytes themselves reach the BPE
-// and round-trip through Decode. (llama.cpp instead replaces each invalid byte with U+FFFD
-// before tokenizing; the word boundaries are the same, only the bytes differ.)
+// Invalid UTF-8: Tokenizer hands the pre-tokenizer text already passed through
+// unicode::ReplaceInvalidUtf8 (each invalid byte is U+FFFD, as in llama.cpp), so the words are
+// llama.cpp's. The text is decoded with unicode::DecodeUtf8Lenient, llama.cpp's rule:
+// a surrogate (which the replacement keeps) is one unit of no class. Any other text is still
+// split safely: a byte the decoder rejects becomes its own unit with no class (like a symbol:
+// not \p{L}, \p{N} nor \s), and words are byte ranges of the text given, so they cover it.
 //
 // Thread-safety: stateless functions; thread-safe.
 #pragma once
@@ -27,7 +27,7 @@ namespace kiln::pretok {
 // One code point (or one invalid byte) of the text being split.
 struct Unit {
   uint32_t offset;  // byte offset of the unit in the text
-  uint32_t cp;      // code point, or unicode::kInvalidBase + byte
+  uint32_t cp;      // code point (lenient decoding), or unicode::kInvalidBase + byte
   uint8_t flags;    // unicode::CodepointFlags
 };
 

@@ -42,6 +42,7 @@ struct Tokenizer::Scratch {
   };
   std::vector<SpmCandidate> spm_heap;
   std::string escaped;
+  std::string replaced;  // BPE: a text segment after unicode::ReplaceInvalidUtf8
 
   // BPE word cache: word bytes -> [offset, length) in cached_ids. Valid for one Tokenizer
   // (cache_owner); cleared when it grows past kMaxCachedWords.
@@ -61,6 +62,7 @@ struct Tokenizer::Scratch {
     if (bpe_heap.capacity() > kKeep) std::vector<BpeCandidate>().swap(bpe_heap);
     if (spm_heap.capacity() > kKeep) std::vector<SpmCandidate>().swap(spm_heap);
     if (escaped.capacity() > kKeep) std::string().swap(escaped);
+    if (replaced.capacity() > kKeep) std::string().swap(replaced);
     if (cached_ids.capacity() > kKeep) {
       std::vector<int32_t>().swap(cached_ids);
       word_cache.clear();
@@ -75,7 +77,8 @@ Tokenizer::Scratch& ThreadScratch() {
   return scratch;
 }
 
-constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";     // U+2581 "▁"
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 // Inverse GPT-2 byte mapping of `text`; false if some code point is not a mapped byte (then
 // *out holds the bytes decoded so far followed by the rest verbatim).
@@ -319,7 +322,18 @@ absl::Status Tokenizer::EncodeTo(std::string_view text, bool add_special, bool p
     }
     const std::string_view piece = text.substr(seg.begin, seg.end - seg.begin);
     if (vocab_.model == VocabModel::kBpe) {
-      EncodeBpeText(piece, s, out);
+      // llama.cpp's text: each invalid byte becomes U+FFFD, overlong forms their shortest form.
+      std::string_view bpe_text = piece;
+      if (unicode::ReplaceInvalidUtf8(piece, &s.replaced)) {
+        if (s.replaced.size() >= UINT32_MAX) {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              "Encode: text of ", text.size(), " bytes exceeds the 4 GiB limit once its ",
+              "invalid UTF-8 bytes are replaced by U+FFFD"));
+          break;
+        }
+        bpe_text = s.replaced;
+      }
+      EncodeBpeText(bpe_text, s, out);
     } else {
       status = EncodeSpmText(piece, vocab_.add_space_prefix && prev_special, s, out);
       if (!status.ok()) break;
@@ -529,19 +543,41 @@ absl::Status Tokenizer::EncodeSpmText(std::string_view text, bool space_prefix, 
   std::string& esc = s.escaped;
   esc.clear();
   if (space_prefix) esc += kSpmSpace;
-  for (char c : text) {
-    if (c == ' ') {
-      esc += kSpmSpace;
+  // Spaces become "▁". A byte that is not UTF-8 (unicode::DecodeUtf8Lenient rejects it) stays
+  // when the vocab has its byte token (byte fallback keeps the text exact, as in llama.cpp);
+  // otherwise it becomes U+FFFD, tokenized like any other character.
+  for (size_t pos = 0; pos < text.size();) {
+    const auto byte = static_cast<uint8_t>(text[pos]);
+    if (byte < 0x80) {
+      if (byte == ' ') {
+        esc += kSpmSpace;
+      } else {
+        esc.push_back(static_cast<char>(byte));
+      }
+      ++pos;
+      continue;
+    }
+    const size_t start = pos;
+    const uint32_t cp = unicode::DecodeUtf8Lenient(text, &pos);
+    if (cp >= unicode::kInvalidBase && byte_token_[byte] < 0) {
+      esc += kReplacement;
     } else {
-      esc.push_back(c);
+      esc += text.substr(start, pos - start);
     }
   }
   if (esc.empty()) return absl::OkStatus();
+  if (esc.size() >= UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Encode: text of ", text.size(), " bytes exceeds the 4 GiB limit once spaces are ",
+        "escaped as U+2581 and invalid UTF-8 bytes replaced by U+FFFD"));
+  }
   auto& sym = s.symbols;
   sym.clear();
   for (size_t pos = 0; pos < esc.size();) {
     const size_t start = pos;
-    unicode::DecodeUtf8(esc, &pos);  // invalid bytes are one-byte symbols
+    // Symbols are characters; a byte left invalid above is a symbol of its own (llama.cpp
+    // would group it with the bytes its lead bits announce, even an escaped space).
+    unicode::DecodeUtf8Lenient(esc, &pos);
     const auto i = static_cast<int32_t>(sym.size());
     sym.push_back({0, i - 1, -1, static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});
     if (i > 0) sym[i - 1].next = i;
@@ -592,7 +628,8 @@ absl::Status Tokenizer::EncodeSpmText(std::string_view text, bool space_prefix, 
       return absl::InvalidArgumentError(absl::StrCat(
           "Encode: character at byte offset ", sym[i].begin, " of the escaped text (byte 0x",
           absl::Hex(static_cast<uint8_t>(piece[0]), absl::kZeroPad2),
-          ") has no token, no byte token and the vocab has no unknown token"));
+          ") has no token, no byte token and the vocab has no unknown token",
+          piece == kReplacement ? " (U+FFFD, which replaces a byte that is not UTF-8)" : ""));
     }
   }
   return absl::OkStatus();

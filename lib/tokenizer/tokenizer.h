@@ -7,13 +7,19 @@
 //     memoized in a bounded thread-local cache (BPE of a word depends only on its bytes), and
 //     long texts are pre-tokenized in chunks cut after a lone '\n' between ASCII non-space
 //     bytes (always a word boundary for every supported pre-tokenizer), so the work buffers
-//     stay small. Any byte sequence encodes,
-//     including invalid UTF-8 (see pre_tokenizer.h), and decodes back to the same bytes.
+//     stay small. Any byte sequence encodes. Invalid UTF-8 is first replaced as llama.cpp
+//     does (unicode::ReplaceInvalidUtf8): each byte that is not UTF-8 becomes U+FFFD, even
+//     when the vocab has a token for the raw byte, and an overlong form becomes its shortest
+//     form; so ids match llama.cpp, and Decode gives the replaced text. Valid UTF-8 decodes
+//     back to the same bytes.
 //   * SentencePiece-style ("llama"): ' ' -> "▁" (plus one leading "▁" at the text start and after
 //     a special token when add_space_prefix), symbols = UTF-8 characters, merge the adjacent pair
 //     whose concatenation is a token with the highest score (ties leftmost); characters that end
 //     up outside the vocab become byte tokens <0xXX>, or the unknown token if the vocab lacks one
-//     of their bytes (an error if it has no unknown token either).
+//     of their bytes (an error if it has no unknown token either). A byte that is not UTF-8 is
+//     a symbol of its own and stays a byte token <0xXX> when the vocab has one (the text
+//     survives Decode exactly, as with llama.cpp's byte fallback); without one it becomes
+//     U+FFFD first (its token, its byte tokens, or the unknown token). Never dropped.
 //   * Special tokens: before either, the text is split on the texts of control / unknown tokens
 //     (only with parse_special) and user-defined tokens (always); longer texts are matched first
 //     over the whole text, then shorter ones in what is left (llama.cpp's partition order).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 namespace kiln::unicode {
 namespace {
@@ -57,6 +58,46 @@ uint8_t FlagsOf(uint32_t cp) {
   if (it == kUnicodeRanges) return 0;
   --it;
   return cp <= it->last ? it->flags : 0;
+}
+
+namespace {
+
+size_t EncodedLength(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+}  // namespace
+
+bool ReplaceInvalidUtf8(std::string_view text, std::string* out) {
+  // Find the first sequence whose replacement differs from it (an invalid byte, or an overlong
+  // form that re-encodes shorter); the common all-valid text is only scanned.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    // ASCII eight bytes at a time: no byte has its high bit set.
+    uint64_t word;
+    if (text.size() - pos >= sizeof(word)) {
+      std::memcpy(&word, text.data() + pos, sizeof(word));
+      if ((word & 0x8080808080808080ull) == 0) {
+        pos += sizeof(word);
+        continue;
+      }
+    }
+    if (static_cast<unsigned char>(text[pos]) < 0x80) {
+      ++pos;
+      continue;
+    }
+    const size_t start = pos;
+    const uint32_t cp = DecodeUtf8Lenient(text, &pos);
+    if (cp >= kInvalidBase || EncodedLength(cp) != pos - start) {
+      pos = start;
+      break;
+    }
+  }
+  if (pos == text.size()) return false;
+  out->assign(text.substr(0, pos));
+  while (pos < text.size()) {
+    const uint32_t cp = DecodeUtf8Lenient(text, &pos);
+    AppendUtf8(cp >= kInvalidBase ? kReplacementCharacter : cp, out);
+  }
+  return true;
 }
 
 size_t ValidPrefixLength(std::string_view s, size_t pos, size_t* full_length) {

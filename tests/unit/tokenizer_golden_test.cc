@@ -1,7 +1,8 @@
 // Checks kiln's tokenizer on the real default model (SmolLM2-135M-Instruct, byte-level BPE with
 // the "smollm" pre-tokenizer) against goldens from llama.cpp (llama-cpp-python), cross-checked
 // with HF tokenizers: tests/data/tokenizer/smollm2_goldens.json, made by
-// scripts/gen_tokenizer_goldens.py (see its docstring for the invalid-UTF-8 cases).
+// scripts/gen_tokenizer_goldens.py (see its docstring for the invalid-UTF-8 cases: llama.cpp's ids,
+// with each byte that is not UTF-8 tokenized as U+FFFD).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -250,6 +251,7 @@ TEST_F(TokenizerGoldenTest, VocabularyMetadata) {
 
 TEST_F(TokenizerGoldenTest, EveryGoldenEncodesAndDecodesExactly) {
   ASSERT_GE(Cases().items.size(), 40u);
+  int n_invalid = 0;
   for (const Json& c : Cases().items) {
     SCOPED_TRACE(c["name"].str);
     const std::string text = Bytes(c["bytes"]);
@@ -260,24 +262,43 @@ TEST_F(TokenizerGoldenTest, EveryGoldenEncodesAndDecodesExactly) {
     ASSERT_TRUE(special.ok()) << special.status();
     EXPECT_EQ(*special, Ids(c["ids_parse_special"]));
 
+    // Valid UTF-8 decodes to itself. Invalid UTF-8 decodes to llama.cpp's replaced text
+    // (decode_special): every byte accounted for, as U+FFFD where it was not UTF-8.
     const bool invalid = c["invalid_utf8"].b;
-    if (!invalid || c["roundtrip"].b) {
-      auto decoded = tokenizer_->Decode(*plain, /*render_special=*/false);
-      ASSERT_TRUE(decoded.ok());
-      EXPECT_EQ(*decoded, text);
-    }
-    if (!invalid) {
-      auto decoded = tokenizer_->Decode(*special, /*render_special=*/true);
-      ASSERT_TRUE(decoded.ok());
-      EXPECT_EQ(*decoded, Bytes(c["decode_special"]));
-      EXPECT_EQ(*decoded, text);
-    } else if (c["fffd_text"].kind == Json::kArray) {
-      // llama.cpp replaces invalid bytes by U+FFFD: same ids as kiln on the replaced text.
-      auto fffd = tokenizer_->Encode(Bytes(c["fffd_text"]), false, false);
-      ASSERT_TRUE(fffd.ok());
-      EXPECT_EQ(*fffd, Ids(c["llama_cpp_ids"]));
-    }
+    const std::string want_decoded = invalid ? Bytes(c["decode_special"]) : text;
+    auto decoded = tokenizer_->Decode(*plain, /*render_special=*/false);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(*decoded, want_decoded);
+    auto decoded_special = tokenizer_->Decode(*special, /*render_special=*/true);
+    ASSERT_TRUE(decoded_special.ok());
+    EXPECT_EQ(*decoded_special, Bytes(c["decode_special"]));
+    EXPECT_EQ(*decoded_special, want_decoded);
+    if (invalid) ++n_invalid;
   }
+  EXPECT_GE(n_invalid, 10);
+}
+
+// The example: "abc\xff\xfedef" is abc, two U+FFFD, def; nothing dropped.
+TEST_F(TokenizerGoldenTest, InvalidBytesBecomeReplacementCharacters) {
+  const Json* ff_fe = nullptr;
+  for (const Json& c : Cases().items) {
+    if (c["name"].str == "invalid_ff_fe") ff_fe = &c;
+  }
+  ASSERT_NE(ff_fe, nullptr);
+  ASSERT_EQ(Bytes((*ff_fe)["bytes"]),
+            "abc\xff\xfe"
+            "def");
+  auto ids = tokenizer_->Encode(
+      "abc\xff\xfe"
+      "def",
+      false, false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, Ids((*ff_fe)["ids"]));
+  auto decoded = tokenizer_->Decode(*ids, false);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(*decoded,
+            "abc\xEF\xBF\xBD\xEF\xBF\xBD"
+            "def");
 }
 
 TEST_F(TokenizerGoldenTest, StreamingDetokenizerReassemblesEveryValidGolden) {
@@ -362,6 +383,52 @@ TEST_F(TokenizerGoldenTest, DecodeErrorsNameIdAndIndex) {
   std::string out;
   EXPECT_FALSE(tokenizer_->TokenPiece(-1, false, &out).ok());
   EXPECT_EQ(tokenizer_->TokenText(1 << 20), "");
+}
+
+// SentencePiece with byte fallback on invalid UTF-8, against llama.cpp:
+// tests/data/tokenizer/spm_invalid_utf8_goldens.json (vocabulary and ids; see the generator's
+// docstring). Every case decodes back to its exact bytes; the ids equal llama.cpp's except
+// where an invalid lead byte is followed by other bytes (kiln_differs), which llama.cpp turns
+// into byte tokens too.
+TEST(SpmInvalidUtf8GoldenTest, ByteFallbackMatchesLlamaCpp) {
+  std::ifstream in(testing::SourcePath("tests/data/tokenizer/spm_invalid_utf8_goldens.json"));
+  ASSERT_TRUE(in) << "SPM goldens missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Json goldens;
+  ASSERT_TRUE(JsonParser(ss.str()).Parse(&goldens)) << "SPM goldens: malformed JSON";
+  Vocab v;
+  v.model = VocabModel::kSpm;
+  for (const Json& t : goldens["tokens"].items) {
+    v.tokens.push_back(t["text"].str);
+    v.scores.push_back(static_cast<float>(t["score"].num));
+    v.types.push_back(static_cast<TokenType>(t["type"].num));
+  }
+  ASSERT_EQ(v.tokens.size(), 13u + 256u);
+  v.bos = static_cast<int32_t>(goldens["bos"].num);
+  v.eos = static_cast<int32_t>(goldens["eos"].num);
+  v.unk = static_cast<int32_t>(goldens["unk"].num);
+  v.add_space_prefix = goldens["add_space_prefix"].b;
+  auto tok = Tokenizer::Create(std::move(v));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  int same = 0;
+  for (const Json& c : goldens["cases"].items) {
+    SCOPED_TRACE(c["name"].str);
+    const std::string text = Bytes(c["bytes"]);
+    auto ids = (*tok)->Encode(text, false, false);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    auto decoded = (*tok)->Decode(*ids, false);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(*decoded, text);  // byte fallback: nothing replaced, nothing dropped
+    if (c["kiln_differs"].b) {
+      // Keeps the marking honest: were kiln to group bytes as llama.cpp does, this would fail.
+      EXPECT_NE(*ids, Ids(c["llama_cpp_ids"]));
+    } else {
+      EXPECT_EQ(*ids, Ids(c["llama_cpp_ids"]));
+      ++same;
+    }
+  }
+  EXPECT_GE(same, 5);
 }
 
 }  // namespace

@@ -752,6 +752,84 @@ TEST(UnicodeTest, StrictUtf8Decoding) {
   EXPECT_EQ(decode_all("\xe2\x82"), (std::vector<uint32_t>{kInv + 0xE2, kInv + 0x82}));
 }
 
+TEST(UnicodeTest, LenientUtf8DecodingIsLlamaCpps) {
+  auto decode_all = [](std::string_view s) {
+    std::vector<uint32_t> cps;
+    size_t pos = 0;
+    while (pos < s.size()) cps.push_back(unicode::DecodeUtf8Lenient(s, &pos));
+    return cps;
+  };
+  const uint32_t kInv = unicode::kInvalidBase;
+  EXPECT_EQ(decode_all("a\xc3\xa9\xe6\x9d\xb1\xf0\x9f\x98\x80"),
+            (std::vector<uint32_t>{'a', 0xE9, 0x6771, 0x1F600}));
+  // The lead byte's bits decide: overlong forms and surrogates decode.
+  EXPECT_EQ(decode_all("\xc0\xaf"), (std::vector<uint32_t>{'/'}));
+  EXPECT_EQ(decode_all("\xe0\x80\xaf"), (std::vector<uint32_t>{'/'}));
+  EXPECT_EQ(decode_all("\xf0\x80\x80\x80"), (std::vector<uint32_t>{0}));
+  EXPECT_EQ(decode_all("\xed\xa0\x80"), (std::vector<uint32_t>{0xD800}));
+  EXPECT_EQ(decode_all("\xf4\x8f\xbf\xbf"), (std::vector<uint32_t>{0x10FFFF}));
+  // Rejected, one byte at a time: stray continuation bytes, 0xF8..0xFF, a lead byte whose
+  // continuation bytes are missing (truncated, or cut short by another byte), values above
+  // U+10FFFF.
+  EXPECT_EQ(decode_all("\x80\xbf"), (std::vector<uint32_t>{kInv + 0x80, kInv + 0xBF}));
+  EXPECT_EQ(decode_all("\xff\xfe\xf8"),
+            (std::vector<uint32_t>{kInv + 0xFF, kInv + 0xFE, kInv + 0xF8}));
+  EXPECT_EQ(decode_all("\xe2\x82"), (std::vector<uint32_t>{kInv + 0xE2, kInv + 0x82}));
+  EXPECT_EQ(decode_all("\xe2\x82z"), (std::vector<uint32_t>{kInv + 0xE2, kInv + 0x82, 'z'}));
+  EXPECT_EQ(decode_all("\xc3"), (std::vector<uint32_t>{kInv + 0xC3}));
+  EXPECT_EQ(decode_all("\xf4\x90\x80\x80"),
+            (std::vector<uint32_t>{kInv + 0xF4, kInv + 0x90, kInv + 0x80, kInv + 0x80}));
+  EXPECT_EQ(decode_all("\xf7\xbf\xbf\xbf")[0], kInv + 0xF7);
+}
+
+TEST(UnicodeTest, ReplaceInvalidUtf8LikeLlamaCpp) {
+  const std::string kFffd = "\xEF\xBF\xBD";
+  auto replaced = [](std::string_view s) {
+    std::string out = "sentinel";
+    return unicode::ReplaceInvalidUtf8(s, &out) ? out : std::string(s);
+  };
+  // Valid UTF-8 (and the empty text) is left alone and *out untouched.
+  for (std::string_view valid : {std::string_view(""), std::string_view("plain ascii"),
+                                 std::string_view("caf\xc3\xa9 \xe6\x9d\xb1 \xf0\x9f\x98\x80")}) {
+    std::string out = "sentinel";
+    EXPECT_FALSE(unicode::ReplaceInvalidUtf8(valid, &out)) << valid;
+    EXPECT_EQ(out, "sentinel");
+  }
+  // One U+FFFD per rejected byte; nothing dropped, the neighbours unchanged.
+  EXPECT_EQ(replaced("abc\xff\xfe"
+                     "def"),
+            "abc" + kFffd + kFffd + "def");
+  EXPECT_EQ(replaced("x\x80y"), "x" + kFffd + "y");               // lone continuation
+  EXPECT_EQ(replaced("euro \xe2\x82"), "euro " + kFffd + kFffd);  // truncated, at the end
+  EXPECT_EQ(replaced("\xe2\x82 end"), kFffd + kFffd + " end");    // truncated, mid text
+  EXPECT_EQ(replaced("\xf0\x9f\x98"), kFffd + kFffd + kFffd);     // truncated emoji
+  EXPECT_EQ(replaced("\xf4\x90\x80\x80!"), kFffd + kFffd + kFffd + kFffd + "!");  // > U+10FFFF
+  // Overlong forms become their shortest form; a surrogate keeps its bytes.
+  EXPECT_EQ(replaced("\xc0\xaf slash"), "/ slash");
+  EXPECT_EQ(replaced("a\xe0\x80\xaf"
+                     "b\xc1\xbf"),
+            "a/b\x7f");
+  EXPECT_EQ(replaced("\xed\xa0\x80\xff"), "\xed\xa0\x80" + kFffd);
+  std::string out;
+  EXPECT_FALSE(unicode::ReplaceInvalidUtf8("\xed\xa0\x80", &out));  // nothing to replace
+}
+
+TEST(PreTokenizerTest, SurrogateIsOneUnitOfNoClass) {
+  EXPECT_EQ(unicode::FlagsOf(0xD800), 0);
+  EXPECT_EQ(unicode::FlagsOf(0xDFFF), 0);
+  // One "other" unit joins the letters after it ([^\r\n\p{L}\p{N}]?\p{L}+), all three bytes.
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kLlama3,
+                                   "\xed\xa0\x80"
+                                   "abc"),
+            (std::vector<std::string>{"\xed\xa0\x80"
+                                      "abc"}));
+  EXPECT_EQ(pretok::SplitToStrings(PreTokenizer::kLlama3,
+                                   "\xef\xbf\xbd"
+                                   "abc"),
+            (std::vector<std::string>{"\xef\xbf\xbd"
+                                      "abc"}));
+}
+
 TEST(UnicodeTest, CategoryTables) {
   using unicode::FlagsOf;
   EXPECT_EQ(FlagsOf('a'), unicode::kLetter);

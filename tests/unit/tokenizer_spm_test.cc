@@ -3,6 +3,7 @@
 // rule. Expected ids are worked out in the comments.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,86 @@ TEST(SpmTokenizerTest, ByteFallbackAndUnknown) {
   auto r = t2->Encode("x", false, false);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("0x78"), std::string::npos) << r.status();
+}
+
+// Letters a..f (ids 1..6 after <unk> and "▁") and, when asked, U+FFFD (7) and the 256 byte
+// tokens <0x00>..<0xFF> (ids byte_base + byte).
+Vocab MakeLetterVocab(bool with_replacement_char, bool with_byte_tokens) {
+  Vocab v;
+  v.model = VocabModel::kSpm;
+  v.tokens = {"<unk>", "\xE2\x96\x81", "a", "b", "c", "d", "e", "f"};
+  v.types = {TokenType::kUnknown};
+  v.types.resize(v.tokens.size(), TokenType::kNormal);
+  if (with_replacement_char) {
+    v.tokens.push_back("\xEF\xBF\xBD");
+    v.types.push_back(TokenType::kNormal);
+  }
+  if (with_byte_tokens) {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      v.tokens.push_back(name);
+      v.types.push_back(TokenType::kByte);
+    }
+  }
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.unk = 0;
+  v.add_space_prefix = true;
+  return v;
+}
+
+TEST(SpmTokenizerTest, InvalidUtf8KeepsByteTokensElseBecomesReplacementCharacter) {
+  struct Case {
+    std::string text;
+    Ids with_bytes;     // byte fallback: each invalid byte is its byte token
+    Ids with_fffd;      // no byte tokens, a U+FFFD token (7): one per invalid byte
+    Ids with_unk_only;  // neither: U+FFFD is a character the vocab lacks, so <unk>
+  };
+  constexpr int32_t kB = 8;  // byte_base with_bytes (no U+FFFD token)
+  const Case cases[] = {
+      {"abc\xff\xfe"
+       "def",
+       {1, 2, 3, 4, kB + 0xFF, kB + 0xFE, 5, 6, 7},
+       {1, 2, 3, 4, 8, 8, 5, 6, 7},
+       {1, 2, 3, 4, 0, 0, 5, 6, 7}},
+      // A lone continuation byte.
+      {"a\x80"
+       "b",
+       {1, 2, kB + 0x80, 3},
+       {1, 2, 8, 3},
+       {1, 2, 0, 3}},
+      // A truncated 3-byte sequence at the end: two invalid bytes.
+      {"ab\xe2\x82", {1, 2, 3, kB + 0xE2, kB + 0x82}, {1, 2, 3, 8, 8}, {1, 2, 3, 0, 0}},
+      // A truncated sequence cut short by a space: the space is still "▁".
+      {"a\xe2 b", {1, 2, kB + 0xE2, 1, 3}, {1, 2, 8, 1, 3}, {1, 2, 0, 1, 3}},
+      // An overlong '/' is one character to llama.cpp's decoder: two byte tokens, or <unk>.
+      {"a\xc0\xaf", {1, 2, kB + 0xC0, kB + 0xAF}, {1, 2, 0}, {1, 2, 0}},
+  };
+  auto with_bytes = Make(MakeLetterVocab(false, true));
+  auto with_fffd = Make(MakeLetterVocab(true, false));
+  auto with_unk_only = Make(MakeLetterVocab(false, false));
+  const std::string fffd = "\xEF\xBF\xBD";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    EXPECT_EQ(Enc(*with_bytes, c.text), c.with_bytes);
+    EXPECT_EQ(Enc(*with_fffd, c.text), c.with_fffd);
+    EXPECT_EQ(Enc(*with_unk_only, c.text), c.with_unk_only);
+    // Byte fallback gives the text back exactly.
+    auto exact = with_bytes->Decode(c.with_bytes, false);
+    ASSERT_TRUE(exact.ok());
+    EXPECT_EQ(*exact, c.text);
+  }
+  auto replaced = with_fffd->Decode(cases[0].with_fffd, false);
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_EQ(*replaced, "abc" + fffd + fffd + "def");
+  // Neither a U+FFFD token nor <unk>: an error that names the replacement.
+  Vocab bare = MakeLetterVocab(false, false);
+  bare.unk = -1;
+  bare.types[0] = TokenType::kNormal;
+  auto none = Make(std::move(bare));
+  auto r = none->Encode("ab\xff", false, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("U+FFFD"), std::string::npos) << r.status();
 }
 
 TEST(SpmTokenizerTest, SpacePrefixAfterSpecialTokens) {
