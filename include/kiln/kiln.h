@@ -190,13 +190,41 @@ KILN_API kiln_status kiln_model_meta_get(const kiln_model* model, const char* ke
 /* Non-zero when `token` ends generation (eos, eot and similar control tokens). */
 KILN_API int kiln_model_token_is_eog(const kiln_model* model, int32_t token);
 
+/* ---------------------------------------------------------------- inspecting a file */
+
+/* A GGUF file opened for inspection only: its metadata, and what kiln lacks to run it. Works for
+ * any valid GGUF, also one of an architecture kiln cannot run (kiln_model_load refuses those).
+ * Added in 0.2.0 after the ABI 1 baseline (new functions only). */
+typedef struct kiln_gguf kiln_gguf;
+
+/* Opens and validates `path`. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_IO (cannot
+ * open or map), KILN_ERR_FORMAT (not a valid GGUF, with the field and byte offset). */
+KILN_API kiln_status kiln_gguf_open(const char* path, kiln_gguf** out);
+/* Frees the handle; NULL is a no-op. */
+KILN_API void kiln_gguf_destroy(kiln_gguf* gguf);
+/* Number of metadata entries; 0 for NULL. */
+KILN_API size_t kiln_gguf_meta_count(const kiln_gguf* gguf);
+/* Key and value (as text; arrays shortened) of entry `index`, owned by the handle.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_OUT_OF_RANGE (index). */
+KILN_API kiln_status kiln_gguf_meta_at(const kiln_gguf* gguf, size_t index, const char** key,
+                                       const char** value);
+/* What kiln lacks to run the file (an architecture it does not know, a missing tensor, a tensor
+ * type without kernels, a bad hyper-parameter), one problem per line; "" when kiln can run it.
+ * Owned by the handle; "" for NULL. */
+KILN_API const char* kiln_gguf_unsupported(const kiln_gguf* gguf);
+
+/* The compute backends this process can use, one per line: the CPU's kernel level and features,
+ * then the CUDA device(s) or why there is none. Static storage; thread-safe. Added in 0.2.0 after
+ * the ABI 1 baseline. */
+KILN_API const char* kiln_backends(void);
+
 /* ---------------------------------------------------------------- text */
 
 /* Flags of kiln_tokenize. */
 #define KILN_TOKENIZE_ADD_SPECIAL 1u   /* add BOS/EOS as the model's vocabulary asks */
 #define KILN_TOKENIZE_PARSE_SPECIAL 2u /* "<|im_start|>" in the text becomes the control token */
 
-/* Tokenizes text[0, text_len) (UTF-8; invalid bytes are encoded as bytes, never rejected) into
+/* Tokenizes text[0, text_len) (UTF-8; each byte that is not valid UTF-8 becomes U+FFFD as in llama.cpp, or stays a byte token with a SentencePiece vocabulary that has them; never dropped, never rejected) into
  * tokens[0, capacity). *n_tokens receives the count, also on KILN_ERR_BUFFER_TOO_SMALL (then it
  * is the required capacity and tokens is untouched). text may be NULL when text_len is 0.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL model/n_tokens, NULL text with text_len > 0, NULL

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "include/kiln/kiln.h"
+#include "lib/backend/backend.h"
 #include "lib/c_api/handles.h"
 #include "lib/c_api/versioned_struct.h"
 #include "lib/common/status.h"
@@ -294,6 +295,58 @@ kiln_status kiln_model_load(const kiln_model_params* caller_params, kiln_model**
 }
 
 void kiln_model_destroy(kiln_model* model) { delete model; }
+
+kiln_status kiln_gguf_open(const char* path, kiln_gguf** out) {
+  return Guard("kiln_gguf_open", [&]() -> kiln_status {
+    if (path == nullptr || out == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_gguf_open: path and out are required");
+    }
+    *out = nullptr;
+    auto file = kiln::gguf::GgufFile::Open(path, {});
+    if (!file.ok()) {
+      kiln_status st = FromAbsl(file.status());
+      return st == KILN_ERR_INVALID_ARGUMENT ? KILN_ERR_FORMAT : st;
+    }
+    auto handle = std::make_unique<kiln_gguf>();
+    handle->file = std::move(*file);
+    for (const auto& kv : handle->file->metadata()) {
+      handle->meta_keys.push_back(kv.key);
+      handle->meta_values.push_back(handle->file->ValueToString(kv));
+    }
+    for (const std::string& problem : kiln::Model::Unsupported(*handle->file)) {
+      handle->unsupported += problem + "\n";
+    }
+    *out = handle.release();
+    return KILN_OK;
+  });
+}
+
+void kiln_gguf_destroy(kiln_gguf* gguf) { delete gguf; }
+
+size_t kiln_gguf_meta_count(const kiln_gguf* gguf) { return gguf ? gguf->meta_keys.size() : 0; }
+
+kiln_status kiln_gguf_meta_at(const kiln_gguf* gguf, size_t index, const char** key,
+                              const char** value) {
+  if (gguf == nullptr || key == nullptr || value == nullptr) {
+    return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_gguf_meta_at: NULL argument");
+  }
+  if (index >= gguf->meta_keys.size()) {
+    return Fail(KILN_ERR_OUT_OF_RANGE, kiln::StrCat("kiln_gguf_meta_at: index ", index,
+                                                    " >= count ", gguf->meta_keys.size()));
+  }
+  *key = gguf->meta_keys[index].c_str();
+  *value = gguf->meta_values[index].c_str();
+  return KILN_OK;
+}
+
+const char* kiln_gguf_unsupported(const kiln_gguf* gguf) {
+  return gguf ? gguf->unsupported.c_str() : "";
+}
+
+const char* kiln_backends(void) {
+  static const std::string description = kiln::DescribeBackends();
+  return description.c_str();
+}
 
 kiln_status kiln_model_get_info(const kiln_model* model, kiln_model_info* info) {
   return Guard("kiln_model_get_info", [&]() -> kiln_status {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/gguf/gguf.h"
 #include "lib/model/model.h"
 
 struct kiln_model {
@@ -12,6 +13,13 @@ struct kiln_model {
   // Metadata rendered once at load so the C API can hand out stable const char*.
   std::vector<std::string> meta_keys;
   std::vector<std::string> meta_values;
+};
+
+struct kiln_gguf {
+  std::unique_ptr<kiln::gguf::GgufFile> file;
+  std::vector<std::string> meta_keys;
+  std::vector<std::string> meta_values;
+  std::string unsupported;  // Model::Unsupported, one problem per line
 };
 
 #include "lib/sample/sampler.h"

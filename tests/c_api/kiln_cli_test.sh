@@ -2,10 +2,13 @@
 # Smoke test of the `kiln` program's generation subcommands on the default model:
 #   generate --quiet --temp 0: stdout is exactly the greedy answer, stats only on stderr;
 #   chat: two scripted turns, the second reusing the first turn's tokens;
-#   perplexity: the last line is "perplexity: <finite value>".
+#   perplexity: the last line is "perplexity: <finite value>";
+#   info: the summary and the backends for the default model; for a valid GGUF of an
+#         architecture kiln cannot run, its metadata and what is missing.
 set -euo pipefail
 kiln="$1"
 src="$2"
+mkmodel="$3"
 model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -35,4 +38,17 @@ if ! [[ "$last" =~ ^perplexity:\ [0-9]+\.[0-9]+$ ]]; then
   echo "perplexity: last line was '$last'" >&2
   exit 1
 fi
+"$kiln" info "$model" >"$tmp/info"
+for want in "architecture: llama" "general.architecture" "backends:" "  cpu: "; do
+  grep -q "$want" "$tmp/info" || { echo "info: no '$want' in its output" >&2; exit 1; }
+done
+# A tiny llama file renamed to an architecture kiln does not know ("gemma": every "llama" in the
+# file, the key prefixes included, has the same length, so the file stays valid).
+"$mkmodel" --shape tiny-llama-gqa --type f32 --out "$tmp/tiny.gguf" >/dev/null 2>&1
+python3 -c "import sys; d=open(sys.argv[1],'rb').read(); open(sys.argv[2],'wb').write(d.replace(b'llama', b'gemma'))" \
+  "$tmp/tiny.gguf" "$tmp/gemma.gguf"
+"$kiln" info "$tmp/gemma.gguf" >"$tmp/info2"
+for want in "runnable:     no" "architecture 'gemma' is not supported" "gemma.block_count" "backends:"; do
+  grep -q "$want" "$tmp/info2" || { echo "info (unknown architecture): no '$want'" >&2; cat "$tmp/info2" >&2; exit 1; }
+done
 echo "kiln_cli_test: ok ($last)"

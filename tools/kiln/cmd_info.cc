@@ -1,26 +1,14 @@
-// kiln info MODEL: a summary of the model, then every metadata entry (long arrays shortened).
+// kiln info MODEL: for a model kiln can run, a summary; for any valid GGUF, every metadata entry
+// (long arrays shortened) and, when kiln cannot run it, what is missing; then the backends.
 #include <cinttypes>
 #include <cstdio>
 
 #include "tools/kiln/commands.h"
 
 namespace kiln_cli {
+namespace {
 
-int RunInfo(const std::vector<std::string>& args) {
-  if (args.size() != 1) {
-    std::fprintf(stderr, "usage: kiln info MODEL\n");
-    return 2;
-  }
-  kiln_model* model = LoadModelOrReport(args[0]);
-  if (model == nullptr) return 1;
-  kiln_model_info info;
-  info.struct_size = sizeof info;
-  kiln_status s = kiln_model_get_info(model, &info);
-  if (s != KILN_OK) {
-    kiln_model_destroy(model);
-    return ReportError("info", s);
-  }
-  std::printf("model:        %s\n", args[0].c_str());
+void PrintSummary(const kiln_model_info& info) {
   std::printf("name:         %s\n", info.name);
   std::printf("architecture: %s\n", info.architecture);
   std::printf("parameters:   %" PRId64 " (%.1f M)\n", info.n_params, info.n_params / 1e6);
@@ -34,16 +22,62 @@ int RunInfo(const std::vector<std::string>& args) {
   std::printf("context:      %d (training)\n", info.n_ctx_train);
   std::printf("vocabulary:   %d (bos %d, eos %d, eot %d)\n", info.n_vocab, info.token_bos,
               info.token_eos, info.token_eot);
+}
+
+}  // namespace
+
+int RunInfo(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    std::fprintf(stderr, "usage: kiln info MODEL\n");
+    return 2;
+  }
+  kiln_gguf* gguf = nullptr;
+  kiln_status s = kiln_gguf_open(args[0].c_str(), &gguf);
+  if (s != KILN_OK) return ReportError("info", s);
+  std::printf("model:        %s\n", args[0].c_str());
+  const std::string unsupported = kiln_gguf_unsupported(gguf);
+  if (unsupported.empty()) {
+    kiln_model* model = LoadModelOrReport(args[0]);
+    if (model == nullptr) {
+      kiln_gguf_destroy(gguf);
+      return 1;
+    }
+    kiln_model_info info;
+    info.struct_size = sizeof info;
+    s = kiln_model_get_info(model, &info);
+    kiln_model_destroy(model);
+    if (s != KILN_OK) {
+      kiln_gguf_destroy(gguf);
+      return ReportError("info", s);
+    }
+    PrintSummary(info);
+  } else {
+    std::printf("runnable:     no; kiln lacks:\n");
+    size_t begin = 0;
+    while (begin < unsupported.size()) {
+      const size_t end = unsupported.find('\n', begin);
+      std::printf("  - %s\n", unsupported.substr(begin, end - begin).c_str());
+      begin = end + 1;
+    }
+  }
   std::printf("metadata:\n");
-  const size_t n = kiln_model_meta_count(model);
+  const size_t n = kiln_gguf_meta_count(gguf);
   for (size_t i = 0; i < n; ++i) {
     const char* key = nullptr;
     const char* value = nullptr;
-    if (kiln_model_meta_at(model, i, &key, &value) == KILN_OK) {
+    if (kiln_gguf_meta_at(gguf, i, &key, &value) == KILN_OK) {
       std::printf("  %-40s %s\n", key, value);
     }
   }
-  kiln_model_destroy(model);
+  kiln_gguf_destroy(gguf);
+  std::printf("backends:\n");
+  const std::string backends = kiln_backends();
+  size_t begin = 0;
+  while (begin < backends.size()) {
+    const size_t end = backends.find('\n', begin);
+    std::printf("  %s\n", backends.substr(begin, end - begin).c_str());
+    begin = end + 1;
+  }
   return 0;
 }
 
