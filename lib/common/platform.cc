@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +45,7 @@
 #ifdef KILN_PLATFORM_WINDOWS
 #define NOMINMAX
 #define WIN32_LEAN_AND_MEAN
+#include <malloc.h>   // _aligned_malloc
 #include <windows.h>  // WaitOnAddress needs Synchronization.lib (lib/common/CMakeLists.txt)
 #endif
 
@@ -128,6 +131,25 @@ double ProcessCpuSeconds() {
 }
 
 // ---- Memory ---------------------------------------------------------------------------------
+
+void* AlignedAlloc(size_t alignment, size_t bytes) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) return nullptr;
+  if (bytes > SIZE_MAX - (alignment - 1)) return nullptr;
+  bytes = (bytes + alignment - 1) & ~(alignment - 1);  // std::aligned_alloc requires a multiple
+#if defined(_WIN32)
+  return _aligned_malloc(bytes, alignment);
+#else
+  return std::aligned_alloc(alignment, bytes);
+#endif
+}
+
+void AlignedFree(void* p) {
+#if defined(_WIN32)
+  _aligned_free(p);
+#else
+  std::free(p);
+#endif
+}
 
 size_t PageSize() {
 #ifdef KILN_PLATFORM_POSIX

@@ -58,6 +58,16 @@ double ProcessCpuSeconds();
 
 // ---- Memory ---------------------------------------------------------------------------------
 
+// `bytes` bytes (rounded up to a multiple of `alignment`, a power of two) aligned to
+// `alignment`, or nullptr. Free with AlignedFree, never std::free (Windows keeps a separate heap
+// for aligned blocks).
+void* AlignedAlloc(size_t alignment, size_t bytes);
+void AlignedFree(void* p);
+// A deleter for std::unique_ptr of AlignedAlloc memory.
+struct AlignedFreeDeleter {
+  void operator()(void* p) const { AlignedFree(p); }
+};
+
 // The virtual-memory page size in bytes.
 size_t PageSize();
 

@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -155,6 +158,19 @@ TEST(PlatformTest, HostFacts) {
     for (int i = 0; i < 100000; ++i) sink = sink + i;
   }
   EXPECT_GT(ProcessCpuSeconds(), t0);
+}
+
+TEST(PlatformTest, AlignedAllocRoundsUpAndAligns) {
+  for (size_t alignment : {size_t{16}, size_t{64}, size_t{4096}}) {
+    for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{100000}}) {
+      std::unique_ptr<void, AlignedFreeDeleter> p(AlignedAlloc(alignment, bytes));
+      ASSERT_NE(p, nullptr) << alignment << " " << bytes;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.get()) % alignment, 0u);
+      std::memset(p.get(), 0xab, bytes);  // the whole request is writable (ASan checks it)
+    }
+  }
+  EXPECT_EQ(AlignedAlloc(48, 64), nullptr) << "alignment not a power of two";
+  EXPECT_EQ(AlignedAlloc(64, SIZE_MAX - 10), nullptr) << "rounding up would overflow";
 }
 
 TEST(PlatformTest, SharedLibraries) {
