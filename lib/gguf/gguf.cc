@@ -1,7 +1,6 @@
 #include "lib/gguf/gguf.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -486,7 +485,8 @@ absl::Status GgufFile::ParseAll() {
       kv.value_size = c.pos() - start;
     } else {
       const uint64_t n = ValueTypeSize(kv.type);
-      KILN_RETURN_IF_ERROR(c.Need(n, StrCat(ValueTypeName(kv.type), " value of key '", key, "'")));
+      KILN_RETURN_IF_ERROR(
+          c.Need(n, StrCat(ValueTypeName(kv.type), " value of key '", key, "'")));
       kv.value_data = c.here();
       kv.value_size = n;
       if (kv.type == ValueType::kBool && c.here()[0] > 1) {

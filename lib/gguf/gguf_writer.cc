@@ -37,8 +37,8 @@ GgufWriter::GgufWriter(Options options) : options_(options) {
   }
   const uint32_t a = options_.alignment;
   if (a == 0 || (a & (a - 1)) != 0) {
-    Fail(
-        absl::InvalidArgumentError(StrCat("gguf writer: alignment ", a, " is not a power of two")));
+    Fail(absl::InvalidArgumentError(
+        StrCat("gguf writer: alignment ", a, " is not a power of two")));
     options_.alignment = 32;
   }
   if (options_.alignment != kDefaultAlignment) SetUint32("general.alignment", options_.alignment);
@@ -108,8 +108,8 @@ void GgufWriter::SetInt64(std::string_view k, int64_t v) { SetScalar(k, ValueTyp
 void GgufWriter::SetFloat64(std::string_view k, double v) { SetScalar(k, ValueType::kFloat64, v); }
 void GgufWriter::SetString(std::string_view k, std::string_view v) {
   if (v.size() > kMaxStringLength) {
-    Fail(absl::InvalidArgumentError(
-        StrCat("gguf writer: string for key '", k, "' has ", v.size(), " bytes (limit 2^30)")));
+    Fail(absl::InvalidArgumentError(StrCat("gguf writer: string for key '", k, "' has ",
+                                                  v.size(), " bytes (limit 2^30)")));
     return;
   }
   std::vector<uint8_t> value;
@@ -197,7 +197,8 @@ absl::Status GgufWriter::ValidateTensor(std::string_view name, uint32_t ggml_typ
   }
   for (const Tensor& t : tensors_) {
     if (t.name == name) {
-      return absl::InvalidArgumentError(StrCat("gguf writer: duplicate tensor name '", name, "'"));
+      return absl::InvalidArgumentError(
+          StrCat("gguf writer: duplicate tensor name '", name, "'"));
     }
   }
   if (ne.empty() || ne.size() > kMaxDims) {
