@@ -43,10 +43,16 @@
 #include <unistd.h>
 #endif
 #ifdef KILN_PLATFORM_WINDOWS
+#ifndef NOMINMAX
 #define NOMINMAX
+#endif
+#ifndef WIN32_LEAN_AND_MEAN
 #define WIN32_LEAN_AND_MEAN
-#include <malloc.h>   // _aligned_malloc
+#endif
 #include <windows.h>  // WaitOnAddress needs Synchronization.lib (lib/common/CMakeLists.txt)
+#endif
+#if defined(_WIN32)
+#include <malloc.h>  // _aligned_malloc: the C++ library there has no std::aligned_alloc
 #endif
 
 namespace kiln::platform {
