@@ -1,7 +1,7 @@
 // ThreadPool under decode-like load, with and without host threads competing for the cores.
 //
 //   thread_pool_bench [--threads=2] [--work_us=20] [--gaps=0,5,20] [--busy=0,1] [--calls=2000]
-//                     [--batches=7]
+//                     [--batches=7] [--spin_us=200]
 //
 // Each call is ParallelFor over `threads` ranges of fixed arithmetic worth --work_us on one
 // core (calibrated at start; a fixed amount of work, not a time, so a range the OS stops
@@ -60,7 +60,7 @@ std::vector<int> ParseList(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, work_us = 20, calls = 2000, batches = 7;
+  int threads = 2, work_us = 20, calls = 2000, batches = 7, spin_us = 200;
   std::vector<int> gaps = {0, 5, 20}, busy_counts = {0, 1};
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
       calls = std::atoi(a + 8);
     else if (std::strncmp(a, "--batches=", 10) == 0)
       batches = std::atoi(a + 10);
+    else if (std::strncmp(a, "--spin_us=", 10) == 0)
+      spin_us = std::atoi(a + 10);
     else {
       std::fprintf(stderr, "unknown argument %s (see the header of bench/thread_pool_bench.cc)\n",
                    a);
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
   std::printf("%4s %6s %26s %8s %8s\n", "busy", "gap_us", "us/call median (min-max)", "ideal",
               "serial");
 
-  kiln::cpu::ThreadPool pool(threads);
+  kiln::cpu::ThreadPool pool(threads, spin_us);
   for (int n_busy : busy_counts) {
     std::atomic<bool> stop{false};
     std::vector<std::thread> busy;
