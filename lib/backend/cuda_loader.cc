@@ -1,10 +1,11 @@
 #include "lib/backend/cuda_loader.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <vector>
+
+#include "lib/common/platform.h"
 
 namespace kiln {
 namespace {
@@ -18,9 +19,10 @@ struct LoadResult {
 std::vector<std::string> CandidatePaths() {
   std::vector<std::string> paths;
   if (const char* env = std::getenv("KILN_CUDA_MODULE"); env && *env) paths.push_back(env);
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&GetCudaModule), &info) && info.dli_fname) {
-    paths.push_back((std::filesystem::path(info.dli_fname).parent_path() / "libkiln_cuda.so"));
+  // Beside the library (or program) that holds this code.
+  if (const std::string dir = platform::ThisModuleDirectory(); !dir.empty()) {
+    paths.push_back(
+        (std::filesystem::path(dir) / platform::SharedLibraryFileName("kiln_cuda")).string());
   }
 #ifdef KILN_CUDA_BUILD_MODULE
   paths.push_back(KILN_CUDA_BUILD_MODULE);
@@ -30,26 +32,28 @@ std::vector<std::string> CandidatePaths() {
 
 LoadResult Load() {
   LoadResult r;
-  void* handle = nullptr;
+  std::optional<platform::SharedLibrary> library;
   std::string errors;
   for (const std::string& path : CandidatePaths()) {
     if (!std::filesystem::exists(path)) continue;
-    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) break;
-    const char* e = dlerror();
-    errors += path + ": " + (e ? e : "dlopen failed") + "; ";
+    absl::StatusOr<platform::SharedLibrary> loaded = platform::SharedLibrary::Load(path);
+    if (loaded.ok()) {
+      library = *loaded;
+      break;
+    }
+    errors += std::string(loaded.status().message()) + "; ";
   }
-  if (!handle) {
+  if (!library) {
     r.why_not = errors.empty() ? "libkiln_cuda.so not built or not found" : errors;
     return r;
   }
-  auto abi = reinterpret_cast<kiln_cuda_module_abi_fn>(dlsym(handle, "kiln_cuda_module_abi"));
+  auto abi = reinterpret_cast<kiln_cuda_module_abi_fn>(library->Symbol("kiln_cuda_module_abi"));
   r.module.device_count =
-      reinterpret_cast<kiln_cuda_device_count_fn>(dlsym(handle, "kiln_cuda_device_count"));
+      reinterpret_cast<kiln_cuda_device_count_fn>(library->Symbol("kiln_cuda_device_count"));
   r.module.device_info =
-      reinterpret_cast<kiln_cuda_device_info_fn>(dlsym(handle, "kiln_cuda_device_info"));
+      reinterpret_cast<kiln_cuda_device_info_fn>(library->Symbol("kiln_cuda_device_info"));
   r.module.dequantize =
-      reinterpret_cast<kiln_cuda_dequantize_fn>(dlsym(handle, "kiln_cuda_dequantize"));
+      reinterpret_cast<kiln_cuda_dequantize_fn>(library->Symbol("kiln_cuda_dequantize"));
   if (!abi || abi() != KILN_CUDA_MODULE_ABI || !r.module.device_count || !r.module.device_info ||
       !r.module.dequantize) {
     r.why_not = "libkiln_cuda.so has an incompatible interface";

@@ -1,12 +1,6 @@
 #include "lib/gguf/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/common/ggml_type.h"
+#include "lib/common/platform.h"
 #include "lib/common/status.h"
 #include "lib/common/strings.h"
 
@@ -276,58 +271,41 @@ bool IsIntegerType(ValueType type) {
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-GgufFile::~GgufFile() {
-  if (mapping_ != nullptr) munmap(mapping_, size_);
-}
+GgufFile::~GgufFile() = default;
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, Options options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, StrCat("gguf: cannot open '", path, "'"));
-  }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    return absl::ErrnoToStatus(errno, StrCat("gguf: cannot stat '", path, "'"));
-  }
-  if (S_ISDIR(st.st_mode)) {
+  auto with_prefix = [](const absl::Status& st) {
+    return absl::Status(st.code(), StrCat("gguf: ", st.message()));
+  };
+  absl::StatusOr<platform::ReadOnlyFile> opened = platform::ReadOnlyFile::Open(path);
+  if (!opened.ok()) return with_prefix(opened.status());
+  const platform::ReadOnlyFile& f = *opened;
+  if (f.kind() == platform::ReadOnlyFile::Kind::kDirectory) {
     return absl::FailedPreconditionError(
         StrCat("gguf: '", path, "' is a directory, not a GGUF file"));
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (f.kind() != platform::ReadOnlyFile::Kind::kRegular) {
     return absl::FailedPreconditionError(StrCat("gguf: '", path, "' is not a regular file"));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = f.size();
   if (size == 0) {
     return absl::DataLossError(StrCat("gguf: '", path, "' is empty (0 bytes)"));
   }
 
   std::unique_ptr<GgufFile> file(new GgufFile());
   if (options.use_mmap) {
-    void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      return absl::ErrnoToStatus(errno, StrCat("gguf: cannot mmap '", path, "'"));
-    }
-    file->mapping_ = m;
-    file->data_ = static_cast<const uint8_t*>(m);
-    file->size_ = size;
+    absl::StatusOr<platform::FileMapping> m = f.Map(size);
+    if (!m.ok()) return with_prefix(m.status());
+    file->mapping_ = *std::move(m);
+    file->data_ = file->mapping_.data();
+    file->size_ = file->mapping_.size();
   } else {
     file->owned_.resize(size);
-    uint64_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::pread(fd, file->owned_.data() + done, size - done, done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return absl::ErrnoToStatus(errno, StrCat("gguf: cannot read '", path, "'"));
-      if (n == 0) {
-        return absl::DataLossError(absl::StrFormat(
-            "gguf: '%s' shrank while reading: got %d of %d bytes", path, done, size));
-      }
-      done += static_cast<uint64_t>(n);
+    absl::StatusOr<uint64_t> got = f.ReadAt(0, file->owned_.data(), size);
+    if (!got.ok()) return with_prefix(got.status());
+    if (*got != size) {
+      return absl::DataLossError(
+          absl::StrFormat("gguf: '%s' shrank while reading: got %d of %d bytes", path, *got, size));
     }
     file->data_ = file->owned_.data();
     file->size_ = size;

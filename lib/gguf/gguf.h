@@ -41,6 +41,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "lib/common/platform.h"
 
 namespace kiln::gguf {
 
@@ -129,7 +130,7 @@ class GgufFile {
   uint64_t file_size() const { return size_; }
   const uint8_t* bytes() const { return data_; }  // the whole file
   // True when bytes() is a read-only mapping of the file (pages can be dropped and re-read).
-  bool mapped() const { return mapping_ != nullptr; }
+  bool mapped() const { return mapping_.mapped(); }
 
   const std::vector<KeyValue>& metadata() const { return metadata_; }
   const KeyValue* FindKey(std::string_view key) const;  // nullptr when absent; O(1)
@@ -158,7 +159,7 @@ class GgufFile {
 
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
-  void* mapping_ = nullptr;  // non-null when data_ is an mmap we own
+  platform::FileMapping mapping_;  // the file's bytes when opened with use_mmap
   std::vector<uint8_t> owned_;
 
   uint32_t version_ = 0;

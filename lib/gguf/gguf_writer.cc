@@ -1,15 +1,13 @@
 #include "lib/gguf/gguf_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/common/ggml_type.h"
+#include "lib/common/platform.h"
 #include "lib/common/status.h"
 #include "lib/common/strings.h"
 
@@ -293,54 +291,39 @@ absl::StatusOr<std::vector<uint8_t>> GgufWriter::WriteToBuffer() const {
   return out;
 }
 
-namespace {
-
-absl::Status WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot write ", path));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status GgufWriter::WriteToFile(const std::string& path) const {
   KILN_RETURN_IF_ERROR(status_);
   std::vector<uint64_t> offsets;
   uint64_t data_bytes = 0;
   const std::vector<uint8_t> header = SerializeHeader(&offsets, &data_bytes);
+  // Written under a temporary name and renamed at the end, so `path` is never half-written.
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot create ", tmp));
-  }
+  auto with_prefix = [](const absl::Status& st) {
+    return st.ok() ? st : absl::Status(st.code(), StrCat("gguf writer: ", st.message()));
+  };
+  absl::StatusOr<platform::WritableFile> created = platform::WritableFile::Create(tmp);
+  if (!created.ok()) return with_prefix(created.status());
+  platform::WritableFile& out = *created;
   // Streams the tensors (no second copy of the model in memory).
-  absl::Status st = WriteAll(fd, header.data(), header.size(), tmp);
+  absl::Status st = out.Write(header.data(), header.size());
   const std::vector<uint8_t> zeros(options_.alignment, 0);
   uint64_t written = 0;  // bytes of the data section so far
   for (size_t i = 0; i < tensors_.size() && st.ok(); ++i) {
-    st = WriteAll(fd, zeros.data(), offsets[i] - written, tmp);
+    st = out.Write(zeros.data(), offsets[i] - written);
     if (!st.ok()) break;
-    st = WriteAll(fd, tensors_[i].bytes.data(), tensors_[i].bytes.size(), tmp);
+    st = out.Write(tensors_[i].bytes.data(), tensors_[i].bytes.size());
     written = offsets[i] + tensors_[i].bytes.size();
   }
-  if (st.ok()) st = WriteAll(fd, zeros.data(), data_bytes - written, tmp);
-  if (st.ok() && ::fsync(fd) != 0) {
-    st = absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot flush ", tmp));
+  if (st.ok()) st = out.Write(zeros.data(), data_bytes - written);
+  const absl::Status closed = out.SyncAndClose();
+  if (st.ok()) st = closed;
+  std::error_code ec;
+  if (st.ok()) {
+    std::filesystem::rename(tmp, path, ec);  // replaces an existing `path`, as POSIX rename
+    if (ec) st = platform::StatusFromErrorCode(ec, StrCat("cannot rename ", tmp, " to ", path));
   }
-  if (::close(fd) != 0 && st.ok()) {
-    st = absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot close ", tmp));
-  }
-  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    st =
-        absl::ErrnoToStatus(errno, StrCat("gguf writer: cannot rename ", tmp, " to ", path));
-  }
-  if (!st.ok()) ::unlink(tmp.c_str());
-  return st;
+  if (!st.ok()) std::filesystem::remove(tmp, ec);
+  return with_prefix(st);
 }
 
 }  // namespace kiln::gguf

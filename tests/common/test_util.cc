@@ -1,7 +1,6 @@
 #include "tests/common/test_util.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>

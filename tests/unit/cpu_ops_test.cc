@@ -127,6 +127,59 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialized) {
   for (int64_t s : sums) EXPECT_EQ(s, 500 * 4950);
 }
 
+// Busy threads keep every core wanted, so pool threads are often not running when a job
+// arrives and their ranges are run by whichever pool thread gets there first. Asserts the
+// results and the range contract (every task once, in its static range; no two threads inside
+// ranges with the same index at once), never how long it took.
+TEST(ThreadPoolTest, CompletesUnderCompetingBusyThreads) {
+  struct BusyThreads {  // one spinning thread per core until the test ends (also on failure)
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    BusyThreads() {
+      for (int i = 0; i < PhysicalCoreCount(); ++i) {
+        threads.emplace_back([this] {
+          volatile uint64_t sink = 0;
+          while (!stop.load(std::memory_order_relaxed)) sink = sink + 1;
+        });
+      }
+    }
+    ~BusyThreads() {
+      stop.store(true);
+      for (auto& t : threads) t.join();
+    }
+  } busy;
+  for (int n_threads : {2, 3}) {
+    ThreadPool pool(n_threads);
+    std::vector<std::atomic<int>> in_range(n_threads);
+    for (int call = 0; call < 400; ++call) {
+      const int64_t n_tasks = 50 + call % 31;  // more tasks than threads
+      std::vector<int64_t> value(n_tasks, 0);
+      std::vector<int> owner(n_tasks, -1);
+      std::atomic<int> overlaps{0};
+      pool.ParallelFor(n_tasks, [&](int64_t b, int64_t e, int range) {
+        if (in_range[range].fetch_add(1) != 0) overlaps.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) {
+          int64_t v = i;
+          for (int k = 0; k < 200; ++k) v = (v * 31 + k) % 1000003;  // some work per task
+          value[i] += v + 1;
+          owner[i] = range;
+        }
+        in_range[range].fetch_sub(1);
+      });
+      ASSERT_EQ(overlaps.load(), 0) << "two threads ran range indices at once, call " << call;
+      for (int64_t i = 0; i < n_tasks; ++i) {
+        int64_t want = i;
+        for (int k = 0; k < 200; ++k) want = (want * 31 + k) % 1000003;
+        ASSERT_EQ(value[i], want + 1)
+            << "threads " << n_threads << " call " << call << " task " << i;
+        int64_t b, e;
+        ThreadPool::StaticRange(n_tasks, n_threads, owner[i], &b, &e);
+        ASSERT_TRUE(i >= b && i < e) << "task " << i << " ran as range " << owner[i];
+      }
+    }
+  }
+}
+
 // ---- MatMul -------------------------------------------------------------------------------
 
 TEST(MatMulTest, EveryOutputIsOneVecDotAndMatchesReference) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "lib/backend/cpu/dispatch.h"
+#include "lib/common/platform.h"
 #include "lib/quant/activation.h"
 
 namespace kiln::cpu {
@@ -45,12 +46,12 @@ bool KvElemOf(GgmlType type, KvElem* elem) {
 
 // ---- Scratch ------------------------------------------------------------------------------
 
-void Scratch::FreeDeleter::operator()(void* p) const { std::free(p); }
+void Scratch::FreeDeleter::operator()(void* p) const { platform::AlignedFree(p); }
 
 void* Scratch::Get(size_t bytes) {
   if (bytes > size_) {
     const size_t rounded = (std::max(bytes, size_ * 3 / 2) + 63) & ~size_t{63};
-    buf_.reset(std::aligned_alloc(64, rounded));
+    buf_.reset(platform::AlignedAlloc(64, rounded));
     size_ = buf_ ? rounded : 0;
   }
   return buf_.get();

@@ -1,68 +1,46 @@
 #include "lib/backend/cpu/thread_pool.h"
 
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <climits>
-#include <fstream>
-#include <set>
-#include <string>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define KILN_CPU_RELAX() _mm_pause()
-#else
-#define KILN_CPU_RELAX() ((void)0)
-#endif
 
 namespace kiln::cpu {
 
-int PhysicalCoreCount() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    std::set<std::string> sibling_sets;
-    int n_cpus = 0;
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &set)) continue;
-      ++n_cpus;
-      std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) +
-                      "/topology/thread_siblings_list");
-      std::string line;
-      if (f && std::getline(f, line)) {
-        sibling_sets.insert(line);
-      } else {
-        sibling_sets.insert("cpu" + std::to_string(cpu));  // unknown topology: count it alone
-      }
-    }
-    if (!sibling_sets.empty()) return static_cast<int>(sibling_sets.size());
-    if (n_cpus > 0) return n_cpus;
-  }
-  const long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
 namespace {
-
-// Sleeps while *word == expected (returns at once if it already differs, or spuriously).
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
-          nullptr, 0);
-}
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
-}
 
 // Set while a thread runs a task of some pool: nested ParallelFor calls then run inline.
 thread_local bool t_inside_task = false;
+
+// Pause-only polls before yielding starts (~5 us at ~40 ns a pause): long enough to cover the
+// gap between back-to-back ops in decode, short enough that a pool thread sharing a core with
+// the thread it waits for hands the core over quickly.
+constexpr int kPauseOnlyPolls = 128;
+// Pauses between yields once yielding.
+constexpr int kPausesPerYield = 16;
+
+// Polls done() until it is true or `spin_us` has passed (then returns false: the caller sleeps).
+template <typename Done>
+bool SpinUntil(Done done, int spin_us) {
+  for (int i = 0; i < kPauseOnlyPolls; ++i) {
+    if (done()) return true;
+    platform::CpuRelax();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  for (;;) {
+    for (int i = 0; i < kPausesPerYield; ++i) {
+      if (done()) return true;
+      platform::CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads, int spin_us)
-    : n_threads_(n_threads > 0 ? n_threads : PhysicalCoreCount()), spin_us_(spin_us) {
+    : n_threads_(n_threads > 0 ? n_threads : PhysicalCoreCount()),
+      spin_us_(spin_us),
+      claimed_(new std::atomic<uint32_t>[n_threads_]) {
+  for (int i = 0; i < n_threads_; ++i) claimed_[i].store(0, std::memory_order_relaxed);
   workers_.reserve(n_threads_ - 1);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -70,7 +48,7 @@ ThreadPool::ThreadPool(int n_threads, int spin_us)
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_seq_cst);
   generation_.fetch_add(1, std::memory_order_seq_cst);
-  FutexWakeAll(&generation_);
+  platform::WakeAll(&generation_);
   for (auto& w : workers_) w.join();
 }
 
@@ -93,30 +71,44 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
   job_fn_ = fn;
   job_ctx_ = ctx;
   job_tasks_ = n_tasks;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&generation_);
+  pending_.store(n_threads_, std::memory_order_relaxed);
+  const uint32_t generation = generation_.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) platform::WakeAll(&generation_);
 
-  int64_t b, e;
-  StaticRange(n_tasks, n_threads_, 0, &b, &e);
-  t_inside_task = true;
-  if (b < e) fn(ctx, b, e, 0);
-  t_inside_task = false;
+  // Range 0, then whatever the workers have not started (a worker the OS is not running).
+  RunRanges(generation, 0);
 
-  // Wait for the workers: spin first, then sleep on `pending_`.
-  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-  int spins = 0;
-  for (;;) {
-    if (pending_.load(std::memory_order_acquire) == 0) break;
-    if (++spins < 64 || std::chrono::steady_clock::now() < spin_until) {
-      if (spins >= 64) spins = 0;
-      KILN_CPU_RELAX();
-      continue;
+  // Wait for the ranges that workers are still running: spin, then sleep on `pending_`.
+  while (pending_.load(std::memory_order_acquire) != 0) {
+    if (SpinUntil([this] { return pending_.load(std::memory_order_acquire) == 0; }, spin_us_)) {
+      break;
     }
     caller_sleeping_.store(1, std::memory_order_seq_cst);
     const uint32_t p = pending_.load(std::memory_order_seq_cst);
-    if (p != 0) FutexWait(&pending_, p);
+    if (p != 0) platform::WaitWhileEqual(&pending_, p);
     caller_sleeping_.store(0, std::memory_order_relaxed);
+  }
+}
+
+void ThreadPool::RunRanges(uint32_t generation, int first_range) {
+  for (int k = 0; k < n_threads_; ++k) {
+    const int range = (first_range + k) % n_threads_;
+    uint32_t expected = generation - 1;
+    if (claimed_[range].load(std::memory_order_relaxed) != expected ||
+        !claimed_[range].compare_exchange_strong(expected, generation, std::memory_order_acq_rel)) {
+      continue;  // someone else runs it, or this job is over
+    }
+    int64_t b, e;
+    StaticRange(job_tasks_, n_threads_, range, &b, &e);
+    if (b < e) {
+      t_inside_task = true;
+      job_fn_(job_ctx_, b, e, range);
+      t_inside_task = false;
+    }
+    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        caller_sleeping_.load(std::memory_order_seq_cst)) {
+      platform::WakeAll(&pending_);
+    }
   }
 }
 
@@ -126,35 +118,26 @@ void ThreadPool::WorkerLoop(int thread_idx) {
   uint32_t seen = 0;
   for (;;) {
     // Wait for a new generation: spin, then sleep.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-    int spins = 0;
-    uint32_t g;
-    for (;;) {
-      g = generation_.load(std::memory_order_acquire);
-      if (g != seen) break;
-      if (++spins < 64 || std::chrono::steady_clock::now() < spin_until) {
-        if (spins >= 64) spins = 0;
-        KILN_CPU_RELAX();
-        continue;
+    uint32_t g = generation_.load(std::memory_order_acquire);
+    while (g == seen) {
+      if (SpinUntil(
+              [&] {
+                g = generation_.load(std::memory_order_acquire);
+                return g != seen;
+              },
+              spin_us_)) {
+        break;
       }
       sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
-      if (generation_.load(std::memory_order_seq_cst) == seen) FutexWait(&generation_, seen);
+      if (generation_.load(std::memory_order_seq_cst) == seen) {
+        platform::WaitWhileEqual(&generation_, seen);
+      }
       sleeping_workers_.fetch_sub(1, std::memory_order_relaxed);
+      g = generation_.load(std::memory_order_acquire);
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-
-    int64_t b, e;
-    StaticRange(job_tasks_, n_threads_, thread_idx, &b, &e);
-    if (b < e) {
-      t_inside_task = true;
-      job_fn_(job_ctx_, b, e, thread_idx);
-      t_inside_task = false;
-    }
-    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-        caller_sleeping_.load(std::memory_order_seq_cst)) {
-      FutexWakeAll(&pending_);
-    }
+    RunRanges(g, thread_idx);
   }
 }
 

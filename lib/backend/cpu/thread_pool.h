@@ -1,33 +1,42 @@
 // A fixed-size pool of worker threads for data-parallel CPU ops.
 //
 // ParallelFor(n_tasks, fn) splits the task indices [0, n_tasks) into n_threads contiguous
-// ranges by a fixed rule (thread i gets [i*n/T, (i+1)*n/T)), runs fn(begin, end, i) for every
-// non-empty range (range 0 on the calling thread) and returns when all are done. The split
-// depends only on (n_tasks, n_threads), never on timing, so results are reproducible.
+// ranges by a fixed rule (range i is [i*n/T, (i+1)*n/T)), runs fn(begin, end, i) once for every
+// non-empty range and returns when all are done. The split depends only on (n_tasks, n_threads),
+// never on timing, so results are reproducible. `i` names the range, and no two threads run
+// ranges with the same `i` at once: fn may index per-thread scratch with it.
 //
-// Waiting: a worker spins (with pause) for `spin_us` after each job before sleeping on a futex,
-// so back-to-back calls during decode cost a few microseconds. Sleepers announce themselves
-// in a counter before the final re-check, and wakers only make the wake syscall when someone
-// announced (both sides use sequentially consistent operations, so no wake-up is lost).
+// Who runs a range: thread i (the caller is thread 0) claims range i first, then any range
+// nobody has claimed yet. So when a host thread competes for a core and a worker is not running
+// when a job arrives, the caller (or another worker) runs that worker's range instead of
+// waiting a whole scheduler time slice for it; uncontended, every thread runs its own range.
+//
+// Waiting: a worker waits for the next job, and the caller for the workers' last ranges, by
+// spinning (with pause) for a few microseconds, then spinning with sched-yield (so a thread
+// that wants this core, such as a pool thread the OS put on the same core, gets it) until
+// `spin_us` has passed, then sleeping on a futex. Sleepers announce themselves in a counter
+// before the final re-check, and wakers only make the wake syscall when someone announced (both
+// sides use sequentially consistent operations, so no wake-up is lost).
 //
 // Thread-safety: ParallelFor may be called from several threads; calls are serialized by a
 // mutex. A ParallelFor issued from inside a task runs its ranges inline on that thread (same
-// ranges and thread indices, one after another) instead of deadlocking.
+// ranges and indices, one after another) instead of deadlocking.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "lib/common/platform.h"
+
 namespace kiln::cpu {
 
-// Physical cores available to this process: distinct thread-sibling sets among the CPUs in the
-// affinity mask (/sys/devices/system/cpu/cpuN/topology/thread_siblings_list), falling back to
-// sysconf(_SC_NPROCESSORS_ONLN). At least 1.
-int PhysicalCoreCount();
+// Physical cores available to this process (lib/common/platform.h). At least 1.
+using ::kiln::platform::PhysicalCoreCount;
 
 class ThreadPool {
  public:
@@ -40,14 +49,14 @@ class ThreadPool {
 
   int n_threads() const { return n_threads_; }
 
-  // Range [begin, end) of tasks that thread `thread_idx` runs for n_tasks tasks.
-  static void StaticRange(int64_t n_tasks, int n_threads, int thread_idx, int64_t* begin,
+  // The tasks [begin, end) of range `range_idx` when n_tasks tasks are split n_threads ways.
+  static void StaticRange(int64_t n_tasks, int n_threads, int range_idx, int64_t* begin,
                           int64_t* end) {
-    *begin = n_tasks * thread_idx / n_threads;
-    *end = n_tasks * (thread_idx + 1) / n_threads;
+    *begin = n_tasks * range_idx / n_threads;
+    *end = n_tasks * (range_idx + 1) / n_threads;
   }
 
-  // fn(int64_t task_begin, int64_t task_end, int thread_idx). Blocks until every range ran.
+  // fn(int64_t task_begin, int64_t task_end, int range_idx). Blocks until every range ran.
   template <typename Fn>
   void ParallelFor(int64_t n_tasks, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
@@ -57,21 +66,29 @@ class ThreadPool {
   }
 
  private:
-  using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end, int thread_idx);
+  using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end, int range_idx);
   void Run(int64_t n_tasks, TaskFn fn, void* ctx);
   void WorkerLoop(int thread_idx);
+  // Claims and runs unclaimed ranges of job `generation`, starting at `first_range`.
+  void RunRanges(uint32_t generation, int first_range);
 
   const int n_threads_;
   const int spin_us_;
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
 
-  // The current job, published before `generation_` is bumped.
+  // The current job, published before `generation_` is bumped; read only by a thread that
+  // claimed one of its ranges (the job cannot end, and be replaced, before that range is done).
   TaskFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
   int64_t job_tasks_ = 0;
   std::atomic<uint32_t> generation_{0};  // futex word: bumped once per job (and at shutdown)
-  std::atomic<uint32_t> pending_{0};     // futex word: workers still running the current job
+  std::atomic<uint32_t> pending_{0};     // futex word: ranges of the current job not yet done
+  // claimed_[i] is the generation of the last job whose range i was claimed. Every range of
+  // job g-1 was claimed before job g began, so range i of job g is claimed by the one
+  // compare-exchange from g-1 to g; a late thread still holding an older g fails it (unless
+  // it slept through 2^32 jobs between reading g and trying).
+  std::unique_ptr<std::atomic<uint32_t>[]> claimed_;
   std::atomic<int> sleeping_workers_{0};
   std::atomic<int> caller_sleeping_{0};
   std::atomic<bool> stop_{false};
