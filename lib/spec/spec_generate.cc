@@ -2,17 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
+
+#include "lib/common/platform.h"
 
 namespace kiln::spec {
-
-namespace {
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-}  // namespace
 
 absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
                                                        std::span<const int32_t> prompt,
@@ -56,7 +49,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     SpecStepResult step;
     int32_t generated = 0;
     const auto start = std::chrono::steady_clock::now();
-    const double cpu_start = ProcessCpuSeconds();
+    const double cpu_start = platform::ProcessCpuSeconds();
     while (generated < max_tokens) {
       const int32_t room = engine.n_ctx() - static_cast<int32_t>(tokens.size());
       if (room <= 0) break;
@@ -72,7 +65,7 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     result.metrics = decoder.metrics();
     result.pass_cost_beta = decoder.cost_model().Beta();
     if (cost != nullptr) *cost = decoder.cost_model();
-    result.decode_cpu_seconds = ProcessCpuSeconds() - cpu_start;
+    result.decode_cpu_seconds = platform::ProcessCpuSeconds() - cpu_start;
     result.decode_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return result;

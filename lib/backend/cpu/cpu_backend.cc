@@ -1,13 +1,10 @@
 #include "lib/backend/cpu/cpu_backend.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <cstring>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/common/half.h"
+#include "lib/common/platform.h"
 #include "lib/quant/interleave.h"
 
 namespace kiln::cpu {
@@ -16,7 +13,7 @@ namespace {
 class InterleavedWeights final : public WeightStore {
  public:
   InterleavedWeights(uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~InterleavedWeights() override { std::free(data_); }
+  ~InterleavedWeights() override { platform::AlignedFree(data_); }
   size_t bytes() const override { return bytes_; }
 
  private:
@@ -68,14 +65,13 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
   size_t total = 0;
   for (const WeightView* w : matrices) total += bytes_of(*w);
   if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
-  auto* data = static_cast<uint8_t*>(std::aligned_alloc(kAlign, total));
+  auto* data = static_cast<uint8_t*>(platform::AlignedAlloc(kAlign, total));
   if (data == nullptr) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
   }
   std::unique_ptr<WeightStore> store(new InterleavedWeights(data, total));
   uint8_t* next = data;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (WeightView* w : matrices) {
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
@@ -83,14 +79,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
                                          w->n_in, w->n_out, next);
     w->interleaved = next;
     next += bytes;
-    if (release_file_pages) {
-      const auto begin = reinterpret_cast<uintptr_t>(w->data);
-      const uintptr_t first = (begin + page - 1) / page * page;
-      const uintptr_t last = (begin + w->row_bytes() * w->n_out) / page * page;
-      if (last > first) {
-        madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice only
-      }
-    }
+    if (release_file_pages) platform::ReleaseMappedPages(w->data, w->row_bytes() * w->n_out);
   }
   return store;
 }
