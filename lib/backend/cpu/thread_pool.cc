@@ -10,8 +10,9 @@ namespace {
 thread_local bool t_inside_task = false;
 
 // Pause-only polls before yielding starts (~5 us at ~40 ns a pause): long enough to cover the
-// gap between back-to-back ops in decode, short enough that a pool thread sharing a core with
-// the thread it waits for hands the core over quickly.
+// gap between back-to-back ops in decode (SmolLM2-135M at 2 threads: 98% of the gaps between
+// ParallelFor calls are under 5 us), short enough that a pool thread sharing a core with the
+// thread it waits for hands the core over quickly.
 constexpr int kPauseOnlyPolls = 128;
 // Pauses between yields once yielding.
 constexpr int kPausesPerYield = 16;
