@@ -191,7 +191,8 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m"};
+  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
+          "smollm2-135m",   "tiny-qwen2",     "tiny-qwen2-untied"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -223,6 +224,20 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_freq_base = 100000.0f;
     s.rms_eps = 1e-5f;
     s.tied_output = true;
+    return s;
+  }
+  if (name == "tiny-qwen2" || name == "tiny-qwen2-untied") {
+    s.arch = "qwen2";
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_layer = 2;
+    s.n_ctx = 512;
+    s.n_vocab = 0;
+    s.rope_freq_base = 1000000.0f;  // Qwen2's
+    s.rms_eps = 1e-6f;              // Qwen2's
+    s.tied_output = name == "tiny-qwen2";
     return s;
   }
   return absl::NotFoundError(StrCat("unknown model shape '", name, "' (known: ",

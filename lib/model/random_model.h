@@ -3,8 +3,8 @@
 // Architecture (lib/model/architecture.h), so a file loads exactly as the loader expects it:
 //   - the `<arch>.*` hyper-parameter keys: Architecture::WriteHparams;
 //   - the tensors, names, shapes and file order: Architecture::Tensors (optional tensors such as
-//     llama's biases are not written; the ones the family requires are). Values, drawn in table
-//     order:
+//     llama's biases are not written; tensors the family requires, such as qwen2's Q/K/V
+//     biases, are). Values, drawn in table order:
 //       embeddings and matrices  N(0,1)/sqrt(fan_in) (ne[0] = row length = fan-in), in the
 //                                chosen type;
 //       vectors named *.bias     0.5·N(0,1), f32 (large enough that a bias dropped or added in
@@ -20,7 +20,11 @@
 //   tiny-llama-gqa|mha|mqa: llama, n_embd 256, n_ff 512, 4 heads × 64, kv heads 2|4|1, 2 layers,
 //                           context 512, rope base 1e4, untied output.weight, self-made vocab;
 //   smollm2-135m:           llama, 576/1536/9 heads/3 kv/30 layers/ctx 8192/vocab 49152, rope
-//                           1e5, tied (no output.weight), like SmolLM2-135M-Instruct.
+//                           1e5, tied (no output.weight), like SmolLM2-135M-Instruct;
+//   tiny-qwen2:             qwen2 (Q/K/V biases, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 64,
+//                           2 kv heads, 2 layers, context 512, rope base 1e6, rms eps 1e-6, tied
+//                           output like the small Qwen2 models, self-made vocab;
+//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
 // token count; otherwise a small byte-level BPE vocabulary (tokenizer.ggml.model "gpt2", pre
 // "default"): ids 0..2 = <|endoftext|>, <|im_start|>, <|im_end|> (control), 256 byte tokens in

@@ -1,6 +1,7 @@
 // The random-model generator behind kiln-mkmodel (lib/model/random_model.h): writes models,
 // reads them back with the reader and checks every key, every tensor shape and type, the weight
-// statistics, determinism, type fallbacks and --vocab-from.
+// statistics, determinism, type fallbacks and --vocab-from; qwen2 shapes carry the keys and the
+// tensor table of their architecture (Q/K/V biases) and load as models.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -226,8 +227,9 @@ TEST(RandomModelTest, VocabFromRealModel) {
 }
 
 TEST(RandomModelTest, NamesAndErrors) {
-  EXPECT_THAT(RandomModelShapeNames(), ::testing::ElementsAre("tiny-llama-gqa", "tiny-llama-mha",
-                                                              "tiny-llama-mqa", "smollm2-135m"));
+  EXPECT_THAT(RandomModelShapeNames(),
+              ::testing::ElementsAre("tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
+                                     "smollm2-135m", "tiny-qwen2", "tiny-qwen2-untied"));
   for (const std::string& name : RandomModelShapeNames()) {
     auto shape = RandomModelShapeByName(name);
     ASSERT_TRUE(shape.ok()) << name;
@@ -289,6 +291,72 @@ TEST(RandomModelTest, LlamaTensorsFollowTheArchitectureTable) {
   for (const TensorInfo& t : b.file->tensors()) got.emplace_back(t.name);
   EXPECT_EQ(got, want);
   EXPECT_EQ(b.file->FindTensor("blk.0.attn_q.bias"), nullptr);
+}
+
+// qwen2 shapes: general.architecture "qwen2", qwen2.* keys, Q/K/V biases (no output bias),
+// tied or separate head; each loads as a qwen2 model with NEOX rotation.
+TEST(RandomModelTest, TinyQwen2KeysTensorsAndLoad) {
+  for (const char* name : {"tiny-qwen2", "tiny-qwen2-untied"}) {
+    SCOPED_TRACE(name);
+    const RandomModelShape shape = *RandomModelShapeByName(name);
+    EXPECT_EQ(shape.arch, "qwen2");
+    const bool tied = std::string(name) == "tiny-qwen2";
+    EXPECT_EQ(shape.tied_output, tied);
+    Built b = Build(shape, static_cast<uint32_t>(GgmlType::kF32), 1);
+    ASSERT_NE(b.file, nullptr);
+    const GgufFile& f = *b.file;
+    EXPECT_EQ(*f.GetString("general.architecture"), "qwen2");
+    EXPECT_EQ(*f.GetUint("qwen2.block_count"), 2u);
+    EXPECT_EQ(*f.GetUint("qwen2.context_length"), 512u);
+    EXPECT_EQ(*f.GetUint("qwen2.embedding_length"), 256u);
+    EXPECT_EQ(*f.GetUint("qwen2.feed_forward_length"), 512u);
+    EXPECT_EQ(*f.GetUint("qwen2.attention.head_count"), 4u);
+    EXPECT_EQ(*f.GetUint("qwen2.attention.head_count_kv"), 2u);
+    EXPECT_EQ(*f.GetUint("qwen2.rope.dimension_count"), 64u);
+    EXPECT_EQ(*f.GetFloat("qwen2.rope.freq_base"), 1000000.0);
+    EXPECT_FLOAT_EQ(static_cast<float>(*f.GetFloat("qwen2.attention.layer_norm_rms_epsilon")),
+                    1e-6f);
+    EXPECT_EQ(f.FindKey("llama.block_count"), nullptr);
+    EXPECT_EQ(*f.GetString("tokenizer.ggml.model"), "gpt2");
+
+    const uint64_t n_vocab = *f.GetUint("qwen2.vocab_size");
+    EXPECT_EQ(f.tensors().size(), 2u * 12u + 2u + (tied ? 0u : 1u));
+    EXPECT_EQ(f.FindTensor("output.weight") == nullptr, tied);
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      for (auto [bias, size] : {std::pair{"attn_q.bias", 256u}, std::pair{"attn_k.bias", 128u},
+                                std::pair{"attn_v.bias", 128u}}) {
+        const TensorInfo* t = f.FindTensor(p + bias);
+        ASSERT_NE(t, nullptr) << p << bias;
+        EXPECT_EQ(t->ne, (std::vector<uint64_t>{size})) << p << bias;
+        EXPECT_EQ(t->type, 0u);
+        const std::vector<float> v = F32Values(*t);
+        double sum2 = 0;
+        for (float x : v) sum2 += double{x} * x;
+        EXPECT_NEAR(std::sqrt(sum2 / v.size()), 0.5, 0.1) << p << bias;  // 0.5 N(0,1)
+      }
+      EXPECT_EQ(f.FindTensor(p + "attn_output.bias"), nullptr);
+      EXPECT_EQ(f.FindTensor(p + "attn_q.weight")->ne, (std::vector<uint64_t>{256, 256}));
+      EXPECT_EQ(f.FindTensor(p + "attn_k.weight")->ne, (std::vector<uint64_t>{256, 128}));
+    }
+    EXPECT_EQ(f.FindTensor("token_embd.weight")->ne, (std::vector<uint64_t>{256, n_vocab}));
+
+    const std::string path = kiln::testing::TempDir() + "/" + name + ".gguf";
+    GgufWriter w;
+    RandomModelOptions o;
+    o.shape = shape;
+    o.type = static_cast<uint32_t>(GgmlType::kQ8_0);
+    ASSERT_TRUE(BuildRandomModel(o, &w).ok());
+    ASSERT_TRUE(w.WriteToFile(path).ok());
+    ModelLoadOptions load;
+    load.path = path;
+    auto model = Model::Load(load);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->architecture().name(), "qwen2");
+    EXPECT_EQ((*model)->hparams().rope.mode, RopeMode::kNeox);
+    EXPECT_EQ((*model)->hparams().tied_output, tied);
+    EXPECT_NE((*model)->Tensor("blk.1.attn_v.bias"), nullptr);
+  }
 }
 
 }  // namespace
