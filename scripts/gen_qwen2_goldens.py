@@ -21,7 +21,12 @@ each batch only (logits_all off, its default; read with llama_get_logits_ith): i
 then runs the feed-forward block for that token alone, which for f32 and f16 weights decides the
 summation order of those matmuls.
 
+With --cli-text it prints instead the text tests/c_api/kiln_cli_test.sh expects from
+`kiln generate --raw --temp 0 --llama-cpp-order`: llama.cpp's greedy continuation (KV f16, the
+default of both) of CLI_PROMPT on CLI_MODEL, CLI_TOKENS tokens.
+
 Usage: python3 scripts/gen_qwen2_goldens.py [--mkmodel build/tools/kiln-mkmodel/kiln-mkmodel]
+                                            [--cli-text]
        (needs kiln-mkmodel built, and pip install llama-cpp-python jinja2 numpy)
 """
 
@@ -45,6 +50,11 @@ N_CTX = 512  # the shapes' context length
 MODELS = [("tiny-qwen2", 1), ("tiny-qwen2-untied", 2)]
 TYPES = ["f32", "f16", "q8_0"]
 KV_CACHE_TYPES = ["f32", "f16"]
+
+# kiln_cli_test.sh: (shape, type, seed), prompt, tokens (an ASCII continuation).
+CLI_MODEL = ("tiny-qwen2-untied", "f16", 1)
+CLI_PROMPT = "The capital of France is"
+CLI_TOKENS = 15
 
 PROMPTS = [
     "The capital of France is",
@@ -120,7 +130,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mkmodel",
                         default=os.path.join(ROOT, "build", "tools", "kiln-mkmodel", "kiln-mkmodel"))
+    parser.add_argument("--cli-text", action="store_true")
     args = parser.parse_args()
+    if args.cli_text:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "cli.gguf")
+            shape, type_name, seed = CLI_MODEL
+            make_model(args.mkmodel, shape, type_name, seed, path)
+            llm = load(path, "f16")
+            ids = llm.tokenize(CLI_PROMPT.encode("utf-8"), add_bos=True, special=False)
+            generated, _, _, _ = greedy(llm, ids, CLI_TOKENS)
+            print(llm.detokenize(generated).decode("utf-8"))
+        return
     models = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape, seed in MODELS:

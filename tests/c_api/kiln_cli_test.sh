@@ -2,10 +2,15 @@
 # Smoke test of the `kiln` program's generation subcommands on the default model:
 #   generate --quiet --temp 0: stdout is exactly the greedy answer, stats only on stderr;
 #   chat: two scripted turns, the second reusing the first turn's tokens;
-#   perplexity: the last line is "perplexity: <finite value>".
+#   perplexity: the last line is "perplexity: <finite value>";
+# and on a random-weight qwen2 model written by kiln-mkmodel:
+#   info: names the architecture;
+#   generate --raw --temp 0 --llama-cpp-order: stdout is llama.cpp's greedy text for that file
+#   (scripts/gen_qwen2_goldens.py --cli-text).
 set -euo pipefail
 kiln="$1"
 src="$2"
+mkmodel="$3"
 model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -35,4 +40,14 @@ if ! [[ "$last" =~ ^perplexity:\ [0-9]+\.[0-9]+$ ]]; then
   echo "perplexity: last line was '$last'" >&2
   exit 1
 fi
-echo "kiln_cli_test: ok ($last)"
+"$mkmodel" --shape tiny-qwen2-untied --type f16 --seed 1 --out "$tmp/qwen2.gguf" >/dev/null
+"$kiln" info "$tmp/qwen2.gguf" >"$tmp/info"
+grep -q "^architecture: qwen2$" "$tmp/info" || { echo "info: no 'architecture: qwen2'" >&2; exit 1; }
+"$kiln" generate -m "$tmp/qwen2.gguf" --raw --temp 0 -n 15 --threads 2 --quiet --llama-cpp-order \
+  -p "The capital of France is" >"$tmp/qwen2_out" 2>/dev/null
+expected="ackherherherherherherherirlillherherherherher"
+if [[ "$(cat "$tmp/qwen2_out")" != "$expected" ]]; then
+  echo "qwen2 generate: stdout was '$(cat "$tmp/qwen2_out")', expected '$expected'" >&2
+  exit 1
+fi
+echo "kiln_cli_test: ok ($last; qwen2 generate as llama.cpp)"
