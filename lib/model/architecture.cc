@@ -5,6 +5,7 @@ namespace kiln {
 // Each architecture's file (arch/<name>.cc) defines its factory, named here once.
 namespace arch {
 const Architecture& Llama();
+const Architecture& Qwen2();
 }  // namespace arch
 
 namespace {
@@ -12,6 +13,7 @@ namespace {
 // The registry: one line per architecture.
 const Architecture* const kArchitectures[] = {
     &arch::Llama(),
+    &arch::Qwen2(),
 };
 
 }  // namespace

@@ -182,6 +182,7 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
   for (int64_t i = 0; i < n; ++i) {
     if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
   }
+  const int64_t n_logits = static_cast<int64_t>(out->logit_tokens.size());
   AttentionMask mask;
   mask.seq = std::span<const int32_t>(token_seq_.data(), n);
   mask.tables = &tables_;
@@ -211,19 +212,32 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
                                             0.0f));  // [n, q_dim]
     KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));
     backend_.Add(x, proj_.data(), n * d, x);
-    // Feed-forward block (SwiGLU).
-    backend_.RmsNorm(x, L.ffn_norm->AsF32(), n, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, n, gate_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, n, up_.data()));
-    backend_.SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());  // [n, n_ff]
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), n, proj_.data()));
-    backend_.Add(x, proj_.data(), n * d, x);
+    // The last layer's feed-forward block runs only for the tokens whose logits are wanted, as
+    // llama.cpp's graph does (inp_out_ids): no one reads the others' outputs, and llama.cpp's
+    // F32/F16 matmuls sum in an order that depends on the rows they get. Those tokens' rows move
+    // to the front of x (logit_tokens ascend, so no row is overwritten before it is read).
+    int64_t rows = n;
+    if (il == hp_.n_layer - 1) {
+      rows = n_logits;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t src = out->logit_tokens[i];
+        if (src != i) std::memcpy(x + i * d, x + src * d, d * sizeof(float));
+      }
+      if (rows == 0) break;
+    }
+    // Feed-forward block (SwiGLU).                           x, h: [rows, n_embd]
+    backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+    backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
+    backend_.Add(x, proj_.data(), rows * d, x);
   }
-  backend_.RmsNorm(x, model_.output_norm().AsF32(), n, d, hp_.rms_eps, h);
-  out->logits.resize(out->logit_tokens.size() * hp_.n_vocab);
-  if (!out->logit_tokens.empty()) {
-    KILN_RETURN_IF_ERROR(backend_.MatMulRows(model_.output(), h, n, out->logit_tokens,
-                                             out->logits.data()));  // [n_logits, n_vocab]
+  out->logits.resize(n_logits * hp_.n_vocab);
+  if (n_logits > 0) {  // x: [n_logits, n_embd], the logit tokens' rows
+    backend_.RmsNorm(x, model_.output_norm().AsF32(), n_logits, d, hp_.rms_eps, h);
+    KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h, n_logits,
+                                         out->logits.data()));  // [n_logits, n_vocab]
   }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
   for (size_t s = 0; s < seqs_.size(); ++s) {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "lib/gguf/random_model.h"
+#include "lib/gguf/file_type.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {

@@ -4,7 +4,11 @@
 #   chat: two scripted turns, the second reusing the first turn's tokens;
 #   perplexity: the last line is "perplexity: <finite value>";
 #   info: the summary and the backends for the default model; for a valid GGUF of an
-#         architecture kiln cannot run, its metadata and what is missing.
+#         architecture kiln cannot run, its metadata and what is missing;
+# and on a random-weight qwen2 model written by kiln-mkmodel:
+#   info: names the architecture;
+#   generate --raw --temp 0 --llama-cpp-order: stdout is llama.cpp's greedy text for that file
+#   (scripts/gen_qwen2_goldens.py --cli-text).
 set -euo pipefail
 kiln="$1"
 src="$2"
@@ -51,4 +55,14 @@ python3 -c "import sys; d=open(sys.argv[1],'rb').read(); open(sys.argv[2],'wb').
 for want in "runnable:     no" "architecture 'gemma' is not supported" "gemma.block_count" "backends:"; do
   grep -q "$want" "$tmp/info2" || { echo "info (unknown architecture): no '$want'" >&2; cat "$tmp/info2" >&2; exit 1; }
 done
-echo "kiln_cli_test: ok ($last)"
+"$mkmodel" --shape tiny-qwen2-untied --type f16 --seed 1 --out "$tmp/qwen2.gguf" >/dev/null
+"$kiln" info "$tmp/qwen2.gguf" >"$tmp/info3"
+grep -q "^architecture: qwen2$" "$tmp/info3" || { echo "info: no 'architecture: qwen2'" >&2; exit 1; }
+"$kiln" generate -m "$tmp/qwen2.gguf" --raw --temp 0 -n 15 --threads 2 --quiet --llama-cpp-order \
+  -p "The capital of France is" >"$tmp/qwen2_out" 2>/dev/null
+expected="ackherherherherherherherirlillherherherherher"
+if [[ "$(cat "$tmp/qwen2_out")" != "$expected" ]]; then
+  echo "qwen2 generate: stdout was '$(cat "$tmp/qwen2_out")', expected '$expected'" >&2
+  exit 1
+fi
+echo "kiln_cli_test: ok ($last; qwen2 generate as llama.cpp)"

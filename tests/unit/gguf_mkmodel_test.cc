@@ -1,6 +1,7 @@
-// The random-model generator behind kiln-mkmodel (lib/gguf/random_model.h): writes models,
+// The random-model generator behind kiln-mkmodel (lib/model/random_model.h): writes models,
 // reads them back with the reader and checks every key, every tensor shape and type, the weight
-// statistics, determinism, type fallbacks and --vocab-from.
+// statistics, determinism, type fallbacks and --vocab-from; qwen2 shapes carry the keys and the
+// tensor table of their architecture (Q/K/V biases) and load as models.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,9 +10,12 @@
 #include <set>
 
 #include "lib/common/ggml_type.h"
+#include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
-#include "lib/gguf/random_model.h"
+#include "lib/model/architecture.h"
+#include "lib/model/model.h"
+#include "lib/model/random_model.h"
 #include "lib/quant/quant.h"
 #include "tests/common/test_util.h"
 
@@ -24,7 +28,7 @@ struct Built {
   std::vector<std::string> notes;
 };
 
-Built Build(const LlamaShape& shape, uint32_t type, uint64_t seed,
+Built Build(const RandomModelShape& shape, uint32_t type, uint64_t seed,
             const GgufFile* vocab_from = nullptr) {
   Built b;
   RandomModelOptions o;
@@ -34,7 +38,7 @@ Built Build(const LlamaShape& shape, uint32_t type, uint64_t seed,
   o.vocab_from = vocab_from;
   o.note = [&b](std::string_view m) { b.notes.emplace_back(m); };
   GgufWriter w;
-  absl::Status st = BuildRandomLlama(o, &w);
+  absl::Status st = BuildRandomModel(o, &w);
   EXPECT_TRUE(st.ok()) << st;
   auto bytes = w.WriteToBuffer();
   EXPECT_TRUE(bytes.ok()) << bytes.status();
@@ -53,7 +57,7 @@ std::vector<float> F32Values(const TensorInfo& t) {
 }
 
 TEST(RandomModelTest, TinyLlamaGqaF32KeysAndTensors) {
-  const LlamaShape shape = *LlamaShapeByName("tiny-llama-gqa");
+  const RandomModelShape shape = *RandomModelShapeByName("tiny-llama-gqa");
   Built b = Build(shape, static_cast<uint32_t>(GgmlType::kF32), 7);
   ASSERT_NE(b.file, nullptr);
   const GgufFile& f = *b.file;
@@ -153,7 +157,7 @@ TEST(RandomModelTest, TinyLlamaGqaF32KeysAndTensors) {
 }
 
 TEST(RandomModelTest, DeterministicPerSeed) {
-  const LlamaShape shape = *LlamaShapeByName("tiny-llama-mqa");
+  const RandomModelShape shape = *RandomModelShapeByName("tiny-llama-mqa");
   Built a = Build(shape, static_cast<uint32_t>(GgmlType::kF16), 3);
   Built b = Build(shape, static_cast<uint32_t>(GgmlType::kF16), 3);
   Built c = Build(shape, static_cast<uint32_t>(GgmlType::kF16), 4);
@@ -168,7 +172,7 @@ TEST(RandomModelTest, DeterministicPerSeed) {
 
 TEST(RandomModelTest, BlockSizeFallbackIsReported) {
   // Rows of 320 do not fit q4_K's 256-element blocks: q8_0 instead, like llama-quantize.
-  LlamaShape shape = *LlamaShapeByName("tiny-llama-mha");
+  RandomModelShape shape = *RandomModelShapeByName("tiny-llama-mha");
   shape.name = "odd";
   shape.n_embd = 320;
   shape.n_head = 5;
@@ -197,7 +201,7 @@ TEST(RandomModelTest, VocabFromRealModel) {
   ASSERT_FALSE(path.empty());
   auto real = GgufFile::Open(path);
   ASSERT_TRUE(real.ok()) << real.status();
-  LlamaShape shape = *LlamaShapeByName("tiny-llama-gqa");
+  RandomModelShape shape = *RandomModelShapeByName("tiny-llama-gqa");
   shape.n_layer = 1;
   shape.tied_output = true;
   Built b = Build(shape, static_cast<uint32_t>(GgmlType::kF16), 1, real->get());
@@ -223,19 +227,136 @@ TEST(RandomModelTest, VocabFromRealModel) {
 }
 
 TEST(RandomModelTest, NamesAndErrors) {
-  EXPECT_EQ(LlamaShapeNames().size(), 4u);
-  const LlamaShape s = *LlamaShapeByName("smollm2-135m");
+  EXPECT_THAT(RandomModelShapeNames(),
+              ::testing::ElementsAre("tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
+                                     "smollm2-135m", "tiny-qwen2", "tiny-qwen2-untied"));
+  for (const std::string& name : RandomModelShapeNames()) {
+    auto shape = RandomModelShapeByName(name);
+    ASSERT_TRUE(shape.ok()) << name;
+    EXPECT_NE(FindArchitecture(shape->arch), nullptr) << name << ": " << shape->arch;
+  }
+  const RandomModelShape s = *RandomModelShapeByName("smollm2-135m");
   EXPECT_EQ(s.n_embd, 576u);
   EXPECT_EQ(s.n_layer, 30u);
   EXPECT_EQ(s.n_vocab, 49152u);
   EXPECT_TRUE(s.tied_output);
   EXPECT_EQ(BuildTinyVocab(49152).tokens.size(), 49152u);
-  auto bad = LlamaShapeByName("huge");
+  auto bad = RandomModelShapeByName("huge");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("tiny-llama-gqa"));
   EXPECT_EQ(*WeightTypeByName("q4_K"), static_cast<uint32_t>(GgmlType::kQ4_K));
   EXPECT_EQ(*WeightTypeByName("bf16"), static_cast<uint32_t>(GgmlType::kBF16));
   EXPECT_EQ(WeightTypeByName("q4_k").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RandomModelTest, UnregisteredArchitectureIsRejected) {
+  RandomModelShape shape = *RandomModelShapeByName("tiny-llama-gqa");
+  shape.arch = "gemma3";
+  RandomModelOptions o;
+  o.shape = shape;
+  GgufWriter w;
+  const absl::Status st = BuildRandomModel(o, &w);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("gemma3"));
+  std::string registered;
+  for (std::string_view n : ArchitectureNames()) {
+    registered += (registered.empty() ? "" : ", ") + std::string(n);
+  }
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("(registered: " + registered + ")"));
+  EXPECT_EQ(w.tensor_count(), 0u);
+}
+
+// The llama shapes write exactly their architecture's required tensors, in table order (the
+// optional biases are left out).
+TEST(RandomModelTest, LlamaTensorsFollowTheArchitectureTable) {
+  const RandomModelShape shape = *RandomModelShapeByName("tiny-llama-gqa");
+  Built b = Build(shape, static_cast<uint32_t>(GgmlType::kQ8_0), 7);
+  ASSERT_NE(b.file, nullptr);
+  const Architecture* arch = FindArchitecture("llama");
+  ASSERT_NE(arch, nullptr);
+  ModelHparams hp;
+  hp.arch = "llama";
+  hp.n_vocab = static_cast<int64_t>(b.file->GetStringArray("tokenizer.ggml.tokens")->size());
+  hp.n_embd = 256;
+  hp.n_layer = 2;
+  hp.n_head = 4;
+  hp.n_head_kv = 2;
+  hp.head_dim = 64;
+  hp.n_ff = 512;
+  std::vector<std::string> want;
+  for (const TensorSpec& t : arch->Tensors(hp)) {
+    if (!t.optional) want.push_back(t.name);
+  }
+  std::vector<std::string> got;
+  for (const TensorInfo& t : b.file->tensors()) got.emplace_back(t.name);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(b.file->FindTensor("blk.0.attn_q.bias"), nullptr);
+}
+
+// qwen2 shapes: general.architecture "qwen2", qwen2.* keys, Q/K/V biases (no output bias),
+// tied or separate head; each loads as a qwen2 model with NEOX rotation.
+TEST(RandomModelTest, TinyQwen2KeysTensorsAndLoad) {
+  for (const char* name : {"tiny-qwen2", "tiny-qwen2-untied"}) {
+    SCOPED_TRACE(name);
+    const RandomModelShape shape = *RandomModelShapeByName(name);
+    EXPECT_EQ(shape.arch, "qwen2");
+    const bool tied = std::string(name) == "tiny-qwen2";
+    EXPECT_EQ(shape.tied_output, tied);
+    Built b = Build(shape, static_cast<uint32_t>(GgmlType::kF32), 1);
+    ASSERT_NE(b.file, nullptr);
+    const GgufFile& f = *b.file;
+    EXPECT_EQ(*f.GetString("general.architecture"), "qwen2");
+    EXPECT_EQ(*f.GetUint("qwen2.block_count"), 2u);
+    EXPECT_EQ(*f.GetUint("qwen2.context_length"), 512u);
+    EXPECT_EQ(*f.GetUint("qwen2.embedding_length"), 256u);
+    EXPECT_EQ(*f.GetUint("qwen2.feed_forward_length"), 512u);
+    EXPECT_EQ(*f.GetUint("qwen2.attention.head_count"), 4u);
+    EXPECT_EQ(*f.GetUint("qwen2.attention.head_count_kv"), 2u);
+    EXPECT_EQ(*f.GetUint("qwen2.rope.dimension_count"), 64u);
+    EXPECT_EQ(*f.GetFloat("qwen2.rope.freq_base"), 1000000.0);
+    EXPECT_FLOAT_EQ(static_cast<float>(*f.GetFloat("qwen2.attention.layer_norm_rms_epsilon")),
+                    1e-6f);
+    EXPECT_EQ(f.FindKey("llama.block_count"), nullptr);
+    EXPECT_EQ(*f.GetString("tokenizer.ggml.model"), "gpt2");
+
+    const uint64_t n_vocab = *f.GetUint("qwen2.vocab_size");
+    EXPECT_EQ(f.tensors().size(), 2u * 12u + 2u + (tied ? 0u : 1u));
+    EXPECT_EQ(f.FindTensor("output.weight") == nullptr, tied);
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      for (auto [bias, size] : {std::pair{"attn_q.bias", 256u}, std::pair{"attn_k.bias", 128u},
+                                std::pair{"attn_v.bias", 128u}}) {
+        const TensorInfo* t = f.FindTensor(p + bias);
+        ASSERT_NE(t, nullptr) << p << bias;
+        EXPECT_EQ(t->ne, (std::vector<uint64_t>{size})) << p << bias;
+        EXPECT_EQ(t->type, 0u);
+        const std::vector<float> v = F32Values(*t);
+        double sum2 = 0;
+        for (float x : v) sum2 += double{x} * x;
+        EXPECT_NEAR(std::sqrt(sum2 / v.size()), 0.5, 0.1) << p << bias;  // 0.5 N(0,1)
+      }
+      EXPECT_EQ(f.FindTensor(p + "attn_output.bias"), nullptr);
+      EXPECT_EQ(f.FindTensor(p + "attn_q.weight")->ne, (std::vector<uint64_t>{256, 256}));
+      EXPECT_EQ(f.FindTensor(p + "attn_k.weight")->ne, (std::vector<uint64_t>{256, 128}));
+    }
+    EXPECT_EQ(f.FindTensor("token_embd.weight")->ne, (std::vector<uint64_t>{256, n_vocab}));
+
+    const std::string path = kiln::testing::TempDir() + "/" + name + ".gguf";
+    GgufWriter w;
+    RandomModelOptions o;
+    o.shape = shape;
+    o.type = static_cast<uint32_t>(GgmlType::kQ8_0);
+    ASSERT_TRUE(BuildRandomModel(o, &w).ok());
+    ASSERT_TRUE(w.WriteToFile(path).ok());
+    ModelLoadOptions load;
+    load.path = path;
+    auto model = Model::Load(load);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->architecture().name(), "qwen2");
+    EXPECT_EQ((*model)->hparams().rope.mode, RopeMode::kNeox);
+    EXPECT_EQ((*model)->hparams().tied_output, tied);
+    EXPECT_NE((*model)->Tensor("blk.1.attn_v.bias"), nullptr);
+  }
 }
 
 }  // namespace

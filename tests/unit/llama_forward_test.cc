@@ -6,8 +6,9 @@
 #include <cmath>
 #include <random>
 
+#include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf_writer.h"
-#include "lib/gguf/random_model.h"
+#include "lib/model/random_model.h"
 #include "tests/common/forward_util.h"
 #include "tests/common/reference_llama.h"
 #include "tests/common/test_util.h"
@@ -16,16 +17,16 @@ namespace kiln {
 namespace {
 
 std::string MakeTinyModel(const std::string& shape_name, const std::string& type_name) {
-  auto shape = gguf::LlamaShapeByName(shape_name);
+  auto shape = RandomModelShapeByName(shape_name);
   EXPECT_TRUE(shape.ok());
   auto type = gguf::WeightTypeByName(type_name);
   EXPECT_TRUE(type.ok());
-  gguf::RandomModelOptions options;
+  RandomModelOptions options;
   options.shape = *shape;
   options.type = *type;
   options.seed = 7;
   gguf::GgufWriter writer;
-  EXPECT_TRUE(gguf::BuildRandomLlama(options, &writer).ok());
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
   const std::string path = testing::TempDir() + "/" + shape_name + "-" + type_name + ".gguf";
   EXPECT_TRUE(writer.WriteToFile(path).ok());
   return path;

@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "lib/gguf/random_model.h"
+#include "lib/gguf/file_type.h"
 #include "lib/model/model.h"
+#include "lib/model/random_model.h"
 #include "lib/quant/quant.h"
 #include "lib/quant/requantize.h"
 #include "tests/common/test_util.h"
@@ -24,8 +25,8 @@ constexpr int64_t kNarrowRow = 96, kOddRow = 40;
 
 // Writes a random tiny model whose matrices are `source_type`, plus the two extra tensors.
 std::string MakeSource(const std::string& source_type, const std::string& name) {
-  gguf::RandomModelOptions options;
-  auto shape = gguf::LlamaShapeByName("tiny-llama-gqa");
+  RandomModelOptions options;
+  auto shape = RandomModelShapeByName("tiny-llama-gqa");
   EXPECT_TRUE(shape.ok());
   options.shape = *shape;
   auto type = gguf::WeightTypeByName(source_type);
@@ -33,7 +34,7 @@ std::string MakeSource(const std::string& source_type, const std::string& name) 
   options.type = *type;
   options.seed = 11;
   gguf::GgufWriter writer;
-  EXPECT_TRUE(gguf::BuildRandomLlama(options, &writer).ok());
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   for (auto [tensor, n_in] :
@@ -193,14 +194,14 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(RequantizeOptions, KeepOutputTypeCopiesTheTiedHead) {
-  gguf::RandomModelOptions options;
-  auto shape = gguf::LlamaShapeByName("tiny-llama-gqa");
+  RandomModelOptions options;
+  auto shape = RandomModelShapeByName("tiny-llama-gqa");
   ASSERT_TRUE(shape.ok());
   options.shape = *shape;
   options.shape.tied_output = true;
   options.type = static_cast<uint32_t>(GgmlType::kQ4_1);
   gguf::GgufWriter writer;
-  ASSERT_TRUE(gguf::BuildRandomLlama(options, &writer).ok());
+  ASSERT_TRUE(BuildRandomModel(options, &writer).ok());
   auto bytes = writer.WriteToBuffer();
   ASSERT_TRUE(bytes.ok());
   auto in = gguf::GgufFile::Parse(bytes->data(), bytes->size());
@@ -227,13 +228,13 @@ TEST(RequantizeOptions, KeepOutputTypeCopiesTheTiedHead) {
 }
 
 TEST(RequantizeOptions, RejectsATargetKilnCannotWrite) {
-  gguf::RandomModelOptions options;
-  auto shape = gguf::LlamaShapeByName("tiny-llama-gqa");
+  RandomModelOptions options;
+  auto shape = RandomModelShapeByName("tiny-llama-gqa");
   ASSERT_TRUE(shape.ok());
   options.shape = *shape;
   options.type = static_cast<uint32_t>(GgmlType::kF32);
   gguf::GgufWriter writer;
-  ASSERT_TRUE(gguf::BuildRandomLlama(options, &writer).ok());
+  ASSERT_TRUE(BuildRandomModel(options, &writer).ok());
   auto bytes = writer.WriteToBuffer();
   ASSERT_TRUE(bytes.ok());
   auto in = gguf::GgufFile::Parse(bytes->data(), bytes->size());

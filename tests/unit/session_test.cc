@@ -10,8 +10,9 @@
 #include <random>
 #include <thread>
 
+#include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf_writer.h"
-#include "lib/gguf/random_model.h"
+#include "lib/model/random_model.h"
 #include "lib/tokenizer/tokenizer.h"
 #include "tests/common/test_util.h"
 
@@ -19,16 +20,16 @@ namespace kiln {
 namespace {
 
 std::unique_ptr<Model> LoadTinyModel() {
-  auto shape = gguf::LlamaShapeByName("tiny-llama-gqa");
+  auto shape = RandomModelShapeByName("tiny-llama-gqa");
   EXPECT_TRUE(shape.ok());
   auto type = gguf::WeightTypeByName("q8_0");
   EXPECT_TRUE(type.ok());
-  gguf::RandomModelOptions options;
+  RandomModelOptions options;
   options.shape = *shape;
   options.type = *type;
   options.seed = 11;
   gguf::GgufWriter writer;
-  EXPECT_TRUE(gguf::BuildRandomLlama(options, &writer).ok());
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
   const std::string path = testing::TempDir() + "/session-tiny.gguf";
   EXPECT_TRUE(writer.WriteToFile(path).ok());
   ModelLoadOptions load;

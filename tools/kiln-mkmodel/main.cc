@@ -1,10 +1,10 @@
-// kiln-mkmodel: writes a random-weight llama-architecture GGUF model of a named shape.
+// kiln-mkmodel: writes a random-weight GGUF model of a named shape (any registered architecture).
 //
-//   kiln-mkmodel --shape tiny-llama-gqa|tiny-llama-mha|tiny-llama-mqa|smollm2-135m
+//   kiln-mkmodel --shape SHAPE (kiln-mkmodel --help lists them)
 //                --type f32|f16|bf16|q4_0|q4_1|q5_0|q5_1|q8_0|q2_K|q3_K|q4_K|q5_K|q6_K
 //                --out PATH [--seed N] [--vocab-from GGUF]
 //
-// What is written (keys, tensors, fallbacks, tokenizer): lib/gguf/random_model.h.
+// What is written (keys, tensors, fallbacks, tokenizer): lib/model/random_model.h.
 // Exit status: 0 on success, 2 on a usage error, 1 on any other failure (message on stderr).
 #include <cstdio>
 #include <cstdlib>
@@ -12,19 +12,24 @@
 #include <string_view>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
-#include "lib/gguf/random_model.h"
+#include "lib/model/random_model.h"
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: kiln-mkmodel --shape tiny-llama-gqa|tiny-llama-mha|tiny-llama-mqa|smollm2-135m\n"
-    "                    --type f32|f16|bf16|q4_0|q4_1|q5_0|q5_1|q8_0|q2_K|q3_K|q4_K|q5_K|q6_K\n"
-    "                    --out PATH [--seed N] [--vocab-from GGUF]\n";
+std::string UsageText() {
+  return "usage: kiln-mkmodel --shape " + absl::StrJoin(kiln::RandomModelShapeNames(), "|") +
+         "\n"
+         "                    --type "
+         "f32|f16|bf16|q4_0|q4_1|q5_0|q5_1|q8_0|q2_K|q3_K|q4_K|q5_K|q6_K\n"
+         "                    --out PATH [--seed N] [--vocab-from GGUF]\n";
+}
 
 int Usage(const std::string& why) {
-  std::fprintf(stderr, "kiln-mkmodel: %s\n%s", why.c_str(), kUsage);
+  std::fprintf(stderr, "kiln-mkmodel: %s\n%s", why.c_str(), UsageText().c_str());
   return 2;
 }
 
@@ -36,7 +41,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
+      std::fputs(UsageText().c_str(), stdout);
       return 0;
     }
     if (i + 1 >= argc) return Usage(std::string("missing value after ") + argv[i]);
@@ -58,7 +63,7 @@ int main(int argc, char** argv) {
   if (shape_name.empty() || type_name.empty() || out.empty()) {
     return Usage("--shape, --type and --out are required");
   }
-  auto shape = kiln::gguf::LlamaShapeByName(shape_name);
+  auto shape = kiln::RandomModelShapeByName(shape_name);
   if (!shape.ok()) return Usage(std::string(shape.status().message()));
   auto type = kiln::gguf::WeightTypeByName(type_name);
   if (!type.ok()) return Usage(std::string(type.status().message()));
@@ -73,7 +78,7 @@ int main(int argc, char** argv) {
     vocab = std::move(f).value();
   }
 
-  kiln::gguf::RandomModelOptions options;
+  kiln::RandomModelOptions options;
   options.shape = *shape;
   options.type = *type;
   options.seed = seed;
@@ -82,7 +87,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln-mkmodel: %.*s\n", static_cast<int>(msg.size()), msg.data());
   };
   kiln::gguf::GgufWriter writer;
-  if (absl::Status st = kiln::gguf::BuildRandomLlama(options, &writer); !st.ok()) {
+  if (absl::Status st = kiln::BuildRandomModel(options, &writer); !st.ok()) {
     std::fprintf(stderr, "kiln-mkmodel: %s\n", st.ToString().c_str());
     return 1;
   }

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "lib/gguf/random_model.h"
+#include "lib/gguf/file_type.h"
 #include "lib/quant/requantize.h"
 
 namespace {

@@ -1,6 +1,7 @@
 // Scalar (portable) versions of the op kernels; the base every SIMD level overrides.
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "lib/backend/cpu/kernels.h"
 #include "lib/common/half.h"
@@ -118,7 +119,11 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
               int64_t d, int64_t n_lanes, float* scores, int64_t score_stride) {
   const int64_t step = n_lanes == kAttnLanesTinyBlas ? 16 : 64;
   const int64_t full = d - d % step;
-  float k[1024];  // one widened K row (head_dim <= 1024, checked by PagedAttention)
+  // One widened K row: on the stack for attention (head_dim <= 1024, checked by PagedAttention),
+  // on the heap for the longer rows of the llama.cpp order's weight matmuls.
+  float stack_k[1024];
+  std::vector<float> heap_k(d > 1024 ? d : 0);
+  float* k = d > 1024 ? heap_k.data() : stack_k;
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* kr = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
     for (int64_t i = 0; i < d; ++i) k[i] = LoadKv(kr, elem, i);
@@ -168,7 +173,11 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
 void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                   KvElem elem, int64_t d, float* scores, int64_t score_stride) {
   const int64_t full = d - d % 16;
-  float k[1024];  // one widened K row (head_dim <= 1024, checked by PagedAttention)
+  // One widened K row: on the stack for attention (head_dim <= 1024, checked by PagedAttention),
+  // on the heap for the longer rows of the llama.cpp order's weight matmuls.
+  float stack_k[1024];
+  std::vector<float> heap_k(d > 1024 ? d : 0);
+  float* k = d > 1024 ? heap_k.data() : stack_k;
   for (int64_t j = 0; j < n_rows; ++j) {
     for (int64_t i = 0; i < d; ++i) k[i] = LoadKv(k_rows[j], elem, i);
     for (int64_t g = 0; g < n_q; ++g) {

@@ -1,4 +1,4 @@
-#include "lib/gguf/random_model.h"
+#include "lib/model/random_model.h"
 
 #include <algorithm>
 #include <cctype>
@@ -14,9 +14,12 @@
 #include "lib/common/half.h"
 #include "lib/common/status.h"
 #include "lib/common/strings.h"
+#include "lib/gguf/file_type.h"
+#include "lib/model/architecture.h"
+#include "lib/model/hparams.h"
 #include "lib/quant/quant.h"
 
-namespace kiln::gguf {
+namespace kiln {
 namespace {
 
 // --- deterministic random numbers (splitmix64 + Box-Muller: same bits on every platform)
@@ -187,14 +190,16 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
   return v;
 }
 
-std::vector<std::string> LlamaShapeNames() {
-  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m"};
+std::vector<std::string> RandomModelShapeNames() {
+  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
+          "smollm2-135m",   "tiny-qwen2",     "tiny-qwen2-untied"};
 }
 
-absl::StatusOr<LlamaShape> LlamaShapeByName(std::string_view name) {
-  LlamaShape s;
+absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
+  RandomModelShape s;
   s.name = std::string(name);
   if (name == "tiny-llama-gqa" || name == "tiny-llama-mha" || name == "tiny-llama-mqa") {
+    s.arch = "llama";
     s.n_embd = 256;
     s.n_ff = 512;
     s.n_head = 4;
@@ -208,6 +213,7 @@ absl::StatusOr<LlamaShape> LlamaShapeByName(std::string_view name) {
     return s;
   }
   if (name == "smollm2-135m") {
+    s.arch = "llama";
     s.n_embd = 576;
     s.n_ff = 1536;
     s.n_head = 9;
@@ -220,57 +226,22 @@ absl::StatusOr<LlamaShape> LlamaShapeByName(std::string_view name) {
     s.tied_output = true;
     return s;
   }
-  return absl::NotFoundError(StrCat(
-      "unknown model shape '", name, "' (known: ", absl::StrJoin(LlamaShapeNames(), ", "), ")"));
-}
-
-absl::StatusOr<uint32_t> WeightTypeByName(std::string_view name) {
-  static constexpr std::pair<std::string_view, GgmlType> kTypes[] = {
-      {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"bf16", GgmlType::kBF16},
-      {"q4_0", GgmlType::kQ4_0}, {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0},
-      {"q5_1", GgmlType::kQ5_1}, {"q8_0", GgmlType::kQ8_0}, {"q2_K", GgmlType::kQ2_K},
-      {"q3_K", GgmlType::kQ3_K}, {"q4_K", GgmlType::kQ4_K}, {"q5_K", GgmlType::kQ5_K},
-      {"q6_K", GgmlType::kQ6_K},
-  };
-  for (const auto& [n, t] : kTypes) {
-    if (n == name) return static_cast<uint32_t>(t);
+  if (name == "tiny-qwen2" || name == "tiny-qwen2-untied") {
+    s.arch = "qwen2";
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_layer = 2;
+    s.n_ctx = 512;
+    s.n_vocab = 0;
+    s.rope_freq_base = 1000000.0f;  // Qwen2's
+    s.rms_eps = 1e-6f;              // Qwen2's
+    s.tied_output = name == "tiny-qwen2";
+    return s;
   }
-  return absl::InvalidArgumentError(
-      StrCat("unknown weight type '", name,
-                    "' (known: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K)"));
-}
-
-uint32_t FileTypeOf(uint32_t ggml_type) {
-  switch (static_cast<GgmlType>(ggml_type)) {
-    case GgmlType::kF32:
-      return 0;  // ALL_F32
-    case GgmlType::kF16:
-      return 1;  // MOSTLY_F16
-    case GgmlType::kQ4_0:
-      return 2;  // MOSTLY_Q4_0
-    case GgmlType::kQ4_1:
-      return 3;
-    case GgmlType::kQ8_0:
-      return 7;
-    case GgmlType::kQ5_0:
-      return 8;
-    case GgmlType::kQ5_1:
-      return 9;
-    case GgmlType::kQ2_K:
-      return 10;
-    case GgmlType::kQ3_K:
-      return 11;  // Q3_K_S (every matrix q3_K)
-    case GgmlType::kQ4_K:
-      return 14;  // Q4_K_S
-    case GgmlType::kQ5_K:
-      return 16;  // Q5_K_S
-    case GgmlType::kQ6_K:
-      return 18;
-    case GgmlType::kBF16:
-      return 32;
-    default:
-      return 0;
-  }
+  return absl::NotFoundError(StrCat("unknown model shape '", name, "' (known: ",
+                                    absl::StrJoin(RandomModelShapeNames(), ", "), ")"));
 }
 
 namespace {
@@ -302,8 +273,8 @@ absl::Status EncodeRows(uint32_t type, const float* x, uint64_t n_rows, uint64_t
   const QuantKernels* k = GetQuantKernels(static_cast<GgmlType>(type), CpuLevel::kScalar);
   if (k == nullptr || k->quantize == nullptr) {
     return absl::FailedPreconditionError(StrCat("no quantizer is registered for type ",
-                                                       GgmlTypeName(type),
-                                                       " yet (lib/quant); pick another --type"));
+                                                GgmlTypeName(type),
+                                                " yet (lib/quant); pick another --type"));
   }
   for (uint64_t r = 0; r < n_rows; ++r) {
     k->quantize(x + r * row_len, out + r * row_bytes, static_cast<int64_t>(row_len));
@@ -318,13 +289,52 @@ uint32_t StorageType(uint32_t wanted, uint64_t row_len) {
   return static_cast<uint32_t>(GgmlType::kF16);
 }
 
+// The hyper-parameters the architecture writes and lays its tensor table out from.
+ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
+  ModelHparams hp;
+  hp.arch = s.arch;
+  hp.n_vocab = n_vocab;
+  hp.n_ctx_train = s.n_ctx;
+  hp.n_embd = s.n_embd;
+  hp.n_layer = s.n_layer;
+  hp.n_head = s.n_head;
+  hp.n_head_kv = s.n_head_kv;
+  hp.head_dim = s.head_dim();
+  hp.n_ff = s.n_ff;
+  hp.rms_eps = s.rms_eps;
+  hp.rope.n_rot = static_cast<int32_t>(s.head_dim());
+  hp.rope.freq_base = s.rope_freq_base;
+  hp.tied_output = s.tied_output;
+  return hp;
+}
+
+bool IsBias(std::string_view tensor_name) {
+  constexpr std::string_view kSuffix = ".bias";
+  return tensor_name.size() >= kSuffix.size() &&
+         tensor_name.substr(tensor_name.size() - kSuffix.size()) == kSuffix;
+}
+
+std::string RegisteredNames() {
+  std::string names;
+  for (std::string_view n : ArchitectureNames()) {
+    names += (names.empty() ? "" : ", ") + std::string(n);
+  }
+  return names;
+}
+
 }  // namespace
 
-absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
-  const LlamaShape& s = o.shape;
+absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) {
+  const RandomModelShape& s = o.shape;
   if (s.n_head == 0 || s.n_embd % s.n_head != 0 || s.n_head_kv == 0 ||
       s.n_head % s.n_head_kv != 0 || s.n_layer == 0 || s.n_ff == 0) {
     return absl::InvalidArgumentError(StrCat("inconsistent shape '", s.name, "'"));
+  }
+  const Architecture* arch = FindArchitecture(s.arch);
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(StrCat("shape '", s.name, "': architecture '", s.arch,
+                                             "' is not registered (registered: ", RegisteredNames(),
+                                             ")"));
   }
   if (!GgmlTypeInfoOf(o.type)) {
     return absl::InvalidArgumentError(StrCat("unknown ggml type id ", o.type));
@@ -332,34 +342,34 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
   auto note = [&](const std::string& msg) {
     if (o.note) o.note(msg);
   };
-  const uint32_t head_dim = s.head_dim();
 
-  // --- metadata
-  w->SetString("general.architecture", "llama");
-  w->SetString("general.type", "model");
-  w->SetString("general.name",
-               StrCat("kiln-mkmodel ", s.name, " ", GgmlTypeName(o.type), " seed ", o.seed));
-  w->SetUint32("llama.block_count", s.n_layer);
-  w->SetUint32("llama.context_length", s.n_ctx);
-  w->SetUint32("llama.embedding_length", s.n_embd);
-  w->SetUint32("llama.feed_forward_length", s.n_ff);
-  w->SetUint32("llama.attention.head_count", s.n_head);
-  w->SetUint32("llama.attention.head_count_kv", s.n_head_kv);
-  w->SetFloat32("llama.rope.freq_base", s.rope_freq_base);
-  w->SetFloat32("llama.attention.layer_norm_rms_epsilon", s.rms_eps);
-  w->SetUint32("general.file_type", FileTypeOf(o.type));
-
+  // --- vocabulary (its size is a hyper-parameter)
   uint32_t n_vocab = 0;
+  TinyVocab own_vocab;
   if (o.vocab_from != nullptr) {
-    const KeyValue* toks = o.vocab_from->FindKey("tokenizer.ggml.tokens");
-    if (toks == nullptr || toks->type != ValueType::kArray ||
-        toks->array_type != ValueType::kString || toks->array_count == 0) {
+    const gguf::KeyValue* toks = o.vocab_from->FindKey("tokenizer.ggml.tokens");
+    if (toks == nullptr || toks->type != gguf::ValueType::kArray ||
+        toks->array_type != gguf::ValueType::kString || toks->array_count == 0) {
       return absl::InvalidArgumentError(
           "--vocab-from file has no tokenizer.ggml.tokens string array");
     }
     n_vocab = static_cast<uint32_t>(toks->array_count);
+  } else {
+    own_vocab = BuildTinyVocab(s.n_vocab);
+    n_vocab = static_cast<uint32_t>(own_vocab.tokens.size());
+  }
+  const ModelHparams hp = HparamsOf(s, n_vocab);
+
+  // --- metadata
+  w->SetString("general.architecture", s.arch);
+  w->SetString("general.type", "model");
+  w->SetString("general.name",
+               StrCat("kiln-mkmodel ", s.name, " ", GgmlTypeName(o.type), " seed ", o.seed));
+  arch->WriteHparams(hp, w);
+  w->SetUint32("general.file_type", gguf::FileTypeOf(o.type));
+  if (o.vocab_from != nullptr) {
     size_t copied = 0;
-    for (const KeyValue& kv : o.vocab_from->metadata()) {
+    for (const gguf::KeyValue& kv : o.vocab_from->metadata()) {
       if (kv.key.rfind("tokenizer.", 0) == 0) {
         w->CopyKeyValue(kv);
         ++copied;
@@ -367,13 +377,11 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
     }
     note(absl::StrFormat("copied %d tokenizer keys (%d tokens)", copied, n_vocab));
   } else {
-    const TinyVocab v = BuildTinyVocab(s.n_vocab);
-    n_vocab = static_cast<uint32_t>(v.tokens.size());
     w->SetString("tokenizer.ggml.model", "gpt2");
     w->SetString("tokenizer.ggml.pre", "default");
-    w->SetArrayString("tokenizer.ggml.tokens", v.tokens);
-    w->SetArrayInt32("tokenizer.ggml.token_type", v.token_types);
-    w->SetArrayString("tokenizer.ggml.merges", v.merges);
+    w->SetArrayString("tokenizer.ggml.tokens", own_vocab.tokens);
+    w->SetArrayInt32("tokenizer.ggml.token_type", own_vocab.token_types);
+    w->SetArrayString("tokenizer.ggml.merges", own_vocab.merges);
     w->SetUint32("tokenizer.ggml.bos_token_id", 1);
     w->SetUint32("tokenizer.ggml.eos_token_id", 2);
     w->SetUint32("tokenizer.ggml.unknown_token_id", 0);
@@ -385,8 +393,6 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
                  "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
                  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
   }
-  w->SetUint32("llama.vocab_size", n_vocab);
-  w->SetUint32("llama.rope.dimension_count", head_dim);
   if (o.type != static_cast<uint32_t>(GgmlType::kF32) &&
       o.type != static_cast<uint32_t>(GgmlType::kF16) &&
       o.type != static_cast<uint32_t>(GgmlType::kBF16)) {
@@ -394,7 +400,7 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
   }
   KILN_RETURN_IF_ERROR(w->status());
 
-  // --- tensors
+  // --- tensors, in the architecture's table order
   Rng rng(o.seed * 0x2545F4914F6CDD1Dull + 0x1234567);
   std::vector<float> values;
   auto add_matrix = [&](const std::string& name, uint64_t row_len,
@@ -411,34 +417,31 @@ absl::Status BuildRandomLlama(const RandomModelOptions& o, GgufWriter* w) {
     KILN_RETURN_IF_ERROR(EncodeRows(type, values.data(), n_rows, row_len, bytes.data()));
     return w->AddTensor(name, type, {row_len, n_rows}, std::move(bytes));
   };
-  auto add_norm = [&](const std::string& name) -> absl::Status {  // [n_embd] f32
-    std::vector<float> g(s.n_embd);
-    for (float& v : g) v = 1.0f + 0.02f * rng.Normal();
+  auto add_vector = [&](const std::string& name, uint64_t n) -> absl::Status {  // [n] f32
+    std::vector<float> g(n);
+    if (IsBias(name)) {
+      for (float& v : g) v = 0.5f * rng.Normal();
+    } else {
+      for (float& v : g) v = 1.0f + 0.02f * rng.Normal();
+    }
     std::vector<uint8_t> bytes(g.size() * 4);
     std::memcpy(bytes.data(), g.data(), bytes.size());
-    return w->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {s.n_embd}, std::move(bytes));
+    return w->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
   };
-
-  const uint64_t q_dim = uint64_t{s.n_head} * head_dim;                      // == n_embd
-  const uint64_t kv_dim = uint64_t{s.n_head_kv} * head_dim;                  // GQA: < n_embd
-  KILN_RETURN_IF_ERROR(add_matrix("token_embd.weight", s.n_embd, n_vocab));  // [n_embd, n_vocab]
-  for (uint32_t l = 0; l < s.n_layer; ++l) {
-    const std::string p = absl::StrFormat("blk.%d.", l);
-    KILN_RETURN_IF_ERROR(add_norm(p + "attn_norm.weight"));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_q.weight", s.n_embd, q_dim));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_k.weight", s.n_embd, kv_dim));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_v.weight", s.n_embd, kv_dim));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "attn_output.weight", q_dim, s.n_embd));
-    KILN_RETURN_IF_ERROR(add_norm(p + "ffn_norm.weight"));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_up.weight", s.n_embd, s.n_ff));
-    KILN_RETURN_IF_ERROR(add_matrix(p + "ffn_down.weight", s.n_ff, s.n_embd));
-  }
-  KILN_RETURN_IF_ERROR(add_norm("output_norm.weight"));
-  if (!s.tied_output) {
-    KILN_RETURN_IF_ERROR(add_matrix("output.weight", s.n_embd, n_vocab));  // [n_embd, n_vocab]
+  for (const TensorSpec& t : arch->Tensors(hp)) {
+    if (t.optional) continue;
+    switch (t.role) {
+      case TensorRole::kEmbedding:
+      case TensorRole::kMatrix:
+        KILN_RETURN_IF_ERROR(
+            add_matrix(t.name, static_cast<uint64_t>(t.n_in), static_cast<uint64_t>(t.n_out)));
+        break;
+      case TensorRole::kVector:
+        KILN_RETURN_IF_ERROR(add_vector(t.name, static_cast<uint64_t>(t.n_in * t.n_out)));
+        break;
+    }
   }
   return w->status();
 }
 
-}  // namespace kiln::gguf
+}  // namespace kiln

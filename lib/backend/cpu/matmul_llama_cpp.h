@@ -1,0 +1,47 @@
+// MatMul in llama.cpp's arithmetic for the weight types whose kiln kernels sum in their own order:
+// F32, F16 and Q8_0. The llama.cpp order (Backend::set_llama_cpp_order) multiplies these with
+// this; docs/numerics.md has the rules of the other ops and types.
+//
+// What ggml's x86 CPU backend (an AVX-512 build with llamafile) computes for y = W x, x of
+// n_tokens rows (the number of columns of src1 in its mul_mat):
+//   Q8_0: x quantized as ActivationQuantizer(Q8_0) (lib/quant/activation.h); per output, for each
+//     block b, 8 int32 lanes P_b[l] = exact Σ qw*qa over elements 4l..4l+3, s_b = dw_b * da_b,
+//     acc[l] = fma(s_b, float(P_b[l]), acc[l]); y = ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 +
+//     acc1) + (acc7 + acc3)) (ggml_vec_dot_q8_0_q8_0, and tinyBLAS_Q0_AVX, which sums the same
+//     lanes in the same order: the same bits for any n_tokens).
+//   F32, F16 (x rounded to f16 first for F16 weights, as ggml converts src1 to the weight type):
+//     tinyBLAS when n_tokens >= 2, n_out % 4 == 0 and n_in % 16 == 0: 16 FMA lanes
+//     acc[l] = fma(w[16c + l], x[16c + l], acc[l]) over c in order, summed in
+//     _mm512_reduce_add_ps order; otherwise ggml_vec_dot_f32 / _f16: 4 x 16 lanes over each 64
+//     elements, ((L0 + L2) + (L1 + L3)) then _mm512_reduce_add_ps order, then the last
+//     n_in % 64 products added one at a time (unfused, as the attention kernels do; not checked
+//     against ggml, whose compiler may fuse them: weight rows are multiples of 64 in practice).
+//     So, like llama.cpp itself, these two types are not batch invariant.
+//
+// The same bits on every CPU. The float types use the attention kernels' dot (kernels.h
+// kv_scores, SIMD on AVX-512); Q8_0 is plain C++ (std::fma), slower than kiln's own kernels:
+// the llama.cpp order is for checking kiln against llama.cpp, not for speed.
+// Thread-safe; `scratch` must not be shared by concurrent calls.
+#pragma once
+
+#include <cstdint>
+
+#include "lib/backend/cpu/ops.h"
+#include "lib/backend/cpu/thread_pool.h"
+#include "lib/backend/weight_view.h"
+#include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
+
+namespace kiln::cpu {
+
+// Whether MatMulLlamaCpp handles weights of `type` (F32, F16, Q8_0).
+bool HasLlamaCppMatMul(GgmlType type);
+
+// y[r, o] = W[o, :] . x[rows[r], :] for r < n_rows (rows == nullptr: row r of x) in llama.cpp's
+// arithmetic; n_rows is the batch llama.cpp's matmul would see. x: [*, w.n_in], y: [n_rows,
+// w.n_out]. Errors: a type HasLlamaCppMatMul rejects, n_in not a multiple of the block size,
+// null data, non-positive sizes.
+absl::Status MatMulLlamaCpp(ThreadPool& pool, const WeightView& w, const float* x,
+                            const int32_t* rows, int64_t n_rows, float* y, Scratch& scratch);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,93 @@
+// Random-weight GGUF models of named shapes, for any registered architecture (the engine behind
+// tools/kiln-mkmodel, and test fixtures). What depends on the family comes from its
+// Architecture (lib/model/architecture.h), so a file loads exactly as the loader expects it:
+//   - the `<arch>.*` hyper-parameter keys: Architecture::WriteHparams;
+//   - the tensors, names, shapes and file order: Architecture::Tensors (optional tensors such as
+//     llama's biases are not written; tensors the family requires, such as qwen2's Q/K/V
+//     biases, are). Values, drawn in table order:
+//       embeddings and matrices  N(0,1)/sqrt(fan_in) (ne[0] = row length = fan-in), in the
+//                                chosen type;
+//       vectors named *.bias     0.5·N(0,1), f32 (large enough that a bias dropped or added in
+//                                the wrong place changes the greedy tokens);
+//       other vectors (norms)    1 + 0.02·N(0,1), f32.
+// The generator itself writes general.* (architecture, type, name, file_type,
+// quantization_version) and the tokenizer.
+// A matrix whose row length is not a multiple of the type's block size falls back to q8_0 (or
+// f16 when q8_0 does not fit either), as llama-quantize does; each fallback is reported through
+// the `note` callback.
+//
+// Shapes (RandomModelShapeNames):
+//   tiny-llama-gqa|mha|mqa: llama, n_embd 256, n_ff 512, 4 heads × 64, kv heads 2|4|1, 2 layers,
+//                           context 512, rope base 1e4, untied output.weight, self-made vocab;
+//   smollm2-135m:           llama, 576/1536/9 heads/3 kv/30 layers/ctx 8192/vocab 49152, rope
+//                           1e5, tied (no output.weight), like SmolLM2-135M-Instruct;
+//   tiny-qwen2:             qwen2 (Q/K/V biases, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 64,
+//                           2 kv heads, 2 layers, context 512, rope base 1e6, rms eps 1e-6, tied
+//                           output like the small Qwen2 models, self-made vocab;
+//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight.
+// Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
+// token count; otherwise a small byte-level BPE vocabulary (tokenizer.ggml.model "gpt2", pre
+// "default"): ids 0..2 = <|endoftext|>, <|im_start|>, <|im_end|> (control), 256 byte tokens in
+// GPT-2's bytes_to_unicode spelling, then tokens of up to 300 merges learned from an embedded
+// English text; a shape with a larger vocabulary is padded with "<|unused_N|>" tokens (type 5).
+//
+// Quantization uses the quant registry (lib/quant/quant.h, scalar reference level); a type with
+// no registered quantizer gives FailedPrecondition naming the type. Deterministic for a seed:
+// the same shape, type and seed give the same bytes on every platform.
+// Thread-safety: the functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/gguf/gguf.h"
+#include "lib/gguf/gguf_writer.h"
+
+namespace kiln {
+
+struct RandomModelShape {
+  std::string name;
+  std::string arch = "llama";  // general.architecture: a registered Architecture
+  uint32_t n_embd = 0;
+  uint32_t n_ff = 0;
+  uint32_t n_head = 0;
+  uint32_t n_head_kv = 0;
+  uint32_t n_layer = 0;
+  uint32_t n_ctx = 0;
+  uint32_t n_vocab = 0;  // 0: the vocabulary's own size
+  float rope_freq_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool tied_output = false;  // true: no output.weight (the head reuses token_embd)
+  uint32_t head_dim() const { return n_embd / n_head; }
+};
+
+// The named shapes above; NotFound listing the valid names otherwise.
+absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name);
+std::vector<std::string> RandomModelShapeNames();
+
+struct TinyVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> token_types;  // 1 normal, 3 control, 5 unused
+  std::vector<std::string> merges;   // "left right", rank = index
+};
+// The self-made byte-level BPE vocabulary described above, padded to `min_size` tokens.
+TinyVocab BuildTinyVocab(uint32_t min_size = 0);
+
+struct RandomModelOptions {
+  RandomModelShape shape;
+  uint32_t type = 0;  // ggml type of the matrices and token_embd
+  uint64_t seed = 1;
+  const gguf::GgufFile* vocab_from = nullptr;  // copy tokenizer.* from here when set
+  std::function<void(std::string_view)> note;  // fallbacks and progress; may be empty
+};
+
+// Fills `writer` with the metadata and tensors of a random model. InvalidArgument for an
+// inconsistent shape, an unregistered architecture (naming the registered ones) or an unknown
+// type id; FailedPrecondition for a type without a quantizer.
+absl::Status BuildRandomModel(const RandomModelOptions& options, gguf::GgufWriter* writer);
+
+}  // namespace kiln
