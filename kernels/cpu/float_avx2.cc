@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C kernels of the float types (F32, F16, BF16; activations F32). Compiled with
-// -ffp-contract=off (see sources.cmake); every FMA is explicit.
+// -ffp-contract=off (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
 // Dot order at this level: elements are taken in chunks of 32; element i of a chunk goes to
 // accumulator acc[i / 8] lane i % 8 via acc = fma(w, a, acc). A last partial chunk is padded with
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {

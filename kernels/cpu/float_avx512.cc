@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL) dot kernels of the float types (F32, F16, BF16 weights; F32 activations).
-// Compiled with -ffp-contract=off (see sources.cmake); every FMA is explicit.
+// Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
 // Dot order at this level: elements in chunks of 64; element i of a chunk goes to accumulator
 // acc[i / 16] lane i % 16 via acc = fma(w, a, acc). A last partial chunk is read with zero-filling
@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {

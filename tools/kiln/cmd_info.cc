@@ -34,6 +34,7 @@ int RunInfo(const std::vector<std::string>& args) {
   std::printf("context:      %d (training)\n", info.n_ctx_train);
   std::printf("vocabulary:   %d (bos %d, eos %d, eot %d)\n", info.n_vocab, info.token_bos,
               info.token_eos, info.token_eot);
+  std::printf("cpu kernels:  %s\n", kiln_cpu_info());
   std::printf("metadata:\n");
   const size_t n = kiln_model_meta_count(model);
   for (size_t i = 0; i < n; ++i) {

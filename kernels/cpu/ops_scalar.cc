@@ -2,7 +2,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "lib/backend/cpu/kernels.h"
+#include "kernels/cpu/op_kernels.h"
 #include "lib/common/half.h"
 
 namespace kiln::cpu {
