@@ -1,6 +1,7 @@
-// Row-interleaved weights and kiln's integer dot order: the fast path of the default
-// (batch-invariant) numeric mode, beside the ggml-order kernels of quant.h that
-// EngineOptions::llama_cpp_order keeps.
+// Row-interleaved weights and kiln's integer dot order: the matmuls of the default
+// (batch-invariant) numeric mode on Q4_1 and Q8_0 weights, at every CPU level with the same bits
+// (scalar, AVX2 and AVX-512 kernels in kernels/cpu/interleaved.h), beside the ggml-order kernels
+// of quant.h that EngineOptions::llama_cpp_order keeps.
 //
 // Layout ("x16", kernels/cpu/interleaved.h): a matrix's rows in groups of kInterleaveRows = 16,
 // each group stored block by block, so one 512-bit register holds the same 4 elements of all 16
