@@ -17,20 +17,17 @@
 // to f16 only when stored; the quantized values are computed with the unrounded float d. The SIMD
 // activation quantizers (Q8_0, Q8_1) produce the same bytes as the scalar ones.
 //
-// Dot-product accumulation order (all results are a pure function of (n, w, a)):
-//   Scalar (kScalar), quants: for each block b in order: isum_b = exact integer Σ qw*qa;
-//     acc += (dw_b * da_b) * float(isum_b)      (+ mw_b * sa_b for the _1 types, added to the
-//     same term before it joins acc). One float accumulator, block order.
-//   SIMD (kAvx2 and kAvx512 give bit-identical results), quants: for each block b, 4 int32 lanes
-//     P_b[l] = exact Σ of qw*qa over the elements j of the block with j % 16 in 4l..4l+3
-//     (l = 0..3); s_b = dw_b * da_b (float product);
+// Dot-product accumulation order (all results are a pure function of (n, w, a), the same bits at
+// every level: the scalar references compute it too):
+//   Quants: for each block b, 4 int32 lanes P_b[l] = exact Σ of qw*qa over the elements j of the
+//     block with j % 16 in 4l..4l+3 (l = 0..3); s_b = dw_b * da_b (float product);
 //     acc[b % 4][l] = fma(s_b, float(P_b[l]), acc[b % 4][l]).
-//     _1 types also keep four scalar chains mins[b % 4] += mw_b * sa_b (product rounded, then
-//     added). End: v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-//     v2[i] = v[i] + v[i + 2]; r = v2[0] + v2[1]; then r += (mins[0] + mins[2]) + (mins[1] +
-//     mins[3]). (Missing blocks of a last partial group of 4 may be treated as zero blocks: they
-//     add exact zeros, and an accumulator that starts at +0 never becomes -0, so the bits are the
-//     same.)
+//     Q5_1 (the _1 weight type with a min) also keeps four scalar chains mins[b % 4] +=
+//     mw_b * sa_b (product rounded, then added). End: v[l] = (acc[0][l] + acc[2][l]) +
+//     (acc[1][l] + acc[3][l]); v2[i] = v[i] + v[i + 2]; r = v2[0] + v2[1]; then r += (mins[0] +
+//     mins[2]) + (mins[1] + mins[3]). (Missing blocks of a last partial group of 4 may be treated
+//     as zero blocks: they add exact zeros, and an accumulator that starts at +0 never becomes -0,
+//     so the bits are the same.)
 //   Exception, Q4_1 x Q8_1 (every level): ggml's x86 order, so that kiln reproduces llama.cpp's
 //     results bit for bit on Q4_1 models (see lib/quant/activation.h for why the last bit
 //     matters): per block b, 8 int32 lanes P_b[l] = exact Σ qw*qa over elements 4l..4l+3
@@ -38,8 +35,11 @@
 //     s_b = dw_b * da_b; acc[l] = fma(s_b, float(P_b[l]), acc[l]); one scalar chain
 //     mins = fma(mw_b, sa_b, mins). End: ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 + acc1) +
 //     (acc7 + acc3)), then + mins (ggml's hsum_float_8(acc) + summs).
-//   Float types: see lib/quant/float_types.cc and kernels/cpu/float_avx*.cc (per-level lane
-//     layouts, documented there).
+//   Float types (F32, F16, BF16 weights x F32 activations; weights widened exactly): 64 lanes,
+//     element i into lane i % 64: acc[i % 64] = fma(w_i, a_i, acc[i % 64]). End:
+//     v[l] = (acc[l] + acc[16 + l]) + (acc[32 + l] + acc[48 + l]) (l < 16), then halving:
+//     v8[l] = v[l] + v[8 + l], v4[l] = v8[l] + v8[4 + l], v2[l] = v4[l] + v4[2 + l],
+//     r = v2[0] + v2[1] (lanes past n are zeros, which change nothing).
 //   A batched kernel (several rows or columns at once) reproduces vec_dot bit-for-bit by following
 //   exactly these steps for each (row, column) pair.
 #pragma once
