@@ -76,6 +76,12 @@ extern "C" {
 KILN_API const char* kiln_version(void);
 /* KILN_ABI_VERSION of the library actually loaded. */
 KILN_API int kiln_abi_version(void);
+/* The CPU kernels this process runs, then the CPU features they may use, e.g.
+ * "avx2 (avx2 fma f16c)" or "scalar (none)": the level is "avx512", "avx2" or "scalar", the best
+ * this CPU supports unless the environment variable KILN_CPU_LEVEL=scalar or =avx2 asks for a
+ * lower one. Every level computes the same results (only the speed differs). Static storage;
+ * thread-safe. */
+KILN_API const char* kiln_cpu_info(void);
 
 /* ---------------------------------------------------------------- status */
 

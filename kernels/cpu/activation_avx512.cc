@@ -10,8 +10,7 @@
 #include <cstring>
 
 #include "kernels/cpu/f16_avx512.h"
-#include "lib/quant/activation.h"
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {

@@ -1,25 +1,29 @@
 // AVX2 + FMA + F16C kernels of the float types (F32, F16, BF16; activations F32). Compiled with
-// -ffp-contract=off (see sources.cmake); every FMA is explicit.
+// -ffp-contract=off (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
-// Dot order at this level: elements are taken in chunks of 32; element i of a chunk goes to
-// accumulator acc[i / 8] lane i % 8 via acc = fma(w, a, acc). A last partial chunk is padded with
-// zeros (w = a = 0 leaves an accumulator unchanged). End: v = (acc0 + acc1) + (acc2 + acc3), then
-// 8 -> 4 -> 2 -> 1 lanes: v4 = v[0..3] + v[4..7]; v2 = v4[0..1] + v4[2..3]; r = v2[0] + v2[1].
+// Dot order: the one of every level (legacy.h, "Float types"): 64 lanes, lane i % 64 for element
+// i. Here the 16-lane accumulator acc[k] of that order is two registers, lanes 0..7 and 8..15, so
+// a chunk of 64 elements takes 8 FMAs into 8 independent chains. A last partial chunk is padded
+// with zeros (w = a = 0 leaves an accumulator unchanged).
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {
 
-constexpr int kChunk = 32;
+constexpr int kChunk = 64;
 
-inline float Reduce4(const __m256 acc[4]) {
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+// acc[2 k + h]: lanes 8 h .. 8 h + 7 of the order's accumulator k. v = (acc0 + acc1) + (acc2 +
+// acc3) on both halves, then 16 -> 8 (v[0..7] + v[8..15]) -> 4 -> 2 -> 1.
+inline float Reduce(const __m256 acc[8]) {
+  const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[4], acc[6]));
+  const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[3]), _mm256_add_ps(acc[5], acc[7]));
+  const __m256 v8 = _mm256_add_ps(lo, hi);
+  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
   const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
 }
@@ -47,8 +51,8 @@ struct LoadBf16 {
 };
 
 template <typename Loader>
-inline void AccumulateChunk(const uint8_t* w, const float* a, __m256 acc[4]) {
-  for (int k = 0; k < 4; ++k) {
+inline void AccumulateChunk(const uint8_t* w, const float* a, __m256 acc[8]) {
+  for (int k = 0; k < 8; ++k) {
     acc[k] = _mm256_fmadd_ps(Loader::Load(w + 8 * k * Loader::kBytes), _mm256_loadu_ps(a + 8 * k),
                              acc[k]);
   }
@@ -58,8 +62,8 @@ template <typename Loader>
 inline float Dot(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const uint8_t*>(vw);
   const auto* a = static_cast<const float*>(va);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
+  __m256 acc[8];
+  for (__m256& v : acc) v = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + kChunk <= n; i += kChunk) AccumulateChunk<Loader>(w + i * Loader::kBytes, a + i, acc);
   if (i < n) {
@@ -70,7 +74,7 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
     std::memcpy(apad, a + i, static_cast<size_t>(rest) * sizeof(float));
     AccumulateChunk<Loader>(wpad, apad, acc);
   }
-  return Reduce4(acc);
+  return Reduce(acc);
 }
 
 // bf16 round-to-nearest-even of 8 lanes, NaN kept quiet (same as Fp32ToBf16).

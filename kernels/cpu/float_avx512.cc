@@ -1,10 +1,11 @@
 // AVX-512 (F/BW/VL) dot kernels of the float types (F32, F16, BF16 weights; F32 activations).
-// Compiled with -ffp-contract=off (see sources.cmake); every FMA is explicit.
+// Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
-// Dot order at this level: elements in chunks of 64; element i of a chunk goes to accumulator
-// acc[i / 16] lane i % 16 via acc = fma(w, a, acc). A last partial chunk is read with zero-filling
-// masked loads. End: v = (acc0 + acc1) + (acc2 + acc3) (16 lanes); v8 = v[0..7] + v[8..15];
-// v4 = v8[0..3] + v8[4..7]; v2 = v4[0..1] + v4[2..3]; r = v2[0] + v2[1].
+// Dot order: the one of every level (legacy.h, "Float types"): elements in chunks of 64; element
+// i of a chunk goes to accumulator acc[i / 16] lane i % 16 via acc = fma(w, a, acc). A last
+// partial chunk is read with zero-filling masked loads. End: v = (acc0 + acc1) + (acc2 + acc3)
+// (16 lanes); v8 = v[0..7] + v[8..15]; v4 = v8[0..3] + v8[4..7]; v2 = v4[0..1] + v4[2..3];
+// r = v2[0] + v2[1].
 // (BF16 weights are widened exactly; vdpbf16ps would need bf16 activations and buys no bandwidth.)
 #include <immintrin.h>
 
@@ -17,7 +18,7 @@
 
 #include <cstdint>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {

@@ -1,6 +1,6 @@
 // Integer-order matmul kernels on row-interleaved weights (lib/quant/interleave.h) with 512-bit
-// VNNI: Q4_1 x Q8_1 and Q8_0 x Q8_0. Compiled with -ffp-contract=off (sources.cmake): every FMA
-// is explicit.
+// VNNI: Q4_1 x Q8_1 and Q8_0 x Q8_0. Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt):
+// every FMA is explicit.
 //
 // Lane r of every vector is weight row 16 g + r of the group in use, so a block's dot product
 // needs no horizontal reduction: per (group, block, token) eight vpdpbusd (the activation's
@@ -22,12 +22,11 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
-#include "kernels/cpu/tile_kernels.h"
+#include "kernels/cpu/interleaved.h"
+#include "kernels/cpu/legacy.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/unroll.h"
-#include "lib/quant/interleave.h"
-#include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
 namespace {
@@ -153,24 +152,21 @@ void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t
                      int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
-  thread_local std::vector<float> d;
-  thread_local std::vector<typename F::Aux> aux;
   const size_t need = static_cast<size_t>(n_tokens) * nb;
-  if (d.size() < need) {
-    d.resize(need);
-    aux.resize(need);
-  }
+  auto* d = static_cast<float*>(kernels::ThreadScratch(0, need * sizeof(float)));
+  auto* aux =
+      static_cast<typename F::Aux*>(kernels::ThreadScratch(1, need * sizeof(typename F::Aux)));
   const auto* ap = static_cast<const uint8_t*>(a);
   for (int t = 0; t < n_tokens; ++t) {
     const auto* row = reinterpret_cast<const typename F::ActBlock*>(ap + t * a_stride);
-    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], &d[t * nb + b], &aux[t * nb + b]);
+    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], d + t * nb + b, aux + t * nb + b);
   }
   const auto* groups = static_cast<const typename F::Block*>(w);
   for (int r = 0; r < n_rows; r += kInterleaveRows) {
     const typename F::Block* g = groups + r / kInterleaveRows * nb;
     ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
-      F::template Tile<T>(g, nb, ap + t * a_stride, a_stride, d.data() + t * nb,
-                          aux.data() + t * nb, n_rows - r, out + t * out_stride + r, out_stride);
+      F::template Tile<T>(g, nb, ap + t * a_stride, a_stride, d + t * nb, aux + t * nb, n_rows - r,
+                          out + t * out_stride + r, out_stride);
     });
   }
 }

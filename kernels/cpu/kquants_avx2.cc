@@ -1,5 +1,5 @@
 // K-quants, AVX2+FMA+F16C level: Q8_K quantize, row dequantize and vec_dot for Q2_K..Q6_K.
-// Compiled with -mavx2 -mfma -mf16c -ffp-contract=off (kernels/cpu/sources.cmake); chosen at
+// Compiled with -mavx2 -mfma -mf16c -ffp-contract=off (kernels/cpu/CMakeLists.txt); chosen at
 // run time by lib/quant/kquants.cc. Every function returns exactly the bits of its scalar
 // reference (lib/quant/kquants.h): integer sums are exact, and the float steps are the same
 // operations in the same order.
@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "lib/quant/kquants.h"
-#include "lib/quant/kquants_x86.h"
+#include "kernels/cpu/kquants.h"
+#include "kernels/cpu/kquants_x86.h"
 
 namespace kiln::kquants {
 namespace {

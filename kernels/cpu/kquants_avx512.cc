@@ -1,5 +1,5 @@
 // K-quants, AVX-512 F/BW/VL + VNNI level: Q8_K quantize and vec_dot for Q2_K..Q6_K.
-// Compiled with the AVX-512 flag set plus -ffp-contract=off (kernels/cpu/sources.cmake); chosen
+// Compiled with the AVX-512 flag set plus -ffp-contract=off (kernels/cpu/CMakeLists.txt); chosen
 // at run time by lib/quant/kquants.cc. Every function returns exactly the bits of its scalar
 // reference (lib/quant/kquants.h).
 //
@@ -18,8 +18,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "lib/quant/kquants.h"
-#include "lib/quant/kquants_x86.h"
+#include "kernels/cpu/kquants.h"
+#include "kernels/cpu/kquants_x86.h"
 
 namespace kiln::kquants {
 namespace {

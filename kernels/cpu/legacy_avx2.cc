@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C kernels of the legacy block quants. Compiled with -ffp-contract=off (see
-// sources.cmake): every FMA here is an explicit _mm256_fmadd_ps, so the rounding is the one the
-// accumulation-order contract in lib/quant/legacy_kernels.h describes.
+// kernels/cpu/CMakeLists.txt): every FMA here is an explicit _mm256_fmadd_ps, so the rounding is
+// the one the accumulation-order contract in kernels/cpu/legacy.h describes.
 //
 // Dots: one 32-element block per __m256i. Weights and activations are laid out element-major
 // (byte j = element j); the 8 int32 lanes of the integer dot (elements 4l..4l+3) are folded to
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {
@@ -283,7 +283,7 @@ float VecDotQ4_0Q8_0Avx2(int64_t n, const void* w, const void* a) {
 }
 
 float VecDotQ4_1Q8_1Avx2(int64_t n, const void* vw, const void* va) {
-  // ggml's x86 order (legacy_kernels.h, "Q4_1 x Q8_1").
+  // ggml's x86 order (legacy.h, "Q4_1 x Q8_1").
   const auto* w = static_cast<const BlockQ4_1*>(vw);
   const auto* a = static_cast<const BlockQ8_1*>(va);
   __m256 acc = _mm256_setzero_ps();

@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL) + VNNI kernels of the legacy block quants. Compiled with -ffp-contract=off
-// (see sources.cmake); every FMA is explicit.
+// (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
 // Dots work on groups of 4 blocks (b = 4g + k). The 16 weight bytes of each block's first half
 // (elements 0..15) and of its second half (16..31) are gathered from two 128-byte windows with
@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lib/quant/legacy_kernels.h"
+#include "kernels/cpu/legacy.h"
 
 namespace kiln::quant {
 namespace {
@@ -389,7 +389,7 @@ inline void DotRowsQ8_0(int64_t n, const uint8_t* w, size_t w_stride, const void
     pair(0, b, false);
   }
   for (int r = 0; r < kRows; ++r) {
-    // v = (acc0 + acc2) + (acc1 + acc3), then 4 -> 2 -> 1 (legacy_kernels.h).
+    // v = (acc0 + acc2) + (acc1 + acc3), then 4 -> 2 -> 1 (legacy.h).
     const __m256 t = _mm256_add_ps(acc[r][0], acc[r][1]);
     const __m128 v = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
     const __m128 v2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
@@ -400,7 +400,7 @@ inline void DotRowsQ8_0(int64_t n, const uint8_t* w, size_t w_stride, const void
 // --- Activation quantizers ---
 
 // Quantizes one block; stores qs, returns the unrounded d and the int sum of qs.
-// --- Q4_1 x Q8_1 in ggml's x86 order (legacy_kernels.h): per row one 8-lane FMA chain over the
+// --- Q4_1 x Q8_1 in ggml's x86 order (legacy.h): per row one 8-lane FMA chain over the
 // blocks plus a scalar FMA chain of the mins; 256-bit VNNI for the integer dot of a block.
 inline __m256i Q4_1Nibbles(const uint8_t* qs) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));

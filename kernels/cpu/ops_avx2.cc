@@ -1,6 +1,6 @@
-// AVX2+FMA+F16C versions of the CPU op kernels (lib/backend/cpu/kernels.h). Compiled with
-// -mavx2 -mfma -mf16c (kernels/cpu/sources.cmake); only called when the CPU has them.
-// No std:: templates or shared inline functions here (see kernels.h). Tails (n % 8) run
+// AVX2+FMA+F16C versions of the CPU op kernels (kernels/cpu/op_kernels.h). Compiled with
+// -mavx2 -mfma -mf16c (kernels/cpu/CMakeLists.txt); only called when the CPU has them.
+// No std:: templates or shared inline functions here (see op_kernels.h). Tails (n % 8) run
 // scalar code in the same order on every call, so results stay deterministic.
 #include <immintrin.h>
 
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lib/backend/cpu/kernels.h"
+#include "kernels/cpu/op_kernels.h"
 #include "lib/common/half.h"
 
 namespace kiln::cpu {
@@ -174,7 +174,7 @@ inline float LoadKv1(const void* row, KvElem elem, int64_t i) {
   return 0.0f;
 }
 
-// kv_scores_rows (kernels.h): lanes 0..7 and 8..15 of a row's 16 FMA chains in two registers,
+// kv_scores_rows (op_kernels.h): lanes 0..7 and 8..15 of a row's 16 FMA chains in two registers,
 // then per 128-bit half (x0 + x2) + (x1 + x3) (= Q0, Q1 from lanes 0..7, Q2, Q3 from 8..15), then
 // (Q0 + Q2) + (Q1 + Q3); the d % 16 tail one FMA each. Each K row is widened once for all heads.
 void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
@@ -218,7 +218,7 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   }
 }
 
-// kv_accumulate_rows (kernels.h): up to 4 heads x 16 columns per pass over the rows (8
+// kv_accumulate_rows (op_kernels.h): up to 4 heads x 16 columns per pass over the rows (8
 // accumulators, continuing out's chains), each V slice widened once for the heads; the d % 16
 // columns one FMA each.
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
@@ -263,8 +263,8 @@ void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
 
 void FillOpKernelsAvx2(OpKernels* k) {
   // The llama-path kernels (rms_norm, swiglu, ggml-order attention) keep the scalar definitions
-  // here: same bits as ggml's AVX-512 arithmetic (kernels.h); AVX-512 machines get the fast ones.
-  // kiln's attention order is defined per lane, so 8-lane versions give its bits too.
+  // here: same bits as ggml's AVX-512 arithmetic (op_kernels.h); AVX-512 machines get the fast
+  // ones. kiln's attention order is defined per lane, so 8-lane versions give its bits too.
   k->kv_scores_rows = KvScoresRows;
   k->kv_accumulate_rows = KvAccumulateRows;
   k->add = Add;

@@ -1,6 +1,6 @@
-// AVX-512 versions of the CPU op kernels (lib/backend/cpu/kernels.h). Compiled with
-// -mavx512f/bw/vl/... (kernels/cpu/sources.cmake); only called when the CPU has AVX-512.
-// No std:: templates or shared inline functions with external linkage here (see kernels.h).
+// AVX-512 versions of the CPU op kernels (kernels/cpu/op_kernels.h). Compiled with
+// -mavx512f/bw/vl/... (kernels/cpu/CMakeLists.txt); only called when the CPU has AVX-512.
+// No std:: templates or shared inline functions with external linkage here (see op_kernels.h).
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own intrinsics as uninitialized
 // when they are inlined here (GCC bug 105593); the warning is a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "kernels/cpu/f16_avx512.h"
+#include "kernels/cpu/op_kernels.h"
 #include "kernels/cpu/unroll.h"
-#include "lib/backend/cpu/kernels.h"
 
 namespace kiln::cpu {
 namespace {
@@ -57,7 +57,7 @@ inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
   return _mm512_setzero_ps();
 }
 
-// ggml_v_expf on 16 lanes (definition: ExpGgml in lib/backend/cpu/kernels_scalar.cc).
+// ggml_v_expf on 16 lanes (definition: ExpGgml in kernels/cpu/ops_scalar.cc).
 inline __m512 ExpGgml512(__m512 x) {
   const __m512 shift = _mm512_set1_ps(0x1.8p23f);
   const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);

@@ -29,12 +29,4 @@ void VecDotTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
 void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
-// Integer-order kernels on row-interleaved weights (lib/quant/interleave.h InterleavedTileFn),
-// bit for bit VecDotQ4_1Q8_1IntegerRef / VecDotQ8_0Q8_0IntegerRef. AVX-512 F/BW/VL/VNNI, F16C
-// (kernels/cpu/interleaved_avx512.cc).
-void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
-                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
-void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
-                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
-
 }  // namespace kiln::quant

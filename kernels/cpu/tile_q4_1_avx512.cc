@@ -1,7 +1,8 @@
 // Rows x tokens tile kernel for Q4_1 weights x Q8_1 activations with 512-bit VNNI (vpdpbusd).
-// Compiled with -ffp-contract=off (sources.cmake): every FMA is an explicit fmadd intrinsic.
+// Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt): every FMA is an explicit fmadd
+// intrinsic.
 //
-// Bit-exactness with VecDotQ4_1Q8_1Avx512 (ggml's x86 order, legacy_kernels.h "Exception, Q4_1 x
+// Bit-exactness with VecDotQ4_1Q8_1Avx512 (ggml's x86 order, legacy.h "Exception, Q4_1 x
 // Q8_1"): each (row, token) pair has its own 8-lane float chain and its own mins chain, exactly as
 // the vec_dot: per block b,
 //   P_b[l] = Σ qw * qa over elements 4l..4l+3 (elements 0..15: low nibbles, 16..31: high ones;
@@ -28,14 +29,13 @@
 // costs about what a 512-bit one does.)
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
+#include "kernels/cpu/legacy.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/tile_kernels.h"
 #include "kernels/cpu/unroll.h"
-#include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
 namespace {
@@ -103,8 +103,8 @@ struct alignas(64) Vec16 {
   __m512 v;
 };
 struct ActScales {
-  std::vector<float> da;
-  std::vector<Vec16> sa;  // [n_quads][nb]
+  float* da;
+  Vec16* sa;  // [n_quads][nb]
 };
 
 inline float HalfToFloat(const uint8_t* p) {
@@ -113,10 +113,11 @@ inline float HalfToFloat(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
 }
 
+// Fills sc (per-thread scratch slots 0 and 1).
 void ConvertActScales(const uint8_t* a, size_t a_stride, int n_tokens, int64_t nb, ActScales* sc) {
   const int n_quads = (n_tokens + 3) / 4;
-  if (sc->da.size() < static_cast<size_t>(n_tokens * nb)) sc->da.resize(n_tokens * nb);
-  if (sc->sa.size() < static_cast<size_t>(n_quads * nb)) sc->sa.resize(n_quads * nb);
+  sc->da = static_cast<float*>(kernels::ThreadScratch(0, n_tokens * nb * sizeof(float)));
+  sc->sa = static_cast<Vec16*>(kernels::ThreadScratch(1, n_quads * nb * sizeof(Vec16)));
   for (int q = 0; q < n_quads; ++q) {
     const BlockQ8_1* rows[4] = {};
     for (int i = 0; i < 4 && 4 * q + i < n_tokens; ++i) {
@@ -202,8 +203,8 @@ template <typename Weights>
 void RowBlock(const Weights& w, int64_t nb, const uint8_t* a, size_t a_stride, const ActScales& sc,
               int n_tokens, int n_rows, float* out, size_t out_stride) {
   auto tile = [&]<int T>(int t) {
-    Tile<T>(w, nb, a + t * a_stride, a_stride, sc.da.data() + t * nb, sc.sa.data() + t / 4 * nb,
-            n_rows, out + t * out_stride, out_stride);
+    Tile<T>(w, nb, a + t * a_stride, a_stride, sc.da + t * nb, sc.sa + t / 4 * nb, n_rows,
+            out + t * out_stride, out_stride);
   };
   ForEachTile<kTileTokens>(n_tokens, tile);
 }
@@ -214,9 +215,9 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
-  // Per-thread scratch: activation scales; weights [nb] blocks of 4 rows (many tokens only).
-  thread_local ActScales scales;
-  thread_local std::vector<Unpacked4> wts;
+  // Per-thread scratch (kernels/cpu/scratch.h): activation scales; weights [nb] blocks of 4 rows
+  // (many tokens only).
+  ActScales scales;
   const auto* ap = static_cast<const uint8_t*>(a);
   ConvertActScales(ap, a_stride, n_tokens, nb, &scales);
   // Up to two register tiles of tokens: unpack each weight block in registers where it is used
@@ -224,16 +225,19 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
   // 35.1 ms, 16 tokens 57.3 -> 55.2 ms on the default model); more: unpack each block of 4 rows
   // once per call into wts.
   const bool pack = n_tokens > 2 * kTileTokens;
-  if (pack && wts.size() < static_cast<size_t>(nb)) wts.resize(nb);
+  Unpacked4* wts =
+      pack ? static_cast<Unpacked4*>(kernels::ThreadScratch(2, nb * sizeof(Unpacked4))) : nullptr;
   const auto* wp = static_cast<const uint8_t*>(w);
   const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ4_1));
   for (int r = 0; r < n_rows; r += kTileRows) {
-    const int rows = std::min(kTileRows, n_rows - r);
+    const int rows = n_rows - r < kTileRows ? n_rows - r : kTileRows;
     // Weights stream from memory once per call: fetch the rows kPrefetchRows ahead explicitly
     // (4 interleaved row streams defeat the hardware prefetcher), into L2: prefetcht0 8 rows
     // ahead stalled on full miss buffers, and how often depended on the code layout (one-token
     // passes 25% slower after an unrelated function was added elsewhere in the library).
-    for (int pr = r + kPrefetchRows; pr < std::min(n_rows, r + kPrefetchRows + kTileRows); ++pr) {
+    const int prefetch_end =
+        r + kPrefetchRows + kTileRows < n_rows ? r + kPrefetchRows + kTileRows : n_rows;
+    for (int pr = r + kPrefetchRows; pr < prefetch_end; ++pr) {
       const uint8_t* row = wp + pr * w_stride;
       for (int64_t off = 0; off < row_bytes; off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T1);
@@ -248,8 +252,7 @@ void VecDotTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_r
       continue;
     }
     for (int64_t b = 0; b < nb; ++b) wts[b] = raw(b);
-    RowBlock(PackedWeights{wts.data()}, nb, ap, a_stride, scales, n_tokens, rows, out + r,
-             out_stride);
+    RowBlock(PackedWeights{wts}, nb, ap, a_stride, scales, n_tokens, rows, out + r, out_stride);
   }
 }
 

@@ -1,9 +1,9 @@
 // Rows x tokens tile kernels for Q8_0 activations (Q8_0 and Q4_0 weights) with 512-bit VNNI
-// (vpdpbusd). Compiled with -ffp-contract=off (sources.cmake): every FMA is an explicit
-// _mm512_fmadd_ps.
+// (vpdpbusd). Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt): every FMA is an
+// explicit _mm512_fmadd_ps.
 //
 // Bit-exactness with the vec_dot of the level (VecDotQ8_0Q8_0Avx2 for Q8_0 at AVX2 and AVX-512,
-// VecDotQ4_0Q8_0Avx512 for Q4_0; both follow the documented SIMD order of legacy_kernels.h): for
+// VecDotQ4_0Q8_0Avx512 for Q4_0; both follow the documented SIMD order of legacy.h): for
 // each (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as [acc0 | acc1 |
 // acc2 | acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that 128-bit lane
 // q holds block 4g+q: `lo` its elements 0..15, `hi` its elements 16..31, the weights as unsigned
@@ -26,11 +26,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
+#include "kernels/cpu/legacy.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/tile_kernels.h"
 #include "kernels/cpu/unroll.h"
-#include "lib/quant/legacy_kernels.h"
 
 namespace kiln::quant {
 namespace {
@@ -232,33 +232,31 @@ void VecDotTile(int64_t n, const void* w, size_t w_stride, int n_rows, const voi
   const int64_t ng = (nb + kGroupBlocks - 1) / kGroupBlocks;
   const bool half_tail = nb % kGroupBlocks == 1 || nb % kGroupBlocks == 2;  // e.g. n = 576
   // Per-thread scratch: activations [n_tokens][ng], weights [ng][kTileRows].
-  thread_local std::vector<ActGroup> act;
-  thread_local std::vector<WeightGroup> wts;
-  if (act.size() < static_cast<size_t>(n_tokens * ng)) act.resize(n_tokens * ng);
-  if (wts.size() < static_cast<size_t>(kTileRows * ng)) wts.resize(kTileRows * ng);
+  auto* act = static_cast<ActGroup*>(kernels::ThreadScratch(0, n_tokens * ng * sizeof(ActGroup)));
+  auto* wts =
+      static_cast<WeightGroup*>(kernels::ThreadScratch(1, kTileRows * ng * sizeof(WeightGroup)));
   const auto* ap = static_cast<const uint8_t*>(a);
   for (int t = 0; t < n_tokens; ++t) {
-    PackActRow<kOffset>(reinterpret_cast<const BlockQ8_0*>(ap + t * a_stride), nb,
-                        act.data() + t * ng);
+    PackActRow<kOffset>(reinterpret_cast<const BlockQ8_0*>(ap + t * a_stride), nb, act + t * ng);
   }
   const auto* wp = static_cast<const uint8_t*>(w);
   static_assert(kTileRows == 4, "the switch below covers 1..4 rows");
   for (int r = 0; r < n_rows; r += kTileRows) {
-    const int rows = std::min(kTileRows, n_rows - r);
-    PackWeightRows<Block>(wp + r * w_stride, w_stride, rows, nb, wts.data());
+    const int rows = n_rows - r < kTileRows ? n_rows - r : kTileRows;
+    PackWeightRows<Block>(wp + r * w_stride, w_stride, rows, nb, wts);
     float* o = out + r;
     switch (rows) {
       case 4:
-        RowBlock<4>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
+        RowBlock<4>(wts, act, ng, half_tail, n_tokens, o, out_stride);
         break;
       case 3:
-        RowBlock<3>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
+        RowBlock<3>(wts, act, ng, half_tail, n_tokens, o, out_stride);
         break;
       case 2:
-        RowBlock<2>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
+        RowBlock<2>(wts, act, ng, half_tail, n_tokens, o, out_stride);
         break;
       default:
-        RowBlock<1>(wts.data(), act.data(), ng, half_tail, n_tokens, o, out_stride);
+        RowBlock<1>(wts, act, ng, half_tail, n_tokens, o, out_stride);
         break;
     }
   }

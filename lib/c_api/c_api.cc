@@ -13,9 +13,11 @@
 #include "lib/backend/backend.h"
 #include "lib/c_api/handles.h"
 #include "lib/c_api/versioned_struct.h"
+#include "lib/common/cpu_features.h"
 #include "lib/common/status.h"
 #include "lib/gguf/gguf.h"
 #include "lib/model/model.h"
+#include "lib/quant/quant.h"
 #include "lib/spec/draft_model_strategy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/tokenizer/chat_template.h"
@@ -206,6 +208,12 @@ const char* kiln_version(void) {
       KILN_VERSION_MINOR) "." KILN_STRINGIFY(KILN_VERSION_PATCH);
 }
 int kiln_abi_version(void) { return KILN_ABI_VERSION; }
+
+const char* kiln_cpu_info(void) {
+  static const std::string info = std::string(kiln::CpuLevelName(kiln::BestCpuLevel())) + " (" +
+                                  kiln::GetCpuFeatures().ToString() + ")";
+  return info.c_str();
+}
 
 const char* kiln_status_name(kiln_status status) {
   switch (status) {

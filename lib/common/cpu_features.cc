@@ -33,6 +33,7 @@ CpuFeatures Detect() {
     f.avx2 = b & (1u << 5);
     if (avx512_os) {
       f.avx512f = b & (1u << 16);
+      f.avx512dq = b & (1u << 17);
       f.avx512bw = b & (1u << 30);
       f.avx512vl = b & (1u << 31);
       f.avx512vnni = c & (1u << 11);
@@ -48,7 +49,7 @@ CpuFeatures ApplyOverride(CpuFeatures f) {
   if (level == nullptr) return f;
   if (std::strcmp(level, "scalar") == 0) return CpuFeatures{};
   if (std::strcmp(level, "avx2") == 0) {
-    f.avx512f = f.avx512bw = f.avx512vl = f.avx512vnni = f.avx512bf16 = false;
+    f.avx512f = f.avx512bw = f.avx512dq = f.avx512vl = f.avx512vnni = f.avx512bf16 = false;
   }
   return f;
 }
@@ -67,10 +68,11 @@ std::string CpuFeatures::ToString() const {
   add(f16c, "f16c");
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
+  add(avx512dq, "avx512dq");
   add(avx512vl, "avx512vl");
   add(avx512vnni, "avx512vnni");
   add(avx512bf16, "avx512bf16");
-  return s.empty() ? "scalar" : s;
+  return s.empty() ? "none" : s;
 }
 
 const CpuFeatures& GetCpuFeatures() {

@@ -11,6 +11,7 @@ struct CpuFeatures {
   bool f16c = false;
   bool avx512f = false;
   bool avx512bw = false;
+  bool avx512dq = false;
   bool avx512vl = false;
   bool avx512vnni = false;
   bool avx512bf16 = false;
@@ -18,8 +19,11 @@ struct CpuFeatures {
 
   // The AVX2 kernels need all three.
   bool HasAvx2Set() const { return avx2 && fma && f16c; }
-  // The AVX-512 kernels need F, BW, VL and VNNI (plus the AVX2 set for tails).
-  bool HasAvx512Set() const { return HasAvx2Set() && avx512f && avx512bw && avx512vl && avx512vnni; }
+  // The AVX-512 kernels are compiled for F, BW, DQ, VL and VNNI (plus the AVX2 set for tails);
+  // the compiler may use any of them (kernels/cpu/CMakeLists.txt).
+  bool HasAvx512Set() const {
+    return HasAvx2Set() && avx512f && avx512bw && avx512dq && avx512vl && avx512vnni;
+  }
   std::string ToString() const;
 };
 

@@ -24,11 +24,9 @@ namespace kiln {
 QuantizeRowFn ActivationQuantizer(GgmlType act_type, CpuLevel level);
 
 namespace quant {
-// Row quantizers: scalar (lib/quant/activation.cc) and AVX-512 (kernels/cpu/activation_avx512.cc).
+// Row quantizers: scalar here (lib/quant/activation.cc); AVX-512 in kernels/cpu/legacy.h.
 void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n);
-void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n);
-void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n);
 // One block of 32: writes q, sets *sum = Σ q, returns d (unrounded).
 float QuantizeActivationBlockRef(const float* x, int8_t* q, int32_t* sum);
 }  // namespace quant

@@ -1,8 +1,9 @@
 // F32, F16 and BF16 element types: scalar reference kernels and registration of all levels.
 //
-// Activation type of all three is F32 (see legacy_kernels.h for why). Scalar dot order: one float
-// accumulator, acc += w[i] * a[i] (product rounded, then added; no FMA) for i = 0..n-1. The SIMD
-// orders are documented in kernels/cpu/float_avx2.cc and kernels/cpu/float_avx512.cc.
+// Activation type of all three is F32 (see kernels/cpu/legacy.h for why). The dot order is the
+// same at every level (kernels/cpu/legacy.h, "Float types"); the SIMD kernels are in
+// kernels/cpu/float_avx2.cc and kernels/cpu/float_avx512.cc.
+#include <cmath>
 #include <cstring>
 
 #include "lib/common/half.h"
@@ -47,43 +48,51 @@ void DequantizeRowBf16Ref(const void* vx, float* y, int64_t n) {
   }
 }
 
+namespace {
+
+// The dot order of every level (kernels/cpu/legacy.h, "Float types"). load(i) is weight i as f32;
+// a: the activations (f32, any alignment).
+template <typename LoadWeight>
+float DotChunks(int64_t n, const void* a, LoadWeight load) {
+  constexpr int kLanes = 64;
+  const auto* ab = static_cast<const uint8_t*>(a);
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    float ai;
+    std::memcpy(&ai, ab + 4 * i, 4);
+    acc[i % kLanes] = std::fma(load(i), ai, acc[i % kLanes]);
+  }
+  float v[16];
+  for (int l = 0; l < 16; ++l) v[l] = (acc[l] + acc[16 + l]) + (acc[32 + l] + acc[48 + l]);
+  for (int l = 0; l < 8; ++l) v[l] = v[l] + v[8 + l];
+  for (int l = 0; l < 4; ++l) v[l] = v[l] + v[4 + l];
+  for (int l = 0; l < 2; ++l) v[l] = v[l] + v[2 + l];
+  return v[0] + v[1];
+}
+
+}  // namespace
+
 float VecDotF32F32Ref(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const uint8_t*>(vw);
-  const auto* a = static_cast<const uint8_t*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    float wi, ai;
-    std::memcpy(&wi, w + 4 * i, 4);
-    std::memcpy(&ai, a + 4 * i, 4);
-    acc += wi * ai;
-  }
-  return acc;
+  return DotChunks(n, va, [w](int64_t i) {
+    float v;
+    std::memcpy(&v, w + 4 * i, 4);
+    return v;
+  });
 }
 
 float VecDotF16F32Ref(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const uint8_t*>(vw);
-  const auto* a = static_cast<const uint8_t*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    float ai;
-    std::memcpy(&ai, a + 4 * i, 4);
-    acc += LoadHalf(w + 2 * i) * ai;
-  }
-  return acc;
+  return DotChunks(n, va, [w](int64_t i) { return LoadHalf(w + 2 * i); });
 }
 
 float VecDotBf16F32Ref(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const uint8_t*>(vw);
-  const auto* a = static_cast<const uint8_t*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
+  return DotChunks(n, va, [w](int64_t i) {
     uint16_t b;
-    float ai;
     std::memcpy(&b, w + 2 * i, 2);
-    std::memcpy(&ai, a + 4 * i, 4);
-    acc += Bf16ToFp32(b) * ai;
-  }
-  return acc;
+    return Bf16ToFp32(b);
+  });
 }
 
 }  // namespace quant

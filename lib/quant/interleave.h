@@ -1,10 +1,12 @@
-// Row-interleaved weights and kiln's integer dot order: the fast path of the default
-// (batch-invariant) numeric mode, beside the ggml-order kernels of quant.h that
-// EngineOptions::llama_cpp_order keeps.
+// Row-interleaved weights and kiln's integer dot order: the matmuls of the default
+// (batch-invariant) numeric mode on Q4_1 and Q8_0 weights, at every CPU level with the same bits
+// (scalar, AVX2 and AVX-512 kernels in kernels/cpu/interleaved.h), beside the ggml-order kernels
+// of quant.h that EngineOptions::llama_cpp_order keeps.
 //
-// Layout ("x16"): a matrix's rows in groups of kInterleaveRows = 16, each group stored block by
-// block, so one 512-bit register holds the same 4 elements of all 16 rows (a lane per row) and a
-// dot product never needs a horizontal reduction. Rows past the matrix's last one are zero.
+// Layout ("x16", kernels/cpu/interleaved.h): a matrix's rows in groups of kInterleaveRows = 16,
+// each group stored block by block, so one 512-bit register holds the same 4 elements of all 16
+// rows (a lane per row) and a dot product never needs a horizontal reduction. Rows past the
+// matrix's last one are zero.
 //
 // Integer order, per (weight row w, activation row a) of nb = n / 32 blocks:
 //   Q4_1 x Q8_1:
@@ -25,27 +27,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/interleaved.h"
+
 namespace kiln::quant {
-
-inline constexpr int kInterleaveRows = 16;
-
-// 16 Q4_1 rows x one 32-element block (320 B, five cache lines).
-struct alignas(64) BlockQ4_1x16 {
-  // qs[i][4 r + j] = byte 4 i + j of row r's block qs: its low nibble is element 4 i + j, its
-  // high nibble element 16 + 4 i + j (Q4_1's own nibble order, BlockQ4_1).
-  uint8_t qs[4][64];
-  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
-  uint8_t m[kInterleaveRows][2];  // f16 min of row r
-};
-static_assert(sizeof(BlockQ4_1x16) == 320);
-
-// 16 Q8_0 rows x one 32-element block (544 B).
-struct alignas(32) BlockQ8_0x16 {
-  // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
-  uint8_t qs[8][64];
-  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
-};
-static_assert(sizeof(BlockQ8_0x16) == 544);
 
 // Rows [n_rows] of n_in elements (w_stride bytes apart) -> out: ceil(n_rows / 16) groups of
 // n_in / 32 interleaved blocks, group-major. n_in a multiple of 32.

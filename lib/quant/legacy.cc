@@ -1,5 +1,6 @@
 // Registration of the legacy block quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1) at each CPU level.
-// Kernels: lib/quant/legacy_ref.cc (scalar), kernels/cpu/legacy_avx2.cc, legacy_avx512.cc.
+// Kernels: lib/quant/legacy_ref.cc (scalar), kernels/cpu/legacy_avx2.cc, legacy_avx512.cc; the
+// tiles of kernels/cpu/tile_kernels.h and the integer order of kernels/cpu/interleaved.h.
 #include "kernels/cpu/tile_kernels.h"
 #include "lib/quant/legacy_kernels.h"
 #include "lib/quant/quant.h"
@@ -8,6 +9,16 @@ namespace kiln {
 
 void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
   using namespace quant;
+  // The integer order on interleaved weights (interleave.h), one kernel per level with the same
+  // bits: the default numeric mode's matmul on Q4_1 and Q8_0 at every level.
+  auto set_interleaved = [&r](InterleavedTileFn q4_1, InterleavedTileFn q8_0) {
+    r[GgmlType::kQ4_1].interleave = InterleaveQ4_1;
+    r[GgmlType::kQ4_1].interleaved_group_bytes = InterleavedGroupBytesQ4_1;
+    r[GgmlType::kQ4_1].interleaved_tile = q4_1;
+    r[GgmlType::kQ8_0].interleave = InterleaveQ8_0;
+    r[GgmlType::kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
+    r[GgmlType::kQ8_0].interleaved_tile = q8_0;
+  };
   auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, GgmlType dot_type,
                   VecDotFn dot) {
     QuantKernels& k = r[t];
@@ -27,6 +38,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_1, QuantizeRowQ5_1Ref, DequantizeRowQ5_1Ref, kQ8_1, VecDotQ5_1Q8_1Ref);
       set(kQ8_0, QuantizeRowQ8_0Ref, DequantizeRowQ8_0Ref, kQ8_0, VecDotQ8_0Q8_0Ref);
       set(kQ8_1, QuantizeRowQ8_1Ref, DequantizeRowQ8_1Ref, kQ8_1, VecDotQ8_1Q8_1Ref);
+      set_interleaved(InterleavedTileQ4_1Q8_1Scalar, InterleavedTileQ8_0Q8_0Scalar);
       break;
     case CpuLevel::kAvx2:
       // Weight quantizers stay scalar (offline use); activation quantizers are on the hot path.
@@ -36,6 +48,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_1, nullptr, DequantizeRowQ5_1Avx2, kQ8_1, VecDotQ5_1Q8_1Avx2);
       set(kQ8_0, QuantizeRowQ8_0Avx2, DequantizeRowQ8_0Avx2, kQ8_0, VecDotQ8_0Q8_0Avx2);
       set(kQ8_1, QuantizeRowQ8_1Avx2, DequantizeRowQ8_1Avx2, kQ8_1, VecDotQ8_1Q8_1Avx2);
+      set_interleaved(InterleavedTileQ4_1Q8_1Avx2, InterleavedTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
       set(GgmlType::kQ4_0, nullptr, nullptr, kQ8_0, VecDotQ4_0Q8_0Avx512);
@@ -51,12 +64,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[kQ8_0].vec_dot_tile = VecDotTileQ8_0Q8_0Avx512;
       r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
       r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
-      r[GgmlType::kQ4_1].interleave = InterleaveQ4_1;
-      r[GgmlType::kQ4_1].interleaved_group_bytes = InterleavedGroupBytesQ4_1;
-      r[GgmlType::kQ4_1].interleaved_tile = InterleavedTileQ4_1Q8_1Avx512;
-      r[kQ8_0].interleave = InterleaveQ8_0;
-      r[kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
-      r[kQ8_0].interleaved_tile = InterleavedTileQ8_0Q8_0Avx512;
+      set_interleaved(InterleavedTileQ4_1Q8_1Avx512, InterleavedTileQ8_0Q8_0Avx512);
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
       // (cpu_ops_bench --tile). The Q8_0 / Q4_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;

@@ -1,4 +1,4 @@
-// Scalar reference kernels of the legacy block quants (layouts and order: legacy_kernels.h).
+// Scalar reference kernels of the legacy block quants (layouts and orders: kernels/cpu/legacy.h).
 // The quantizers follow ggml's reference quantizers step by step (same float operations in the
 // same order), so the bytes match files written by llama.cpp. This file must be compiled without
 // FP contraction (lib/quant/CMakeLists.txt adds -ffp-contract=off), or a * b + c could become an
@@ -63,12 +63,31 @@ inline int Q5Value(const uint8_t* qs, uint32_t qh, int j) {
   return nib | static_cast<int>(((qh >> j) & 1u) << 4);
 }
 
-// Integer dot of 32 signed activations with weights given by `weight(j)`.
-template <typename WeightFn>
-inline int32_t IntDot(const int8_t* qa, WeightFn weight) {
-  int32_t sum = 0;
-  for (int j = 0; j < kQK; ++j) sum += weight(j) * qa[j];
-  return sum;
+// The dot order of every level (legacy.h, "quants"): per block b, 4 exact int32 lanes
+// P_b[l] = Σ qw * qa over the elements j with j % 16 in 4l..4l+3, s_b = dw_b * da_b,
+// acc[b % 4][l] = fma(s_b, float(P_b[l]), acc[b % 4][l]); kHasMin (Q5_1) adds mw_b * sa_b to
+// mins[b % 4]; then v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]),
+// r = (v[0] + v[2]) + (v[1] + v[3]), r += (mins[0] + mins[2]) + (mins[1] + mins[3]).
+// weight(block, j) is element j of a weight block as an integer.
+template <typename WeightBlock, typename ActBlock, bool kHasMin, typename WeightFn>
+float DotBlocks(int64_t n, const void* vw, const void* va, WeightFn weight) {
+  const auto* w = static_cast<const WeightBlock*>(vw);
+  const auto* a = static_cast<const ActBlock*>(va);
+  float acc[4][4] = {};
+  float mins[4] = {};
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32_t p[4] = {};
+    for (int j = 0; j < kQK; ++j) p[(j % 16) / 4] += weight(w[b], j) * a[b].qs[j];
+    const float s = LoadHalf(w[b].d) * LoadHalf(a[b].d);
+    for (int l = 0; l < 4; ++l)
+      acc[b % 4][l] = std::fma(s, static_cast<float>(p[l]), acc[b % 4][l]);
+    if constexpr (kHasMin) mins[b % 4] += LoadHalf(w[b].m) * LoadHalf(a[b].s);
+  }
+  float v[4];
+  for (int l = 0; l < 4; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+  float r = (v[0] + v[2]) + (v[1] + v[3]);
+  if constexpr (kHasMin) r += (mins[0] + mins[2]) + (mins[1] + mins[3]);
+  return r;
 }
 
 }  // namespace
@@ -242,23 +261,16 @@ void DequantizeRowQ8_1Ref(const void* vx, float* y, int64_t n) {
   }
 }
 
-// --- Dot products (order: one float accumulator, block order; see legacy_kernels.h) ------------
+// --- Dot products (order: DotBlocks above; Q4_1 x Q8_1: ggml's, see legacy.h) -----------------
 
-float VecDotQ4_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const BlockQ4_0*>(vw);
-  const auto* a = static_cast<const BlockQ8_0*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const uint8_t* qs = w[i].qs;
-    const int32_t isum = IntDot(
-        a[i].qs, [qs](int j) { return (j < kHalf ? (qs[j] & 0x0F) : (qs[j - kHalf] >> 4)) - 8; });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
-  }
-  return acc;
+float VecDotQ4_0Q8_0Ref(int64_t n, const void* w, const void* a) {
+  return DotBlocks<BlockQ4_0, BlockQ8_0, false>(n, w, a, [](const BlockQ4_0& b, int j) {
+    return (j < kHalf ? (b.qs[j] & 0x0F) : (b.qs[j - kHalf] >> 4)) - 8;
+  });
 }
 
 float VecDotQ4_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
-  // ggml's x86 order (legacy_kernels.h, "Q4_1 x Q8_1"): 8 lanes, one FMA chain per lane.
+  // ggml's x86 order (legacy.h, "Q4_1 x Q8_1"): 8 lanes, one FMA chain per lane.
   const auto* w = static_cast<const BlockQ4_1*>(vw);
   const auto* a = static_cast<const BlockQ8_1*>(va);
   float acc[8] = {};
@@ -280,56 +292,25 @@ float VecDotQ4_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
   return (lo + hi) + mins;
 }
 
-float VecDotQ5_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const BlockQ5_0*>(vw);
-  const auto* a = static_cast<const BlockQ8_0*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const uint8_t* qs = w[i].qs;
-    const uint32_t qh = LoadU32(w[i].qh);
-    const int32_t isum = IntDot(a[i].qs, [qs, qh](int j) { return Q5Value(qs, qh, j) - 16; });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
-  }
-  return acc;
+float VecDotQ5_0Q8_0Ref(int64_t n, const void* w, const void* a) {
+  return DotBlocks<BlockQ5_0, BlockQ8_0, false>(
+      n, w, a, [](const BlockQ5_0& b, int j) { return Q5Value(b.qs, LoadU32(b.qh), j) - 16; });
 }
 
-float VecDotQ5_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const BlockQ5_1*>(vw);
-  const auto* a = static_cast<const BlockQ8_1*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const uint8_t* qs = w[i].qs;
-    const uint32_t qh = LoadU32(w[i].qh);
-    const int32_t isum = IntDot(a[i].qs, [qs, qh](int j) { return Q5Value(qs, qh, j); });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum) +
-           LoadHalf(w[i].m) * LoadHalf(a[i].s);
-  }
-  return acc;
+float VecDotQ5_1Q8_1Ref(int64_t n, const void* w, const void* a) {
+  return DotBlocks<BlockQ5_1, BlockQ8_1, true>(
+      n, w, a, [](const BlockQ5_1& b, int j) { return Q5Value(b.qs, LoadU32(b.qh), j); });
 }
 
-float VecDotQ8_0Q8_0Ref(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const BlockQ8_0*>(vw);
-  const auto* a = static_cast<const BlockQ8_0*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const int8_t* qw = w[i].qs;
-    const int32_t isum = IntDot(a[i].qs, [qw](int j) { return static_cast<int>(qw[j]); });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
-  }
-  return acc;
+float VecDotQ8_0Q8_0Ref(int64_t n, const void* w, const void* a) {
+  return DotBlocks<BlockQ8_0, BlockQ8_0, false>(
+      n, w, a, [](const BlockQ8_0& b, int j) { return static_cast<int>(b.qs[j]); });
 }
 
 // Q8_1 weights (rare; kept so the activation type is a complete type): the s field is not needed.
-float VecDotQ8_1Q8_1Ref(int64_t n, const void* vw, const void* va) {
-  const auto* w = static_cast<const BlockQ8_1*>(vw);
-  const auto* a = static_cast<const BlockQ8_1*>(va);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const int8_t* qw = w[i].qs;
-    const int32_t isum = IntDot(a[i].qs, [qw](int j) { return static_cast<int>(qw[j]); });
-    acc += (LoadHalf(w[i].d) * LoadHalf(a[i].d)) * static_cast<float>(isum);
-  }
-  return acc;
+float VecDotQ8_1Q8_1Ref(int64_t n, const void* w, const void* a) {
+  return DotBlocks<BlockQ8_1, BlockQ8_1, false>(
+      n, w, a, [](const BlockQ8_1& b, int j) { return static_cast<int>(b.qs[j]); });
 }
 
 }  // namespace kiln::quant

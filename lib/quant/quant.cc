@@ -1,5 +1,6 @@
 #include "lib/quant/quant.h"
 
+#include <algorithm>
 #include <array>
 
 #include "lib/common/cpu_features.h"
@@ -29,14 +30,15 @@ namespace {
 
 constexpr int kLevels = 3;
 
-// One registry per level; level L starts as a copy of level L-1, then the families overwrite
-// the slots they accelerate at L.
+// One registry per level up to this CPU's (the levels above stay empty and are never handed
+// out, so no kernel of an instruction set the CPU lacks is even registered); level L starts as a
+// copy of level L-1, then the families overwrite the slots they accelerate at L.
 std::array<QuantRegistry, kLevels> BuildRegistries() {
   std::array<QuantRegistry, kLevels> regs{};
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
     regs[0].kernels[t].type = static_cast<GgmlType>(t);
   }
-  for (int l = 0; l < kLevels; ++l) {
+  for (int l = 0; l <= static_cast<int>(BestCpuLevel()); ++l) {
     if (l > 0) regs[l] = regs[l - 1];
     QuantRegistry fresh{};
     const CpuLevel level = static_cast<CpuLevel>(l);
@@ -77,9 +79,8 @@ const QuantKernels* GetQuantKernels(GgmlType type, CpuLevel level) {
   static const std::array<QuantRegistry, kLevels> regs = BuildRegistries();
   const int t = static_cast<int>(type);
   if (t < 0 || t >= static_cast<int>(GgmlType::kCount)) return nullptr;
-  const int l = static_cast<int>(level) < static_cast<int>(BestCpuLevel())
-                    ? static_cast<int>(level)
-                    : static_cast<int>(BestCpuLevel());
+  const int best = static_cast<int>(BestCpuLevel());
+  const int l = static_cast<int>(level) < 0 ? 0 : std::min(static_cast<int>(level), best);
   const QuantKernels& k = regs[l].kernels[t];
   return k.IsSupported() ? &k : nullptr;
 }

@@ -18,6 +18,17 @@ static void test_versions(void) {
   CHECK(strcmp(kiln_status_name((kiln_status)999), "KILN_ERR_UNKNOWN") == 0);
 }
 
+/* "LEVEL (FEATURES)", LEVEL the kernels in use; with KILN_CPU_LEVEL=scalar, the scalar ones. */
+static void test_cpu_info(void) {
+  const char* info = kiln_cpu_info();
+  const char* forced = getenv("KILN_CPU_LEVEL");
+  CHECK(info != NULL && strchr(info, '(') != NULL && info[strlen(info) - 1] == ')');
+  CHECK(strncmp(info, "avx512 (", 8) == 0 || strncmp(info, "avx2 (", 6) == 0 ||
+        strncmp(info, "scalar (", 8) == 0);
+  if (forced != NULL && strcmp(forced, "scalar") == 0) CHECK(strcmp(info, "scalar (none)") == 0);
+  CHECK(kiln_cpu_info() == info); /* one static string */
+}
+
 static int g_progress_calls = 0;
 static int count_progress(float progress, void* user_data) {
   (void)user_data;
@@ -218,6 +229,7 @@ static void test_model(const char* path) {
 
 int main(void) {
   test_versions();
+  test_cpu_info();
   const char* tmp = getenv("TMPDIR");
   test_bad_loads(tmp && *tmp ? tmp : "/tmp");
   char path[1024];

@@ -153,9 +153,10 @@ TEST(QuantFloat, SimdConversionsMatchScalar) {
   }
 }
 
-// Dot bound: every order used (sequential for scalar; lanes + a log tree for SIMD) has at most
-// n additions on any path plus one product rounding, so |got - exact| <= (n + 2) u Σ|w_i a_i|
-// (first order; exact = float64 sum of the stored weight values times the activations).
+// Dot bound: the order (64 lanes + a log tree, the same at every level) has at most n additions
+// on any path plus one product rounding, so |got - exact| <= (n + 2) u Σ|w_i a_i| (first order;
+// exact = float64 sum of the stored weight values times the activations). Every level gives the
+// scalar reference's bits.
 TEST(QuantFloat, DotProducts) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
@@ -181,6 +182,8 @@ TEST(QuantFloat, DotProducts) {
         const float got = Kernels(t, level).vec_dot(n, w.data(), ax.data());
         EXPECT_LE(std::fabs(got - exact), bound);
         EXPECT_LE(std::fabs(static_cast<double>(got) - scalar), 2 * bound);
+        // One order at every level: the scalar reference's bits.
+        EXPECT_EQ(Fp32ToBits(got), Fp32ToBits(scalar)) << got << " vs " << scalar;
         EXPECT_EQ(Fp32ToBits(Kernels(t, level).vec_dot(n, w.data(), ax.data())), Fp32ToBits(got));
         // Misaligned rows give the same bits.
         std::vector<uint8_t> wm(w.size() + 1);

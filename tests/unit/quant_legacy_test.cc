@@ -412,7 +412,8 @@ void CheckDots(const DotCase& c, const std::vector<float>& wx, const std::vector
     std::memcpy(wm.data() + 1, w.data(), w.size());
     std::memcpy(am.data() + 3, a.data(), a.size());
     EXPECT_EQ(Fp32ToBits(k.vec_dot(n, wm.data() + 1, am.data() + 3)), Fp32ToBits(got));
-    // AVX2 and AVX-512 follow the same documented order: identical bits.
+    // Every level follows the same documented order: the scalar reference's bits.
+    EXPECT_EQ(Fp32ToBits(got), Fp32ToBits(scalar)) << got << " vs " << scalar;
     if (level == CpuLevel::kAvx2) {
       avx2 = got;
       have_avx2 = true;

@@ -2,7 +2,8 @@
 // equal (memcmp of the floats) at every CPU level that has a tile kernel, for row lengths whose
 // block count leaves every remainder of the 4-block groups, row and token counts with tails
 // below the 4 x 4 register tile, and padded strides. Plus MatMul's batch invariance on tile
-// types: MatMul over n tokens equals MatMul per token, bitwise, with 1 and 2 threads.
+// types: MatMul over n tokens equals MatMul per token, bitwise, with 1 and 2 threads. And the
+// integer order on interleaved weights: every level's kernel equals the plain reference bitwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -387,10 +388,36 @@ std::vector<Line> Interleave(const QuantKernels& k, const std::vector<uint8_t>& 
   return out;
 }
 
-// Kernels of `type` with an interleaved form on this CPU, or null.
-const QuantKernels* InterleavedKernels(GgmlType type) {
-  const QuantKernels* k = GetQuantKernels(type);
+// Kernels of `type` with an interleaved form at `level`, or null.
+const QuantKernels* InterleavedKernels(GgmlType type, CpuLevel level = BestCpuLevel()) {
+  const QuantKernels* k = GetQuantKernels(type, level);
   return k != nullptr && k->interleaved_tile != nullptr ? k : nullptr;
+}
+
+// The CPU levels this machine runs, lowest first.
+std::vector<CpuLevel> Levels() {
+  std::vector<CpuLevel> levels;
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (static_cast<int>(level) <= static_cast<int>(BestCpuLevel())) levels.push_back(level);
+  }
+  return levels;
+}
+
+// The integer order is the default mode's matmul at every level: Q4_1 and Q8_0 have an
+// interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's own.
+TEST(IntegerOrder, RegisteredAtEveryLevel) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    InterleavedTileFn lower_level_kernel = nullptr;
+    for (CpuLevel level : Levels()) {
+      const QuantKernels* k = InterleavedKernels(type, level);
+      ASSERT_NE(k, nullptr) << GgmlTypeName(static_cast<uint32_t>(type)) << " level "
+                            << CpuLevelName(level);
+      EXPECT_NE(k->interleave, nullptr);
+      EXPECT_NE(k->interleaved_group_bytes, nullptr);
+      EXPECT_NE(k->interleaved_tile, lower_level_kernel) << CpuLevelName(level);
+      lower_level_kernel = k->interleaved_tile;
+    }
+  }
 }
 
 // The packers: Q4_1 byte 4i + j of row r's block qs at qs[i][4r + j], Q8_0 element 4i + j of
@@ -398,7 +425,8 @@ const QuantKernels* InterleavedKernels(GgmlType type) {
 TEST(IntegerOrder, PackerLayouts) {
   const QuantKernels* q4_1 = InterleavedKernels(GgmlType::kQ4_1);
   const QuantKernels* q8_0 = InterleavedKernels(GgmlType::kQ8_0);
-  if (q4_1 == nullptr || q8_0 == nullptr) GTEST_SKIP() << "no interleaved kernels on this CPU";
+  ASSERT_NE(q4_1, nullptr);
+  ASSERT_NE(q8_0, nullptr);
   std::mt19937 rng(3);
   const int64_t n = 96;
   const int rows = 19;
@@ -448,49 +476,119 @@ TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
   std::mt19937 rng(43);
   int checked = 0;
   for (const IntegerOrderType& it : kIntegerOrderTypes) {
-    const QuantKernels* k = InterleavedKernels(it.type);
-    if (k == nullptr) continue;
-    for (int64_t n : {32, 64, 576, 1536}) {
-      for (auto [rows, tokens] : {std::pair{1, 1},
-                                  {16, 1},
-                                  {17, 2},
-                                  {5, 3},
-                                  {32, 4},
-                                  {15, 5},
-                                  {33, 6},
-                                  {48, 7},
-                                  {16, 8},
-                                  {20, 9},
-                                  {31, 16},
-                                  {16, 17},
-                                  {7, 67}}) {
-        const size_t w_stride = RowBytes(it.type, n) + (rows % 2) * 7;
-        const size_t a_stride = RowBytes(k->vec_dot_type, n) + (tokens % 2) * 3;
-        const std::vector<uint8_t> w = IntegerOrderRows(it.type, n, rows, w_stride, rng);
-        const std::vector<uint8_t> a = Activations(k->vec_dot_type, n, tokens, a_stride, rng);
-        const std::vector<Line> p = Interleave(*k, w, w_stride, n, rows);
-        const size_t out_stride = rows + 3;
-        std::vector<float> got(out_stride * tokens, -7.0f);
-        k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(), out_stride);
-        for (int t = 0; t < tokens; ++t) {
-          for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-            const float g = got[t * out_stride + r];
-            if (r >= rows) {
-              ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
-              continue;
+    for (CpuLevel level : Levels()) {
+      const QuantKernels* k = InterleavedKernels(it.type, level);
+      ASSERT_NE(k, nullptr) << CpuLevelName(level);
+      for (int64_t n : {32, 64, 576, 1536}) {
+        for (auto [rows, tokens] : {std::pair{1, 1},
+                                    {16, 1},
+                                    {17, 2},
+                                    {5, 3},
+                                    {32, 4},
+                                    {15, 5},
+                                    {33, 6},
+                                    {48, 7},
+                                    {16, 8},
+                                    {20, 9},
+                                    {31, 16},
+                                    {16, 17},
+                                    {7, 67}}) {
+          const size_t w_stride = RowBytes(it.type, n) + (rows % 2) * 7;
+          const size_t a_stride = RowBytes(k->vec_dot_type, n) + (tokens % 2) * 3;
+          const std::vector<uint8_t> w = IntegerOrderRows(it.type, n, rows, w_stride, rng);
+          const std::vector<uint8_t> a = Activations(k->vec_dot_type, n, tokens, a_stride, rng);
+          const std::vector<Line> p = Interleave(*k, w, w_stride, n, rows);
+          const size_t out_stride = rows + 3;
+          std::vector<float> got(out_stride * tokens, -7.0f);
+          k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(),
+                              out_stride);
+          for (int t = 0; t < tokens; ++t) {
+            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+              const float g = got[t * out_stride + r];
+              if (r >= rows) {
+                ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
+                continue;
+              }
+              const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                  << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level "
+                  << CpuLevelName(level) << " n " << n << " tile " << rows << "x" << tokens
+                  << " row " << r << " token " << t << ": " << g << " vs " << want;
+              ++checked;
             }
-            const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
-            ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                << GgmlTypeName(static_cast<uint32_t>(it.type)) << " n " << n << " tile " << rows
-                << "x" << tokens << " row " << r << " token " << t << ": " << g << " vs " << want;
-            ++checked;
           }
         }
       }
     }
   }
-  if (BestCpuLevel() == CpuLevel::kAvx512) {
-    EXPECT_GT(checked, 0);
+  EXPECT_GT(checked, 0);
+}
+
+// Every level gives the same bits on the operands at the edges of each kernel's integer steps:
+// Q4_1 weights whose nibbles are all 15 (the AVX2 kernel's int16 sums at their largest) or all 0
+// with a min only; Q8_0 weights of -128 and 127 (the AVX2 kernel's |qw| and sign steps);
+// activations of +-127 in runs and alternating, and zero blocks.
+TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
+  std::mt19937 rng(17);
+  const int64_t n = 256;
+  const int rows = 21, tokens = 6;
+  for (const IntegerOrderType& it : kIntegerOrderTypes) {
+    const QuantKernels* k0 = InterleavedKernels(it.type, CpuLevel::kScalar);
+    ASSERT_NE(k0, nullptr);
+    const size_t w_stride = RowBytes(it.type, n), a_stride = RowBytes(k0->vec_dot_type, n);
+    const size_t w_block = w_stride / (n / 32), a_block = a_stride / (n / 32);
+    std::vector<uint8_t> w = IntegerOrderRows(it.type, n, rows, w_stride, rng);
+    std::vector<uint8_t> a = Activations(k0->vec_dot_type, n, tokens, a_stride, rng);
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint8_t* blk = w.data() + r * w_stride + b * w_block;
+        const int kind = (r + static_cast<int>(b)) % 4;
+        if (it.type == GgmlType::kQ4_1) {
+          if (kind == 0) std::memset(blk + 4, 0xFF, 16);  // every nibble 15
+          if (kind == 1) std::memset(blk + 4, 0x00, 16);  // the min alone
+        } else {
+          auto* qs = reinterpret_cast<int8_t*>(blk + 2);
+          for (int j = 0; j < 32; ++j) {
+            if (kind == 0) qs[j] = -128;
+            if (kind == 1) qs[j] = 127;
+            if (kind == 2) qs[j] = j % 2 ? -128 : 127;
+          }
+        }
+      }
+    }
+    for (int t = 0; t < tokens; ++t) {
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint8_t* blk = a.data() + t * a_stride + b * a_block;
+        auto* qa = reinterpret_cast<int8_t*>(blk + a_block - 32);
+        const int kind = (t + static_cast<int>(b)) % 5;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          if (kind == 0) qa[j] = 127;
+          if (kind == 1) qa[j] = -127;
+          if (kind == 2) qa[j] = j % 2 ? -127 : 127;
+          if (kind == 3) qa[j] = 0;
+          sum += qa[j];
+        }
+        if (k0->vec_dot_type == GgmlType::kQ8_1) {  // s = d * Σ qa, as the quantizer stores it
+          quant::StoreHalf(blk + 2, quant::LoadHalf(blk) * static_cast<float>(sum));
+        }
+      }
+    }
+    const std::vector<Line> p = Interleave(*k0, w, w_stride, n, rows);
+    for (CpuLevel level : Levels()) {
+      const QuantKernels* k = InterleavedKernels(it.type, level);
+      ASSERT_NE(k, nullptr);
+      std::vector<float> got(rows * tokens);
+      k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(), rows);
+      for (int t = 0; t < tokens; ++t) {
+        for (int r = 0; r < rows; ++r) {
+          const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+          ASSERT_EQ(std::memcmp(&got[t * rows + r], &want, sizeof(float)), 0)
+              << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level " << CpuLevelName(level)
+              << " row " << r << " token " << t << ": " << got[t * rows + r] << " vs " << want;
+        }
+      }
+    }
   }
 }
 
@@ -555,46 +653,47 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
   cpu::Scratch scratch;
   int checked = 0;
   for (const IntegerOrderType& it : kIntegerOrderTypes) {
-    const QuantKernels* k = InterleavedKernels(it.type);
-    if (k == nullptr) continue;
-    for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{576, 67}, {1536, 48}, {32, 9}}) {
-      const size_t w_stride = RowBytes(it.type, n_in);
-      const std::vector<uint8_t> w =
-          IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
-      const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
-      cpu::WeightView wv{it.type, w.data(), n_in, n_out};
-      wv.interleaved = p.data();
-      for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
-        std::vector<float> x, single;
-        ASSERT_NO_FATAL_FAILURE(
-            ExpectMatMulBatchInvariant(wv, n_tokens, BestCpuLevel(), rng, &x, &single));
-        std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
-        for (int64_t t : {int64_t{0}, n_tokens - 1}) {
-          ActivationQuantizer(k->vec_dot_type, BestCpuLevel())(x.data() + t * n_in, qa.data(),
-                                                               n_in);
-          for (int64_t o = 0; o < n_out; ++o) {
-            const float want = it.ref(n_in, w.data() + o * w_stride, qa.data());
-            ASSERT_EQ(std::memcmp(&single[t * n_out + o], &want, sizeof(float)), 0)
-                << n_in << "x" << n_out << " token " << t << " output " << o;
-            ++checked;
+    for (CpuLevel level : Levels()) {
+      const QuantKernels* k = InterleavedKernels(it.type, level);
+      ASSERT_NE(k, nullptr) << CpuLevelName(level);
+      for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{576, 67}, {1536, 48}, {32, 9}}) {
+        const size_t w_stride = RowBytes(it.type, n_in);
+        const std::vector<uint8_t> w =
+            IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
+        const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
+        cpu::WeightView wv{it.type, w.data(), n_in, n_out};
+        wv.interleaved = p.data();
+        for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
+          std::vector<float> x, single;
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
+          std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
+          for (int64_t t : {int64_t{0}, n_tokens - 1}) {
+            ActivationQuantizer(k->vec_dot_type, level)(x.data() + t * n_in, qa.data(), n_in);
+            for (int64_t o = 0; o < n_out; ++o) {
+              const float want = it.ref(n_in, w.data() + o * w_stride, qa.data());
+              ASSERT_EQ(std::memcmp(&single[t * n_out + o], &want, sizeof(float)), 0)
+                  << n_in << "x" << n_out << " token " << t << " output " << o;
+              ++checked;
+            }
           }
-        }
-        std::vector<int32_t> pick;
-        for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
-        std::vector<float> sub(n_out * pick.size());
-        ASSERT_TRUE(cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch).ok());
-        for (size_t i = 0; i < pick.size(); ++i) {
-          ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
-                                n_out * sizeof(float)),
-                    0)
-              << "MatMulRows row " << i;
+          std::vector<int32_t> pick;
+          for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
+          std::vector<float> sub(n_out * pick.size());
+          ASSERT_TRUE(
+              cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
+                  .ok());
+          for (size_t i = 0; i < pick.size(); ++i) {
+            ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
+                                  n_out * sizeof(float)),
+                      0)
+                << "MatMulRows row " << i;
+          }
         }
       }
     }
   }
-  if (BestCpuLevel() == CpuLevel::kAvx512) {
-    EXPECT_GT(checked, 0);
-  }
+  EXPECT_GT(checked, 0);
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ int RunInfo(const std::vector<std::string>& args) {
       begin = end + 1;
     }
   }
+  std::printf("cpu kernels:  %s\n", kiln_cpu_info());
   std::printf("metadata:\n");
   const size_t n = kiln_gguf_meta_count(gguf);
   for (size_t i = 0; i < n; ++i) {

@@ -127,7 +127,7 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
 // chunk's heads, so each K row is widened once per chunk instead of once per token (each V row
 // once per four heads); each token then continues with its own rows (the rest of its causal
 // prefix, then its tree extras).
-// Every score and every V chain is computed exactly as for the token alone (kernels.h), so the
+// Every score and every V chain is computed exactly as for the token alone (op_kernels.h), so the
 // result does not depend on the chunking.
 constexpr int64_t kMaxChunkTokens = 8;
 

@@ -1,7 +1,8 @@
-// The op-kernel table for a SIMD level (kernels.h), clamped to what this CPU supports.
+// The op-kernel table for a SIMD level (kernels/cpu/op_kernels.h), clamped to what this CPU
+// supports.
 #pragma once
 
-#include "lib/backend/cpu/kernels.h"
+#include "kernels/cpu/op_kernels.h"
 #include "lib/quant/quant.h"
 
 namespace kiln::cpu {

@@ -14,13 +14,20 @@ namespace kiln::cpu {
 // ---- dispatch -----------------------------------------------------------------------------
 
 const OpKernels& GetOpKernels(CpuLevel level) {
+  // Built on first use, and only up to this CPU's level: a level's Fill function is compiled
+  // with its instruction set and may execute it. Levels above stay empty and are never handed out.
   static const std::array<OpKernels, 3> tables = [] {
+    const CpuLevel best = BestCpuLevel();
     std::array<OpKernels, 3> t{};
     FillOpKernelsScalar(&t[0]);
-    t[1] = t[0];
-    FillOpKernelsAvx2(&t[1]);
-    t[2] = t[1];
-    FillOpKernelsAvx512(&t[2]);
+    if (best >= CpuLevel::kAvx2) {
+      t[1] = t[0];
+      FillOpKernelsAvx2(&t[1]);
+    }
+    if (best >= CpuLevel::kAvx512) {
+      t[2] = t[1];
+      FillOpKernelsAvx512(&t[2]);
+    }
     return t;
   }();
   const int best = static_cast<int>(BestCpuLevel());

@@ -197,7 +197,7 @@ struct AttentionBatch {
 // out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
 //   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
 // scale <= 0 means 1/sqrt(head_dim). Softmax as ggml's non-flash attention (soft_max_ext;
-// kernels.h), with the visible rows numbered 0, 1, ... in order (prefix, then extras) as ggml
+// op_kernels.h), with the visible rows numbered 0, 1, ... in order (prefix, then extras) as ggml
 // numbers a causal sequence's cache cells, so a tree node's
 // output equals, bit for bit, that of the same tokens laid out as a causal chain. In the
 // llama.cpp orders with an f16 cache, q and the softmax weights are rounded to f16 before their

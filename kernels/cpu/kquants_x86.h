@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "lib/quant/kquants.h"
+#include "kernels/cpu/kquants.h"
 
 namespace kiln::kquants {
 

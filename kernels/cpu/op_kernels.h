@@ -1,5 +1,6 @@
-// Inner loops of the CPU ops, one table per SIMD level (scalar here in kernels_scalar.cc; AVX2
-// and AVX-512 in kernels/cpu/ops_avx2.cc and ops_avx512.cc, compiled with their own flags).
+// Inner loops of the CPU ops (lib/backend/cpu/ops.h), one table per SIMD level: scalar in
+// ops_scalar.cc, AVX2 and AVX-512 in ops_avx2.cc and ops_avx512.cc, each compiled with its own
+// flags (kernels/cpu/CMakeLists.txt). lib/backend/cpu/dispatch.h hands out the table of a level.
 //
 // This header is included by the SIMD translation units, so it must hold declarations only:
 // no inline functions or templates (an inline function compiled with -mavx512f could be the
@@ -34,7 +35,7 @@ struct OpKernels {
   // one add-latency chain per row, so independent rows are what can run side by side.)
   void (*rms_norm)(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
   // y[i] = (g / (1 + ExpGgml(0 - g))) * up[i], g = gate[i] (ggml_vec_swiglu_f32). y may alias
-  // gate or up. ExpGgml is ggml_v_expf's polynomial (kernels_scalar.cc).
+  // gate or up. ExpGgml is ggml_v_expf's polynomial (ops_scalar.cc).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
   // y[i] = a[i] + b[i]. y may alias a or b.
   void (*add)(const float* a, const float* b, int64_t n, float* y);
@@ -96,7 +97,8 @@ struct OpKernels {
 };
 
 // Fill the slots a level accelerates (defined in kernels/cpu/ops_<level>.cc); slots left
-// untouched keep the lower level's function.
+// untouched keep the lower level's function. A level's function may itself use its instruction
+// set: call it only on a CPU that has it.
 void FillOpKernelsScalar(OpKernels* k);
 void FillOpKernelsAvx2(OpKernels* k);
 void FillOpKernelsAvx512(OpKernels* k);

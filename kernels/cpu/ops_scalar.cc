@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "lib/backend/cpu/kernels.h"
+#include "kernels/cpu/op_kernels.h"
 #include "lib/common/half.h"
 
 namespace kiln::cpu {

@@ -1,0 +1,58 @@
+// Row-interleaved ("x16") weight blocks and the integer-order tile kernels that read them, one per
+// CPU level. The integer order itself, the packers and the plain references are described in
+// lib/quant/interleave.h; every kernel here gives exactly the reference's bits, so the default
+// numeric mode's results do not depend on the CPU.
+//
+// Kernel contract (InterleavedTileFn): out[t * out_stride + r] = the integer-order dot of
+// interleaved row r (of the groups at w) and activation row t (a + t * a_stride), r < n_rows,
+// t < n_tokens; n a multiple of 32; nothing else written. Activation rows as MatMul's activation
+// quantizers produce them (qs in [-127, 127]; the AVX2 Q8_0 kernel's pair sums need that bound).
+// Thread-safe (per-thread scratch). The SIMD kernels must only run on CPUs with their
+// instruction set (the registry guarantees it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::quant {
+
+inline constexpr int kInterleaveRows = 16;
+
+// 16 Q4_1 rows x one 32-element block (320 B, five cache lines).
+struct alignas(64) BlockQ4_1x16 {
+  // qs[i][4 r + j] = byte 4 i + j of row r's block qs: its low nibble is element 4 i + j, its
+  // high nibble element 16 + 4 i + j (Q4_1's own nibble order, BlockQ4_1).
+  uint8_t qs[4][64];
+  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
+  uint8_t m[kInterleaveRows][2];  // f16 min of row r
+};
+static_assert(sizeof(BlockQ4_1x16) == 320);
+
+// 16 Q8_0 rows x one 32-element block (544 B).
+struct alignas(32) BlockQ8_0x16 {
+  // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
+  uint8_t qs[8][64];
+  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
+};
+static_assert(sizeof(BlockQ8_0x16) == 544);
+
+// Q4_1 weights x Q8_1 activations.
+// Scalar: plain C++ (kernels/cpu/interleaved_scalar.cc).
+void InterleavedTileQ4_1Q8_1Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+// AVX2 + FMA + F16C (kernels/cpu/interleaved_avx2.cc).
+void InterleavedTileQ4_1Q8_1Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride);
+// AVX-512 F/BW/VL/VNNI, F16C (kernels/cpu/interleaved_avx512.cc).
+void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// Q8_0 weights x Q8_0 activations, in the same three files.
+void InterleavedTileQ8_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ8_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+}  // namespace kiln::quant

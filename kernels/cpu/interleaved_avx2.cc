@@ -1,0 +1,210 @@
+// Integer-order matmul kernels on row-interleaved weights (interleaved.h) with AVX2 + FMA + F16C:
+// Q4_1 x Q8_1 and Q8_0 x Q8_0, bit for bit the scalar kernels (interleaved_scalar.cc) and the
+// AVX-512 ones. Compiled with -ffp-contract=off: every FMA is explicit.
+//
+// A 64-byte line of an x16 block holds 4 elements of 16 rows; its two 32-byte halves are the
+// rows 0..7 and 8..15 of the group ("octets"), one int32 lane per row. A register tile is one
+// octet x up to kTileTokens tokens. AVX2 has no vpdpbusd, so a block's integer sums P come from
+// vpmaddubsw (unsigned x signed bytes -> int16 pairs) and vpmaddwd (pairs -> int32), both exact
+// on the operands they get here:
+//   Q4_1: nibbles (0..15) x activations (|qa| <= 128): each int16 pair sum is at most
+//     2 * 15 * 128 = 3840 in magnitude, so the 8 products of a block (8 x 4 elements per row)
+//     are summed in int16 (<= 30720) before one vpmaddwd.
+//   Q8_0: the packer stores qw + 128; vpmaddubsw(|qw|, sign(qa, qw)) gives each pair sum
+//     qw * qa + qw' * qa' with at most 2 * 128 * 127 = 32512 in magnitude (activations in
+//     [-127, 127], what MatMul's quantizer produces), widened by vpmaddwd right away.
+// The float step per (row, token, block) is the reference's: s = dw * da (vmulps),
+// acc = fma(s, float(P), acc), and for Q4_1 mins = fma(mw, sa, mins), result acc + mins; the
+// mins chains run in a second pass over the blocks (same operations per chain, fewer registers
+// live in the first).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/interleaved.h"
+#include "kernels/cpu/legacy.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/cpu/unroll.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int kOctet = 8;       // rows per register (int32 lanes of a ymm)
+constexpr int kTileTokens = 4;  // tokens per register tile
+
+inline __m256i Broadcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm256_set1_epi32(v);
+}
+
+// The 8 f16 values h[0..7] -> floats.
+inline __m256 HalvesToFloats(const uint8_t (*h)[2]) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return _cvtsh_ss(v);
+}
+
+// Weights stream from memory once per call: fetch the bytes kPrefetchBytes ahead of each block
+// into L2 (as the AVX-512 kernels do).
+constexpr int64_t kPrefetchBytes = 8192;
+template <typename Block>
+inline void PrefetchAhead(const Block* w, int64_t b) {
+  const char* p = reinterpret_cast<const char*>(w + b) + kPrefetchBytes;
+  for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+}
+
+// Stores lanes r < n_rows of v to out[r].
+inline void StoreRows(float* out, __m256 v, int n_rows) {
+  if (n_rows >= kOctet) {
+    _mm256_storeu_ps(out, v);
+    return;
+  }
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(n_rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  _mm256_maskstore_ps(out, mask, v);
+}
+
+struct Q4_1Format {
+  using Block = BlockQ4_1x16;
+  using ActBlock = BlockQ8_1;
+  using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = HalfToFloat(a.d);
+    *aux = HalfToFloat(a.s);
+  }
+  // Octet `half` of one group x T tokens; a: the T tokens' rows; d, aux: their scales (stride
+  // nb). flatten: keep the Unroll lambdas inline (as in the AVX-512 kernels).
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux* aux,
+                                            int n_rows, float* out, size_t out_stride) {
+    __m256 acc[T];
+    Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+      PrefetchAhead(w, b);
+      __m256i sum16[T];
+      Unroll<T>([&](auto t) { sum16[t] = _mm256_setzero_si256(); });
+      Unroll<4>([&](auto i) {
+        const __m256i packed =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half));
+        const __m256i lo = _mm256_and_si256(packed, low);  // elements 4i..4i+3 of every row
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);  // 16 + 4i..
+        Unroll<T>([&](auto t) {
+          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
+          sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(lo, Broadcast(qa + 4 * i)));
+          sum16[t] =
+              _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
+        });
+      });
+      const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
+      Unroll<T>([&](auto t) {
+        const __m256i p = _mm256_madd_epi16(sum16[t], ones);
+        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
+        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[t]);
+      });
+    }
+    __m256 mins[T];
+    Unroll<T>([&](auto t) { mins[t] = _mm256_setzero_ps(); });
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256 mw = HalvesToFloats(w[b].m + kOctet * half);
+      Unroll<T>(
+          [&](auto t) { mins[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(aux[t * nb + b]), mins[t]); });
+    }
+    Unroll<T>(
+        [&](auto t) { StoreRows(out + t * out_stride, _mm256_add_ps(acc[t], mins[t]), n_rows); });
+  }
+};
+
+struct Q8_0Format {
+  using Block = BlockQ8_0x16;
+  using ActBlock = BlockQ8_0;
+  using Aux = float;  // unused
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = HalfToFloat(a.d);
+    *aux = 0.0f;
+  }
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux*, int n_rows,
+                                            float* out, size_t out_stride) {
+    __m256 acc[T];
+    Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
+    const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+      PrefetchAhead(w, b);
+      __m256i sum[T];
+      Unroll<T>([&](auto t) { sum[t] = _mm256_setzero_si256(); });
+      Unroll<8>([&](auto i) {
+        const __m256i qw = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half)), offset);
+        const __m256i abs_qw = _mm256_sign_epi8(qw, qw);  // -128 stays 0x80: 128 unsigned
+        Unroll<T>([&](auto t) {
+          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
+          const __m256i signed_qa = _mm256_sign_epi8(Broadcast(qa + 4 * i), qw);
+          sum[t] = _mm256_add_epi32(
+              sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_qw, signed_qa), ones));
+        });
+      });
+      const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
+      Unroll<T>([&](auto t) {
+        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
+        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum[t]), acc[t]);
+      });
+    }
+    Unroll<T>([&](auto t) { StoreRows(out + t * out_stride, acc[t], n_rows); });
+  }
+};
+
+// The InterleavedTileFn contract for one format: activation scales converted once per call,
+// then every octet of every group of 16 rows in register tiles of up to kTileTokens tokens.
+template <typename F>
+void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t a_stride,
+                     int n_tokens, float* out, size_t out_stride) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK;
+  const size_t need = static_cast<size_t>(n_tokens) * nb;
+  auto* d = static_cast<float*>(kernels::ThreadScratch(0, need * sizeof(float)));
+  auto* aux =
+      static_cast<typename F::Aux*>(kernels::ThreadScratch(1, need * sizeof(typename F::Aux)));
+  const auto* ap = static_cast<const uint8_t*>(a);
+  for (int t = 0; t < n_tokens; ++t) {
+    const auto* row = reinterpret_cast<const typename F::ActBlock*>(ap + t * a_stride);
+    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], d + t * nb + b, aux + t * nb + b);
+  }
+  const auto* groups = static_cast<const typename F::Block*>(w);
+  for (int r = 0; r < n_rows; r += kInterleaveRows) {
+    const typename F::Block* g = groups + r / kInterleaveRows * nb;
+    for (int half = 0; half < 2; ++half) {
+      const int r0 = r + kOctet * half;
+      if (r0 >= n_rows) break;
+      const int rows = n_rows - r0 < kOctet ? n_rows - r0 : kOctet;
+      ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+        F::template Tile<T>(g, nb, half, ap + t * a_stride, a_stride, d + t * nb, aux + t * nb,
+                            rows, out + t * out_stride + r0, out_stride);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void InterleavedTileQ4_1Q8_1Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ8_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+}  // namespace kiln::quant

@@ -1,0 +1,19 @@
+// Per-thread scratch memory for the kernels, so the SIMD translation units need no std::vector
+// (or any other template with an out-of-line copy: the linker keeps one copy of such a function
+// for the whole program, and one compiled with -mavx512f would then run on every CPU).
+#pragma once
+
+#include <cstddef>
+
+namespace kiln::kernels {
+
+// Slots a kernel may hold at once: one kernel call uses at most this many buffers.
+inline constexpr int kScratchSlots = 4;
+
+// At least `bytes` bytes, 64-byte aligned, owned by the calling thread; contents undefined (kept
+// from the previous use of the slot when it did not grow). Valid until the thread's next call
+// with the same slot. slot < kScratchSlots. The kernels have no error path and ask for a few
+// KiB per token, so a failed allocation aborts (as std::vector's bad_alloc would terminate).
+void* ThreadScratch(int slot, size_t bytes);
+
+}  // namespace kiln::kernels
