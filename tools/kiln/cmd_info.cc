@@ -45,12 +45,12 @@ int RunInfo(const std::vector<std::string>& args) {
     kiln_model_info info;
     info.struct_size = sizeof info;
     s = kiln_model_get_info(model, &info);
+    if (s == KILN_OK) PrintSummary(info);  // info's strings belong to the model
     kiln_model_destroy(model);
     if (s != KILN_OK) {
       kiln_gguf_destroy(gguf);
       return ReportError("info", s);
     }
-    PrintSummary(info);
   } else {
     std::printf("runnable:     no; kiln lacks:\n");
     size_t begin = 0;
