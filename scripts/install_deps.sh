@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 python3-pip
           libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
-          clang libclang-rt-14-dev clang-format)
+          clang libclang-rt-14-dev clang-format
+          qemu-user valgrind)  # scripts/test_cpu_portability.sh: other CPUs, memcheck
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

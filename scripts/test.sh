@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model, run ctest; then again under ASan+UBSan; then a short libFuzzer run.
-# Set KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally.
+# the default model, run ctest; the release build's programs as other CPUs (qemu) and under
+# valgrind; then again under ASan+UBSan; then a short libFuzzer run. Set KILN_SKIP_PORTABILITY=1,
+# KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -11,6 +12,11 @@ jobs=$(nproc)
 echo "== release build + ctest"
 scripts/build.sh build
 (cd build && ctest -j"$jobs" --output-on-failure)
+
+if [ "${KILN_SKIP_PORTABILITY:-0}" != 1 ]; then
+  echo "== other CPUs (qemu-x86_64: Haswell, Nehalem) and valgrind memcheck"
+  scripts/test_cpu_portability.sh build
+fi
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== ASan+UBSan build + ctest"
