@@ -30,7 +30,11 @@ dump_args=("$model" "$prompt" 3)
 
 seconds() { date +%s%N; }
 elapsed() { local ms=$((($(seconds) - $1) / 1000000)); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
-level_of() { sed -n 's/^  cpu: \([a-z0-9]*\) kernels.*/\1/p'; }
+# The level `kiln info` names: its "cpu kernels: LEVEL (...)" line or its backends section's
+# "cpu: LEVEL kernels (...)" line.
+level_of() {
+  sed -n 's/^cpu kernels: *\([a-z0-9]*\).*/\1/p; s/^  cpu: \([a-z0-9]*\) kernels.*/\1/p' | head -n 1
+}
 
 "$kiln" "${generate[@]}" >"$tmp/text.native" 2>/dev/null
 "$dump" "${dump_args[@]}" >"$tmp/logits.native" 2>/dev/null

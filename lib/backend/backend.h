@@ -61,9 +61,6 @@ class Backend {
   // ---- ops -----------------------------------------------------------------------------------
   // y[t, o] = W[o, :] . x[t, :]             x: [n_tokens, w.n_in]   y: [n_tokens, w.n_out]
   virtual absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
-  // y[r, o] = W[o, :] . x[rows[r], :]       x: [n_x_rows, w.n_in]   y: [rows.size(), w.n_out]
-  virtual absl::Status MatMulRows(const WeightView& w, const float* x, int64_t n_x_rows,
-                                  std::span<const int32_t> rows, float* y) = 0;
   // out[t, :] = row tokens[t] of table.      out: [tokens.size(), table.n_in]
   virtual absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                        float* out) = 0;

@@ -605,7 +605,64 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
 }
 
-int main(void) {
+/* Each test takes the shared model and cache (some make their own). */
+typedef struct {
+  const char* name;
+  void (*run)(kiln_model* model, kiln_cache* cache, size_t block_bytes);
+} named_test;
+
+#define ADAPT_MODEL_CACHE(fn)                                    \
+  static void run_##fn(kiln_model* m, kiln_cache* c, size_t b) { \
+    (void)b;                                                     \
+    test_##fn(m, c);                                             \
+  }
+#define ADAPT_MODEL(fn)                                          \
+  static void run_##fn(kiln_model* m, kiln_cache* c, size_t b) { \
+    (void)b;                                                     \
+    (void)c;                                                     \
+    test_##fn(m);                                                \
+  }
+ADAPT_MODEL_CACHE(null_handles)
+ADAPT_MODEL_CACHE(generate)
+ADAPT_MODEL(llama_cpp_order)
+ADAPT_MODEL_CACHE(speculative)
+ADAPT_MODEL_CACHE(sampler_and_logprobs)
+ADAPT_MODEL_CACHE(cancel_during_prefill)
+ADAPT_MODEL_CACHE(cancel_and_count_during_generate)
+ADAPT_MODEL(prefix_cache)
+static void run_cache_full(kiln_model* m, kiln_cache* c, size_t b) {
+  (void)c;
+  test_cache_full(m, b);
+}
+
+static const named_test kTests[] = {
+    {"null_handles", run_null_handles},
+    {"generate", run_generate},
+    {"llama_cpp_order", run_llama_cpp_order},
+    {"speculative", run_speculative},
+    {"sampler_and_logprobs", run_sampler_and_logprobs},
+    {"cache_full", run_cache_full},
+    {"cancel_during_prefill", run_cancel_during_prefill},
+    {"cancel_and_count_during_generate", run_cancel_and_count_during_generate},
+    {"prefix_cache", run_prefix_cache},
+};
+
+static int selected(const char* name, int argc, char** argv) {
+  if (argc <= 1) return 1;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], name) == 0) return 1;
+  }
+  return 0;
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Usage: c_session_test [TEST...]   (default: every test; names as in kTests) */
+int main(int argc, char** argv) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
   const char* home = getenv("HOME");
@@ -631,15 +688,23 @@ int main(void) {
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
   CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
-  test_null_handles(model, cache);
-  test_generate(model, cache);
-  test_llama_cpp_order(model);
-  test_speculative(model, cache);
-  test_sampler_and_logprobs(model, cache);
-  test_cache_full(model, st.block_bytes);
-  test_cancel_during_prefill(model, cache);
-  test_cancel_and_count_during_generate(model, cache);
-  test_prefix_cache(model);
+  for (int i = 1; i < argc; ++i) {
+    int known = 0;
+    for (size_t t = 0; t < sizeof kTests / sizeof kTests[0]; ++t)
+      known |= !strcmp(argv[i], kTests[t].name);
+    if (!known) {
+      fprintf(stderr, "c_session_test: no test named '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  for (size_t t = 0; t < sizeof kTests / sizeof kTests[0]; ++t) {
+    if (!selected(kTests[t].name, argc, argv)) continue;
+    const int failures_before = g_failures;
+    const double start = now_seconds();
+    kTests[t].run(model, cache, st.block_bytes);
+    printf("c_session_test: %s %s (%.1f s)\n", kTests[t].name,
+           g_failures == failures_before ? "passed" : "FAILED", now_seconds() - start);
+  }
   kiln_cache_destroy(cache);
   kiln_model_destroy(model);
   if (g_failures) {

@@ -169,14 +169,6 @@ TEST(MatMulLlamaCpp, CpuBackendUsesItInTheLlamaCppOrder) {
   ASSERT_TRUE(backend.MatMul(wv, x.data(), 2, got.data()).ok());
   ASSERT_TRUE(MatMulLlamaCpp(pool, wv, x.data(), nullptr, 2, want.data(), scratch).ok());
   EXPECT_EQ(got, want);
-  const int32_t rows[] = {1};
-  ASSERT_TRUE(backend.MatMulRows(wv, x.data(), 2, rows, got.data()).ok());
-  ASSERT_TRUE(MatMulLlamaCpp(pool, wv, x.data(), rows, 1, want.data(), scratch).ok());
-  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + kOut),
-            std::vector<float>(want.begin(), want.begin() + kOut));
-  const int32_t bad[] = {2};
-  EXPECT_EQ(backend.MatMulRows(wv, x.data(), 2, bad, got.data()).code(),
-            absl::StatusCode::kOutOfRange);
 }
 
 TEST(MatMulLlamaCpp, Errors) {

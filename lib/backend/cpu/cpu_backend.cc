@@ -103,20 +103,6 @@ absl::Status CpuBackend::MatMul(const WeightView& w, const float* x, int64_t n_t
   return cpu::MatMul(pool_, ForOrder(w), x, n_tokens, y, scratch_);
 }
 
-absl::Status CpuBackend::MatMulRows(const WeightView& w, const float* x, int64_t n_x_rows,
-                                    std::span<const int32_t> rows, float* y) {
-  if (llama_cpp_order_ && HasLlamaCppMatMul(w.type)) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i] < 0 || rows[i] >= n_x_rows) {
-        return absl::OutOfRangeError(
-            absl::StrFormat("MatMulRows: rows[%d] = %d is outside [0, %d)", i, rows[i], n_x_rows));
-      }
-    }
-    return MatMulLlamaCpp(pool_, w, x, rows.data(), static_cast<int64_t>(rows.size()), y, scratch_);
-  }
-  return cpu::MatMulRows(pool_, ForOrder(w), x, n_x_rows, rows, y, scratch_);
-}
-
 absl::Status CpuBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                          float* out) {
   return cpu::EmbeddingGather(ForOrder(table), tokens, out);
