@@ -272,10 +272,15 @@ KILN_API kiln_status kiln_chat_apply_template(const kiln_model* model, const cha
 /* ---------------------------------------------------------------- cache
  *
  * A kiln_cache is one paged KV cache for one model together with the engine that computes into
- * it (its thread pool and scratch memory). Any number of sessions share it; their forward passes
- * are serialized per cache (one prefill chunk or decode step at a time), so sessions on
- * different threads interleave safely. A cache is thread-safe: any thread may create sessions on
- * it or read its stats at any time.
+ * it (its thread pool and scratch memory). Any number of sessions share it. The engine batches
+ * them (continuous batching): each step of the cache runs one forward pass over the next token of
+ * every session that is generating (with its speculative draft, if any) plus chunks of the
+ * prompts of sessions that are prefilling, so concurrent sessions share passes instead of taking
+ * turns. A session's tokens do not depend on what else runs (the default numeric order is batch
+ * invariant; with llama_cpp_order each pass holds one session's work). When the KV pool is full,
+ * the youngest request in flight is preempted (its K/V freed and recomputed later, same bits)
+ * before a request fails with KILN_ERR_CACHE_FULL. A cache is thread-safe: any thread may create
+ * sessions on it or read its stats at any time. See "Non-blocking requests" for who steps it.
  */
 
 typedef struct kiln_cache kiln_cache;
@@ -470,9 +475,12 @@ typedef struct kiln_generate_result {
 KILN_API kiln_status kiln_generate_params_init(kiln_generate_params* params, size_t struct_size);
 
 /* Generates up to params->max_tokens tokens after the session's tokens, sampling each with the
- * session's sampler and streaming it to the callback. Generated tokens stay in the session
- * (continue with another append or generate). A cancel ends it with KILN_OK and
- * KILN_STOP_CANCELLED. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/params/result,
+ * session's sampler and streaming it to the callback (on the calling thread, after each step of
+ * the cache and before the session's next one). It runs as a request of the cache's batching
+ * engine: the calling thread steps the cache while no other thread does (else it waits for the
+ * worker's or another caller's steps), so concurrent generates on one cache share passes. Generated
+ * tokens stay in the session (continue with another append or generate). A cancel ends it with
+ * KILN_OK and KILN_STOP_CANCELLED. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/params/result,
  * struct_size too small, max_tokens < 0, NULL or empty stop string, empty session),
  * KILN_ERR_OUT_OF_RANGE (the session already holds n_ctx tokens), KILN_ERR_CACHE_FULL (the
  * tokens streamed so far stay in the session; free space and generate again), KILN_ERR_BUSY. */
@@ -482,7 +490,9 @@ KILN_API kiln_status kiln_session_generate(kiln_session* session,
 
 /* Stops the call in flight on `session`: an append at its next prefill chunk (it fails with
  * KILN_ERR_CANCELLED and changes nothing), a generate at its next decode step (KILN_OK,
- * KILN_STOP_CANCELLED). A cancel applies only to the call in flight: every call that changes
+ * KILN_STOP_CANCELLED), a submitted request at the cache's next step whatever its state (queued
+ * or prefilling: it ends with KILN_ERR_CANCELLED and the prompt is not kept; decoding: KILN_OK,
+ * KILN_STOP_CANCELLED; see kiln_session_submit). A cancel applies only to the call in flight: every call that changes
  * the session (append, generate, rewind, fork, set_strategy) drops a cancel that arrived before
  * it started, so a cancel that arrives while no call is in flight has no effect. Allowed from any
  * thread at any time, the generate callback included (but not concurrently with
@@ -531,6 +541,149 @@ typedef struct kiln_token_logprob {
  * KILN_ERR_BUSY. */
 KILN_API kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_logprob* out,
                                                size_t capacity, size_t* n);
+
+/* ---------------------------------------------------------------- non-blocking requests
+ *
+ * Added in 0.2.0 after the ABI 1 baseline (new functions and structs only).
+ *
+ * kiln_session_submit starts a request (append a prompt, then generate) and returns at once. The
+ * request runs whenever some thread steps the session's cache:
+ * - the host, with kiln_cache_step (a game loop calls it once per frame with a time budget, on
+ *   a thread it owns);
+ * - the library's worker thread (kiln_cache_start_worker), which steps while requests are in
+ *   flight and sleeps otherwise;
+ * - any blocking call (kiln_session_append_*, kiln_session_generate) on any session of the same
+ *   cache: it steps the cache itself while no other thread does, else waits for that thread's
+ *   steps. Concurrent blocking generates on one cache therefore share passes.
+ * Results reach the host by polling (kiln_session_poll: no callback ever runs on a foreign
+ * thread) or by the request's callbacks, which run on the thread that steps (see
+ * kiln_request_params). Statuses of the step itself never depend on a request's fate: a request
+ * that fails reports its status through poll or on_done.
+ *
+ * While a request is in flight, every other call on the session fails with KILN_ERR_BUSY, except
+ * kiln_session_poll, kiln_session_cancel and kiln_session_n_tokens (any thread, any time) and
+ * kiln_session_destroy (which cancels the request; not from the request's own callback). The
+ * session takes calls again once kiln_session_poll has reported done, or once on_done returned.
+ */
+
+/* Called once when a submitted request ends, after its last on_token: status KILN_OK with the
+ * stop reason and the generated token count, or the error (kiln_last_error_message() on this
+ * thread describes it; reason and count are then 0). */
+typedef void (*kiln_done_fn)(kiln_session* session, kiln_status status, kiln_stop_reason reason,
+                             int32_t n_tokens, void* user_data);
+
+typedef struct kiln_request_params {
+  uint32_t struct_size; /* set by kiln_request_params_init */
+  const char* text;     /* optional prompt appended first (UTF-8, text_len bytes) */
+  size_t text_len;
+  uint32_t text_flags;   /* KILN_TOKENIZE_* for text; default 0 */
+  const int32_t* tokens; /* optional token ids appended after text */
+  size_t n_tokens;
+  int32_t max_tokens; /* tokens to generate after the prompt, >= 0; default 128; 0: only
+                       * compute the prompt */
+  const char* const* stop_strings; /* as in kiln_generate_params */
+  size_t n_stop_strings;
+  /* Optional callbacks, called on the thread that steps the cache (the kiln_cache_step caller,
+   * the worker, or a thread in a blocking call), after the step that made the tokens, outside
+   * kiln's locks, never concurrently for one cache. From them the host may call, for any
+   * session: kiln_session_poll, kiln_session_cancel, kiln_session_n_tokens and
+   * kiln_session_submit (on a session without a request in flight); not kiln_cache_step, not the
+   * blocking calls (they fail with KILN_ERR_BUSY), not kiln_session_destroy of the request's
+   * own session. Keep them short: the next step of every session waits for them. */
+  kiln_token_fn on_token; /* each token and its text, as kiln_generate_params.callback; returning
+                           * non-zero ends the request before its next step
+                           * (KILN_STOP_CALLBACK). With on_token set, poll returns no text. */
+  kiln_done_fn on_done;
+  void* user_data;
+} kiln_request_params;
+
+/* Writes the defaults (no prompt, max_tokens 128, no stop strings, no callbacks) as
+ * kiln_model_params_init does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_request_params_init(kiln_request_params* params, size_t struct_size);
+
+/* Starts a request on `session` and returns at once: the prompt (text, then tokens) is
+ * tokenized and checked now, then computed and generated from as the cache is stepped. All or
+ * nothing for the prompt: if the request ends before the prompt is computed (cancel, cache full)
+ * its status is that error and the session is as before the submit. After that, generated tokens
+ * stay in the session (a cancel then ends it with KILN_OK and KILN_STOP_CANCELLED).
+ * Statuses (nothing changed, nothing submitted): KILN_ERR_INVALID_ARGUMENT (NULL session or
+ * params, struct_size too small, NULL text with text_len > 0, NULL tokens with n_tokens > 0, bad
+ * token id, unknown text_flags, max_tokens < 0, NULL or empty stop string, an empty session with
+ * no prompt), KILN_ERR_OUT_OF_RANGE (the prompt would pass n_ctx), KILN_ERR_BUSY (a call or
+ * request in flight on the session, or called from a blocking call's callback). Thread rules: as
+ * the other session calls. */
+KILN_API kiln_status kiln_session_submit(kiln_session* session, const kiln_request_params* params);
+
+typedef struct kiln_poll_result {
+  uint32_t struct_size; /* set by the caller: sizeof(kiln_poll_result) */
+  size_t text_len;      /* bytes written to text (may end inside a UTF-8 character: the next
+                         * poll continues it) */
+  size_t n_new_tokens;  /* generated token ids written to tokens (an end-of-generation token
+                         * is not returned) */
+  size_t text_left;     /* bytes and tokens still queued after this poll (buffers too small) */
+  size_t tokens_left;
+  int done;           /* non-zero: the request ended and all its output was returned */
+  kiln_status status; /* when done: KILN_OK, or the request's error (kiln_last_error_message()
+                       * describes it) */
+  kiln_stop_reason stop_reason; /* when done with KILN_OK */
+  int32_t n_tokens;             /* tokens generated so far */
+} kiln_poll_result;
+
+/* Moves the output of the session's request made since the last poll into text[0,
+ * text_capacity) and tokens[0, token_capacity) and reports whether it is done. What does not fit
+ * stays queued for the next poll; a capacity of 0 (the buffer may then be NULL) drops that kind
+ * of output (e.g. tokens NULL, 0 for a host that only wants text). Never blocks on a step. After done, later polls report done again (with no
+ * new output) until the next submit. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/result,
+ * struct_size too small, NULL buffer with capacity > 0, no request was ever submitted on the
+ * session). Any thread, any time (not concurrently with kiln_session_destroy), callbacks
+ * included. */
+KILN_API kiln_status kiln_session_poll(kiln_session* session, char* text, size_t text_capacity,
+                                       int32_t* tokens, size_t token_capacity,
+                                       kiln_poll_result* result);
+
+typedef struct kiln_step_params {
+  uint32_t struct_size; /* set by kiln_step_params_init */
+  /* > 0: keep stepping while requests are in flight and the next step is expected (from the
+   * last one's duration) to end within this many milliseconds of the call's start; at least one
+   * step runs when there is work. 0 (default): one step. */
+  double time_budget_ms;
+  /* Most tokens in one step's forward pass (decode tokens first, then prompt chunks); 0
+   * (default): the cache's own (512). */
+  int32_t step_tokens;
+} kiln_step_params;
+
+typedef struct kiln_step_result {
+  uint32_t struct_size; /* set by the caller: sizeof(kiln_step_result) */
+  int32_t n_steps;      /* forward passes run */
+  int64_t n_tokens;     /* tokens they computed (decode, draft and prompt tokens) */
+  int32_t n_active;     /* requests still in flight on the cache afterwards */
+  double elapsed_ms;
+} kiln_step_result;
+
+/* Writes the defaults (one step, the cache's step size) as kiln_model_params_init does.
+ * Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_step_params_init(kiln_step_params* params, size_t struct_size);
+
+/* Runs steps of the cache on the calling thread (see "non-blocking requests"); params NULL: one
+ * step with the defaults; result may be NULL. With nothing in flight it returns at once. Steps
+ * of one cache never overlap: a call made while another thread steps waits for that step.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL cache, struct_size too small, time_budget_ms < 0 or
+ * NaN, step_tokens < 0), KILN_ERR_BUSY (called from a request's callback). Thread-safe. */
+KILN_API kiln_status kiln_cache_step(kiln_cache* cache, const kiln_step_params* params,
+                                     kiln_step_result* result);
+
+/* Starts the cache's worker thread, which steps the cache while requests are in flight (blocking
+ * calls then wait for its steps instead of stepping themselves). Starting a running worker does
+ * nothing. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_INTERNAL (the thread could not
+ * be created).
+ * Thread-safe. */
+KILN_API kiln_status kiln_cache_start_worker(kiln_cache* cache);
+
+/* Stops the worker after its current step and joins it (requests in flight stay queued; step
+ * the cache or start the worker again to finish them). kiln_cache_destroy stops it too.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL), KILN_ERR_BUSY (called from a callback the worker
+ * runs). Thread-safe. */
+KILN_API kiln_status kiln_cache_stop_worker(kiln_cache* cache);
 
 /* ---------------------------------------------------------------- speculative decoding
  *

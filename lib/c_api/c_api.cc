@@ -1,5 +1,7 @@
 // The extern "C" layer: every entry point catches everything, maps absl::Status to kiln_status
 // and records the message per thread. Handle structs live here and nowhere else.
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -15,6 +17,7 @@
 #include "lib/c_api/versioned_struct.h"
 #include "lib/common/cpu_features.h"
 #include "lib/common/status.h"
+#include "lib/engine/scheduler.h"
 #include "lib/gguf/gguf.h"
 #include "lib/model/model.h"
 #include "lib/quant/quant.h"
@@ -180,6 +183,18 @@ kiln_draft_params Defaults() {
   p.n_ctx = d.n_ctx;
   p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
   return p;
+}
+
+template <>
+kiln_request_params Defaults() {
+  kiln_request_params p = VersionedStruct<kiln_request_params>::Zeroed();
+  p.max_tokens = 128;
+  return p;
+}
+
+template <>
+kiln_step_params Defaults() {
+  return VersionedStruct<kiln_step_params>::Zeroed();
 }
 
 // The body of every kiln_*_params_init.
@@ -878,6 +893,183 @@ kiln_status kiln_session_get_logprobs(const kiln_session* session, kiln_token_lo
                                " entries, capacity is ", capacity));
     }
     for (size_t i = 0; i < lp.size(); ++i) out[i] = {lp[i].token, lp[i].logprob};
+    return KILN_OK;
+  });
+}
+
+// ------------------------------------------------------------------ non-blocking requests
+
+kiln_status kiln_request_params_init(kiln_request_params* params, size_t struct_size) {
+  return InitParams("kiln_request_params_init", params, struct_size);
+}
+
+kiln_status kiln_session_submit(kiln_session* session, const kiln_request_params* caller_params) {
+  return Guard("kiln_session_submit", [&]() -> kiln_status {
+    if (session == nullptr || caller_params == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_submit: session and params are required");
+    }
+    kiln_request_params p;
+    const kiln_status status = ReadParams("kiln_session_submit", caller_params, &p);
+    if (status != KILN_OK) return status;
+    if ((p.text == nullptr && p.text_len > 0) || (p.tokens == nullptr && p.n_tokens > 0) ||
+        (p.stop_strings == nullptr && p.n_stop_strings > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_submit: params->text, tokens and stop_strings may be NULL only "
+                  "with a zero length");
+    }
+    if (p.text_flags & ~(KILN_TOKENIZE_ADD_SPECIAL | KILN_TOKENIZE_PARSE_SPECIAL)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_session_submit: unknown params->text_flags");
+    }
+    kiln::SubmitOptions options;
+    if (p.text_len > 0) {
+      auto ids = session->model->model->tokenizer().Encode(
+          std::string_view(p.text, p.text_len), p.text_flags & KILN_TOKENIZE_ADD_SPECIAL,
+          p.text_flags & KILN_TOKENIZE_PARSE_SPECIAL);
+      if (!ids.ok()) return FromAbsl(ids.status());
+      options.prompt = std::move(*ids);
+    }
+    options.prompt.insert(options.prompt.end(), p.tokens, p.tokens + p.n_tokens);
+    options.generate.max_tokens = p.max_tokens;
+    for (size_t i = 0; i < p.n_stop_strings; ++i) {
+      if (p.stop_strings[i] == nullptr) {
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_session_submit: stop_strings[", i, "] is NULL"));
+      }
+      options.generate.stop_strings.emplace_back(p.stop_strings[i]);
+    }
+    if (p.on_token != nullptr) {
+      options.generate.on_token = [fn = p.on_token, ud = p.user_data](int32_t token,
+                                                                      std::string_view piece) {
+        return fn(token, piece.data(), piece.size(), ud) == 0;
+      };
+    }
+    if (p.on_done != nullptr) {
+      options.on_done = [fn = p.on_done, ud = p.user_data, session](const absl::Status& st,
+                                                                    const kiln::GenerateResult& r) {
+        if (st.ok()) {
+          fn(session, KILN_OK, static_cast<kiln_stop_reason>(static_cast<int>(r.reason)),
+             r.n_tokens, ud);
+        } else {
+          fn(session, FromAbsl(st), KILN_STOP_EOG, 0, ud);
+        }
+      };
+    }
+    return FromAbsl(session->session->Submit(std::move(options)));
+  });
+}
+
+kiln_status kiln_session_poll(kiln_session* session, char* text, size_t text_capacity,
+                              int32_t* tokens, size_t token_capacity, kiln_poll_result* result) {
+  return Guard("kiln_session_poll", [&]() -> kiln_status {
+    if (session == nullptr || result == nullptr || (text == nullptr && text_capacity > 0) ||
+        (tokens == nullptr && token_capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_poll: session and result are required; text/tokens may be NULL "
+                  "only with capacity 0");
+    }
+    kiln_status status = VersionedStruct<kiln_poll_result>::CheckSize(
+        "kiln_session_poll", "result->struct_size", result->struct_size);
+    if (status != KILN_OK) return status;
+    kiln::PollResult r;
+    status = FromAbsl(session->session->Poll(text_capacity, token_capacity, &r));
+    if (status != KILN_OK) return status;
+    if (!r.text.empty()) std::memcpy(text, r.text.data(), r.text.size());
+    if (!r.tokens.empty()) std::memcpy(tokens, r.tokens.data(), r.tokens.size() * sizeof(int32_t));
+    kiln_poll_result out = VersionedStruct<kiln_poll_result>::Zeroed();
+    out.text_len = r.text.size();
+    out.n_new_tokens = r.tokens.size();
+    out.text_left = r.text_left;
+    out.tokens_left = r.tokens_left;
+    out.done = r.done ? 1 : 0;
+    out.n_tokens = r.n_tokens;
+    std::string message;
+    if (r.done) {
+      out.status = FromAbsl(r.status);  // records the request's message for this thread
+      message = kiln_last_error_message();
+      if (out.status == KILN_OK) {
+        out.stop_reason = static_cast<kiln_stop_reason>(static_cast<int>(r.reason));
+      }
+    }
+    status =
+        VersionedStruct<kiln_poll_result>::WriteOutput("kiln_session_poll", "result", out, result);
+    if (status == KILN_OK && out.status != KILN_OK) Fail(out.status, message);
+    return status;
+  });
+}
+
+kiln_status kiln_step_params_init(kiln_step_params* params, size_t struct_size) {
+  return InitParams("kiln_step_params_init", params, struct_size);
+}
+
+kiln_status kiln_cache_step(kiln_cache* cache, const kiln_step_params* caller_params,
+                            kiln_step_result* result) {
+  return Guard("kiln_cache_step", [&]() -> kiln_status {
+    if (cache == nullptr) return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_step: cache is NULL");
+    kiln_step_params p = Defaults<kiln_step_params>();
+    if (caller_params != nullptr) {
+      const kiln_status status = ReadParams("kiln_cache_step", caller_params, &p);
+      if (status != KILN_OK) return status;
+    }
+    if (!(p.time_budget_ms >= 0.0) || p.step_tokens < 0) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  kiln::StrCat("kiln_cache_step: params->time_budget_ms ", p.time_budget_ms,
+                               " must be >= 0 and params->step_tokens ", p.step_tokens, " >= 0"));
+    }
+    if (result != nullptr) {
+      const kiln_status status = VersionedStruct<kiln_step_result>::CheckSize(
+          "kiln_cache_step", "result->struct_size", result->struct_size);
+      if (status != KILN_OK) return status;
+    }
+    if (kiln::Scheduler::InStep()) {
+      return Fail(KILN_ERR_BUSY,
+                  "kiln_cache_step: called from a callback of a step (steps do not nest)");
+    }
+    using Clock = std::chrono::steady_clock;
+    kiln::Scheduler& scheduler = cache->engine->scheduler();
+    const Clock::time_point start = Clock::now();
+    kiln_step_result out = VersionedStruct<kiln_step_result>::Zeroed();
+    while (scheduler.active_tasks() > 0) {
+      const Clock::time_point step_start = Clock::now();
+      const kiln::StepStats stats = scheduler.Step(p.step_tokens);
+      ++out.n_steps;
+      out.n_tokens += stats.tokens;
+      const double step_ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
+      const double elapsed_ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      if (!stats.progress || p.time_budget_ms <= 0.0 || elapsed_ms + step_ms > p.time_budget_ms) {
+        break;
+      }
+    }
+    if (result == nullptr) return KILN_OK;
+    out.n_active = scheduler.active_tasks();
+    out.elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    return VersionedStruct<kiln_step_result>::WriteOutput("kiln_cache_step", "result", out, result);
+  });
+}
+
+kiln_status kiln_cache_start_worker(kiln_cache* cache) {
+  return Guard("kiln_cache_start_worker", [&]() -> kiln_status {
+    if (cache == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_start_worker: cache is NULL");
+    }
+    cache->engine->scheduler().StartWorker();
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_cache_stop_worker(kiln_cache* cache) {
+  return Guard("kiln_cache_stop_worker", [&]() -> kiln_status {
+    if (cache == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, "kiln_cache_stop_worker: cache is NULL");
+    }
+    if (kiln::Scheduler::InStep()) {
+      return Fail(KILN_ERR_BUSY,
+                  "kiln_cache_stop_worker: called from a callback of a step (the worker would "
+                  "wait for itself)");
+    }
+    cache->engine->scheduler().StopWorker();
     return KILN_OK;
   });
 }

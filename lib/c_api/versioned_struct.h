@@ -100,6 +100,31 @@ struct StructReleases<kiln_spec_metrics> {
       KILN_FIELD_END(kiln_spec_metrics, target_passes_per_token)};  // 0.2
 };
 
+template <>
+struct StructReleases<kiln_request_params> {
+  static constexpr const char* kName = "kiln_request_params";
+  static constexpr const char* kInit = "kiln_request_params_init";
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_request_params, user_data)};  // 0.2
+};
+template <>
+struct StructReleases<kiln_poll_result> {
+  static constexpr const char* kName = "kiln_poll_result";
+  static constexpr const char* kInit = nullptr;
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_poll_result, n_tokens)};  // 0.2
+};
+template <>
+struct StructReleases<kiln_step_params> {
+  static constexpr const char* kName = "kiln_step_params";
+  static constexpr const char* kInit = "kiln_step_params_init";
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_step_params, step_tokens)};  // 0.2
+};
+template <>
+struct StructReleases<kiln_step_result> {
+  static constexpr const char* kName = "kiln_step_result";
+  static constexpr const char* kInit = nullptr;
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_step_result, elapsed_ms)};  // 0.2
+};
+
 template <typename T>
 class VersionedStruct {
   using Releases = StructReleases<T>;

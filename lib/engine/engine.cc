@@ -23,6 +23,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   if (opt.prefill_chunk <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefill_chunk ", opt.prefill_chunk, " <= 0"));
   }
+  if (opt.step_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step_tokens ", opt.step_tokens, " <= 0"));
+  }
   if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
   if (opt.n_ctx == 0) {
     opt.n_ctx = model.hparams().n_ctx_train > 0
@@ -55,6 +58,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
   KILN_ASSIGN_OR_RETURN(engine->forward_,
                         model.architecture().NewForward(model, *engine->backend_));
+  // llama.cpp's bits depend on the batch: one session's work per pass, in its prefill chunks.
+  engine->scheduler_ = std::make_unique<Scheduler>(
+      *engine, opt.llama_cpp_order ? opt.prefill_chunk : opt.step_tokens, opt.llama_cpp_order);
   return engine;
 }
 

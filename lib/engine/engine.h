@@ -3,10 +3,11 @@
 // tools and benches all run their batches through it.
 //
 // It owns the KvCache (its blocks' storage comes from the backend), the Backend (the CPU's
-// thread pool and scratch) and the architecture's ForwardPass, and a mutex that serializes every
+// thread pool and scratch), the architecture's ForwardPass, and a mutex that serializes every
 // cache call and forward pass, so sessions on different threads may share it. Locked() runs a
-// step under the mutex; Prefill() is the one loop that computes a run of new tokens of a
-// sequence in chunks (taking the mutex per chunk, so concurrent sessions interleave).
+// step under the mutex; Prefill() is a loop that computes a run of new tokens of one sequence in
+// chunks (for draft models and tools). Sessions run through the engine's Scheduler
+// (scheduler.h): continuous batching, one forward pass per step for every request in flight.
 //
 // Thread-safety: fully thread-safe. The model must outlive the engine.
 #pragma once
@@ -20,6 +21,7 @@
 #include "lib/backend/backend.h"
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
+#include "lib/engine/scheduler.h"
 #include "lib/kv/kv_cache.h"
 #include "lib/model/architecture.h"
 #include "lib/model/forward_batch.h"
@@ -39,8 +41,12 @@ struct EngineOptions {
   // Largest number of tokens a session may hold. 0: the model's training context.
   int32_t n_ctx = 0;
   int n_threads = 0;  // <= 0: physical cores
-  // Tokens per forward call when prefilling (and per cancellation check).
+  // Tokens per forward call when prefilling (and per cancellation check); with the scheduler,
+  // the most prefill tokens of one session in one step.
   int32_t prefill_chunk = 256;
+  // The scheduler's token budget per step: decode tokens (and draft trees) of every session in
+  // flight, then prefill chunks up to this many tokens in all.
+  int32_t step_tokens = 512;
   // Backend::set_llama_cpp_order: llama.cpp's bits instead of batch invariance. Its bits depend
   // on how a prompt is split into batches, so this also prefills in chunks of kLlamaCppUbatch
   // tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
@@ -87,6 +93,9 @@ class Engine {
   // (ResourceExhausted when full), the forward pass's, Cancelled.
   absl::Status Prefill(const PrefillRequest& request, int32_t* n_done = nullptr);
 
+  // The continuous-batching scheduler that runs every session's requests (scheduler.h).
+  Scheduler& scheduler() { return *scheduler_; }
+
  private:
   Engine(const Model& model, const EngineOptions& options) : model_(model), options_(options) {}
 
@@ -98,6 +107,7 @@ class Engine {
   std::unique_ptr<ForwardPass> forward_;
   ForwardBatch batch_;  // Prefill's, under mu_
   ForwardOutput out_;
+  std::unique_ptr<Scheduler> scheduler_;  // last: destroyed (its worker stopped) first
 };
 
 }  // namespace kiln

@@ -39,8 +39,14 @@
 // with the same chain (rejection_sampler.h), though the random stream is consumed differently,
 // so a seed gives different (equally distributed) text than plain decoding.
 //
+// Batched: the engine's scheduler (scheduler.h) runs the same step in two halves around one
+// forward pass shared with other sequences: Plan (proposal, the root and nodes appended to the
+// shared batch, their slots) and Finish (verification and commit with this step's logits rows).
+// The logits are batch invariant, so a batched step gives the bits of Step.
+//
 // Thread-safety: one decoder per session; Step takes the engine mutex around cache and forward
-// calls, so decoders of different sessions may run concurrently.
+// calls, so decoders of different sessions may run concurrently. Plan, Finish and Undo are
+// called with the engine mutex held (by the scheduler).
 #pragma once
 
 #include <cstdint>
@@ -84,6 +90,22 @@ class SpeculativeDecoder {
   // (nothing changed in the sequence).
   absl::Status Step(std::vector<int32_t>* tokens, int32_t max_emit, SpecStepResult* out);
 
+  // The first half of a batched step (engine mutex held): proposes at most
+  // min(max_emit, max_width) - 1 draft nodes, appends the root and the nodes to the end of
+  // `batch` (all wanting logits) and makes their slots in `cache`. Returns the number of batch
+  // tokens added (1 + nodes). Errors: as Step (ResourceExhausted: nothing changed).
+  absl::StatusOr<int32_t> Plan(const std::vector<int32_t>& tokens, int32_t max_emit,
+                               int32_t max_width, KvCache& cache, ForwardBatch* batch);
+  // The second half (engine mutex held): the planned tokens' logits are rows
+  // [row_begin, row_begin + 1 + nodes) of `out`; verifies, commits and appends as Step does.
+  // forward_seconds is the shared pass's time (for the cost model). On an error the sequence is
+  // back at the root (nothing changed).
+  absl::Status Finish(std::vector<int32_t>* tokens, int32_t max_emit, KvCache& cache,
+                      Backend& backend, const ForwardOutput& out, size_t row_begin,
+                      double forward_seconds, SpecStepResult* result);
+  // Drops the slots of a planned step whose forward failed (engine mutex held).
+  void Undo(KvCache& cache);
+
   const SpecMetrics& metrics() const { return metrics_; }
 
   // The measured cost of steps by width (see the header comment). Mutable so that callers can
@@ -92,7 +114,18 @@ class SpeculativeDecoder {
   const PassCostModel& cost_model() const { return cost_; }
 
  private:
-  absl::Status Commit(int32_t root_index, std::span<const int32_t> accepted_nodes,
+  // Proposal and the batch of one step (root + nodes, appended to *batch) for tokens.
+  absl::Status Propose(const std::vector<int32_t>& tokens, int32_t max_emit, int32_t max_width);
+  void AddToBatch(int32_t root_index, int32_t root_token, ForwardBatch* batch);
+  // Target distributions of rows [row_begin, ...) and the verification (the random stream is
+  // the session's). On error nothing is committed.
+  absl::Status Verify(const std::vector<int32_t>& tokens, const ForwardOutput& out,
+                      size_t row_begin);
+  // Commit and bookkeeping after Verify; cache access through `cache` (mutex held).
+  absl::Status Complete(std::vector<int32_t>* tokens, int32_t max_emit, int32_t root_index,
+                        KvCache& cache, Backend& backend, SpecStepResult* out);
+  absl::Status Commit(KvCache& cache, Backend& backend, int32_t root_index,
+                      std::span<const int32_t> accepted_nodes,
                       std::span<const int32_t> accepted_tokens);
 
   Engine& engine_;
@@ -104,6 +137,7 @@ class SpeculativeDecoder {
   PassCostModel cost_;
 
   DraftTree draft_;
+  int32_t planned_root_ = -1;  // root index of the step between Plan and Finish/Undo
   ForwardBatch batch_;
   ForwardOutput out_;
   std::vector<int32_t> depth_;            // [n_nodes]

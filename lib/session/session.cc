@@ -3,17 +3,178 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
+#include "lib/engine/scheduler.h"
 #include "lib/engine/speculative_decoder.h"
 #include "lib/tokenizer/streaming_detokenizer.h"
 #include "lib/tokenizer/tokenizer.h"
 
 namespace kiln {
 
+// ------------------------------------------------------------------ Session::Job
+
+// One request of the session in the engine's scheduler: compute the pending tokens (an append's
+// prefill, in chunks), then, for a generation, sample and compute one token (or run one
+// speculative step) per scheduler step until a stop. Plan, Finish, Fail and Preempt run on the
+// stepping thread with the engine mutex held; the owner (the blocking call, or Poll) reads the
+// result once finished() is true, and the events (the streamed text) under out_mu_.
+class Session::Job final : public ScheduledTask {
+ public:
+  // One piece of streamed output, in order.
+  struct Event {
+    int32_t token = -1;  // -1: the text held back until the end
+    std::string piece;
+    bool stoppable = true;    // the callback's return value may stop generation here
+    int32_t n_generated = 0;  // generated tokens up to and including this one
+    size_t n_total = 0;       // session tokens after this one
+    std::vector<sample::TokenLogprob> logprobs;  // only for a blocking callback that may read them
+  };
+
+  explicit Job(Session& session) : s_(session), detok_(session.engine_.model().tokenizer()) {}
+
+  // A new request. Tokens past saved_tokens are rolled back when it ends before the session
+  // holds prompt_end computed tokens (an append, a submitted prompt).
+  void Reset(bool generate, GenerateOptions options, size_t saved_tokens, int32_t saved_cached,
+             int32_t prompt_end, bool hold_each_step, bool async) {
+    generate_ = generate;
+    options_ = std::move(options);
+    saved_tokens_ = saved_tokens;
+    saved_cached_ = saved_cached;
+    prompt_end_ = prompt_end;
+    prompt_done_ = false;
+    hold_each_step_ = hold_each_step;
+    async_ = async;
+    scores_ = {};
+    score_from_ = 0;
+    on_done_ = nullptr;
+    detok_.Reset();
+    held_text_.clear();
+    result_ = GenerateResult{};
+    status_ = absl::OkStatus();
+    spec_planned_ = false;
+    chunk_planned_ = 0;
+    callback_stop_.store(false, std::memory_order_relaxed);
+    done_reported_.store(false, std::memory_order_relaxed);
+    submitted_ = true;
+    {
+      std::lock_guard<std::mutex> lock(out_mu_);
+      events_.clear();
+      poll_text_.clear();
+      poll_tokens_.clear();
+      out_done_ = false;
+      out_status_ = absl::OkStatus();
+      out_n_tokens_ = 0;
+      out_reason_ = StopReason::kMaxTokens;
+    }
+    finished_.store(false, std::memory_order_release);
+  }
+  void SetScoring(std::span<float> scores, int32_t score_from) {
+    scores_ = scores;
+    score_from_ = score_from;
+  }
+  void SetOnDone(std::function<void(const absl::Status&, const GenerateResult&)> on_done) {
+    on_done_ = std::move(on_done);
+  }
+
+  bool finished() const override { return finished_.load(std::memory_order_acquire); }
+  bool decoding() const override { return s_.n_tokens() - s_.n_cached_ <= 1; }
+  SeqId seq() const override { return s_.seq_; }
+  absl::StatusOr<int32_t> Plan(KvCache& cache, int32_t budget, ForwardBatch& batch) override;
+  void Finish(KvCache& cache, ForwardPass& pass, const StepRows& rows) override;
+  void Fail(KvCache& cache, const absl::Status& status, bool planned) override;
+  void Preempt(KvCache& cache) override;
+  void Deliver() override;
+
+  // Owner side (the job is held or finished, so no step touches the session).
+  std::deque<Event> TakeEvents() {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    std::deque<Event> e;
+    e.swap(events_);
+    return e;
+  }
+  bool HasEvents() {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    return !events_.empty();
+  }
+  // The owner's callback stopped generation after the token of an event.
+  void StopByCallback(int32_t n_generated) {
+    result_.n_tokens = n_generated;
+    result_.reason = StopReason::kCallback;
+    status_ = absl::OkStatus();
+    MarkFinished();
+  }
+  void Poll(size_t text_capacity, size_t token_capacity, PollResult* out);
+
+  bool submitted() const { return submitted_; }
+  bool async() const { return async_; }
+  bool hold_each_step() const { return hold_each_step_; }
+  const GenerateOptions& options() const { return options_; }
+  const absl::Status& status() const { return status_; }
+  const GenerateResult& result() const { return result_; }
+
+ private:
+  // Samples the next token from the session's logits and handles it. Returns true when the job
+  // goes on planning in this step (not ended, not held).
+  bool SampleNext(KvCache& cache);
+  // A generated token already in tokens_: end of generation, stop strings, streaming. Returns
+  // true when the request ended.
+  bool Handle(KvCache& cache, int32_t token, const std::vector<sample::TokenLogprob>& logprobs);
+  // After the tokens of one step: max_tokens, then the hold of a blocking callback.
+  void AfterTokens();
+  void End(StopReason reason);
+  void EndWithError(KvCache& cache, const absl::Status& status);
+  void MarkFinished();
+  void Push(Event event);
+
+  Session& s_;
+  bool generate_ = false;
+  GenerateOptions options_;
+  size_t saved_tokens_ = 0;
+  int32_t saved_cached_ = 0;
+  int32_t prompt_end_ = 0;
+  bool prompt_done_ = false;
+  bool hold_each_step_ = false;
+  bool async_ = false;
+  bool submitted_ = false;
+  std::span<float> scores_;
+  int32_t score_from_ = 0;
+  std::function<void(const absl::Status&, const GenerateResult&)> on_done_;
+
+  StreamingDetokenizer detok_;
+  std::string held_text_;  // decoded text not emitted yet (it may start a stop string)
+  GenerateResult result_;
+  absl::Status status_;
+  bool spec_planned_ = false;
+  int32_t spec_max_emit_ = 0;
+  spec::SpecStepResult spec_step_;
+  int32_t chunk_planned_ = 0;
+  std::atomic<bool> callback_stop_{false};
+  std::atomic<bool> done_reported_{false};
+  std::atomic<bool> finished_{false};
+
+  std::mutex out_mu_;         // guards what follows
+  std::deque<Event> events_;  // for the owner's callback (blocking) or Deliver (async)
+  std::string poll_text_;     // for Poll (async without on_token)
+  std::vector<int32_t> poll_tokens_;
+  bool out_done_ = false;
+  absl::Status out_status_;
+  int32_t out_n_tokens_ = 0;
+  StopReason out_reason_ = StopReason::kMaxTokens;
+};
+
 // ------------------------------------------------------------------ Session::Use
 
 Session::Use::Use(const Session& session, const char* what, bool mutating)
     : session_(session), mutating_(mutating) {
+  if (session.request_in_flight()) {
+    // Checked first: a call refused here must not drop a cancel meant for the request.
+    status_ = absl::AbortedError(absl::StrCat(
+        what,
+        ": the session is busy: a submitted request is in flight (poll it until done, or "
+        "cancel it and poll)"));
+    return;
+  }
   const std::thread::id self = std::this_thread::get_id();
   // A mutating call drops a cancel that arrived before it. The flag is cleared before the session
   // is taken, so that a cancel sent as soon as the session shows busy is never lost; when the
@@ -52,7 +213,8 @@ Session::Session(Engine& engine, const sample::SamplerParams& params, uint64_t s
       n_vocab_(engine.model().hparams().n_vocab),
       seq_(seq),
       sampler_(params),
-      rng_(seed) {}
+      rng_(seed),
+      job_(std::make_unique<Job>(*this)) {}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(Engine& engine,
                                                          const sample::SamplerParams& params,
@@ -92,8 +254,386 @@ spec::SpecMetrics Session::spec_metrics() const {
   return spec_ == nullptr ? spec::SpecMetrics{} : spec_->metrics();
 }
 
+void Session::Job::Push(Event event) {
+  std::lock_guard<std::mutex> lock(out_mu_);
+  out_n_tokens_ = event.n_generated;
+  if (async_ && !options_.on_token) {
+    // Polled: text and token ids are queued apart, each taken at its own pace.
+    poll_text_ += event.piece;
+    if (event.token >= 0) poll_tokens_.push_back(event.token);
+    return;
+  }
+  events_.push_back(std::move(event));
+}
+
+void Session::Job::MarkFinished() {
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    out_done_ = true;
+    out_status_ = status_;
+    out_n_tokens_ = result_.n_tokens;
+    out_reason_ = result_.reason;
+  }
+  finished_.store(true, std::memory_order_release);
+}
+
+void Session::Job::End(StopReason reason) {
+  if (generate_ && reason != StopReason::kStopString && reason != StopReason::kCallback) {
+    held_text_ += detok_.Flush();
+    if (!held_text_.empty()) {
+      Push({-1,
+            std::move(held_text_),
+            /*stoppable=*/false,
+            result_.n_tokens,
+            s_.tokens_.size(),
+            {}});
+    }
+    held_text_.clear();
+  }
+  result_.reason = reason;
+  status_ = absl::OkStatus();
+  MarkFinished();
+}
+
+void Session::Job::EndWithError(KvCache& cache, const absl::Status& status) {
+  if (!prompt_done_) {
+    s_.RestoreToLocked(cache, saved_tokens_, saved_cached_);
+    s_.PublishNTokens(s_.tokens_.size());
+  }
+  status_ = status;
+  MarkFinished();
+}
+
+bool Session::Job::Handle(KvCache& cache, int32_t token,
+                          const std::vector<sample::TokenLogprob>& logprobs) {
+  ++result_.n_tokens;
+  const Tokenizer& tokenizer = s_.engine_.model().tokenizer();
+  if (tokenizer.IsEndOfGeneration(token)) {
+    End(StopReason::kEndOfGeneration);
+    return true;
+  }
+  absl::StatusOr<std::string> piece = detok_.Push(token);
+  if (!piece.ok()) {
+    EndWithError(cache, piece.status());
+    return true;
+  }
+  held_text_ += *piece;
+  const bool keep_logprobs = hold_each_step_ && s_.sampler_.params().n_logprobs > 0;
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : options_.stop_strings) {
+    stop_at = std::min(stop_at, held_text_.find(stop));
+  }
+  if (stop_at != std::string::npos) {
+    Push({token, held_text_.substr(0, stop_at), /*stoppable=*/false, result_.n_tokens,
+          s_.tokens_.size(), keep_logprobs ? logprobs : std::vector<sample::TokenLogprob>{}});
+    held_text_.clear();
+    End(StopReason::kStopString);
+    return true;
+  }
+  // Hold back the longest suffix that could still grow into a stop string.
+  size_t keep = 0;
+  for (const std::string& stop : options_.stop_strings) {
+    for (size_t len = std::min(stop.size() - 1, held_text_.size()); len > keep; --len) {
+      if (held_text_.compare(held_text_.size() - len, len, stop, 0, len) == 0) {
+        keep = len;
+        break;
+      }
+    }
+  }
+  Push({token, held_text_.substr(0, held_text_.size() - keep), /*stoppable=*/true, result_.n_tokens,
+        s_.tokens_.size(), keep_logprobs ? logprobs : std::vector<sample::TokenLogprob>{}});
+  held_text_.erase(0, held_text_.size() - keep);
+  return false;
+}
+
+void Session::Job::AfterTokens() {
+  if (finished()) return;
+  if (result_.n_tokens >= options_.max_tokens) {
+    End(StopReason::kMaxTokens);
+  } else if (hold_each_step_) {
+    s_.engine_.scheduler().Hold(this);
+  }
+}
+
+bool Session::Job::SampleNext(KvCache& cache) {
+  Session& s = s_;
+  if (s.n_tokens() >= s.engine_.n_ctx()) {
+    if (result_.n_tokens == 0) {
+      EndWithError(cache, absl::OutOfRangeError(absl::StrCat(
+                              "Generate: the session already holds n_ctx = ", s.engine_.n_ctx(),
+                              " tokens")));
+    } else {
+      End(StopReason::kContextFull);
+    }
+    return false;
+  }
+  absl::Status st = s.sampler_.Apply(s.logits_, s.tokens_, &s.dist_);
+  if (!st.ok()) {
+    EndWithError(cache, st);
+    return false;
+  }
+  const int32_t token = sample::Sampler::Sample(s.dist_, s.rng_);
+  if (token < 0) {
+    EndWithError(cache, absl::InternalError("Generate: the sampler returned no token"));
+    return false;
+  }
+  s.last_logprobs_ = s.dist_.top_logprobs;
+  s.tokens_.push_back(token);  // pending: computed by the next step
+  s.PublishNTokens(s.tokens_.size());
+  if (Handle(cache, token, s.last_logprobs_)) return false;
+  AfterTokens();
+  return !finished() && !held();
+}
+
+absl::StatusOr<int32_t> Session::Job::Plan(KvCache& cache, int32_t budget, ForwardBatch& batch) {
+  Session& s = s_;
+  const Engine& engine = s.engine_;
+  budget = std::max(1, budget);
+  while (!finished() && !held()) {
+    if (!prompt_done_ && s.n_cached_ >= prompt_end_) prompt_done_ = true;
+    if (callback_stop_.load(std::memory_order_acquire)) {
+      End(StopReason::kCallback);
+      break;
+    }
+    if (generate_ && prompt_done_ && result_.n_tokens >= options_.max_tokens) {
+      End(StopReason::kMaxTokens);
+      break;
+    }
+    if (generate_ && prompt_done_ && s.n_cached_ == s.n_tokens() && !s.logits_valid_) {
+      // After a Rewind, a prefix attach or a preemption: recompute the last token for its
+      // logits.
+      absl::Status st = cache.Truncate(s.seq_, s.n_cached_ - 1);
+      if (!st.ok()) {
+        EndWithError(cache, st);
+        return st;
+      }
+      --s.n_cached_;
+    }
+    const int32_t n = s.n_tokens();
+    if (s.ConsumeCancel()) {
+      if (!prompt_done_) {
+        EndWithError(cache, absl::CancelledError(absl::StrCat("cancelled after ", s.n_cached_,
+                                                              " of ", n, " tokens were computed")));
+      } else {
+        End(StopReason::kCancelled);
+      }
+      break;
+    }
+    if (n == s.n_cached_) {
+      if (!generate_) {
+        End(StopReason::kMaxTokens);  // an append is done (the reason is unused)
+        break;
+      }
+      if (!SampleNext(cache)) break;
+      continue;
+    }
+    if (generate_ && prompt_done_ && s.spec_ != nullptr && s.spec_->strategy() != nullptr &&
+        s.n_cached_ + 1 == n && n < engine.n_ctx()) {
+      // A speculative step: the pending token is the root of a draft tree.
+      spec_max_emit_ = std::min(options_.max_tokens - result_.n_tokens, engine.n_ctx() - n);
+      absl::StatusOr<int32_t> added =
+          s.spec_->Plan(s.tokens_, spec_max_emit_, budget, cache, &batch);
+      if (!added.ok()) {
+        if (!absl::IsResourceExhausted(added.status())) EndWithError(cache, added.status());
+        return added.status();
+      }
+      spec_planned_ = true;
+      return *added;
+    }
+    absl::StatusOr<int32_t> len = cache.Length(s.seq_);
+    if (!len.ok()) {
+      EndWithError(cache, len.status());
+      return len.status();
+    }
+    if (engine.options().prefix_caching && s.n_cached_ == 0 && *len == 0 && scores_.empty()) {
+      // Attach the longest cached prefix of tokens[0, n - 1): the last token is always computed
+      // so that its logits exist.
+      absl::StatusOr<int32_t> attached =
+          cache.AttachCachedPrefix(s.seq_, std::span(s.tokens_).first(n - 1));
+      if (!attached.ok()) {
+        EndWithError(cache, attached.status());
+        return attached.status();
+      }
+      if (*attached > 0) s.logits_valid_ = false;
+      s.n_cached_ += *attached;
+      s.stats_.attached_tokens += *attached;
+      *len = s.n_cached_;
+    }
+    if (*len != s.n_cached_) {
+      absl::Status st = absl::InternalError(absl::StrCat(
+          "session: the cache holds ", *len, " tokens but ", s.n_cached_, " are computed"));
+      EndWithError(cache, st);
+      return st;
+    }
+    const int32_t start = s.n_cached_;
+    // A speculating session recomputing its tokens (after a preemption) leaves the last one
+    // pending: it is the root of the next speculative step, as it would have been unpreempted
+    // (a plain sample from its logits would draw from the random stream differently).
+    const bool speculating = generate_ && prompt_done_ && s.spec_ != nullptr &&
+                             s.spec_->strategy() != nullptr && n < engine.n_ctx();
+    const int32_t end = speculating ? n - 1 : n;
+    const int32_t chunk = std::min({end - start, engine.options().prefill_chunk, budget});
+    absl::Status st = cache.AppendSlots(s.seq_, std::span(s.tokens_).subspan(start, chunk));
+    if (!st.ok()) {
+      if (!absl::IsResourceExhausted(st)) EndWithError(cache, st);
+      return st;
+    }
+    for (int32_t i = start; i < start + chunk; ++i) {
+      const bool want = (!scores_.empty() && i >= score_from_) || i == n - 1;
+      batch.Add(s.tokens_[i], s.seq_, i, want);
+    }
+    chunk_planned_ = chunk;
+    return chunk;
+  }
+  return 0;
+}
+
+void Session::Job::Finish(KvCache& cache, ForwardPass& pass, const StepRows& rows) {
+  Session& s = s_;
+  if (spec_planned_) {
+    spec_planned_ = false;
+    absl::Status st = s.spec_->Finish(&s.tokens_, spec_max_emit_, cache, pass.backend(), *rows.out,
+                                      rows.row_begin, rows.forward_seconds, &spec_step_);
+    if (!st.ok()) {
+      EndWithError(cache, st);
+      return;
+    }
+    const int32_t n = s.n_tokens();
+    s.n_cached_ = n - 1;
+    s.logits_valid_ = false;
+    s.stats_.computed_tokens += 1 + spec_step_.drafted;
+    const int32_t first = n - static_cast<int32_t>(spec_step_.emitted.size());
+    bool stop = false;
+    for (int32_t i = first; i < n && !stop; ++i) {
+      if (!spec_step_.logprobs.empty()) s.last_logprobs_ = spec_step_.logprobs[i - first];
+      s.PublishNTokens(static_cast<size_t>(i + 1));
+      stop = Handle(cache, s.tokens_[i], s.last_logprobs_);
+      if (stop && i + 1 < n) {
+        // Drop the tokens after the stopping one (their K/V too); the stopping token stays
+        // computed, its logits are recomputed by the next Generate.
+        s.RestoreToLocked(cache, static_cast<size_t>(i + 1), std::min(s.n_cached_, i + 1));
+        s.PublishNTokens(static_cast<size_t>(i + 1));
+      }
+    }
+    if (!stop) AfterTokens();
+    return;
+  }
+  const int32_t chunk = chunk_planned_;
+  chunk_planned_ = 0;
+  const int32_t base = s.n_cached_;
+  const int32_t n = s.n_tokens();
+  const ForwardOutput& out = *rows.out;
+  for (size_t r = rows.row_begin;
+       r < out.logit_tokens.size() && out.logit_tokens[r] < rows.batch_end; ++r) {
+    const int32_t i = base + (out.logit_tokens[r] - rows.batch_begin);
+    const float* row = out.LogitsRow(r);
+    if (!scores_.empty() && i >= score_from_ && i + 1 < n) {
+      double max_logit = row[0];
+      for (int64_t v = 1; v < s.n_vocab_; ++v) max_logit = std::max<double>(max_logit, row[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < s.n_vocab_; ++v) sum += std::exp(row[v] - max_logit);
+      scores_[i - score_from_] =
+          static_cast<float>(row[s.tokens_[i + 1]] - max_logit - std::log(sum));
+    }
+    if (i == n - 1) {
+      s.logits_.assign(row, row + s.n_vocab_);
+      s.logits_valid_ = true;
+    }
+  }
+  s.n_cached_ += chunk;
+  s.stats_.computed_tokens += chunk;
+  if (s.n_cached_ < n) return;  // more chunks to come
+  if (!prompt_done_ && s.n_cached_ >= prompt_end_) prompt_done_ = true;
+  if (!generate_) {
+    End(StopReason::kMaxTokens);  // an append is done
+  } else if (result_.n_tokens >= options_.max_tokens) {
+    End(StopReason::kMaxTokens);
+  } else {
+    SampleNext(cache);
+  }
+}
+
+void Session::Job::Fail(KvCache& cache, const absl::Status& status, bool planned) {
+  if (planned) {
+    if (spec_planned_) {
+      s_.spec_->Undo(cache);
+    } else {
+      cache.Truncate(s_.seq_, s_.n_cached_).IgnoreError();
+    }
+    spec_planned_ = false;
+    chunk_planned_ = 0;
+  }
+  EndWithError(cache, status);
+}
+
+void Session::Job::Preempt(KvCache& cache) {
+  cache.Truncate(s_.seq_, 0).IgnoreError();
+  s_.n_cached_ = 0;
+  s_.logits_valid_ = false;
+  ++s_.stats_.preemptions;
+}
+
+void Session::Job::Deliver() {
+  if (!async_) return;
+  if (options_.on_token) {
+    for (Event& e : TakeEvents()) {
+      if (e.token < 0 && e.piece.empty()) continue;
+      if (!options_.on_token(e.token, e.piece) && e.stoppable && !finished()) {
+        callback_stop_.store(true, std::memory_order_release);
+      }
+    }
+  }
+  if ((options_.on_token || on_done_) && finished() &&
+      !done_reported_.exchange(true, std::memory_order_acq_rel)) {
+    // The session takes calls again from here on (on_done may submit the next request, which
+    // resets this job), so nothing of the job is touched after on_done.
+    auto on_done = std::move(on_done_);
+    on_done_ = nullptr;
+    const absl::Status status = status_;
+    const GenerateResult result = result_;
+    s_.in_flight_.store(false, std::memory_order_release);
+    if (on_done) on_done(status, result);
+  }
+}
+
+void Session::Job::Poll(size_t text_capacity, size_t token_capacity, PollResult* out) {
+  std::lock_guard<std::mutex> lock(out_mu_);
+  // A capacity of 0 means the caller does not want that kind of output: it is dropped.
+  const size_t n_text =
+      text_capacity == 0 ? poll_text_.size() : std::min(text_capacity, poll_text_.size());
+  if (text_capacity > 0) out->text.assign(poll_text_, 0, n_text);
+  poll_text_.erase(0, n_text);
+  const size_t n_tokens =
+      token_capacity == 0 ? poll_tokens_.size() : std::min(token_capacity, poll_tokens_.size());
+  if (token_capacity > 0) {
+    out->tokens.assign(poll_tokens_.begin(),
+                       poll_tokens_.begin() + static_cast<std::ptrdiff_t>(n_tokens));
+  }
+  poll_tokens_.erase(poll_tokens_.begin(),
+                     poll_tokens_.begin() + static_cast<std::ptrdiff_t>(n_tokens));
+  out->text_left = poll_text_.size();
+  out->tokens_left = poll_tokens_.size();
+  out->n_tokens = out_n_tokens_;
+  out->done = out_done_ && poll_text_.empty() && poll_tokens_.empty();
+  if (out->done) {
+    out->status = out_status_;
+    out->reason = out_reason_;
+  }
+}
+
+// ------------------------------------------------------------------ Session
+
 Session::~Session() {
+  if (job_->submitted() && job_->async()) {  // a blocking call's job is out already
+    cancel_.store(true, std::memory_order_release);
+    engine_.scheduler().Remove(job_.get());
+  }
   engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq_); }).IgnoreError();
+}
+
+void Session::Cancel() {
+  cancel_.store(true, std::memory_order_release);
+  engine_.scheduler().Wake();
 }
 
 absl::Status Session::CheckTokens(std::span<const int32_t> tokens) const {
@@ -111,65 +651,91 @@ std::span<const float> Session::Logits() const {
   return logits_;
 }
 
-void Session::RestoreTo(size_t n_tokens, int32_t n_cached) {
-  engine_
-      .Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
-        auto len = cache.Length(seq_);
-        if (len.ok() && *len > n_cached) return cache.Truncate(seq_, n_cached);
-        return absl::OkStatus();
-      })
-      .IgnoreError();
+void Session::RestoreToLocked(KvCache& cache, size_t n_tokens, int32_t n_cached) {
+  auto len = cache.Length(seq_);
+  if (len.ok() && *len > n_cached) cache.Truncate(seq_, n_cached).IgnoreError();
+  // A preempted sequence holds fewer computed tokens than it did.
+  if (len.ok()) n_cached = std::min(n_cached, *len);
   if (n_cached < n_cached_) logits_valid_ = false;
   tokens_.resize(n_tokens);
   n_cached_ = n_cached;
 }
 
-absl::Status Session::ComputePending(std::span<float> scores, int32_t score_from) {
-  const int32_t n = n_tokens();
-  if (n_cached_ == n) return absl::OkStatus();
-  const bool scoring = !scores.empty();
-  if (engine_.options().prefix_caching && n_cached_ == 0 && !scoring) {
-    // Attach the longest cached prefix of tokens[0, n - 1): the last token is always computed so
-    // that its logits exist.
-    auto attached = engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<int32_t> {
-      KILN_ASSIGN_OR_RETURN(int32_t len, cache.Length(seq_));
-      if (len != 0) return 0;
-      return cache.AttachCachedPrefix(seq_, std::span(tokens_).first(n - 1));
-    });
-    if (!attached.ok()) return attached.status();
-    if (*attached > 0) logits_valid_ = false;
-    n_cached_ += *attached;
-    stats_.attached_tokens += *attached;
+void Session::RestoreTo(size_t n_tokens, int32_t n_cached) {
+  engine_.Locked([&](KvCache& cache, ForwardPass&) {
+    RestoreToLocked(cache, n_tokens, n_cached);
+    return 0;
+  });
+}
+
+namespace {
+
+absl::Status CheckGenerateOptions(const GenerateOptions& options) {
+  if (options.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerateOptions.max_tokens ", options.max_tokens, " < 0"));
   }
-  PrefillRequest request;
-  request.seq = seq_;
-  request.tokens = std::span(tokens_).subspan(n_cached_);
-  request.logits_from = scoring ? std::max(0, score_from - n_cached_) : INT32_MAX;
-  const int32_t base = n_cached_;
-  request.on_logits = [&](int32_t index, const float* row) {
-    const int32_t i = base + index;
-    if (scoring && i >= score_from && i + 1 < n) {
-      double max_logit = row[0];
-      for (int64_t v = 1; v < n_vocab_; ++v) max_logit = std::max<double>(max_logit, row[v]);
-      double sum = 0;
-      for (int64_t v = 0; v < n_vocab_; ++v) sum += std::exp(row[v] - max_logit);
-      scores[i - score_from] = static_cast<float>(row[tokens_[i + 1]] - max_logit - std::log(sum));
+  for (size_t i = 0; i < options.stop_strings.size(); ++i) {
+    if (options.stop_strings[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GenerateOptions.stop_strings[", i, "] is empty"));
     }
-    if (i == n - 1) {
-      logits_.assign(row, row + n_vocab_);
-      logits_valid_ = true;
-    }
-  };
-  request.cancelled = [this] { return ConsumeCancel(); };
-  int32_t done = 0;
-  absl::Status st = engine_.Prefill(request, &done);
-  stats_.computed_tokens += done;
-  n_cached_ += done;
-  if (absl::IsCancelled(st)) {
-    return absl::CancelledError(
-        absl::StrCat("cancelled after ", n_cached_, " of ", n, " tokens were computed"));
   }
-  return st;
+  return absl::OkStatus();
+}
+
+absl::Status NotFromStepCallback(const char* what) {
+  if (!Scheduler::InStep()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      what,
+      ": called from a callback of the engine's step (a blocking call there would wait "
+      "for itself); submit a request instead"));
+}
+
+}  // namespace
+
+Session::Job& Session::PrepareJob() {
+  // A submitted request ends in a step that may not have dropped it from the scheduler yet.
+  if (job_->submitted() && job_->async()) engine_.scheduler().Remove(job_.get());
+  return *job_;
+}
+
+absl::Status Session::RunJob() {
+  Scheduler& scheduler = engine_.scheduler();
+  Job& job = *job_;
+  scheduler.Submit(&job);
+  const bool deliver = job.hold_each_step();
+  while (true) {
+    absl::Status st = scheduler.RunUntil([&] { return job.finished() || job.held(); });
+    if (!st.ok()) {
+      cancel_.store(true, std::memory_order_release);
+      scheduler.Remove(&job);
+      return st;
+    }
+    if (deliver) {
+      // The job is held or finished: no step touches the session until it is released.
+      const std::vector<sample::TokenLogprob> latest = last_logprobs_;
+      const bool want_logprobs = sampler_.params().n_logprobs > 0;
+      bool stopped = false;
+      for (Job::Event& e : job.TakeEvents()) {
+        if (e.token >= 0 && want_logprobs) last_logprobs_ = e.logprobs;
+        if (job.options().on_token(e.token, e.piece) || !e.stoppable) continue;
+        // The callback stopped generation after this token: the tokens after it go.
+        if (tokens_.size() > e.n_total) {
+          RestoreTo(e.n_total, std::min<int32_t>(n_cached_, static_cast<int32_t>(e.n_total)));
+          PublishNTokens(tokens_.size());
+        }
+        job.StopByCallback(e.n_generated);
+        stopped = true;
+        break;
+      }
+      if (!stopped) last_logprobs_ = latest;
+    }
+    if (job.finished()) break;
+    scheduler.Release(&job);
+  }
+  scheduler.Remove(&job);
+  return job.status();
 }
 
 absl::Status Session::AppendText(std::string_view text, bool add_special, bool parse_special) {
@@ -194,12 +760,14 @@ absl::Status Session::AppendTokensHeld(std::span<const int32_t> tokens) {
                      " would pass the context size n_ctx = ", engine_.n_ctx()));
   }
   if (tokens.empty()) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(NotFromStepCallback("AppendTokens"));
+  PrepareJob();
   const size_t saved_tokens = tokens_.size();
   const int32_t saved_cached = n_cached_;
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-  absl::Status st = ComputePending({}, 0);
-  if (!st.ok()) RestoreTo(saved_tokens, saved_cached);
-  return st;
+  job_->Reset(/*generate=*/false, {}, saved_tokens, saved_cached, n_tokens(),
+              /*hold_each_step=*/false, /*async=*/false);
+  return RunJob();
 }
 
 absl::Status Session::AppendTokensScored(std::span<const int32_t> tokens,
@@ -217,147 +785,72 @@ absl::Status Session::AppendTokensScored(std::span<const int32_t> tokens,
         absl::StrCat("appending ", tokens.size(), " tokens to ", tokens_.size(),
                      " would pass the context size n_ctx = ", engine_.n_ctx()));
   }
+  KILN_RETURN_IF_ERROR(NotFromStepCallback("AppendTokensScored"));
+  PrepareJob();
   const size_t saved_tokens = tokens_.size();
   const int32_t saved_cached = n_cached_;
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-  absl::Status st = ComputePending(logprobs, static_cast<int32_t>(saved_tokens));
-  if (!st.ok()) RestoreTo(saved_tokens, saved_cached);
-  return st;
+  job_->Reset(/*generate=*/false, {}, saved_tokens, saved_cached, n_tokens(),
+              /*hold_each_step=*/false, /*async=*/false);
+  job_->SetScoring(logprobs, static_cast<int32_t>(saved_tokens));
+  return RunJob();
 }
 
 absl::StatusOr<GenerateResult> Session::Generate(const GenerateOptions& options) {
   Use use(*this, "Generate", true);
   KILN_RETURN_IF_ERROR(use.status());
-  if (options.max_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GenerateOptions.max_tokens ", options.max_tokens, " < 0"));
-  }
-  for (size_t i = 0; i < options.stop_strings.size(); ++i) {
-    if (options.stop_strings[i].empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GenerateOptions.stop_strings[", i, "] is empty"));
-    }
-  }
+  KILN_RETURN_IF_ERROR(CheckGenerateOptions(options));
   if (tokens_.empty()) {
     return absl::FailedPreconditionError("Generate: the session is empty; append a prompt first");
   }
-  const Tokenizer& tokenizer = engine_.model().tokenizer();
-  StreamingDetokenizer detok(tokenizer);
-  std::string held;  // decoded text not emitted yet (it may start a stop string)
-  auto emit = [&](int32_t token, std::string_view text) {
-    return !options.on_token || options.on_token(token, text);
-  };
-  GenerateResult result;
-  // Handles one generated token already in tokens_: end of generation, stop strings, streaming.
-  // Returns true when generation stops (result.reason set).
-  auto handle = [&](int32_t token) -> absl::StatusOr<bool> {
-    ++result.n_tokens;
-    if (tokenizer.IsEndOfGeneration(token)) {
-      result.reason = StopReason::kEndOfGeneration;
-      return true;
+  KILN_RETURN_IF_ERROR(NotFromStepCallback("Generate"));
+  PrepareJob();
+  // A callback sees each step's tokens before the next step runs (it may stop generation or
+  // read the session), so the job waits for this thread after every step that made tokens.
+  const bool hold = static_cast<bool>(options.on_token);
+  job_->Reset(/*generate=*/true, options, tokens_.size(), n_cached_, /*prompt_end=*/0, hold,
+              /*async=*/false);
+  KILN_RETURN_IF_ERROR(RunJob());
+  return job_->result();
+}
+
+absl::Status Session::Submit(SubmitOptions options) {
+  {
+    Use use(*this, "Submit", true);
+    KILN_RETURN_IF_ERROR(use.status());
+    KILN_RETURN_IF_ERROR(CheckGenerateOptions(options.generate));
+    KILN_RETURN_IF_ERROR(CheckTokens(options.prompt));
+    if (tokens_.size() + options.prompt.size() > static_cast<size_t>(engine_.n_ctx())) {
+      return absl::OutOfRangeError(
+          absl::StrCat("appending ", options.prompt.size(), " tokens to ", tokens_.size(),
+                       " would pass the context size n_ctx = ", engine_.n_ctx()));
     }
-    KILN_ASSIGN_OR_RETURN(std::string piece, detok.Push(token));
-    held += piece;
-    size_t stop_at = std::string::npos;
-    for (const std::string& s : options.stop_strings) stop_at = std::min(stop_at, held.find(s));
-    if (stop_at != std::string::npos) {
-      emit(token, std::string_view(held).substr(0, stop_at));
-      held.clear();
-      result.reason = StopReason::kStopString;
-      return true;
+    if (tokens_.empty() && options.prompt.empty()) {
+      return absl::FailedPreconditionError(
+          "Submit: the session is empty and the request has no prompt");
     }
-    // Hold back the longest suffix that could still grow into a stop string.
-    size_t keep = 0;
-    for (const std::string& s : options.stop_strings) {
-      for (size_t len = std::min(s.size() - 1, held.size()); len > keep; --len) {
-        if (held.compare(held.size() - len, len, s, 0, len) == 0) {
-          keep = len;
-          break;
-        }
-      }
-    }
-    const std::string out = held.substr(0, held.size() - keep);
-    held.erase(0, held.size() - keep);
-    if (!emit(token, out)) {
-      result.reason = StopReason::kCallback;
-      return true;
-    }
-    return false;
-  };
-  while (true) {
-    if (result.n_tokens >= options.max_tokens) {
-      result.reason = StopReason::kMaxTokens;
-      break;
-    }
-    if (n_cached_ == n_tokens() && !logits_valid_) {
-      // After a Rewind or a prefix attach: recompute the last token to get its logits.
-      KILN_RETURN_IF_ERROR(engine_.Locked(
-          [&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, n_cached_ - 1); }));
-      --n_cached_;
-    }
-    if (spec_ != nullptr && spec_->strategy() != nullptr && n_cached_ + 1 == n_tokens() &&
-        n_tokens() < engine_.n_ctx()) {
-      // Speculative step: computes the pending token with the strategy's drafts and appends the
-      // accepted tokens plus one recovered/bonus token (pending again).
-      if (ConsumeCancel()) {
-        result.reason = StopReason::kCancelled;
-        break;
-      }
-      const int32_t max_emit =
-          std::min(options.max_tokens - result.n_tokens, engine_.n_ctx() - n_tokens());
-      spec::SpecStepResult step;
-      KILN_RETURN_IF_ERROR(spec_->Step(&tokens_, max_emit, &step));
-      n_cached_ = n_tokens() - 1;
-      logits_valid_ = false;
-      stats_.computed_tokens += 1 + step.drafted;
-      const int32_t first = n_tokens() - static_cast<int32_t>(step.emitted.size());
-      bool stop = false;
-      for (int32_t i = first; i < n_tokens() && !stop; ++i) {
-        if (!step.logprobs.empty()) last_logprobs_ = std::move(step.logprobs[i - first]);
-        PublishNTokens(static_cast<size_t>(i + 1));
-        KILN_ASSIGN_OR_RETURN(stop, handle(tokens_[i]));
-        if (stop && i + 1 < n_tokens()) {
-          // Drop the tokens after the stopping one (their K/V too); the stopping token stays
-          // computed, its logits are recomputed by the next Generate.
-          RestoreTo(static_cast<size_t>(i + 1), std::min(n_cached_, i + 1));
-        }
-      }
-      if (stop) break;
-      continue;
-    }
-    if (n_cached_ < n_tokens()) {
-      absl::Status st = ComputePending({}, 0);
-      if (absl::IsCancelled(st)) {
-        result.reason = StopReason::kCancelled;
-        break;
-      }
-      KILN_RETURN_IF_ERROR(st);
-    } else if (ConsumeCancel()) {
-      result.reason = StopReason::kCancelled;
-      break;
-    }
-    if (n_tokens() >= engine_.n_ctx()) {
-      if (result.n_tokens == 0) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "Generate: the session already holds n_ctx = ", engine_.n_ctx(), " tokens"));
-      }
-      result.reason = StopReason::kContextFull;
-      break;
-    }
-    KILN_RETURN_IF_ERROR(sampler_.Apply(logits_, tokens_, &dist_));
-    const int32_t token = sample::Sampler::Sample(dist_, rng_);
-    if (token < 0) return absl::InternalError("Generate: the sampler returned no token");
-    last_logprobs_ = dist_.top_logprobs;
-    tokens_.push_back(token);  // pending: computed by the next step or call
-    PublishNTokens(tokens_.size());
-    KILN_ASSIGN_OR_RETURN(bool stop, handle(token));
-    if (stop) break;
+    PrepareJob();
+    const size_t saved_tokens = tokens_.size();
+    const int32_t saved_cached = n_cached_;
+    tokens_.insert(tokens_.end(), options.prompt.begin(), options.prompt.end());
+    job_->Reset(/*generate=*/true, std::move(options.generate), saved_tokens, saved_cached,
+                options.prompt.empty() ? 0 : n_tokens(), /*hold_each_step=*/false,
+                /*async=*/true);
+    job_->SetOnDone(std::move(options.on_done));
+    in_flight_.store(true, std::memory_order_release);
   }
-  if (result.reason != StopReason::kStopString && result.reason != StopReason::kCallback) {
-    held += detok.Flush();
-    if (!held.empty()) emit(-1, held);
+  engine_.scheduler().Submit(job_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Session::Poll(size_t text_capacity, size_t token_capacity, PollResult* out) {
+  *out = PollResult{};
+  if (!job_->submitted() || !job_->async()) {
+    return absl::FailedPreconditionError("Poll: no request was submitted on this session");
   }
-  return result;
+  job_->Poll(text_capacity, token_capacity, out);
+  if (out->done) in_flight_.store(false, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {

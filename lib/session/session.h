@@ -1,5 +1,15 @@
-// Session: a conversation on an Engine (lib/engine/engine.h). Sessions take the engine's mutex
-// per prefill chunk and per decode step, so concurrent sessions interleave at that granularity.
+// Session: a conversation on an Engine (lib/engine/engine.h). Every computation of a session
+// (an append's prefill, each generated token, a speculative step) is a request that the engine's
+// scheduler (lib/engine/scheduler.h) runs batched with the requests of the other sessions of the
+// engine: concurrent sessions share each forward pass instead of taking turns. The blocking calls
+// (Append*, Generate) submit their request and step the engine themselves until it is done (or
+// wait for the thread that is stepping); Submit/Poll are the non-blocking form.
+//
+// Output invariance: in the default numeric order the kernels are batch invariant
+// (docs/numerics.md), so a session's tokens and logits are bitwise the same whether it runs
+// alone or batched with other sessions, also after being preempted and recomputed. With
+// EngineOptions::llama_cpp_order the scheduler runs one session's work per pass, so the bits
+// are llama.cpp's as before, except after a preemption (the recompute batches differently).
 //
 // A session is one token stream (a conversation) held as a sequence in the engine's cache, plus a
 // sampler and a seeded Rng. Its tokens are split in two parts:
@@ -16,7 +26,9 @@
 // call made while another thread is inside a call on the same session fails with Aborted ("busy")
 // and changes nothing, never undefined behaviour. Read-only getters may also be called from the
 // Generate callback on the generating thread. Cancel() and published_n_tokens() may be called
-// from any thread at any time. The engine (and model) must outlive every session created on it.
+// from any thread at any time, Poll() too. While a submitted request is in flight every other
+// call fails with Aborted (busy). The engine (and model) must outlive every session created on
+// it.
 #pragma once
 
 #include <atomic>
@@ -67,9 +79,34 @@ struct GenerateResult {
   StopReason reason = StopReason::kMaxTokens;
 };
 
+// A non-blocking request (Submit): append `prompt`, then generate like Generate.
+struct SubmitOptions {
+  std::vector<int32_t> prompt;  // may be empty (generate after the session's tokens)
+  GenerateOptions generate;     // max_tokens 0: only compute the prompt
+  // Callbacks run on the thread that steps the engine (Scheduler: a host calling Step, a
+  // blocking call of another session, the worker), after the step that produced the tokens and
+  // outside the engine mutex. generate.on_token returning false stops the request before its
+  // next step (StopReason::kCallback; the tokens of the step that are already made are still
+  // passed). With on_token set, Poll returns no text or tokens (the callback had them).
+  std::function<void(const absl::Status& status, const GenerateResult& result)> on_done;
+};
+
+// What Poll returns: output since the previous poll, and the end of the request.
+struct PollResult {
+  std::string text;             // appended (up to the capacity asked for)
+  std::vector<int32_t> tokens;  // appended generated token ids (up to the capacity asked for)
+  size_t text_left = 0;         // bytes and tokens still queued after this poll
+  size_t tokens_left = 0;
+  bool done = false;     // the request ended and everything it produced has been returned
+  absl::Status status;   // when done: OK, or why it failed (the prompt then was not appended)
+  int32_t n_tokens = 0;  // tokens generated so far (the EOG and stop-string tokens included)
+  StopReason reason = StopReason::kMaxTokens;  // when done with OK status
+};
+
 struct SessionStats {
   int64_t computed_tokens = 0;  // tokens run through the forward pass (prefill + decode)
   int64_t attached_tokens = 0;  // tokens attached from the prefix cache instead
+  int64_t preemptions = 0;      // times the scheduler released its K/V to make room
 };
 
 class Session {
@@ -107,10 +144,29 @@ class Session {
   absl::StatusOr<GenerateResult> Generate(const GenerateOptions& options);
 
   // Asks the call in flight to stop (Append* between prefill chunks, Generate between decode
-  // steps). A cancel applies only to the call in flight: every mutating call drops a pending
+  // steps, a submitted request in any state: queued, prefilling or decoding, at the engine's
+  // next step). A cancel applies only to the call in flight: every mutating call drops a pending
   // cancel as it starts, so a cancel that arrives while no call is in flight has no effect.
   // Any thread, any time.
-  void Cancel() { cancel_.store(true, std::memory_order_release); }
+  void Cancel();
+
+  // Starts a request and returns at once: the prompt is appended (checked like AppendTokens),
+  // then computed and generated from by the engine's scheduler whenever some thread steps it
+  // (Scheduler::Step, the worker, or a blocking call of any session of the engine). Poll (or
+  // the callbacks) collect the output. All or nothing for the prompt: when the request ends
+  // before the prompt is computed (cancel, cache full), the session is as before the Submit and
+  // the status says why; after that, generated tokens stay. Errors (nothing changed):
+  // InvalidArgument (bad token id or options), OutOfRange (past n_ctx), FailedPrecondition
+  // (empty session and prompt with max_tokens > 0), Aborted (busy).
+  absl::Status Submit(SubmitOptions options);
+  // Moves up to text_capacity bytes and token_capacity tokens of the output into *out (text may
+  // end inside a UTF-8 character; the next poll continues it); a capacity of 0 drops that kind of
+  // output. Any thread, any time (not concurrently with the destructor). FailedPrecondition when
+  // no request was ever submitted. Once it reports done the session takes calls again; later
+  // polls report done again.
+  absl::Status Poll(size_t text_capacity, size_t token_capacity, PollResult* out);
+  // True while a submitted request has not been reported done (by Poll or on_done).
+  bool request_in_flight() const { return in_flight_.load(std::memory_order_acquire); }
 
   // A new session with the same tokens (sharing the cache blocks by reference), logits, sampler
   // parameters and Rng state. With a speculative strategy set, the fork gets its own clone of it
@@ -156,8 +212,11 @@ class Session {
   int32_t published_n_tokens() const { return published_n_tokens_.load(std::memory_order_acquire); }
   int32_t n_cached() const { return n_cached_; }
   const SessionStats& stats() const { return stats_; }
-  // True while some thread is inside a call on this session.
-  bool busy() const { return owner_.load(std::memory_order_acquire) != std::thread::id(); }
+  // True while some thread is inside a call on this session, or a submitted request is in
+  // flight.
+  bool busy() const {
+    return owner_.load(std::memory_order_acquire) != std::thread::id() || request_in_flight();
+  }
 
   // The in-use flag of one call. status() is Aborted when another thread is inside a call on the
   // session, or when a mutating call is made from inside this thread's own Generate callback;
@@ -180,14 +239,18 @@ class Session {
   };
 
  private:
+  class Job;  // a request in the engine's scheduler (session.cc)
+
   Session(Engine& engine, const sample::SamplerParams& params, uint64_t seed, SeqId seq);
 
-  // Computes the pending tokens tokens_[n_cached_, n); logits of the last one go to logits_.
-  // scores != nullptr: also the log-probabilities of each following token (see
-  // AppendTokensScored), for the pending tokens from index score_from on.
-  absl::Status ComputePending(std::span<float> scores, int32_t score_from);
-  // Takes back tokens_/n_cached_ to (n_tokens, n_cached) after a failure.
+  // Takes back tokens_/n_cached_ to (n_tokens, n_cached) after a failure (RestoreToLocked:
+  // with the engine mutex held).
   void RestoreTo(size_t n_tokens, int32_t n_cached);
+  void RestoreToLocked(KvCache& cache, size_t n_tokens, int32_t n_cached);
+  // The job object, out of the scheduler, ready for Reset.
+  Job& PrepareJob();
+  // Runs the job (set up by the caller) through the scheduler until it ends; blocking calls.
+  absl::Status RunJob();
   bool ConsumeCancel() { return cancel_.exchange(false, std::memory_order_acq_rel); }
   // Sets published_n_tokens(). Every mutating call publishes tokens_.size() as it ends (Use);
   // Generate also publishes each token as it hands it to the callback.
@@ -216,6 +279,8 @@ class Session {
   mutable std::atomic<std::thread::id> owner_{};
   std::unique_ptr<spec::Strategy> owned_strategy_;  // a fork's clone (declared before spec_)
   std::unique_ptr<spec::SpeculativeDecoder> spec_;  // created by SetStrategy
+  std::unique_ptr<Job> job_;  // the request in flight or the last one (one per session, reused)
+  std::atomic<bool> in_flight_{false};  // a submitted request not yet reported done
 };
 
 }  // namespace kiln

@@ -1,0 +1,299 @@
+// Continuous batching on one cache: aggregate greedy decode tokens/s with N = 1, 2, 4, 8, 16 and
+// 32 sessions generating at once, and the time to first token of a new session while 8 others
+// decode, through the internal API (Session::Submit + Scheduler::Step from one host thread).
+//
+// Usage:
+//   batch_bench [--model PATH] [--threads T] [--repeats R] [--prompt P] [--decode G]
+//               [--sessions 1,2,4,8,16,32] [--ttft-prompt L]
+//     Each session gets its own P-token prompt (ids from a fixed seed; default 32) and decodes G
+//     tokens (default 64) greedily, end-of-generation tokens banned so every session runs to G.
+//     Decode rate: the steps after every session has its first token, until all are done;
+//     tokens generated in those steps / their time. Prints the median and min-max over R
+//     repeats (default 3) and the ratio to N = 1.
+//     TTFT: 8 sessions decoding, then a new session submits an L-token prompt (default 128);
+//     the time until its first generated token, stepping as the others keep decoding; median
+//     and min-max of R x 3 trials, next to the same prompt's TTFT on an idle cache.
+//   batch_bench --game [--frames F] [--budget-ms B] [--npcs K] ...
+//     A game loop: 60 frames per second for F frames (default 600), K NPC sessions (default 4)
+//     always generating (a finished one submits again), each frame steps the cache with a B ms
+//     budget (default 2; at least one step when there is work, as kiln_cache_step does), then
+//     sleeps to the next frame. Prints the time spent stepping per frame (p50, p99, max) and the
+//     tokens generated per second.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lib/engine/engine.h"
+#include "lib/model/model.h"
+#include "lib/quant/quant.h"
+#include "lib/session/session.h"
+#include "lib/tokenizer/tokenizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Stats s;
+  if (v.empty()) return s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "batch_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) Die(std::string(what) + ": " + std::string(v.status().message()));
+  return std::move(*v);
+}
+
+void Check(const absl::Status& st, const char* what) {
+  if (!st.ok()) Die(std::string(what) + ": " + std::string(st.message()));
+}
+
+struct Bench {
+  kiln::Model* model = nullptr;
+  kiln::Engine* engine = nullptr;
+  kiln::sample::SamplerParams greedy;
+  int prompt_len = 32;
+  int decode = 64;
+  uint32_t next_seed = 1;
+
+  std::vector<int32_t> Prompt(int len) {
+    std::mt19937 rng(next_seed++);
+    const int64_t n_vocab = model->hparams().n_vocab;
+    std::vector<int32_t> t(len);
+    for (int32_t& x : t) x = static_cast<int32_t>(1000 + rng() % (n_vocab - 1000));
+    return t;
+  }
+
+  std::unique_ptr<kiln::Session> Submit(int prompt, int max_tokens) {
+    auto s = Check(kiln::Session::Create(*engine, greedy, 1), "Session::Create");
+    kiln::SubmitOptions options;
+    options.prompt = Prompt(prompt);
+    options.generate.max_tokens = max_tokens;
+    Check(s->Submit(options), "Submit");
+    return s;
+  }
+
+  static int32_t Generated(kiln::Session& s) {
+    kiln::PollResult poll;
+    Check(s.Poll(0, 0, &poll), "Poll");
+    if (poll.done && !poll.status.ok()) Die("request failed: " + poll.status.ToString());
+    return poll.n_tokens;
+  }
+
+  // Aggregate decode tokens/s of n sessions decoding at once.
+  double DecodeRate(int n) {
+    std::vector<std::unique_ptr<kiln::Session>> sessions;
+    for (int i = 0; i < n; ++i) sessions.push_back(Submit(prompt_len, decode));
+    kiln::Scheduler& scheduler = engine->scheduler();
+    // Prefill until every session has its first token.
+    auto all_started = [&] {
+      for (auto& s : sessions) {
+        if (Generated(*s) < 1) return false;
+      }
+      return true;
+    };
+    while (!all_started()) scheduler.Step();
+    int64_t before = 0;
+    for (auto& s : sessions) before += Generated(*s);
+    const Clock::time_point start = Clock::now();
+    while (scheduler.active_tasks() > 0) scheduler.Step();
+    const Clock::time_point end = Clock::now();
+    int64_t after = 0;
+    for (auto& s : sessions) after += Generated(*s);
+    return static_cast<double>(after - before) / Seconds(start, end);
+  }
+
+  // Seconds from a new session's submit to its first generated token, while `busy` others
+  // decode (0: an idle cache).
+  double Ttft(int busy, int prompt) {
+    std::vector<std::unique_ptr<kiln::Session>> sessions;
+    kiln::Scheduler& scheduler = engine->scheduler();
+    for (int i = 0; i < busy; ++i) sessions.push_back(Submit(prompt_len, 1 << 20));
+    // Let them reach steady decoding.
+    for (int k = 0; k < 40 && busy > 0; ++k) scheduler.Step();
+    const Clock::time_point start = Clock::now();
+    auto fresh = Submit(prompt, 1);
+    while (Generated(*fresh) < 1) scheduler.Step();
+    const double t = Seconds(start, Clock::now());
+    for (auto& s : sessions) s->Cancel();
+    while (scheduler.active_tasks() > 0) scheduler.Step();
+    return t;
+  }
+};
+
+// The game loop of --game (see the header comment).
+void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
+  kiln::Scheduler& scheduler = b.engine->scheduler();
+  std::vector<std::unique_ptr<kiln::Session>> sessions;
+  for (int i = 0; i < npcs; ++i) sessions.push_back(b.Submit(b.prompt_len, b.decode));
+  const auto frame = std::chrono::microseconds(16667);
+  std::vector<double> step_ms;
+  int64_t tokens = 0;
+  const Clock::time_point begin = Clock::now();
+  Clock::time_point next_frame = begin;
+  for (int f = 0; f < frames; ++f) {
+    const Clock::time_point start = Clock::now();
+    // kiln_cache_step's loop: steps while the next one is expected to fit the budget.
+    while (scheduler.active_tasks() > 0) {
+      const Clock::time_point s0 = Clock::now();
+      const kiln::StepStats st = scheduler.Step();
+      const double one = 1e3 * Seconds(s0, Clock::now());
+      if (!st.progress || 1e3 * Seconds(start, Clock::now()) + one > budget_ms) break;
+    }
+    step_ms.push_back(1e3 * Seconds(start, Clock::now()));
+    for (auto& s : sessions) {
+      kiln::PollResult poll;
+      Check(s->Poll(0, 0, &poll), "Poll");
+      if (!poll.done) continue;
+      if (!poll.status.ok()) Die("request failed: " + poll.status.ToString());
+      tokens += poll.n_tokens;
+      s = b.Submit(b.prompt_len, b.decode);  // the NPC says something new
+    }
+    next_frame += frame;
+    std::this_thread::sleep_until(next_frame);
+  }
+  const double seconds = Seconds(begin, Clock::now());
+  for (auto& s : sessions) {
+    kiln::PollResult poll;
+    Check(s->Poll(0, 0, &poll), "Poll");
+    tokens += poll.n_tokens;
+    s->Cancel();
+  }
+  while (scheduler.active_tasks() > 0) scheduler.Step();
+  std::sort(step_ms.begin(), step_ms.end());
+  auto pct = [&](double p) {
+    return step_ms[std::min(step_ms.size() - 1, static_cast<size_t>(p * step_ms.size()))];
+  };
+  std::printf("game loop: %d frames at 60 fps, %d NPCs, step budget %.1f ms\n", frames, npcs,
+              budget_ms);
+  std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
+              pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  if (const char* dir = std::getenv("KILN_MODEL_DIR"); dir && *dir) {
+    model_path = std::string(dir) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  } else {
+    const char* home = std::getenv("HOME");
+    model_path = std::string(home ? home : "") + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  int threads = 2, repeats = 3, ttft_prompt = 128, frames = 600, npcs = 4;
+  bool game = false;
+  double budget_ms = 2.0;
+  std::vector<int> counts = {1, 2, 4, 8, 16, 32};
+  Bench b;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) Die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--model") {
+      model_path = next();
+    } else if (a == "--threads") {
+      threads = std::atoi(next().c_str());
+    } else if (a == "--repeats") {
+      repeats = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--prompt") {
+      b.prompt_len = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--decode") {
+      b.decode = std::max(2, std::atoi(next().c_str()));
+    } else if (a == "--sessions") {
+      counts = ParseList(next());
+    } else if (a == "--game") {
+      game = true;
+    } else if (a == "--frames") {
+      frames = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--budget-ms") {
+      budget_ms = std::atof(next().c_str());
+    } else if (a == "--npcs") {
+      npcs = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--ttft-prompt") {
+      ttft_prompt = std::max(1, std::atoi(next().c_str()));
+    } else {
+      Die("unknown argument " + a);
+    }
+  }
+  kiln::ModelLoadOptions load;
+  load.path = model_path;
+  auto model = Check(kiln::Model::Load(load), "Model::Load");
+  kiln::EngineOptions options;
+  options.n_threads = threads;
+  options.n_ctx = 8192;  // the pool: room for 32 sessions of prompt + decode tokens
+  auto engine = Check(kiln::Engine::Create(*model, options), "Engine::Create");
+  b.model = model.get();
+  b.engine = engine.get();
+  b.greedy.temperature = 0.0f;
+  const kiln::Tokenizer& tok = model->tokenizer();
+  for (int32_t t = 0; t < tok.n_vocab(); ++t) {
+    if (tok.IsEndOfGeneration(t)) b.greedy.logit_bias.push_back({t, -INFINITY});
+  }
+  std::printf("batch_bench: %s, %d threads, prompt %d, decode %d, %d repeats, cpu %s\n",
+              model_path.c_str(), threads, b.prompt_len, b.decode, repeats,
+              kiln::CpuLevelName(kiln::BestCpuLevel()));
+  if (game) {
+    GameLoop(b, frames, budget_ms, npcs);
+    return 0;
+  }
+  std::printf("%-9s %12s %19s %10s %9s\n", "sessions", "tok/s median", "min-max", "per sess",
+              "x N=1");
+  double base = 0;
+  for (int n : counts) {
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) rates.push_back(b.DecodeRate(n));
+    const Stats s = Summarize(rates);
+    if (n == counts.front()) base = s.median;
+    std::printf("%-9d %12.1f %9.1f-%-9.1f %10.1f %9.2f\n", n, s.median, s.min, s.max, s.median / n,
+                base > 0 ? s.median / base : 0.0);
+    std::fflush(stdout);
+  }
+  std::vector<double> idle, busy;
+  for (int r = 0; r < 3 * repeats; ++r) {
+    idle.push_back(b.Ttft(0, ttft_prompt));
+    busy.push_back(b.Ttft(8, ttft_prompt));
+  }
+  const Stats si = Summarize(idle), sb = Summarize(busy);
+  std::printf("ttft %d-token prompt, idle cache:       %7.1f ms (%.1f-%.1f)\n", ttft_prompt,
+              1e3 * si.median, 1e3 * si.min, 1e3 * si.max);
+  std::printf("ttft %d-token prompt, 8 sessions decoding: %7.1f ms (%.1f-%.1f)\n", ttft_prompt,
+              1e3 * sb.median, 1e3 * sb.min, 1e3 * sb.max);
+  return 0;
+}

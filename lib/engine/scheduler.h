@@ -1,0 +1,186 @@
+// Scheduler: the engine's continuous batching. Every session with a request in flight (an append
+// to compute, a generation) is a ScheduledTask; each Step packs the work of all of them into one
+// ForwardBatch and runs one forward pass:
+//   1. decode first: every task with one pending token (a decode step, or a speculative step: the
+//      root plus its whole draft tree) in admission order, oldest first;
+//   2. then prefill chunks (at most EngineOptions::prefill_chunk tokens of one task) of the tasks
+//      with several pending tokens, round robin (the task served first moves on every step), until
+//      the step's token budget (EngineOptions::step_tokens) is spent, the first one with at least
+//      a small chunk even when decoding used the budget up (Sarathi-Serve's chunked prefill: a
+//      long prompt never stalls the decoders for more than one chunk, and new sessions start).
+// With EngineOptions::llama_cpp_order a step runs one task's work only: llama.cpp's bits depend
+// on the batch (docs/numerics.md), so a batched step would change them.
+//
+// Cache full (a task's slots do not fit): the task preempts the youngest task admitted after it
+// that holds K/V and is not in this step's batch yet (preemption by recompute: its blocks are
+// released, its tokens stay and are computed again later, bit for bit the same since the kernels
+// are batch invariant; full blocks it had computed stay in the prefix cache). When there is none,
+// the oldest task fails with ResourceExhausted (nothing it changed stays) and younger ones wait
+// for a later step. Only tasks are preempted: a session without a request in flight keeps its
+// blocks until it is rewound or destroyed.
+//
+// Who steps: any thread. Step runs one step; RunUntil is the loop of a blocking call (it steps
+// while no other thread does, else waits for that thread's step); a worker thread (StartWorker)
+// steps while there is work. One step at a time per engine; the step holds the engine mutex
+// while it plans, runs the forward pass and hands each task its logits (sampling and stop rules
+// run there, on the stepping thread). Tasks' Deliver (user callbacks) runs after that, outside
+// the engine mutex, still on the stepping thread and before the next step.
+//
+// Thread-safety: Submit, Remove, Wake, Step, RunUntil and the worker calls are thread-safe.
+// A ScheduledTask's methods are called on the stepping thread with the engine mutex held
+// (Deliver without it).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "lib/common/status.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/architecture.h"
+#include "lib/model/forward_batch.h"
+
+namespace kiln {
+
+class Engine;
+
+// What one task sees of a step after the forward pass.
+struct StepRows {
+  const ForwardOutput* out = nullptr;
+  int32_t batch_begin = 0;  // the task's tokens are batch [batch_begin, batch_end)
+  int32_t batch_end = 0;
+  size_t row_begin = 0;          // its logits rows are out->LogitsRow(row_begin + i), in order
+  double forward_seconds = 0.0;  // the shared pass's time
+};
+
+// One request in flight (implemented by Session).
+class ScheduledTask {
+ public:
+  virtual ~ScheduledTask() = default;
+
+  // True while the task waits for its owner (a blocking generate passing a step's tokens to its
+  // callback); a held task is skipped and never preempted. Read on the stepping thread.
+  bool held() const { return held_.load(std::memory_order_acquire); }
+  // True once the task has ended (result recorded); the scheduler drops it after the step.
+  virtual bool finished() const = 0;
+  // True when its next step is a decode step (one pending token, or ready to sample).
+  virtual bool decoding() const = 0;
+  // The sequence whose K/V it computes (for preemption: whether it holds any).
+  virtual SeqId seq() const = 0;
+
+  // Appends this step's tokens to the end of `batch` (their slots made in `cache`), at most
+  // `budget` tokens (a decode step always gets at least 1), and returns how many it added.
+  // 0: nothing to compute this step (it may have finished, or be held). It may finish or hold
+  // itself here without a forward pass (a stop, a cancel, sampling from logits it already has).
+  // ResourceExhausted: the cache is full and nothing changed (the scheduler may preempt
+  // another task and ask again); other errors end the task (it records them itself).
+  virtual absl::StatusOr<int32_t> Plan(KvCache& cache, int32_t budget, ForwardBatch& batch) = 0;
+  // After the forward pass: consumes this step's logits.
+  virtual void Finish(KvCache& cache, ForwardPass& pass, const StepRows& rows) = 0;
+  // The step's forward pass failed (or the task could not be placed): drop what Plan made and
+  // end with `status` (when a Plan had added tokens, they are removed first).
+  virtual void Fail(KvCache& cache, const absl::Status& status, bool planned) = 0;
+  // Releases every K/V block of the task's sequence; its tokens are computed again later.
+  virtual void Preempt(KvCache& cache) = 0;
+  // Runs after the step, outside the engine mutex (user callbacks of non-blocking requests).
+  virtual void Deliver() {}
+
+ private:
+  friend class Scheduler;
+  std::atomic<bool> held_{false};  // set and cleared through Scheduler::Hold / Release
+};
+
+struct StepStats {
+  int32_t tokens = 0;     // batch tokens of the forward pass (0: no pass ran)
+  int32_t tasks = 0;      // tasks in the pass
+  int32_t finished = 0;   // tasks that ended in this step
+  int32_t active = 0;     // tasks still in flight after the step
+  bool progress = false;  // something ran or ended (false: every task waits for its owner)
+};
+
+// Cumulative counts of a scheduler (for tests and benches).
+struct SchedulerCounters {
+  int64_t steps = 0;                // forward passes run
+  int64_t tokens = 0;               // batch tokens they computed
+  int64_t batched_steps = 0;        // passes holding the work of two or more tasks
+  int32_t max_step_tasks = 0;       // most tasks in one pass
+  int64_t preemptions = 0;          // tasks whose K/V were released to make room
+  int64_t cache_full_failures = 0;  // tasks ended with ResourceExhausted
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, int32_t step_tokens, bool one_task_per_step);
+  ~Scheduler();  // stops the worker; every task must have been removed
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a task (any thread); it joins at the next step. Wakes the worker.
+  void Submit(ScheduledTask* task);
+  // Takes a task out (finished or not): after it returns no step touches the task. Waits for a
+  // step in progress, except on the stepping thread itself (from a Deliver callback), where
+  // the step's Deliver skips the removed task.
+  void Remove(ScheduledTask* task);
+  // Wakes the worker and blocked callers (after a cancel, or a held task released).
+  void Wake();
+  // Releases a held task (its owner has delivered its tokens).
+  void Release(ScheduledTask* task);
+  // Marks a task held (by the task itself, in Plan or Finish).
+  void Hold(ScheduledTask* task);
+
+  // One step with `budget` tokens (<= 0: the engine's step_tokens).
+  StepStats Step(int32_t budget = 0);
+  // Steps (or waits for other threads' steps) until done() is true; done is checked after every
+  // step and wake. Returns FailedPrecondition when called from a Deliver callback (the stepping
+  // thread would wait for itself).
+  absl::Status RunUntil(const std::function<bool()>& done);
+
+  // A library-owned thread that steps while any task is in flight. Start when running is a no-op.
+  void StartWorker();
+  void StopWorker();
+  bool worker_running() const { return worker_.joinable(); }
+  int32_t active_tasks() const { return n_active_.load(std::memory_order_acquire); }
+  SchedulerCounters Counters() const;
+
+  // True on a thread inside a Step (also during its Deliver callbacks).
+  static bool InStep();
+
+ private:
+  StepStats StepLocked(int32_t budget);  // with step_mu_ held
+  void WorkerLoop();
+
+  Engine& engine_;
+  const int32_t step_tokens_;
+  const bool one_task_per_step_;
+
+  std::mutex step_mu_;  // one step at a time; taken before the engine mutex
+  // Under the engine mutex (touched only inside steps and Remove):
+  std::vector<ScheduledTask*> tasks_;  // admission order, oldest first
+  size_t round_robin_ = 0;             // the prefill task served first in the next step
+  ForwardBatch batch_;
+  ForwardOutput out_;
+  struct Planned {
+    ScheduledTask* task;
+    int32_t begin, end;
+  };
+  std::vector<Planned> planned_;
+  std::vector<ScheduledTask*> deliver_;  // tasks of the last step, for Deliver
+  SchedulerCounters counters_;
+
+  // queue_mu_ guards incoming_, step_count_, n_held_ waits, stop_.
+  std::mutex queue_mu_;
+  std::condition_variable cv_;
+  std::vector<ScheduledTask*> incoming_;
+  uint64_t step_count_ = 0;
+  uint64_t wake_count_ = 0;
+  int32_t n_held_ = 0;
+  std::atomic<int32_t> n_active_{0};
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,579 @@
+// Continuous batching (lib/engine/scheduler.h) through sessions: a session's tokens are bitwise
+// the same alone or batched with up to 32 other sessions (greedy and seeded sampling, with and
+// without n-gram speculation, prompts prefilled in chunks next to decoding sessions, on a tiny
+// random model and on the default model), also after preemption by recompute when the KV pool
+// runs out; cancel in every state of a submitted request; blocking generates on several threads
+// share passes; the worker thread; llama.cpp order runs one session per pass.
+#include "lib/engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <latch>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lib/gguf/file_type.h"
+#include "lib/gguf/gguf_writer.h"
+#include "lib/model/random_model.h"
+#include "lib/session/session.h"
+#include "lib/spec/ngram_strategy.h"
+#include "lib/tokenizer/tokenizer.h"
+#include "tests/common/spec_test_util.h"
+#include "tests/common/test_util.h"
+
+namespace kiln {
+namespace {
+
+// Shorter runs under the sanitizers (scripts/test.sh runs every test there too).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int32_t kTinyTokens = 10;
+constexpr int32_t kRealTokens = 6;
+#else
+constexpr int32_t kTinyTokens = 24;
+constexpr int32_t kRealTokens = 12;
+#endif
+constexpr int kSessions = 33;  // one session and 32 others
+
+std::unique_ptr<Model> LoadTinyModel() {
+  auto shape = RandomModelShapeByName("tiny-llama-gqa");
+  EXPECT_TRUE(shape.ok());
+  auto type = gguf::WeightTypeByName("q8_0");
+  EXPECT_TRUE(type.ok());
+  RandomModelOptions options;
+  options.shape = *shape;
+  options.type = *type;
+  options.seed = 23;
+  gguf::GgufWriter writer;
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
+  const std::string path = testing::TempDir() + "/scheduler-tiny.gguf";
+  EXPECT_TRUE(writer.WriteToFile(path).ok());
+  ModelLoadOptions load;
+  load.path = path;
+  auto model = Model::Load(load);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// Engines hold many sessions at once here: unless a test sizes the pool itself, room for 64
+// sessions of n_ctx tokens (the default pool holds one).
+std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options = {}) {
+  if (options.n_threads == 0) options.n_threads = 2;
+  if (options.pool_bytes == 0) {
+    auto layout = model.architecture().CacheLayout(model.hparams(), options.kv_type,
+                                                   options.block_size);
+    EXPECT_TRUE(layout.ok());
+    const int32_t n_ctx = options.n_ctx > 0 ? options.n_ctx
+                                            : static_cast<int32_t>(model.hparams().n_ctx_train);
+    options.pool_bytes = static_cast<size_t>(64) * (n_ctx / options.block_size + 2) *
+                         layout->block_bytes();
+  }
+  auto engine = Engine::Create(model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(lo + rng() % (hi - lo));
+  return t;
+}
+
+// One request of a test: its prompt, sampling and whether it speculates.
+struct Request {
+  std::vector<int32_t> prompt;
+  sample::SamplerParams params;
+  uint64_t seed = 1;
+  bool ngram = false;
+  int32_t max_tokens = 8;
+};
+
+// What a session produced: the generated tokens, how it stopped, its preemptions.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  StopReason reason = StopReason::kMaxTokens;
+  int64_t preemptions = 0;
+  bool operator==(const Outcome& o) const { return tokens == o.tokens && reason == o.reason; }
+};
+
+std::unique_ptr<spec::Strategy> NewNgram() {
+  spec::NgramParams p;
+  p.min_ngram = 1;
+  p.max_draft = 4;
+  // Pinned pass cost: the draft lengths, and so a seeded sampled text, do not depend on timing.
+  p.fixed_pass_cost_beta = 0.25;
+  auto s = spec::NgramStrategy::Create(p);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+// Each request alone, one after the other, through the blocking calls.
+std::vector<Outcome> RunAlone(Engine& engine, const std::vector<Request>& requests) {
+  std::vector<Outcome> out;
+  for (const Request& r : requests) {
+    auto s = Session::Create(engine, r.params, r.seed);
+    EXPECT_TRUE(s.ok());
+    std::unique_ptr<spec::Strategy> strategy = r.ngram ? NewNgram() : nullptr;
+    if (strategy) {
+      EXPECT_TRUE((*s)->SetStrategy(strategy.get()).ok());
+    }
+    EXPECT_TRUE((*s)->AppendTokens(r.prompt).ok());
+    GenerateOptions options;
+    options.max_tokens = r.max_tokens;
+    auto result = (*s)->Generate(options);
+    EXPECT_TRUE(result.ok()) << result.status();
+    Outcome o;
+    o.tokens.assign((*s)->tokens().begin() + static_cast<std::ptrdiff_t>(r.prompt.size()),
+                    (*s)->tokens().end());
+    o.reason = result.ok() ? result->reason : StopReason::kCallback;
+    out.push_back(o);
+  }
+  return out;
+}
+
+// Every request submitted at once and stepped from this thread until all are done; a session
+// is destroyed as soon as its request is (so that its blocks return to the pool).
+std::vector<Outcome> RunBatched(Engine& engine, const std::vector<Request>& requests) {
+  const size_t n = requests.size();
+  std::vector<std::unique_ptr<Session>> sessions(n);
+  std::vector<std::unique_ptr<spec::Strategy>> strategies(n);
+  std::vector<Outcome> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto s = Session::Create(engine, requests[i].params, requests[i].seed);
+    EXPECT_TRUE(s.ok());
+    sessions[i] = std::move(*s);
+    if (requests[i].ngram) {
+      strategies[i] = NewNgram();
+      EXPECT_TRUE(sessions[i]->SetStrategy(strategies[i].get()).ok());
+    }
+    SubmitOptions options;
+    options.prompt = requests[i].prompt;
+    options.generate.max_tokens = requests[i].max_tokens;
+    EXPECT_TRUE(sessions[i]->Submit(options).ok());
+  }
+  size_t done = 0;
+  for (int step = 0; done < n && step < 100000; ++step) {
+    engine.scheduler().Step();
+    for (size_t i = 0; i < n; ++i) {
+      if (sessions[i] == nullptr) continue;
+      PollResult poll;
+      EXPECT_TRUE(sessions[i]->Poll(SIZE_MAX, SIZE_MAX, &poll).ok());
+      if (!poll.done) continue;
+      EXPECT_TRUE(poll.status.ok()) << "request " << i << ": " << poll.status;
+      out[i].reason = poll.reason;
+      out[i].tokens.assign(
+          sessions[i]->tokens().begin() + static_cast<std::ptrdiff_t>(requests[i].prompt.size()),
+          sessions[i]->tokens().end());
+      out[i].preemptions = sessions[i]->stats().preemptions;
+      sessions[i].reset();
+      ++done;
+    }
+  }
+  EXPECT_EQ(done, n);
+  return out;
+}
+
+// Greedy, seeded sampling, each with and without n-gram speculation, prompts of 5 to 300 tokens
+// (some repeat themselves, so that the n-gram strategy finds drafts).
+std::vector<Request> MixedRequests(int n, int64_t vocab_lo, int64_t vocab_hi, int32_t max_tokens,
+                                   const std::vector<int32_t>& banned) {
+  std::vector<Request> requests;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    const int len = 5 + (i * 37) % 296;
+    r.prompt = RandomTokens(len, vocab_lo, vocab_hi, 100 + static_cast<uint32_t>(i));
+    if (i % 4 == 1) {
+      // A repeated phrase: speculation has something to copy.
+      const std::vector<int32_t> phrase = RandomTokens(6, vocab_lo, vocab_hi, 7);
+      for (int k = 0; k < 5; ++k) r.prompt.insert(r.prompt.end(), phrase.begin(), phrase.end());
+    }
+    const bool sampled = i % 2 == 1;
+    r.params.temperature = sampled ? 1.0f : 0.0f;
+    r.params.top_k = sampled ? 0 : r.params.top_k;
+    r.params.top_p = 1.0f;
+    r.params.min_p = 0.0f;
+    for (int32_t t : banned) r.params.logit_bias.push_back({t, -INFINITY});
+    r.seed = 1000 + static_cast<uint64_t>(i);
+    r.ngram = (i / 2) % 2 == 1;
+    r.max_tokens = max_tokens;
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+class TinyScheduler : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = LoadTinyModel().release(); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  // The tiny vocabulary's control tokens are banned so random logits never end generation.
+  static std::vector<Request> Requests(int n, int32_t max_tokens) {
+    return MixedRequests(n, 3, model_->hparams().n_vocab, max_tokens, {0, 1, 2});
+  }
+  static Model* model_;
+};
+Model* TinyScheduler::model_ = nullptr;
+
+TEST_F(TinyScheduler, BatchedEqualsAloneWith32OtherSessions) {
+  const std::vector<Request> requests = Requests(kSessions, kTinyTokens);
+  auto alone_engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  // Small chunks and step budget: prompts are cut into many chunks that share passes with the
+  // decoding sessions.
+  EngineOptions options;
+  options.prefill_chunk = 32;
+  options.step_tokens = 96;
+  auto engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  for (int i = 0; i < kSessions; ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+    EXPECT_EQ(batched[i].reason, alone[i].reason) << "session " << i;
+    EXPECT_EQ(static_cast<int32_t>(alone[i].tokens.size()), kTinyTokens) << "session " << i;
+  }
+  const SchedulerCounters c = engine->scheduler().Counters();
+  EXPECT_GE(c.max_step_tasks, 16) << "the sessions should share passes";
+  EXPECT_GT(c.batched_steps, 0);
+  EXPECT_EQ(c.preemptions, 0);
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+TEST_F(TinyScheduler, PreemptionByRecomputeKeepsEveryToken) {
+  const std::vector<Request> requests = Requests(12, kTinyTokens);
+  auto alone_engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
+  ASSERT_TRUE(layout.ok());
+  EngineOptions options;
+  options.prefix_caching = false;
+  options.prefill_chunk = 64;
+  // The longest request needs 18 blocks; the 12 together need about 100.
+  options.pool_bytes = 40 * layout->block_bytes();
+  auto engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  int64_t preempted = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+    preempted += batched[i].preemptions;
+  }
+  const SchedulerCounters c = engine->scheduler().Counters();
+  EXPECT_GT(c.preemptions, 0) << "the pool was meant to run out";
+  EXPECT_EQ(preempted, c.preemptions);
+  EXPECT_EQ(c.cache_full_failures, 0);
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+TEST_F(TinyScheduler, CacheFullWithoutVictimFailsOnlyThatRequest) {
+  auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
+  ASSERT_TRUE(layout.ok());
+  EngineOptions options;
+  options.prefix_caching = false;
+  options.pool_bytes = 5 * layout->block_bytes();  // 4 usable blocks
+  auto engine = MakeEngine(*model_, options);
+  std::vector<Request> requests = Requests(1, 4);
+  auto idle = Session::Create(*engine, requests[0].params, 1);
+  ASSERT_TRUE(idle.ok());
+  ASSERT_TRUE((*idle)->AppendTokens(RandomTokens(40, 3, 300, 1)).ok());  // 3 blocks, kept
+  auto s = Session::Create(*engine, requests[0].params, 1);
+  ASSERT_TRUE(s.ok());
+  SubmitOptions submit;
+  submit.prompt = RandomTokens(30, 3, 300, 2);  // 2 blocks: does not fit
+  ASSERT_TRUE((*s)->Submit(submit).ok());
+  EXPECT_TRUE((*s)->busy());
+  EXPECT_EQ((*s)->AppendTokens(submit.prompt).code(), absl::StatusCode::kAborted);
+  engine->scheduler().Step();
+  PollResult poll;
+  ASSERT_TRUE((*s)->Poll(SIZE_MAX, SIZE_MAX, &poll).ok());
+  ASSERT_TRUE(poll.done);
+  EXPECT_EQ(poll.status.code(), absl::StatusCode::kResourceExhausted) << poll.status;
+  EXPECT_EQ((*s)->n_tokens(), 0) << "the prompt of a failed request is not kept";
+  EXPECT_FALSE((*s)->busy());
+  EXPECT_EQ((*idle)->n_tokens(), 40) << "an idle session is never preempted";
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+TEST_F(TinyScheduler, CancelInEveryState) {
+  EngineOptions options;
+  options.prefill_chunk = 16;
+  auto engine = MakeEngine(*model_, options);
+  Scheduler& scheduler = engine->scheduler();
+  const sample::SamplerParams params = Requests(1, 1)[0].params;
+  auto poll_until_done = [&](Session& s) {
+    PollResult poll;
+    for (int i = 0; i < 1000; ++i) {
+      EXPECT_TRUE(s.Poll(SIZE_MAX, SIZE_MAX, &poll).ok());
+      if (poll.done) break;
+      scheduler.Step();
+    }
+    EXPECT_TRUE(poll.done);
+    return poll;
+  };
+  auto s = std::move(*Session::Create(*engine, params, 1));
+  PollResult none;
+  EXPECT_EQ(s->Poll(16, 16, &none).code(), absl::StatusCode::kFailedPrecondition);
+  SubmitOptions submit;
+  submit.prompt = RandomTokens(100, 3, 300, 3);
+  submit.generate.max_tokens = 50;
+
+  // Queued: cancelled before any step.
+  ASSERT_TRUE(s->Submit(submit).ok());
+  s->Cancel();
+  PollResult poll = poll_until_done(*s);
+  EXPECT_EQ(poll.status.code(), absl::StatusCode::kCancelled) << poll.status;
+  EXPECT_EQ(s->n_tokens(), 0);
+
+  // Prefilling: after one 16-token chunk.
+  ASSERT_TRUE(s->Submit(submit).ok());
+  scheduler.Step();
+  EXPECT_EQ(s->stats().computed_tokens, 16);
+  s->Cancel();
+  poll = poll_until_done(*s);
+  EXPECT_EQ(poll.status.code(), absl::StatusCode::kCancelled) << poll.status;
+  EXPECT_EQ(s->n_tokens(), 0);
+
+  // Decoding: after a few tokens; they stay.
+  ASSERT_TRUE(s->Submit(submit).ok());
+  for (int i = 0; i < 100; ++i) {
+    scheduler.Step();
+    ASSERT_TRUE(s->Poll(0, 0, &poll).ok());
+    if (poll.n_tokens >= 3) break;
+  }
+  ASSERT_GE(poll.n_tokens, 3);
+  s->Cancel();
+  poll = poll_until_done(*s);
+  ASSERT_TRUE(poll.status.ok()) << poll.status;
+  EXPECT_EQ(poll.reason, StopReason::kCancelled);
+  EXPECT_GE(poll.n_tokens, 3);
+  EXPECT_LT(poll.n_tokens, 50);
+  EXPECT_EQ(s->n_tokens(), 100 + poll.n_tokens);
+  // The session takes calls again.
+  GenerateOptions more;
+  more.max_tokens = 2;
+  auto r = s->Generate(more);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n_tokens, 2);
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+TEST_F(TinyScheduler, PollHandsOutTextInPiecesOfAnySize) {
+  auto engine = MakeEngine(*model_);
+  const std::vector<Request> requests = Requests(1, 12);
+  // The reference: a blocking generate's streamed text.
+  std::string expected_text;
+  std::vector<int32_t> expected_tokens;
+  {
+    auto s = std::move(*Session::Create(*engine, requests[0].params, requests[0].seed));
+    ASSERT_TRUE(s->AppendTokens(requests[0].prompt).ok());
+    GenerateOptions options;
+    options.max_tokens = 12;
+    options.on_token = [&](int32_t token, std::string_view piece) {
+      if (token >= 0) expected_tokens.push_back(token);
+      expected_text += piece;
+      return true;
+    };
+    ASSERT_TRUE(s->Generate(options).ok());
+  }
+  auto s = std::move(*Session::Create(*engine, requests[0].params, requests[0].seed));
+  SubmitOptions submit;
+  submit.prompt = requests[0].prompt;
+  submit.generate.max_tokens = 12;
+  ASSERT_TRUE(s->Submit(submit).ok());
+  std::string text;
+  std::vector<int32_t> tokens;
+  PollResult poll;
+  for (int i = 0; i < 1000 && !poll.done; ++i) {
+    engine->scheduler().Step();
+    do {
+      ASSERT_TRUE(s->Poll(3, 1, &poll).ok());  // tiny buffers: several polls per step
+      EXPECT_LE(poll.text.size(), 3u);
+      EXPECT_LE(poll.tokens.size(), 1u);
+      text += poll.text;
+      tokens.insert(tokens.end(), poll.tokens.begin(), poll.tokens.end());
+    } while (poll.text_left > 0 || poll.tokens_left > 0);
+  }
+  ASSERT_TRUE(poll.done);
+  EXPECT_EQ(tokens, expected_tokens);
+  EXPECT_EQ(text, expected_text);
+  EXPECT_FALSE(text.empty());
+  // Done stays done.
+  ASSERT_TRUE(s->Poll(16, 16, &poll).ok());
+  EXPECT_TRUE(poll.done);
+  EXPECT_TRUE(poll.text.empty());
+}
+
+TEST_F(TinyScheduler, BlockingGeneratesOnSeveralThreadsSharePasses) {
+  // Short prompts and long generations: each generate runs for many steps, so the threads
+  // overlap even on a loaded machine.
+  std::vector<Request> requests = Requests(6, 200);
+  for (Request& r : requests) r.prompt.resize(std::min<size_t>(r.prompt.size(), 20));
+  auto engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*engine, requests);
+  const int64_t steps_before = engine->scheduler().Counters().batched_steps;
+  for (bool with_callback : {false, true}) {
+    std::vector<Outcome> parallel(requests.size());
+    std::vector<std::thread> threads;
+    // Every thread has its prompt computed before any generates, so the generates overlap.
+    std::latch ready(static_cast<std::ptrdiff_t>(requests.size()));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto s = std::move(*Session::Create(*engine, requests[i].params, requests[i].seed));
+        std::unique_ptr<spec::Strategy> strategy = requests[i].ngram ? NewNgram() : nullptr;
+        if (strategy) {
+          EXPECT_TRUE(s->SetStrategy(strategy.get()).ok());
+        }
+        EXPECT_TRUE(s->AppendTokens(requests[i].prompt).ok());
+        ready.arrive_and_wait();
+        GenerateOptions options;
+        options.max_tokens = requests[i].max_tokens;
+        int calls = 0;
+        if (with_callback) {
+          options.on_token = [&](int32_t token, std::string_view) {
+            if (token >= 0) ++calls;
+            return true;
+          };
+        }
+        auto r = s->Generate(options);
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (with_callback) {
+          EXPECT_EQ(calls, requests[i].max_tokens);
+        }
+        parallel[i].tokens.assign(
+            s->tokens().begin() + static_cast<std::ptrdiff_t>(requests[i].prompt.size()),
+            s->tokens().end());
+        parallel[i].reason = r.ok() ? r->reason : StopReason::kCallback;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(parallel[i].tokens, alone[i].tokens) << "session " << i << " " << with_callback;
+    }
+  }
+  EXPECT_GT(engine->scheduler().Counters().batched_steps, steps_before)
+      << "concurrent blocking generates should share passes";
+}
+
+TEST_F(TinyScheduler, WorkerThreadRunsSubmittedRequests) {
+  const std::vector<Request> requests = Requests(5, kTinyTokens);
+  auto engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*engine, requests);
+  engine->scheduler().StartWorker();
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::unique_ptr<spec::Strategy>> strategies;
+  std::atomic<int> done_calls{0};
+  for (const Request& r : requests) {
+    sessions.push_back(std::move(*Session::Create(*engine, r.params, r.seed)));
+    strategies.push_back(r.ngram ? NewNgram() : nullptr);
+    if (r.ngram) {
+      ASSERT_TRUE(sessions.back()->SetStrategy(strategies.back().get()).ok());
+    }
+    SubmitOptions submit;
+    submit.prompt = r.prompt;
+    submit.generate.max_tokens = r.max_tokens;
+    submit.on_done = [&](const absl::Status& st, const GenerateResult& result) {
+      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_EQ(result.n_tokens, kTinyTokens);
+      ++done_calls;
+    };
+    ASSERT_TRUE(sessions.back()->Submit(submit).ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (done_calls.load() < static_cast<int>(requests.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(done_calls.load(), static_cast<int>(requests.size()));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_FALSE(sessions[i]->busy()) << "on_done ends the request";
+    std::vector<int32_t> got(
+        sessions[i]->tokens().begin() + static_cast<std::ptrdiff_t>(requests[i].prompt.size()),
+        sessions[i]->tokens().end());
+    EXPECT_EQ(got, alone[i].tokens) << "session " << i;
+  }
+  engine->scheduler().StopWorker();
+  EXPECT_FALSE(engine->scheduler().worker_running());
+}
+
+TEST_F(TinyScheduler, LlamaCppOrderRunsOneSessionPerPass) {
+  const std::vector<Request> requests = Requests(4, 8);
+  EngineOptions options;
+  options.llama_cpp_order = true;
+  auto alone_engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  auto engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+  }
+  EXPECT_EQ(engine->scheduler().Counters().max_step_tasks, 1);
+}
+
+// ---------------------------------------------------------------- the default model
+
+class RealScheduler : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ModelLoadOptions load;
+    load.path = testing::DefaultModelPath();
+    auto model = Model::Load(load);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = model->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static Model* model_;
+};
+Model* RealScheduler::model_ = nullptr;
+
+TEST_F(RealScheduler, BatchedEqualsAloneWith32OtherSessions) {
+  ASSERT_NE(model_, nullptr);
+  const char* subjects[] = {"the sea",  "a city at night", "winter", "a red fox",
+                            "the moon", "an old library",  "rain",   "a mountain road",
+                            "bread",    "a lighthouse",    "autumn", "a train station"};
+  std::vector<Request> requests;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::string user = i % 3 == 0 ? std::string(
+                                              "Repeat exactly: the quick brown fox jumps over "
+                                              "the lazy dog, the quick brown fox.")
+                                        : std::string("Write one sentence about ") +
+                                              subjects[i % 12] + (i % 2 ? "." : ", please.");
+    auto ids = model_->tokenizer().Encode(testing::ChatPrompt(user), true, true);
+    ASSERT_TRUE(ids.ok());
+    Request r;
+    r.prompt = *ids;
+    r.params.temperature = i % 2 == 1 ? 0.8f : 0.0f;  // llama.cpp's default chain when sampling
+    r.seed = 7 + static_cast<uint64_t>(i);
+    r.ngram = i % 3 == 0;
+    r.max_tokens = kRealTokens;
+    requests.push_back(r);
+  }
+  EngineOptions options;
+  options.n_ctx = 512;
+  auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
+  ASSERT_TRUE(layout.ok());
+  options.pool_bytes = 400 * layout->block_bytes();  // 33 sessions of up to 8 blocks, and spares
+  auto alone_engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  options.prefill_chunk = 16;  // prompts of ~30 tokens take two or three steps
+  options.step_tokens = 64;
+  auto engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  for (int i = 0; i < kSessions; ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+    EXPECT_EQ(batched[i].reason, alone[i].reason) << "session " << i;
+    EXPECT_FALSE(alone[i].tokens.empty());
+  }
+  EXPECT_GE(engine->scheduler().Counters().max_step_tasks, 16);
+}
+
+}  // namespace
+}  // namespace kiln
