@@ -8,25 +8,36 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/fetch_model.sh >/dev/null
 jobs=$(nproc)
+# Each stage's wall time, printed as it ends and once more at the end (CI's budget is per suite).
+stage_start=$SECONDS
+stage_name=""
+stage() {
+  [[ -n "$stage_name" ]] && echo "== $stage_name: $((SECONDS - stage_start)) s"
+  stage_name="$1"
+  stage_start=$SECONDS
+  [[ -n "$stage_name" ]] && echo "== $stage_name"
+  return 0
+}
 
-echo "== release build + ctest"
+stage "release build + ctest"
 scripts/build.sh build
 (cd build && ctest -j"$jobs" --output-on-failure)
 
 if [ "${KILN_SKIP_PORTABILITY:-0}" != 1 ]; then
-  echo "== other CPUs (qemu-x86_64: Haswell, Nehalem) and valgrind memcheck"
+  stage "other CPUs (qemu-x86_64: Haswell, Nehalem) and valgrind memcheck"
   scripts/test_cpu_portability.sh build
 fi
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
-  echo "== ASan+UBSan build + ctest"
+  stage "ASan+UBSan build + ctest"
   scripts/build.sh build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF
   (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest -j"$jobs" --output-on-failure)
 fi
 
 if [ "${KILN_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run_fuzz.sh ]; then
-  echo "== fuzz"
+  stage "fuzz"
   tests/fuzz/run_fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
 fi
-echo "== all test stages passed"
+stage ""
+echo "== all test stages passed in ${SECONDS} s (installs and fetches included)"
