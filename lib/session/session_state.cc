@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/escaping.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "lib/gguf/gguf.h"
 
 #if defined(__SSE4_2__)
@@ -66,6 +68,58 @@ uint64_t HashBytes(const uint8_t* p, size_t n, uint64_t seed) {
   for (; i + 8 <= n; i += 8) h = Rotl(h ^ (Load64(p + i) * kP2), 27) * kP1;
   for (; i < n; ++i) h = Rotl(h ^ (p[i] * kP1), 11) * kP2;
   return Mix64(h ^ static_cast<uint64_t>(n));
+}
+
+// SessionStateFile's field tags: (field number << 3) | wire type.
+constexpr uint8_t kMagicTag = (1 << 3) | 2;    // length-delimited
+constexpr uint8_t kVersionTag = (2 << 3) | 0;  // varint
+constexpr uint8_t kCrcTag = (3 << 3) | 5;      // fixed32
+constexpr uint8_t kPayloadTag = (4 << 3) | 2;  // length-delimited
+
+// A parsed SessionStateFile whose payload is a view into the input (the generated parser would
+// copy it, and for K/V states that copy is a large part of a restore).
+struct Envelope {
+  std::string magic;
+  uint32_t format_version = 0;
+  uint32_t payload_crc32c = 0;
+  std::string_view payload;
+};
+
+// Parses `bytes` as a SessionStateFile the way protobuf does: any field order, the last
+// occurrence of a field wins, unknown fields skipped. False when the bytes are not a valid
+// message (truncated fields included).
+bool ParseEnvelope(std::string_view bytes, Envelope* out) {
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return in.CurrentPosition() == static_cast<int>(bytes.size());
+    switch (tag) {
+      case kMagicTag:
+        if (!google::protobuf::internal::WireFormatLite::ReadString(&in, &out->magic)) {
+          return false;
+        }
+        break;
+      case kVersionTag:
+        if (!in.ReadVarint32(&out->format_version)) return false;
+        break;
+      case kCrcTag:
+        if (!in.ReadLittleEndian32(&out->payload_crc32c)) return false;
+        break;
+      case kPayloadTag: {
+        uint32_t length = 0;
+        if (!in.ReadVarint32(&length)) return false;
+        const size_t at = static_cast<size_t>(in.CurrentPosition());
+        if (length > bytes.size() - at) return false;
+        out->payload = bytes.substr(at, length);
+        if (!in.Skip(static_cast<int>(length))) return false;
+        break;
+      }
+      default:
+        if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) return false;
+        break;
+    }
+  }
 }
 
 absl::Status Malformed(std::string_view what) {
@@ -142,7 +196,7 @@ uint64_t ModelFingerprintOf(const gguf::GgufFile& file) {
 }
 
 absl::StatusOr<std::string> Encode(const SessionState& payload) {
-  const size_t payload_bytes = payload.ByteSizeLong();
+  const size_t payload_bytes = payload.ByteSizeLong();  // also caches the sizes for below
   // The envelope adds the magic, the version, the checksum and field headers (< 64 bytes).
   if (payload_bytes > kMaxStateBytes - 64) {
     return absl::OutOfRangeError(kiln::StrCat(
@@ -150,18 +204,38 @@ absl::StatusOr<std::string> Encode(const SessionState& payload) {
         " bytes, more than a state can hold (2 GiB, protobuf's message limit); save it without "
         "K/V (tokens only) instead"));
   }
-  SessionStateFile file;
-  file.set_magic(std::string(kMagic));
-  file.set_format_version(kFormatVersion);
-  std::string* bytes = file.mutable_payload();
-  if (!payload.SerializeToString(bytes)) {
-    return absl::InternalError("SessionState: protobuf serialization failed");
+  // Written as SessionStateFile's serializer would write it (fields in number order, the
+  // payload last), but with the payload serialized in place instead of into a string that is
+  // then copied: for K/V states that copy is a large part of a save.
+  SessionStateFile header;  // the envelope's fields before the payload
+  header.set_magic(std::string(kMagic));
+  header.set_format_version(kFormatVersion);
+  header.set_payload_crc32c(1);  // a placeholder: any non-zero fixed32 takes the same bytes
+  size_t header_bytes = header.ByteSizeLong();
+  uint8_t length[10];
+  const size_t length_bytes = static_cast<size_t>(
+      google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(payload_bytes, length) -
+      length);
+  size_t start = header_bytes + 1 + length_bytes;
+  std::string out(start + payload_bytes, '\0');
+  auto* bytes = reinterpret_cast<uint8_t*>(out.data());
+  uint8_t* end = payload.SerializeWithCachedSizesToArray(bytes + start);
+  if (end != bytes + start + payload_bytes) {
+    return absl::InternalError("SessionState: protobuf serialization size mismatch");
   }
-  file.set_payload_crc32c(Crc32c(bytes->data(), bytes->size()));
-  std::string out;
-  if (!file.SerializeToString(&out)) {
-    return absl::InternalError("SessionStateFile: protobuf serialization failed");
+  const uint32_t crc = Crc32c(bytes + start, payload_bytes);
+  header.set_payload_crc32c(crc);
+  if (header.ByteSizeLong() != header_bytes) {
+    // A CRC of 0 is the field's default, which proto3 does not write: the header shrinks.
+    const size_t shrink = header_bytes - header.ByteSizeLong();
+    std::memmove(bytes + start - shrink, bytes + start, payload_bytes);
+    out.resize(out.size() - shrink);
+    header_bytes -= shrink;
+    start -= shrink;
   }
+  header.SerializeWithCachedSizesToArray(bytes);
+  bytes[header_bytes] = kPayloadTag;
+  std::memcpy(bytes + header_bytes + 1, length, length_bytes);
   return out;
 }
 
@@ -170,34 +244,34 @@ absl::Status Decode(std::string_view bytes, const StateTarget& target, SessionSt
     return absl::DataLossError(kiln::StrCat("not a kiln session state: ", bytes.size(),
                                             " bytes, more than a state can hold (2 GiB)"));
   }
-  SessionStateFile file;
-  if (!file.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  Envelope file;
+  if (!ParseEnvelope(bytes, &file)) {
     return absl::DataLossError(
         kiln::StrCat("not a kiln session state, or a truncated or corrupted one: its ",
                      bytes.size(), " bytes do not parse as a SessionStateFile message"));
   }
-  if (file.magic() != kMagic) {
+  if (file.magic != kMagic) {
     return absl::DataLossError(kiln::StrCat("not a kiln session state: the magic string is \"",
-                                            absl::CHexEscape(file.magic().substr(0, 32)),
+                                            absl::CHexEscape(file.magic.substr(0, 32)),
                                             "\", expected \"", kMagic, "\""));
   }
-  if (file.format_version() == 0) {
+  if (file.format_version == 0) {
     return absl::DataLossError("corrupted session state: format version 0");
   }
-  if (file.format_version() > kFormatVersion) {
+  if (file.format_version > kFormatVersion) {
     return absl::UnimplementedError(kiln::StrCat(
-        "the session state has format version ", file.format_version(),
+        "the session state has format version ", file.format_version,
         ", newer than this kiln reads (up to ", kFormatVersion, "); restore it with a newer kiln"));
   }
-  const std::string& payload = file.payload();
+  const std::string_view payload = file.payload;
   const uint32_t crc = Crc32c(payload.data(), payload.size());
-  if (crc != file.payload_crc32c()) {
+  if (crc != file.payload_crc32c) {
     return absl::DataLossError(absl::StrFormat(
         "corrupted or truncated session state: the payload's CRC-32C is %08x, the state says "
         "%08x (%d payload bytes)",
-        crc, file.payload_crc32c(), payload.size()));
+        crc, file.payload_crc32c, payload.size()));
   }
-  if (!out->ParseFromString(payload)) {
+  if (!out->ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return Malformed("the payload does not parse as a SessionState message");
   }
   const SessionState& s = *out;
