@@ -104,6 +104,15 @@ std::vector<int32_t> Continue(Session& s, int32_t n) {
   return s.tokens();
 }
 
+// The payload of a saved state.
+state::SessionState Payload(const std::string& saved) {
+  state::SessionStateFile file;
+  EXPECT_TRUE(file.ParseFromString(saved));
+  state::SessionState payload;
+  EXPECT_TRUE(payload.ParseFromString(file.payload()));
+  return payload;
+}
+
 // A session's observable state, compared before and after a refused LoadState.
 struct Snapshot {
   std::vector<int32_t> tokens;
@@ -157,12 +166,15 @@ class TinyState : public ::testing::Test {
   }
   int64_t n_vocab() const { return model_->hparams().n_vocab; }
 
-  // Saves `a` (after `prepare`), continues it by `more` tokens, restores the save into a new
-  // session on `target` and continues that: both must hold the same tokens.
+  // Saves `a`, continues it by `more` tokens, restores the save into a new session on `target`
+  // and continues that: both must hold the same tokens. Before continuing, the restored session
+  // must hold bit for bit the K/V the saved one held (also when they were recomputed).
   static void ExpectSameContinuation(Session& a, Engine& target, const SaveStateOptions& options,
                                      const sample::SamplerParams& restore_params, int32_t more) {
     auto saved = a.SaveState(options);
     ASSERT_TRUE(saved.ok()) << saved.status();
+    auto saved_kv = a.SaveState();
+    ASSERT_TRUE(saved_kv.ok()) << saved_kv.status();
     const std::vector<int32_t> at_save = a.tokens();
     const std::vector<sample::TokenLogprob> logprobs(a.LastLogprobs().begin(),
                                                      a.LastLogprobs().end());
@@ -171,6 +183,18 @@ class TinyState : public ::testing::Test {
     auto b = NewSession(target, restore_params, /*seed=*/777);
     ASSERT_TRUE(b->LoadState(*saved).ok());
     EXPECT_EQ(b->tokens(), at_save);
+    auto restored_kv = b->SaveState();
+    ASSERT_TRUE(restored_kv.ok()) << restored_kv.status();
+    const state::SessionState want = Payload(*saved_kv), got = Payload(*restored_kv);
+    EXPECT_EQ(got.n_computed(), want.n_computed());
+    ASSERT_EQ(got.kv().tiles_size(), want.kv().tiles_size());
+    for (int t = 0; t < want.kv().tiles_size(); ++t) {
+      EXPECT_TRUE(got.kv().tiles(t) == want.kv().tiles(t)) << "K/V tile " << t << " differs";
+    }
+    EXPECT_EQ(got.rng_state(0), want.rng_state(0));
+    if (options.kv) {
+      EXPECT_TRUE(*restored_kv == *saved_kv) << "the restored session saves other bytes";
+    }
     ASSERT_EQ(b->LastLogprobs().size(), logprobs.size());
     for (size_t i = 0; i < logprobs.size(); ++i) {
       EXPECT_EQ(b->LastLogprobs()[i].token, logprobs[i].token);
@@ -427,9 +451,19 @@ TEST_F(DefaultModelState, GreedyAndSeededContinuationsMatch) {
       options.kv = kv;
       auto saved = a->SaveState(options);
       ASSERT_TRUE(saved.ok()) << saved.status();
+      auto saved_kv = a->SaveState();
+      ASSERT_TRUE(saved_kv.ok()) << saved_kv.status();
       const std::vector<int32_t> expected = Continue(*a, kMore);
       auto b = NewSession(*engine_, kiln::testing::GreedyParams(), 5);
       ASSERT_TRUE(b->LoadState(*saved).ok());
+      // The same K/V bits, also when recomputed from the tokens.
+      auto restored_kv = b->SaveState();
+      ASSERT_TRUE(restored_kv.ok()) << restored_kv.status();
+      const state::SessionState want = Payload(*saved_kv), got = Payload(*restored_kv);
+      ASSERT_EQ(got.kv().tiles_size(), want.kv().tiles_size());
+      for (int t = 0; t < want.kv().tiles_size(); ++t) {
+        EXPECT_TRUE(got.kv().tiles(t) == want.kv().tiles(t)) << "K/V tile " << t << " differs";
+      }
       EXPECT_EQ(Continue(*b, kMore), expected);
     }
   }
