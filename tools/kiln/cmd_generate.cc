@@ -3,7 +3,8 @@
 //               [--strategy none|ngram|draft:PATH] [--draft-max K]
 //               [--load-state FILE] [--save-state FILE]
 // Streams the continuation to stdout; statistics go to stderr. --load-state continues a saved
-// session (the prompt, optional then, is appended to it as the next user turn) and
+// session with its sampler settings and random state (the sampling flags do not apply then; the
+// prompt, optional, is appended as the next user turn) and
 // --save-state saves the session after generating (docs/session_state.md). The shared flags are
 // parsed by ParseGenFlag (gen_common.h), the rest with the same value helpers and messages.
 #include <algorithm>
@@ -27,7 +28,8 @@ void GenerateUsage() {
                "  --strategy S        speculative decoding: none (default), ngram (prompt\n"
                "                      lookup) or draft:PATH (a draft GGUF, see kiln-mkdraft)\n"
                "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5)\n"
-               "  --load-state FILE   continue a saved session (-p then adds the next turn)\n"
+               "  --load-state FILE   continue a saved session, with its sampler settings and\n"
+               "                      random state (-p then adds the next turn)\n"
                "  --save-state FILE   save the session after generating\n%s",
                GenFlagsHelp(GenFlags{}, "to generate").c_str());
 }
