@@ -490,12 +490,12 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
       const size_t row = layout.row_bytes();
       for (int32_t t = 0; t < n_tiles; ++t) {
         std::string* tile = kv->add_tiles();
-        tile->resize(static_cast<size_t>(n_cached_) * row);
+        tile->reserve(static_cast<size_t>(n_cached_) * row);  // appended, not zero-filled first
         const size_t tile_offset = static_cast<size_t>(t) * layout.tile_bytes();
         for (int32_t b = 0; b * bs < n_cached_; ++b) {
           const int32_t rows = std::min(bs, n_cached_ - b * bs);
-          std::memcpy(tile->data() + static_cast<size_t>(b) * bs * row,
-                      cache.BlockData(table[b]) + tile_offset, static_cast<size_t>(rows) * row);
+          tile->append(reinterpret_cast<const char*>(cache.BlockData(table[b]) + tile_offset),
+                       static_cast<size_t>(rows) * row);
         }
       }
       return absl::OkStatus();
