@@ -685,6 +685,74 @@ KILN_API kiln_status kiln_cache_start_worker(kiln_cache* cache);
  * runs). Thread-safe. */
 KILN_API kiln_status kiln_cache_stop_worker(kiln_cache* cache);
 
+/* ---------------------------------------------------------------- saved sessions
+ *
+ * A session's state saved to a buffer or a file and restored into a session on a cache of the
+ * same model (a saved game of an NPC, a server restart): its tokens, the K/V of the computed
+ * ones (or only the tokens, see kiln_state_params), the next-token logits, the sampler
+ * parameters and random state, and a speculative strategy's adaptive state. The restored session
+ * continues bit for bit as the saved one would have: the same tokens, greedy or seeded.
+ * The format is a Protobuf message (lib/session/session_state.proto, docs/session_state.md) with
+ * a fingerprint of the model, a format version and a CRC-32C. A state from another model, a
+ * truncated or corrupted one, or one from a newer kiln is refused with a status naming the
+ * problem, and the session is left exactly as it was.
+ * Thread rules: as the other session calls (KILN_ERR_BUSY from the generate callback).
+ * Added in 0.2.0 after the ABI 1 baseline.
+ */
+
+typedef struct kiln_state_params {
+  uint32_t struct_size; /* set by kiln_state_params_init */
+  /* Non-zero (default): store the K/V of the computed tokens as the cache holds them (its element
+   * type; about 23 KB per token for the default model at f16), so that a restore is a copy.
+   * 0: tokens only, a state of a few bytes per token; the restore recomputes the K/V (a prefill,
+   * attaching cached prefix blocks where the cache has them) and gets the same bits, except with
+   * kiln_cache_params.llama_cpp_order. */
+  int32_t kv;
+  /* Non-zero (default): store the speculative strategy's adaptive state; a strategy that cannot
+   * save it (the draft model) makes the save fail with KILN_ERR_UNSUPPORTED. 0: leave it out; a
+   * restored session's strategy then starts afresh (greedy output is the same either way). */
+  int32_t strategy;
+} kiln_state_params;
+
+/* Writes the defaults (kv 1, strategy 1) as kiln_model_params_init does. Statuses: as
+ * kiln_model_params_init. */
+KILN_API kiln_status kiln_state_params_init(kiln_state_params* params, size_t struct_size);
+
+/* Saves the session's state into buffer[0, capacity). *size receives its length, also on
+ * KILN_ERR_BUFFER_TOO_SMALL (pass capacity 0 to learn it; each call serializes the state anew, so
+ * for large states kiln_session_save_state_file saves the double work). params NULL: defaults.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/size, NULL buffer with capacity > 0,
+ * struct_size too small), KILN_ERR_BUFFER_TOO_SMALL, KILN_ERR_UNSUPPORTED (a strategy that cannot
+ * save its state, with params->strategy), KILN_ERR_OUT_OF_RANGE (a state over 2 GiB: save with
+ * kv = 0), KILN_ERR_OUT_OF_MEMORY, KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_save_state(kiln_session* session, const kiln_state_params* params,
+                                             void* buffer, size_t capacity, size_t* size);
+
+/* Replaces the session's contents with the state in state[0, size), saved from a session on a
+ * cache of the same model (any block size; the same kv_type when the state holds K/V). A
+ * strategy: when the state holds the state of one, set a strategy of the same kind and
+ * parameters on this session first (kiln_session_set_strategy) to restore it; a strategy whose
+ * state was not saved starts afresh. All or nothing: on error the session is exactly as before.
+ * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointers; a state from another model, the message
+ * names both; K/V of another element type; a strategy of another kind or with other parameters),
+ * KILN_ERR_FORMAT (not a session state, truncated, corrupted, malformed: the message says which),
+ * KILN_ERR_UNSUPPORTED (written by a newer kiln), KILN_ERR_OUT_OF_RANGE (more tokens than the
+ * cache's n_ctx), KILN_ERR_CACHE_FULL (the restored K/V need blocks while the session's current
+ * ones are still held: free space, or restore into a new session), KILN_ERR_CANCELLED
+ * (kiln_session_cancel during a recompute), KILN_ERR_OUT_OF_MEMORY, KILN_ERR_BUSY. */
+KILN_API kiln_status kiln_session_load_state(kiln_session* session, const void* state, size_t size);
+
+/* kiln_session_save_state into the file `path` (written to "<path>.tmp", synced, then renamed
+ * over `path`). Statuses: those of kiln_session_save_state except BUFFER_TOO_SMALL, KILN_ERR_IO
+ * (cannot write the file, with the OS's reason). */
+KILN_API kiln_status kiln_session_save_state_file(kiln_session* session,
+                                                  const kiln_state_params* params,
+                                                  const char* path);
+
+/* kiln_session_load_state from the file `path`. Statuses: those of kiln_session_load_state,
+ * KILN_ERR_IO (missing or unreadable file). */
+KILN_API kiln_status kiln_session_load_state_file(kiln_session* session, const char* path);
+
 /* ---------------------------------------------------------------- speculative decoding
  *
  * A kiln_strategy proposes draft tokens that a session's generate verifies with the target model

@@ -197,6 +197,15 @@ kiln_step_params Defaults() {
   return VersionedStruct<kiln_step_params>::Zeroed();
 }
 
+template <>
+kiln_state_params Defaults() {
+  kiln_state_params p = VersionedStruct<kiln_state_params>::Zeroed();
+  const kiln::SaveStateOptions d;
+  p.kv = d.kv ? 1 : 0;
+  p.strategy = d.strategy ? 1 : 0;
+  return p;
+}
+
 // The body of every kiln_*_params_init.
 template <typename T>
 kiln_status InitParams(const char* fn, T* params, size_t struct_size) {
@@ -1071,6 +1080,97 @@ kiln_status kiln_cache_stop_worker(kiln_cache* cache) {
     }
     cache->engine->scheduler().StopWorker();
     return KILN_OK;
+  });
+}
+
+// ------------------------------------------------------------------ saved sessions
+
+namespace {
+
+// Reads optional state params (NULL: defaults) into SaveStateOptions.
+kiln_status ReadStateParams(const char* fn, const kiln_state_params* caller_params,
+                            kiln::SaveStateOptions* out) {
+  kiln_state_params read = Defaults<kiln_state_params>();
+  if (caller_params != nullptr) {
+    const kiln_status status = ReadParams(fn, caller_params, &read);
+    if (status != KILN_OK) return status;
+  }
+  out->kv = read.kv != 0;
+  out->strategy = read.strategy != 0;
+  return KILN_OK;
+}
+
+}  // namespace
+
+kiln_status kiln_state_params_init(kiln_state_params* params, size_t struct_size) {
+  return InitParams("kiln_state_params_init", params, struct_size);
+}
+
+kiln_status kiln_session_save_state(kiln_session* session, const kiln_state_params* params,
+                                    void* buffer, size_t capacity, size_t* size) {
+  return Guard("kiln_session_save_state", [&]() -> kiln_status {
+    if (session == nullptr || size == nullptr || (buffer == nullptr && capacity > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_save_state: session and size are required; buffer may be NULL "
+                  "only with capacity 0");
+    }
+    kiln::SaveStateOptions options;
+    const kiln_status status = ReadStateParams("kiln_session_save_state", params, &options);
+    if (status != KILN_OK) return status;
+    auto state = session->session->SaveState(options);
+    if (!state.ok()) return FromAbsl(state.status());
+    *size = state->size();
+    if (state->size() > capacity) {
+      return Fail(KILN_ERR_BUFFER_TOO_SMALL,
+                  kiln::StrCat("kiln_session_save_state: the state takes ", state->size(),
+                               " bytes, capacity is ", capacity));
+    }
+    std::memcpy(buffer, state->data(), state->size());
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_session_load_state(kiln_session* session, const void* state, size_t size) {
+  return Guard("kiln_session_load_state", [&]() -> kiln_status {
+    if (session == nullptr || (state == nullptr && size > 0)) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_load_state: session is required; state may be NULL only with "
+                  "size 0");
+    }
+    return FromAbsl(session->session->LoadState(
+        std::string_view(state == nullptr ? "" : static_cast<const char*>(state), size)));
+  });
+}
+
+kiln_status kiln_session_save_state_file(kiln_session* session, const kiln_state_params* params,
+                                         const char* path) {
+  return Guard("kiln_session_save_state_file", [&]() -> kiln_status {
+    if (session == nullptr || path == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_save_state_file: session and path are required");
+    }
+    kiln::SaveStateOptions options;
+    const kiln_status status = ReadStateParams("kiln_session_save_state_file", params, &options);
+    if (status != KILN_OK) return status;
+    absl::Status saved = session->session->SaveStateToFile(path, options);
+    // Write failures of the file system have codes without a kiln meaning (kUnknown): report
+    // them as I/O errors, not internal ones.
+    if (saved.code() == absl::StatusCode::kUnknown)
+      return Fail(KILN_ERR_IO, std::string(saved.message()));
+    return FromAbsl(saved);
+  });
+}
+
+kiln_status kiln_session_load_state_file(kiln_session* session, const char* path) {
+  return Guard("kiln_session_load_state_file", [&]() -> kiln_status {
+    if (session == nullptr || path == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_session_load_state_file: session and path are required");
+    }
+    absl::Status loaded = session->session->LoadStateFromFile(path);
+    if (loaded.code() == absl::StatusCode::kUnknown)
+      return Fail(KILN_ERR_IO, std::string(loaded.message()));
+    return FromAbsl(loaded);
   });
 }
 

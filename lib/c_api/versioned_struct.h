@@ -99,6 +99,12 @@ struct StructReleases<kiln_spec_metrics> {
   static constexpr std::array kEnds = {
       KILN_FIELD_END(kiln_spec_metrics, target_passes_per_token)};  // 0.2
 };
+template <>
+struct StructReleases<kiln_state_params> {
+  static constexpr const char* kName = "kiln_state_params";
+  static constexpr const char* kInit = "kiln_state_params_init";
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_state_params, strategy)};  // 0.2
+};
 
 template <>
 struct StructReleases<kiln_request_params> {

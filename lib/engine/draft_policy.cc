@@ -1,6 +1,7 @@
 #include "lib/engine/draft_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::spec {
 
@@ -37,6 +38,18 @@ double PassCostModel::Beta() const {
   if (n1_ == 0 || n_wide_ == 0 || !(t1_ > 0.0)) return kPriorBeta;
   // A row can cost at most a few one-token passes (clamp the noise of single measurements).
   return std::clamp(slope_ / t1_, 0.0, 4.0);
+}
+
+bool AcceptanceEstimate::SetCounts(const std::array<double, 4>& c) {
+  for (double x : c) {
+    if (!std::isfinite(x) || x < 0.0) return false;
+  }
+  if (!(c[0] + c[1] > 0.0) || !(c[2] + c[3] > 0.0)) return false;
+  s1_ = c[0];
+  f1_ = c[1];
+  s_ = c[2];
+  f_ = c[3];
+  return true;
 }
 
 void AcceptanceEstimate::Reset() { s1_ = f1_ = s_ = f_ = 1.0; }

@@ -71,6 +71,32 @@ class PassCostModel {
   }
   bool pinned() const { return pinned_; }
 
+  // Every field, for saving a session (lib/session/session_state.h) and restoring it bit for
+  // bit: Restore(snapshot()) gives a model that answers exactly as this one.
+  struct Snapshot {
+    double t1 = 0.0;
+    double slope = 0.0;
+    std::array<double, kMaxTimedWidth + 1> t_width{};
+    std::array<int64_t, kMaxTimedWidth + 1> seen_at{};
+    int64_t n1 = 0;
+    int64_t n_wide = 0;
+    bool pinned = false;
+    double pinned_beta = 0.0;
+  };
+  Snapshot snapshot() const {
+    return {t1_, slope_, t_width_, seen_at_, n1_, n_wide_, pinned_, pinned_beta_};
+  }
+  void Restore(const Snapshot& s) {
+    t1_ = s.t1;
+    slope_ = s.slope;
+    t_width_ = s.t_width;
+    seen_at_ = s.seen_at;
+    n1_ = s.n1;
+    n_wide_ = s.n_wide;
+    pinned_ = s.pinned;
+    pinned_beta_ = s.pinned_beta;
+  }
+
  private:
   // Weight of a new observation in the moving averages (about the last 10 steps matter).
   static constexpr double kEmaWeight = 0.1;
@@ -99,6 +125,13 @@ class AcceptanceEstimate {
   // failure (later tokens were never trials); token 0 counts for a1, the others for a.
   // checked <= 0 is ignored.
   void Observe(int32_t checked, int32_t matched);
+
+  // The pseudo-counts {s1, f1, s, f} (successes and failures of the first and the later draft
+  // tokens), for saving a session; SetCounts restores them. SetCounts refuses (returns false,
+  // changes nothing) counts that are negative, non-finite, or leave a level without evidence
+  // (s1 + f1 or s + f not positive), which no sequence of observations produces.
+  std::array<double, 4> counts() const { return {s1_, f1_, s_, f_}; }
+  bool SetCounts(const std::array<double, 4>& counts);
 
   double first() const { return s1_ / (s1_ + f1_); }  // a1
   double next() const { return s_ / (s_ + f_); }      // a

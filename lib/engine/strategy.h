@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -114,6 +115,24 @@ class Strategy {
   virtual absl::StatusOr<std::unique_ptr<Strategy>> Clone() const {
     return absl::UnimplementedError(
         kiln::StrCat("strategy ", name(), " cannot be cloned (Session::Fork needs Clone)"));
+  }
+
+  // The strategy's parameters and adaptive state as bytes, for Session::SaveState (the format is
+  // the strategy's own; the n-gram strategy writes a NgramStrategyState message of
+  // lib/session/session_state.proto). Default: Unimplemented naming the strategy (its state
+  // cannot be saved; the session is saved without it).
+  virtual absl::StatusOr<std::string> SaveState() const {
+    return absl::UnimplementedError(kiln::StrCat("the speculative strategy ", name(),
+                                                 " cannot save its state (Strategy::SaveState)"));
+  }
+
+  // Replaces this strategy's adaptive state with one SaveState wrote, so that it continues
+  // exactly as the saved strategy would have. All or nothing: on error nothing changed.
+  // Errors: InvalidArgument (saved by a strategy with other parameters: the message names
+  // them), DataLoss (malformed bytes), Unimplemented (the default: no saved state).
+  virtual absl::Status LoadState(std::string_view state) {
+    return absl::UnimplementedError(kiln::StrCat(
+        "the speculative strategy ", name(), " cannot load a saved state (Strategy::LoadState)"));
   }
 };
 

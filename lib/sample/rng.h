@@ -6,6 +6,7 @@
 // Thread-safety: none; one Rng per session (or per thread).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace kiln::sample {
@@ -36,6 +37,14 @@ class Rng {
   // A uniform double in [0, 1): the top 53 bits of NextU64() times 2^-53. Exactly representable,
   // never 1.0.
   double NextDouble() { return static_cast<double>(NextU64() >> 11) * 0x1.0p-53; }
+
+  // The whole generator state (four words, never all zero), for saving a session
+  // (lib/session/session_state.h) and continuing it bit for bit with SetState.
+  std::array<uint64_t, 4> state() const { return {state_[0], state_[1], state_[2], state_[3]}; }
+  // Restores a state() (the caller checks it is not all zero: xoshiro256** would stay at zero).
+  void SetState(const std::array<uint64_t, 4>& state) {
+    for (int i = 0; i < 4; ++i) state_[i] = state[i];
+  }
 
   // Number of 64-bit words drawn so far is not tracked; tests compare whole states instead.
   bool operator==(const Rng& other) const = default;

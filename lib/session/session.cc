@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 
+#include "lib/common/platform.h"
 #include "lib/engine/scheduler.h"
 #include "lib/engine/speculative_decoder.h"
+#include "lib/session/session_state.h"
 #include "lib/tokenizer/streaming_detokenizer.h"
 #include "lib/tokenizer/tokenizer.h"
 
@@ -877,6 +881,350 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
     }
   }
   return fork;
+}
+
+// ------------------------------------------------------------------ saved state
+
+namespace {
+
+std::string ModelDescription(const Model& model) {
+  const ModelHparams& hp = model.hparams();
+  return kiln::StrCat(hp.arch, " '", hp.name, "', ", hp.n_layer, " layers, vocab ", hp.n_vocab);
+}
+
+void SamplerParamsToProto(const sample::SamplerParams& p, state::SamplerParams* out) {
+  for (const sample::LogitBias& b : p.logit_bias) {
+    state::LogitBias* o = out->add_logit_bias();
+    o->set_token(b.token);
+    o->set_bias(b.bias);
+  }
+  out->set_penalty_last_n(p.penalty_last_n);
+  out->set_repeat_penalty(p.repeat_penalty);
+  out->set_frequency_penalty(p.frequency_penalty);
+  out->set_presence_penalty(p.presence_penalty);
+  out->set_top_k(p.top_k);
+  out->set_typical_p(p.typical_p);
+  out->set_top_p(p.top_p);
+  out->set_min_p(p.min_p);
+  out->set_temperature(p.temperature);
+  out->set_n_logprobs(p.n_logprobs);
+}
+
+sample::SamplerParams SamplerParamsFromProto(const state::SamplerParams& p) {
+  sample::SamplerParams out;
+  for (const state::LogitBias& b : p.logit_bias()) out.logit_bias.push_back({b.token(), b.bias()});
+  out.penalty_last_n = p.penalty_last_n();
+  out.repeat_penalty = p.repeat_penalty();
+  out.frequency_penalty = p.frequency_penalty();
+  out.presence_penalty = p.presence_penalty();
+  out.top_k = p.top_k();
+  out.typical_p = p.typical_p();
+  out.top_p = p.top_p();
+  out.min_p = p.min_p();
+  out.temperature = p.temperature();
+  out.n_logprobs = p.n_logprobs();
+  return out;
+}
+
+void CostToProto(const spec::PassCostModel& cost, state::PassCostState* out) {
+  const spec::PassCostModel::Snapshot s = cost.snapshot();
+  out->set_t1(s.t1);
+  out->set_slope(s.slope);
+  for (double t : s.t_width) out->add_t_width(t);
+  for (int64_t at : s.seen_at) out->add_seen_at(at);
+  out->set_n1(s.n1);
+  out->set_n_wide(s.n_wide);
+  out->set_pinned(s.pinned);
+  out->set_pinned_beta(s.pinned_beta);
+}
+
+// Precondition: state::Decode accepted it (the arrays have kMaxTimedWidth + 1 entries).
+spec::PassCostModel::Snapshot CostFromProto(const state::PassCostState& c) {
+  spec::PassCostModel::Snapshot s;
+  s.t1 = c.t1();
+  s.slope = c.slope();
+  for (size_t i = 0; i < s.t_width.size(); ++i) {
+    s.t_width[i] = c.t_width(static_cast<int>(i));
+    s.seen_at[i] = c.seen_at(static_cast<int>(i));
+  }
+  s.n1 = c.n1();
+  s.n_wide = c.n_wide();
+  s.pinned = c.pinned();
+  s.pinned_beta = c.pinned_beta();
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) {
+  Use use(*this, "SaveState", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  const Model& model = engine_.model();
+  state::SessionState st;
+  st.mutable_model()->set_hash(state::ModelFingerprintOf(model.file()));
+  st.mutable_model()->set_description(ModelDescription(model));
+  st.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
+  st.set_n_computed(n_cached_);
+  if (options.kv) {
+    // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData).
+    KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
+      KILN_ASSIGN_OR_RETURN(const int32_t computed, cache.NumComputed(seq_));
+      if (computed < n_cached_) {
+        return absl::InternalError(kiln::StrCat("SaveState: the session counts ", n_cached_,
+                                                " computed tokens, its sequence ", computed));
+      }
+      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq_));
+      const KvLayout& layout = cache.layout();
+      state::KvData* kv = st.mutable_kv();
+      kv->set_elem_type(static_cast<uint32_t>(layout.elem_type()));
+      kv->set_row_elems(static_cast<uint32_t>(layout.row_elems()));
+      const int32_t n_tiles = layout.n_layers() * layout.tiles_per_layer();
+      const int32_t bs = layout.block_size();
+      const size_t row = layout.row_bytes();
+      for (int32_t t = 0; t < n_tiles; ++t) {
+        std::string* tile = kv->add_tiles();
+        tile->reserve(static_cast<size_t>(n_cached_) * row);  // appended, not zero-filled first
+        const size_t tile_offset = static_cast<size_t>(t) * layout.tile_bytes();
+        for (int32_t b = 0; b * bs < n_cached_; ++b) {
+          const int32_t rows = std::min(bs, n_cached_ - b * bs);
+          tile->append(reinterpret_cast<const char*>(cache.BlockData(table[b]) + tile_offset),
+                       static_cast<size_t>(rows) * row);
+        }
+      }
+      return absl::OkStatus();
+    }));
+    if (logits_valid_ && n_cached_ == n_tokens() && n_cached_ > 0) {
+      st.mutable_logits()->Add(logits_.begin(), logits_.end());
+    }
+  }
+  SamplerParamsToProto(sampler_.params(), st.mutable_sampler());
+  for (uint64_t word : rng_.state()) st.add_rng_state(word);
+  for (const sample::TokenLogprob& lp : last_logprobs_) {
+    state::TokenLogprob* o = st.add_last_logprobs();
+    o->set_token(lp.token);
+    o->set_logprob(lp.logprob);
+  }
+  if (spec_ != nullptr) {
+    state::SpeculativeState* sp = st.mutable_speculative();
+    CostToProto(spec_->cost_model(), sp->mutable_cost());
+    if (options.strategy && spec_->strategy() != nullptr) {
+      auto saved = spec_->strategy()->SaveState();
+      if (!saved.ok()) {
+        return absl::Status(
+            saved.status().code(),
+            kiln::StrCat("SaveState: ", saved.status().message(),
+                         "; save with SaveStateOptions::strategy = false (kiln_state_params."
+                         "strategy = 0) to save the session without it"));
+      }
+      sp->set_strategy(std::string(spec_->strategy()->name()));
+      sp->set_strategy_state(std::move(*saved));
+    }
+  }
+  return state::Encode(st);
+}
+
+absl::Status Session::SaveStateToFile(const std::string& path, const SaveStateOptions& options) {
+  KILN_ASSIGN_OR_RETURN(const std::string bytes, SaveState(options));
+  const std::string tmp = path + ".tmp";
+  absl::Status written = [&]() -> absl::Status {
+    KILN_ASSIGN_OR_RETURN(platform::WritableFile file, platform::WritableFile::Create(tmp));
+    KILN_RETURN_IF_ERROR(file.Write(bytes.data(), bytes.size()));
+    return file.SyncAndClose();
+  }();
+  if (written.ok()) {
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+      written = platform::StatusFromErrorCode(
+          ec, kiln::StrCat("cannot rename '", tmp, "' to '", path, "'"));
+    }
+  }
+  if (!written.ok()) std::remove(tmp.c_str());
+  return written;
+}
+
+absl::Status Session::LoadStateFromFile(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(platform::ReadOnlyFile file, platform::ReadOnlyFile::Open(path));
+  if (file.kind() != platform::ReadOnlyFile::Kind::kRegular) {
+    return absl::InvalidArgumentError(kiln::StrCat("'", path, "' is not a regular file"));
+  }
+  if (file.size() > state::kMaxStateBytes) {
+    return absl::DataLossError(kiln::StrCat("'", path, "' is not a kiln session state: ",
+                                            file.size(), " bytes, more than a state can hold"));
+  }
+  KILN_ASSIGN_OR_RETURN(platform::FileMapping bytes, file.Map(file.size()));
+  absl::Status st = LoadState(std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                               static_cast<size_t>(bytes.size())));
+  if (!st.ok()) return absl::Status(st.code(), kiln::StrCat("'", path, "': ", st.message()));
+  return st;
+}
+
+absl::Status Session::LoadState(std::string_view bytes) {
+  Use use(*this, "LoadState", true);
+  KILN_RETURN_IF_ERROR(use.status());
+  const Model& model = engine_.model();
+  state::StateTarget target;
+  target.model_fingerprint = state::ModelFingerprintOf(model.file());
+  target.model_description = ModelDescription(model);
+  target.n_vocab = n_vocab_;
+  target.n_ctx = engine_.n_ctx();
+  engine_.Locked([&](KvCache& cache, ForwardPass&) {
+    const KvLayout& layout = cache.layout();
+    target.kv_type = layout.elem_type();
+    target.kv_tiles = layout.n_layers() * layout.tiles_per_layer();
+    target.kv_row_elems = layout.row_elems();
+    target.kv_row_bytes = layout.row_bytes();
+  });
+  target.max_timed_width = spec::PassCostModel::kMaxTimedWidth;
+  state::SessionState st;
+  KILN_RETURN_IF_ERROR(state::Decode(bytes, target, &st));
+
+  const sample::SamplerParams params = SamplerParamsFromProto(st.sampler());
+  if (absl::Status valid = sample::Sampler::Validate(params); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        kiln::StrCat("the session state's sampler parameters are invalid: ", valid.message()));
+  }
+  spec::Strategy* strategy = spec_strategy();
+  const bool strategy_saved = st.has_speculative() && !st.speculative().strategy().empty();
+  if (strategy != nullptr && strategy_saved) {
+    if (strategy->name() != st.speculative().strategy()) {
+      return absl::InvalidArgumentError(
+          kiln::StrCat("the session state holds the state of a '", st.speculative().strategy(),
+                       "' strategy; this session's strategy is '", strategy->name(),
+                       "': set a strategy of the saved kind (or none) before LoadState"));
+    }
+    // A dry run on a clone, so that a state the strategy refuses changes nothing in the cache.
+    if (auto clone = strategy->Clone(); clone.ok()) {
+      KILN_RETURN_IF_ERROR((*clone)->LoadState(st.speculative().strategy_state()));
+    }
+  }
+
+  // The restored sequence is built next to the current one and swapped in at the end, so that
+  // any failure leaves the session as it was.
+  const std::vector<int32_t> tokens(st.tokens().begin(), st.tokens().end());
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  const int32_t n_computed = st.n_computed();
+  std::vector<float> logits;
+  bool logits_valid = false;
+  int32_t attached = 0;
+  int32_t computed = 0;
+  auto free_seq = [&](SeqId seq) {
+    engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq); }).IgnoreError();
+  };
+  SeqId fresh = 0;
+  if (st.has_kv()) {
+    // Copy the saved rows into fresh blocks. AppendSlots checks the capacity before it changes
+    // anything, and nothing after it can fail.
+    const state::KvData& kv = st.kv();
+    auto created = engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<SeqId> {
+      const SeqId seq = cache.CreateSequence();
+      absl::Status appended = cache.AppendSlots(seq, std::span(tokens).first(n_computed));
+      if (!appended.ok()) {
+        cache.Free(seq).IgnoreError();
+        return absl::Status(appended.code(),
+                            kiln::StrCat("LoadState: restoring the K/V of ", n_computed,
+                                         " tokens: ", appended.message()));
+      }
+      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq));
+      const KvLayout& layout = cache.layout();
+      const int32_t bs = layout.block_size();
+      const size_t row = layout.row_bytes();
+      for (int t = 0; t < kv.tiles_size(); ++t) {
+        const std::string& tile = kv.tiles(t);
+        const size_t tile_offset = static_cast<size_t>(t) * layout.tile_bytes();
+        for (int32_t b = 0; b * bs < n_computed; ++b) {
+          const int32_t rows = std::min(bs, n_computed - b * bs);
+          std::memcpy(cache.BlockData(table[b]) + tile_offset,
+                      tile.data() + static_cast<size_t>(b) * bs * row,
+                      static_cast<size_t>(rows) * row);
+        }
+      }
+      KILN_RETURN_IF_ERROR(cache.MarkComputed(seq, n_computed));
+      return seq;
+    });
+    if (!created.ok()) return created.status();
+    fresh = *created;
+    if (st.logits_size() > 0) {
+      logits.assign(st.logits().begin(), st.logits().end());
+      logits_valid = true;
+    }
+  } else {
+    // Tokens only: recompute the K/V of tokens [0, n_computed) (batch-invariant kernels give the
+    // bits the saved session held), attaching cached prefix blocks where the cache has them.
+    fresh = engine_.Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+    const bool need_logits = n_computed == n && n > 0;
+    if (engine_.options().prefix_caching && n_computed > 0) {
+      const int32_t attachable = need_logits ? n_computed - 1 : n_computed;
+      auto hit = engine_.Locked([&](KvCache& cache, ForwardPass&) {
+        return cache.AttachCachedPrefix(fresh, std::span(tokens).first(attachable));
+      });
+      if (!hit.ok()) {
+        free_seq(fresh);
+        return hit.status();
+      }
+      attached = *hit;
+    }
+    if (attached < n_computed) {
+      PrefillRequest request;
+      request.seq = fresh;
+      request.tokens = std::span(tokens).subspan(attached, n_computed - attached);
+      request.last_logits = need_logits;
+      const int32_t last = n_computed - attached - 1;
+      request.on_logits = [&](int32_t index, const float* row) {
+        if (need_logits && index == last) {
+          logits.assign(row, row + n_vocab_);
+          logits_valid = true;
+        }
+      };
+      request.cancelled = [this] { return ConsumeCancel(); };
+      absl::Status prefilled = engine_.Prefill(request, &computed);
+      stats_.computed_tokens += computed;
+      if (!prefilled.ok()) {
+        free_seq(fresh);
+        return absl::Status(prefilled.code(),
+                            kiln::StrCat("LoadState: recomputing the K/V of ", n_computed,
+                                         " tokens: ", prefilled.message()));
+      }
+    }
+  }
+
+  // Commit: nothing below fails.
+  if (strategy != nullptr) {
+    if (strategy_saved) {
+      absl::Status loaded = strategy->LoadState(st.speculative().strategy_state());
+      if (!loaded.ok()) {  // only a strategy that cannot be cloned gets here (no dry run)
+        free_seq(fresh);
+        return loaded;
+      }
+    } else {
+      strategy->Reset();
+    }
+  }
+  free_seq(seq_);
+  seq_ = fresh;
+  tokens_ = tokens;
+  n_cached_ = n_computed;
+  stats_.attached_tokens += attached;
+  logits_ = std::move(logits);
+  logits_valid_ = logits_valid;
+  sampler_ = sample::Sampler(params);
+  rng_.SetState({st.rng_state(0), st.rng_state(1), st.rng_state(2), st.rng_state(3)});
+  last_logprobs_.clear();
+  for (const state::TokenLogprob& lp : st.last_logprobs()) {
+    last_logprobs_.push_back({lp.token(), lp.logprob()});
+  }
+  if (spec_ != nullptr || st.has_speculative()) {
+    // The decoder is bound to a sequence: a new one on the restored sequence.
+    auto decoder =
+        std::make_unique<spec::SpeculativeDecoder>(engine_, seq_, sampler_, rng_, strategy);
+    if (st.has_speculative() && st.speculative().has_cost()) {
+      decoder->cost_model().Restore(CostFromProto(st.speculative().cost()));
+    } else if (spec_ != nullptr) {
+      decoder->cost_model() = spec_->cost_model();
+    }
+    spec_ = std::move(decoder);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Session::Rewind(int32_t n) {

@@ -103,6 +103,21 @@ struct PollResult {
   StopReason reason = StopReason::kMaxTokens;  // when done with OK status
 };
 
+// What Session::SaveState stores besides the tokens, sampler and random state (see
+// docs/session_state.md).
+struct SaveStateOptions {
+  // true: the K/V of the computed tokens, bit for bit in the cache's element type (about
+  // bytes_per_token per token: 23 KB for the default model at f16), and the last logits, so a
+  // restore is a copy. false: tokens only; the restore recomputes the K/V (a prefill; with prefix
+  // caching on, cached prefix blocks are attached instead) and gets the same bits, since the
+  // kernels are batch invariant (not with EngineOptions::llama_cpp_order).
+  bool kv = true;
+  // true: the speculative strategy's adaptive state (Strategy::SaveState); a strategy that
+  // cannot save it (the draft model) makes SaveState fail with Unimplemented. false: not stored;
+  // a restored session's strategy starts afresh (greedy output is the same either way).
+  bool strategy = true;
+};
+
 struct SessionStats {
   int64_t computed_tokens = 0;  // tokens run through the forward pass (prefill + decode)
   int64_t attached_tokens = 0;  // tokens attached from the prefix cache instead
@@ -175,6 +190,37 @@ class Session {
   // (the fork's spec_metrics() start at zero). Errors: Aborted (busy), Unimplemented (the
   // strategy cannot be cloned), the clone's errors.
   absl::StatusOr<std::unique_ptr<Session>> Fork();
+
+  // Saved state (docs/session_state.md, lib/session/session_state.proto): the tokens, the K/V of
+  // the computed ones (or only the tokens, see SaveStateOptions), the last logits, the sampler
+  // parameters, the Rng state, the top logprobs of the last token, and with a speculative
+  // strategy its decoder's pass-cost model and the strategy's state. A session restored from it
+  // (LoadState) continues bit for bit as this one would: the same tokens, greedy or seeded.
+  // The state carries a fingerprint of the model, a format version and a CRC-32C.
+  // Errors: Aborted (busy, or called from the generate callback), Unimplemented (a strategy that
+  // cannot save its state, with options.strategy), OutOfRange (over 2 GiB: save without K/V).
+  absl::StatusOr<std::string> SaveState(const SaveStateOptions& options = {});
+  // SaveState written to `path` (through a temporary file renamed over it, so a crash never
+  // leaves half a state under the name). Errors: SaveState's, the file system's (the path and
+  // the OS's reason).
+  absl::Status SaveStateToFile(const std::string& path, const SaveStateOptions& options = {});
+
+  // Replaces this session's contents (tokens, K/V, logits, sampler parameters, Rng state) with a
+  // saved state of a session on an engine of the same model; any block size, a cache of the same
+  // kv_type when the state holds K/V. The strategy: when the state holds the state of one and
+  // this session has a strategy of that name set (SetStrategy, before LoadState), the strategy
+  // is loaded from it and must have the same parameters; a strategy whose state was not saved is
+  // Reset; a saved strategy state is ignored when this session has no strategy. The decoder's
+  // pass-cost model is restored; spec_metrics() start at zero.
+  // All or nothing: on any error the session and the cache are exactly as before.
+  // Errors: DataLoss (not a state, truncated, corrupted, malformed), Unimplemented (a newer
+  // format version), InvalidArgument (another model, another K/V type, bad sampler parameters,
+  // a strategy of another kind or with other parameters), OutOfRange (more tokens than n_ctx),
+  // ResourceExhausted (cache full: the restored K/V need their blocks while this session's
+  // current ones are still held), Cancelled (Cancel() during a recompute), Aborted (busy).
+  absl::Status LoadState(std::string_view state);
+  // LoadState of the bytes of `path`. Errors: LoadState's, the file system's (NotFound, ...).
+  absl::Status LoadStateFromFile(const std::string& path);
 
   // Removes the last n_tokens tokens (0 <= n_tokens <= n). The logits are recomputed lazily by
   // the next Generate. Errors: OutOfRange (n_tokens > n or < 0), Aborted (busy).

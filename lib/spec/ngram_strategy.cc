@@ -1,7 +1,10 @@
 #include "lib/spec/ngram_strategy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
+
+#include "lib/session/session_state.pb.h"
 
 namespace kiln::spec {
 
@@ -45,6 +48,85 @@ void NgramStrategy::Reset() {
 
 absl::StatusOr<std::unique_ptr<Strategy>> NgramStrategy::Clone() const {
   return std::unique_ptr<Strategy>(new NgramStrategy(*this));
+}
+
+absl::StatusOr<std::string> NgramStrategy::SaveState() const {
+  state::NgramStrategyState st;
+  st.set_max_ngram(params_.max_ngram);
+  st.set_min_ngram(params_.min_ngram);
+  st.set_max_draft(params_.max_draft);
+  st.set_start_draft(params_.start_draft);
+  st.set_max_skip(params_.max_skip);
+  st.set_adaptive(params_.adaptive);
+  st.set_fixed_pass_cost_beta(params_.fixed_pass_cost_beta);
+  for (const AcceptanceEstimate& a : acceptance_) {
+    const std::array<double, 4> c = a.counts();
+    state::AcceptanceState* out = st.add_acceptance();
+    out->set_s1(c[0]);
+    out->set_f1(c[1]);
+    out->set_s(c[2]);
+    out->set_f(c[3]);
+  }
+  for (int32_t t : pending_) st.add_pending(t);
+  st.set_pending_len(pending_len_);
+  st.set_pending_root(pending_root_);
+  st.set_pending_n(pending_n_);
+  st.set_plain_run(plain_run_);
+  return st.SerializeAsString();
+}
+
+absl::Status NgramStrategy::LoadState(std::string_view bytes) {
+  state::NgramStrategyState st;
+  if (!st.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError("malformed n-gram strategy state: it does not parse");
+  }
+  // Same parameters, or the restored strategy would not continue as the saved one.
+  const auto same_beta = [](double a, double b) {
+    return a == b || (std::isnan(a) && std::isnan(b));
+  };
+  const std::pair<const char*, bool> checks[] = {
+      {"max_ngram", st.max_ngram() == params_.max_ngram},
+      {"min_ngram", st.min_ngram() == params_.min_ngram},
+      {"max_draft", st.max_draft() == params_.max_draft},
+      {"start_draft", st.start_draft() == params_.start_draft},
+      {"max_skip", st.max_skip() == params_.max_skip},
+      {"adaptive", st.adaptive() == params_.adaptive},
+      {"fixed_pass_cost_beta", same_beta(st.fixed_pass_cost_beta(), params_.fixed_pass_cost_beta)},
+  };
+  for (const auto& [field, same] : checks) {
+    if (!same) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the saved n-gram strategy state has another NgramParams.", field,
+                       " than this session's strategy: create the strategy with the parameters "
+                       "it was saved with"));
+    }
+  }
+  if (st.acceptance_size() != params_.max_ngram + 1) {
+    return absl::DataLossError(
+        absl::StrCat("malformed n-gram strategy state: ", st.acceptance_size(),
+                     " acceptance estimates for ", params_.max_ngram + 1, " suffix lengths"));
+  }
+  std::vector<AcceptanceEstimate> acceptance(acceptance_.size());
+  for (int i = 0; i < st.acceptance_size(); ++i) {
+    const state::AcceptanceState& a = st.acceptance(i);
+    if (!acceptance[i].SetCounts({a.s1(), a.f1(), a.s(), a.f()})) {
+      return absl::DataLossError(absl::StrCat(
+          "malformed n-gram strategy state: acceptance estimate ", i, " is out of range"));
+    }
+  }
+  // The pending candidate indexes the context (pending_len - 1) and the estimates (pending_n).
+  if (st.pending_size() > params_.max_draft || st.pending_len() < 0 ||
+      (st.pending_size() > 0 && st.pending_len() < 1) || st.pending_n() < 0 ||
+      st.pending_n() > params_.max_ngram || st.plain_run() < 0) {
+    return absl::DataLossError("malformed n-gram strategy state: pending candidate out of range");
+  }
+  acceptance_ = std::move(acceptance);
+  pending_.assign(st.pending().begin(), st.pending().end());
+  pending_len_ = st.pending_len();
+  pending_root_ = st.pending_root();
+  pending_n_ = st.pending_n();
+  plain_run_ = st.plain_run();
+  return absl::OkStatus();
 }
 
 int64_t NgramStrategy::FindMostRecent(std::span<const int32_t> context, int32_t n) {

@@ -60,6 +60,11 @@ class NgramStrategy final : public Strategy {
   void Accepted(int32_t drafted, std::span<const int32_t> accepted) override;
   void Reset() override;
   absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
+  // A NgramStrategyState message (lib/session/session_state.proto): the parameters, the
+  // acceptance estimates, the pending candidate and the probe counter. LoadState requires the
+  // same parameters (InvalidArgument naming the first that differs).
+  absl::StatusOr<std::string> SaveState() const override;
+  absl::Status LoadState(std::string_view state) override;
 
   // Start of the most recent earlier occurrence of the last n tokens of `context` (an occurrence
   // that is followed by at least one token), or -1. Exposed for tests.

@@ -3,7 +3,7 @@
  * when no call is in flight; from the callback; from another thread during a long prefill and
  * during a generate), the token count read from another thread during a generate, busy
  * detection, cache full and recovery, fork/rewind, logits and logprobs, prefix-cache
- * statistics. */
+ * statistics, saved states. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <math.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int g_failures = 0;
 #include "c_check.h"
@@ -605,6 +606,105 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
 }
 
+/* Saved states: a seeded session saved (to a buffer with and without K/V, and to a file) and
+ * restored into new sessions continues with exactly the tokens the original generates; bad
+ * input (NULL, small buffer, bad struct_size, truncated or corrupted bytes, a missing file) is
+ * refused with the documented status and leaves the target session unchanged. */
+static void continue_ids(kiln_session* s, int32_t n, int32_t* out, size_t* n_out) {
+  kiln_generate_params gp;
+  kiln_generate_result gr;
+  kiln_generate_params_init(&gp, sizeof gp);
+  memset(&gr, 0, sizeof gr);
+  gr.struct_size = sizeof gr;
+  gp.max_tokens = n;
+  CHECK(kiln_session_generate(s, &gp, &gr) == KILN_OK);
+  CHECK(kiln_session_get_tokens(s, out, 256, n_out) == KILN_OK);
+}
+
+static void test_saved_state(kiln_model* model, kiln_cache* cache) {
+  kiln_sampler_params sp;
+  kiln_sampler* sampler = NULL;
+  kiln_state_params params;
+  kiln_session *a, *b;
+  size_t size = 0, state_size = 0, small_size = 0, n_saved = 0, n_expected = 0, n_got = 0;
+  size_t n_before = 0, i;
+  char* state;
+  char* small;
+  char path[] = "/tmp/kiln-c-state-XXXXXX";
+  int fd;
+  int32_t expected[256], got[256];
+  int mode;
+  kiln_sampler_params_init(&sp, sizeof sp);
+  sp.seed = 4242;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  a = new_session(model, cache, sampler);
+  CHECK(kiln_session_append_text(a, kPrompt, strlen(kPrompt), KILN_TOKENIZE_PARSE_SPECIAL) ==
+        KILN_OK);
+  continue_ids(a, 6, got, &n_saved);
+
+  CHECK(kiln_state_params_init(&params, sizeof params) == KILN_OK);
+  CHECK(params.kv == 1 && params.strategy == 1);
+  CHECK(kiln_session_save_state(a, NULL, NULL, 0, &size) == KILN_ERR_BUFFER_TOO_SMALL);
+  CHECK(size > 6 * 20000); /* about 23 KB of K/V per token */
+  state = (char*)malloc(size);
+  CHECK(kiln_session_save_state(a, NULL, state, size - 1, &size) == KILN_ERR_BUFFER_TOO_SMALL);
+  CHECK(kiln_session_save_state(a, &params, state, size, &size) == KILN_OK);
+  state_size = size;
+  params.kv = 0;
+  CHECK(kiln_session_save_state(a, &params, NULL, 0, &small_size) == KILN_ERR_BUFFER_TOO_SMALL);
+  CHECK(small_size > 0 && small_size < 4096);
+  small = (char*)malloc(small_size);
+  CHECK(kiln_session_save_state(a, &params, small, small_size, &small_size) == KILN_OK);
+  fd = mkstemp(path);
+  CHECK(fd >= 0);
+  CHECK(kiln_session_save_state_file(a, NULL, path) == KILN_OK);
+  continue_ids(a, 10, expected, &n_expected);
+  CHECK(n_expected > n_saved);
+
+  for (mode = 0; mode < 3; ++mode) {
+    b = new_session(model, cache, NULL); /* greedy, no seed: the state brings its own */
+    if (mode == 0) CHECK(kiln_session_load_state(b, state, state_size) == KILN_OK);
+    if (mode == 1) CHECK(kiln_session_load_state(b, small, small_size) == KILN_OK);
+    if (mode == 2) CHECK(kiln_session_load_state_file(b, path) == KILN_OK);
+    CHECK(kiln_session_n_tokens(b) == n_saved);
+    continue_ids(b, 10, got, &n_got);
+    CHECK(n_got == n_expected);
+    for (i = 0; i < n_got && i < n_expected; ++i) CHECK(got[i] == expected[i]);
+    kiln_session_destroy(b);
+  }
+
+  /* Refusals leave the target as it was. */
+  b = new_session(model, cache, NULL);
+  CHECK(kiln_session_append_text(b, "Hello", 5, 0) == KILN_OK);
+  n_before = kiln_session_n_tokens(b);
+  CHECK(kiln_session_save_state(NULL, NULL, NULL, 0, &size) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_save_state(b, NULL, NULL, 0, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_save_state(b, NULL, NULL, 10, &size) == KILN_ERR_INVALID_ARGUMENT);
+  kiln_state_params_init(&params, sizeof params);
+  params.struct_size = 4;
+  CHECK(kiln_session_save_state(b, &params, NULL, 0, &size) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "kiln_state_params") != NULL);
+  CHECK(kiln_session_load_state(NULL, state, state_size) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_load_state(b, NULL, 5) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_load_state(b, state, state_size / 2) == KILN_ERR_FORMAT);
+  CHECK(kiln_session_load_state(b, small, small_size - 1) == KILN_ERR_FORMAT);
+  small[small_size - 3] ^= 0x40;
+  CHECK(kiln_session_load_state(b, small, small_size) == KILN_ERR_FORMAT);
+  CHECK(strstr(kiln_last_error_message(), "CRC-32C") != NULL);
+  CHECK(kiln_session_load_state_file(b, "/nonexistent/kiln.state") == KILN_ERR_IO);
+  CHECK(kiln_session_load_state_file(b, NULL) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_session_save_state_file(b, NULL, "/nonexistent/dir/kiln.state") == KILN_ERR_IO);
+  CHECK(kiln_session_n_tokens(b) == n_before);
+
+  if (fd >= 0) close(fd);
+  remove(path);
+  free(state);
+  free(small);
+  kiln_session_destroy(b);
+  kiln_session_destroy(a);
+  kiln_sampler_destroy(sampler);
+}
+
 /* Each test takes the shared model and cache (some make their own). */
 typedef struct {
   const char* name;
@@ -630,6 +730,7 @@ ADAPT_MODEL_CACHE(sampler_and_logprobs)
 ADAPT_MODEL_CACHE(cancel_during_prefill)
 ADAPT_MODEL_CACHE(cancel_and_count_during_generate)
 ADAPT_MODEL(prefix_cache)
+ADAPT_MODEL_CACHE(saved_state)
 static void run_cache_full(kiln_model* m, kiln_cache* c, size_t b) {
   (void)c;
   test_cache_full(m, b);
@@ -645,6 +746,7 @@ static const named_test kTests[] = {
     {"cancel_during_prefill", run_cancel_during_prefill},
     {"cancel_and_count_during_generate", run_cancel_and_count_during_generate},
     {"prefix_cache", run_prefix_cache},
+    {"saved_state", run_saved_state},
 };
 
 static int selected(const char* name, int argc, char** argv) {

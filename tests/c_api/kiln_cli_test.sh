@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the `kiln` program's generation subcommands on the default model:
-#   generate --quiet --temp 0: stdout is exactly the greedy answer, stats only on stderr;
+#   generate --quiet --temp 0: stdout is exactly the greedy answer, stats only on stderr; the
+#     same answer split over two runs by --save-state / --load-state; a file that is not a
+#     state refused with the reason;
 #   chat: two scripted turns, the second reusing the first turn's tokens;
 #   perplexity: the last line is "perplexity: <finite value>";
 #   info: the summary and the backends for the default model; for a valid GGUF of an
@@ -25,6 +27,24 @@ if [[ "$(cat "$tmp/out")" != "$expected" ]]; then
   exit 1
 fi
 grep -q "generated: .* tok/s" "$tmp/err" || { echo "generate: no stats on stderr" >&2; exit 1; }
+
+# The same answer in two runs: 4 tokens saved with --save-state, the rest after --load-state.
+"$kiln" generate -m "$model" --temp 0 -n 4 --threads 2 --quiet --save-state "$tmp/state" \
+  -p "What is the capital of France? Answer in one sentence." >"$tmp/out1" 2>"$tmp/err1"
+"$kiln" generate -m "$model" --temp 0 -n 28 --threads 2 --quiet --load-state "$tmp/state" \
+  >"$tmp/out2" 2>"$tmp/err2"
+resumed="$(cat "$tmp/out1")$(cat "$tmp/out2")"
+if [[ "$resumed" != "$expected" ]]; then
+  echo "generate --save-state/--load-state: stdout was '$resumed', expected '$expected'" >&2
+  cat "$tmp/err1" "$tmp/err2" >&2
+  exit 1
+fi
+if "$kiln" generate -m "$model" --load-state "$src/README.md" -n 4 --quiet >/dev/null \
+  2>"$tmp/err3"; then
+  echo "generate --load-state README.md: succeeded" >&2
+  exit 1
+fi
+grep -q "session state" "$tmp/err3" || { echo "generate --load-state: no reason given" >&2; exit 1; }
 
 printf 'Hi!\nAnd again?\n/exit\n' | "$kiln" chat -m "$model" --temp 0 -n 16 --threads 2 \
   >"$tmp/chat" 2>"$tmp/chat_err"

@@ -1,8 +1,12 @@
 // kiln generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //               [--seed S] [--threads N] [--ctx N] [--raw] [--quiet]
 //               [--strategy none|ngram|draft:PATH] [--draft-max K]
-// Streams the continuation to stdout; statistics go to stderr. The shared flags are parsed by
-// ParseGenFlag (gen_common.h), the rest with the same value helpers and messages.
+//               [--load-state FILE] [--save-state FILE]
+// Streams the continuation to stdout; statistics go to stderr. --load-state continues a saved
+// session with its sampler settings and random state (the sampling flags do not apply then; the
+// prompt, optional, is appended as the next user turn) and
+// --save-state saves the session after generating (docs/session_state.md). The shared flags are
+// parsed by ParseGenFlag (gen_common.h), the rest with the same value helpers and messages.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +27,10 @@ void GenerateUsage() {
                "  -q, --quiet         stdout carries only the generated text\n"
                "  --strategy S        speculative decoding: none (default), ngram (prompt\n"
                "                      lookup) or draft:PATH (a draft GGUF, see kiln-mkdraft)\n"
-               "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5)\n%s",
+               "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5)\n"
+               "  --load-state FILE   continue a saved session, with its sampler settings and\n"
+               "                      random state (-p then adds the next turn)\n"
+               "  --save-state FILE   save the session after generating\n%s",
                GenFlagsHelp(GenFlags{}, "to generate").c_str());
 }
 
@@ -41,6 +48,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   bool have_prompt = false, raw = false, quiet = false;
   std::string strategy_name = "none";
   long long draft_max = 0;  // 0: the strategy's default
+  std::string load_state, save_state;
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
     if (r < 0) return 2;
@@ -62,6 +70,10 @@ int RunGenerate(const std::vector<std::string>& args) {
           !ParseIntFlag(a, v, 1, 256, &draft_max, "must be an integer in [1, 256]")) {
         return 2;
       }
+    } else if (a == "--load-state") {
+      if (!TakeFlagValue(args, &i, &load_state)) return 2;
+    } else if (a == "--save-state") {
+      if (!TakeFlagValue(args, &i, &save_state)) return 2;
     } else if (a == "--raw") {
       raw = true;
     } else if (a == "--quiet" || a == "-q") {
@@ -72,7 +84,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  if (flags.model_path.empty() || !have_prompt) {
+  if (flags.model_path.empty() || (!have_prompt && load_state.empty())) {
     GenerateUsage();
     return 2;
   }
@@ -85,17 +97,19 @@ int RunGenerate(const std::vector<std::string>& args) {
   int rc = 1;
   do {
     if (!MakeCacheAndSampler(model, flags, &cache, &sampler)) break;
-    std::string text = prompt;
+    std::string text = have_prompt ? prompt : std::string();
     // A raw prompt may spell out special tokens (e.g. a hand-written ChatML turn); they are
     // parsed, as llama.cpp's CLI does with its prompt.
     uint32_t tok_flags = KILN_TOKENIZE_ADD_SPECIAL | KILN_TOKENIZE_PARSE_SPECIAL;
-    if (!raw) {
+    if (have_prompt && !raw) {
       const kiln_chat_message msg = {"user", prompt.c_str()};
       if (!RenderChat(model, {msg}, true, &text)) break;
       tok_flags = KILN_TOKENIZE_PARSE_SPECIAL;  // the template writes BOS itself when it wants
     }
+    // A prompt after a restored session continues it: no BOS in the middle.
+    if (!load_state.empty()) tok_flags &= ~KILN_TOKENIZE_ADD_SPECIAL;
     std::vector<int32_t> tokens;
-    if (!Tokenize(model, text, tok_flags, &tokens)) break;
+    if (!text.empty() && !Tokenize(model, text, tok_flags, &tokens)) break;
     kiln_status s = kiln_session_create(model, cache, sampler, &session);
     if (s != KILN_OK) {
       ReportError("creating the session", s);
@@ -137,8 +151,21 @@ int RunGenerate(const std::vector<std::string>& args) {
                    info.name, info.architecture, st.n_ctx, flags.temp, flags.top_k, flags.top_p,
                    flags.min_p, raw ? "raw prompt" : "chat template");
     }
+    if (!load_state.empty()) {
+      // After set_strategy, so that an n-gram strategy's saved state is restored into it.
+      s = kiln_session_load_state_file(session, load_state.c_str());
+      if (s != KILN_OK) {
+        ReportError("loading the session state", s);
+        break;
+      }
+      if (!quiet) {
+        std::fprintf(stderr, "kiln generate: continuing %zu tokens from %s\n",
+                     kiln_session_n_tokens(session), load_state.c_str());
+      }
+    }
     const double t0 = NowSeconds();
-    s = kiln_session_append_tokens(session, tokens.data(), tokens.size());
+    s = tokens.empty() ? KILN_OK
+                       : kiln_session_append_tokens(session, tokens.data(), tokens.size());
     if (s != KILN_OK) {
       ReportError("prefill", s);
       break;
@@ -175,6 +202,17 @@ int RunGenerate(const std::vector<std::string>& args) {
                          ? 100.0 * static_cast<double>(m.accepted) / static_cast<double>(m.drafted)
                          : 0.0,
                      m.mean_accepted_per_step, m.target_passes_per_token);
+      }
+    }
+    if (!save_state.empty()) {
+      s = kiln_session_save_state_file(session, nullptr, save_state.c_str());
+      if (s != KILN_OK) {
+        ReportError("saving the session state", s);
+        break;
+      }
+      if (!quiet) {
+        std::fprintf(stderr, "kiln generate: saved %zu tokens to %s\n",
+                     kiln_session_n_tokens(session), save_state.c_str());
       }
     }
     rc = 0;
