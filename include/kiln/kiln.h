@@ -492,10 +492,10 @@ KILN_API kiln_status kiln_session_generate(kiln_session* session,
  * KILN_ERR_CANCELLED and changes nothing), a generate at its next decode step (KILN_OK,
  * KILN_STOP_CANCELLED), a submitted request at the cache's next step whatever its state (queued
  * or prefilling: it ends with KILN_ERR_CANCELLED and the prompt is not kept; decoding: KILN_OK,
- * KILN_STOP_CANCELLED; see kiln_session_submit). A cancel applies only to the call in flight: every call that changes
- * the session (append, generate, rewind, fork, set_strategy) drops a cancel that arrived before
- * it started, so a cancel that arrives while no call is in flight has no effect. Allowed from any
- * thread at any time, the generate callback included (but not concurrently with
+ * KILN_STOP_CANCELLED; see kiln_session_submit). A cancel applies only to the call in flight: every
+ * call that changes the session (append, generate, rewind, fork, set_strategy) drops a cancel that
+ * arrived before it started, so a cancel that arrives while no call is in flight has no effect.
+ * Allowed from any thread at any time, the generate callback included (but not concurrently with
  * kiln_session_destroy). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL). */
 KILN_API kiln_status kiln_session_cancel(kiln_session* session);
 
@@ -632,11 +632,11 @@ typedef struct kiln_poll_result {
 /* Moves the output of the session's request made since the last poll into text[0,
  * text_capacity) and tokens[0, token_capacity) and reports whether it is done. What does not fit
  * stays queued for the next poll; a capacity of 0 (the buffer may then be NULL) drops that kind
- * of output (e.g. tokens NULL, 0 for a host that only wants text). Never blocks on a step. After done, later polls report done again (with no
- * new output) until the next submit. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL session/result,
- * struct_size too small, NULL buffer with capacity > 0, no request was ever submitted on the
- * session). Any thread, any time (not concurrently with kiln_session_destroy), callbacks
- * included. */
+ * of output (e.g. tokens NULL, 0 for a host that only wants text). Never blocks on a step. After
+ * done, later polls report done again (with no new output) until the next submit. Statuses:
+ * KILN_ERR_INVALID_ARGUMENT (NULL session/result, struct_size too small, NULL buffer with capacity
+ * > 0, no request was ever submitted on the session). Any thread, any time (not concurrently with
+ * kiln_session_destroy), callbacks included. */
 KILN_API kiln_status kiln_session_poll(kiln_session* session, char* text, size_t text_capacity,
                                        int32_t* tokens, size_t token_capacity,
                                        kiln_poll_result* result);

@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,7 +211,7 @@ typedef struct callback_state {
   kiln_cache* cache;
   kiln_session* other; /* a session without a request */
   output out;
-  int done_calls;
+  atomic_int done_calls; /* incremented last by on_done: what the callbacks wrote is visible */
   kiln_status done_status;
   kiln_stop_reason done_reason;
   int32_t done_tokens;
@@ -235,8 +236,6 @@ static void on_done(kiln_session* session, kiln_status status, kiln_stop_reason 
                     int32_t n_tokens, void* user_data) {
   callback_state* st = (callback_state*)user_data;
   kiln_poll_result pr;
-  (void)session;
-  ++st->done_calls;
   st->done_status = status;
   st->done_reason = reason;
   st->done_tokens = n_tokens;
@@ -244,6 +243,7 @@ static void on_done(kiln_session* session, kiln_status status, kiln_stop_reason 
   pr.struct_size = sizeof pr;
   /* Poll is allowed from a callback. */
   CHECK(kiln_session_poll(session, NULL, 0, NULL, 0, &pr) == KILN_OK);
+  atomic_fetch_add(&st->done_calls, 1);
 }
 
 /* The worker steps; results come by callback on the worker thread. */
@@ -253,6 +253,7 @@ static void test_worker_and_callbacks(kiln_model* model, kiln_cache* cache,
   callback_state st;
   kiln_request_params rp = request(1);
   memset(&st, 0, sizeof st);
+  atomic_init(&st.done_calls, 0);
   st.cache = cache;
   CHECK(kiln_session_create(model, cache, NULL, &s) == KILN_OK);
   CHECK(kiln_session_create(model, cache, NULL, &st.other) == KILN_OK);
@@ -263,8 +264,8 @@ static void test_worker_and_callbacks(kiln_model* model, kiln_cache* cache,
   CHECK(kiln_cache_start_worker(cache) == KILN_OK);
   CHECK(kiln_cache_start_worker(cache) == KILN_OK); /* already running: no-op */
   CHECK(kiln_session_submit(s, &rp) == KILN_OK);
-  for (int i = 0; i < 60000 && st.done_calls == 0; ++i) sleep_ms(1);
-  CHECK(st.done_calls == 1);
+  for (int i = 0; i < 60000 && atomic_load(&st.done_calls) == 0; ++i) sleep_ms(1);
+  CHECK(atomic_load(&st.done_calls) == 1);
   CHECK(st.done_status == KILN_OK);
   CHECK(st.done_tokens == kMaxTokens || st.done_reason == KILN_STOP_EOG);
   CHECK(same(&st.out, &expected[1]));
@@ -273,15 +274,15 @@ static void test_worker_and_callbacks(kiln_model* model, kiln_cache* cache,
 
   /* A callback that stops after 3 tokens: KILN_STOP_CALLBACK. */
   memset(&st.out, 0, sizeof st.out);
-  st.done_calls = 0;
+  atomic_store(&st.done_calls, 0);
   st.stop_after = 3;
   rp = request(2);
   rp.on_token = on_token;
   rp.on_done = on_done;
   rp.user_data = &st;
   CHECK(kiln_session_submit(s, &rp) == KILN_OK); /* on_done ended the previous request */
-  for (int i = 0; i < 60000 && st.done_calls == 0; ++i) sleep_ms(1);
-  CHECK(st.done_calls == 1);
+  for (int i = 0; i < 60000 && atomic_load(&st.done_calls) == 0; ++i) sleep_ms(1);
+  CHECK(atomic_load(&st.done_calls) == 1);
   CHECK(st.done_reason == KILN_STOP_CALLBACK);
   CHECK(st.done_tokens == 3);
   CHECK(st.out.n_tokens == 3);

