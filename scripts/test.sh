@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model, run ctest; then again under ASan+UBSan; then a short libFuzzer run.
+# the default model and Gemma 3 270M, run ctest; then again under ASan+UBSan; then a short libFuzzer run.
 # Set KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/fetch_model.sh >/dev/null
+scripts/fetch_gemma3.sh >/dev/null
 jobs=$(nproc)
 
 echo "== release build + ctest"
