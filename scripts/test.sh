@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model and Gemma 3 270M, run ctest; then again under ASan+UBSan; then a short libFuzzer run.
+# the default model and Gemma 3 270M, run ctest; then again under ASan+UBSan; then a short
+# libFuzzer run.
 # Set KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."

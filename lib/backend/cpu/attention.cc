@@ -306,7 +306,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
     const int64_t first = has_first ? b.first_visible[t] : 0;
-    max_visible = std::max(max_visible, b.n_visible[t] - first + extra);
+    // The llama.cpp orders start a window at its row rounded down to a multiple of 16.
+    max_visible = std::max(max_visible, b.n_visible[t] - first + first % 16 + extra);
   }
   if (order == AttentionOrder::kBatchInvariant) {
     const size_t per_thread = ChunkWorkspace::Bytes(kMaxChunkTokens * group, max_visible, d);
@@ -362,8 +363,12 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       }
       const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
       const int64_t nv = b.n_visible[t];
-      // The visible rows start at row `first` (a sliding window); ggml numbers them from there.
-      const int64_t first = has_first ? b.first_visible[t] : 0;
+      // A sliding window starts at row `first`. ggml keeps every cell's number (the lanes below)
+      // and runs the softmax sum in chunks of 16 cells from cell 0 over the masked cells too: so
+      // the rows from `first` rounded down to a multiple of 16 are scored, those before `first`
+      // masked (-inf, weight 0).
+      const int64_t lead = (has_first ? b.first_visible[t] : 0) % 16;
+      const int64_t first = (has_first ? b.first_visible[t] : 0) - lead;
 
       // Calls fn(block, row, count, index) for runs of consecutive visible rows in one physical
       // block; `index` numbers the visible rows 0, 1, 2, ... in order (prefix, then extras);
@@ -403,6 +408,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       });
       for (int64_t g = 0; g < group; ++g) {
         float* sg = sc + g * max_visible;
+        std::fill(sg, sg + lead, -INFINITY);
         k.scale(sg, scale, n_vis);
         const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
         k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
