@@ -16,11 +16,11 @@ namespace kiln {
 // otherwise) plus, when extra_indptr is not empty, the positions
 // extra_positions[extra_indptr[t] .. extra_indptr[t + 1]) (tree ancestors and itself).
 struct AttentionMask {
-  std::span<const int32_t> seq;              // [n_tokens]
-  const KvTables* tables = nullptr;          // block tables of the batch's sequences
-  std::span<const int32_t> n_visible;        // [n_tokens]
-  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
-  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+  std::span<const int32_t> seq;                 // [n_tokens]
+  const KvTables* tables = nullptr;             // block tables of the batch's sequences
+  std::span<const int32_t> n_visible;           // [n_tokens]
+  std::span<const int32_t> extra_indptr;        // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;     // [extra_indptr[n_tokens]]
   std::span<const int32_t> first_visible = {};  // [n_tokens] or empty
 };
 

@@ -204,12 +204,12 @@ struct PagedKvView {
 //            and of t itself (BuildTreeVisibility makes them from parent links).
 // The K/V of the batch's own tokens must be in the cache before the call.
 struct AttentionBatch {
-  std::span<const int32_t> seq;              // [n_tokens]
-  std::span<const int32_t> kv_indptr;        // [n_seqs + 1], non-decreasing
-  std::span<const int32_t> kv_indices;       // [kv_indptr[n_seqs]] physical block ids
-  std::span<const int32_t> n_visible;        // [n_tokens]
-  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
-  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+  std::span<const int32_t> seq;                 // [n_tokens]
+  std::span<const int32_t> kv_indptr;           // [n_seqs + 1], non-decreasing
+  std::span<const int32_t> kv_indices;          // [kv_indptr[n_seqs]] physical block ids
+  std::span<const int32_t> n_visible;           // [n_tokens]
+  std::span<const int32_t> extra_indptr;        // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;     // [extra_indptr[n_tokens]]
   std::span<const int32_t> first_visible = {};  // [n_tokens] or empty (all 0)
 };
 
