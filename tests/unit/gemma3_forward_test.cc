@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "lib/gguf/gguf.h"
@@ -39,7 +40,9 @@ RandomModelShape TinyGemma3Shape() {
   return s;
 }
 
-std::string MakeTinyGemma3(uint32_t type, const std::string& tag) {
+// `extra_keys` may add or override hyper-parameter keys (files kiln must refuse).
+std::string MakeTinyGemma3(uint32_t type, const std::string& tag,
+                           const std::function<void(gguf::GgufWriter&)>& extra_keys = nullptr) {
   RandomModelOptions options;
   options.shape = TinyGemma3Shape();
   options.type = type;
@@ -47,6 +50,7 @@ std::string MakeTinyGemma3(uint32_t type, const std::string& tag) {
   gguf::GgufWriter writer;
   const absl::Status built = BuildRandomModel(options, &writer);
   EXPECT_TRUE(built.ok()) << built;
+  if (extra_keys) extra_keys(writer);
   const std::string path = testing::TempDir() + "/tiny-gemma3-" + tag + ".gguf";
   EXPECT_TRUE(writer.WriteToFile(path).ok());
   return path;
@@ -229,6 +233,37 @@ TEST(Gemma3, ReadsItsHyperParametersAndChatTemplate) {
   EXPECT_EQ(model->architecture().default_chat_template(), "gemma3");
   EXPECT_NE(model->Tensor("blk.0.attn_q_norm.weight"), nullptr);
   EXPECT_NE(model->Tensor("blk.5.post_ffw_norm.weight"), nullptr);
+}
+
+// What kiln cannot run is refused at load with the key named: final-logit soft-capping (Gemma 2
+// style) and per-layer sliding-window arrays; a window of 0 means no sliding window (llama.cpp).
+TEST(Gemma3, UnsupportedKeysAreClearErrors) {
+  const uint32_t f32 = static_cast<uint32_t>(GgmlType::kF32);
+  ModelLoadOptions options;
+  options.path = MakeTinyGemma3(f32, "softcap", [](gguf::GgufWriter& w) {
+    w.SetFloat32("gemma3.final_logit_softcapping", 30.0f);
+  });
+  auto model = Model::Load(options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("final_logit_softcapping"), std::string::npos)
+      << model.status();
+  options.path = MakeTinyGemma3(f32, "pattern", [](gguf::GgufWriter& w) {
+    const bool layers[] = {true, false, true, false, true, false};
+    w.SetArrayBool("gemma3.attention.sliding_window_pattern", layers);
+  });
+  model = Model::Load(options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("sliding_window_pattern"), std::string::npos)
+      << model.status();
+  options.path = MakeTinyGemma3(f32, "nowindow", [](gguf::GgufWriter& w) {
+    w.SetUint32("gemma3.attention.sliding_window", 0);
+  });
+  model = Model::Load(options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->hparams().sliding_window, 0);
+  EXPECT_FALSE((*model)->hparams().is_swa(0));
 }
 
 // Logits against the float64 reference: f32 weights, f32 cache, so what is left is f32
