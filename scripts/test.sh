@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model, run ctest; the release build's programs as other CPUs (qemu) and under
-# valgrind; then again under ASan+UBSan; then a short libFuzzer run. Set KILN_SKIP_PORTABILITY=1,
-# KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally.
+# the default model and Gemma 3 270M, run ctest; the release build's programs as other CPUs (qemu)
+# and under valgrind; then again under ASan+UBSan; then a short libFuzzer run. Set
+# KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating
+# locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/fetch_model.sh >/dev/null
+scripts/fetch_gemma3.sh >/dev/null
 jobs=$(nproc)
 # Each stage's wall time, printed as it ends and once more at the end (CI's budget is per suite).
 stage_start=$SECONDS

@@ -94,6 +94,12 @@ struct OpKernels {
   // ggml_vec_dot_f32's ((l0 + l2) + (l1 + l3)) then _mm512_reduce_add_ps order, for 16 lanes
   // tinyBLAS's _mm512_reduce_add_ps.
   void (*reduce_lanes)(const float* acc, int64_t n_lanes, int64_t d, float* out);
+  // ggml_vec_dot_q8_0_q8_0 (its AVX2 form, which ggml's x86 builds run) of a Q8_0 weight row and
+  // a Q8_0 activation row of n elements (n % 32 == 0; blocks of an f16 d and 32 int8): per block
+  // b, s = f32(dw_b) * f32(da_b) and 8 exact int32 lanes P[l] = the sum of the products of
+  // elements 4l .. 4l + 3; acc[l] = fma(s, float(P[l]), acc[l]); the result is
+  // ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 + acc1) + (acc7 + acc3)).
+  float (*q8_0_dot_ggml)(const void* w, const void* a, int64_t n);
 };
 
 // Fill the slots a level accelerates (defined in kernels/cpu/ops_<level>.cc); slots left

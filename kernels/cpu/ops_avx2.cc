@@ -259,6 +259,34 @@ void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
   }
 }
 
+// op_kernels.h's q8_0_dot_ggml: the 4-element lanes from 16-bit products (|q| <= 128 each, so
+// every product and pair sum is exact), pair sums widened by madd, then adjacent pairs added.
+float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b, wb += 34, ab += 34) {
+    uint16_t dw, da;
+    std::memcpy(&dw, wb, 2);
+    std::memcpy(&da, ab, 2);
+    const float s = Fp16ToFp32(dw) * Fp16ToFp32(da);
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 2));
+    // Pair sums of elements 0..15 and 16..31: int32 lanes (2i, 2i + 1).
+    const __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qw)),
+                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qa)));
+    const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qw, 1)),
+                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qa, 1)));
+    // hadd: [P0 P1 P4 P5 | P2 P3 P6 P7]; the permutation puts P0..P7 in order.
+    const __m256i lanes = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), order);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(lanes), acc);
+  }
+  float x[8];
+  _mm256_storeu_ps(x, acc);
+  return ((x[4] + x[0]) + (x[6] + x[2])) + ((x[5] + x[1]) + (x[7] + x[3]));
+}
+
 }  // namespace
 
 void FillOpKernelsAvx2(OpKernels* k) {
@@ -273,6 +301,7 @@ void FillOpKernelsAvx2(OpKernels* k) {
   k->scale = Scale;
   k->store_f16 = StoreF16;
   k->rope_pairs = RopePairs;
+  k->q8_0_dot_ggml = Q8_0DotGgml;
 }
 
 }  // namespace kiln::cpu

@@ -1,6 +1,8 @@
 // Scalar (portable) versions of the op kernels; the base every SIMD level overrides.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/op_kernels.h"
@@ -223,6 +225,27 @@ void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
 
 }  // namespace
 
+float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
+  constexpr int64_t kBlock = 32, kBlockBytes = 34;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / kBlock; ++b, wb += kBlockBytes, ab += kBlockBytes) {
+    uint16_t dw, da;
+    std::memcpy(&dw, wb, 2);
+    std::memcpy(&da, ab, 2);
+    const float s = Fp16ToFp32(dw) * Fp16ToFp32(da);
+    const auto* qw = reinterpret_cast<const int8_t*>(wb + 2);
+    const auto* qa = reinterpret_cast<const int8_t*>(ab + 2);
+    for (int l = 0; l < 8; ++l) {
+      int32_t p = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) p += qw[e] * qa[e];
+      acc[l] = std::fma(s, static_cast<float>(p), acc[l]);
+    }
+  }
+  return ((acc[4] + acc[0]) + (acc[6] + acc[2])) + ((acc[5] + acc[1]) + (acc[7] + acc[3]));
+}
+
 void FillOpKernelsScalar(OpKernels* k) {
   k->rms_norm = RmsNorm;
   k->swiglu = SwiGlu;
@@ -240,6 +263,7 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->kv_accumulate = KvAccumulate;
   k->kv_scores_rows = KvScoresRows;
   k->kv_accumulate_rows = KvAccumulateRows;
+  k->q8_0_dot_ggml = Q8_0DotGgml;
 }
 
 }  // namespace kiln::cpu

@@ -12,14 +12,16 @@ namespace kiln {
 
 // Which token sees which cache positions, in the flat (CSR) form kernels read. Token t of the
 // batch belongs to sequence seq[t] (an index into the tables' sequences) and attends to its
-// positions [0, n_visible[t]) plus, when extra_indptr is not empty, the positions
+// positions [first_visible[t], n_visible[t]) (first_visible empty: from 0; a sliding window
+// otherwise) plus, when extra_indptr is not empty, the positions
 // extra_positions[extra_indptr[t] .. extra_indptr[t + 1]) (tree ancestors and itself).
 struct AttentionMask {
-  std::span<const int32_t> seq;              // [n_tokens]
-  const KvTables* tables = nullptr;          // block tables of the batch's sequences
-  std::span<const int32_t> n_visible;        // [n_tokens]
-  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
-  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+  std::span<const int32_t> seq;                 // [n_tokens]
+  const KvTables* tables = nullptr;             // block tables of the batch's sequences
+  std::span<const int32_t> n_visible;           // [n_tokens]
+  std::span<const int32_t> extra_indptr;        // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;     // [extra_indptr[n_tokens]]
+  std::span<const int32_t> first_visible = {};  // [n_tokens] or empty
 };
 
 // Tree mask helper. For n tree nodes of one sequence: parent[i] is the index of node i's parent

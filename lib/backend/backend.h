@@ -73,6 +73,11 @@ class Backend {
   virtual void AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) = 0;
   // y = silu(gate) * up over n floats (y may alias either).
   virtual void SwiGlu(const float* gate, const float* up, int64_t n, float* y) = 0;
+  // y = gelu(gate) * up over n floats (y may alias either), GELU's tanh form as ggml evaluates
+  // it (through its f16 table; cpu::GeGlu has the rule).
+  virtual void GeGlu(const float* gate, const float* up, int64_t n, float* y) = 0;
+  // x *= s over n floats.
+  virtual void Scale(float* x, int64_t n, float s) = 0;
   // Prepares the rotation of a batch (positions: [n_tokens]); RotateRope then rotates
   // x: [n_tokens, n_heads, head_dim] in place.
   virtual absl::Status PrepareRope(const RopeConfig& config, int32_t head_dim,

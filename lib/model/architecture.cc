@@ -6,6 +6,7 @@ namespace kiln {
 namespace arch {
 const Architecture& Llama();
 const Architecture& Qwen2();
+const Architecture& Gemma3();
 }  // namespace arch
 
 namespace {
@@ -14,6 +15,7 @@ namespace {
 const Architecture* const kArchitectures[] = {
     &arch::Llama(),
     &arch::Qwen2(),
+    &arch::Gemma3(),
 };
 
 }  // namespace

@@ -88,6 +88,10 @@ class Architecture {
   // A forward pass of `model` on `backend` (both must outlive it).
   virtual absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
                                                                   Backend& backend) const = 0;
+
+  // The chat template (a family name ParseChatTemplate accepts) for files of this family that
+  // carry none in tokenizer.chat_template; "" when there is no family default.
+  virtual std::string_view default_chat_template() const { return ""; }
 };
 
 // The architecture registered for `name`, or nullptr.

@@ -27,12 +27,21 @@ struct DecoderLayer {
   const WeightView* ffn_gate;  // [n_embd -> n_ff]
   const WeightView* ffn_up;    // [n_embd -> n_ff]
   const WeightView* ffn_down;  // [n_ff -> n_embd]
+  const WeightView* q_norm;    // [head_dim] f32, or null (DecoderGraph::qk_norm)
+  const WeightView* k_norm;
+  const WeightView* post_attn_norm;  // [n_embd] f32, or null (DecoderGraph::post_norms)
+  const WeightView* post_ffn_norm;
 };
 
 class DecoderForward final : public ForwardPass {
  public:
-  DecoderForward(const Model& model, Backend& backend, std::vector<DecoderLayer> layers)
-      : model_(model), hp_(model.hparams()), backend_(backend), layers_(std::move(layers)) {}
+  DecoderForward(const Model& model, Backend& backend, std::vector<DecoderLayer> layers,
+                 const DecoderGraph& graph)
+      : model_(model),
+        hp_(model.hparams()),
+        backend_(backend),
+        layers_(std::move(layers)),
+        graph_(graph) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
   Backend& backend() override { return backend_; }
@@ -48,12 +57,14 @@ class DecoderForward final : public ForwardPass {
   const ModelHparams& hp_;
   Backend& backend_;
   std::vector<DecoderLayer> layers_;
+  const DecoderGraph graph_;
 
   // Per-batch state, reused across calls (grows, never shrinks).
   std::vector<SeqId> seqs_;         // unique sequences in batch order
   std::vector<int32_t> token_seq_;  // [n_tokens] index into seqs_
   std::vector<KvSlot> slots_;       // [n_tokens] where each token's K/V go
-  std::vector<int32_t> positions_, ids_, n_visible_, extra_indptr_, extra_positions_;
+  std::vector<int32_t> positions_, ids_, n_visible_, first_visible_, extra_indptr_,
+      extra_positions_;
   std::vector<int32_t> tree_nodes_, tree_parent_, tree_slot_, tree_indptr_;
   KvTables tables_;
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;
@@ -108,6 +119,8 @@ absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache
   positions_.resize(n);
   ids_.resize(n);
   n_visible_.resize(n);
+  const int64_t window = hp_.sliding_window;
+  first_visible_.assign(window > 0 ? n : 0, 0);
   extra_indptr_.clear();
   extra_positions_.clear();
   tree_nodes_.clear();
@@ -124,11 +137,21 @@ absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache
     ids_[i] = t.token;
     if (t.parent < 0) {
       n_visible_[i] = t.cache_index + 1;
+      if (window > 0) first_visible_[i] = std::max<int64_t>(0, t.cache_index - window + 1);
       continue;
     }
     int32_t root = t.parent;
     while (batch.tokens[root].parent >= 0) root = batch.tokens[root].parent;
     n_visible_[i] = batch.tokens[root].cache_index + 1;
+    if (window > 0) {
+      const int64_t depth = t.pos - batch.tokens[root].pos;
+      if (depth >= window) {
+        return absl::InvalidArgumentError(
+            StrCat("forward: tree token ", i, " is ", depth,
+                   " positions below its root, beyond the sliding window of ", window));
+      }
+      first_visible_[i] = std::max<int64_t>(0, batch.tokens[root].cache_index + depth - window + 1);
+    }
     const BatchToken& parent = batch.tokens[t.parent];
     int32_t tree_parent = -1;
     if (parent.parent >= 0) {
@@ -191,26 +214,45 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
   mask.extra_positions = extra_positions_;
   const std::span<const KvSlot> slots(slots_.data(), n);
 
-  KILN_RETURN_IF_ERROR(backend_.PrepareRope(hp_.rope, static_cast<int32_t>(hd),
-                                            std::span<const int32_t>(positions_.data(), n)));
+  // Sliding-window layers see [first_visible, n_visible) of their prefix (plus tree extras).
+  AttentionMask swa_mask = mask;
+  swa_mask.first_visible = std::span<const int32_t>(first_visible_.data(), first_visible_.size());
+
   KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
       model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
+  if (graph_.embd_scale != 1.0f) backend_.Scale(x_.data(), n * d, graph_.embd_scale);
   float* x = x_.data();
   float* h = h_.data();
+  const RopeConfig* prepared_rope = nullptr;  // the rotation PrepareRope last built
   for (int32_t il = 0; il < hp_.n_layer; ++il) {
     const DecoderLayer& L = layers_[il];
+    const bool swa = hp_.is_swa(il);
+    const RopeConfig& rope = swa ? hp_.rope_swa : hp_.rope;
+    if (&rope != prepared_rope) {
+      KILN_RETURN_IF_ERROR(backend_.PrepareRope(rope, static_cast<int32_t>(hd),
+                                                std::span<const int32_t>(positions_.data(), n)));
+      prepared_rope = &rope;
+    }
     // Attention block.                                         x, h: [n, n_embd]
     backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, hp_.rms_eps, h);
     KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
     KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
     KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
+    if (graph_.qk_norm) {                                        // each head's row of head_dim
+      backend_.RmsNorm(q_.data(), L.q_norm->AsF32(), n * hp_.n_head, hd, hp_.rms_eps, q_.data());
+      backend_.RmsNorm(k_.data(), L.k_norm->AsF32(), n * hp_.n_head_kv, hd, hp_.rms_eps, k_.data());
+    }
     backend_.RotateRope(q_.data(), hp_.n_head);
     backend_.RotateRope(k_.data(), hp_.n_head_kv);
+    if (graph_.query_scale > 0.0f) backend_.Scale(q_.data(), n * q_dim, graph_.query_scale);
     KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, slots, k_.data(), v_.data()));
-    KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, mask, q_.data(),
+    KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, swa ? swa_mask : mask, q_.data(),
                                             static_cast<int32_t>(hp_.n_head), attn_.data(),
-                                            0.0f));  // [n, q_dim]
-    KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));
+                                            graph_.query_scale > 0.0f ? 1.0f : 0.0f));
+    KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));  // [n, n_embd]
+    if (graph_.post_norms) {
+      backend_.RmsNorm(proj_.data(), L.post_attn_norm->AsF32(), n, d, hp_.rms_eps, proj_.data());
+    }
     backend_.Add(x, proj_.data(), n * d, x);
     // The last layer's feed-forward block runs only for the tokens whose logits are wanted, as
     // llama.cpp's graph does (inp_out_ids): no one reads the others' outputs, and llama.cpp's
@@ -225,12 +267,19 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
       }
       if (rows == 0) break;
     }
-    // Feed-forward block (SwiGLU).                           x, h: [rows, n_embd]
+    // Feed-forward block (SwiGLU or GeGLU).                 x, h: [rows, n_embd]
     backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
-    backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+    if (graph_.ffn == FfnActivation::kGeGlu) {
+      backend_.GeGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+    } else {
+      backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+    }
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
+    if (graph_.post_norms) {
+      backend_.RmsNorm(proj_.data(), L.post_ffn_norm->AsF32(), rows, d, hp_.rms_eps, proj_.data());
+    }
     backend_.Add(x, proj_.data(), rows * d, x);
   }
   out->logits.resize(n_logits * hp_.n_vocab);
@@ -275,12 +324,22 @@ std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp,
     t.push_back({Blk(l, "attn_v.weight"), d, kv_dim, TensorRole::kMatrix});
     AddBiases(t, l, options.qkv_bias,
               {{"attn_q.bias", q_dim}, {"attn_k.bias", kv_dim}, {"attn_v.bias", kv_dim}});
+    if (options.qk_norm) {
+      t.push_back({Blk(l, "attn_q_norm.weight"), hp.head_dim, 1, TensorRole::kVector});
+      t.push_back({Blk(l, "attn_k_norm.weight"), hp.head_dim, 1, TensorRole::kVector});
+    }
     t.push_back({Blk(l, "attn_output.weight"), q_dim, d, TensorRole::kMatrix});
     AddBiases(t, l, options.output_bias, {{"attn_output.bias", d}});
+    if (options.post_norms) {
+      t.push_back({Blk(l, "post_attention_norm.weight"), d, 1, TensorRole::kVector});
+    }
     t.push_back({Blk(l, "ffn_norm.weight"), d, 1, TensorRole::kVector});
     t.push_back({Blk(l, "ffn_gate.weight"), d, hp.n_ff, TensorRole::kMatrix});
     t.push_back({Blk(l, "ffn_up.weight"), d, hp.n_ff, TensorRole::kMatrix});
     t.push_back({Blk(l, "ffn_down.weight"), hp.n_ff, d, TensorRole::kMatrix});
+    if (options.post_norms) {
+      t.push_back({Blk(l, "post_ffw_norm.weight"), d, 1, TensorRole::kVector});
+    }
   }
   t.push_back({"output_norm.weight", d, 1, TensorRole::kVector});
   if (!hp.tied_output) t.push_back({"output.weight", d, hp.n_vocab, TensorRole::kMatrix});
@@ -293,8 +352,12 @@ absl::StatusOr<KvLayout> GqaCacheLayout(const ModelHparams& hp, GgmlType kv_type
                        static_cast<int32_t>(hp.head_dim), kv_type, block_size);
 }
 
-absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model,
-                                                               Backend& backend) {
+absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model, Backend& backend,
+                                                               const DecoderGraph& graph) {
+  if (model.hparams().sliding_window > 0 &&
+      model.hparams().swa_layers.size() != static_cast<size_t>(model.hparams().n_layer)) {
+    return absl::InvalidArgumentError("model: sliding-window layer flags do not match n_layer");
+  }
   const ModelHparams& hp = model.hparams();
   std::vector<DecoderLayer> layers(hp.n_layer);
   auto required = [&](int64_t l, const char* name) -> absl::StatusOr<const WeightView*> {
@@ -319,8 +382,17 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
     KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
     KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
     KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
+    L.q_norm = L.k_norm = L.post_attn_norm = L.post_ffn_norm = nullptr;
+    if (graph.qk_norm) {
+      KILN_ASSIGN_OR_RETURN(L.q_norm, required(l, "attn_q_norm.weight"));
+      KILN_ASSIGN_OR_RETURN(L.k_norm, required(l, "attn_k_norm.weight"));
+    }
+    if (graph.post_norms) {
+      KILN_ASSIGN_OR_RETURN(L.post_attn_norm, required(l, "post_attention_norm.weight"));
+      KILN_ASSIGN_OR_RETURN(L.post_ffn_norm, required(l, "post_ffw_norm.weight"));
+    }
   }
-  return std::unique_ptr<ForwardPass>(new DecoderForward(model, backend, std::move(layers)));
+  return std::unique_ptr<ForwardPass>(new DecoderForward(model, backend, std::move(layers), graph));
 }
 
 }  // namespace kiln

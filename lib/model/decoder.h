@@ -1,7 +1,8 @@
-// The decoder-only transformer most families share (llama, qwen2, mistral, ...): pre-norm
-// blocks of GQA attention (optional Q/K/V/output biases) and a SwiGLU feed-forward, RMSNorm,
-// RoPE, a tied or separate output head. Architecture files (arch/<name>.cc) describe how their
-// family fills it in (keys, rotation, which biases exist) and reuse this forward pass.
+// The decoder-only transformer most families share (llama, qwen2, gemma3, ...): pre-norm
+// blocks of GQA attention (optional Q/K/V/output biases) and a gated feed-forward (SwiGLU or
+// GeGLU), RMSNorm, RoPE, a tied or separate output head. Architecture files (arch/<name>.cc)
+// describe how their family fills it in (keys, rotation, which biases and extra norms exist,
+// DecoderGraph) and reuse this forward pass.
 #pragma once
 
 #include <memory>
@@ -19,21 +20,49 @@ enum class Presence { kAbsent, kOptional, kRequired };
 struct DecoderTensorOptions {
   Presence qkv_bias = Presence::kAbsent;     // attn_q.bias, attn_k.bias, attn_v.bias
   Presence output_bias = Presence::kAbsent;  // attn_output.bias
+  bool qk_norm = false;                      // attn_q_norm.weight, attn_k_norm.weight [head_dim]
+  bool post_norms = false;  // post_attention_norm.weight, post_ffw_norm.weight [n_embd]
 };
 
 // The tensor table of a decoder (names as llama.cpp's converters write them):
 //   token_embd.weight [n_embd, n_vocab], output_norm.weight, output.weight (unless tied),
 //   blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
-//   ffn_down}.weight and the biases `options` asks for.
+//   ffn_down}.weight and the biases and norms `options` asks for.
 std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp, const DecoderTensorOptions& options);
+
+// How a family's graph departs from the llama block (the defaults are llama's and qwen2's).
+enum class FfnActivation {
+  kSwiGlu,  // silu(gate) * up
+  kGeGlu,   // gelu(gate) * up, GELU's tanh form as ggml tabulates it (Backend::GeGlu)
+};
+struct DecoderGraph {
+  FfnActivation ffn = FfnActivation::kSwiGlu;
+  // The gathered embeddings are multiplied by this (gemma: sqrt(n_embd)).
+  float embd_scale = 1.0f;
+  // > 0: the rotated queries are multiplied by this and attention does not scale again
+  // (gemma's query_pre_attn_scalar); 0: attention scales by 1 / sqrt(head_dim).
+  float query_scale = 0.0f;
+  // Every Q and K head is RMS-normalized (attn_q_norm / attn_k_norm) before RoPE.
+  bool qk_norm = false;
+  // The attention and feed-forward outputs are RMS-normalized (post_attention_norm /
+  // post_ffw_norm) before their residual adds.
+  bool post_norms = false;
+};
 
 // The cache layout of GQA attention: K and V rows per KV head per layer.
 absl::StatusOr<KvLayout> GqaCacheLayout(const ModelHparams& hp, GgmlType kv_type,
                                         int32_t block_size);
 
 // The decoder's forward pass over `model`'s tensors (bound by name at construction; an optional
-// bias the file lacks is skipped) on `backend`.
-absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model,
-                                                               Backend& backend);
+// bias the file lacks is skipped) on `backend`. Layers the hyper-parameters mark sliding-window
+// (ModelHparams::is_swa) attend to their window only and rotate with rope_swa.
+//
+// Sliding windows are measured in cache slots of the token's causal prefix: a causal token at
+// cache index c sees slots max(0, c - window + 1) .. c; a tree node at depth k below its causal
+// root (cache index r) sees the root's prefix from max(0, r + k - window + 1) plus its ancestors
+// (a tree as deep as the window is an error). So slot i must hold position i + (pos - c), as
+// every kiln sequence does.
+absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model, Backend& backend,
+                                                               const DecoderGraph& graph = {});
 
 }  // namespace kiln

@@ -29,6 +29,17 @@ struct ModelHparams {
   RopeConfig rope;           // freq_factors, when set, point into the model's file
   bool tied_output = false;  // no output.weight: logits use token_embd
 
+  // Sliding-window attention (gemma3): a token at position p of a layer with swa_layers[l] set
+  // sees only positions p - sliding_window + 1 .. p (llama.cpp's LLAMA_SWA_TYPE_STANDARD) and
+  // rotates with rope_swa; the other layers are global (all positions, `rope`).
+  int64_t sliding_window = 0;       // 0: every layer is global
+  std::vector<uint8_t> swa_layers;  // [n_layer] when sliding_window > 0, else empty
+  RopeConfig rope_swa;
+
+  bool is_swa(int64_t layer) const {
+    return sliding_window > 0 && swa_layers[static_cast<size_t>(layer)] != 0;
+  }
+
   int64_t n_gqa() const { return n_head / n_head_kv; }
 };
 

@@ -96,6 +96,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelLoadOptions& optio
   if (m->file_->FindKey("tokenizer.chat_template")) {
     KILN_ASSIGN_OR_RETURN(std::string_view tmpl, m->file_->GetString("tokenizer.chat_template"));
     m->chat_template_ = std::string(tmpl);
+  } else {
+    m->chat_template_ = std::string(m->arch_->default_chat_template());
   }
   if (options.progress && !options.progress(0.3f))
     return absl::CancelledError("model load cancelled");

@@ -53,7 +53,8 @@ class Model {
   const ModelHparams& hparams() const { return hparams_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::GgufFile& file() const { return *file_; }
-  // The model's Jinja chat template source, "" when the file has none.
+  // The model's Jinja chat template source; when the file has none, its architecture's default
+  // family name (Architecture::default_chat_template: "gemma3"), or "".
   std::string_view chat_template() const { return chat_template_; }
 
   // A tensor of the architecture's table, or nullptr when the file omits an optional one.

@@ -240,6 +240,7 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.tied_output = name == "tiny-qwen2";
     return s;
   }
+
   return absl::NotFoundError(StrCat("unknown model shape '", name, "' (known: ",
                                     absl::StrJoin(RandomModelShapeNames(), ", "), ")"));
 }
@@ -305,6 +306,7 @@ ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
   hp.rope.n_rot = static_cast<int32_t>(s.head_dim());
   hp.rope.freq_base = s.rope_freq_base;
   hp.tied_output = s.tied_output;
+  hp.sliding_window = s.sliding_window;
   return hp;
 }
 

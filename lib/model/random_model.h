@@ -25,6 +25,8 @@
 //                           2 kv heads, 2 layers, context 512, rope base 1e6, rms eps 1e-6, tied
 //                           output like the small Qwen2 models, self-made vocab;
 //   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight.
+// Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
+// RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
 // token count; otherwise a small byte-level BPE vocabulary (tokenizer.ggml.model "gpt2", pre
 // "default"): ids 0..2 = <|endoftext|>, <|im_start|>, <|im_end|> (control), 256 byte tokens in
@@ -61,7 +63,8 @@ struct RandomModelShape {
   uint32_t n_vocab = 0;  // 0: the vocabulary's own size
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
-  bool tied_output = false;  // true: no output.weight (the head reuses token_embd)
+  bool tied_output = false;     // true: no output.weight (the head reuses token_embd)
+  uint32_t sliding_window = 0;  // gemma3: the window of its sliding-window layers (0: none)
   uint32_t head_dim() const { return n_embd / n_head; }
 };
 

@@ -22,6 +22,21 @@ std::string DefaultModelPath() {
   return path;
 }
 
+std::string Gemma3ModelPath() {
+  std::string dir;
+  if (const char* env = std::getenv("KILN_MODEL_DIR"); env && *env) {
+    dir = env;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    dir = std::string(home) + "/.cache/kiln";
+  }
+  std::string path = dir + "/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(path)) {
+    ADD_FAILURE() << "Gemma 3 270M missing at " << path << "; run scripts/fetch_gemma3.sh";
+    return "";
+  }
+  return path;
+}
+
 std::string SourcePath(const std::string& relative) {
   return std::string(KILN_SOURCE_DIR) + "/" + relative;
 }

@@ -9,6 +9,9 @@ namespace kiln::testing {
 // $KILN_MODEL_DIR (default ~/.cache/kiln). Fails the calling test (ADD_FAILURE) and returns ""
 // when it is missing: the README's test command fetches it first, so absence is a setup bug.
 std::string DefaultModelPath();
+// Gemma 3 270M Q4_K_M in the same directory (scripts/fetch_gemma3.sh); "" with a test failure
+// when missing.
+std::string Gemma3ModelPath();
 
 // Absolute path of a file in the source tree, e.g. SourcePath("tests/data/x.txt").
 std::string SourcePath(const std::string& relative);

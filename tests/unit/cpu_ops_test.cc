@@ -437,6 +437,61 @@ TEST(ElementwiseTest, SwiGluAddSoftmaxMatchReference) {
   }
 }
 
+// GeGLU: ggml's f16-table GELU (ops.h). The table's float GELU against the tanh formula in
+// double, the thresholds at +-10 exactly, every element equal to its table entry times up, and
+// the whole op against the double reference within the table's f16 roundings. (ggml's own
+// table and expression: e2e_gemma3_test's bitwise greedy logits.)
+TEST(ElementwiseTest, GeGluFollowsGgmlsF16Table) {
+  for (float x : {-9.5f, -3.0f, -0.7f, 0.0f, 0.3f, 1.0f, 2.5f, 9.0f}) {
+    const double g = x;
+    const double want =
+        0.5 * g * (1.0 + std::tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)));
+    // Float steps, tanhf within an ulp or two: absolute 4e-7 |x| (1 + tanh cancels for x < 0).
+    EXPECT_NEAR(GeluF32(x), want, 4e-7 * std::fabs(g) + 1e-12) << x;
+  }
+  const uint16_t* table = GeluF16Table();
+  EXPECT_EQ(table[Fp32ToFp16(0.0f)], Fp32ToFp16(0.0f));
+  EXPECT_EQ(table[Fp32ToFp16(1.0f)], Fp32ToFp16(GeluF32(1.0f)));
+
+  std::mt19937 rng(6);
+  const int64_t n = 4099;
+  std::vector<float> gate = RandomVector(n, rng, -12, 12), up = RandomVector(n, rng, -2, 2);
+  gate[0] = -10.0f;  // <= -10: exactly 0
+  gate[1] = 10.0f;   // >= 10: gate * up exactly
+  gate[2] = 10.25f;
+  gate[3] = -9.99f;  // just inside: through the table
+  std::vector<float> y(n), expect(n);
+  GeGlu(gate.data(), up.data(), n, y.data());
+  ref::GeGlu(gate.data(), up.data(), n, expect.data());
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 10.0f * up[1]);
+  EXPECT_EQ(y[2], 10.25f * up[2]);
+  for (int64_t i = 3; i < n; ++i) {
+    // f16 input (|gelu'| <= 1.13 times 2^-11 |g|) and f16 output (2^-11 |gelu|).
+    ASSERT_NEAR(y[i], expect[i], 1e-3f * (std::fabs(gate[i]) + 1.0f) * std::fabs(up[i]))
+        << "i " << i << " gate " << gate[i];
+    if (gate[i] > -10.0f && gate[i] < 10.0f) {
+      ASSERT_EQ(y[i], Fp16ToFp32(table[Fp32ToFp16(gate[i])]) * up[i]) << "i " << i;
+    }
+  }
+  // y may alias gate.
+  std::vector<float> in_place = gate;
+  GeGlu(in_place.data(), up.data(), n, in_place.data());
+  EXPECT_EQ(0, std::memcmp(in_place.data(), y.data(), n * 4));
+}
+
+TEST(ElementwiseTest, ScaleMultipliesEveryElementAtEveryLevel) {
+  std::mt19937 rng(7);
+  for (int64_t n : {1, 17, 640}) {
+    const std::vector<float> x = RandomVector(n, rng, -100, 100);
+    for (CpuLevel level : Levels()) {
+      std::vector<float> y = x;
+      Scale(y.data(), n, 25.298221f, level);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * 25.298221f) << i;
+    }
+  }
+}
+
 // ---- RoPE ---------------------------------------------------------------------------------
 
 std::vector<RopeConfig> RopeConfigs(const float* rope_freqs) {
@@ -866,6 +921,80 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
       for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(out[node * qsize + i], ref_out[i], 2e-5f);
     }
   }
+}
+
+// Sliding windows (first_visible): each token sees [first_visible, n_visible) of its sequence.
+// Every order against the contiguous reference over exactly those rows (f32 cache: 2e-5), the
+// batch-invariant order equal to the token alone, and every SIMD level equal to scalar.
+TEST(PagedAttentionTest, SlidingWindowSeesOnlyItsWindow) {
+  std::mt19937 rng(10);
+  ThreadPool pool(2);
+  Scratch scratch;
+  for (const AttnShape& sh : {AttnShape{4, 1, 64, 16}, AttnShape{6, 2, 32, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "bs " << sh.block_size);
+    TestCache cache(sh.n_kv_heads, sh.head_dim, sh.block_size, 64, GgmlType::kF32);
+    std::vector<int32_t> free_blocks(64);
+    for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    const SeqKv s = WriteSequence(cache, 90, free_blocks, rng);
+    const std::vector<int32_t> indptr = {0, static_cast<int32_t>(s.blocks.size())};
+    const int32_t window = 12;
+    // A prompt chunk that crosses the window's start, and a late decode token.
+    std::vector<int32_t> seq_of, n_visible, first;
+    for (int32_t p : {3, 10, 11, 12, 13, 30, 31, 32, 33, 34, 35, 36, 37, 89}) {
+      seq_of.push_back(0);
+      n_visible.push_back(p + 1);
+      first.push_back(std::max(0, p + 1 - window));
+    }
+    const int32_t n_tokens = static_cast<int32_t>(seq_of.size());
+    const int64_t qsize = static_cast<int64_t>(sh.n_heads) * sh.head_dim;
+    const std::vector<float> q = RandomVector(n_tokens * qsize, rng, -2.0f, 2.0f);
+    AttentionBatch batch{seq_of, indptr, s.blocks, n_visible, {}, {}, first};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+    for (AttentionOrder order : {AttentionOrder::kBatchInvariant, AttentionOrder::kLlamaCppDecode,
+                                 AttentionOrder::kLlamaCppPrompt}) {
+      SCOPED_TRACE(static_cast<int>(order));
+      std::vector<float> out(n_tokens * qsize), want(out.size());
+      ASSERT_TRUE(PagedAttention(pool, cache.View(), batch, q.data(), sh.n_heads, out.data(), 0,
+                                 scratch, order)
+                      .ok());
+      ASSERT_TRUE(PagedAttention(pool, cache.View(), batch, q.data(), sh.n_heads, want.data(), 0,
+                                 scratch, order, CpuLevel::kScalar)
+                      .ok());
+      EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4)) << "level vs scalar";
+      for (int32_t t = 0; t < n_tokens; ++t) {
+        std::vector<int32_t> visible;
+        for (int32_t j = first[t]; j < n_visible[t]; ++j) visible.push_back(j);
+        std::vector<float> expect(qsize);
+        ref::Attention(q.data() + t * qsize, sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(),
+                       s.v.data(), visible, scale, expect.data());
+        for (int64_t i = 0; i < qsize; ++i) {
+          ASSERT_NEAR(out[t * qsize + i], expect[i], 2e-5f) << "token " << t << " i " << i;
+        }
+        if (order != AttentionOrder::kBatchInvariant) continue;
+        const std::vector<int32_t> one_seq = {0}, one_nv = {n_visible[t]}, one_first = {first[t]};
+        AttentionBatch single{one_seq, indptr, s.blocks, one_nv, {}, {}, one_first};
+        std::vector<float> alone(qsize);
+        ASSERT_TRUE(PagedAttention(pool, cache.View(), single, q.data() + t * qsize, sh.n_heads,
+                                   alone.data(), 0, scratch)
+                        .ok());
+        EXPECT_EQ(0, std::memcmp(alone.data(), out.data() + t * qsize, qsize * 4))
+            << "token " << t << " alone vs in the batch";
+      }
+    }
+  }
+  // A window start past the visible end, and a short first_visible, are errors.
+  TestCache cache(1, 32, 4, 4, GgmlType::kF32);
+  const std::vector<float> q(32, 0.1f);
+  std::vector<float> out(32);
+  const std::vector<int32_t> seq = {0}, indptr = {0, 2}, indices = {1, 3}, nv = {8}, bad = {9};
+  absl::Status st = PagedAttention(pool, cache.View(), {seq, indptr, indices, nv, {}, {}, bad},
+                                   q.data(), 1, out.data(), 0, scratch);
+  EXPECT_NE(st.message().find("first_visible[0] = 9"), std::string::npos) << st;
+  const std::vector<int32_t> two = {0, 0};
+  st = PagedAttention(pool, cache.View(), {seq, indptr, indices, nv, {}, {}, two}, q.data(), 1,
+                      out.data(), 0, scratch);
+  EXPECT_NE(st.message().find("first_visible has 2 entries"), std::string::npos) << st;
 }
 
 TEST(PagedAttentionTest, RejectsBadTables) {

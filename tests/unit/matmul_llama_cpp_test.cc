@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/backend/cpu/dispatch.h"
 #include "lib/common/half.h"
 #include "lib/quant/quant.h"
 
@@ -153,6 +154,118 @@ TEST(MatMulLlamaCpp, Q8_0IsBatchInvariantAndCloseToExact) {
       for (int64_t i = 0; i < kIn; ++i) exact += double{w32[o * kIn + i]} * x[t * kIn + i];
       EXPECT_NEAR(batch[t * kOut + o], exact, 0.05);  // two 8-bit roundings
     }
+  }
+}
+
+// Q5_0, Q4_K and Q6_K weights (reference-quantized): every output close to the float64 product
+// (two 8-bit-ish roundings), and ggml's batch rules: Q5_0 gives a token the same bits alone and
+// in any batch; a repacked Q4_K (n_out % 8 == 0) runs the 4-row gemm for the batch's whole
+// groups of four rows (other bits) and the gemv (a token's bits alone) for the rest; Q6_K and an
+// unrepacked Q4_K take the vec_dot lanes below 8 rows (the bits alone) and the tiled kernel from
+// 8 rows (other bits). The bit-for-bit agreement with ggml is e2e_gemma3_test's (Gemma 3 270M's
+// Q5_0, Q4_K and Q6_K tensors, greedy logits equal to llama.cpp's).
+TEST(MatMulLlamaCpp, Q5_0Q4KQ6KFollowGgmlsBatchRules) {
+  constexpr int64_t kIn = 512;
+  ThreadPool pool(2);
+  Scratch scratch;
+  enum Rule { kInvariant, kGemmGroupsOfFour, kTiledFromEight };
+  struct Case {
+    GgmlType type;
+    int64_t n_out;
+    Rule rule;
+  };
+  for (const Case& c :
+       {Case{GgmlType::kQ5_0, 12, kInvariant}, Case{GgmlType::kQ4_K, 16, kGemmGroupsOfFour},
+        Case{GgmlType::kQ4_K, 12, kTiledFromEight}, Case{GgmlType::kQ6_K, 16, kTiledFromEight}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << GgmlTypeName(static_cast<uint32_t>(c.type)) << " x " << c.n_out);
+    ASSERT_TRUE(HasLlamaCppMatMul(c.type));
+    const QuantKernels* k = GetQuantKernels(c.type, CpuLevel::kScalar);
+    ASSERT_NE(k, nullptr);
+    const std::vector<float> w32 = Normal(c.n_out * kIn, 9, 0.05f);
+    const size_t row_bytes = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(c.type)), kIn);
+    std::vector<uint8_t> wq(c.n_out * row_bytes);
+    std::vector<float> deq(w32.size());
+    for (int64_t o = 0; o < c.n_out; ++o) {
+      k->quantize(w32.data() + o * kIn, wq.data() + o * row_bytes, kIn);
+      k->dequantize(wq.data() + o * row_bytes, deq.data() + o * kIn, kIn);
+    }
+    const WeightView wv = View(c.type, wq.data(), kIn, c.n_out);
+    constexpr int64_t kTokens = 9;
+    const std::vector<float> x = Normal(kTokens * kIn, 10);
+    std::vector<float> alone(kTokens * c.n_out);
+    for (int32_t t = 0; t < kTokens; ++t) {
+      ASSERT_TRUE(
+          MatMulLlamaCpp(pool, wv, x.data(), &t, 1, alone.data() + t * c.n_out, scratch).ok());
+      for (int64_t o = 0; o < c.n_out; ++o) {
+        double exact = 0;
+        for (int64_t i = 0; i < kIn; ++i) exact += double{deq[o * kIn + i]} * x[t * kIn + i];
+        EXPECT_NEAR(alone[t * c.n_out + o], exact, 0.05) << t << ", " << o;
+      }
+    }
+    for (int64_t n_rows : {int64_t{7}, kTokens}) {
+      std::vector<float> batch(n_rows * c.n_out);
+      ASSERT_TRUE(MatMulLlamaCpp(pool, wv, x.data(), nullptr, n_rows, batch.data(), scratch).ok());
+      int differs_where_other_order = 0;
+      for (int64_t t = 0; t < n_rows; ++t) {
+        const bool own_order = c.rule == kInvariant ||
+                               (c.rule == kGemmGroupsOfFour && t >= n_rows - n_rows % 4) ||
+                               (c.rule == kTiledFromEight && n_rows < 8);
+        for (int64_t o = 0; o < c.n_out; ++o) {
+          const int64_t i = t * c.n_out + o;
+          EXPECT_NEAR(batch[i], alone[i], 1e-4 * std::fabs(alone[i]) + 1e-6) << i;
+          if (own_order) {
+            EXPECT_EQ(batch[i], alone[i]) << n_rows << " rows, token " << t << ", output " << o;
+          } else {
+            differs_where_other_order += batch[i] != alone[i];
+          }
+        }
+      }
+      if (c.rule == kGemmGroupsOfFour || (c.rule == kTiledFromEight && n_rows >= 8)) {
+        EXPECT_GT(differs_where_other_order, 0) << n_rows << " rows: the other order shows";
+      }
+    }
+  }
+  std::vector<float> y(4);
+  EXPECT_EQ(MatMulLlamaCpp(pool, View(GgmlType::kQ6_K, y.data(), 128, 1), y.data(), nullptr, 1,
+                           y.data(), scratch)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // n_in not a multiple of 256
+}
+
+// op_kernels.h's q8_0_dot_ggml, which the Q8_0 and Q5_0 matmuls run: every level gives the
+// scalar definition's bits, which follow the lane order written out here (including the
+// extreme values -128 and 127 in both rows).
+TEST(MatMulLlamaCpp, Q8_0DotKernelEqualsItsDefinitionAtEveryLevel) {
+  constexpr int64_t kBlocks = 7;
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> q(-128, 127);
+  std::vector<uint8_t> w(kBlocks * 34), a(kBlocks * 34);
+  float acc[8] = {};
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    const uint16_t dw = Fp32ToFp16(0.01f * (b + 1)), da = Fp32ToFp16(-0.37f / (b + 1));
+    std::memcpy(&w[b * 34], &dw, 2);
+    std::memcpy(&a[b * 34], &da, 2);
+    int8_t qw[32], qa[32];
+    for (int e = 0; e < 32; ++e) {
+      qw[e] = static_cast<int8_t>(b == 0 ? -128 : q(rng));
+      qa[e] = static_cast<int8_t>(b == 0 ? (e % 2 ? 127 : -128) : q(rng));
+    }
+    std::memcpy(&w[b * 34 + 2], qw, 32);
+    std::memcpy(&a[b * 34 + 2], qa, 32);
+    const float s = Fp16ToFp32(dw) * Fp16ToFp32(da);
+    for (int l = 0; l < 8; ++l) {
+      int32_t p = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) p += qw[e] * qa[e];
+      acc[l] = std::fma(s, static_cast<float>(p), acc[l]);
+    }
+  }
+  const float want =
+      ((acc[4] + acc[0]) + (acc[6] + acc[2])) + ((acc[5] + acc[1]) + (acc[7] + acc[3]));
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (level > BestCpuLevel()) continue;
+    EXPECT_EQ(GetOpKernels(level).q8_0_dot_ggml(w.data(), a.data(), kBlocks * 32), want)
+        << CpuLevelName(level);
   }
 }
 

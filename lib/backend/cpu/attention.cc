@@ -65,6 +65,12 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
                           b.kv_indices[i], kv.n_blocks));
     }
   }
+  const bool has_first = !b.first_visible.empty();
+  if (has_first && b.first_visible.size() != n_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: first_visible has %d entries, seq has %d",
+                        b.first_visible.size(), n_tokens));
+  }
   const bool has_extra = !b.extra_indptr.empty();
   if (has_extra) {
     if (b.extra_indptr.size() != n_tokens + 1) {
@@ -93,6 +99,11 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
           "PagedAttention: n_visible[%d] = %d is outside [0, %d] (sequence %d has %d blocks)", t,
           nv, capacity, s, b.kv_indptr[s + 1] - b.kv_indptr[s]));
     }
+    const int32_t first = has_first ? b.first_visible[t] : 0;
+    if (first < 0 || first > nv) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "PagedAttention: first_visible[%d] = %d is outside [0, n_visible = %d]", t, first, nv));
+    }
     int32_t n_extra = 0;
     if (has_extra) {
       const int32_t e0 = b.extra_indptr[t], e1 = b.extra_indptr[t + 1];
@@ -113,7 +124,7 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
       }
       n_extra = e1 - e0;
     }
-    if (nv + n_extra == 0) {
+    if (nv - first + n_extra == 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("PagedAttention: token %d sees no context position", t));
     }
@@ -171,6 +182,9 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
   const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
   const int64_t d = kv.head_dim, bs = kv.block_size, group = n_heads / kv.n_kv_heads;
   const bool has_extra = !b.extra_indptr.empty();
+  auto first_visible = [&](int64_t t) -> int64_t {
+    return b.first_visible.empty() ? 0 : b.first_visible[t];
+  };
   const auto kv_scores_rows =
       d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
   // Chunks of equal size within each run of one sequence's tokens, small enough that every
@@ -209,17 +223,25 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
             return v_base + blocks[pos / bs] * kv.v.block_stride_bytes +
                    h * kv.v.head_stride_bytes + (pos % bs) * v_row_bytes;
           };
-          int64_t common = b.n_visible[t0];
-          for (int64_t t = t0; t < t1; ++t) common = std::min<int64_t>(common, b.n_visible[t]);
-          for (int64_t p = 0; p < common; ++p) {
-            w.k_common[p] = k_row(p);
-            w.v_common[p] = v_row(p);
+          // The rows every token of the chunk sees first, [c0, c1): the shared start of their
+          // windows up to the shortest prefix. Tokens whose windows start at different rows
+          // share none (each token's rows must stay in its own visible order).
+          const int64_t c0 = first_visible(t0);
+          int64_t c1 = b.n_visible[t0];
+          for (int64_t t = t0; t < t1; ++t) {
+            c1 = first_visible(t) == c0 ? std::min<int64_t>(c1, b.n_visible[t]) : c0;
           }
-          // Token t's own rows (visible indices common, common + 1, ...: the rest of its causal
-          // prefix, then its tree extras) into `list`; returns their count.
+          const int64_t common = c1 - c0;
+          for (int64_t p = c0; p < c1; ++p) {
+            w.k_common[p - c0] = k_row(p);
+            w.v_common[p - c0] = v_row(p);
+          }
+          // Token t's own rows (the rest of its causal prefix or window, then its tree extras)
+          // into `list`; returns their count.
           auto own_rows = [&](int64_t t, auto&& row, const void** list) {
             int64_t n = 0;
-            for (int64_t p = common; p < b.n_visible[t]; ++p) list[n++] = row(p);
+            const int64_t from = common > 0 ? c1 : first_visible(t);
+            for (int64_t p = from; p < b.n_visible[t]; ++p) list[n++] = row(p);
             if (has_extra) {
               for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
                 list[n++] = row(b.extra_positions[i]);
@@ -279,10 +301,13 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   const OpKernels& k = GetOpKernels(level);
   const bool has_extra = !b.extra_indptr.empty();
+  const bool has_first = !b.first_visible.empty();
   int64_t max_visible = 0;  // longest visible list of any token
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
-    max_visible = std::max(max_visible, b.n_visible[t] + extra);
+    const int64_t first = has_first ? b.first_visible[t] : 0;
+    // The llama.cpp orders start a window at its row rounded down to a multiple of 16.
+    max_visible = std::max(max_visible, b.n_visible[t] - first + first % 16 + extra);
   }
   if (order == AttentionOrder::kBatchInvariant) {
     const size_t per_thread = ChunkWorkspace::Bytes(kMaxChunkTokens * group, max_visible, d);
@@ -338,16 +363,24 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       }
       const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
       const int64_t nv = b.n_visible[t];
+      // A sliding window starts at row `first`. ggml keeps every cell's number (the lanes below)
+      // and runs the softmax sum in chunks of 16 cells from cell 0 over the masked cells too: so
+      // the rows from `first` rounded down to a multiple of 16 are scored, those before `first`
+      // masked (-inf, weight 0).
+      const int64_t lead = (has_first ? b.first_visible[t] : 0) % 16;
+      const int64_t first = (has_first ? b.first_visible[t] : 0) - lead;
 
       // Calls fn(block, row, count, index) for runs of consecutive visible rows in one physical
-      // block; `index` numbers the visible rows 0, 1, 2, ... in order (prefix, then extras), so
-      // a tree node sees exactly the indices its root-to-node chain would see causally.
+      // block; `index` numbers the visible rows 0, 1, 2, ... in order (prefix, then extras);
+      // their lanes are first + index, so a tree node sees exactly the lanes its root-to-node
+      // chain would see causally.
       auto for_each_run = [&](auto&& fn) {
         int64_t index = 0;
-        for (int64_t p = 0; p < nv; p += bs) {
-          const int64_t count = std::min(bs, nv - p);
-          fn(blocks[p / bs], int64_t{0}, count, index);
+        for (int64_t p = first; p < nv;) {
+          const int64_t count = std::min(bs - p % bs, nv - p);
+          fn(blocks[p / bs], p % bs, count, index);
           index += count;
+          p += count;
         }
         if (!has_extra) return;
         const int32_t e1 = b.extra_indptr[t + 1];
@@ -375,6 +408,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       });
       for (int64_t g = 0; g < group; ++g) {
         float* sg = sc + g * max_visible;
+        std::fill(sg, sg + lead, -INFINITY);
         k.scale(sg, scale, n_vis);
         const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
         k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
@@ -387,7 +421,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       // in index order through the generic one.
       int64_t n_groups = 0;
       for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-        if (index != 16 * n_groups || count != 16) return;
+        if (first != 0 || index != 16 * n_groups || count != 16) return;
         v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
                              row * v_row_bytes;
       });
@@ -400,7 +434,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
           if (index < grouped_rows) return;
           const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
                               h * kv.v.head_stride_bytes + row * v_row_bytes;
-          k.kv_accumulate(acc, pg + index, vt, count, index, n_lanes, v_elem, d);
+          k.kv_accumulate(acc, pg + index, vt, count, first + index, n_lanes, v_elem, d);
         });
         k.reduce_lanes(acc, n_lanes, d, ot + g * d);
       }

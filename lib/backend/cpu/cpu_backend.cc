@@ -123,6 +123,12 @@ void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* y)
   cpu::SwiGlu(gate, up, n, y);
 }
 
+void CpuBackend::GeGlu(const float* gate, const float* up, int64_t n, float* y) {
+  cpu::GeGlu(gate, up, n, y);
+}
+
+void CpuBackend::Scale(float* x, int64_t n, float s) { cpu::Scale(x, n, s); }
+
 absl::Status CpuBackend::PrepareRope(const RopeConfig& config, int32_t head_dim,
                                      std::span<const int32_t> positions) {
   return rope_.Build(config, head_dim, positions);
@@ -169,6 +175,7 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   ab.kv_indptr = mask.tables->indptr;
   ab.kv_indices = mask.tables->indices;
   ab.n_visible = mask.n_visible;
+  ab.first_visible = mask.first_visible;
   ab.extra_indptr = mask.extra_indptr;
   ab.extra_positions = mask.extra_positions;
   // llama.cpp's order changes with the batch: one token decodes, two or more are a prompt.

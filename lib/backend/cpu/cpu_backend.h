@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
   void Add(const float* a, const float* b, int64_t n, float* y) override;
   void AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) override;
   void SwiGlu(const float* gate, const float* up, int64_t n, float* y) override;
+  void GeGlu(const float* gate, const float* up, int64_t n, float* y) override;
+  void Scale(float* x, int64_t n, float s) override;
   absl::Status PrepareRope(const RopeConfig& config, int32_t head_dim,
                            std::span<const int32_t> positions) override;
   void RotateRope(float* x, int64_t n_heads) override;

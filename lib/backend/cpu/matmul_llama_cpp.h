@@ -1,6 +1,6 @@
 // MatMul in llama.cpp's arithmetic for the weight types whose kiln kernels sum in their own order:
-// F32, F16 and Q8_0. The llama.cpp order (Backend::set_llama_cpp_order) multiplies these with
-// this; docs/numerics.md has the rules of the other ops and types.
+// F32, F16, Q8_0, Q5_0, Q4_K and Q6_K. The llama.cpp order (Backend::set_llama_cpp_order)
+// multiplies these with this; docs/numerics.md has the rules of the other ops and types.
 //
 // What ggml's x86 CPU backend (an AVX-512 build with llamafile) computes for y = W x, x of
 // n_tokens rows (the number of columns of src1 in its mul_mat):
@@ -9,6 +9,20 @@
 //     acc[l] = fma(s_b, float(P_b[l]), acc[l]); y = ((acc4 + acc0) + (acc6 + acc2)) + ((acc5 +
 //     acc1) + (acc7 + acc3)) (ggml_vec_dot_q8_0_q8_0, and tinyBLAS_Q0_AVX, which sums the same
 //     lanes in the same order: the same bits for any n_tokens).
+//   Q5_0: as Q8_0 with the weights' values q - 16 (ggml_vec_dot_q5_0_q8_0; tinyBLAS alike).
+//   Q4_K, Q6_K: x quantized to Q8_K as quantize_row_q8_K_ref; per super-block the exact integer
+//     sums isum (scales x code products, Q6_K's -32 through the bsums) and msum (Q4_K: mins x
+//     bsums), dw, dminw the weight's f16 scales, da the activation's:
+//     Q4_K with n_out % 8 == 0 (ggml repacks it, 8x8 gemv/gemm): acc = fma(isum, dw * da, acc),
+//       mins = fma(msum, dminw * da, mins), y = acc - mins, per super-block (gemv) or, for the
+//       rows in whole groups of four (gemm), per pair of 32-element sub-blocks; those rows are
+//       quantized with ggml_quantize_mat_q8_K_4x8's sign rule (+amax wins a tie with -amax);
+//     otherwise n_tokens >= 8 (ggml's tiled kernels): Q6_K acc = fma(isum * dw, da, acc);
+//       Q4_K acc = fma(fma(-msum, dminw, isum * dw), da, acc);
+//     otherwise ggml_vec_dot_q4_K_q8_K / _q6_K (AVX2): 8 int32 lanes of 4-element product sums,
+//       acc[l] = fma(da * dw, lane, acc[l]), summed as Q8_0's (plus Q4_K's 4 min lanes,
+//       fma(-da * dminw, ..), summed ((m0 + m2) + (m1 + m3))).
+//     So Q4_K (unless repacked) and Q6_K are, like llama.cpp, not batch invariant.
 //   F32, F16 (x rounded to f16 first for F16 weights, as ggml converts src1 to the weight type):
 //     tinyBLAS when n_tokens >= 2, n_out % 4 == 0 and n_in % 16 == 0: 16 FMA lanes
 //     acc[l] = fma(w[16c + l], x[16c + l], acc[l]) over c in order, summed in
@@ -19,8 +33,8 @@
 //     So, like llama.cpp itself, these two types are not batch invariant.
 //
 // The same bits on every CPU. The float types use the attention kernels' dot (kernels.h
-// kv_scores, SIMD on AVX-512); Q8_0 is plain C++ (std::fma), slower than kiln's own kernels:
-// the llama.cpp order is for checking kiln against llama.cpp, not for speed.
+// kv_scores, SIMD on AVX-512); the quantized types are plain C++ (std::fma), slower than kiln's
+// own kernels: the llama.cpp order is for checking kiln against llama.cpp, not for speed.
 // Thread-safe; `scratch` must not be shared by concurrent calls.
 #pragma once
 
@@ -34,7 +48,7 @@
 
 namespace kiln::cpu {
 
-// Whether MatMulLlamaCpp handles weights of `type` (F32, F16, Q8_0).
+// Whether MatMulLlamaCpp handles weights of `type` (F32, F16, Q8_0, Q5_0, Q4_K, Q6_K).
 bool HasLlamaCppMatMul(GgmlType type);
 
 // y[r, o] = W[o, :] . x[rows[r], :] for r < n_rows (rows == nullptr: row r of x) in llama.cpp's

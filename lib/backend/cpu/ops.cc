@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
+#include "lib/common/half.h"
 #include "lib/common/platform.h"
 #include "lib/quant/activation.h"
 
@@ -286,6 +289,39 @@ void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, flo
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y, CpuLevel level) {
   GetOpKernels(level).swiglu(gate, up, n, y);
 }
+
+float GeluF32(float x) {
+  constexpr float kCoefA = 0.044715f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * std::fma(kCoefA * x, x, 1.0f)));
+}
+
+const uint16_t* GeluF16Table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); ++i) {
+      t[i] = Fp32ToFp16(GeluF32(Fp16ToFp32(static_cast<uint16_t>(i))));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+void GeGlu(const float* gate, const float* up, int64_t n, float* y) {
+  const uint16_t* table = GeluF16Table();
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      y[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      y[i] = g * up[i];
+    } else {
+      y[i] = Fp16ToFp32(table[Fp32ToFp16(g)]) * up[i];
+    }
+  }
+}
+
+void Scale(float* x, int64_t n, float s, CpuLevel level) { GetOpKernels(level).scale(x, s, n); }
 
 void Add(const float* a, const float* b, int64_t n, float* y, CpuLevel level) {
   GetOpKernels(level).add(a, b, n, y);

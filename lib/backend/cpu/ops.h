@@ -91,6 +91,22 @@ void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, flo
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y,
             CpuLevel level = BestCpuLevel());
 
+// y = gelu(gate) * up, element-wise over n floats, as ggml_vec_geglu_f32 (GGML_GELU_FP16):
+//   g <= -10: 0;   g >= 10: g * up;   otherwise: f32(GeluF16Table()[f16 bits of g]) * up,
+// the table holding f16(gelu(f32 of each f16)) with gelu(x) = 0.5x(1 + tanh(sqrt(2/pi) x
+// (1 + 0.044715 x^2))) in ggml's float steps (GeluF32). y may alias gate or up. The same in
+// both numeric orders (every element on its own).
+void GeGlu(const float* gate, const float* up, int64_t n, float* y);
+// ggml's float GELU (ggml_gelu_f32), the table's definition:
+//   ((0.5f * x) * (1 + tanhf((sqrt(2/pi) * x) * fma(0.044715f * x, x, 1)))),
+// with the one FMA GCC contracts in ggml's expression.
+float GeluF32(float x);
+// The 65536 f16 results by f16 input bits (built once, thread-safe).
+const uint16_t* GeluF16Table();
+
+// x *= s over n floats (ggml_scale).
+void Scale(float* x, int64_t n, float s, CpuLevel level = BestCpuLevel());
+
 // y = a + b over n floats (residual add). y may alias a or b.
 void Add(const float* a, const float* b, int64_t n, float* y, CpuLevel level = BestCpuLevel());
 
@@ -178,27 +194,31 @@ struct PagedKvView {
 
 // What each query token sees. Token t belongs to sequence seq[t], whose logical context
 // position j lives in physical block kv_indices[kv_indptr[seq[t]] + j / block_size] at row
-// j % block_size. Token t attends to positions [0, n_visible[t]) and, when extra_indptr is
-// given, to extra_positions[extra_indptr[t] .. extra_indptr[t+1]) (strictly increasing, each
+// j % block_size. Token t attends to positions [f, n_visible[t]), f = first_visible[t] (0 when
+// first_visible is empty), and, when extra_indptr is given, to
+// extra_positions[extra_indptr[t] .. extra_indptr[t+1]) (strictly increasing, each
 // >= n_visible[t]). Masks:
 //   causal:  n_visible[t] = position of t + 1, no extras;
+//   sliding window w: as causal with first_visible[t] = max(0, n_visible[t] - w);
 //   tree:    n_visible[t] = committed prefix length, extras = the cache slots of t's ancestors
 //            and of t itself (BuildTreeVisibility makes them from parent links).
 // The K/V of the batch's own tokens must be in the cache before the call.
 struct AttentionBatch {
-  std::span<const int32_t> seq;              // [n_tokens]
-  std::span<const int32_t> kv_indptr;        // [n_seqs + 1], non-decreasing
-  std::span<const int32_t> kv_indices;       // [kv_indptr[n_seqs]] physical block ids
-  std::span<const int32_t> n_visible;        // [n_tokens]
-  std::span<const int32_t> extra_indptr;     // [n_tokens + 1] or empty
-  std::span<const int32_t> extra_positions;  // [extra_indptr[n_tokens]]
+  std::span<const int32_t> seq;                 // [n_tokens]
+  std::span<const int32_t> kv_indptr;           // [n_seqs + 1], non-decreasing
+  std::span<const int32_t> kv_indices;          // [kv_indptr[n_seqs]] physical block ids
+  std::span<const int32_t> n_visible;           // [n_tokens]
+  std::span<const int32_t> extra_indptr;        // [n_tokens + 1] or empty
+  std::span<const int32_t> extra_positions;     // [extra_indptr[n_tokens]]
+  std::span<const int32_t> first_visible = {};  // [n_tokens] or empty (all 0)
 };
 
 // out[t, h, :] = softmax(q[t, h, :] . K[j, h/G, :] * scale over visible j) . V[j, h/G, :]
 //   q, out: [n_tokens, n_heads, head_dim], G = n_heads / n_kv_heads (GQA; 1 = MHA; n_heads = MQA)
 // scale <= 0 means 1/sqrt(head_dim). Softmax as ggml's non-flash attention (soft_max_ext;
-// op_kernels.h), with the visible rows numbered 0, 1, ... in order (prefix, then extras) as ggml
-// numbers a causal sequence's cache cells, so a tree node's
+// op_kernels.h), with the visible rows numbered f, f + 1, ... in order (prefix, then extras) as
+// ggml numbers a causal sequence's cache cells (f = first_visible[t]; ggml masks the cells
+// before its window and keeps their numbers), so a tree node's
 // output equals, bit for bit, that of the same tokens laid out as a causal chain. In the
 // llama.cpp orders with an f16 cache, q and the softmax weights are rounded to f16 before their
 // products (ggml's f16 path); kiln's order keeps them in f32. Tasks: in kiln's order, a chunk

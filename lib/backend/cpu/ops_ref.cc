@@ -70,6 +70,15 @@ void SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
   }
 }
 
+void GeGlu(const float* gate, const float* up, int64_t n, float* y) {
+  const double kSqrt2OverPi = 0.79788456080286535587989211986876;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double gelu = 0.5 * g * (1.0 + std::tanh(kSqrt2OverPi * g * (1.0 + 0.044715 * g * g)));
+    y[i] = static_cast<float>(gelu * up[i]);
+  }
+}
+
 void Add(const float* a, const float* b, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }

@@ -21,6 +21,8 @@ absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> t
 
 void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps, float* y);
 void SwiGlu(const float* gate, const float* up, int64_t n, float* y);
+// gelu(gate) * up with GELU's tanh form in double (no f16 table).
+void GeGlu(const float* gate, const float* up, int64_t n, float* y);
 void Add(const float* a, const float* b, int64_t n, float* y);
 void SoftmaxRows(float* x, int64_t n_rows, int64_t n, float scale);
 

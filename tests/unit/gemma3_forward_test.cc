@@ -1,0 +1,408 @@
+// The gemma3 architecture on tiny random-weight models (BuildRandomModel with a gemma3 shape whose
+// sliding window is 8 positions, so short sequences leave it): the hyper-parameters it reads, its
+// logits against a plain float64 Gemma 3 forward pass written here from the model's definition
+// (embedding scale, Q/K norms, NEOX RoPE with the window layers' own base, query scaling,
+// sliding-window and global attention, post-norms, GeGLU, tied head), and the engine's promises
+// with windows: batch/chunk/thread invariance, tree nodes equal to their paths, prefix-cache hits
+// equal to a cold prefill. The real model against llama.cpp: e2e_gemma3_test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "lib/gguf/gguf.h"
+#include "lib/gguf/gguf_writer.h"
+#include "lib/model/random_model.h"
+#include "tests/common/forward_util.h"
+#include "tests/common/test_util.h"
+
+namespace kiln {
+namespace {
+
+constexpr int32_t kWindow = 8;
+
+RandomModelShape TinyGemma3Shape() {
+  RandomModelShape s;
+  s.name = "tiny-gemma3";
+  s.arch = "gemma3";
+  s.n_embd = 256;
+  s.n_ff = 512;
+  s.n_head = 4;
+  s.n_head_kv = 1;
+  s.n_layer = 6;  // layers 0-4 sliding, 5 global (llama.cpp's default pattern of 6)
+  s.n_ctx = 512;
+  s.rope_freq_base = 1000000.0f;
+  s.rms_eps = 1e-6f;
+  s.tied_output = true;
+  s.sliding_window = kWindow;
+  return s;
+}
+
+// `extra_keys` may add or override hyper-parameter keys (files kiln must refuse).
+std::string MakeTinyGemma3(uint32_t type, const std::string& tag,
+                           const std::function<void(gguf::GgufWriter&)>& extra_keys = nullptr) {
+  RandomModelOptions options;
+  options.shape = TinyGemma3Shape();
+  options.type = type;
+  options.seed = 11;
+  gguf::GgufWriter writer;
+  const absl::Status built = BuildRandomModel(options, &writer);
+  EXPECT_TRUE(built.ok()) << built;
+  if (extra_keys) extra_keys(writer);
+  const std::string path = testing::TempDir() + "/tiny-gemma3-" + tag + ".gguf";
+  EXPECT_TRUE(writer.WriteToFile(path).ok());
+  return path;
+}
+
+std::unique_ptr<Model> LoadModel(const std::string& path) {
+  ModelLoadOptions options;
+  options.path = path;
+  auto model = Model::Load(options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t blocks = 64) {
+  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16);
+  EXPECT_TRUE(layout.ok());
+  KvCacheOptions options;
+  options.num_blocks = blocks;
+  auto cache = KvCache::Create(*layout, options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+std::vector<int32_t> RandomTokens(int n, int64_t n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % n_vocab);
+  return t;
+}
+
+// Prefills `tokens` [start, n) as one sequence in chunks of `chunk`; all their logits.
+std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
+                           const std::vector<int32_t>& tokens, int chunk, int start = 0) {
+  std::vector<float> logits;
+  for (int begin = start; begin < static_cast<int>(tokens.size()); begin += chunk) {
+    const int end = std::min<int>(begin + chunk, static_cast<int>(tokens.size()));
+    EXPECT_TRUE(cache.AppendSlots(seq, std::span(tokens).subspan(begin, end - begin)).ok());
+    ForwardBatch batch;
+    for (int i = begin; i < end; ++i) batch.Add(tokens[i], seq, i, true);
+    ForwardOutput out;
+    const absl::Status s = fwd.Forward(batch, cache, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+  }
+  return logits;
+}
+
+// ---- A plain float64 Gemma 3 forward pass over an f32 file (written from the model's
+// definition, independent of the engine; recomputes attention over the prefix per token).
+class ReferenceGemma3 {
+ public:
+  explicit ReferenceGemma3(const gguf::GgufFile& f) : f_(f) {}
+
+  // Logits [tokens.size()][n_vocab] of one causal sequence from position 0. window = 0: every
+  // layer global (to show the window matters).
+  std::vector<std::vector<double>> Forward(const std::vector<int32_t>& tokens, int window) const {
+    const RandomModelShape s = TinyGemma3Shape();
+    const int64_t d = s.n_embd, hd = s.head_dim(), nh = s.n_head, nkv = s.n_head_kv;
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    const std::vector<double> embd = Vec("token_embd.weight");
+    const int64_t n_vocab = static_cast<int64_t>(embd.size()) / d;
+    std::vector<std::vector<double>> x(n, std::vector<double>(d));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < d; ++i) x[t][i] = embd[tokens[t] * d + i] * std::sqrt(double(d));
+    }
+    for (uint32_t l = 0; l < s.n_layer; ++l) {
+      const bool swa = window > 0 && l % 6 < 5;
+      const double base = swa ? 10000.0 : s.rope_freq_base;
+      const std::string b = "blk." + std::to_string(l) + ".";
+      std::vector<std::vector<double>> q(n), k(n), v(n);
+      for (int64_t t = 0; t < n; ++t) {
+        const std::vector<double> h = Norm(x[t], Vec(b + "attn_norm.weight"));
+        q[t] = MatVec(b + "attn_q.weight", h);
+        k[t] = MatVec(b + "attn_k.weight", h);
+        v[t] = MatVec(b + "attn_v.weight", h);
+        HeadNormRope(q[t], nh, Vec(b + "attn_q_norm.weight"), t, base);
+        HeadNormRope(k[t], nkv, Vec(b + "attn_k_norm.weight"), t, base);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<double> attn(nh * hd, 0.0);
+        const int64_t j0 = swa ? std::max<int64_t>(0, t - window + 1) : 0;
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t g = h / (nh / nkv);
+          std::vector<double> p(t + 1 - j0);
+          double m = -1e300, sum = 0;
+          for (int64_t j = j0; j <= t; ++j) {
+            double dot = 0;
+            for (int64_t i = 0; i < hd; ++i) dot += q[t][h * hd + i] * k[j][g * hd + i];
+            p[j - j0] = dot / std::sqrt(double(hd));
+            m = std::max(m, p[j - j0]);
+          }
+          for (double& e : p) sum += (e = std::exp(e - m));
+          for (int64_t j = j0; j <= t; ++j) {
+            for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += p[j - j0] / sum * v[j][g * hd + i];
+          }
+        }
+        const std::vector<double> o =
+            Norm(MatVec(b + "attn_output.weight", attn), Vec(b + "post_attention_norm.weight"));
+        for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
+        const std::vector<double> h = Norm(x[t], Vec(b + "ffn_norm.weight"));
+        const std::vector<double> gate = MatVec(b + "ffn_gate.weight", h);
+        std::vector<double> act = MatVec(b + "ffn_up.weight", h);
+        for (size_t i = 0; i < act.size(); ++i) {
+          const double z = gate[i];
+          act[i] *= 0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z)));
+        }
+        const std::vector<double> down =
+            Norm(MatVec(b + "ffn_down.weight", act), Vec(b + "post_ffw_norm.weight"));
+        for (int64_t i = 0; i < d; ++i) x[t][i] += down[i];
+      }
+    }
+    std::vector<std::vector<double>> logits(n, std::vector<double>(n_vocab));
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> h = Norm(x[t], Vec("output_norm.weight"));
+      for (int64_t v = 0; v < n_vocab; ++v) {
+        for (int64_t i = 0; i < d; ++i) logits[t][v] += embd[v * d + i] * h[i];
+      }
+    }
+    return logits;
+  }
+
+ private:
+  std::vector<double> Vec(const std::string& name) const {
+    const gguf::TensorInfo* t = f_.FindTensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->type, 0u) << name << " must be f32";
+    std::vector<float> tmp(t->n_elements);
+    std::memcpy(tmp.data(), t->data, t->nbytes);
+    return std::vector<double>(tmp.begin(), tmp.end());
+  }
+  std::vector<double> MatVec(const std::string& name, const std::vector<double>& x) const {
+    const std::vector<double> w = Vec(name);  // [n_out, n_in]
+    const size_t n_in = x.size(), n_out = w.size() / n_in;
+    std::vector<double> y(n_out, 0.0);
+    for (size_t o = 0; o < n_out; ++o) {
+      for (size_t i = 0; i < n_in; ++i) y[o] += w[o * n_in + i] * x[i];
+    }
+    return y;
+  }
+  static std::vector<double> Norm(std::vector<double> x, const std::vector<double>& w) {
+    double ss = 0;
+    for (double e : x) ss += e * e;
+    const double scale = 1 / std::sqrt(ss / x.size() + 1e-6);
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= scale * w[i];
+    return x;
+  }
+  // RMS-normalizes each head of x (heads of head_dim) with w, then rotates it NEOX-style.
+  static void HeadNormRope(std::vector<double>& x, int64_t n_heads, const std::vector<double>& w,
+                           int64_t pos, double base) {
+    const int64_t hd = static_cast<int64_t>(w.size()), half = hd / 2;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      std::vector<double> head(x.begin() + h * hd, x.begin() + (h + 1) * hd);
+      head = Norm(head, w);
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = pos * std::pow(base, -2.0 * i / hd);
+        const double a = head[i], b = head[i + half];
+        x[h * hd + i] = a * std::cos(theta) - b * std::sin(theta);
+        x[h * hd + i + half] = a * std::sin(theta) + b * std::cos(theta);
+      }
+    }
+  }
+  const gguf::GgufFile& f_;
+};
+
+TEST(Gemma3, ReadsItsHyperParametersAndChatTemplate) {
+  const std::string path = MakeTinyGemma3(static_cast<uint32_t>(GgmlType::kF32), "hp");
+  auto model = LoadModel(path);
+  ASSERT_NE(model, nullptr);
+  const ModelHparams& hp = model->hparams();
+  EXPECT_EQ(hp.arch, "gemma3");
+  EXPECT_EQ(hp.sliding_window, kWindow);
+  EXPECT_EQ(hp.swa_layers, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ(hp.rope.mode, RopeMode::kNeox);
+  EXPECT_EQ(hp.rope.freq_base, 1000000.0f);
+  EXPECT_EQ(hp.rope_swa.freq_base, 10000.0f);
+  EXPECT_TRUE(hp.tied_output);
+  // The random file carries a ChatML template; files without one get the family's (the real
+  // model's case, e2e_gemma3_test).
+  EXPECT_NE(model->chat_template(), "gemma3");
+  EXPECT_EQ(model->architecture().default_chat_template(), "gemma3");
+  EXPECT_NE(model->Tensor("blk.0.attn_q_norm.weight"), nullptr);
+  EXPECT_NE(model->Tensor("blk.5.post_ffw_norm.weight"), nullptr);
+}
+
+// What kiln cannot run is refused at load with the key named: final-logit soft-capping (Gemma 2
+// style) and per-layer sliding-window arrays; a window of 0 means no sliding window (llama.cpp).
+TEST(Gemma3, UnsupportedKeysAreClearErrors) {
+  const uint32_t f32 = static_cast<uint32_t>(GgmlType::kF32);
+  ModelLoadOptions options;
+  options.path = MakeTinyGemma3(f32, "softcap", [](gguf::GgufWriter& w) {
+    w.SetFloat32("gemma3.final_logit_softcapping", 30.0f);
+  });
+  auto model = Model::Load(options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("final_logit_softcapping"), std::string::npos)
+      << model.status();
+  options.path = MakeTinyGemma3(f32, "pattern", [](gguf::GgufWriter& w) {
+    const bool layers[] = {true, false, true, false, true, false};
+    w.SetArrayBool("gemma3.attention.sliding_window_pattern", layers);
+  });
+  model = Model::Load(options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("sliding_window_pattern"), std::string::npos)
+      << model.status();
+  options.path = MakeTinyGemma3(f32, "nowindow", [](gguf::GgufWriter& w) {
+    w.SetUint32("gemma3.attention.sliding_window", 0);
+  });
+  model = Model::Load(options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->hparams().sliding_window, 0);
+  EXPECT_FALSE((*model)->hparams().is_swa(0));
+}
+
+// Logits against the float64 reference: f32 weights, f32 cache, so what is left is f32
+// rounding and GeGLU's f16 table (each GELU rounded to f16: relative 2^-11) through six layers;
+// measured below 1e-3 of the largest logit, bounded at 5e-3. The same reference without windows
+// differs by far more (checked), so the bound sees the window.
+TEST(Gemma3, LogitsMatchFloat64ReferenceWithSlidingWindows) {
+  const std::string path = MakeTinyGemma3(static_cast<uint32_t>(GgmlType::kF32), "ref");
+  auto model = LoadModel(path);
+  ASSERT_NE(model, nullptr);
+  auto file = gguf::GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const ReferenceGemma3 ref(**file);
+  const std::vector<int32_t> tokens = RandomTokens(24, model->hparams().n_vocab, 3);
+  for (bool llama_order : {false, true}) {
+    SCOPED_TRACE(llama_order ? "llama.cpp order" : "kiln order");
+    CpuForward fwd(*model, 2);
+    fwd.set_llama_cpp_order(llama_order);
+    auto cache = MakeCache(*model, GgmlType::kF32);
+    const std::vector<float> got = Prefill(fwd, *cache, cache->CreateSequence(), tokens, 5);
+    const int64_t V = model->hparams().n_vocab;
+    ASSERT_EQ(got.size(), tokens.size() * V);
+    auto rel_error = [&](const std::vector<std::vector<double>>& expected) {
+      double max_err = 0, max_ref = 0;
+      for (size_t t = 0; t < tokens.size(); ++t) {
+        for (int64_t v = 0; v < V; ++v) {
+          max_err = std::max(max_err, std::abs(got[t * V + v] - expected[t][v]));
+          max_ref = std::max(max_ref, std::abs(expected[t][v]));
+        }
+      }
+      EXPECT_GT(max_ref, 0.1);
+      return max_err / max_ref;
+    };
+    const double windowed = rel_error(ref.Forward(tokens, kWindow));
+    const double unwindowed = rel_error(ref.Forward(tokens, 0));
+    std::printf("tiny gemma3 vs float64 reference: %.2e (without windows: %.2e)\n", windowed,
+                unwindowed);
+    EXPECT_LT(windowed, 5e-3);
+    EXPECT_GT(unwindowed, 10 * windowed);
+  }
+}
+
+class Gemma3Invariance : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = new std::string(MakeTinyGemma3(static_cast<uint32_t>(GgmlType::kQ8_0), "q8_0"));
+  }
+  static void TearDownTestSuite() {
+    delete path_;
+    path_ = nullptr;
+  }
+  void SetUp() override {
+    model_ = LoadModel(*path_);
+    ASSERT_NE(model_, nullptr);
+  }
+  static std::string* path_;
+  std::unique_ptr<Model> model_;
+};
+std::string* Gemma3Invariance::path_ = nullptr;
+
+// Windows start at a different row for every token past the window, so the chunked attention
+// shares fewer rows; the results must not change.
+TEST_F(Gemma3Invariance, BitwiseSameAcrossChunkingAndThreads) {
+  const std::vector<int32_t> tokens = RandomTokens(40, model_->hparams().n_vocab, 5);
+  CpuForward one(*model_, 1), two(*model_, 2);
+  auto cache = MakeCache(*model_, GgmlType::kF16);
+  const std::vector<float> whole = Prefill(one, *cache, cache->CreateSequence(), tokens, 40);
+  for (int chunk : {1, 3, 16}) {
+    EXPECT_EQ(Prefill(two, *cache, cache->CreateSequence(), tokens, chunk), whole)
+        << "chunks of " << chunk;
+  }
+}
+
+TEST_F(Gemma3Invariance, PrefixCacheHitEqualsColdPrefill) {
+  const int64_t V = model_->hparams().n_vocab;
+  const std::vector<int32_t> prompt = RandomTokens(50, V, 31);
+  CpuForward fwd(*model_, 2);
+  auto cache = MakeCache(*model_, GgmlType::kF16);
+  const std::vector<float> cold_logits = Prefill(fwd, *cache, cache->CreateSequence(), prompt, 64);
+  const SeqId warm = cache->CreateSequence();
+  auto attached = cache->AttachCachedPrefix(warm, std::span(prompt).subspan(0, prompt.size() - 1));
+  ASSERT_TRUE(attached.ok());
+  EXPECT_EQ(*attached, 48);
+  const std::vector<float> warm_logits = Prefill(fwd, *cache, warm, prompt, 64, *attached);
+  ASSERT_EQ(warm_logits.size(), 2u * V);
+  EXPECT_EQ(warm_logits, std::vector<float>(cold_logits.end() - 2 * V, cold_logits.end()));
+}
+
+// Tree nodes past the window: each node's logits equal, bit for bit, those of its root-to-node
+// path evaluated causally; a tree as deep as the window is rejected.
+TEST_F(Gemma3Invariance, TreeNodesEqualTheirPaths) {
+  const int64_t V = model_->hparams().n_vocab;
+  const std::vector<int32_t> prompt = RandomTokens(20, V, 9);
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  CpuForward fwd(*model_, 2);
+  auto cache = MakeCache(*model_, GgmlType::kF16);
+  const SeqId seq = cache->CreateSequence();
+  Prefill(fwd, *cache, seq, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 32);
+  // Root r (the prompt's last token, causal); a, b children of r; c child of a; d child of c.
+  const int32_t r = prompt.back();
+  const std::vector<int32_t> tree = {r, 11, 12, 13, 14};
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 3};
+  const std::vector<int32_t> depth = {0, 1, 1, 2, 3};
+  ASSERT_TRUE(cache->AppendSlots(seq, tree).ok());
+  ForwardBatch batch;
+  for (size_t i = 0; i < tree.size(); ++i) {
+    batch.Add(tree[i], seq, n - 1 + depth[i], true, parent[i], n - 1 + static_cast<int32_t>(i));
+  }
+  ForwardOutput tree_out;
+  ASSERT_TRUE(fwd.Forward(batch, *cache, &tree_out).ok());
+  const std::vector<std::vector<int32_t>> paths = {
+      {r}, {r, 11}, {r, 12}, {r, 11, 13}, {r, 11, 13, 14}};
+  for (size_t node = 0; node < paths.size(); ++node) {
+    std::vector<int32_t> full(prompt.begin(), prompt.end() - 1);
+    full.insert(full.end(), paths[node].begin(), paths[node].end());
+    const std::vector<float> causal = Prefill(fwd, *cache, cache->CreateSequence(), full, 64);
+    EXPECT_EQ(0, std::memcmp(tree_out.LogitsRow(node), causal.data() + (full.size() - 1) * V,
+                             V * sizeof(float)))
+        << "tree node " << node;
+  }
+  // A chain of kWindow nodes below the root: the last one is kWindow positions deep.
+  const SeqId deep = cache->CreateSequence();
+  Prefill(fwd, *cache, deep, prompt, 32);
+  const std::vector<int32_t> chain(kWindow, 7);
+  ASSERT_TRUE(cache->AppendSlots(deep, chain).ok());
+  ForwardBatch deep_batch;
+  for (int32_t i = 0; i < kWindow; ++i) {
+    deep_batch.Add(7, deep, n + i, true, i == 0 ? -1 : i - 1, n + i);
+  }
+  ForwardOutput out;
+  // The first node is causal (parent -1) and the rest hang below it: depth up to kWindow - 1.
+  EXPECT_TRUE(fwd.Forward(deep_batch, *cache, &out).ok());
+  const std::vector<int32_t> one_more = {7};
+  ASSERT_TRUE(cache->AppendSlots(deep, one_more).ok());
+  deep_batch.Add(7, deep, n + kWindow, true, kWindow - 1, n + kWindow);
+  const absl::Status too_deep = fwd.Forward(deep_batch, *cache, &out);
+  EXPECT_EQ(too_deep.code(), absl::StatusCode::kInvalidArgument) << too_deep;
+  EXPECT_NE(too_deep.message().find("sliding window"), std::string::npos) << too_deep;
+}
+
+}  // namespace
+}  // namespace kiln
