@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the fuzzers and their seed writers with clang (only those targets, in build-fuzz/) and
-# fuzzes each for SECONDS (default 60):
+# fuzzes each for SECONDS (default 60), side by side:
 #   gguf_reader_fuzz   the GGUF reader; seeds from kiln-fuzz-seeds (tests/fuzz/fuzz_seeds.h) plus
 #                      every saved regression in tests/fuzz/regressions/;
 #   state_reader_fuzz  the saved-session-state reader; seeds from kiln-state-seeds plus
@@ -55,7 +55,12 @@ fuzz() {
   echo "fuzz: $target ok: ${seconds}s, $runs runs, coverage $cov edges, corpus $(ls "$dir/corpus" | wc -l) files, 0 crashes"
 }
 
+# Both at once (one core each): the stage takes SECONDS, not twice that.
+fuzz gguf_reader_fuzz kiln-fuzz-seeds tests/fuzz/regressions 65536 &
+gguf_pid=$!
+fuzz state_reader_fuzz kiln-state-seeds tests/fuzz/state_regressions 65536 &
+state_pid=$!
 status=0
-fuzz gguf_reader_fuzz kiln-fuzz-seeds tests/fuzz/regressions 65536 || status=1
-fuzz state_reader_fuzz kiln-state-seeds tests/fuzz/state_regressions 65536 || status=1
+wait "$gguf_pid" || status=1
+wait "$state_pid" || status=1
 exit $status
