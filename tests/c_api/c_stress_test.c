@@ -750,12 +750,12 @@ int main(int argc, char** argv) {
     CHECK(kiln_sampler_create(&sp, &g_samplers[m]) == KILN_OK);
   }
   g_ref_cache = make_cache(0);
-  /* The stress pool: about 8 blocks per slot, less than the longest sessions need, so requests
+  /* The stress pool: 3 blocks per slot, less than the longest sessions need, so requests
    * are preempted (and recomputed) and some fail with KILN_ERR_CACHE_FULL. */
   memset(&stats, 0, sizeof stats);
   stats.struct_size = sizeof stats;
   CHECK(kiln_cache_get_stats(g_ref_cache, &stats) == KILN_OK);
-  g_cache = make_cache((size_t)kSlots * 8 * stats.block_bytes);
+  g_cache = make_cache((size_t)kSlots * 3 * stats.block_bytes);
   if (g_cache == NULL || g_ref_cache == NULL) return 1;
   for (int i = 0; i < kSlots; ++i) {
     pthread_mutex_init(&g_slots[i].claim, NULL);
