@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
 # the default model and Gemma 3 270M, run ctest; the release build's programs as other CPUs (qemu)
-# and under valgrind; then again under ASan+UBSan; then a short libFuzzer run. Set
-# KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1 or KILN_SKIP_FUZZ=1 to skip a stage while iterating
-# locally.
+# and under valgrind; then again under ASan+UBSan; the concurrency tests under ThreadSanitizer;
+# then a short libFuzzer run. Set KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1
+# or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally. The sanitizer stages run the stress
+# test (c_stress_test) for KILN_STRESS_SECONDS (default 30) instead of the release stage's 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/fetch_model.sh >/dev/null
 scripts/fetch_gemma3.sh >/dev/null
 jobs=$(nproc)
+stress_seconds="${KILN_STRESS_SECONDS:-30}"
 # Each stage's wall time, printed as it ends and once more at the end (CI's budget is per suite).
 stage_start=$SECONDS
 stage_name=""
@@ -34,7 +36,22 @@ if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan+UBSan build + ctest"
   scripts/build.sh build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF
   (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest -j"$jobs" --output-on-failure)
+     KILN_STRESS_SECONDS="$stress_seconds" ctest -j"$jobs" --output-on-failure)
+fi
+
+if [ "${KILN_SKIP_TSAN:-0}" != 1 ]; then
+  # Only the tests of concurrent sessions, on tiny models (scheduler_test's default-model case
+  # alone takes minutes here): ThreadSanitizer slows everything 5-15x, and the rest of the suite
+  # runs single-threaded code the ASan stage already covers. About 7 minutes on 2 cores, the build
+  # two thirds of it.
+  stage "ThreadSanitizer build + concurrency tests"
+  tsan_tests=(c_stress_test c_scheduler_test scheduler_test)
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WERROR=ON -DKILN_TSAN=ON \
+    -DKILN_CUDA=OFF >/dev/null
+  cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}" kiln-mkmodel
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+     KILN_STRESS_SECONDS="$stress_seconds" GTEST_FILTER='TinyScheduler.*' \
+     ctest -j"$jobs" --output-on-failure -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$")
 fi
 
 if [ "${KILN_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run_fuzz.sh ]; then

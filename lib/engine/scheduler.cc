@@ -290,16 +290,20 @@ absl::Status Scheduler::RunUntil(const std::function<bool()>& done) {
 }
 
 void Scheduler::StartWorker() {
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  std::lock_guard<std::mutex> control(worker_mu_);
   if (worker_.joinable()) return;
-  stop_ = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = false;
+  }
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
 void Scheduler::StopWorker() {
+  std::lock_guard<std::mutex> control(worker_mu_);
+  if (!worker_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!worker_.joinable()) return;
     stop_ = true;
   }
   cv_.notify_all();

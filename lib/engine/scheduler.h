@@ -142,7 +142,10 @@ class Scheduler {
   // A library-owned thread that steps while any task is in flight. Start when running is a no-op.
   void StartWorker();
   void StopWorker();
-  bool worker_running() const { return worker_.joinable(); }
+  bool worker_running() const {
+    std::lock_guard<std::mutex> control(worker_mu_);
+    return worker_.joinable();
+  }
   int32_t active_tasks() const { return n_active_.load(std::memory_order_acquire); }
   SchedulerCounters Counters() const;
 
@@ -180,6 +183,9 @@ class Scheduler {
   int32_t n_held_ = 0;
   std::atomic<int32_t> n_active_{0};
   bool stop_ = false;
+  // worker_mu_ serializes StartWorker and StopWorker from any threads (two stoppers must not both
+  // join worker_, nor a starter test joinable() while a stopper joins); taken before queue_mu_.
+  mutable std::mutex worker_mu_;
   std::thread worker_;
 };
 
