@@ -7,34 +7,34 @@
 
 namespace kiln::testing {
 
-std::string DefaultModelPath() {
+namespace {
+
+// `file` in the model cache ($KILN_MODEL_DIR, default ~/.cache/kiln), or "" with a test failure
+// naming `what` and the script that fetches it.
+std::string CachedModelPath(const char* file, const char* what, const char* fetch_script) {
   std::string dir;
   if (const char* env = std::getenv("KILN_MODEL_DIR"); env && *env) {
     dir = env;
   } else if (const char* home = std::getenv("HOME"); home && *home) {
     dir = std::string(home) + "/.cache/kiln";
   }
-  std::string path = dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string path = dir + "/" + file;
   if (!std::filesystem::exists(path)) {
-    ADD_FAILURE() << "default model missing at " << path << "; run scripts/fetch_model.sh";
+    ADD_FAILURE() << what << " missing at " << path << "; run " << fetch_script;
     return "";
   }
   return path;
 }
 
+}  // namespace
+
+std::string DefaultModelPath() {
+  return CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf", "default model",
+                         "scripts/fetch_model.sh");
+}
+
 std::string Gemma3ModelPath() {
-  std::string dir;
-  if (const char* env = std::getenv("KILN_MODEL_DIR"); env && *env) {
-    dir = env;
-  } else if (const char* home = std::getenv("HOME"); home && *home) {
-    dir = std::string(home) + "/.cache/kiln";
-  }
-  std::string path = dir + "/gemma-3-270m-q4_k_m.gguf";
-  if (!std::filesystem::exists(path)) {
-    ADD_FAILURE() << "Gemma 3 270M missing at " << path << "; run scripts/fetch_gemma3.sh";
-    return "";
-  }
-  return path;
+  return CachedModelPath("gemma-3-270m-q4_k_m.gguf", "Gemma 3 270M", "scripts/fetch_gemma3.sh");
 }
 
 std::string SourcePath(const std::string& relative) {
