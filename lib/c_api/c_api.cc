@@ -1038,18 +1038,10 @@ kiln_status kiln_cache_step(kiln_cache* cache, const kiln_step_params* caller_pa
     kiln::Scheduler& scheduler = cache->engine->scheduler();
     const Clock::time_point start = Clock::now();
     kiln_step_result out = VersionedStruct<kiln_step_result>::Zeroed();
-    while (scheduler.active_tasks() > 0) {
-      const Clock::time_point step_start = Clock::now();
-      const kiln::StepStats stats = scheduler.Step(p.step_tokens);
-      ++out.n_steps;
-      out.n_tokens += stats.tokens;
-      const double step_ms =
-          std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
-      const double elapsed_ms =
-          std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-      if (!stats.progress || p.time_budget_ms <= 0.0 || elapsed_ms + step_ms > p.time_budget_ms) {
-        break;
-      }
+    if (scheduler.active_tasks() > 0) {
+      const kiln::StepStats stats = scheduler.StepWithin(p.step_tokens, p.time_budget_ms / 1e3);
+      out.n_steps = stats.worked;
+      out.n_tokens = stats.tokens;
     }
     if (result == nullptr) return KILN_OK;
     out.n_active = scheduler.active_tasks();
