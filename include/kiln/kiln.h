@@ -308,17 +308,24 @@ typedef struct kiln_cache_params {
    * matmuls on weights the model interleaves at load, docs/numerics.md); the two settings differ
    * in the last bits, which can change a sampled token. */
   int llama_cpp_order;
+  /* Added in 0.2.0 after the ABI 1 baseline. Most tokens in one step's forward pass, >= 1
+   * (decode tokens and speculative drafts of every generating session first, then prompt
+   * chunks of at most 256 tokens per session; a step always takes at least one decode step per
+   * generating session and a 32-token prompt chunk). Smaller: shorter steps while prompts are
+   * computed (a game frame, a time to first token for the decoders), more steps per prompt.
+   * Default 512. kiln_step_params.step_tokens overrides it for one kiln_cache_step call. */
+  int32_t step_tokens;
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
- * n_threads 0, llama_cpp_order 0) as kiln_model_params_init does. Statuses: as
+ * n_threads 0, llama_cpp_order 0, step_tokens 512) as kiln_model_params_init does. Statuses: as
  * kiln_model_params_init. */
 KILN_API kiln_status kiln_cache_params_init(kiln_cache_params* params, size_t struct_size);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
- * kv_type, n_ctx < 0, n_threads < 0, or pool_bytes non-zero but smaller than two blocks: the
- * message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
+ * kv_type, n_ctx < 0, n_threads < 0, step_tokens < 1, or pool_bytes non-zero but smaller than
+ * two blocks: the message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
 KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
                                        kiln_cache** out_cache);
 

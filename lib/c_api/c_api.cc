@@ -132,6 +132,7 @@ kiln_cache_params Defaults() {
   p.block_size = 16;
   p.kv_type = KILN_KV_F16;
   p.prefix_caching = 1;
+  p.step_tokens = kiln::EngineOptions().step_tokens;
   return p;
 }
 
@@ -568,6 +569,11 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
     }
     options.n_threads = params->n_threads;
     options.llama_cpp_order = params->llama_cpp_order != 0;
+    if (params->step_tokens < 1) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, kiln::StrCat("kiln_cache_create: params->step_tokens ",
+                                                          params->step_tokens, " < 1"));
+    }
+    options.step_tokens = params->step_tokens;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
