@@ -161,8 +161,13 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   for (int f = 0; f < frames; ++f) {
     const Clock::time_point start = Clock::now();
     // kiln_cache_step's call: the units of passes predicted to fit the budget.
-    if (scheduler.active_tasks() > 0) scheduler.StepWithin(0, budget_ms / 1e3);
+    kiln::StepStats st;
+    if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
+    if (std::getenv("KILN_GAME_TRACE") != nullptr && step_ms.back() > budget_ms) {
+      std::printf("frame %d: %.2f ms, %d units, %d passes, %d tokens, tasks %d\n", f,
+                  step_ms.back(), st.units, st.passes, st.tokens, st.tasks);
+    }
     for (auto& s : sessions) {
       kiln::PollResult poll;
       Check(s->Poll(0, 0, &poll), "Poll");

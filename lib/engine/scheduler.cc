@@ -25,6 +25,9 @@ constexpr int32_t kMinPrefill = 32;
 
 // The weight of a new measurement in a unit's running average cost.
 constexpr double kCostAlpha = 0.25;
+// A unit is predicted to take its mean time plus this many mean deviations: on a shared machine
+// a unit's time varies, and a budget is a bound, not an average.
+constexpr double kDeviations = 2.0;
 
 using Clock = std::chrono::steady_clock;
 
@@ -167,29 +170,36 @@ int32_t Scheduler::CostKey(int32_t tokens) {
   return static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(tokens)));
 }
 
-double Scheduler::Predict(double UnitCost::*unit, int32_t tokens) const {
+double Scheduler::Predict(Average UnitCost::*unit, int32_t tokens) const {
   const int32_t key = CostKey(tokens);
   double best = -1.0;
   double best_distance = 0.0;
   for (const auto& [k, cost] : unit_costs_) {
-    if (cost.*unit < 0.0) continue;
-    if (k == key) return cost.*unit;
+    const Average& a = cost.*unit;
+    if (a.mean < 0.0) continue;
+    const double predicted = a.mean + kDeviations * a.deviation;
+    if (k == key) return predicted;
     const double distance = std::abs(std::log(static_cast<double>(k) / key));
     if (best < 0.0 || distance < best_distance) {
-      best = cost.*unit * std::max(1.0, static_cast<double>(key) / k);
+      best = predicted * std::max(1.0, static_cast<double>(key) / k);
       best_distance = distance;
     }
   }
   return best;
 }
 
-void Scheduler::Record(double UnitCost::*unit, int32_t tokens, double seconds) {
+void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) {
   const int32_t key = CostKey(tokens);
   auto it = std::lower_bound(unit_costs_.begin(), unit_costs_.end(), key,
                              [](const auto& entry, int32_t k) { return entry.first < k; });
   if (it == unit_costs_.end() || it->first != key) it = unit_costs_.insert(it, {key, UnitCost{}});
-  double& cost = it->second.*unit;
-  cost = cost < 0.0 ? seconds : cost + kCostAlpha * (seconds - cost);
+  Average& a = it->second.*unit;
+  if (a.mean < 0.0) {
+    a.mean = seconds;
+    return;
+  }
+  a.deviation += kCostAlpha * (std::abs(seconds - a.mean) - a.deviation);
+  a.mean += kCostAlpha * (seconds - a.mean);
 }
 
 StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress) {
@@ -243,10 +253,24 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
       // The first unit of a call always runs when it must progress, and the first layer of a
       // pass begun in this call (it was predicted before planning).
       bool forced = must_progress || begun_now || !timed;
+      // The tasks' Finish (sampling) right after the output head, timed with it.
+      bool tasks_finished = false;
+      auto finish_tasks = [&] {
+        // Logits rows come in batch order, one per token that wanted them.
+        size_t row = 0;
+        int32_t next = 0;
+        for (const Planned& p : planned_) {
+          for (; next < p.begin; ++next) row += batch_.tokens[next].want_logits ? 1 : 0;
+          if (p.task == nullptr) continue;  // removed while the pass was suspended
+          StepRows rows{&out_, p.begin, p.end, row, pass_seconds_};
+          p.task->Finish(cache, pass, rows);
+        }
+        tasks_finished = true;
+      };
       absl::Status st;
       while (!head_done_) {
         const bool head = pass.next_layer() >= n_layers;
-        double UnitCost::*unit = head ? &UnitCost::head : &UnitCost::layer;
+        Average UnitCost::*unit = head ? &UnitCost::head : &UnitCost::layer;
         const double predicted = Predict(unit, pass_tokens_);
         if (timed && !forced && predicted > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
@@ -255,8 +279,12 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         forced = !timed;
         const Clock::time_point unit_start = Clock::now();
         st = head ? pass.Finish() : pass.RunLayers(pass.next_layer() + 1);
+        if (head && st.ok()) {
+          pass_seconds_ += SecondsSince(unit_start);
+          finish_tasks();
+        }
         const double actual = SecondsSince(unit_start);
-        pass_seconds_ += actual;
+        if (!head) pass_seconds_ += actual;
         ++stats.units;
         ++counters_.units;
         if (predicted >= 0.0) {
@@ -275,15 +303,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         suspended_ = false;
         completed = true;
       } else if (head_done_) {
-        // Logits rows come in batch order, one per token that wanted them.
-        size_t row = 0;
-        int32_t next = 0;
-        for (const Planned& p : planned_) {
-          for (; next < p.begin; ++next) row += batch_.tokens[next].want_logits ? 1 : 0;
-          if (p.task == nullptr) continue;  // removed while the pass was suspended
-          StepRows rows{&out_, p.begin, p.end, row, pass_seconds_};
-          p.task->Finish(cache, pass, rows);
-        }
+        if (!tasks_finished) finish_tasks();  // Remove ran the head
         if (pass_calls_ > 1) ++counters_.split_steps;
         suspended_ = false;
         completed = true;

@@ -188,18 +188,22 @@ class Scheduler {
   bool PlanLocked(KvCache& cache, int32_t budget, StepStats& stats);
   void WorkerLoop();
 
-  // Measured unit costs (seconds), running averages keyed by CostKey(the pass's tokens); < 0:
-  // not measured yet.
+  // Measured unit costs (seconds), keyed by CostKey(the pass's tokens): running averages of
+  // the time and of its deviation from them (mean < 0: not measured yet).
+  struct Average {
+    double mean = -1.0;
+    double deviation = 0.0;
+  };
   struct UnitCost {
-    double begin = -1.0;  // planning, Begin (checks, mask, embeddings)
-    double layer = -1.0;  // one layer
-    double head = -1.0;   // the output head
+    Average begin;  // planning, Begin (checks, mask, embeddings)
+    Average layer;  // one layer
+    Average head;   // the output head and the tasks' Finish (sampling)
   };
   static int32_t CostKey(int32_t tokens);
-  // The cost for `tokens` (from the nearest measured key, scaled up when it is smaller); < 0
-  // when nothing was measured.
-  double Predict(double UnitCost::*unit, int32_t tokens) const;
-  void Record(double UnitCost::*unit, int32_t tokens, double seconds);
+  // The cost for `tokens`: its mean plus kDeviations deviations (from the nearest measured key,
+  // scaled up when it is smaller); < 0 when nothing was measured.
+  double Predict(Average UnitCost::*unit, int32_t tokens) const;
+  void Record(Average UnitCost::*unit, int32_t tokens, double seconds);
 
   Engine& engine_;
   const int32_t step_tokens_;
