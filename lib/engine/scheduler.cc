@@ -423,12 +423,41 @@ bool Scheduler::PlanLocked(KvCache& cache, int32_t budget, StepStats& stats) {
       ScheduledTask* t = tasks_[i];
       if (runnable(t) && t->decoding()) place(t, INT32_MAX);
     }
+    // A new task whose prompt starts with a full block that a task planned in this step
+    // completes: next step it attaches the block instead.
+    auto shares_block_in_flight = [&](const ScheduledTask* t) {
+      const std::span<const int32_t> want = t->AttachableTokens(cache);
+      const int32_t bs = cache.block_size();
+      if (static_cast<int32_t>(want.size()) < bs) return false;
+      for (const Planned& p : planned_) {
+        // The causal cache indices [first, end) p computes in this step.
+        int32_t first = INT32_MAX, end = 0;
+        for (int32_t i = p.begin; i < p.end; ++i) {
+          const BatchToken& b = batch_.tokens[i];
+          if (b.parent >= 0) continue;
+          first = std::min(first, b.cache_index);
+          end = std::max(end, b.cache_index + 1);
+        }
+        // The first block that completes in this step ends at first_end; want must cover it.
+        const int32_t first_end = (first / bs + 1) * bs;
+        if (end <= first || first_end > std::min<int32_t>(end, want.size())) continue;
+        auto tokens = cache.Tokens(p.task->seq());
+        if (tokens.ok() && std::equal(want.begin(), want.begin() + first_end, tokens->begin())) {
+          return true;
+        }
+      }
+      return false;
+    };
     // 2. Prefill chunks, round robin, within the budget; the first prefill task gets at least
     // kMinPrefill tokens so that new sessions start even when decoding fills the budget.
     bool first = true;
     for (size_t k = 0; k < n && (first || used < budget); ++k) {
       ScheduledTask* t = tasks_[(round_robin_ + k) % n];
       if (!runnable(t) || t->decoding()) continue;
+      if (shares_block_in_flight(t)) {
+        ++counters_.prefix_deferrals;
+        continue;
+      }
       place(t, first ? std::max(budget - used, std::min(budget, kMinPrefill)) : budget - used);
       first = false;
     }

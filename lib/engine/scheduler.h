@@ -8,6 +8,10 @@
 //      the step's token budget (EngineOptions::step_tokens) is spent, the first one with at least
 //      a small chunk even when decoding used the budget up (Sarathi-Serve's chunked prefill: a
 //      long prompt never stalls the decoders for more than one chunk, and new sessions start).
+//      A new task whose prompt starts with a full block another task computes in this step waits
+//      for the next step, where it attaches that block from the prefix cache instead of
+//      computing it twice (it waits only while the other task computes its prefix: no
+//      starvation).
 // With EngineOptions::llama_cpp_order a step runs one task's work only: llama.cpp's bits depend
 // on the batch (docs/numerics.md), so a batched step would change them.
 //
@@ -47,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -97,6 +102,12 @@ class ScheduledTask {
   virtual void Fail(KvCache& cache, const absl::Status& status, bool planned) = 0;
   // Releases every K/V block of the task's sequence; its tokens are computed again later.
   virtual void Preempt(KvCache& cache) = 0;
+  // When the task's sequence is empty and its next Plan attaches cached prefix blocks: the tokens
+  // it offers the prefix cache (a prompt without its last token); empty otherwise.
+  virtual std::span<const int32_t> AttachableTokens(const KvCache& cache) const {
+    (void)cache;
+    return {};
+  }
   // Runs after the step, outside the engine mutex (user callbacks of non-blocking requests).
   virtual void Deliver() {}
 
@@ -126,8 +137,10 @@ struct SchedulerCounters {
   int32_t max_step_tasks = 0;       // most tasks in one pass
   int64_t preemptions = 0;          // tasks whose K/V were released to make room
   int64_t cache_full_failures = 0;  // tasks ended with ResourceExhausted
-  int64_t split_steps = 0;          // passes spread over two or more Step calls
-  int64_t units = 0;                // units run (layers and output heads)
+  // Steps a prefill task waited because another task computed a block of its prefix in them.
+  int64_t prefix_deferrals = 0;
+  int64_t split_steps = 0;  // passes spread over two or more Step calls
+  int64_t units = 0;        // units run (layers and output heads)
   // Units run with a prediction of their cost, and the predicted and measured seconds of those.
   int64_t predicted_units = 0;
   double predicted_seconds = 0.0;

@@ -701,6 +701,32 @@ TEST_F(TinyScheduler, DestroyAndCancelDuringSuspendedPass) {
   EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
 }
 
+// Sessions submitting the same prompt at once: the first computes it, the others wait a step and
+// attach its full blocks from the prefix cache instead of computing them too; tokens unchanged.
+TEST_F(TinyScheduler, SamePromptInOneStepIsComputedOnce) {
+  std::vector<Request> requests = Requests(3, kTinyTokens);
+  const std::vector<int32_t> prompt = RandomTokens(100, 3, model_->hparams().n_vocab, 9);
+  for (Request& r : requests) {
+    r.prompt = prompt;
+    r.ngram = false;
+  }
+  std::vector<Outcome> alone;
+  for (const Request& r : requests) {
+    auto fresh = MakeEngine(*model_);  // no prefix cache shared between the references
+    alone.push_back(RunAlone(*fresh, {r})[0]);
+  }
+  auto engine = MakeEngine(*model_);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+  }
+  // 99 attachable tokens: 6 full blocks of 16 for each of the two later sessions.
+  EXPECT_EQ(engine->Counters().prefix_hit_tokens, 2 * 96);
+  EXPECT_GE(engine->scheduler().Counters().prefix_deferrals, 2);
+  EXPECT_EQ(engine->scheduler().Counters().tokens,
+            100 + 2 * 4 + 3 * static_cast<int64_t>(kTinyTokens - 1));
+}
+
 class RealScheduler : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
