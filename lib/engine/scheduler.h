@@ -43,7 +43,8 @@
 //
 // Thread-safety: Submit, Remove, Wake, Step, RunUntil and the worker calls are thread-safe.
 // A ScheduledTask's methods are called on the stepping thread with the engine mutex held
-// (Deliver without it).
+// (Deliver without it; Fail also from Remove, on the removing thread, when the suspended pass it
+// finishes fails).
 #pragma once
 
 #include <atomic>
