@@ -16,9 +16,9 @@
 //   batch_bench --game [--frames F] [--budget-ms B] [--npcs K] ...
 //     A game loop: 60 frames per second for F frames (default 600), K NPC sessions (default 4)
 //     always generating (a finished one submits again), each frame steps the cache with a B ms
-//     budget (default 2; at least one step when there is work, as kiln_cache_step does), then
-//     sleeps to the next frame. Prints the time spent stepping per frame (p50, p99, max) and the
-//     tokens generated per second.
+//     budget (default 2) as kiln_cache_step does (the layers of a pass predicted to fit, at
+//     least one when there is work), then sleeps to the next frame. Prints the time spent stepping
+//     per frame (p50, p99, max) and the tokens generated per second.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -160,14 +160,14 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   Clock::time_point next_frame = begin;
   for (int f = 0; f < frames; ++f) {
     const Clock::time_point start = Clock::now();
-    // kiln_cache_step's loop: steps while the next one is expected to fit the budget.
-    while (scheduler.active_tasks() > 0) {
-      const Clock::time_point s0 = Clock::now();
-      const kiln::StepStats st = scheduler.Step();
-      const double one = 1e3 * Seconds(s0, Clock::now());
-      if (!st.progress || 1e3 * Seconds(start, Clock::now()) + one > budget_ms) break;
-    }
+    // kiln_cache_step's call: the units of passes predicted to fit the budget.
+    kiln::StepStats st;
+    if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
+    if (std::getenv("KILN_GAME_TRACE") != nullptr && step_ms.back() > budget_ms) {
+      std::printf("frame %d: %.2f ms, %d units, %d passes, %d tokens, tasks %d\n", f,
+                  step_ms.back(), st.units, st.passes, st.tokens, st.tasks);
+    }
     for (auto& s : sessions) {
       kiln::PollResult poll;
       Check(s->Poll(0, 0, &poll), "Poll");
@@ -195,6 +195,14 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
               budget_ms);
   std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
               pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+  const kiln::SchedulerCounters c = scheduler.Counters();
+  const double n_units = static_cast<double>(std::max<int64_t>(1, c.predicted_units));
+  std::printf(
+      "passes %lld (split over several frames: %lld), units %lld; per predicted unit: "
+      "predicted %.3f ms, measured %.3f ms\n",
+      static_cast<long long>(c.steps), static_cast<long long>(c.split_steps),
+      static_cast<long long>(c.units), 1e3 * c.predicted_seconds / n_units,
+      1e3 * c.actual_seconds / n_units);
 }
 
 std::vector<int> ParseList(const std::string& s) {

@@ -308,17 +308,24 @@ typedef struct kiln_cache_params {
    * matmuls on weights the model interleaves at load, docs/numerics.md); the two settings differ
    * in the last bits, which can change a sampled token. */
   int llama_cpp_order;
+  /* Added in 0.2.0 after the ABI 1 baseline. Most tokens in one step's forward pass, >= 1
+   * (decode tokens and speculative drafts of every generating session first, then prompt
+   * chunks of at most 256 tokens per session; a step always takes at least one decode step per
+   * generating session and a 32-token prompt chunk). Smaller: shorter steps while prompts are
+   * computed (a game frame, a time to first token for the decoders), more steps per prompt.
+   * Default 512. kiln_step_params.step_tokens overrides it for one kiln_cache_step call. */
+  int32_t step_tokens;
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
- * n_threads 0, llama_cpp_order 0) as kiln_model_params_init does. Statuses: as
+ * n_threads 0, llama_cpp_order 0, step_tokens 512) as kiln_model_params_init does. Statuses: as
  * kiln_model_params_init. */
 KILN_API kiln_status kiln_cache_params_init(kiln_cache_params* params, size_t struct_size);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
- * kv_type, n_ctx < 0, n_threads < 0, or pool_bytes non-zero but smaller than two blocks: the
- * message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
+ * kv_type, n_ctx < 0, n_threads < 0, step_tokens < 1, or pool_bytes non-zero but smaller than
+ * two blocks: the message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
 KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
                                        kiln_cache** out_cache);
 
@@ -643,19 +650,31 @@ KILN_API kiln_status kiln_session_poll(kiln_session* session, char* text, size_t
 
 typedef struct kiln_step_params {
   uint32_t struct_size; /* set by kiln_step_params_init */
-  /* > 0: keep stepping while requests are in flight and the next step is expected (from the
-   * last one's duration) to end within this many milliseconds of the call's start; at least one
-   * step runs when there is work. 0 (default): one step. */
+  /* > 0: a per-frame budget. The call works on forward passes unit by unit (a unit is one
+   * layer of a pass, or its output head; a pass is the next token of every generating session
+   * plus prompt chunks) and runs only the units predicted to end within this many milliseconds
+   * of the call's start (predictions: running averages of measured unit times for the pass's
+   * token count), but always at least one unit when there is work, so every call makes progress.
+   * A pass that does not fit is suspended after its last unit run and the next kiln_cache_step
+   * continues it; its bits are those of an unsplit pass. Between calls kiln holds no lock: any
+   * call may be made from other threads (a session whose tokens are in the suspended pass may be
+   * cancelled or destroyed: destroying it first runs the pass's remaining layers on the
+   * destroying thread; its results for the other sessions wait for the next step). The time
+   * spent passes the budget by a unit forced to run (a prompt chunk's layer can take
+   * milliseconds), a misprediction, or a thread the OS deschedules (a SmolLM2-135M layer for 4
+   * decoding sessions on 2 threads takes about 0.5 ms).
+   * 0 (default): one whole step (a suspended pass is finished). Blocking calls and the worker
+   * always run whole passes. */
   double time_budget_ms;
   /* Most tokens in one step's forward pass (decode tokens first, then prompt chunks); 0
-   * (default): the cache's own (512). */
+   * (default): the cache's own (kiln_cache_params.step_tokens). */
   int32_t step_tokens;
 } kiln_step_params;
 
 typedef struct kiln_step_result {
   uint32_t struct_size; /* set by the caller: sizeof(kiln_step_result) */
-  int32_t n_steps;      /* forward passes run */
-  int64_t n_tokens;     /* tokens they computed (decode, draft and prompt tokens) */
+  int32_t n_steps;      /* forward passes worked on (begun, continued or finished) */
+  int64_t n_tokens;     /* tokens of the passes finished (decode, draft and prompt tokens) */
   int32_t n_active;     /* requests still in flight on the cache afterwards */
   double elapsed_ms;
 } kiln_step_result;

@@ -132,6 +132,7 @@ kiln_cache_params Defaults() {
   p.block_size = 16;
   p.kv_type = KILN_KV_F16;
   p.prefix_caching = 1;
+  p.step_tokens = kiln::EngineOptions().step_tokens;
   return p;
 }
 
@@ -568,6 +569,11 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
     }
     options.n_threads = params->n_threads;
     options.llama_cpp_order = params->llama_cpp_order != 0;
+    if (params->step_tokens < 1) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT, kiln::StrCat("kiln_cache_create: params->step_tokens ",
+                                                          params->step_tokens, " < 1"));
+    }
+    options.step_tokens = params->step_tokens;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
@@ -1038,18 +1044,10 @@ kiln_status kiln_cache_step(kiln_cache* cache, const kiln_step_params* caller_pa
     kiln::Scheduler& scheduler = cache->engine->scheduler();
     const Clock::time_point start = Clock::now();
     kiln_step_result out = VersionedStruct<kiln_step_result>::Zeroed();
-    while (scheduler.active_tasks() > 0) {
-      const Clock::time_point step_start = Clock::now();
-      const kiln::StepStats stats = scheduler.Step(p.step_tokens);
-      ++out.n_steps;
-      out.n_tokens += stats.tokens;
-      const double step_ms =
-          std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
-      const double elapsed_ms =
-          std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-      if (!stats.progress || p.time_budget_ms <= 0.0 || elapsed_ms + step_ms > p.time_budget_ms) {
-        break;
-      }
+    if (scheduler.active_tasks() > 0) {
+      const kiln::StepStats stats = scheduler.StepWithin(p.step_tokens, p.time_budget_ms / 1e3);
+      out.n_steps = stats.worked;
+      out.n_tokens = stats.tokens;
     }
     if (result == nullptr) return KILN_OK;
     out.n_active = scheduler.active_tasks();

@@ -52,7 +52,9 @@ template <>
 struct StructReleases<kiln_cache_params> {
   static constexpr const char* kName = "kiln_cache_params";
   static constexpr const char* kInit = "kiln_cache_params_init";
-  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_cache_params, llama_cpp_order)};  // 0.2
+  static constexpr std::array kEnds = {
+      KILN_FIELD_END(kiln_cache_params, llama_cpp_order),  // ABI 1 baseline
+      KILN_FIELD_END(kiln_cache_params, step_tokens)};     // 0.2.0 after the baseline
 };
 template <>
 struct StructReleases<kiln_cache_stats> {

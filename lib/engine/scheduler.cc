@@ -1,8 +1,10 @@
 #include "lib/engine/scheduler.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <climits>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "lib/engine/engine.h"
@@ -20,6 +22,18 @@ constexpr auto kHeldWait = std::chrono::milliseconds(2);
 // The prefill tokens a step gives the first prefilling session even when the decoding sessions
 // already use the whole budget.
 constexpr int32_t kMinPrefill = 32;
+
+// The weight of a new measurement in a unit's running average cost.
+constexpr double kCostAlpha = 0.25;
+// A unit is predicted to take its mean time plus this many mean deviations: on a shared machine
+// a unit's time varies, and a budget is a bound, not an average.
+constexpr double kDeviations = 2.0;
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -68,7 +82,24 @@ void Scheduler::Remove(ScheduledTask* task) {
   Release(task);
   std::unique_lock<std::mutex> step_lock(step_mu_, std::defer_lock);
   if (!t_in_step) step_lock.lock();
-  engine_.Locked([&](KvCache&, ForwardPass&) {
+  engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
+    const bool in_pass = std::any_of(planned_.begin(), planned_.end(),
+                                     [&](const Planned& p) { return p.task == task; });
+    if (suspended_ && !head_done_ && in_pass) {
+      // Its session frees its blocks next: run the pass's remaining layers now, so that none of
+      // them writes K/V there later. The tasks' Finish waits for the next step.
+      absl::Status st = pass.RunLayers(pass.n_layers());
+      if (st.ok()) st = pass.Finish();
+      if (st.ok()) {
+        head_done_ = true;
+      } else {
+        for (const Planned& p : planned_) {
+          if (p.task != nullptr) p.task->Fail(cache, st, /*planned=*/true);
+        }
+        planned_.clear();
+        suspended_ = false;
+      }
+    }
     std::lock_guard<std::mutex> lock(queue_mu_);
     auto drop = [&](std::vector<ScheduledTask*>& v) {
       const size_t before = v.size();
@@ -91,12 +122,12 @@ SchedulerCounters Scheduler::Counters() const {
   return engine_.Locked([&](KvCache&, ForwardPass&) { return counters_; });
 }
 
-StepStats Scheduler::Step(int32_t budget) {
+StepStats Scheduler::Step(int32_t budget, double seconds, bool must_progress) {
   StepStats stats;
   {
     std::lock_guard<std::mutex> step_lock(step_mu_);
     t_in_step = true;
-    stats = StepLocked(budget);
+    stats = StepLocked(budget, seconds, must_progress);
     t_in_step = false;
   }
   {
@@ -107,129 +138,181 @@ StepStats Scheduler::Step(int32_t budget) {
   return stats;
 }
 
-StepStats Scheduler::StepLocked(int32_t budget) {
+StepStats Scheduler::StepWithin(int32_t budget, double seconds) {
+  if (seconds <= 0.0) return Step(budget);
+  const Clock::time_point start = Clock::now();
+  StepStats total;
+  bool first = true;
+  while (active_tasks() > 0) {
+    const double left = seconds - SecondsSince(start);
+    if (left <= 0.0) break;
+    const StepStats s = Step(budget, left, /*must_progress=*/first);
+    first = false;
+    total.tokens += s.tokens;
+    total.passes += s.passes;
+    total.units += s.units;
+    total.worked += s.worked;
+    total.tasks = s.tasks;
+    total.finished += s.finished;
+    total.active = s.active;
+    total.suspended = s.suspended;
+    total.out_of_time = s.out_of_time;
+    total.progress = total.progress || s.progress;
+    if (!s.progress || s.out_of_time) break;
+  }
+  return total;
+}
+
+int32_t Scheduler::CostKey(int32_t tokens) {
+  // Exact up to 64 tokens (decode batches: a unit's cost there is mostly reading the weights),
+  // powers of two above (prefill: cost grows with the tokens).
+  if (tokens <= 64) return tokens;
+  return static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(tokens)));
+}
+
+double Scheduler::Predict(Average UnitCost::*unit, int32_t tokens) const {
+  const int32_t key = CostKey(tokens);
+  double best = -1.0;
+  double best_distance = 0.0;
+  for (const auto& [k, cost] : unit_costs_) {
+    const Average& a = cost.*unit;
+    if (a.mean < 0.0) continue;
+    const double predicted = a.mean + kDeviations * a.deviation;
+    if (k == key) return predicted;
+    const double distance = std::abs(std::log(static_cast<double>(k) / key));
+    if (best < 0.0 || distance < best_distance) {
+      best = predicted * std::max(1.0, static_cast<double>(key) / k);
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) {
+  const int32_t key = CostKey(tokens);
+  auto it = std::lower_bound(unit_costs_.begin(), unit_costs_.end(), key,
+                             [](const auto& entry, int32_t k) { return entry.first < k; });
+  if (it == unit_costs_.end() || it->first != key) it = unit_costs_.insert(it, {key, UnitCost{}});
+  Average& a = it->second.*unit;
+  if (a.mean < 0.0) {
+    a.mean = seconds;
+    return;
+  }
+  a.deviation += kCostAlpha * (std::abs(seconds - a.mean) - a.deviation);
+  a.mean += kCostAlpha * (seconds - a.mean);
+}
+
+StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress) {
+  const Clock::time_point call_start = Clock::now();
+  const bool timed = seconds > 0.0;
   if (budget <= 0) budget = step_tokens_;
-  {
+  if (!timed && !suspended_) {
     // Give the owners of held tasks a moment to pass on their tokens, so that they join this
     // step instead of every other one.
     std::unique_lock<std::mutex> lock(queue_mu_);
     if (n_held_ > 0) cv_.wait_for(lock, kHeldWait, [&] { return n_held_ == 0 || stop_; });
   }
   StepStats stats;
+  bool completed = false;  // no pass is left suspended: drop finished tasks, deliver
   engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      tasks_.insert(tasks_.end(), incoming_.begin(), incoming_.end());
-      incoming_.clear();
-    }
-    batch_.Clear();
-    planned_.clear();
-    int32_t used = 0;
-    auto is_planned = [&](const ScheduledTask* t) {
-      return std::any_of(planned_.begin(), planned_.end(),
-                         [&](const Planned& p) { return p.task == t; });
-    };
-    auto runnable = [&](const ScheduledTask* t) {
-      return !t->finished() && !t->held() && !is_planned(t);
-    };
-    // The oldest task not finished: it never waits for blocks (it preempts or fails), so every
-    // step makes progress.
-    auto oldest = [&]() -> const ScheduledTask* {
-      for (const ScheduledTask* t : tasks_) {
-        if (!t->finished()) return t;
-      }
-      return nullptr;
-    };
-    // Plans one task; returns false when it waits for blocks.
-    auto place = [&](ScheduledTask* t, int32_t allowance) {
-      while (true) {
-        const int32_t begin = static_cast<int32_t>(batch_.tokens.size());
-        absl::StatusOr<int32_t> added = t->Plan(cache, allowance, batch_);
-        if (added.ok()) {
-          if (*added > 0) planned_.push_back({t, begin, begin + *added});
-          used += *added;
-          return true;
+    bool begun_now = false;
+    if (!suspended_) {
+      if (timed && !must_progress) {
+        // Planning changes the tasks (slots, sampling): only begin a pass whose first unit is
+        // expected to fit.
+        const double first_unit = Predict(&UnitCost::begin, last_pass_tokens_) +
+                                  Predict(&UnitCost::layer, last_pass_tokens_);
+        if (last_pass_tokens_ > 0 && first_unit > seconds - SecondsSince(call_start)) {
+          stats.out_of_time = true;
+          return 0;
         }
-        if (!absl::IsResourceExhausted(added.status())) return true;  // the task ended
-        // Cache full: preempt the youngest task after this one that holds K/V.
-        ScheduledTask* victim = nullptr;
-        for (auto it = tasks_.rbegin(); it != tasks_.rend() && *it != t; ++it) {
-          if (!runnable(*it)) continue;
-          auto len = cache.Length((*it)->seq());
-          if (len.ok() && *len > 0) {
-            victim = *it;
-            break;
-          }
-        }
-        if (victim != nullptr) {
-          victim->Preempt(cache);
-          ++counters_.preemptions;
-          continue;
-        }
-        if (t == oldest()) {
-          ++counters_.cache_full_failures;
-          t->Fail(cache,
-                  absl::ResourceExhaustedError(absl::StrCat(
-                      "the KV cache is full (", added.status().message(),
-                      ") and no other request in flight can be preempted; free or rewind a "
-                      "session and retry")),
-                  /*planned=*/false);
-          return true;
-        }
-        return false;  // waits: an older task will preempt it or finish
       }
-    };
-    const size_t n = tasks_.size();
-    if (one_task_per_step_) {
-      // One task's work per pass, round robin over every task.
-      for (size_t k = 0; k < n && planned_.empty(); ++k) {
-        ScheduledTask* t = tasks_[(round_robin_ + k) % n];
-        if (!runnable(t)) continue;
-        place(t, budget);
-        if (!planned_.empty()) round_robin_ = (round_robin_ + k + 1) % n;
-      }
-    } else {
-      // 1. Decode steps, oldest first. The budget never cuts a draft tree: a session's draft
-      // lengths, and with them its sampled tokens, must not depend on what else runs.
-      for (size_t i = 0; i < n; ++i) {
-        ScheduledTask* t = tasks_[i];
-        if (runnable(t) && t->decoding()) place(t, INT32_MAX);
-      }
-      // 2. Prefill chunks, round robin, within the budget; the first prefill task gets at least
-      // kMinPrefill tokens so that new sessions start even when decoding fills the budget.
-      bool first = true;
-      for (size_t k = 0; k < n && (first || used < budget); ++k) {
-        ScheduledTask* t = tasks_[(round_robin_ + k) % n];
-        if (!runnable(t) || t->decoding()) continue;
-        place(t, first ? std::max(budget - used, std::min(budget, kMinPrefill)) : budget - used);
-        first = false;
-      }
-      if (n > 0) round_robin_ = (round_robin_ + 1) % n;
-    }
-    stats.tokens = static_cast<int32_t>(batch_.tokens.size());
-    stats.tasks = static_cast<int32_t>(planned_.size());
-    if (!batch_.tokens.empty()) {
-      ++counters_.steps;
-      counters_.tokens += stats.tokens;
-      if (stats.tasks >= 2) ++counters_.batched_steps;
-      counters_.max_step_tasks = std::max(counters_.max_step_tasks, stats.tasks);
-      const auto start = std::chrono::steady_clock::now();
-      absl::Status st = pass.Forward(batch_, cache, &out_);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (!st.ok()) {
-        for (const Planned& p : planned_) p.task->Fail(cache, st, /*planned=*/true);
+      if (!PlanLocked(cache, budget, stats)) {
+        completed = true;
       } else {
+        begun_now = true;
+        absl::Status st = pass.Begin(batch_, cache, &out_);
+        if (!st.ok()) {
+          for (const Planned& p : planned_) p.task->Fail(cache, st, /*planned=*/true);
+          completed = true;
+        } else {
+          suspended_ = true;
+          head_done_ = false;
+          pass_tokens_ = last_pass_tokens_ = static_cast<int32_t>(batch_.tokens.size());
+          pass_calls_ = 0;
+          pass_seconds_ = 0.0;
+          const double begin_seconds = SecondsSince(call_start);
+          Record(&UnitCost::begin, pass_tokens_, begin_seconds);
+          pass_seconds_ += begin_seconds;
+        }
+      }
+    }
+    if (suspended_) {
+      ++pass_calls_;
+      const int32_t n_layers = pass.n_layers();
+      // The first unit of a call always runs when it must progress, and the first layer of a
+      // pass begun in this call (it was predicted before planning).
+      bool forced = must_progress || begun_now || !timed;
+      // The tasks' Finish (sampling) right after the output head, timed with it.
+      bool tasks_finished = false;
+      auto finish_tasks = [&] {
         // Logits rows come in batch order, one per token that wanted them.
         size_t row = 0;
         int32_t next = 0;
         for (const Planned& p : planned_) {
           for (; next < p.begin; ++next) row += batch_.tokens[next].want_logits ? 1 : 0;
-          StepRows rows{&out_, p.begin, p.end, row, seconds};
+          if (p.task == nullptr) continue;  // removed while the pass was suspended
+          StepRows rows{&out_, p.begin, p.end, row, pass_seconds_};
           p.task->Finish(cache, pass, rows);
         }
+        tasks_finished = true;
+      };
+      absl::Status st;
+      while (!head_done_) {
+        const bool head = pass.next_layer() >= n_layers;
+        Average UnitCost::*unit = head ? &UnitCost::head : &UnitCost::layer;
+        const double predicted = Predict(unit, pass_tokens_);
+        if (timed && !forced && predicted > seconds - SecondsSince(call_start)) {
+          stats.out_of_time = true;
+          break;
+        }
+        forced = !timed;
+        const Clock::time_point unit_start = Clock::now();
+        st = head ? pass.Finish() : pass.RunLayers(pass.next_layer() + 1);
+        if (head && st.ok()) {
+          pass_seconds_ += SecondsSince(unit_start);
+          finish_tasks();
+        }
+        const double actual = SecondsSince(unit_start);
+        if (!head) pass_seconds_ += actual;
+        ++stats.units;
+        ++counters_.units;
+        if (predicted >= 0.0) {
+          ++counters_.predicted_units;
+          counters_.predicted_seconds += predicted;
+          counters_.actual_seconds += actual;
+        }
+        if (!st.ok()) break;
+        Record(unit, pass_tokens_, actual);
+        if (head) head_done_ = true;
+      }
+      if (!st.ok()) {
+        for (const Planned& p : planned_) {
+          if (p.task != nullptr) p.task->Fail(cache, st, /*planned=*/true);
+        }
+        suspended_ = false;
+        completed = true;
+      } else if (head_done_) {
+        if (!tasks_finished) finish_tasks();  // Remove ran the head
+        if (pass_calls_ > 1) ++counters_.split_steps;
+        suspended_ = false;
+        completed = true;
+        stats.passes = 1;
+        stats.tokens = pass_tokens_;
       }
     }
+    stats.suspended = suspended_;
+    if (!completed) return 0;
     // Drop the tasks that ended; every task of the step gets its Deliver.
     deliver_.assign(tasks_.begin(), tasks_.end());
     const size_t before = tasks_.size();
@@ -246,12 +329,147 @@ StepStats Scheduler::StepLocked(int32_t budget) {
     planned_.clear();
     return 0;
   });
-  stats.progress = stats.tokens > 0 || stats.finished > 0;
+  stats.worked = stats.units > 0 || stats.passes > 0 ? 1 : 0;
+  if (!completed) {
+    stats.active = n_active_.load(std::memory_order_acquire);
+    stats.progress = stats.units > 0;
+    return stats;
+  }
+  stats.progress = stats.units > 0 || stats.passes > 0 || stats.finished > 0;
   for (size_t i = 0; i < deliver_.size(); ++i) {
     if (deliver_[i] != nullptr) deliver_[i]->Deliver();
   }
   deliver_.clear();
   return stats;
+}
+
+// Plans the next pass into batch_ and planned_; false when no task added tokens.
+bool Scheduler::PlanLocked(KvCache& cache, int32_t budget, StepStats& stats) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    tasks_.insert(tasks_.end(), incoming_.begin(), incoming_.end());
+    incoming_.clear();
+  }
+  batch_.Clear();
+  planned_.clear();
+  int32_t used = 0;
+  auto is_planned = [&](const ScheduledTask* t) {
+    return std::any_of(planned_.begin(), planned_.end(),
+                       [&](const Planned& p) { return p.task == t; });
+  };
+  auto runnable = [&](const ScheduledTask* t) {
+    return !t->finished() && !t->held() && !is_planned(t);
+  };
+  // The oldest task not finished: it never waits for blocks (it preempts or fails), so every
+  // step makes progress.
+  auto oldest = [&]() -> const ScheduledTask* {
+    for (const ScheduledTask* t : tasks_) {
+      if (!t->finished()) return t;
+    }
+    return nullptr;
+  };
+  // Plans one task; returns false when it waits for blocks.
+  auto place = [&](ScheduledTask* t, int32_t allowance) {
+    while (true) {
+      const int32_t begin = static_cast<int32_t>(batch_.tokens.size());
+      absl::StatusOr<int32_t> added = t->Plan(cache, allowance, batch_);
+      if (added.ok()) {
+        if (*added > 0) planned_.push_back({t, begin, begin + *added});
+        used += *added;
+        return true;
+      }
+      if (!absl::IsResourceExhausted(added.status())) return true;  // the task ended
+      // Cache full: preempt the youngest task after this one that holds K/V.
+      ScheduledTask* victim = nullptr;
+      for (auto it = tasks_.rbegin(); it != tasks_.rend() && *it != t; ++it) {
+        if (!runnable(*it)) continue;
+        auto len = cache.Length((*it)->seq());
+        if (len.ok() && *len > 0) {
+          victim = *it;
+          break;
+        }
+      }
+      if (victim != nullptr) {
+        victim->Preempt(cache);
+        ++counters_.preemptions;
+        continue;
+      }
+      if (t == oldest()) {
+        ++counters_.cache_full_failures;
+        t->Fail(cache,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "the KV cache is full (", added.status().message(),
+                    ") and no other request in flight can be preempted; free or rewind a "
+                    "session and retry")),
+                /*planned=*/false);
+        return true;
+      }
+      return false;  // waits: an older task will preempt it or finish
+    }
+  };
+  const size_t n = tasks_.size();
+  if (one_task_per_step_) {
+    // One task's work per pass, round robin over every task.
+    for (size_t k = 0; k < n && planned_.empty(); ++k) {
+      ScheduledTask* t = tasks_[(round_robin_ + k) % n];
+      if (!runnable(t)) continue;
+      place(t, budget);
+      if (!planned_.empty()) round_robin_ = (round_robin_ + k + 1) % n;
+    }
+  } else {
+    // 1. Decode steps, oldest first. The budget never cuts a draft tree: a session's draft
+    // lengths, and with them its sampled tokens, must not depend on what else runs.
+    for (size_t i = 0; i < n; ++i) {
+      ScheduledTask* t = tasks_[i];
+      if (runnable(t) && t->decoding()) place(t, INT32_MAX);
+    }
+    // A new task whose prompt starts with a full block that a task planned in this step
+    // completes: next step it attaches the block instead.
+    auto shares_block_in_flight = [&](const ScheduledTask* t) {
+      const std::span<const int32_t> want = t->AttachableTokens(cache);
+      const int32_t bs = cache.block_size();
+      if (static_cast<int32_t>(want.size()) < bs) return false;
+      for (const Planned& p : planned_) {
+        // The causal cache indices [first, end) p computes in this step.
+        int32_t first = INT32_MAX, end = 0;
+        for (int32_t i = p.begin; i < p.end; ++i) {
+          const BatchToken& b = batch_.tokens[i];
+          if (b.parent >= 0) continue;
+          first = std::min(first, b.cache_index);
+          end = std::max(end, b.cache_index + 1);
+        }
+        // The first block that completes in this step ends at first_end; want must cover it.
+        const int32_t first_end = (first / bs + 1) * bs;
+        if (end <= first || first_end > std::min<int32_t>(end, want.size())) continue;
+        auto tokens = cache.Tokens(p.task->seq());
+        if (tokens.ok() && std::equal(want.begin(), want.begin() + first_end, tokens->begin())) {
+          return true;
+        }
+      }
+      return false;
+    };
+    // 2. Prefill chunks, round robin, within the budget; the first prefill task gets at least
+    // kMinPrefill tokens so that new sessions start even when decoding fills the budget.
+    bool first = true;
+    for (size_t k = 0; k < n && (first || used < budget); ++k) {
+      ScheduledTask* t = tasks_[(round_robin_ + k) % n];
+      if (!runnable(t) || t->decoding()) continue;
+      if (shares_block_in_flight(t)) {
+        ++counters_.prefix_deferrals;
+        continue;
+      }
+      place(t, first ? std::max(budget - used, std::min(budget, kMinPrefill)) : budget - used);
+      first = false;
+    }
+    if (n > 0) round_robin_ = (round_robin_ + 1) % n;
+  }
+  stats.tasks = static_cast<int32_t>(planned_.size());
+  if (batch_.tokens.empty()) return false;
+  ++counters_.steps;
+  counters_.tokens += static_cast<int64_t>(batch_.tokens.size());
+  if (stats.tasks >= 2) ++counters_.batched_steps;
+  counters_.max_step_tasks = std::max(counters_.max_step_tasks, stats.tasks);
+  return true;
 }
 
 absl::Status Scheduler::RunUntil(const std::function<bool()>& done) {
@@ -269,7 +487,7 @@ absl::Status Scheduler::RunUntil(const std::function<bool()>& done) {
     }
     if (step_mu_.try_lock()) {
       t_in_step = true;
-      const StepStats stats = StepLocked(0);
+      const StepStats stats = StepLocked(0, 0.0, true);
       t_in_step = false;
       step_mu_.unlock();
       {

@@ -8,6 +8,10 @@
 //      the step's token budget (EngineOptions::step_tokens) is spent, the first one with at least
 //      a small chunk even when decoding used the budget up (Sarathi-Serve's chunked prefill: a
 //      long prompt never stalls the decoders for more than one chunk, and new sessions start).
+//      A new task whose prompt starts with a full block another task computes in this step waits
+//      for the next step, where it attaches that block from the prefix cache instead of
+//      computing it twice (it waits only while the other task computes its prefix: no
+//      starvation).
 // With EngineOptions::llama_cpp_order a step runs one task's work only: llama.cpp's bits depend
 // on the batch (docs/numerics.md), so a batched step would change them.
 //
@@ -19,6 +23,17 @@
 // for a later step. Only tasks are preempted: a session without a request in flight keeps its
 // blocks until it is rewound or destroyed.
 //
+// A time budget (Step's `seconds`, StepWithin): a pass is split at layer granularity. The step
+// predicts each unit's cost (planning + embeddings, one layer, the output head: running averages
+// of measured times keyed by the pass's token count), runs the units that fit and returns; the
+// next step continues the same pass where it stopped (ForwardPass::Begin / RunLayers / Finish,
+// the bits of an unsplit pass). Between those calls the engine mutex is free: sessions may be
+// created, submitted, polled, cancelled and destroyed. Removing a task whose tokens are in the
+// suspended pass first runs the pass's remaining layers on the removing thread (so that no later
+// layer writes K/V into blocks its session frees); the tasks' results wait for the next step.
+// Steps without a time budget (blocking calls, the worker) finish a suspended pass and run
+// whole passes.
+//
 // Who steps: any thread. Step runs one step; RunUntil is the loop of a blocking call (it steps
 // while no other thread does, else waits for that thread's step); a worker thread (StartWorker)
 // steps while there is work. One step at a time per engine; the step holds the engine mutex
@@ -28,7 +43,8 @@
 //
 // Thread-safety: Submit, Remove, Wake, Step, RunUntil and the worker calls are thread-safe.
 // A ScheduledTask's methods are called on the stepping thread with the engine mutex held
-// (Deliver without it).
+// (Deliver without it; Fail also from Remove, on the removing thread, when the suspended pass it
+// finishes fails).
 #pragma once
 
 #include <atomic>
@@ -36,6 +52,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -86,6 +103,12 @@ class ScheduledTask {
   virtual void Fail(KvCache& cache, const absl::Status& status, bool planned) = 0;
   // Releases every K/V block of the task's sequence; its tokens are computed again later.
   virtual void Preempt(KvCache& cache) = 0;
+  // When the task's sequence is empty and its next Plan attaches cached prefix blocks: the tokens
+  // it offers the prefix cache (a prompt without its last token); empty otherwise.
+  virtual std::span<const int32_t> AttachableTokens(const KvCache& cache) const {
+    (void)cache;
+    return {};
+  }
   // Runs after the step, outside the engine mutex (user callbacks of non-blocking requests).
   virtual void Deliver() {}
 
@@ -95,11 +118,16 @@ class ScheduledTask {
 };
 
 struct StepStats {
-  int32_t tokens = 0;     // batch tokens of the forward pass (0: no pass ran)
-  int32_t tasks = 0;      // tasks in the pass
-  int32_t finished = 0;   // tasks that ended in this step
-  int32_t active = 0;     // tasks still in flight after the step
-  bool progress = false;  // something ran or ended (false: every task waits for its owner)
+  int32_t tokens = 0;        // batch tokens of the passes completed (0: none)
+  int32_t passes = 0;        // forward passes completed
+  int32_t units = 0;         // units run (a pass's layers and its output head)
+  int32_t worked = 0;        // steps that ran units (began, continued or finished a pass)
+  bool suspended = false;    // a pass is begun and not finished (the next step continues it)
+  bool out_of_time = false;  // stopped before a unit predicted not to fit the time budget
+  int32_t tasks = 0;         // tasks in the last pass begun
+  int32_t finished = 0;      // tasks that ended in this step
+  int32_t active = 0;        // tasks still in flight after the step
+  bool progress = false;     // something ran or ended (false: every task waits for its owner)
 };
 
 // Cumulative counts of a scheduler (for tests and benches).
@@ -110,6 +138,14 @@ struct SchedulerCounters {
   int32_t max_step_tasks = 0;       // most tasks in one pass
   int64_t preemptions = 0;          // tasks whose K/V were released to make room
   int64_t cache_full_failures = 0;  // tasks ended with ResourceExhausted
+  // Steps a prefill task waited because another task computed a block of its prefix in them.
+  int64_t prefix_deferrals = 0;
+  int64_t split_steps = 0;  // passes spread over two or more Step calls
+  int64_t units = 0;        // units run (layers and output heads)
+  // Units run with a prediction of their cost, and the predicted and measured seconds of those.
+  int64_t predicted_units = 0;
+  double predicted_seconds = 0.0;
+  double actual_seconds = 0.0;
 };
 
 class Scheduler {
@@ -132,8 +168,15 @@ class Scheduler {
   // Marks a task held (by the task itself, in Plan or Finish).
   void Hold(ScheduledTask* task);
 
-  // One step with `budget` tokens (<= 0: the engine's step_tokens).
-  StepStats Step(int32_t budget = 0);
+  // One step with `budget` tokens (<= 0: the engine's step_tokens). `seconds` <= 0: continues a
+  // suspended pass, or plans and runs a new one, to its end. `seconds` > 0: runs the units of
+  // the pass predicted to end within `seconds` and suspends it there; `must_progress` runs at
+  // least one unit (when there is work) even when none is predicted to fit.
+  StepStats Step(int32_t budget = 0, double seconds = 0.0, bool must_progress = true);
+  // Steps while tasks are in flight and the next unit is predicted to end within `seconds` of
+  // the call (at least one unit runs when there is work): kiln_cache_step. `seconds` <= 0: one
+  // Step. Returns the sums over its steps.
+  StepStats StepWithin(int32_t budget, double seconds);
   // Steps (or waits for other threads' steps) until done() is true; done is checked after every
   // step and wake. Returns FailedPrecondition when called from a Deliver callback (the stepping
   // thread would wait for itself).
@@ -153,8 +196,28 @@ class Scheduler {
   static bool InStep();
 
  private:
-  StepStats StepLocked(int32_t budget);  // with step_mu_ held
+  StepStats StepLocked(int32_t budget, double seconds, bool must_progress);  // with step_mu_ held
+  // Plans a new pass into batch_ and planned_ (engine mutex held); false when no task added
+  // tokens.
+  bool PlanLocked(KvCache& cache, int32_t budget, StepStats& stats);
   void WorkerLoop();
+
+  // Measured unit costs (seconds), keyed by CostKey(the pass's tokens): running averages of
+  // the time and of its deviation from them (mean < 0: not measured yet).
+  struct Average {
+    double mean = -1.0;
+    double deviation = 0.0;
+  };
+  struct UnitCost {
+    Average begin;  // planning, Begin (checks, mask, embeddings)
+    Average layer;  // one layer
+    Average head;   // the output head and the tasks' Finish (sampling)
+  };
+  static int32_t CostKey(int32_t tokens);
+  // The cost for `tokens`: its mean plus kDeviations deviations (from the nearest measured key,
+  // scaled up when it is smaller); < 0 when nothing was measured.
+  double Predict(Average UnitCost::*unit, int32_t tokens) const;
+  void Record(Average UnitCost::*unit, int32_t tokens, double seconds);
 
   Engine& engine_;
   const int32_t step_tokens_;
@@ -173,6 +236,14 @@ class Scheduler {
   std::vector<Planned> planned_;
   std::vector<ScheduledTask*> deliver_;  // tasks of the last step, for Deliver
   SchedulerCounters counters_;
+  // The suspended pass (planned_, batch_ and out_ stay as planned until its tasks finish).
+  bool suspended_ = false;
+  bool head_done_ = false;        // every unit ran (Remove may do that); the tasks' Finish is next
+  int32_t pass_tokens_ = 0;       // its batch tokens
+  int32_t pass_calls_ = 0;        // Step calls that ran its units
+  double pass_seconds_ = 0.0;     // time of its units so far
+  int32_t last_pass_tokens_ = 0;  // the last pass begun (predicts the next one before planning)
+  std::vector<std::pair<int32_t, UnitCost>> unit_costs_;  // sorted by key
 
   // queue_mu_ guards incoming_, step_count_, n_held_ waits, stop_.
   std::mutex queue_mu_;

@@ -63,6 +63,22 @@ class ForwardPass {
   // Not thread-safe: one Forward at a time per object (the engine serializes them).
   virtual absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) = 0;
 
+  // The same pass spread over several calls (a host that spends a few milliseconds per frame):
+  // Begin checks and prepares the batch (Forward's checks and errors) and gathers the
+  // embeddings, RunLayers(until) runs layers [next_layer(), until), Finish runs the output head
+  // and marks tokens computed as Forward does. Forward is Begin + RunLayers(n_layers()) +
+  // Finish on a state of its own, and the bits are Forward's whatever the split.
+  //
+  // Between the calls the caller may run Forward (other sequences) and change the cache, except
+  // the batch's sequences: their slots and blocks must stay as Begin saw them. `batch`, `cache`
+  // and `out` must outlive the split pass. Begin abandons a split pass in progress.
+  virtual absl::Status Begin(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) = 0;
+  virtual absl::Status RunLayers(int32_t until) = 0;
+  virtual absl::Status Finish() = 0;
+  virtual int32_t n_layers() const = 0;
+  // The first layer RunLayers runs next (n_layers(): the head is next).
+  virtual int32_t next_layer() const = 0;
+
   virtual Backend& backend() = 0;
 };
 

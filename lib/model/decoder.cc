@@ -33,6 +33,24 @@ struct DecoderLayer {
   const WeightView* post_ffn_norm;
 };
 
+// One pass's batch state, kept from Begin to Finish.
+struct PassState {
+  const ForwardBatch* batch = nullptr;
+  KvCache* cache = nullptr;
+  ForwardOutput* out = nullptr;
+  int64_t n = 0;         // batch tokens
+  int64_t n_logits = 0;  // tokens that want logits
+  int32_t next_layer = 0;
+  bool begun = false;
+  std::vector<SeqId> seqs;         // unique sequences in batch order
+  std::vector<int32_t> token_seq;  // [n_tokens] index into seqs
+  std::vector<KvSlot> slots;       // [n_tokens] where each token's K/V go
+  std::vector<int32_t> positions, ids, n_visible, first_visible, extra_indptr, extra_positions;
+  std::vector<int32_t> tree_nodes, tree_parent, tree_slot, tree_indptr;
+  KvTables tables;
+  std::vector<float> x;  // [n_tokens, n_embd] the residual stream
+};
+
 class DecoderForward final : public ForwardPass {
  public:
   DecoderForward(const Model& model, Backend& backend, std::vector<DecoderLayer> layers,
@@ -43,12 +61,28 @@ class DecoderForward final : public ForwardPass {
         layers_(std::move(layers)),
         graph_(graph) {}
 
-  absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
+  absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
+    absl::Status st = BeginState(whole_, batch, cache, out);
+    if (st.ok()) st = RunLayersState(whole_, static_cast<int32_t>(hp_.n_layer));
+    if (st.ok()) st = FinishState(whole_);
+    return st;
+  }
+  absl::Status Begin(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
+    return BeginState(split_, batch, cache, out);
+  }
+  absl::Status RunLayers(int32_t until) override { return RunLayersState(split_, until); }
+  absl::Status Finish() override { return FinishState(split_); }
+  int32_t n_layers() const override { return static_cast<int32_t>(hp_.n_layer); }
+  int32_t next_layer() const override { return split_.next_layer; }
   Backend& backend() override { return backend_; }
 
  private:
   absl::Status Validate(const ForwardBatch& batch, const KvCache& cache) const;
-  absl::Status BuildMask(const ForwardBatch& batch, KvCache& cache);
+  absl::Status BuildMask(PassState& s);
+  absl::Status BeginState(PassState& s, const ForwardBatch& batch, KvCache& cache,
+                          ForwardOutput* out);
+  absl::Status RunLayersState(PassState& s, int32_t until);
+  absl::Status FinishState(PassState& s);
   // y = W x (+ bias)                                      x: [n, w.n_in]   y: [n, w.n_out]
   absl::Status Linear(const WeightView& w, const WeightView* bias, const float* x, int64_t n,
                       float* y);
@@ -59,15 +93,11 @@ class DecoderForward final : public ForwardPass {
   std::vector<DecoderLayer> layers_;
   const DecoderGraph graph_;
 
-  // Per-batch state, reused across calls (grows, never shrinks).
-  std::vector<SeqId> seqs_;         // unique sequences in batch order
-  std::vector<int32_t> token_seq_;  // [n_tokens] index into seqs_
-  std::vector<KvSlot> slots_;       // [n_tokens] where each token's K/V go
-  std::vector<int32_t> positions_, ids_, n_visible_, first_visible_, extra_indptr_,
-      extra_positions_;
-  std::vector<int32_t> tree_nodes_, tree_parent_, tree_slot_, tree_indptr_;
-  KvTables tables_;
-  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_;
+  // Forward's state and the split pass's (so that a Forward may run between the split pass's
+  // calls); both reused across calls (they grow, never shrink).
+  PassState whole_, split_;
+  // Scratch of one layer, shared (nothing in it lives from one RunLayers call to the next).
+  std::vector<float> h_, q_, k_, v_, attn_, proj_, gate_, up_;
 };
 
 absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
@@ -111,38 +141,40 @@ absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& 
 // Visibility: causal tokens see [0, cache_index]; a tree node sees up to its causal root plus
 // the cache slots of its tree ancestors and itself (BuildTreeVisibility, over the tree
 // nodes alone: a node whose parent is causal hangs off that root's prefix).
-absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache) {
+absl::Status DecoderForward::BuildMask(PassState& s) {
+  const ForwardBatch& batch = *s.batch;
+  KvCache& cache = *s.cache;
   const size_t n = batch.tokens.size();
-  seqs_.clear();
-  token_seq_.resize(n);
-  slots_.resize(n);
-  positions_.resize(n);
-  ids_.resize(n);
-  n_visible_.resize(n);
+  s.seqs.clear();
+  s.token_seq.resize(n);
+  s.slots.resize(n);
+  s.positions.resize(n);
+  s.ids.resize(n);
+  s.n_visible.resize(n);
   const int64_t window = hp_.sliding_window;
-  first_visible_.assign(window > 0 ? n : 0, 0);
-  extra_indptr_.clear();
-  extra_positions_.clear();
-  tree_nodes_.clear();
-  tree_parent_.clear();
-  tree_slot_.clear();
-  tree_indptr_.clear();
+  s.first_visible.assign(window > 0 ? n : 0, 0);
+  s.extra_indptr.clear();
+  s.extra_positions.clear();
+  s.tree_nodes.clear();
+  s.tree_parent.clear();
+  s.tree_slot.clear();
+  s.tree_indptr.clear();
   for (size_t i = 0; i < n; ++i) {
     const BatchToken& t = batch.tokens[i];
-    auto it = std::find(seqs_.begin(), seqs_.end(), t.seq);
-    token_seq_[i] = static_cast<int32_t>(it - seqs_.begin());
-    if (it == seqs_.end()) seqs_.push_back(t.seq);
-    KILN_ASSIGN_OR_RETURN(slots_[i], cache.SlotOf(t.seq, t.cache_index));
-    positions_[i] = t.pos;
-    ids_[i] = t.token;
+    auto it = std::find(s.seqs.begin(), s.seqs.end(), t.seq);
+    s.token_seq[i] = static_cast<int32_t>(it - s.seqs.begin());
+    if (it == s.seqs.end()) s.seqs.push_back(t.seq);
+    KILN_ASSIGN_OR_RETURN(s.slots[i], cache.SlotOf(t.seq, t.cache_index));
+    s.positions[i] = t.pos;
+    s.ids[i] = t.token;
     if (t.parent < 0) {
-      n_visible_[i] = t.cache_index + 1;
-      if (window > 0) first_visible_[i] = std::max<int64_t>(0, t.cache_index - window + 1);
+      s.n_visible[i] = t.cache_index + 1;
+      if (window > 0) s.first_visible[i] = std::max<int64_t>(0, t.cache_index - window + 1);
       continue;
     }
     int32_t root = t.parent;
     while (batch.tokens[root].parent >= 0) root = batch.tokens[root].parent;
-    n_visible_[i] = batch.tokens[root].cache_index + 1;
+    s.n_visible[i] = batch.tokens[root].cache_index + 1;
     if (window > 0) {
       const int64_t depth = t.pos - batch.tokens[root].pos;
       if (depth >= window) {
@@ -150,28 +182,29 @@ absl::Status DecoderForward::BuildMask(const ForwardBatch& batch, KvCache& cache
             StrCat("forward: tree token ", i, " is ", depth,
                    " positions below its root, beyond the sliding window of ", window));
       }
-      first_visible_[i] = std::max<int64_t>(0, batch.tokens[root].cache_index + depth - window + 1);
+      s.first_visible[i] =
+          std::max<int64_t>(0, batch.tokens[root].cache_index + depth - window + 1);
     }
     const BatchToken& parent = batch.tokens[t.parent];
     int32_t tree_parent = -1;
     if (parent.parent >= 0) {
       tree_parent = static_cast<int32_t>(
-          std::find(tree_nodes_.begin(), tree_nodes_.end(), t.parent) - tree_nodes_.begin());
+          std::find(s.tree_nodes.begin(), s.tree_nodes.end(), t.parent) - s.tree_nodes.begin());
     }
-    tree_nodes_.push_back(static_cast<int32_t>(i));
-    tree_parent_.push_back(tree_parent);
-    tree_slot_.push_back(t.cache_index);
+    s.tree_nodes.push_back(static_cast<int32_t>(i));
+    s.tree_parent.push_back(tree_parent);
+    s.tree_slot.push_back(t.cache_index);
   }
-  KILN_RETURN_IF_ERROR(cache.BuildTables(seqs_, &tables_));
-  if (tree_nodes_.empty()) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(cache.BuildTables(s.seqs, &s.tables));
+  if (s.tree_nodes.empty()) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(
-      BuildTreeVisibility(tree_parent_, tree_slot_, tree_indptr_, extra_positions_));
-  extra_indptr_.push_back(0);
+      BuildTreeVisibility(s.tree_parent, s.tree_slot, s.tree_indptr, s.extra_positions));
+  s.extra_indptr.push_back(0);
   size_t next_node = 0;
   for (size_t i = 0; i < n; ++i) {
     const bool is_node =
-        next_node < tree_nodes_.size() && tree_nodes_[next_node] == static_cast<int32_t>(i);
-    extra_indptr_.push_back(is_node ? tree_indptr_[++next_node] : extra_indptr_.back());
+        next_node < s.tree_nodes.size() && s.tree_nodes[next_node] == static_cast<int32_t>(i);
+    s.extra_indptr.push_back(is_node ? s.tree_indptr[++next_node] : s.extra_indptr.back());
   }
   return absl::OkStatus();
 }
@@ -183,14 +216,38 @@ absl::Status DecoderForward::Linear(const WeightView& w, const WeightView* bias,
   return absl::OkStatus();
 }
 
-absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
-                                     ForwardOutput* out) {
+absl::Status DecoderForward::BeginState(PassState& s, const ForwardBatch& batch, KvCache& cache,
+                                        ForwardOutput* out) {
+  s.begun = false;
   KILN_RETURN_IF_ERROR(Validate(batch, cache));
-  KILN_RETURN_IF_ERROR(BuildMask(batch, cache));
+  s.batch = &batch;
+  s.cache = &cache;
+  s.out = out;
+  KILN_RETURN_IF_ERROR(BuildMask(s));
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  const int64_t d = hp_.n_embd;
+  s.n = n;
+  s.next_layer = 0;
+  Grow(s.x, n * d);
+  out->n_vocab = hp_.n_vocab;
+  out->logit_tokens.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
+  }
+  s.n_logits = static_cast<int64_t>(out->logit_tokens.size());
+  KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
+      model_.token_embd(), std::span<const int32_t>(s.ids.data(), n), s.x.data()));
+  if (graph_.embd_scale != 1.0f) backend_.Scale(s.x.data(), n * d, graph_.embd_scale);
+  s.begun = true;
+  return absl::OkStatus();
+}
+
+absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
+  if (!s.begun) return absl::FailedPreconditionError("forward: RunLayers without a Begin");
+  until = std::min<int32_t>(until, static_cast<int32_t>(hp_.n_layer));
+  const int64_t n = s.n;
   const int64_t d = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd,
                 kv_dim = hp_.n_head_kv * hd, ff = hp_.n_ff;
-  Grow(x_, n * d);
   Grow(h_, n * d);
   Grow(q_, n * q_dim);
   Grow(k_, n * kv_dim);
@@ -200,37 +257,33 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
   Grow(gate_, n * ff);
   Grow(up_, n * ff);
 
-  out->n_vocab = hp_.n_vocab;
-  out->logit_tokens.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
-  }
-  const int64_t n_logits = static_cast<int64_t>(out->logit_tokens.size());
+  KvCache& cache = *s.cache;
+  const ForwardOutput& out = *s.out;
   AttentionMask mask;
-  mask.seq = std::span<const int32_t>(token_seq_.data(), n);
-  mask.tables = &tables_;
-  mask.n_visible = std::span<const int32_t>(n_visible_.data(), n);
-  mask.extra_indptr = extra_indptr_;
-  mask.extra_positions = extra_positions_;
-  const std::span<const KvSlot> slots(slots_.data(), n);
+  mask.seq = std::span<const int32_t>(s.token_seq.data(), n);
+  mask.tables = &s.tables;
+  mask.n_visible = std::span<const int32_t>(s.n_visible.data(), n);
+  mask.extra_indptr = s.extra_indptr;
+  mask.extra_positions = s.extra_positions;
+  const std::span<const KvSlot> slots(s.slots.data(), n);
 
   // Sliding-window layers see [first_visible, n_visible) of their prefix (plus tree extras).
   AttentionMask swa_mask = mask;
-  swa_mask.first_visible = std::span<const int32_t>(first_visible_.data(), first_visible_.size());
+  swa_mask.first_visible = std::span<const int32_t>(s.first_visible.data(), s.first_visible.size());
 
-  KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
-      model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
-  if (graph_.embd_scale != 1.0f) backend_.Scale(x_.data(), n * d, graph_.embd_scale);
-  float* x = x_.data();
+  float* x = s.x.data();
   float* h = h_.data();
-  const RopeConfig* prepared_rope = nullptr;  // the rotation PrepareRope last built
-  for (int32_t il = 0; il < hp_.n_layer; ++il) {
+  // The rotation PrepareRope last built in this call (the backend's rotation state is shared
+  // with passes run between two calls of a split pass, so each call prepares its own).
+  const RopeConfig* prepared_rope = nullptr;
+  for (; s.next_layer < until; ++s.next_layer) {
+    const int32_t il = s.next_layer;
     const DecoderLayer& L = layers_[il];
     const bool swa = hp_.is_swa(il);
     const RopeConfig& rope = swa ? hp_.rope_swa : hp_.rope;
     if (&rope != prepared_rope) {
       KILN_RETURN_IF_ERROR(backend_.PrepareRope(rope, static_cast<int32_t>(hd),
-                                                std::span<const int32_t>(positions_.data(), n)));
+                                                std::span<const int32_t>(s.positions.data(), n)));
       prepared_rope = &rope;
     }
     // Attention block.                                         x, h: [n, n_embd]
@@ -260,12 +313,12 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
     // to the front of x (logit_tokens ascend, so no row is overwritten before it is read).
     int64_t rows = n;
     if (il == hp_.n_layer - 1) {
-      rows = n_logits;
+      rows = s.n_logits;
       for (int64_t i = 0; i < rows; ++i) {
-        const int64_t src = out->logit_tokens[i];
+        const int64_t src = out.logit_tokens[i];
         if (src != i) std::memcpy(x + i * d, x + src * d, d * sizeof(float));
       }
-      if (rows == 0) break;
+      if (rows == 0) continue;
     }
     // Feed-forward block (SwiGLU or GeGLU).                 x, h: [rows, n_embd]
     backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
@@ -282,22 +335,35 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
     }
     backend_.Add(x, proj_.data(), rows * d, x);
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecoderForward::FinishState(PassState& s) {
+  if (!s.begun || s.next_layer != hp_.n_layer) {
+    return absl::FailedPreconditionError("forward: Finish before every layer ran");
+  }
+  s.begun = false;  // whatever follows, this pass is over
+  const int64_t n = s.n, n_logits = s.n_logits, d = hp_.n_embd;
+  KvCache& cache = *s.cache;
+  ForwardOutput* out = s.out;
   out->logits.resize(n_logits * hp_.n_vocab);
   if (n_logits > 0) {  // x: [n_logits, n_embd], the logit tokens' rows
-    backend_.RmsNorm(x, model_.output_norm().AsF32(), n_logits, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h, n_logits,
+    Grow(h_, n_logits * d);
+    backend_.RmsNorm(s.x.data(), model_.output_norm().AsF32(), n_logits, d, hp_.rms_eps, h_.data());
+    KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h_.data(), n_logits,
                                          out->logits.data()));  // [n_logits, n_vocab]
   }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
-  for (size_t s = 0; s < seqs_.size(); ++s) {
+  const ForwardBatch& batch = *s.batch;
+  for (size_t q = 0; q < s.seqs.size(); ++q) {
     int32_t done = -1;
     for (int64_t i = 0; i < n; ++i) {
-      if (token_seq_[i] == static_cast<int32_t>(s) && batch.tokens[i].parent < 0) {
+      if (s.token_seq[i] == static_cast<int32_t>(q) && batch.tokens[i].parent < 0) {
         done = std::max(done, batch.tokens[i].cache_index + 1);
       }
     }
-    KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(seqs_[s]));
-    if (done > computed) KILN_RETURN_IF_ERROR(cache.MarkComputed(seqs_[s], done));
+    KILN_ASSIGN_OR_RETURN(int32_t computed, cache.NumComputed(s.seqs[q]));
+    if (done > computed) KILN_RETURN_IF_ERROR(cache.MarkComputed(s.seqs[q], done));
   }
   return absl::OkStatus();
 }

@@ -84,6 +84,16 @@ class Session::Job final : public ScheduledTask {
   bool finished() const override { return finished_.load(std::memory_order_acquire); }
   bool decoding() const override { return s_.n_tokens() - s_.n_cached_ <= 1; }
   SeqId seq() const override { return s_.seq_; }
+  std::span<const int32_t> AttachableTokens(const KvCache& cache) const override {
+    // Plan's condition for AttachCachedPrefix.
+    if (!s_.engine_.options().prefix_caching || s_.n_cached_ != 0 || !scores_.empty() ||
+        s_.tokens_.empty()) {
+      return {};
+    }
+    const absl::StatusOr<int32_t> len = cache.Length(s_.seq_);
+    if (!len.ok() || *len != 0) return {};
+    return std::span(s_.tokens_).first(s_.tokens_.size() - 1);
+  }
   absl::StatusOr<int32_t> Plan(KvCache& cache, int32_t budget, ForwardBatch& batch) override;
   void Finish(KvCache& cache, ForwardPass& pass, const StepRows& rows) override;
   void Fail(KvCache& cache, const absl::Status& status, bool planned) override;

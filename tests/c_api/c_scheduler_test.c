@@ -397,6 +397,44 @@ static void test_concurrent_blocking(kiln_model* model, kiln_cache* cache, const
   for (int i = 0; i < kSessions; ++i) CHECK(same(&jobs[i].out, &expected[i]));
 }
 
+/* kiln_cache_params.step_tokens: default 512, checked, and a step of a cache with 16 computes 16
+ * prompt tokens; a struct from before the field (the ABI 1 baseline) gets the default. */
+static void test_cache_step_tokens(kiln_model* model) {
+  kiln_cache_params cp;
+  kiln_cache* cache = NULL;
+  kiln_session* s = NULL;
+  kiln_request_params rp;
+  kiln_step_result sr;
+  char text[512] = "";
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  CHECK(cp.step_tokens == 512);
+  cp.n_threads = 2;
+  cp.n_ctx = 512;
+  cp.step_tokens = 0;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "step_tokens") != NULL);
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, step_tokens);
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK); /* step_tokens past it: the default */
+  kiln_cache_destroy(cache);
+  cache = NULL;
+  cp.struct_size = sizeof cp;
+  cp.step_tokens = 16;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  for (int i = 0; i < 20; ++i) strcat(text, "the quick brown fox ");
+  CHECK(kiln_session_create(model, cache, NULL, &s) == KILN_OK);
+  kiln_request_params_init(&rp, sizeof rp);
+  rp.text = text;
+  rp.text_len = strlen(text);
+  rp.max_tokens = 1;
+  CHECK(kiln_session_submit(s, &rp) == KILN_OK);
+  sr.struct_size = sizeof sr;
+  CHECK(kiln_cache_step(cache, NULL, &sr) == KILN_OK);
+  CHECK(sr.n_steps == 1 && sr.n_tokens == 16 && sr.n_active == 1);
+  kiln_session_destroy(s);
+  kiln_cache_destroy(cache);
+}
+
 int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
@@ -423,6 +461,7 @@ int main(void) {
   for (int i = 0; i < kSessions; ++i) generate_blocking(model, cache, i, &expected[i]);
   for (int i = 0; i < kSessions; ++i) CHECK(expected[i].n_tokens > 0);
   test_bad_arguments(model, cache);
+  test_cache_step_tokens(model);
   test_host_steps(model, cache, expected);
   test_worker_and_callbacks(model, cache, expected);
   test_cancel(model, cache);

@@ -3,7 +3,9 @@
 // without n-gram speculation, prompts prefilled in chunks next to decoding sessions, on a tiny
 // random model and on the default model), also after preemption by recompute when the KV pool
 // runs out; cancel in every state of a submitted request; blocking generates on several threads
-// share passes; the worker thread; llama.cpp order runs one session per pass.
+// share passes; the worker thread; llama.cpp order runs one session per pass; passes split by
+// a time budget (ForwardPass::Begin / RunLayers / Finish) keep every bit, also when sessions in
+// a suspended pass are destroyed or cancelled.
 #include "lib/engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <latch>
 #include <memory>
 #include <random>
@@ -139,8 +142,10 @@ std::vector<Outcome> RunAlone(Engine& engine, const std::vector<Request>& reques
 }
 
 // Every request submitted at once and stepped from this thread until all are done; a session
-// is destroyed as soon as its request is (so that its blocks return to the pool).
-std::vector<Outcome> RunBatched(Engine& engine, const std::vector<Request>& requests) {
+// is destroyed as soon as its request is (so that its blocks return to the pool). Each step has
+// a time budget of `step_seconds` (0: whole passes).
+std::vector<Outcome> RunBatched(Engine& engine, const std::vector<Request>& requests,
+                                double step_seconds = 0.0) {
   const size_t n = requests.size();
   std::vector<std::unique_ptr<Session>> sessions(n);
   std::vector<std::unique_ptr<spec::Strategy>> strategies(n);
@@ -160,7 +165,7 @@ std::vector<Outcome> RunBatched(Engine& engine, const std::vector<Request>& requ
   }
   size_t done = 0;
   for (int step = 0; done < n && step < 100000; ++step) {
-    engine.scheduler().Step();
+    engine.scheduler().Step(0, step_seconds);
     for (size_t i = 0; i < n; ++i) {
       if (sessions[i] == nullptr) continue;
       PollResult poll;
@@ -516,6 +521,211 @@ TEST_F(TinyScheduler, LlamaCppOrderRunsOneSessionPerPass) {
 }
 
 // ---------------------------------------------------------------- the default model
+
+// A pass spread over calls (Begin, one RunLayers call per layer with a Forward of another
+// sequence between them, Finish) gives the logits and K/V of Forward, bit for bit.
+TEST_F(TinyScheduler, SplitPassEqualsWholePassBitwise) {
+  const int64_t vocab = model_->hparams().n_vocab;
+  const std::vector<int32_t> a = RandomTokens(20, 3, vocab, 5);
+  const std::vector<int32_t> b = RandomTokens(7, 3, vocab, 6);
+  const std::vector<int32_t> other = RandomTokens(9, 3, vocab, 7);
+  auto prepare = [&](KvCache& cache, SeqId* sa, ForwardBatch* batch) {
+    *sa = cache.CreateSequence();
+    const SeqId sb = cache.CreateSequence();
+    EXPECT_TRUE(cache.AppendSlots(*sa, a).ok());
+    EXPECT_TRUE(cache.AppendSlots(sb, b).ok());
+    for (size_t i = 0; i < a.size(); ++i) batch->Add(a[i], *sa, static_cast<int32_t>(i), true);
+    for (size_t i = 0; i < b.size(); ++i) {
+      batch->Add(b[i], sb, static_cast<int32_t>(i), i + 1 == b.size());
+    }
+  };
+  // The next token of sequence sa after the pass: reads the K/V the pass wrote.
+  auto next_logits = [&](KvCache& cache, ForwardPass& pass, SeqId sa) {
+    const int32_t token = 5;
+    EXPECT_TRUE(cache.AppendSlots(sa, std::span(&token, 1)).ok());
+    ForwardBatch next;
+    next.Add(token, sa, static_cast<int32_t>(a.size()), true);
+    ForwardOutput out;
+    EXPECT_TRUE(pass.Forward(next, cache, &out).ok());
+    return out.logits;
+  };
+
+  auto whole_engine = MakeEngine(*model_);
+  ForwardBatch whole_batch;
+  ForwardOutput whole_out;
+  std::vector<float> whole_next;
+  whole_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
+    SeqId sa;
+    prepare(cache, &sa, &whole_batch);
+    EXPECT_TRUE(pass.Forward(whole_batch, cache, &whole_out).ok());
+    whole_next = next_logits(cache, pass, sa);
+    return 0;
+  });
+
+  auto split_engine = MakeEngine(*model_);
+  ForwardBatch split_batch;
+  ForwardOutput split_out;
+  SeqId sa = 0;
+  split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
+    prepare(cache, &sa, &split_batch);
+    EXPECT_TRUE(pass.Begin(split_batch, cache, &split_out).ok());
+    EXPECT_EQ(pass.next_layer(), 0);
+    return 0;
+  });
+  const int32_t n_layers = static_cast<int32_t>(model_->hparams().n_layer);
+  const SeqId between =
+      split_engine->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+  for (int32_t layer = 0; layer < n_layers; ++layer) {
+    // Another computation between the calls (its own positions, its own rotation).
+    PrefillRequest request;
+    request.seq = between;
+    request.tokens = std::span(other).subspan(static_cast<size_t>(layer) % other.size(), 1);
+    ASSERT_TRUE(split_engine->Prefill(request).ok());
+    split_engine->Locked([&](KvCache&, ForwardPass& pass) {
+      EXPECT_EQ(pass.Finish().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(pass.RunLayers(layer + 1).ok());
+      EXPECT_EQ(pass.next_layer(), layer + 1);
+      return 0;
+    });
+  }
+  std::vector<float> split_next;
+  split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
+    EXPECT_TRUE(pass.Finish().ok());
+    split_next = next_logits(cache, pass, sa);
+    EXPECT_TRUE(cache.CheckInvariants().ok());
+    return 0;
+  });
+  ASSERT_EQ(split_out.logit_tokens, whole_out.logit_tokens);
+  ASSERT_EQ(split_out.logits.size(), whole_out.logits.size());
+  EXPECT_EQ(0, std::memcmp(split_out.logits.data(), whole_out.logits.data(),
+                           whole_out.logits.size() * sizeof(float)));
+  ASSERT_EQ(split_next.size(), whole_next.size());
+  EXPECT_EQ(0,
+            std::memcmp(split_next.data(), whole_next.data(), whole_next.size() * sizeof(float)));
+}
+
+// Steps with a budget far below one layer run one unit per call: passes spread over many calls,
+// and every session's tokens are those of whole passes (greedy and seeded, with and without
+// n-gram speculation, prompts in chunks next to decoding sessions).
+TEST_F(TinyScheduler, StepsSplitByTimeBudgetKeepEveryToken) {
+  const std::vector<Request> requests = Requests(6, kTinyTokens);
+  auto alone_engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  EngineOptions options;
+  options.prefill_chunk = 32;
+  options.step_tokens = 64;
+  auto engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> split = RunBatched(*engine, requests, /*step_seconds=*/1e-9);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(split[i].tokens, alone[i].tokens) << "session " << i;
+    EXPECT_EQ(split[i].reason, alone[i].reason) << "session " << i;
+  }
+  const SchedulerCounters c = engine->scheduler().Counters();
+  const int64_t n_layers = model_->hparams().n_layer;
+  EXPECT_GT(c.steps, 0);
+  EXPECT_EQ(c.split_steps, c.steps) << "every pass should span several calls";
+  EXPECT_EQ(c.units, c.steps * (n_layers + 1));
+  EXPECT_GT(c.batched_steps, 0);
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+// While a pass is suspended no lock is held: sessions in the pass are destroyed and cancelled,
+// and a new one is created and submitted; the others' tokens are those of whole passes.
+TEST_F(TinyScheduler, DestroyAndCancelDuringSuspendedPass) {
+  const std::vector<Request> requests = Requests(5, kTinyTokens);
+  auto alone_engine = MakeEngine(*model_);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  auto engine = MakeEngine(*model_);
+  Scheduler& scheduler = engine->scheduler();
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::unique_ptr<spec::Strategy>> strategies;
+  auto submit = [&](const Request& r) {
+    auto s = Session::Create(*engine, r.params, r.seed);
+    EXPECT_TRUE(s.ok());
+    strategies.push_back(r.ngram ? NewNgram() : nullptr);
+    if (r.ngram) {
+      EXPECT_TRUE((*s)->SetStrategy(strategies.back().get()).ok());
+    }
+    SubmitOptions options;
+    options.prompt = r.prompt;
+    options.generate.max_tokens = r.max_tokens;
+    EXPECT_TRUE((*s)->Submit(options).ok());
+    sessions.push_back(std::move(*s));
+  };
+  for (int i = 0; i < 4; ++i) submit(requests[i]);
+  // Whole passes until every session decodes, then the first unit of the next pass.
+  PollResult poll;
+  for (int i = 0; i < 1000; ++i) {
+    bool all_decoding = true;
+    for (auto& s : sessions) {
+      ASSERT_TRUE(s->Poll(0, 0, &poll).ok());
+      all_decoding = all_decoding && poll.n_tokens >= 1;
+    }
+    if (all_decoding) break;
+    scheduler.Step();
+  }
+  const StepStats first = scheduler.Step(0, 1e-9);
+  ASSERT_TRUE(first.suspended);
+  ASSERT_EQ(first.tasks, 4);
+  // Session 1 goes (its K/V slots are in the pass), session 2 is cancelled, a fifth arrives.
+  sessions[1].reset();
+  sessions[2]->Cancel();
+  submit(requests[4]);
+  std::vector<PollResult> results(sessions.size());
+  std::vector<bool> done(sessions.size(), false);
+  done[1] = true;
+  for (int step = 0; step < 100000; ++step) {
+    bool all = true;
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      if (done[i]) continue;
+      ASSERT_TRUE(sessions[i]->Poll(0, 0, &results[i]).ok());
+      done[i] = results[i].done;
+      all = all && done[i];
+    }
+    if (all) break;
+    scheduler.Step(0, 1e-9);
+  }
+  for (size_t i : {0, 3, 4}) {
+    ASSERT_TRUE(done[i]) << "session " << i;
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status;
+    const std::vector<int32_t> generated(
+        sessions[i]->tokens().begin() + static_cast<std::ptrdiff_t>(requests[i].prompt.size()),
+        sessions[i]->tokens().end());
+    EXPECT_EQ(generated, alone[i].tokens) << "session " << i;
+  }
+  ASSERT_TRUE(done[2]);
+  EXPECT_TRUE(results[2].status.ok()) << results[2].status;
+  EXPECT_EQ(results[2].reason, StopReason::kCancelled);
+  EXPECT_LT(results[2].n_tokens, kTinyTokens);
+  EXPECT_EQ(scheduler.active_tasks(), 0);
+  EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+// Sessions submitting the same prompt at once: the first computes it, the others wait a step and
+// attach its full blocks from the prefix cache instead of computing them too; tokens unchanged.
+TEST_F(TinyScheduler, SamePromptInOneStepIsComputedOnce) {
+  std::vector<Request> requests = Requests(3, kTinyTokens);
+  const std::vector<int32_t> prompt = RandomTokens(100, 3, model_->hparams().n_vocab, 9);
+  for (Request& r : requests) {
+    r.prompt = prompt;
+    r.ngram = false;
+  }
+  std::vector<Outcome> alone;
+  for (const Request& r : requests) {
+    auto fresh = MakeEngine(*model_);  // no prefix cache shared between the references
+    alone.push_back(RunAlone(*fresh, {r})[0]);
+  }
+  auto engine = MakeEngine(*model_);
+  const std::vector<Outcome> batched = RunBatched(*engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "session " << i;
+  }
+  // 99 attachable tokens: 6 full blocks of 16 for each of the two later sessions.
+  EXPECT_EQ(engine->Counters().prefix_hit_tokens, 2 * 96);
+  EXPECT_GE(engine->scheduler().Counters().prefix_deferrals, 2);
+  EXPECT_EQ(engine->scheduler().Counters().tokens,
+            100 + 2 * 4 + 3 * static_cast<int64_t>(kTinyTokens - 1));
+}
 
 class RealScheduler : public ::testing::Test {
  protected:
