@@ -376,3 +376,19 @@ def test_bad_arguments_map_to_errors(cache):
         with pytest.raises(KilnError) as e:
             s.append_tokens([10**7])
         assert e.value.status == Status.INVALID_ARGUMENT
+
+
+def test_struct_layouts_match_the_header():
+    # sizeof of each struct in C (gcc, LP64: x86-64 and aarch64 Linux); a field added to kiln.h
+    # but not to kiln/_ffi.py shows up here.
+    from ctypes import sizeof
+
+    from kiln import _ffi
+
+    expected = {
+        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 40, "CacheStats": 80,
+        "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
+        "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
+        "NgramParams": 40, "DraftParams": 32, "SpecMetrics": 56,
+    }
+    assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
