@@ -948,6 +948,7 @@ class Stream(Iterator[str]):
         self.result: Optional[RequestResult] = None
         self.tokens: list[int] = []
         self._budget = time_budget_ms
+        self._raised = False
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         session.submit(prompt, max_tokens=max_tokens, parse_special=parse_special, stop=stop)
 
@@ -967,9 +968,9 @@ class Stream(Iterator[str]):
                 break
             # Waits for the worker's step when one runs, else computes one itself.
             self.session.cache.step(self._budget)
-        if self.result is not None and self.result.error is not None:
-            error, self.result = self.result.error, RequestResult(None, None, self.result.n_tokens)
-            raise error
+        if self.result is not None and self.result.error is not None and not self._raised:
+            self._raised = True  # once; `result` keeps the error
+            raise self.result.error
         raise StopIteration
 
     def close(self) -> None:

@@ -392,3 +392,16 @@ def test_struct_layouts_match_the_header():
         "NgramParams": 40, "DraftParams": 32, "SpecMetrics": 56,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
+
+
+def test_stream_raises_a_failed_request(cache):
+    with cache.session() as s:
+        stream = s.stream(8, prompt=CHAT_PROMPT, parse_special=True)
+        s.cancel()  # still queued: the request fails with CANCELLED and keeps nothing
+        with pytest.raises(KilnError) as e:
+            next(stream)
+        assert e.value.status == Status.CANCELLED
+        assert stream.result.error is e.value
+        assert list(stream) == []  # raised once, then exhausted
+        assert s.n_tokens == 0
+        s.append("ok")  # the session takes calls again
