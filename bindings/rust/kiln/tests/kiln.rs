@@ -489,3 +489,24 @@ fn send_sync() {
     send::<kiln::Session>();
     send::<Strategy>();
 }
+
+#[test]
+fn stream_yields_a_failed_request_once() {
+    let mut s = cache().session().unwrap();
+    let canceller = s.canceller();
+    let options = RequestOptions {
+        text: Some(CHAT_PROMPT),
+        text_flags: TokenizeFlags::PARSE_SPECIAL,
+        max_tokens: 8,
+        ..Default::default()
+    };
+    let mut stream = s.stream(&options).unwrap();
+    canceller.cancel(); // still queued: the request fails with Cancelled and keeps nothing
+    let e = stream.next().unwrap().err().unwrap();
+    assert_eq!(e.status(), Status::Cancelled);
+    assert!(stream.next().is_none());
+    assert_eq!(stream.stop_reason(), None);
+    drop(stream);
+    assert_eq!(s.n_tokens(), 0);
+    s.append("ok", TokenizeFlags::NONE).unwrap();
+}
