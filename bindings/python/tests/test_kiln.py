@@ -264,7 +264,20 @@ def test_ngram_strategy_is_lossless_with_metrics(cache):
         kiln.NgramStrategy(no_such=1)
 
 
-def test_draft_strategy_errors(model, tmp_path):
+def test_draft_strategy(model, model_path, cache, tmp_path):
+    # The model drafting for itself: a draft model needs only the target's vocabulary size.
+    with cache.session() as plain:
+        plain.append(CHAT_PROMPT, parse_special=True)
+        expected = plain.generate(MAX).tokens
+    with kiln.DraftStrategy(model, model_path, max_draft=3, n_threads=1) as draft, chat_session(cache) as s:
+        s.set_strategy(draft)
+        assert s.generate(MAX).tokens == expected
+        m = s.spec_metrics
+        assert m.drafted > 0 and 0 < m.accepted <= m.drafted, m
+        with pytest.raises(KilnError) as e:
+            s.save_state()  # a draft model cannot save its state
+        assert e.value.status == Status.UNSUPPORTED
+        assert len(s.save_state(strategy=False)) > 0
     with pytest.raises(KilnError) as e:
         kiln.DraftStrategy(model, tmp_path / "missing-draft.gguf")
     assert e.value.status == Status.IO

@@ -352,6 +352,22 @@ fn ngram_strategy_is_lossless_with_metrics() {
 }
 
 #[test]
+fn draft_strategy() {
+    // The model drafting for itself: a draft model needs only the target's vocabulary size.
+    let expected = chat_session().generate(&max(MAX)).unwrap().tokens;
+    let options = kiln::DraftOptions { max_draft: 3, n_threads: 1, ..Default::default() };
+    let draft = Strategy::draft(model(), model_path(), &options).unwrap();
+    let mut s = chat_session();
+    s.set_strategy(Some(draft)).unwrap();
+    assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
+    let m = s.spec_metrics().unwrap();
+    assert!(m.drafted > 0 && m.accepted > 0 && m.accepted <= m.drafted, "{m:?}");
+    let e = s.save_state(&StateOptions::default()).err().unwrap(); // a draft model cannot save its state
+    assert_eq!(e.status(), Status::Unsupported);
+    assert!(!s.save_state(&StateOptions { kv: true, strategy: false }).unwrap().is_empty());
+}
+
+#[test]
 fn submit_poll_step_matches_blocking() {
     let expected = chat_session().generate(&max(MAX)).unwrap();
     let cache = cache();
