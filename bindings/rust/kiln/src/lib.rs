@@ -1031,7 +1031,8 @@ struct RequestState {
     on_token: Option<OnToken>,
     on_done: Option<OnDone>,
     decoder: Utf8Decoder,
-    panic: Mutex<Option<Panic>>,
+    /// Shared with the session, which resumes a caught panic at its next poll.
+    panic: Arc<Mutex<Option<Panic>>>,
 }
 
 // SAFETY: the raw pointers point into the Vecs beside them; the callbacks are Send.
@@ -1043,11 +1044,13 @@ unsafe extern "C" fn request_token_trampoline(
     len: usize,
     user_data: *mut c_void,
 ) -> c_int {
-    let state = &mut *(user_data as *mut RequestState);
+    // Field by field through the raw pointer: the callbacks of one cache never run concurrently,
+    // and the session touches the state only to free it once the request has ended.
+    let state = user_data as *mut RequestState;
     let bytes = if len == 0 { &[][..] } else { std::slice::from_raw_parts(piece.cast::<u8>(), len) };
-    let text = state.decoder.push(bytes, token < 0);
-    let Some(callback) = state.on_token.as_mut() else { return 0 };
-    let mut slot = state.panic.lock().unwrap_or_else(|e| e.into_inner());
+    let text = (*state).decoder.push(bytes, token < 0);
+    let Some(callback) = (*state).on_token.as_mut() else { return 0 };
+    let mut slot = (*state).panic.lock().unwrap_or_else(|e| e.into_inner());
     guarded(&mut slot, 1, || stop_code(callback(token, &text)))
 }
 
@@ -1058,14 +1061,14 @@ unsafe extern "C" fn request_done_trampoline(
     n_tokens: i32,
     user_data: *mut c_void,
 ) {
-    let state = &mut *(user_data as *mut RequestState);
+    let state = user_data as *mut RequestState;
     let outcome = if status == sys::KILN_OK {
         Ok((StopReason::from_raw(reason), n_tokens))
     } else {
         Err(Error::last(status))
     };
-    if let Some(callback) = state.on_done.take() {
-        let mut slot = state.panic.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(callback) = (*state).on_done.take() {
+        let mut slot = (*state).panic.lock().unwrap_or_else(|e| e.into_inner());
         guarded(&mut slot, (), || callback(outcome));
     }
 }
@@ -1074,21 +1077,39 @@ unsafe extern "C" fn request_done_trampoline(
 /// then the request's state and the strategy, then the cache reference.
 struct SessionRaw {
     ptr: *mut sys::kiln_session,
-    request: Mutex<Option<Box<RequestState>>>,
+    /// The last submitted request's state (Box::into_raw; null before the first submit): a raw
+    /// pointer, since the stepping thread reads it through the copy kiln holds.
+    request: Mutex<*mut RequestState>,
+    /// Where that request's callbacks leave a caught panic.
+    request_panic: Arc<Mutex<Option<Panic>>>,
     strategy: Mutex<Option<Strategy>>,
     _cache: Arc<CacheRaw>,
+}
+
+impl SessionRaw {
+    /// Frees a request state made by Box::into_raw, once its request has ended.
+    unsafe fn free_request(state: *mut RequestState) {
+        if !state.is_null() {
+            drop(Box::from_raw(state));
+        }
+    }
 }
 
 // SAFETY: shared only between a Session (which makes every call but cancel/n_tokens/poll through
 // &mut self) and its Cancellers, which call kiln_session_cancel and kiln_session_n_tokens:
 // kiln.h allows both "from any thread at any time (but not concurrently with
-// kiln_session_destroy)", and the Arc guarantees destroy comes after the last of them.
+// kiln_session_destroy)", and the Arc guarantees destroy comes after the last of them. The request
+// pointer is replaced only after kiln accepted a new submit (so the old request has ended) and
+// freed only after destroy.
 unsafe impl Send for SessionRaw {}
 unsafe impl Sync for SessionRaw {}
 
 impl Drop for SessionRaw {
     fn drop(&mut self) {
-        unsafe { sys::kiln_session_destroy(self.ptr) }
+        // Destroying the session ends a request in flight; then nothing points at its state.
+        unsafe { sys::kiln_session_destroy(self.ptr) };
+        let request = *self.request.get_mut().unwrap_or_else(|e| e.into_inner());
+        unsafe { SessionRaw::free_request(request) };
     }
 }
 
@@ -1181,7 +1202,8 @@ impl Session {
         Session {
             raw: Arc::new(SessionRaw {
                 ptr,
-                request: Mutex::new(None),
+                request: Mutex::new(ptr::null_mut()),
+                request_panic: Arc::new(Mutex::new(None)),
                 strategy: Mutex::new(None),
                 _cache: cache.raw.clone(),
             }),
@@ -1338,7 +1360,7 @@ impl Session {
         let (stop, stop_ptrs) = stop_strings(options.stop)?;
         let has_token_callback = callbacks.on_token.is_some();
         let has_done_callback = callbacks.on_done.is_some();
-        let mut state = Box::new(RequestState {
+        let state = Box::new(RequestState {
             _text: options.text.unwrap_or("").as_bytes().to_vec(),
             _tokens: options.tokens.to_vec(),
             _stop: stop,
@@ -1346,7 +1368,7 @@ impl Session {
             on_token: callbacks.on_token,
             on_done: callbacks.on_done,
             decoder: Utf8Decoder::default(),
-            panic: Mutex::new(None),
+            panic: self.raw.request_panic.clone(),
         });
         let mut p = init_params::<sys::kiln_request_params>(sys::kiln_request_params_init);
         if options.text.is_some() {
@@ -1369,10 +1391,17 @@ impl Session {
         if has_done_callback {
             p.on_done = Some(request_done_trampoline);
         }
-        p.user_data = &mut *state as *mut RequestState as *mut c_void;
-        check(unsafe { sys::kiln_session_submit(self.ptr(), &p) })?;
+        // From here on only through the raw pointer, which kiln keeps until the request ends.
+        let state = Box::into_raw(state);
+        p.user_data = state as *mut c_void;
+        if let Err(e) = check(unsafe { sys::kiln_session_submit(self.ptr(), &p) }) {
+            unsafe { SessionRaw::free_request(state) }; // refused: kiln never saw it
+            return Err(e);
+        }
         // Accepted, so the previous request (if any) has ended: its state may go.
-        *self.raw.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
+        let previous =
+            std::mem::replace(&mut *self.raw.request.lock().unwrap_or_else(|e| e.into_inner()), state);
+        unsafe { SessionRaw::free_request(previous) };
         Ok(())
     }
 
@@ -1411,9 +1440,7 @@ impl Session {
     }
 
     fn resume_request_panic(&self) {
-        let request = self.raw.request.lock().unwrap_or_else(|e| e.into_inner());
-        let panic = request.as_ref().and_then(|s| s.panic.lock().unwrap_or_else(|e| e.into_inner()).take());
-        drop(request);
+        let panic = self.raw.request_panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(panic) = panic {
             resume_unwind(panic);
         }
