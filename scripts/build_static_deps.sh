@@ -11,7 +11,7 @@
 #
 # The sources come through apt-get source (a private source list: the system's apt setup is not
 # touched), which checks them against Debian's signed index; the hashes below pin them too.
-# About 10 minutes on two cores.
+# 8 to 18 minutes on two shared cores (Abseil 436-785 s, Protobuf lite 73-247 s, measured).
 set -euo pipefail
 [[ $# -eq 1 ]] || { echo "usage: $0 PREFIX" >&2; exit 2; }
 prefix=$(realpath -m "$1")
