@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model and Gemma 3 270M, run ctest; the release build's programs as other CPUs (qemu)
-# and under valgrind; then again under ASan+UBSan; the concurrency tests under ThreadSanitizer;
-# then a short libFuzzer run. Set KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1
-# or KILN_SKIP_FUZZ=1 to skip a stage while iterating locally. The sanitizer stages run the stress
+# the default model and Gemma 3 270M, run ctest, then the language bindings' tests (Python, Rust);
+# the release build's programs as other CPUs (qemu) and under valgrind; then again under
+# ASan+UBSan; the concurrency tests under ThreadSanitizer; then a short libFuzzer run. Set
+# KILN_SKIP_BINDINGS=1, KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1 or
+# KILN_SKIP_FUZZ=1 to skip a stage while iterating locally. The sanitizer stages run the stress
 # test (c_stress_test) for KILN_STRESS_SECONDS (default 30) instead of the release stage's 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,13 @@ stage() {
 stage "release build + ctest"
 scripts/build.sh build
 (cd build && ctest -j"$jobs" --output-on-failure)
+
+if [ "${KILN_SKIP_BINDINGS:-0}" != 1 ]; then
+  # Not in ctest: the sanitizer stages would run them again, and they test libkiln's C API,
+  # which c_api_test already covers under ASan.
+  stage "language bindings (Python, Rust) against the release build"
+  scripts/test_bindings.sh build
+fi
 
 if [ "${KILN_SKIP_PORTABILITY:-0}" != 1 ]; then
   stage "other CPUs (qemu-x86_64: Haswell, Nehalem) and valgrind memcheck"

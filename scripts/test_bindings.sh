@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The language bindings' tests (bindings/<language>/) against a built libkiln, on the default
+# model (scripts/fetch_model.sh):
+# - Python: a virtual environment in BUILD_DIR/bindings-python-venv with pytest, the package
+#   installed from bindings/python with that libkiln bundled (pip install), its tests run from
+#   outside the source tree so that they import the installed package;
+# - Rust: cargo test --offline of bindings/rust (kiln-sys, kiln) linked to BUILD_DIR's libkiln,
+#   built in BUILD_DIR/bindings-rust-target.
+# Usage: scripts/test_bindings.sh [BUILD_DIR] (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build=$(realpath "${1:-build}")
+lib_dir=$build/lib/c_api
+[[ -f $lib_dir/libkiln.so.1 ]] || { echo "test_bindings: no $lib_dir/libkiln.so.1: build first" >&2; exit 1; }
+
+start=$SECONDS
+venv=$build/bindings-python-venv
+[[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+# The build tools live in the venv too (no isolated build environment to download on each run).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check pytest "setuptools>=61" wheel
+KILN_LIBRARY=$lib_dir/libkiln.so.1 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation --force-reinstall --no-deps "$root/bindings/python"
+(cd "$build" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/bindings/python/tests")
+echo "test_bindings: Python in $((SECONDS - start)) s"
+
+start=$SECONDS
+# rustup installs cargo into ~/.cargo/bin, which a non-login shell may not have on its PATH.
+cargo=$(command -v cargo || true)
+[[ -n $cargo ]] || cargo=${CARGO_HOME:-$HOME/.cargo}/bin/cargo
+[[ -x $cargo ]] || { echo "test_bindings: no cargo (install Rust >= 1.70 with rustup)" >&2; exit 1; }
+(cd bindings/rust && KILN_LIB_DIR=$lib_dir CARGO_TARGET_DIR=$build/bindings-rust-target \
+   "$cargo" test --offline --quiet)
+echo "test_bindings: Rust in $((SECONDS - start)) s"
