@@ -191,8 +191,8 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
-          "smollm2-135m",   "tiny-qwen2",     "tiny-qwen2-untied"};
+  return {"tiny-llama-gqa", "tiny-llama-mha",    "tiny-llama-mqa", "smollm2-135m",
+          "tiny-qwen2",     "tiny-qwen2-untied", "tiny-qwen3"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -238,6 +238,22 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_freq_base = 1000000.0f;  // Qwen2's
     s.rms_eps = 1e-6f;              // Qwen2's
     s.tied_output = name == "tiny-qwen2";
+    return s;
+  }
+  // The shapes of the other families: n_embd 256, n_ff 512, 4 heads, 2 KV heads, 2 layers,
+  // context 512, each with its family's hallmarks (see the header).
+  s.n_embd = 256;
+  s.n_ff = 512;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_layer = 2;
+  s.n_ctx = 512;
+  if (name == "tiny-qwen3") {
+    s.arch = "qwen3";
+    s.n_head_dim = 128;
+    s.rope_freq_base = 1000000.0f;
+    s.rms_eps = 1e-6f;
+    s.tied_output = true;
     return s;
   }
 

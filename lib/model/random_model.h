@@ -24,7 +24,10 @@
 //   tiny-qwen2:             qwen2 (Q/K/V biases, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 64,
 //                           2 kv heads, 2 layers, context 512, rope base 1e6, rms eps 1e-6, tied
 //                           output like the small Qwen2 models, self-made vocab;
-//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight.
+//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight;
+//   tiny-qwen3:             qwen3 (Q/K norms, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 128
+//                           (head_dim larger than n_embd / n_head, as in Qwen3), 2 kv heads, 2
+//                           layers, context 512, rope base 1e6, rms eps 1e-6, tied output.
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
@@ -65,7 +68,8 @@ struct RandomModelShape {
   float rms_eps = 1e-5f;
   bool tied_output = false;     // true: no output.weight (the head reuses token_embd)
   uint32_t sliding_window = 0;  // gemma3: the window of its sliding-window layers (0: none)
-  uint32_t head_dim() const { return n_embd / n_head; }
+  uint32_t n_head_dim = 0;      // the key/value length per head; 0: n_embd / n_head
+  uint32_t head_dim() const { return n_head_dim != 0 ? n_head_dim : n_embd / n_head; }
 };
 
 // The named shapes above; NotFound listing the valid names otherwise.
