@@ -7,6 +7,8 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
 (lib/model/random_model.h):
 
   qwen3     tiny-qwen3     general.architecture "qwen3": Q/K norms, NEOX RoPE, head_dim 128
+  llama3    tiny-llama3    "llama" with Llama 3.1's RoPE scaling (rope_freqs.weight) and the
+                           "llama-bpe" pre-tokenizer (BOS added)
 
 Each at f32, f16 and q8_0 (one seed per family, so the three files hold the same weights at three
 precisions), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
@@ -35,6 +37,7 @@ N_NEW = 24
 # family -> (shape, seed)
 FAMILIES = {
     "qwen3": ("tiny-qwen3", 3),
+    "llama3": ("tiny-llama3", 4),
 }
 TYPES = ["f32", "f16", "q8_0"]
 KV_CACHE_TYPES = ["f32", "f16"]

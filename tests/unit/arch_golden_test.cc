@@ -269,7 +269,9 @@ TEST_P(ArchGolden, KilnOrderAgreesWithLlamaCpp) { CheckAll(/*llama_cpp_order=*/f
 INSTANTIATE_TEST_SUITE_P(Families, ArchGolden,
                          ::testing::Values(
                              // Q/K norms, NEOX RoPE, head_dim 128 > n_embd / n_head
-                             Family{"qwen3", "qwen3"}),
+                             Family{"qwen3", "qwen3"},
+                             // Llama 3.1 RoPE scaling (rope_freqs.weight), llama-bpe, BOS
+                             Family{"llama3", "llama"}),
                          [](const ::testing::TestParamInfo<Family>& info) {
                            return std::string(info.param.name);
                          });
@@ -333,6 +335,33 @@ TEST(Qwen3, ReadsHeadDimAndNeedsQkNorms) {
   EXPECT_NE(model->Tensor("blk.1.attn_k_norm.weight"), nullptr);
   ExpectError(LoadStatus(WriteEdited("tiny-qwen3", "blk.1.attn_k_norm.weight", "")),
               absl::StatusCode::kInvalidArgument, "blk.1.attn_k_norm.weight");
+}
+
+TEST(Llama3, ReadsRopeFactorsAndPreTokenizer) {
+  auto model = LoadShape("tiny-llama3");
+  ASSERT_NE(model, nullptr);
+  const RopeConfig& rope = model->hparams().rope;
+  EXPECT_EQ(rope.scaling, RopeScaling::kLlama3);
+  ASSERT_NE(rope.freq_factors, nullptr);
+  // Llama 3.1's factors over head_dim 64, base 5e5: 1 for the fastest pairs, 8 for the slowest.
+  EXPECT_EQ(rope.freq_factors[0], 1.0f);
+  EXPECT_EQ(rope.freq_factors[rope.n_rot / 2 - 1], 8.0f);
+  // llama-bpe: digits in runs of at most three, and BOS first.
+  auto ids = model->tokenizer().Encode("1234567", /*add_special=*/true, /*parse_special=*/false);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_GE(ids->size(), 4u);
+  EXPECT_EQ((*ids)[0], 1);
+  ExpectError(
+      LoadStatus(WriteEdited("tiny-llama3", "rope_freqs.weight", "",
+                             [](gguf::GgufWriter& w) {
+                               const std::vector<uint8_t> three(3 * sizeof(float), 0);
+                               ASSERT_TRUE(w.AddTensor("rope_freqs.weight", 0, {3}, three).ok());
+                             })),
+      absl::StatusCode::kInvalidArgument, "rope_freqs.weight");
+  ExpectError(LoadStatus(WriteEdited(
+                  "tiny-llama3", "", "llama.rope.freq_base",
+                  [](gguf::GgufWriter& w) { w.SetString("llama.rope.freq_base", "500000"); })),
+              absl::StatusCode::kInvalidArgument, "llama.rope.freq_base");
 }
 
 }  // namespace
