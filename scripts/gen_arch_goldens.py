@@ -9,6 +9,7 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
   qwen3     tiny-qwen3     general.architecture "qwen3": Q/K norms, NEOX RoPE, head_dim 128
   llama3    tiny-llama3    "llama" with Llama 3.1's RoPE scaling (rope_freqs.weight) and the
                            "llama-bpe" pre-tokenizer (BOS added)
+  phi3      tiny-phi       "phi3": fused attn_qkv and gate+up, an ignored sliding window
 
 Each at f32, f16 and q8_0 (one seed per family, so the three files hold the same weights at three
 precisions), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
@@ -38,6 +39,7 @@ N_NEW = 24
 FAMILIES = {
     "qwen3": ("tiny-qwen3", 3),
     "llama3": ("tiny-llama3", 4),
+    "phi3": ("tiny-phi", 5),
 }
 TYPES = ["f32", "f16", "q8_0"]
 KV_CACHE_TYPES = ["f32", "f16"]

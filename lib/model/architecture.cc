@@ -8,6 +8,7 @@ const Architecture& Llama();
 const Architecture& Qwen2();
 const Architecture& Gemma3();
 const Architecture& Qwen3();
+const Architecture& Phi3();
 }  // namespace arch
 
 namespace {
@@ -19,6 +20,7 @@ const Architecture* const kArchitectures[] = {
     &arch::Qwen2(),
     &arch::Gemma3(),
     &arch::Qwen3(),
+    &arch::Phi3(),
 };
 // clang-format on
 

@@ -191,8 +191,8 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa", "tiny-llama-mha",    "tiny-llama-mqa", "smollm2-135m",
-          "tiny-qwen2",     "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3"};
+  return {"tiny-llama-gqa",    "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m", "tiny-qwen2",
+          "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",    "tiny-phi"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -262,6 +262,11 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.llama3_rope_factor = 8.0f;
     s.tokenizer_pre = "llama-bpe";
     s.add_bos = true;
+    return s;
+  }
+  if (name == "tiny-phi") {
+    s.arch = "phi3";
+    s.sliding_window = 16;
     return s;
   }
 

@@ -31,7 +31,13 @@
 //   tiny-llama3:            llama with Llama 3.1's RoPE scaling (rope_freqs.weight from factor 8,
 //                           low/high frequency factors 1/4, original context 8192; rope base
 //                           5e5) and pre-tokenizer "llama-bpe" with a BOS token, n_embd 256, n_ff
-//                           512, 4 heads × 64, 2 kv heads, 2 layers, context 512, untied.
+//                           512, 4 heads × 64, 2 kv heads, 2 layers, context 512, untied;
+//   tiny-phi:               phi3 (fused attn_qkv, fused gate+up ffn_up, NEOX RoPE, queries
+//                           scaled before attention), n_embd 256, n_ff 512, 4 heads × 64, 2 kv
+//                           heads, 2 layers, context 512, untied, and an
+//                           attention.sliding_window of 16 that llama.cpp ignores for phi3
+//                           (not "tiny-phi3": llama.cpp gives a model whose general.name says
+//                           "phi3" Phi-3's token attributes, which needs Phi-3's vocabulary).
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its

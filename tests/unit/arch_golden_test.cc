@@ -271,7 +271,9 @@ INSTANTIATE_TEST_SUITE_P(Families, ArchGolden,
                              // Q/K norms, NEOX RoPE, head_dim 128 > n_embd / n_head
                              Family{"qwen3", "qwen3"},
                              // Llama 3.1 RoPE scaling (rope_freqs.weight), llama-bpe, BOS
-                             Family{"llama3", "llama"}),
+                             Family{"llama3", "llama"},
+                             // fused attn_qkv and gate+up, an ignored sliding window
+                             Family{"phi3", "phi3"}),
                          [](const ::testing::TestParamInfo<Family>& info) {
                            return std::string(info.param.name);
                          });
@@ -362,6 +364,22 @@ TEST(Llama3, ReadsRopeFactorsAndPreTokenizer) {
                   "tiny-llama3", "", "llama.rope.freq_base",
                   [](gguf::GgufWriter& w) { w.SetString("llama.rope.freq_base", "500000"); })),
               absl::StatusCode::kInvalidArgument, "llama.rope.freq_base");
+}
+
+TEST(Phi3, NeedsFusedTensorsAndRefusesLongRope) {
+  auto model = LoadShape("tiny-phi");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->hparams().sliding_window, 0);  // written, and ignored as llama.cpp does
+  EXPECT_EQ(model->Tensor("blk.0.ffn_up.weight")->n_out, 2 * model->hparams().n_ff);
+  ExpectError(LoadStatus(WriteEdited("tiny-phi", "blk.0.attn_qkv.weight", "")),
+              absl::StatusCode::kInvalidArgument, "blk.0.attn_qkv.weight");
+  ExpectError(LoadStatus(WriteEdited(
+                  "tiny-phi", "", "",
+                  [](gguf::GgufWriter& w) {
+                    const std::vector<uint8_t> factors(32 * sizeof(float), 0);
+                    ASSERT_TRUE(w.AddTensor("rope_factors_long.weight", 0, {32}, factors).ok());
+                  })),
+              absl::StatusCode::kUnimplemented, "rope_factors_long.weight");
 }
 
 }  // namespace
