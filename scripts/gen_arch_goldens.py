@@ -10,6 +10,8 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
   llama3    tiny-llama3    "llama" with Llama 3.1's RoPE scaling (rope_freqs.weight) and the
                            "llama-bpe" pre-tokenizer (BOS added)
   phi3      tiny-phi       "phi3": fused attn_qkv and gate+up, an ignored sliding window
+  mistral3  tiny-mistral3  "mistral3": head_dim 128, attention temperature scaling past
+                           position 8
 
 Each at f32, f16 and q8_0 (one seed per family, so the three files hold the same weights at three
 precisions), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
@@ -40,6 +42,7 @@ FAMILIES = {
     "qwen3": ("tiny-qwen3", 3),
     "llama3": ("tiny-llama3", 4),
     "phi3": ("tiny-phi", 5),
+    "mistral3": ("tiny-mistral3", 6),
 }
 TYPES = ["f32", "f16", "q8_0"]
 KV_CACHE_TYPES = ["f32", "f16"]

@@ -9,6 +9,7 @@ const Architecture& Qwen2();
 const Architecture& Gemma3();
 const Architecture& Qwen3();
 const Architecture& Phi3();
+const Architecture& Mistral3();
 }  // namespace arch
 
 namespace {
@@ -21,6 +22,7 @@ const Architecture* const kArchitectures[] = {
     &arch::Gemma3(),
     &arch::Qwen3(),
     &arch::Phi3(),
+    &arch::Mistral3(),
 };
 // clang-format on
 

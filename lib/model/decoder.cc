@@ -1,6 +1,7 @@
 #include "lib/model/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace kiln {
@@ -260,6 +261,16 @@ absl::Status DecoderForward::Forward(const ForwardBatch& batch, KvCache& cache,
     backend_.RotateRope(q_.data(), hp_.n_head);
     backend_.RotateRope(k_.data(), hp_.n_head_kv);
     if (graph_.query_scale > 0.0f) backend_.Scale(q_.data(), n * q_dim, graph_.query_scale);
+    if (graph_.attn_temperature_scale > 0.0f) {
+      for (int64_t i = 0; i < n; ++i) {
+        // llama.cpp's llm_graph_input_attn_temp: a float position, the log in double.
+        const float pos = static_cast<float>(positions_[i]);
+        const float floor_scale = static_cast<float>(graph_.attn_temperature_floor);
+        const float scale = static_cast<float>(
+            std::log(std::floor(pos / floor_scale) + 1.0) * graph_.attn_temperature_scale + 1.0);
+        if (scale != 1.0f) backend_.Scale(q_.data() + i * q_dim, q_dim, scale);
+      }
+    }
     KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, slots, k_.data(), v_.data()));
     KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, swa ? swa_mask : mask, q_.data(),
                                             static_cast<int32_t>(hp_.n_head), attn_.data(),
@@ -389,6 +400,9 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
   if (model.hparams().sliding_window > 0 &&
       model.hparams().swa_layers.size() != static_cast<size_t>(model.hparams().n_layer)) {
     return absl::InvalidArgumentError("model: sliding-window layer flags do not match n_layer");
+  }
+  if (graph.attn_temperature_scale > 0.0f && graph.attn_temperature_floor <= 0) {
+    return absl::InvalidArgumentError("model: attention temperature scaling needs a floor > 0");
   }
   const ModelHparams& hp = model.hparams();
   std::vector<DecoderLayer> layers(hp.n_layer);

@@ -56,6 +56,11 @@ struct DecoderGraph {
   // whose output rows are then split, as llama.cpp multiplies them.
   bool fused_qkv = false;
   bool fused_gate_up = false;
+  // Llama-4-style attention temperature (mistral3's attention.temperature_scale): > 0 multiplies
+  // each rotated query at position p by 1 + attn_temperature_scale * log(floor(p /
+  // attn_temperature_floor) + 1), which is 1 below the floor.
+  float attn_temperature_scale = 0.0f;
+  int64_t attn_temperature_floor = 0;
 };
 
 // The cache layout of GQA attention: K and V rows per KV head per layer.

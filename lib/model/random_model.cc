@@ -192,7 +192,7 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 
 std::vector<std::string> RandomModelShapeNames() {
   return {"tiny-llama-gqa",    "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m", "tiny-qwen2",
-          "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",    "tiny-phi"};
+          "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",    "tiny-phi",     "tiny-mistral3"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -269,6 +269,14 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.sliding_window = 16;
     return s;
   }
+  if (name == "tiny-mistral3") {
+    s.arch = "mistral3";
+    s.n_head_dim = 128;
+    s.rope_freq_base = 1000000.0f;
+    s.attn_temperature_scale = 0.5f;
+    s.rope_orig_ctx = 8;
+    return s;
+  }
 
   return absl::NotFoundError(StrCat("unknown model shape '", name, "' (known: ",
                                     absl::StrJoin(RandomModelShapeNames(), ", "), ")"));
@@ -336,6 +344,8 @@ ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
   hp.rope.freq_base = s.rope_freq_base;
   hp.tied_output = s.tied_output;
   hp.sliding_window = s.sliding_window;
+  hp.rope.orig_ctx = static_cast<int32_t>(s.rope_orig_ctx != 0 ? s.rope_orig_ctx : s.n_ctx);
+  hp.attn_temperature_scale = s.attn_temperature_scale;
   return hp;
 }
 

@@ -37,7 +37,11 @@
 //                           heads, 2 layers, context 512, untied, and an
 //                           attention.sliding_window of 16 that llama.cpp ignores for phi3
 //                           (not "tiny-phi3": llama.cpp gives a model whose general.name says
-//                           "phi3" Phi-3's token attributes, which needs Phi-3's vocabulary).
+//                           "phi3" Phi-3's token attributes, which needs Phi-3's vocabulary);
+//   tiny-mistral3:          mistral3 (the llama block, attention temperature scaling with
+//                           attention.temperature_scale 0.5 above rope.scaling.
+//                           original_context_length 8), n_embd 256, n_ff 512, 4 heads × 128, 2
+//                           kv heads, 2 layers, context 512, rope base 1e6, untied.
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
@@ -85,6 +89,9 @@ struct RandomModelShape {
   float llama3_rope_factor = 0.0f;
   std::string tokenizer_pre = "default";  // the self-made vocabulary's tokenizer.ggml.pre
   bool add_bos = false;                   // its tokenizer.ggml.add_bos_token (BOS id 1)
+  // mistral3: attention.temperature_scale and rope.scaling.original_context_length (0: none).
+  float attn_temperature_scale = 0.0f;
+  uint32_t rope_orig_ctx = 0;
   uint32_t head_dim() const { return n_head_dim != 0 ? n_head_dim : n_embd / n_head; }
 };
 

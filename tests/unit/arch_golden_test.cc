@@ -273,7 +273,9 @@ INSTANTIATE_TEST_SUITE_P(Families, ArchGolden,
                              // Llama 3.1 RoPE scaling (rope_freqs.weight), llama-bpe, BOS
                              Family{"llama3", "llama"},
                              // fused attn_qkv and gate+up, an ignored sliding window
-                             Family{"phi3", "phi3"}),
+                             Family{"phi3", "phi3"},
+                             // head_dim 128, attention temperature scaling past position 8
+                             Family{"mistral3", "mistral3"}),
                          [](const ::testing::TestParamInfo<Family>& info) {
                            return std::string(info.param.name);
                          });
@@ -380,6 +382,23 @@ TEST(Phi3, NeedsFusedTensorsAndRefusesLongRope) {
                     ASSERT_TRUE(w.AddTensor("rope_factors_long.weight", 0, {32}, factors).ok());
                   })),
               absl::StatusCode::kUnimplemented, "rope_factors_long.weight");
+}
+
+TEST(Mistral3, ReadsTemperatureScalingAndRefusesWhatItLacks) {
+  auto model = LoadShape("tiny-mistral3");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->hparams().head_dim, 128);
+  EXPECT_EQ(model->hparams().rope.mode, RopeMode::kNorm);
+  EXPECT_EQ(model->hparams().attn_temperature_scale, 0.5f);
+  EXPECT_EQ(model->hparams().rope.orig_ctx, 8);
+  ExpectError(LoadStatus(WriteEdited("tiny-mistral3", "", "mistral3.block_count")),
+              absl::StatusCode::kNotFound, "mistral3.block_count");
+  ExpectError(LoadStatus(WriteEdited("tiny-mistral3", "", "",
+                                     [](gguf::GgufWriter& w) {
+                                       w.SetString("mistral3.rope.scaling.type", "yarn");
+                                       w.SetFloat32("mistral3.rope.scaling.factor", 16.0f);
+                                     })),
+              absl::StatusCode::kUnimplemented, "rope.scaling");
 }
 
 }  // namespace
