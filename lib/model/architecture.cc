@@ -7,16 +7,24 @@ namespace arch {
 const Architecture& Llama();
 const Architecture& Qwen2();
 const Architecture& Gemma3();
+const Architecture& Qwen3();
+const Architecture& Phi3();
+const Architecture& Mistral3();
 }  // namespace arch
 
 namespace {
 
 // The registry: one line per architecture.
+// clang-format off
 const Architecture* const kArchitectures[] = {
     &arch::Llama(),
     &arch::Qwen2(),
     &arch::Gemma3(),
+    &arch::Qwen3(),
+    &arch::Phi3(),
+    &arch::Mistral3(),
 };
+// clang-format on
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 #include "lib/model/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace kiln {
@@ -15,17 +16,18 @@ std::string Blk(int64_t layer, const char* tensor) { return StrCat("blk.", layer
 
 struct DecoderLayer {
   const WeightView* attn_norm;  // [n_embd] f32
-  const WeightView* wq;         // [n_embd -> n_head * head_dim]
-  const WeightView* wk;         // [n_embd -> n_head_kv * head_dim]
-  const WeightView* wv;         // [n_embd -> n_head_kv * head_dim]
+  const WeightView* wq;         // [n_embd -> n_head * head_dim], null when fused
+  const WeightView* wk;         // [n_embd -> n_head_kv * head_dim], null when fused
+  const WeightView* wv;         // [n_embd -> n_head_kv * head_dim], null when fused
+  const WeightView* wqkv;       // [n_embd -> q_dim + 2 kv_dim] (DecoderGraph::fused_qkv), or null
   const WeightView* wo;         // [n_head * head_dim -> n_embd]
   const WeightView* bq;         // biases, null when the file has none
   const WeightView* bk;
   const WeightView* bv;
   const WeightView* bo;
   const WeightView* ffn_norm;  // [n_embd] f32
-  const WeightView* ffn_gate;  // [n_embd -> n_ff]
-  const WeightView* ffn_up;    // [n_embd -> n_ff]
+  const WeightView* ffn_gate;  // [n_embd -> n_ff], null when fused into ffn_up
+  const WeightView* ffn_up;    // [n_embd -> n_ff], or [n_embd -> 2 n_ff] (gate rows first) fused
   const WeightView* ffn_down;  // [n_ff -> n_embd]
   const WeightView* q_norm;    // [head_dim] f32, or null (DecoderGraph::qk_norm)
   const WeightView* k_norm;
@@ -98,6 +100,7 @@ class DecoderForward final : public ForwardPass {
   PassState whole_, split_;
   // Scratch of one layer, shared (nothing in it lives from one RunLayers call to the next).
   std::vector<float> h_, q_, k_, v_, attn_, proj_, gate_, up_;
+  std::vector<float> fused_;  // [n, q_dim + 2 kv_dim] or [rows, 2 n_ff]: a fused matmul's output
 };
 
 absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
@@ -256,6 +259,8 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
   Grow(proj_, n * d);
   Grow(gate_, n * ff);
   Grow(up_, n * ff);
+  if (graph_.fused_qkv) Grow(fused_, n * (q_dim + 2 * kv_dim));
+  if (graph_.fused_gate_up) Grow(fused_, n * 2 * ff);
 
   KvCache& cache = *s.cache;
   const ForwardOutput& out = *s.out;
@@ -288,16 +293,37 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
     }
     // Attention block.                                         x, h: [n, n_embd]
     backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
-    KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
-    KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
-    if (graph_.qk_norm) {                                        // each head's row of head_dim
+    if (L.wqkv != nullptr) {
+      const int64_t qkv_dim = q_dim + 2 * kv_dim;
+      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wqkv, h, n, fused_.data()));  // [n, qkv_dim]
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = fused_.data() + i * qkv_dim;
+        std::memcpy(q_.data() + i * q_dim, row, q_dim * sizeof(float));
+        std::memcpy(k_.data() + i * kv_dim, row + q_dim, kv_dim * sizeof(float));
+        std::memcpy(v_.data() + i * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+      }
+    } else {
+      KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
+      KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
+      KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
+    }
+    if (graph_.qk_norm) {  // each head's row of head_dim
       backend_.RmsNorm(q_.data(), L.q_norm->AsF32(), n * hp_.n_head, hd, hp_.rms_eps, q_.data());
       backend_.RmsNorm(k_.data(), L.k_norm->AsF32(), n * hp_.n_head_kv, hd, hp_.rms_eps, k_.data());
     }
     backend_.RotateRope(q_.data(), hp_.n_head);
     backend_.RotateRope(k_.data(), hp_.n_head_kv);
     if (graph_.query_scale > 0.0f) backend_.Scale(q_.data(), n * q_dim, graph_.query_scale);
+    if (graph_.attn_temperature_scale > 0.0f) {
+      for (int64_t i = 0; i < n; ++i) {
+        // llama.cpp's llm_graph_input_attn_temp: a float position, the log in double.
+        const float pos = static_cast<float>(s.positions[i]);
+        const float floor_scale = static_cast<float>(graph_.attn_temperature_floor);
+        const float scale = static_cast<float>(
+            std::log(std::floor(pos / floor_scale) + 1.0) * graph_.attn_temperature_scale + 1.0);
+        if (scale != 1.0f) backend_.Scale(q_.data() + i * q_dim, q_dim, scale);
+      }
+    }
     KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, slots, k_.data(), v_.data()));
     KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, swa ? swa_mask : mask, q_.data(),
                                             static_cast<int32_t>(hp_.n_head), attn_.data(),
@@ -322,8 +348,17 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
     }
     // Feed-forward block (SwiGLU or GeGLU).                 x, h: [rows, n_embd]
     backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+    if (L.ffn_gate == nullptr) {  // fused: each output row is [gate (n_ff), up (n_ff)]
+      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, fused_.data()));
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* row = fused_.data() + i * 2 * ff;
+        std::memcpy(gate_.data() + i * ff, row, ff * sizeof(float));
+        std::memcpy(up_.data() + i * ff, row + ff, ff * sizeof(float));
+      }
+    } else {
+      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
+      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+    }
     if (graph_.ffn == FfnActivation::kGeGlu) {
       backend_.GeGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
     } else {
@@ -385,9 +420,13 @@ std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp,
   t.push_back({"token_embd.weight", d, hp.n_vocab, TensorRole::kEmbedding});
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     t.push_back({Blk(l, "attn_norm.weight"), d, 1, TensorRole::kVector});
-    t.push_back({Blk(l, "attn_q.weight"), d, q_dim, TensorRole::kMatrix});
-    t.push_back({Blk(l, "attn_k.weight"), d, kv_dim, TensorRole::kMatrix});
-    t.push_back({Blk(l, "attn_v.weight"), d, kv_dim, TensorRole::kMatrix});
+    if (options.fused_qkv) {
+      t.push_back({Blk(l, "attn_qkv.weight"), d, q_dim + 2 * kv_dim, TensorRole::kMatrix});
+    } else {
+      t.push_back({Blk(l, "attn_q.weight"), d, q_dim, TensorRole::kMatrix});
+      t.push_back({Blk(l, "attn_k.weight"), d, kv_dim, TensorRole::kMatrix});
+      t.push_back({Blk(l, "attn_v.weight"), d, kv_dim, TensorRole::kMatrix});
+    }
     AddBiases(t, l, options.qkv_bias,
               {{"attn_q.bias", q_dim}, {"attn_k.bias", kv_dim}, {"attn_v.bias", kv_dim}});
     if (options.qk_norm) {
@@ -400,8 +439,12 @@ std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp,
       t.push_back({Blk(l, "post_attention_norm.weight"), d, 1, TensorRole::kVector});
     }
     t.push_back({Blk(l, "ffn_norm.weight"), d, 1, TensorRole::kVector});
-    t.push_back({Blk(l, "ffn_gate.weight"), d, hp.n_ff, TensorRole::kMatrix});
-    t.push_back({Blk(l, "ffn_up.weight"), d, hp.n_ff, TensorRole::kMatrix});
+    if (options.fused_gate_up) {
+      t.push_back({Blk(l, "ffn_up.weight"), d, 2 * hp.n_ff, TensorRole::kMatrix});
+    } else {
+      t.push_back({Blk(l, "ffn_gate.weight"), d, hp.n_ff, TensorRole::kMatrix});
+      t.push_back({Blk(l, "ffn_up.weight"), d, hp.n_ff, TensorRole::kMatrix});
+    }
     t.push_back({Blk(l, "ffn_down.weight"), hp.n_ff, d, TensorRole::kMatrix});
     if (options.post_norms) {
       t.push_back({Blk(l, "post_ffw_norm.weight"), d, 1, TensorRole::kVector});
@@ -424,6 +467,9 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
       model.hparams().swa_layers.size() != static_cast<size_t>(model.hparams().n_layer)) {
     return absl::InvalidArgumentError("model: sliding-window layer flags do not match n_layer");
   }
+  if (graph.attn_temperature_scale > 0.0f && graph.attn_temperature_floor <= 0) {
+    return absl::InvalidArgumentError("model: attention temperature scaling needs a floor > 0");
+  }
   const ModelHparams& hp = model.hparams();
   std::vector<DecoderLayer> layers(hp.n_layer);
   auto required = [&](int64_t l, const char* name) -> absl::StatusOr<const WeightView*> {
@@ -436,16 +482,24 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     DecoderLayer& L = layers[l];
     KILN_ASSIGN_OR_RETURN(L.attn_norm, required(l, "attn_norm.weight"));
-    KILN_ASSIGN_OR_RETURN(L.wq, required(l, "attn_q.weight"));
-    KILN_ASSIGN_OR_RETURN(L.wk, required(l, "attn_k.weight"));
-    KILN_ASSIGN_OR_RETURN(L.wv, required(l, "attn_v.weight"));
+    L.wq = L.wk = L.wv = L.wqkv = nullptr;
+    if (graph.fused_qkv) {
+      KILN_ASSIGN_OR_RETURN(L.wqkv, required(l, "attn_qkv.weight"));
+    } else {
+      KILN_ASSIGN_OR_RETURN(L.wq, required(l, "attn_q.weight"));
+      KILN_ASSIGN_OR_RETURN(L.wk, required(l, "attn_k.weight"));
+      KILN_ASSIGN_OR_RETURN(L.wv, required(l, "attn_v.weight"));
+    }
     KILN_ASSIGN_OR_RETURN(L.wo, required(l, "attn_output.weight"));
     L.bq = model.Tensor(Blk(l, "attn_q.bias"));
     L.bk = model.Tensor(Blk(l, "attn_k.bias"));
     L.bv = model.Tensor(Blk(l, "attn_v.bias"));
     L.bo = model.Tensor(Blk(l, "attn_output.bias"));
     KILN_ASSIGN_OR_RETURN(L.ffn_norm, required(l, "ffn_norm.weight"));
-    KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
+    L.ffn_gate = nullptr;
+    if (!graph.fused_gate_up) {
+      KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
+    }
     KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
     KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
     L.q_norm = L.k_norm = L.post_attn_norm = L.post_ffn_norm = nullptr;

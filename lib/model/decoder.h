@@ -22,6 +22,11 @@ struct DecoderTensorOptions {
   Presence output_bias = Presence::kAbsent;  // attn_output.bias
   bool qk_norm = false;                      // attn_q_norm.weight, attn_k_norm.weight [head_dim]
   bool post_norms = false;  // post_attention_norm.weight, post_ffw_norm.weight [n_embd]
+  // attn_qkv.weight [n_embd -> q_dim + 2 kv_dim] (rows: Q, then K, then V) instead of attn_q,
+  // attn_k and attn_v (phi3).
+  bool fused_qkv = false;
+  // ffn_up.weight [n_embd -> 2 n_ff] (rows: gate, then up) and no ffn_gate (phi3).
+  bool fused_gate_up = false;
 };
 
 // The tensor table of a decoder (names as llama.cpp's converters write them):
@@ -47,6 +52,15 @@ struct DecoderGraph {
   // The attention and feed-forward outputs are RMS-normalized (post_attention_norm /
   // post_ffw_norm) before their residual adds.
   bool post_norms = false;
+  // The projections are fused (DecoderTensorOptions::fused_qkv / fused_gate_up): one matmul,
+  // whose output rows are then split, as llama.cpp multiplies them.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
+  // Llama-4-style attention temperature (mistral3's attention.temperature_scale): > 0 multiplies
+  // each rotated query at position p by 1 + attn_temperature_scale * log(floor(p /
+  // attn_temperature_floor) + 1), which is 1 below the floor.
+  float attn_temperature_scale = 0.0f;
+  int64_t attn_temperature_floor = 0;
 };
 
 // The cache layout of GQA attention: K and V rows per KV head per layer.

@@ -36,6 +36,10 @@ struct ModelHparams {
   std::vector<uint8_t> swa_layers;  // [n_layer] when sliding_window > 0, else empty
   RopeConfig rope_swa;
 
+  // Llama-4-style attention temperature (mistral3's attention.temperature_scale): > 0 scales the
+  // queries of positions at or past rope.orig_ctx (DecoderGraph::attn_temperature_scale).
+  float attn_temperature_scale = 0.0f;
+
   bool is_swa(int64_t layer) const {
     return sliding_window > 0 && swa_layers[static_cast<size_t>(layer)] != 0;
   }

@@ -191,8 +191,8 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
-          "smollm2-135m",   "tiny-qwen2",     "tiny-qwen2-untied"};
+  return {"tiny-llama-gqa",    "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m", "tiny-qwen2",
+          "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",    "tiny-phi",     "tiny-mistral3"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -238,6 +238,43 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_freq_base = 1000000.0f;  // Qwen2's
     s.rms_eps = 1e-6f;              // Qwen2's
     s.tied_output = name == "tiny-qwen2";
+    return s;
+  }
+  // The shapes of the other families: n_embd 256, n_ff 512, 4 heads, 2 KV heads, 2 layers,
+  // context 512, each with its family's hallmarks (see the header).
+  s.n_embd = 256;
+  s.n_ff = 512;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_layer = 2;
+  s.n_ctx = 512;
+  if (name == "tiny-qwen3") {
+    s.arch = "qwen3";
+    s.n_head_dim = 128;
+    s.rope_freq_base = 1000000.0f;
+    s.rms_eps = 1e-6f;
+    s.tied_output = true;
+    return s;
+  }
+  if (name == "tiny-llama3") {
+    s.arch = "llama";
+    s.rope_freq_base = 500000.0f;
+    s.llama3_rope_factor = 8.0f;
+    s.tokenizer_pre = "llama-bpe";
+    s.add_bos = true;
+    return s;
+  }
+  if (name == "tiny-phi") {
+    s.arch = "phi3";
+    s.sliding_window = 16;
+    return s;
+  }
+  if (name == "tiny-mistral3") {
+    s.arch = "mistral3";
+    s.n_head_dim = 128;
+    s.rope_freq_base = 1000000.0f;
+    s.attn_temperature_scale = 0.5f;
+    s.rope_orig_ctx = 8;
     return s;
   }
 
@@ -307,6 +344,8 @@ ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
   hp.rope.freq_base = s.rope_freq_base;
   hp.tied_output = s.tied_output;
   hp.sliding_window = s.sliding_window;
+  hp.rope.orig_ctx = static_cast<int32_t>(s.rope_orig_ctx != 0 ? s.rope_orig_ctx : s.n_ctx);
+  hp.attn_temperature_scale = s.attn_temperature_scale;
   return hp;
 }
 
@@ -380,7 +419,7 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
     note(absl::StrFormat("copied %d tokenizer keys (%d tokens)", copied, n_vocab));
   } else {
     w->SetString("tokenizer.ggml.model", "gpt2");
-    w->SetString("tokenizer.ggml.pre", "default");
+    w->SetString("tokenizer.ggml.pre", s.tokenizer_pre);
     w->SetArrayString("tokenizer.ggml.tokens", own_vocab.tokens);
     w->SetArrayInt32("tokenizer.ggml.token_type", own_vocab.token_types);
     w->SetArrayString("tokenizer.ggml.merges", own_vocab.merges);
@@ -388,7 +427,7 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
     w->SetUint32("tokenizer.ggml.eos_token_id", 2);
     w->SetUint32("tokenizer.ggml.unknown_token_id", 0);
     w->SetUint32("tokenizer.ggml.padding_token_id", 2);
-    w->SetBool("tokenizer.ggml.add_bos_token", false);
+    w->SetBool("tokenizer.ggml.add_bos_token", s.add_bos);
     w->SetBool("tokenizer.ggml.add_space_prefix", false);
     w->SetString("tokenizer.chat_template",
                  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
@@ -430,6 +469,34 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
     std::memcpy(bytes.data(), g.data(), bytes.size());
     return w->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
   };
+  if (s.llama3_rope_factor > 0.0f) {
+    // llama.cpp's converter (LlamaModel.generate_extra_tensors) for rope_type "llama3": one
+    // divisor per rotated pair, 1 for short wavelengths, the factor for long ones, smoothed
+    // between.
+    constexpr double kLowFreqFactor = 1.0, kHighFreqFactor = 4.0, kOldContext = 8192.0;
+    const double low_freq_wavelen = kOldContext / kLowFreqFactor;
+    const double high_freq_wavelen = kOldContext / kHighFreqFactor;
+    const uint32_t dim = s.head_dim();
+    std::vector<float> factors(dim / 2);
+    for (uint32_t i = 0; i < dim / 2; ++i) {
+      const double freq =
+          1.0 / std::pow(static_cast<double>(s.rope_freq_base), static_cast<double>(2 * i) / dim);
+      const double wavelen = 2.0 * M_PI / freq;
+      if (wavelen < high_freq_wavelen) {
+        factors[i] = 1.0f;
+      } else if (wavelen > low_freq_wavelen) {
+        factors[i] = s.llama3_rope_factor;
+      } else {
+        const double smooth =
+            (kOldContext / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
+        factors[i] = static_cast<float>(1.0 / ((1.0 - smooth) / s.llama3_rope_factor + smooth));
+      }
+    }
+    std::vector<uint8_t> bytes(factors.size() * 4);
+    std::memcpy(bytes.data(), factors.data(), bytes.size());
+    KILN_RETURN_IF_ERROR(w->AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32),
+                                      {factors.size()}, std::move(bytes)));
+  }
   for (const TensorSpec& t : arch->Tensors(hp)) {
     if (t.optional) continue;
     switch (t.role) {

@@ -24,14 +24,32 @@
 //   tiny-qwen2:             qwen2 (Q/K/V biases, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 64,
 //                           2 kv heads, 2 layers, context 512, rope base 1e6, rms eps 1e-6, tied
 //                           output like the small Qwen2 models, self-made vocab;
-//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight.
+//   tiny-qwen2-untied:      tiny-qwen2 with its own output.weight;
+//   tiny-qwen3:             qwen3 (Q/K norms, NEOX RoPE), n_embd 256, n_ff 512, 4 heads × 128
+//                           (head_dim larger than n_embd / n_head, as in Qwen3), 2 kv heads, 2
+//                           layers, context 512, rope base 1e6, rms eps 1e-6, tied output;
+//   tiny-llama3:            llama with Llama 3.1's RoPE scaling (rope_freqs.weight from factor 8,
+//                           low/high frequency factors 1/4, original context 8192; rope base
+//                           5e5) and pre-tokenizer "llama-bpe" with a BOS token, n_embd 256, n_ff
+//                           512, 4 heads × 64, 2 kv heads, 2 layers, context 512, untied;
+//   tiny-phi:               phi3 (fused attn_qkv, fused gate+up ffn_up, NEOX RoPE, queries
+//                           scaled before attention), n_embd 256, n_ff 512, 4 heads × 64, 2 kv
+//                           heads, 2 layers, context 512, untied, and an
+//                           attention.sliding_window of 16 that llama.cpp ignores for phi3
+//                           (not "tiny-phi3": llama.cpp gives a model whose general.name says
+//                           "phi3" Phi-3's token attributes, which needs Phi-3's vocabulary);
+//   tiny-mistral3:          mistral3 (the llama block, attention temperature scaling with
+//                           attention.temperature_scale 0.5 above rope.scaling.
+//                           original_context_length 8), n_embd 256, n_ff 512, 4 heads × 128, 2
+//                           kv heads, 2 layers, context 512, rope base 1e6, untied.
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
 // token count; otherwise a small byte-level BPE vocabulary (tokenizer.ggml.model "gpt2", pre
 // "default"): ids 0..2 = <|endoftext|>, <|im_start|>, <|im_end|> (control), 256 byte tokens in
 // GPT-2's bytes_to_unicode spelling, then tokens of up to 300 merges learned from an embedded
-// English text; a shape with a larger vocabulary is padded with "<|unused_N|>" tokens (type 5).
+// English text (the shape may name another pre-tokenizer and add BOS); a shape with a larger
+// vocabulary is padded with "<|unused_N|>" tokens (type 5).
 //
 // Quantization uses the quant registry (lib/quant/quant.h, scalar reference level); a type with
 // no registered quantizer gives FailedPrecondition naming the type. Deterministic for a seed:
@@ -65,7 +83,16 @@ struct RandomModelShape {
   float rms_eps = 1e-5f;
   bool tied_output = false;     // true: no output.weight (the head reuses token_embd)
   uint32_t sliding_window = 0;  // gemma3: the window of its sliding-window layers (0: none)
-  uint32_t head_dim() const { return n_embd / n_head; }
+  uint32_t n_head_dim = 0;      // the key/value length per head; 0: n_embd / n_head
+  // Llama 3.1's RoPE scaling: > 0 writes rope_freqs.weight as llama.cpp's converter derives it
+  // from this factor, low/high frequency factors 1 and 4 and an original context of 8192.
+  float llama3_rope_factor = 0.0f;
+  std::string tokenizer_pre = "default";  // the self-made vocabulary's tokenizer.ggml.pre
+  bool add_bos = false;                   // its tokenizer.ggml.add_bos_token (BOS id 1)
+  // mistral3: attention.temperature_scale and rope.scaling.original_context_length (0: none).
+  float attn_temperature_scale = 0.0f;
+  uint32_t rope_orig_ctx = 0;
+  uint32_t head_dim() const { return n_head_dim != 0 ? n_head_dim : n_embd / n_head; }
 };
 
 // The named shapes above; NotFound listing the valid names otherwise.
