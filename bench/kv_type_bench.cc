@@ -5,8 +5,9 @@
 //                 [--types f16,q8_0]
 //
 // Per cache type: a fresh engine, a prompt of N random token ids (default 4,096) prefilled in
-// chunks of 512 (untimed), then per repeat N greedy decode steps (default 32; one token per
-// Forward, argmax included) timed, and the sequence truncated back to the prompt. Prints the
+// chunks of 512 (untimed); then per repeat, for each type in turn, N greedy decode steps
+// (default 32; one token per Forward, argmax included) timed, and the sequence truncated back to
+// the prompt. Prints the
 // median and min-max tokens/s over R repeats (default 5), the cache's K/V bytes per token, and
 // the first decoded tokens (the types' greedy paths may part after a few steps).
 #include <algorithm>
@@ -125,49 +126,65 @@ int main(int argc, char** argv) {
               model_path.substr(model_path.rfind('/') + 1).c_str(), threads, context, n_decode,
               repeats);
 
-  for (const kiln::GgmlType type : types) {
-    Run r;
+  // Every type's engine prefilled first, then the repeats alternate between the types, so a
+  // change in the machine's load (other processes) falls on all of them alike.
+  struct PerType {
+    kiln::GgmlType type;
+    Run run;
+    kiln::SeqId seq = 0;
+    int32_t after_prompt = 0;
+    std::vector<double> tps;
+    std::vector<int32_t> gen;
+  };
+  std::vector<PerType> runs(types.size());
+  for (size_t k = 0; k < types.size(); ++k) {
+    PerType& p = runs[k];
+    p.type = types[k];
     kiln::EngineOptions eo;
     eo.n_ctx = context + n_decode + 16;
     eo.prefix_caching = false;
     eo.n_threads = threads;
-    eo.kv_type = type;
+    eo.kv_type = p.type;
     auto engine = kiln::Engine::Create(**model, eo);
     if (!engine.ok()) Die(std::string(engine.status().message()));
-    r.engine = std::move(*engine);
-    const kiln::SeqId seq =
-        r.engine->Locked([](kiln::KvCache& c, kiln::ForwardPass&) { return c.CreateSequence(); });
-    for (int b = 0; b < context; b += 512) r.Forward(seq, prompt, b, std::min(context, b + 512));
-    const int32_t after_prompt = r.Argmax();
-    std::vector<double> tps;
-    std::vector<int32_t> gen;
-    for (int rep = 0; rep < repeats; ++rep) {
+    p.run.engine = std::move(*engine);
+    p.seq = p.run.engine->Locked(
+        [](kiln::KvCache& c, kiln::ForwardPass&) { return c.CreateSequence(); });
+    for (int b = 0; b < context; b += 512) {
+      p.run.Forward(p.seq, prompt, b, std::min(context, b + 512));
+    }
+    p.after_prompt = p.run.Argmax();
+  }
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (PerType& p : runs) {
       std::vector<int32_t> tokens = prompt;
-      tokens.push_back(after_prompt);
+      tokens.push_back(p.after_prompt);
       const auto t0 = Clock::now();
       for (int i = 0; i < n_decode; ++i) {
-        r.Forward(seq, tokens, context + i, context + i + 1);
-        tokens.push_back(r.Argmax());
+        p.run.Forward(p.seq, tokens, context + i, context + i + 1);
+        tokens.push_back(p.run.Argmax());
       }
       const auto t1 = Clock::now();
-      tps.push_back(n_decode / std::chrono::duration<double>(t1 - t0).count());
-      gen.assign(tokens.begin() + context, tokens.begin() + context + std::min(n_decode, 8));
+      p.tps.push_back(n_decode / std::chrono::duration<double>(t1 - t0).count());
+      p.gen.assign(tokens.begin() + context, tokens.begin() + context + std::min(n_decode, 8));
       // Back to the prompt: the next repeat decodes the same steps again.
-      Check(r.engine->Locked(
-                [&](kiln::KvCache& c, kiln::ForwardPass&) { return c.Truncate(seq, context); }),
+      Check(p.run.engine->Locked(
+                [&](kiln::KvCache& c, kiln::ForwardPass&) { return c.Truncate(p.seq, context); }),
             "Truncate");
     }
-    std::sort(tps.begin(), tps.end());
+  }
+  for (PerType& p : runs) {
+    std::sort(p.tps.begin(), p.tps.end());
     std::string first;
-    for (int32_t t : gen) {
+    for (int32_t t : p.gen) {
       if (!first.empty()) first.push_back(' ');
       first.append(std::to_string(t));
     }
     std::printf(
         "  %-5s decode@%d median %7.2f tok/s (min %.2f, max %.2f), K/V %zu bytes/token; "
         "greedy: %s\n",
-        kiln::GgmlTypeName(static_cast<uint32_t>(type)).c_str(), context, tps[tps.size() / 2],
-        tps.front(), tps.back(), r.engine->Counters().bytes_per_token, first.c_str());
+        kiln::GgmlTypeName(static_cast<uint32_t>(p.type)).c_str(), context, p.tps[p.tps.size() / 2],
+        p.tps.front(), p.tps.back(), p.run.engine->Counters().bytes_per_token, first.c_str());
   }
   return 0;
 }
