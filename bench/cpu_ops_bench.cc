@@ -1,11 +1,12 @@
 // CPU backend op benchmark: matmul GB/s (decode) and GFLOP/s (prefill) per registered weight
 // type, paged attention time per token, ThreadPool::ParallelFor overhead.
 //
-//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile]
+//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile] [--attention]
 //
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes: old path vs vec_dot_tile
 // vs the integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1;
-// --types filters them too).
+// --types filters them too). --attention runs only the paged-attention table (f16, q8_0 and f32
+// caches at contexts 128, 1,024 and 4,096).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -246,18 +247,26 @@ void BenchAttention() {
   std::mt19937 rng(2);
   ThreadPool pool1(1), pool2(2);
   Scratch scratch;
-  for (GgmlType type : {GgmlType::kF16, GgmlType::kF32}) {
-    const size_t elem = type == GgmlType::kF32 ? 4 : 2;
-    for (int32_t ctx : {128, 1024}) {
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kF32}) {
+    // Bytes per row: 2 or 4 per element; q8_0 34 per 32 elements.
+    const size_t row_bytes =
+        type == GgmlType::kQ8_0 ? d / 32 * 34 : d * (type == GgmlType::kF32 ? 4 : 2);
+    for (int32_t ctx : {128, 1024, 4096}) {
       for (int32_t n_tokens : {1, 16}) {
+        if (ctx == 4096 && n_tokens == 16) continue;
         // n_tokens decode tokens, each its own sequence of length ctx.
         const int32_t blocks_per_seq = ctx / bs, n_blocks = blocks_per_seq * n_tokens;
-        const size_t tile = static_cast<size_t>(bs) * d * elem;
+        const size_t tile = static_cast<size_t>(bs) * row_bytes;
         const size_t region = 2 * n_kv * tile;
         std::vector<uint8_t> cache(region * n_blocks);
         for (size_t i = 0; i < cache.size() / 2; ++i) {
           const uint16_t h = Fp32ToFp16(static_cast<float>(i % 97) / 97.0f - 0.5f);
           std::memcpy(cache.data() + 2 * i, &h, 2);  // any finite pattern is fine for f32 too
+        }
+        if (type == GgmlType::kQ8_0) {  // the cache is a list of 34-byte blocks: finite scales
+          const uint16_t scale = Fp32ToFp16(0.01f);
+          for (size_t b = 0; b < cache.size() / 34; ++b)
+            std::memcpy(cache.data() + 34 * b, &scale, 2);
         }
         PagedKvView kv;
         kv.k = {cache.data(), type, static_cast<int64_t>(region), static_cast<int64_t>(tile)};
@@ -286,7 +295,7 @@ void BenchAttention() {
               }) *
               1e6 / n_tokens;
         }
-        const double kv_bytes = 2.0 * ctx * n_kv * d * elem;
+        const double kv_bytes = 2.0 * ctx * n_kv * row_bytes;
         printf("%-5s %8d %8d %14.2f %14.2f %16.1f\n",
                GgmlTypeName(static_cast<uint32_t>(type)).c_str(), ctx, n_tokens, us[0], us[1],
                kv_bytes / (us[0] * 1e-6) * 1e-9);
@@ -320,12 +329,14 @@ void BenchSmallOps() {
 int main(int argc, char** argv) {
   using namespace kiln;
   std::string type_filter;
-  bool tile_only = false;  // --tile: only the Q8_0 tile-kernel comparison
+  bool tile_only = false;       // --tile: only the Q8_0 tile-kernel comparison
+  bool attention_only = false;  // --attention: only the paged-attention table
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--types=", 8) == 0)
       type_filter = absl::StrCat(",", argv[i] + 8, ",");
     if (std::strncmp(argv[i], "--min_ms=", 9) == 0) cpu::g_min_ms = std::atof(argv[i] + 9);
     if (std::strcmp(argv[i], "--tile") == 0) tile_only = true;
+    if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
   }
   std::vector<GgmlType> types;
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
@@ -339,6 +350,10 @@ int main(int argc, char** argv) {
   }
   printf("kiln cpu_ops_bench: cpu level %s, %d physical cores\n", CpuLevelName(BestCpuLevel()),
          cpu::PhysicalCoreCount());
+  if (attention_only) {
+    cpu::BenchAttention();
+    return 0;
+  }
   if (tile_only) {
     for (GgmlType t : types) {
       if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);

@@ -288,7 +288,11 @@ typedef struct kiln_cache kiln_cache;
 typedef enum kiln_kv_type {
   KILN_KV_F16 = 0, /* default */
   KILN_KV_F32 = 1,
-  KILN_KV_BF16 = 2
+  KILN_KV_BF16 = 2,
+  /* ggml's q8_0 blocks (32 int8 and an f16 scale per 32 values): 34/64 of f16's bytes per token;
+   * the model's head size must be a multiple of 32 (kiln_cache_create fails otherwise). Rows are
+   * rounded as llama.cpp rounds its q8_0 cache; attention reads them back exactly. */
+  KILN_KV_Q8_0 = 3
 } kiln_kv_type;
 
 typedef struct kiln_cache_params {

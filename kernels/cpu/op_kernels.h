@@ -20,8 +20,13 @@
 
 namespace kiln::cpu {
 
-// Element type of a K or V row in the paged cache.
-enum class KvElem : int32_t { kF32 = 0, kF16 = 1, kBf16 = 2 };
+// Element type of a K or V row in the paged cache. A kQ8_0 row is ggml's block_q8_0 list (per 32
+// elements an f16 scale d, then 32 int8 q; d % 32 == 0): element i is f32(d) * float(q), a
+// product that is exact in f32 (11 + 8 significant bits), so widening a Q8_0 row gives the same
+// floats on every level and the kernels below run on them as on an f32 row.
+enum class KvElem : int32_t { kF32 = 0, kF16 = 1, kBf16 = 2, kQ8_0 = 3 };
+// Bytes of one row of d elements: 4 d (f32), 2 d (f16, bf16), 34 d / 32 (q8_0). Each translation
+// unit has its own copy (no inline functions here).
 
 // Lanes of kv_accumulate's accumulator: ggml_vec_dot_f32's 4 x 16 lanes on AVX-512 (what
 // llama.cpp uses for one-token batches), or tinyBLAS's 16 (llama.cpp's prompt batches).

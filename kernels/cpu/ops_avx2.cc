@@ -144,7 +144,14 @@ void RopePairs(float* x, const float* c, const float* s, int64_t n_pairs, int64_
   }
 }
 
-// 8 K/V elements of `elem` at element offset i as floats.
+// The f32 of the f16 scale at the start of a Q8_0 block.
+inline float Q8_0Scale(const uint8_t* block) {
+  uint16_t d;
+  std::memcpy(&d, block, 2);
+  return _cvtsh_ss(d);
+}
+
+// 8 K/V elements of `elem` at element offset i as floats (i % 8 == 0 for kQ8_0).
 inline __m256 LoadKv8(const void* row, KvElem elem, int64_t i) {
   const auto* h = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i);
   switch (elem) {
@@ -154,6 +161,12 @@ inline __m256 LoadKv8(const void* row, KvElem elem, int64_t i) {
       return _mm256_cvtph_ps(_mm_loadu_si128(h));
     case KvElem::kBf16:
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+    case KvElem::kQ8_0: {
+      const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + i % 32));
+      return _mm256_mul_ps(_mm256_set1_ps(Q8_0Scale(block)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
   }
   return _mm256_setzero_ps();
 }
@@ -169,6 +182,10 @@ inline float LoadKv1(const void* row, KvElem elem, int64_t i) {
       float f;
       std::memcpy(&f, &bits, sizeof(f));
       return f;
+    }
+    case KvElem::kQ8_0: {
+      const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;
+      return Q8_0Scale(block) * static_cast<float>(static_cast<int8_t>(block[2 + i % 32]));
     }
   }
   return 0.0f;

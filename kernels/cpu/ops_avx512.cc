@@ -42,7 +42,13 @@ inline __m512 Exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// 16 (or fewer, masked) K/V elements of `elem` at element offset i as floats.
+// Bytes of one K/V row of d elements (op_kernels.h).
+inline int64_t RowBytes(KvElem elem, int64_t d) {
+  return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
+}
+
+// 16 (or fewer, masked) K/V elements of `elem` at element offset i as floats (i % 16 == 0 for
+// kQ8_0: the 16 elements lie in one block).
 inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
   switch (elem) {
     case KvElem::kF32:
@@ -52,6 +58,13 @@ inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
     case KvElem::kBf16: {
       const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + i);
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case KvElem::kQ8_0: {
+      const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;
+      const __m512 scale = _mm512_cvtph_ps(
+          _mm256_set1_epi16(static_cast<int16_t>(block[0] | static_cast<uint16_t>(block[1]) << 8)));
+      const __m128i q = _mm_maskz_loadu_epi8(m, block + 2 + i % 32);
+      return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
   }
   return _mm512_setzero_ps();
@@ -186,7 +199,7 @@ inline float Reduce16(__m512 v) {
 template <int NG>
 void KvScoresFixed(const float* q, const void* k_rows, int64_t n_rows, KvElem elem, int64_t d,
                    float* scores, int64_t score_stride) {
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  const int64_t row_bytes = RowBytes(elem, d);
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
     __m512 acc[NG][4];
@@ -212,7 +225,7 @@ void KvScoresFixed(const float* q, const void* k_rows, int64_t n_rows, KvElem el
 // tinyBLAS order: one 16-lane FMA chain per (row, head) over d (d % 16 == 0).
 void KvScores16(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
                 int64_t d, float* scores, int64_t score_stride) {
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  const int64_t row_bytes = RowBytes(elem, d);
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* k_row = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
     for (int64_t g = 0; g < n_q; ++g) {
@@ -268,7 +281,7 @@ double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
 
 void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows, int64_t lane0,
                   int64_t n_lanes, KvElem elem, int64_t d) {
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  const int64_t row_bytes = RowBytes(elem, d);
   for (int64_t j = 0; j < n_rows; ++j) {
     const void* v = static_cast<const uint8_t*>(v_rows) + j * row_bytes;
     float* a = acc + ((lane0 + j) % n_lanes) * d;
@@ -287,7 +300,7 @@ void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows
 void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
                         int64_t n_lanes, KvElem elem, int64_t d) {
   const int64_t lane_groups = n_lanes / 16;
-  const int64_t row_bytes = d * (elem == KvElem::kF32 ? 4 : 2);
+  const int64_t row_bytes = RowBytes(elem, d);
   for (int64_t lg = 0; lg < lane_groups && lg < n_groups; ++lg) {
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = TailMask(d - i);
@@ -332,8 +345,8 @@ inline __m512 TransposeSum16(const __m512 a[16]) {
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Rows [0, rows) of `src` (16-bit K/V elements, d per row) widened into dst [rows][d]; rows up
-// to 16 are then zero-filled. d % 16 == 0.
+// Rows [0, rows) of `src` (f16, bf16 or q8_0 K/V elements, d per row) widened into dst [rows][d];
+// rows up to 16 are then zero-filled. d % 16 == 0.
 template <KvElem kElem>
 void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
   for (int r = 0; r < 16; ++r) {
@@ -400,6 +413,8 @@ void WithKvElem(KvElem elem, F&& f) {
       return f.template operator()<KvElem::kF16>();
     case KvElem::kBf16:
       return f.template operator()<KvElem::kBf16>();
+    case KvElem::kQ8_0:
+      return f.template operator()<KvElem::kQ8_0>();
   }
 }
 

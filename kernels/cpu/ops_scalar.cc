@@ -19,6 +19,12 @@ float LoadKv(const void* row, KvElem elem, int64_t i) {
       return Fp16ToFp32(static_cast<const uint16_t*>(row)[i]);
     case KvElem::kBf16:
       return Bf16ToFp32(static_cast<const uint16_t*>(row)[i]);
+    case KvElem::kQ8_0: {
+      const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;
+      uint16_t d;
+      std::memcpy(&d, block, 2);
+      return Fp16ToFp32(d) * static_cast<float>(static_cast<int8_t>(block[2 + i % 32]));
+    }
   }
   return 0.0f;
 }
@@ -107,7 +113,9 @@ void RopePairs(float* x, const float* c, const float* s, int64_t n_pairs, int64_
   }
 }
 
-size_t ElemBytes(KvElem elem) { return elem == KvElem::kF32 ? 4 : 2; }
+int64_t RowBytes(KvElem elem, int64_t d) {
+  return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
+}
 
 // GCC's _mm512_reduce_add_ps order on 16 floats.
 float Reduce16(const float* v) {
@@ -127,7 +135,7 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
   std::vector<float> heap_k(d > 1024 ? d : 0);
   float* k = d > 1024 ? heap_k.data() : stack_k;
   for (int64_t j = 0; j < n_rows; ++j) {
-    const void* kr = static_cast<const uint8_t*>(k_rows) + j * d * ElemBytes(elem);
+    const void* kr = static_cast<const uint8_t*>(k_rows) + j * RowBytes(elem, d);
     for (int64_t i = 0; i < d; ++i) k[i] = LoadKv(kr, elem, i);
     for (int64_t g = 0; g < n_q; ++g) {
       const float* qg = q + g * d;
@@ -159,7 +167,7 @@ double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
 void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows, int64_t lane0,
                   int64_t n_lanes, KvElem elem, int64_t d) {
   for (int64_t j = 0; j < n_rows; ++j) {
-    const void* v = static_cast<const uint8_t*>(v_rows) + j * d * ElemBytes(elem);
+    const void* v = static_cast<const uint8_t*>(v_rows) + j * RowBytes(elem, d);
     float* a = acc + ((lane0 + j) % n_lanes) * d;
     for (int64_t i = 0; i < d; ++i) a[i] = std::fma(LoadKv(v, elem, i), p[j], a[i]);
   }

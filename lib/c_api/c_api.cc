@@ -557,6 +557,9 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
       case KILN_KV_BF16:
         options.kv_type = kiln::GgmlType::kBF16;
         break;
+      case KILN_KV_Q8_0:
+        options.kv_type = kiln::GgmlType::kQ8_0;
+        break;
       default:
         return Fail(KILN_ERR_INVALID_ARGUMENT, kiln::StrCat("kiln_cache_create: params->kv_type ",
                                                             kv_type, " is not a kiln_kv_type"));

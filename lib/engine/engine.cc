@@ -10,8 +10,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
                                                        const EngineOptions& options) {
   EngineOptions opt = options;
   if (opt.kv_type != GgmlType::kF16 && opt.kv_type != GgmlType::kF32 &&
-      opt.kv_type != GgmlType::kBF16) {
-    return absl::InvalidArgumentError("kv_type must be f16, f32 or bf16");
+      opt.kv_type != GgmlType::kBF16 && opt.kv_type != GgmlType::kQ8_0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_type must be f16, f32, bf16 or q8_0, got ",
+                     GgmlTypeName(static_cast<uint32_t>(opt.kv_type))));
   }
   if (opt.block_size <= 0 || opt.block_size > 1024) {
     return absl::InvalidArgumentError(

@@ -36,7 +36,9 @@ struct EngineOptions {
   // KV pool size in bytes (rounded down to whole blocks). 0: room for n_ctx tokens plus one block.
   size_t pool_bytes = 0;
   int32_t block_size = 16;
-  GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
+  // f16, f32, bf16 or q8_0 (blocks of 32 with an f16 scale, as ggml's; 34/64 of f16's bytes;
+  // head_dim must be a multiple of 32).
+  GgmlType kv_type = GgmlType::kF16;
   bool prefix_caching = true;
   // Largest number of tokens a session may hold. 0: the model's training context.
   int32_t n_ctx = 0;

@@ -27,19 +27,30 @@ absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, 
     return absl::InvalidArgumentError(
         absl::StrCat("KvLayout ", what, ": block_size must be in [1, 4096], got ", block_size));
   }
-  size_t elem_bytes = 0;
+  size_t row_bytes = 0;
   switch (elem_type) {
     case GgmlType::kF32:
-      elem_bytes = 4;
+      row_bytes = static_cast<size_t>(row_elems) * 4;
       break;
     case GgmlType::kF16:
     case GgmlType::kBF16:
-      elem_bytes = 2;
+      row_bytes = static_cast<size_t>(row_elems) * 2;
+      break;
+    case GgmlType::kQ8_0:
+      if (kind != KvAttentionKind::kGqa) {
+        return absl::UnimplementedError(absl::StrCat(
+            "KvLayout ", what, ": a q8_0 cache is supported for GQA only (f32, f16, bf16 are)"));
+      }
+      if (row_elems % 32 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "KvLayout ", what, ": a q8_0 cache needs head_dim a multiple of 32, got ", row_elems));
+      }
+      row_bytes = static_cast<size_t>(row_elems) / 32 * 34;
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "KvLayout ", what, ": element type ", GgmlTypeName(static_cast<uint32_t>(elem_type)),
-          " is not supported for the KV cache yet (f32, f16, bf16 are)"));
+          " is not supported for the KV cache (f32, f16, bf16, q8_0 are)"));
   }
   KvLayout layout;
   layout.kind_ = kind;
@@ -50,11 +61,11 @@ absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, 
   layout.rope_dim_ = rope_dim;
   layout.block_size_ = block_size;
   layout.elem_type_ = elem_type;
-  layout.elem_bytes_ = elem_bytes;
+  layout.row_bytes_ = row_bytes;
   // Overflow guard: all factors are < 2^31, so the product of the data size is computed in
   // long double first to refuse absurd shapes instead of wrapping.
-  const long double data_bytes = static_cast<long double>(row_elems) * elem_bytes * block_size *
-                                 n_layers * layout.tiles_per_layer();
+  const long double data_bytes =
+      static_cast<long double>(row_bytes) * block_size * n_layers * layout.tiles_per_layer();
   if (data_bytes > static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KvLayout ", what, ": block of ", static_cast<double>(data_bytes), " bytes is too large"));

@@ -13,9 +13,9 @@
 // once for all query heads of its group. Tiles are packed without padding; the block stride is
 // rounded up to 64 bytes so every block starts on a cache line.
 //
-// Element types: f32, f16, bf16. Quantized rows (q8_0: 34 bytes per 32 elements; fp8 with a
-// scale per tile) fit the same scheme later: only `row_bytes()` and a per-tile scale area change,
-// and Create() rejects them with Unimplemented until a kernel reads them.
+// Element types: f32, f16, bf16, and for GQA q8_0: a row is ggml's block_q8_0 list (per 32
+// elements an f16 scale then 32 int8, 34 bytes), so head_dim must be a multiple of 32; rows stay
+// independent (a row is written whole, once), so copy-on-write and slot copies are unchanged.
 //
 // Thread-safety: immutable after creation; free to share between threads.
 #pragma once
@@ -40,7 +40,8 @@ class KvLayout {
   static constexpr int32_t kDefaultBlockSize = 16;
   static constexpr size_t kBlockAlignment = 64;
 
-  // MHA/GQA/MQA. Requires every count >= 1 and elem_type in {f32, f16, bf16}.
+  // MHA/GQA/MQA. Requires every count >= 1 and elem_type in {f32, f16, bf16, q8_0}; q8_0 needs
+  // head_dim % 32 == 0.
   static absl::StatusOr<KvLayout> Gqa(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                                       GgmlType elem_type, int32_t block_size = kDefaultBlockSize);
   // MLA (DeepSeek-V2 style). kv_lora_rank = d_c, rope_dim = d_r; both >= 1.
@@ -58,11 +59,10 @@ class KvLayout {
   int32_t rope_dim() const { return rope_dim_; }          // 0 for GQA
   int32_t block_size() const { return block_size_; }      // token slots per block
   GgmlType elem_type() const { return elem_type_; }
-  size_t elem_bytes() const { return elem_bytes_; }
   // Tiles per layer: 2 * n_kv_heads (GQA) or 1 (MLA).
   int32_t tiles_per_layer() const { return kind_ == KvAttentionKind::kGqa ? 2 * n_kv_heads_ : 1; }
 
-  size_t row_bytes() const { return static_cast<size_t>(row_elems_) * elem_bytes_; }
+  size_t row_bytes() const { return row_bytes_; }
   size_t tile_bytes() const { return row_bytes() * static_cast<size_t>(block_size_); }
   // Bytes of real data in one block, and the block stride (rounded up to kBlockAlignment).
   size_t block_data_bytes() const {
@@ -104,12 +104,12 @@ class KvLayout {
   int32_t rope_dim_ = 0;
   int32_t block_size_ = 0;
   GgmlType elem_type_ = GgmlType::kF32;
-  size_t elem_bytes_ = 0;
+  size_t row_bytes_ = 0;
   size_t block_bytes_ = 0;
 };
 
-// Element access for the plain KV element types (f32, f16, bf16): element `i` of a row or tile
-// starting at `base`. Conversions are exact on load; stores round to nearest even.
+// Element access for the plain KV element types (f32, f16, bf16; not q8_0): element `i` of a row or
+// tile starting at `base`. Conversions are exact on load; stores round to nearest even.
 inline float LoadKvElement(GgmlType type, const std::byte* base, size_t i) {
   switch (type) {
     case GgmlType::kF16: {

@@ -50,7 +50,7 @@ struct DraftModelParams {
   int32_t max_skip = 16;  // longest back-off in steps (adaptive only; 0: probe every step)
   int n_threads = 0;      // draft forward threads; <= 0: physical cores
   int32_t n_ctx = 0;      // longest context drafted for; 0: min(training ctx, 8192)
-  GgmlType kv_type = GgmlType::kF16;  // f16, f32 or bf16
+  GgmlType kv_type = GgmlType::kF16;  // f16, f32, bf16 or q8_0
   // >= 0: pinned costs (deterministic draft lengths): a target pass over w tokens costs
   // 1 + fixed_pass_cost_beta (w - 1) and a draft pass draft_cost_prior one-token target passes.
   // < 0: the decoder's measured pass cost and the draft's measured pass time.

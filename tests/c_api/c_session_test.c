@@ -50,6 +50,20 @@ static void test_null_handles(kiln_model* model, kiln_cache* cache) {
   cp.kv_type = (kiln_kv_type)7;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "kv_type") != NULL);
+  /* A q8_0 cache: 34 bytes per 32 values; 30 layers x 3 KV heads x (K, V) x 64 values. */
+  kiln_cache_params_init(&cp, sizeof cp);
+  cp.kv_type = KILN_KV_Q8_0;
+  cp.n_ctx = 64;
+  CHECK(kiln_cache_create(model, &cp, &c) == KILN_OK);
+  {
+    kiln_cache_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    CHECK(kiln_cache_get_stats(c, &st) == KILN_OK);
+    CHECK(st.bytes_per_token == 30 * 3 * 2 * 68);
+  }
+  kiln_cache_destroy(c);
+  c = NULL;
   kiln_cache_params_init(&cp, sizeof cp);
   cp.pool_bytes = 1000;
   CHECK(kiln_cache_create(model, &cp, &c) == KILN_ERR_INVALID_ARGUMENT);

@@ -4,7 +4,9 @@
 #     same answer split over two runs by --save-state / --load-state; a file that is not a
 #     state refused with the reason;
 #   chat: two scripted turns, the second reusing the first turn's tokens;
-#   perplexity: the last line is "perplexity: <finite value>";
+#   generate --cache-type q8_0: an answer, the same over --save-state / --load-state; a bad type
+#     refused with the allowed ones;
+#   perplexity: the last line is "perplexity: <finite value>" (f16 and q8_0 caches);
 #   info: the summary and the backends for the default model; for a valid GGUF of an
 #         architecture kiln cannot run, its metadata and what is missing;
 # and on a random-weight qwen2 model written by kiln-mkmodel:
@@ -46,6 +48,28 @@ if "$kiln" generate -m "$model" --load-state "$src/README.md" -n 4 --quiet >/dev
 fi
 grep -q "session state" "$tmp/err3" || { echo "generate --load-state: no reason given" >&2; exit 1; }
 
+# A q8_0 K/V cache (--cache-type): a greedy answer, the same when split over two runs by
+# --save-state / --load-state (the state holds the q8_0 rows); an unknown type refused.
+"$kiln" generate -m "$model" --temp 0 -n 24 --threads 2 --quiet --cache-type q8_0 \
+  -p "What is the capital of France? Answer in one sentence." >"$tmp/q8" 2>/dev/null
+[[ -s "$tmp/q8" ]] || { echo "generate --cache-type q8_0: no output" >&2; exit 1; }
+"$kiln" generate -m "$model" --temp 0 -n 4 --threads 2 --quiet --cache-type q8_0 \
+  --save-state "$tmp/q8state" -p "What is the capital of France? Answer in one sentence." \
+  >"$tmp/q8_1" 2>/dev/null
+"$kiln" generate -m "$model" --temp 0 -n 20 --threads 2 --quiet --cache-type q8_0 \
+  --load-state "$tmp/q8state" >"$tmp/q8_2" 2>/dev/null
+if [[ "$(cat "$tmp/q8_1")$(cat "$tmp/q8_2")" != "$(cat "$tmp/q8")" ]]; then
+  echo "generate --cache-type q8_0 over two runs: '$(cat "$tmp/q8_1")$(cat "$tmp/q8_2")'," \
+    "in one: '$(cat "$tmp/q8")'" >&2
+  exit 1
+fi
+if "$kiln" generate -m "$model" --cache-type q4 -p hi -n 1 --quiet >/dev/null 2>"$tmp/err4"; then
+  echo "generate --cache-type q4: succeeded" >&2
+  exit 1
+fi
+grep -q "bad value 'q4' for --cache-type (f16, f32, bf16 or q8_0)" "$tmp/err4" ||
+  { echo "generate --cache-type q4: '$(cat "$tmp/err4")'" >&2; exit 1; }
+
 printf 'Hi!\nAnd again?\n/exit\n' | "$kiln" chat -m "$model" --temp 0 -n 16 --threads 2 \
   >"$tmp/chat" 2>"$tmp/chat_err"
 [[ $(grep -c "tok/s" "$tmp/chat_err") == 2 ]] || { echo "chat: expected 2 stats lines" >&2; exit 1; }
@@ -55,13 +79,15 @@ if grep -q "(0 reused)" <(sed -n 2p "$tmp/chat_err"); then
   exit 1
 fi
 
-"$kiln" perplexity -m "$model" -f "$src/README.md" --ctx 128 --chunks 2 --threads 2 \
-  >"$tmp/ppl" 2>/dev/null
-last=$(tail -n 1 "$tmp/ppl")
-if ! [[ "$last" =~ ^perplexity:\ [0-9]+\.[0-9]+$ ]]; then
-  echo "perplexity: last line was '$last'" >&2
-  exit 1
-fi
+for cache_type in f16 q8_0; do
+  "$kiln" perplexity -m "$model" -f "$src/README.md" --ctx 128 --chunks 2 --threads 2 \
+    --cache-type "$cache_type" >"$tmp/ppl" 2>/dev/null
+  last=$(tail -n 1 "$tmp/ppl")
+  if ! [[ "$last" =~ ^perplexity:\ [0-9]+\.[0-9]+$ ]]; then
+    echo "perplexity --cache-type $cache_type: last line was '$last'" >&2
+    exit 1
+  fi
+done
 "$kiln" info "$model" >"$tmp/info"
 for want in "architecture: llama" "general.architecture" "backends:" "  cpu: "; do
   grep -q "$want" "$tmp/info" || { echo "info: no '$want' in its output" >&2; exit 1; }

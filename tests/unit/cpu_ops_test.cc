@@ -12,6 +12,7 @@
 #include "lib/backend/cpu/ops.h"
 #include "lib/backend/cpu/ops_ref.h"
 #include "lib/common/half.h"
+#include "lib/quant/activation.h"
 
 namespace kiln::cpu {
 namespace {
@@ -678,29 +679,38 @@ TEST(RopeTest, RejectsBadConfig) {
 struct TestCache {
   int32_t n_kv_heads, head_dim, block_size, n_blocks;
   GgmlType type;
-  size_t elem, tile, region;
+  size_t row_bytes, tile, region;
   std::vector<uint8_t> bytes;
 
   TestCache(int32_t kvh, int32_t d, int32_t bs, int32_t nb, GgmlType t)
       : n_kv_heads(kvh), head_dim(d), block_size(bs), n_blocks(nb), type(t) {
-    elem = t == GgmlType::kF32 ? 4 : 2;
-    tile = bs * d * elem + 32;
+    row_bytes = t == GgmlType::kQ8_0 ? d / 32 * 34 : d * (t == GgmlType::kF32 ? 4 : 2);
+    tile = bs * row_bytes + 32;
     region = 2 * (2 * kvh * tile) + 64;
     bytes.assign(region * nb, 0xFF);  // NaN garbage wherever nothing was written
   }
   uint8_t* Row(bool is_v, int32_t block, int32_t h, int32_t row) {
     return bytes.data() + block * region + 1 * (2 * n_kv_heads * tile) +
-           (is_v ? n_kv_heads * tile : 0) + h * tile + row * head_dim * elem;
+           (is_v ? n_kv_heads * tile : 0) + h * tile + row * row_bytes;
   }
-  // Stores value v (rounded to the cache type) and returns the rounded value.
-  float Put(uint8_t* row, int32_t i, float v) {
-    if (type == GgmlType::kF32) {
-      std::memcpy(row + 4 * i, &v, 4);
-      return v;
+  // Stores x[0 .. head_dim) as the cache type (q8_0 as the backend's WriteKv rounds it) and
+  // writes the stored values, widened to f32, to rounded[].
+  void PutRow(uint8_t* row, const float* x, float* rounded) {
+    if (type == GgmlType::kQ8_0) {
+      ActivationQuantizer(GgmlType::kQ8_0, CpuLevel::kScalar)(x, row, head_dim);
+      GetQuantKernels(GgmlType::kQ8_0, CpuLevel::kScalar)->dequantize(row, rounded, head_dim);
+      return;
     }
-    const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(v) : Fp32ToBf16(v);
-    std::memcpy(row + 2 * i, &h, 2);
-    return type == GgmlType::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+    for (int32_t i = 0; i < head_dim; ++i) {
+      if (type == GgmlType::kF32) {
+        std::memcpy(row + 4 * i, &x[i], 4);
+        rounded[i] = x[i];
+        continue;
+      }
+      const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+      std::memcpy(row + 2 * i, &h, 2);
+      rounded[i] = type == GgmlType::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+    }
   }
   PagedKvView View() const {
     PagedKvView kv;
@@ -734,14 +744,12 @@ SeqKv WriteSequence(TestCache& cache, int32_t len, std::vector<int32_t>& free_bl
   const int32_t kvh = cache.n_kv_heads, d = cache.head_dim;
   s.k.resize(static_cast<size_t>(len) * kvh * d);
   s.v.resize(s.k.size());
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (int32_t p = 0; p < len; ++p) {
     const int32_t block = s.blocks[p / cache.block_size], row = p % cache.block_size;
     for (int32_t h = 0; h < kvh; ++h) {
-      for (int32_t i = 0; i < d; ++i) {
-        s.k[(p * kvh + h) * d + i] = cache.Put(cache.Row(false, block, h, row), i, dist(rng));
-        s.v[(p * kvh + h) * d + i] = cache.Put(cache.Row(true, block, h, row), i, dist(rng));
-      }
+      const std::vector<float> k = RandomVector(d, rng), v = RandomVector(d, rng);
+      cache.PutRow(cache.Row(false, block, h, row), k.data(), s.k.data() + (p * kvh + h) * d);
+      cache.PutRow(cache.Row(true, block, h, row), v.data(), s.v.data() + (p * kvh + h) * d);
     }
   }
   return s;
@@ -759,7 +767,10 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
       {4, 4, 64, 16},  {9, 3, 64, 16},  {8, 1, 32, 5}, {6, 2, 80, 7},
       {12, 1, 64, 16}, {4, 2, 320, 16}, {6, 3, 72, 8}};  // 320: wider than the widening buffer
   for (const AttnShape& sh : shapes) {
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
+      // q8_0 rows are whole blocks of 32 (the reference reads the rows widened to f32, which
+      // the kernels reproduce exactly: scale x int8 is exact in f32).
+      if (type == GgmlType::kQ8_0 && sh.head_dim % 32 != 0) continue;
       SCOPED_TRACE(::testing::Message()
                    << "heads " << sh.n_heads << "/" << sh.n_kv_heads << " d " << sh.head_dim
                    << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
@@ -854,7 +865,8 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
   // node 6 is a second root.
   const std::vector<int32_t> parent = {-1, 0, 0, 1, 1, 2, -1, 5};
   const int32_t n_nodes = static_cast<int32_t>(parent.size());
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
     TestCache cache(n_kv, d, bs, 64, type);
     std::vector<int32_t> free_blocks(64);
     for (int32_t i = 0; i < 64; ++i) free_blocks[i] = 63 - i;
@@ -893,12 +905,14 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
       std::vector<int32_t> src_pos;
       for (int32_t p = 0; p < prefix; ++p) src_pos.push_back(p);
       for (int32_t n : path) src_pos.push_back(slot[n]);
+      // The rows' bytes copied as they are (the stored values, whatever the type).
       for (int32_t p = 0; p < len; ++p) {
         const int32_t block = solo_seq.blocks[p / bs], row = p % bs;
+        const int32_t src_block = seq.blocks[src_pos[p] / bs], src_row = src_pos[p] % bs;
         for (int32_t h = 0; h < n_kv; ++h) {
-          for (int32_t i = 0; i < d; ++i) {
-            solo.Put(solo.Row(false, block, h, row), i, seq.k[(src_pos[p] * n_kv + h) * d + i]);
-            solo.Put(solo.Row(true, block, h, row), i, seq.v[(src_pos[p] * n_kv + h) * d + i]);
+          for (bool is_v : {false, true}) {
+            std::memcpy(solo.Row(is_v, block, h, row), cache.Row(is_v, src_block, h, src_row),
+                        cache.row_bytes);
           }
         }
       }
@@ -1025,6 +1039,13 @@ TEST(PagedAttentionTest, RejectsBadTables) {
   EXPECT_NE(s.message().find("sees no context"), std::string::npos) << s;
   s = run({seq, indptr, indices, nv, {}, {}}, 3);
   EXPECT_NE(s.message().find("n_heads 3"), std::string::npos) << s;
+  // A q8_0 cache stores whole blocks of 32: other head sizes are refused.
+  TestCache q8_cache(1, 48, 4, 4, GgmlType::kQ8_0);
+  s = PagedAttention(pool, q8_cache.View(), {seq, indptr, indices, nv, {}, {}}, q.data(), 1,
+                     out.data(), 0, scratch);
+  EXPECT_NE(s.message().find("q8_0 K/V cache needs head_dim a multiple of 32, got 48"),
+            std::string::npos)
+      << s;
   const std::vector<int32_t> bad_parent = {-1, 1};
   std::vector<int32_t> ip, pos;
   s = BuildTreeVisibility(bad_parent, std::vector<int32_t>{4, 5}, ip, pos);

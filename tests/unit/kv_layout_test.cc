@@ -71,9 +71,30 @@ TEST(KvLayoutTest, RejectsBadShapesAndUnsupportedTypes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(KvLayout::Mla(1, 512, 0, GgmlType::kF16).status().code(),
             absl::StatusCode::kInvalidArgument);
-  const auto q8 = KvLayout::Gqa(1, 1, 64, GgmlType::kQ8_0);
-  EXPECT_EQ(q8.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(q8.status().message().find("q8_0"), std::string_view::npos) << q8.status();
+  const auto q4 = KvLayout::Gqa(1, 1, 64, GgmlType::kQ4_0);
+  EXPECT_EQ(q4.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(q4.status().message().find("q4_0"), std::string_view::npos) << q4.status();
+  // q8_0 rows are whole 32-element blocks, and only GQA caches take them.
+  const auto q8_odd = KvLayout::Gqa(1, 1, 48, GgmlType::kQ8_0);
+  EXPECT_EQ(q8_odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(q8_odd.status().message().find("multiple of 32"), std::string_view::npos)
+      << q8_odd.status();
+  const auto q8_mla = KvLayout::Mla(1, 512, 64, GgmlType::kQ8_0);
+  EXPECT_EQ(q8_mla.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(q8_mla.status().message().find("q8_0"), std::string_view::npos) << q8_mla.status();
+}
+
+TEST(KvLayoutTest, Q8_0RowsAreBlocksOf34Bytes) {
+  // SmolLM2-135M's cache shape: 30 layers, 3 KV heads of 64.
+  auto q8 = KvLayout::Gqa(30, 3, 64, GgmlType::kQ8_0, 16);
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ(q8->row_bytes(), 68u);  // 2 blocks of (f16 scale + 32 int8)
+  EXPECT_EQ(q8->tile_bytes(), 68u * 16);
+  EXPECT_EQ(q8->bytes_per_token(), 68u * 30 * 2 * 3);  // 12240
+  auto f16 = KvLayout::Gqa(30, 3, 64, GgmlType::kF16, 16);
+  ASSERT_TRUE(f16.ok());
+  EXPECT_EQ(f16->bytes_per_token(), 128u * 30 * 2 * 3);  // 23040
+  EXPECT_EQ(q8->block_bytes() % KvLayout::kBlockAlignment, 0u);
 }
 
 TEST(KvLayoutTest, ElementStoreLoadRoundTrips) {

@@ -149,77 +149,87 @@ class LlamaInvariance : public ::testing::Test {
 std::string* LlamaInvariance::path_ = nullptr;
 
 TEST_F(LlamaInvariance, BitwiseSameAcrossChunkingBatchingAndThreads) {
-  const std::vector<int32_t> tokens = RandomTokens(37, model_->hparams().n_vocab, 11);
-  const std::vector<int32_t> other = RandomTokens(23, model_->hparams().n_vocab, 12);
-  // Reference run: one token per step, one thread.
-  CpuForward one_thread(*model_, 1);
-  auto cache1 = MakeCache(*model_, GgmlType::kF16);
-  const std::vector<float> decode =
-      Prefill(one_thread, *cache1, cache1->CreateSequence(), tokens, 1);
+  // f16 and q8_0 caches: quantized K/V rows keep every token's results batch-invariant.
+  for (GgmlType kv_type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(kv_type)));
+    const std::vector<int32_t> tokens = RandomTokens(37, model_->hparams().n_vocab, 11);
+    const std::vector<int32_t> other = RandomTokens(23, model_->hparams().n_vocab, 12);
+    // Reference run: one token per step, one thread.
+    CpuForward one_thread(*model_, 1);
+    auto cache1 = MakeCache(*model_, kv_type);
+    const std::vector<float> decode =
+        Prefill(one_thread, *cache1, cache1->CreateSequence(), tokens, 1);
 
-  // Whole prompt in chunks of 16 with 2 threads.
-  CpuForward two_threads(*model_, 2);
-  auto cache2 = MakeCache(*model_, GgmlType::kF16);
-  EXPECT_EQ(Prefill(two_threads, *cache2, cache2->CreateSequence(), tokens, 16), decode);
+    // Whole prompt in chunks of 16 with 2 threads.
+    CpuForward two_threads(*model_, 2);
+    auto cache2 = MakeCache(*model_, kv_type);
+    EXPECT_EQ(Prefill(two_threads, *cache2, cache2->CreateSequence(), tokens, 16), decode);
 
-  // Interleaved with another sequence in the same batches.
-  auto cache3 = MakeCache(*model_, GgmlType::kF16);
-  const SeqId a = cache3->CreateSequence(), b = cache3->CreateSequence();
-  std::vector<float> got;
-  for (size_t i = 0; i < tokens.size(); i += 5) {
-    const size_t end = std::min(tokens.size(), i + 5);
-    ASSERT_TRUE(cache3->AppendSlots(a, std::span(tokens).subspan(i, end - i)).ok());
-    ForwardBatch batch;
-    const size_t j = i / 5 * 3;
-    if (j < other.size()) {
-      const size_t jend = std::min(other.size(), j + 3);
-      ASSERT_TRUE(cache3->AppendSlots(b, std::span(other).subspan(j, jend - j)).ok());
-      for (size_t k = j; k < jend; ++k) batch.Add(other[k], b, static_cast<int32_t>(k), k % 2 == 0);
+    // Interleaved with another sequence in the same batches.
+    auto cache3 = MakeCache(*model_, kv_type);
+    const SeqId a = cache3->CreateSequence(), b = cache3->CreateSequence();
+    std::vector<float> got;
+    for (size_t i = 0; i < tokens.size(); i += 5) {
+      const size_t end = std::min(tokens.size(), i + 5);
+      ASSERT_TRUE(cache3->AppendSlots(a, std::span(tokens).subspan(i, end - i)).ok());
+      ForwardBatch batch;
+      const size_t j = i / 5 * 3;
+      if (j < other.size()) {
+        const size_t jend = std::min(other.size(), j + 3);
+        ASSERT_TRUE(cache3->AppendSlots(b, std::span(other).subspan(j, jend - j)).ok());
+        for (size_t k = j; k < jend; ++k)
+          batch.Add(other[k], b, static_cast<int32_t>(k), k % 2 == 0);
+      }
+      for (size_t k = i; k < end; ++k) batch.Add(tokens[k], a, static_cast<int32_t>(k), true);
+      ForwardOutput out;
+      ASSERT_TRUE(two_threads.Forward(batch, *cache3, &out).ok());
+      for (size_t r = 0; r < out.logit_tokens.size(); ++r) {
+        if (batch.tokens[out.logit_tokens[r]].seq != a) continue;
+        got.insert(got.end(), out.LogitsRow(r), out.LogitsRow(r) + out.n_vocab);
+      }
     }
-    for (size_t k = i; k < end; ++k) batch.Add(tokens[k], a, static_cast<int32_t>(k), true);
-    ForwardOutput out;
-    ASSERT_TRUE(two_threads.Forward(batch, *cache3, &out).ok());
-    for (size_t r = 0; r < out.logit_tokens.size(); ++r) {
-      if (batch.tokens[out.logit_tokens[r]].seq != a) continue;
-      got.insert(got.end(), out.LogitsRow(r), out.LogitsRow(r) + out.n_vocab);
-    }
+    EXPECT_EQ(got, decode);
   }
-  EXPECT_EQ(got, decode);
 }
 
 TEST_F(LlamaInvariance, TreeNodesEqualTheirRootToNodePaths) {
-  const int64_t V = model_->hparams().n_vocab;
-  const std::vector<int32_t> prompt = RandomTokens(20, V, 21);
-  CpuForward fwd(*model_, 2);
-  auto cache = MakeCache(*model_, GgmlType::kF16);
-  const SeqId seq = cache->CreateSequence();
-  Prefill(fwd, *cache, seq, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 32);
-  // Tree after the prompt: root r = prompt.back() at position 19; children a, b of r; child c of
-  // a; child d of b. Cache order: r a b c d.
-  const int32_t r = prompt.back(), ta = 5, tb = 9, tc = 17, td = 33;
-  const std::vector<int32_t> tree_tokens = {r, ta, tb, tc, td};
-  ASSERT_TRUE(cache->AppendSlots(seq, tree_tokens).ok());
-  ForwardBatch batch;
-  batch.Add(r, seq, 19, true, -1, 19);
-  batch.Add(ta, seq, 20, true, 0, 20);
-  batch.Add(tb, seq, 20, true, 0, 21);
-  batch.Add(tc, seq, 21, true, 1, 22);
-  batch.Add(td, seq, 21, true, 2, 23);
-  ForwardOutput tree_out;
-  ASSERT_TRUE(fwd.Forward(batch, *cache, &tree_out).ok());
-  ASSERT_EQ(tree_out.logit_tokens.size(), 5u);
+  // f16 and q8_0 caches: quantized K/V rows keep every token's results batch-invariant.
+  for (GgmlType kv_type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(kv_type)));
+    const int64_t V = model_->hparams().n_vocab;
+    const std::vector<int32_t> prompt = RandomTokens(20, V, 21);
+    CpuForward fwd(*model_, 2);
+    auto cache = MakeCache(*model_, kv_type);
+    const SeqId seq = cache->CreateSequence();
+    Prefill(fwd, *cache, seq, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 32);
+    // Tree after the prompt: root r = prompt.back() at position 19; children a, b of r; child c of
+    // a; child d of b. Cache order: r a b c d.
+    const int32_t r = prompt.back(), ta = 5, tb = 9, tc = 17, td = 33;
+    const std::vector<int32_t> tree_tokens = {r, ta, tb, tc, td};
+    ASSERT_TRUE(cache->AppendSlots(seq, tree_tokens).ok());
+    ForwardBatch batch;
+    batch.Add(r, seq, 19, true, -1, 19);
+    batch.Add(ta, seq, 20, true, 0, 20);
+    batch.Add(tb, seq, 20, true, 0, 21);
+    batch.Add(tc, seq, 21, true, 1, 22);
+    batch.Add(td, seq, 21, true, 2, 23);
+    ForwardOutput tree_out;
+    ASSERT_TRUE(fwd.Forward(batch, *cache, &tree_out).ok());
+    ASSERT_EQ(tree_out.logit_tokens.size(), 5u);
 
-  // Each path computed causally on a fresh cache.
-  const std::vector<std::vector<int32_t>> paths = {{r}, {r, ta}, {r, tb}, {r, ta, tc}, {r, tb, td}};
-  for (size_t node = 0; node < paths.size(); ++node) {
-    auto fresh = MakeCache(*model_, GgmlType::kF16);
-    std::vector<int32_t> full(prompt.begin(), prompt.end() - 1);
-    full.insert(full.end(), paths[node].begin(), paths[node].end());
-    const std::vector<float> causal = Prefill(fwd, *fresh, fresh->CreateSequence(), full, 64);
-    const float* want = causal.data() + (full.size() - 1) * V;
-    EXPECT_EQ(std::vector<float>(tree_out.LogitsRow(node), tree_out.LogitsRow(node) + V),
-              std::vector<float>(want, want + V))
-        << "tree node " << node;
+    // Each path computed causally on a fresh cache.
+    const std::vector<std::vector<int32_t>> paths = {
+        {r}, {r, ta}, {r, tb}, {r, ta, tc}, {r, tb, td}};
+    for (size_t node = 0; node < paths.size(); ++node) {
+      auto fresh = MakeCache(*model_, kv_type);
+      std::vector<int32_t> full(prompt.begin(), prompt.end() - 1);
+      full.insert(full.end(), paths[node].begin(), paths[node].end());
+      const std::vector<float> causal = Prefill(fwd, *fresh, fresh->CreateSequence(), full, 64);
+      const float* want = causal.data() + (full.size() - 1) * V;
+      EXPECT_EQ(std::vector<float>(tree_out.LogitsRow(node), tree_out.LogitsRow(node) + V),
+                std::vector<float>(want, want + V))
+          << "tree node " << node;
+    }
   }
 }
 

@@ -13,9 +13,11 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/kquants.h"
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/common/half.h"
+#include "lib/quant/activation.h"
 #include "lib/quant/quant.h"
 
 namespace kiln::cpu {
@@ -157,13 +159,14 @@ TEST(MatMulLlamaCpp, Q8_0IsBatchInvariantAndCloseToExact) {
   }
 }
 
-// Q5_0, Q4_K and Q6_K weights (reference-quantized): every output close to the float64 product
-// (two 8-bit-ish roundings), and ggml's batch rules: Q5_0 gives a token the same bits alone and
-// in any batch; a repacked Q4_K (n_out % 8 == 0) runs the 4-row gemm for the batch's whole
-// groups of four rows (other bits) and the gemv (a token's bits alone) for the rest; Q6_K and an
-// unrepacked Q4_K take the vec_dot lanes below 8 rows (the bits alone) and the tiled kernel from
-// 8 rows (other bits). The bit-for-bit agreement with ggml is e2e_gemma3_test's (Gemma 3 270M's
-// Q5_0, Q4_K and Q6_K tensors, greedy logits equal to llama.cpp's).
+// Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights (reference-quantized): every output close to the
+// float64 product (two 8-bit-ish roundings), and ggml's batch rules: Q4_0 (repacked or not),
+// Q5_0 and Q5_1 give a token the same bits alone and in any batch; a repacked Q4_K
+// (n_out % 8 == 0) runs the 4-row gemm for the batch's whole groups of four rows (other bits) and
+// the gemv (a token's bits alone) for the rest; Q5_K, Q6_K and an unrepacked Q4_K take the
+// vec_dot lanes below 8 rows (the bits alone) and the tiled kernel from 8 rows (other bits). The
+// bit-for-bit agreement with ggml is e2e_gemma3_test's (Gemma 3 270M's Q5_0, Q4_K and Q6_K tensors,
+// greedy logits equal to llama.cpp's).
 TEST(MatMulLlamaCpp, Q5_0Q4KQ6KFollowGgmlsBatchRules) {
   constexpr int64_t kIn = 512;
   ThreadPool pool(2);
@@ -175,8 +178,10 @@ TEST(MatMulLlamaCpp, Q5_0Q4KQ6KFollowGgmlsBatchRules) {
     Rule rule;
   };
   for (const Case& c :
-       {Case{GgmlType::kQ5_0, 12, kInvariant}, Case{GgmlType::kQ4_K, 16, kGemmGroupsOfFour},
-        Case{GgmlType::kQ4_K, 12, kTiledFromEight}, Case{GgmlType::kQ6_K, 16, kTiledFromEight}}) {
+       {Case{GgmlType::kQ5_0, 12, kInvariant}, Case{GgmlType::kQ4_0, 12, kInvariant},
+        Case{GgmlType::kQ4_0, 16, kInvariant}, Case{GgmlType::kQ5_1, 12, kInvariant},
+        Case{GgmlType::kQ4_K, 16, kGemmGroupsOfFour}, Case{GgmlType::kQ4_K, 12, kTiledFromEight},
+        Case{GgmlType::kQ5_K, 16, kTiledFromEight}, Case{GgmlType::kQ6_K, 16, kTiledFromEight}}) {
     SCOPED_TRACE(::testing::Message()
                  << GgmlTypeName(static_cast<uint32_t>(c.type)) << " x " << c.n_out);
     ASSERT_TRUE(HasLlamaCppMatMul(c.type));
@@ -231,6 +236,145 @@ TEST(MatMulLlamaCpp, Q5_0Q4KQ6KFollowGgmlsBatchRules) {
                            y.data(), scratch)
                 .code(),
             absl::StatusCode::kInvalidArgument);  // n_in not a multiple of 256
+}
+
+// Q4_0, Q5_1 and Q5_K one token at a time against ggml's steps written out here from the blocks
+// (the header's formulas): Q4_0 repacked (n_out % 8 == 0: one fma chain of whole-block integer
+// sums) and not (n_out % 8 != 0: Q8_0's 8 lanes over q - 8), Q5_1's 8 lanes plus its min chain
+// on Q8_1 activations, Q5_K's vec_dot lanes plus one min chain below 8 rows and the tiled
+// per-super-block form from 8 rows. Bit for bit.
+TEST(MatMulLlamaCpp, Q4_0Q5_1Q5KFollowGgmlsStepsWrittenOut) {
+  constexpr int64_t kIn = 512;
+  ThreadPool pool(1);
+  Scratch scratch;
+  const std::vector<float> x = Normal(8 * kIn, 21);
+  auto quantized = [&](GgmlType type, int64_t n_out) {
+    const QuantKernels* k = GetQuantKernels(type, CpuLevel::kScalar);
+    const size_t row_bytes = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(type)), kIn);
+    const std::vector<float> w32 = Normal(n_out * kIn, 22, 0.05f);
+    std::vector<uint8_t> wq(n_out * row_bytes);
+    for (int64_t o = 0; o < n_out; ++o) {
+      k->quantize(w32.data() + o * kIn, wq.data() + o * row_bytes, kIn);
+    }
+    return wq;
+  };
+  auto f16 = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return Fp16ToFp32(h);
+  };
+  auto hsum8 = [](const float* a) {
+    return ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]));
+  };
+
+  // Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles) against Q8_0 activations.
+  std::vector<uint8_t> act(kIn / 32 * 34);
+  ActivationQuantizer(GgmlType::kQ8_0, CpuLevel::kScalar)(x.data(), act.data(), kIn);
+  for (int64_t n_out : {16, 12}) {
+    const std::vector<uint8_t> wq = quantized(GgmlType::kQ4_0, n_out);
+    std::vector<float> y(n_out);
+    ASSERT_TRUE(MatMulLlamaCpp(pool, View(GgmlType::kQ4_0, wq.data(), kIn, n_out), x.data(),
+                               nullptr, 1, y.data(), scratch)
+                    .ok());
+    for (int64_t o = 0; o < n_out; ++o) {
+      float chain = 0, lanes[8] = {};
+      for (int64_t b = 0; b < kIn / 32; ++b) {
+        const uint8_t* wb = wq.data() + (o * kIn / 32 + b) * 18;
+        const uint8_t* ab = act.data() + b * 34;
+        const float s = f16(wb) * f16(ab);
+        int32_t p[8] = {}, isum = 0;
+        for (int e = 0; e < 32; ++e) {
+          const int q = (e < 16 ? wb[2 + e] & 15 : wb[2 + e - 16] >> 4) - 8;
+          p[e / 4] += q * static_cast<int8_t>(ab[2 + e]);
+          isum += q * static_cast<int8_t>(ab[2 + e]);
+        }
+        chain = std::fma(static_cast<float>(isum), s, chain);
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(s, static_cast<float>(p[l]), lanes[l]);
+      }
+      EXPECT_EQ(y[o], n_out % 8 == 0 ? chain : hsum8(lanes)) << "Q4_0 x " << n_out << ", " << o;
+    }
+  }
+
+  // Q5_1 (24-byte blocks: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of nibbles) against
+  // Q8_1 activations (f16 d, f16 s, 32 int8).
+  {
+    constexpr int64_t kOut = 8;
+    const std::vector<uint8_t> wq = quantized(GgmlType::kQ5_1, kOut);
+    std::vector<uint8_t> act1(kIn / 32 * 36);
+    ActivationQuantizer(GgmlType::kQ8_1, CpuLevel::kScalar)(x.data(), act1.data(), kIn);
+    std::vector<float> y(kOut);
+    ASSERT_TRUE(MatMulLlamaCpp(pool, View(GgmlType::kQ5_1, wq.data(), kIn, kOut), x.data(), nullptr,
+                               1, y.data(), scratch)
+                    .ok());
+    for (int64_t o = 0; o < kOut; ++o) {
+      float lanes[8] = {}, summs = 0;
+      for (int64_t b = 0; b < kIn / 32; ++b) {
+        const uint8_t* wb = wq.data() + (o * kIn / 32 + b) * 24;
+        const uint8_t* ab = act1.data() + b * 36;
+        uint32_t qh;
+        std::memcpy(&qh, wb + 4, 4);
+        summs = std::fma(f16(wb + 2), f16(ab + 2), summs);
+        int32_t p[8] = {};
+        for (int e = 0; e < 32; ++e) {
+          const int nibble = e < 16 ? wb[8 + e] & 15 : wb[8 + e - 16] >> 4;
+          p[e / 4] += (nibble | ((qh >> e) & 1) << 4) * static_cast<int8_t>(ab[4 + e]);
+        }
+        for (int l = 0; l < 8; ++l) {
+          lanes[l] = std::fma(static_cast<float>(p[l]), f16(wb) * f16(ab), lanes[l]);
+        }
+      }
+      EXPECT_EQ(y[o], hsum8(lanes) + summs) << "Q5_1, " << o;
+    }
+  }
+
+  // Q5_K (176-byte super-blocks: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 32 bytes
+  // of fifth bits, 128 bytes of nibbles) against Q8_K activations (the type's quantizer, ggml's
+  // quantize_row_q8_K_ref rule).
+  {
+    constexpr int64_t kOut = 8;
+    const std::vector<uint8_t> wq = quantized(GgmlType::kQ5_K, kOut);
+    const QuantKernels* q8k = GetQuantKernels(GgmlType::kQ8_K, CpuLevel::kScalar);
+    ASSERT_NE(q8k, nullptr);
+    std::vector<uint8_t> act_k(kIn / 256 * sizeof(kquants::BlockQ8K));
+    std::vector<float> y1(kOut), y8(8 * kOut);
+    ASSERT_TRUE(MatMulLlamaCpp(pool, View(GgmlType::kQ5_K, wq.data(), kIn, kOut), x.data(), nullptr,
+                               1, y1.data(), scratch)
+                    .ok());
+    ASSERT_TRUE(MatMulLlamaCpp(pool, View(GgmlType::kQ5_K, wq.data(), kIn, kOut), x.data(), nullptr,
+                               8, y8.data(), scratch)
+                    .ok());
+    for (int64_t t : {0, 5}) {
+      q8k->quantize(x.data() + t * kIn, act_k.data(), kIn);
+      const auto* a = reinterpret_cast<const kquants::BlockQ8K*>(act_k.data());
+      for (int64_t o = 0; o < kOut; ++o) {
+        const auto* w = reinterpret_cast<const kquants::BlockQ5K*>(wq.data()) + o * kIn / 256;
+        float lanes[8] = {}, summs = 0, tiled = 0;
+        for (int64_t i = 0; i < kIn / 256; ++i) {
+          uint8_t sc[8], m[8];
+          kquants::UnpackQ4KScales(w[i].scales, sc, m);
+          int32_t p[8] = {}, isum = 0, msum = 0;
+          for (int e = 0; e < 256; ++e) {
+            const int j = e / 32, nibble_byte = 32 * (e / 64) + e % 32;
+            const int nibble = e % 64 < 32 ? w[i].qs[nibble_byte] & 15 : w[i].qs[nibble_byte] >> 4;
+            const int u = nibble | ((w[i].qh[e % 32] >> j) & 1) << 4;
+            p[(e % 32) / 4] += sc[j] * u * a[i].qs[e];
+            isum += sc[j] * u * a[i].qs[e];
+          }
+          for (int j = 0; j < 8; ++j) msum += m[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+          const float d = a[i].d * Fp16ToFp32(w[i].d), dmin = -a[i].d * Fp16ToFp32(w[i].dmin);
+          summs = std::fma(dmin, static_cast<float>(msum), summs);
+          for (int l = 0; l < 8; ++l) lanes[l] = std::fma(d, static_cast<float>(p[l]), lanes[l]);
+          tiled = std::fma(std::fma(-static_cast<float>(msum), Fp16ToFp32(w[i].dmin),
+                                    static_cast<float>(isum) * Fp16ToFp32(w[i].d)),
+                           a[i].d, tiled);
+        }
+        if (t == 0) {
+          EXPECT_EQ(y1[o], hsum8(lanes) + summs) << "Q5_K vec_dot, " << o;
+        }
+        EXPECT_EQ(y8[t * kOut + o], tiled) << "Q5_K tiled, token " << t << ", " << o;
+      }
+    }
+  }
 }
 
 // op_kernels.h's q8_0_dot_ggml, which the Q8_0 and Q5_0 matmuls run: every level gives the
@@ -288,7 +432,7 @@ TEST(MatMulLlamaCpp, Errors) {
   ThreadPool pool(1);
   Scratch scratch;
   std::vector<float> data(64 * 4), y(4);
-  EXPECT_FALSE(HasLlamaCppMatMul(GgmlType::kQ4_1));
+  EXPECT_FALSE(HasLlamaCppMatMul(GgmlType::kQ4_1));  // its own kernels sum in ggml's order
   EXPECT_EQ(MatMulLlamaCpp(pool, View(GgmlType::kQ4_1, data.data(), 64, 4), data.data(), nullptr, 1,
                            y.data(), scratch)
                 .code(),

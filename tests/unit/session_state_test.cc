@@ -403,6 +403,43 @@ TEST_F(TinyState, CacheLimitsAndKvTypes) {
           .ok());
 }
 
+// A q8_0 cache saves its K/V rows as stored (34 bytes per 32 values) and restores them bit for
+// bit; its state does not go into an f16 cache, nor an f16 state into it, except tokens only.
+TEST_F(TinyState, Q8_0CacheStateRoundTripsAndKeepsToItsType) {
+  EngineOptions q8;
+  q8.kv_type = GgmlType::kQ8_0;
+  auto engine = MakeEngine(*model_, q8);
+  auto other_engine = MakeEngine(*model_, q8);
+  // tiny-llama-gqa: 2 layers x 2 KV heads x (K, V) x 64 values as 2 blocks of 34 bytes.
+  EXPECT_EQ(engine->Counters().bytes_per_token, 2u * 2 * 2 * 68);
+  const std::vector<int32_t> prompt = RandomTokens(45, 3, n_vocab(), 14);
+  auto a = NewSession(*engine, Greedy(), 42);
+  ASSERT_TRUE(a->AppendTokens(prompt).ok());
+  ExpectSameContinuation(*a, *other_engine, SaveStateOptions(), Greedy(), 8);
+
+  auto saved = a->SaveState();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto f16_engine = MakeEngine(*model_);
+  auto b = NewSession(*f16_engine, Greedy());
+  absl::Status st = b->LoadState(*saved);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("q8_0"), std::string::npos) << st;
+  EXPECT_EQ(b->n_tokens(), 0);
+  ASSERT_TRUE(b->AppendTokens(prompt).ok());
+  auto f16_saved = b->SaveState();
+  ASSERT_TRUE(f16_saved.ok());
+  auto c = NewSession(*engine, Greedy());
+  st = c->LoadState(*f16_saved);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("this cache holds q8_0"), std::string::npos) << st;
+  SaveStateOptions tokens_only;
+  tokens_only.kv = false;
+  auto small = b->SaveState(tokens_only);
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE(c->LoadState(*small).ok());
+  EXPECT_EQ(c->n_tokens(), static_cast<int32_t>(prompt.size()));
+}
+
 TEST_F(TinyState, TokensOnlyRestoreAttachesCachedPrefix) {
   auto engine = MakeEngine(*model_);
   auto a = NewSession(*engine, Greedy());

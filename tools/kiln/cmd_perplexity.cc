@@ -1,4 +1,4 @@
-// kiln perplexity -m MODEL -f FILE [--ctx N] [--threads N] [--chunks N]
+// kiln perplexity -m MODEL -f FILE [--ctx N] [--threads N] [--chunks N] [--cache-type T]
 //
 // llama.cpp's llama-perplexity method, replicated: tokenize the whole file (BOS added when the
 // vocabulary adds one), cut it into floor(n_tokens / ctx) chunks of ctx tokens, evaluate each
@@ -43,7 +43,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   if (flags.model_path.empty() || file.empty() || flags.ctx < 4) {
     std::fprintf(stderr,
                  "usage: kiln perplexity -m MODEL -f FILE [--ctx N (default 512)] [--threads N] "
-                 "[--chunks N]\n");
+                 "[--chunks N] [--cache-type T]\n");
     return 2;
   }
   std::ifstream in(file, std::ios::binary);
@@ -66,6 +66,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
     cp.n_threads = flags.threads;
     cp.n_ctx = flags.ctx;
     cp.prefix_caching = 0;  // every chunk is new text
+    cp.kv_type = flags.cache_type;
+    cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
     kiln_status s = kiln_cache_create(model, &cp, &cache);
     if (s != KILN_OK) {
       ReportError("creating the cache", s);

@@ -57,7 +57,7 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
   }
   static const char* kWithValue[] = {"-m",      "--model", "-n",      "--n-predict", "--temp",
                                      "--top-k", "--top-p", "--min-p", "--seed",      "--threads",
-                                     "-t",      "--ctx",   "-c"};
+                                     "-t",      "--ctx",   "-c",      "--cache-type"};
   bool known = false;
   for (const char* f : kWithValue) known |= a == f;
   if (!known) return 0;
@@ -86,6 +86,20 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
     if ((ok = ParseIntFlag(a, v, 0, 1024, &n))) flags->threads = static_cast<int32_t>(n);
   } else if (a == "--ctx" || a == "-c") {
     if ((ok = ParseIntFlag(a, v, 0, 1 << 24, &n))) flags->ctx = static_cast<int32_t>(n);
+  } else if (a == "--cache-type") {
+    static const struct {
+      const char* name;
+      kiln_kv_type type;
+    } kTypes[] = {
+        {"f16", KILN_KV_F16}, {"f32", KILN_KV_F32}, {"bf16", KILN_KV_BF16}, {"q8_0", KILN_KV_Q8_0}};
+    ok = false;
+    for (const auto& t : kTypes) {
+      if (v == t.name) {
+        flags->cache_type = t.type;
+        ok = true;
+      }
+    }
+    if (!ok) BadFlagValue(a, v, "f16, f32, bf16 or q8_0");
   }
   return ok ? 1 : -1;
 }
@@ -102,6 +116,7 @@ std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_wh
                 "  --seed S            sampling seed (default: from the clock)\n"
                 "  -t, --threads N     compute threads (default: physical cores)\n"
                 "  -c, --ctx N         context size in tokens (default %d; 0 = the model's)\n"
+                "  --cache-type T      K/V cache element type: f16 (default), f32, bf16 or q8_0\n"
                 "  --llama-cpp-order   compute exactly like llama.cpp (same greedy output and\n"
                 "                      logits); default: batch-invariant results\n",
                 static_cast<int>(n_predict_what.size()), n_predict_what.data(), defaults.n_predict,
@@ -116,6 +131,7 @@ bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** 
   cp.n_threads = flags.threads;
   cp.n_ctx = flags.ctx;
   cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
+  cp.kv_type = flags.cache_type;
   kiln_status s = kiln_cache_create(model, &cp, cache);
   if (s != KILN_OK) {
     ReportError("creating the cache", s);

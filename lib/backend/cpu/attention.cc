@@ -8,7 +8,10 @@
 namespace kiln::cpu {
 namespace {
 
-size_t ElemBytes(KvElem e) { return e == KvElem::kF32 ? 4 : 2; }
+// Bytes of one K/V row of d elements (op_kernels.h's KvElem).
+size_t RowBytes(KvElem e, int64_t d) {
+  return static_cast<size_t>(e == KvElem::kF32 ? 4 * d : e == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d);
+}
 
 absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, int32_t n_heads,
                                KvElem* k_elem, KvElem* v_elem) {
@@ -29,9 +32,13 @@ absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, i
   }
   if (!KvElemOf(kv.k.type, k_elem) || !KvElemOf(kv.v.type, v_elem)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttention: K/V types must be f32, f16 or bf16, got k ",
+        absl::StrCat("PagedAttention: K/V types must be f32, f16, bf16 or q8_0, got k ",
                      GgmlTypeName(static_cast<uint32_t>(kv.k.type)), ", v ",
                      GgmlTypeName(static_cast<uint32_t>(kv.v.type))));
+  }
+  if ((*k_elem == KvElem::kQ8_0 || *v_elem == KvElem::kQ8_0) && kv.head_dim % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention: a q8_0 K/V cache needs head_dim a multiple of 32, got %d", kv.head_dim));
   }
   if (kv.k.base == nullptr || kv.v.base == nullptr) {
     return absl::InvalidArgumentError("PagedAttention: k.base or v.base is null");
@@ -203,7 +210,7 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
   }
   const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
   const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
-  const size_t k_row_bytes = d * ElemBytes(k_elem), v_row_bytes = d * ElemBytes(v_elem);
+  const size_t k_row_bytes = RowBytes(k_elem, d), v_row_bytes = RowBytes(v_elem, d);
   const int64_t n_q_max = kMaxChunkTokens * group;
 
   pool.ParallelFor(
@@ -346,7 +353,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
 
   const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
   const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
-  const size_t k_row_bytes = d * ElemBytes(k_elem), v_row_bytes = d * ElemBytes(v_elem);
+  const size_t k_row_bytes = RowBytes(k_elem, d), v_row_bytes = RowBytes(v_elem, d);
 
   pool.ParallelFor(n_tokens * kv.n_kv_heads, [&](int64_t task0, int64_t task1, int thread) {
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]

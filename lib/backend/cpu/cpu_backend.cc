@@ -6,6 +6,7 @@
 #include "lib/backend/cpu/matmul_llama_cpp.h"
 #include "lib/common/half.h"
 #include "lib/common/platform.h"
+#include "lib/quant/activation.h"
 #include "lib/quant/interleave.h"
 
 namespace kiln::cpu {
@@ -36,8 +37,13 @@ void StoreRow(const OpKernels& k, const float* src, int64_t n, GgmlType type, st
       for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToBf16(src[i]);
       break;
     }
+    case GgmlType::kQ8_0:
+      // ggml's CPU quantize_row_q8_0 rounding (what llama.cpp stores in a q8_0 cache); n % 32 == 0
+      // (KvLayout).
+      ActivationQuantizer(GgmlType::kQ8_0, BestCpuLevel())(src, dst, n);
+      break;
     default:
-      break;  // KvLayout admits only the three types above
+      break;  // KvLayout admits only the four types above
   }
 }
 

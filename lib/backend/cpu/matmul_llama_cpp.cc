@@ -24,6 +24,7 @@ constexpr int64_t kQK = kquants::kQK;           // elements per K-quant super-bl
 constexpr int64_t kTiledMinRows = 8;
 
 using kquants::BlockQ4K;
+using kquants::BlockQ5K;
 using kquants::BlockQ6K;
 using kquants::BlockQ8K;
 
@@ -47,6 +48,72 @@ void Q5_0RowAsQ8_0(const uint8_t* w, int64_t n_in, uint8_t* out) {
       q[j + 16] = static_cast<int8_t>(((wb->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
     }
   }
+}
+
+// A Q4_0 weight row as the Q8_0 row of its values q - 8 (same d): ggml_vec_dot_q4_0_q8_0 and
+// tinyBLAS_Q0_AVX are then op_kernels.h's q8_0_dot_ggml on it, as for Q5_0.
+void Q4_0RowAsQ8_0(const uint8_t* w, int64_t n_in, uint8_t* out) {
+  for (int64_t b = 0; b < n_in / kQ8Block; ++b) {
+    const auto* wb = reinterpret_cast<const quant::BlockQ4_0*>(w + b * sizeof(quant::BlockQ4_0));
+    uint8_t* ob = out + b * kQ8BlockBytes;
+    std::memcpy(ob, wb->d, 2);
+    auto* q = reinterpret_cast<int8_t*>(ob + 2);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((wb->qs[j] & 15) - 8);
+      q[j + 16] = static_cast<int8_t>((wb->qs[j] >> 4) - 8);
+    }
+  }
+}
+
+// Q4_0 repacked (ggml_gemv_q4_0_8x8_q8_0 / ggml_gemm_q4_0_8x8_q8_0, a matrix with n_out % 8 == 0;
+// the gemm's 4x8 activation quantizer rounds as quantize_row_q8_0): per block the exact int32
+// sum isum of the 32 products, acc = fma(float(isum), dw * da, acc). w: the row as Q8_0
+// (Q4_0RowAsQ8_0), a: the Q8_0 activation row.
+float DotQ4_0Repacked(int64_t n_in, const uint8_t* w, const uint8_t* a) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n_in / kQ8Block; ++b, w += kQ8BlockBytes, a += kQ8BlockBytes) {
+    uint16_t dw, da;
+    std::memcpy(&dw, w, 2);
+    std::memcpy(&da, a, 2);
+    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
+    const auto* qa = reinterpret_cast<const int8_t*>(a + 2);
+    int32_t isum = 0;
+    for (int e = 0; e < kQ8Block; ++e) isum += qw[e] * qa[e];
+    acc = std::fma(static_cast<float>(isum), Fp16ToFp32(dw) * Fp16ToFp32(da), acc);
+  }
+  return acc;
+}
+
+// Q5_1, ggml_vec_dot_q5_1_q8_1 (AVX2 form; ggml has no other Q5_1 matmul on x86): per block,
+// codes q in 0..31, 8 int32 lanes P[l] = exact Σ q·qa over elements 4l..4l+3;
+// acc[l] = fma(float(P[l]), dw * da, acc[l]); summs = fma(mw, sa, summs) (GCC contracts
+// `summs += m * s`); result hsum(acc) + summs. a: the Q8_1 activation row.
+float DotQ5_1(int64_t n_in, const uint8_t* w, const uint8_t* a) {
+  const auto* wb = reinterpret_cast<const quant::BlockQ5_1*>(w);
+  const auto* ab = reinterpret_cast<const quant::BlockQ8_1*>(a);
+  float acc[8] = {}, summs = 0.0f;
+  for (int64_t b = 0; b < n_in / kQ8Block; ++b) {
+    uint16_t dw, mw, da, sa;
+    std::memcpy(&dw, wb[b].d, 2);
+    std::memcpy(&mw, wb[b].m, 2);
+    std::memcpy(&da, ab[b].d, 2);
+    std::memcpy(&sa, ab[b].s, 2);
+    summs = std::fma(Fp16ToFp32(mw), Fp16ToFp32(sa), summs);
+    uint32_t qh;
+    std::memcpy(&qh, wb[b].qh, 4);
+    int32_t q[kQ8Block];
+    for (int j = 0; j < 16; ++j) {
+      q[j] = (wb[b].qs[j] & 15) | (((qh >> j) & 1) << 4);
+      q[j + 16] = (wb[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+    }
+    const float s = Fp16ToFp32(dw) * Fp16ToFp32(da);
+    for (int l = 0; l < 8; ++l) {
+      int32_t p = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) p += q[e] * ab[b].qs[e];
+      acc[l] = std::fma(static_cast<float>(p), s, acc[l]);
+    }
+  }
+  return HsumFloat8(acc) + summs;
 }
 
 // ---- K-quants (Q8_K activations) --------------------------------------------------------------
@@ -216,6 +283,68 @@ float DotQ4KVec(int64_t n_in, const uint8_t* w, const uint8_t* a) {
   return HsumFloat8(acc) + ((mins[0] + mins[2]) + (mins[1] + mins[3]));
 }
 
+// Q5_K super-block codes u[e] in 0..31 (element 32j + l: nibble of qs plus bit j of qh[l]) and
+// its 6-bit scales and mins per 32 elements.
+void DecodeQ5K(const BlockQ5K& b, uint8_t* u, uint8_t* sc, uint8_t* m) {
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      u[64 * c + l] =
+          static_cast<uint8_t>((b.qs[32 * c + l] & 15) | (((b.qh[l] >> (2 * c)) & 1) << 4));
+      u[64 * c + 32 + l] =
+          static_cast<uint8_t>((b.qs[32 * c + l] >> 4) | (((b.qh[l] >> (2 * c + 1)) & 1) << 4));
+    }
+  }
+  kquants::UnpackQ4KScales(b.scales, sc, m);
+}
+
+// Q5_K, ggml's tiled kernel (8 or more rows; the template Q4_K's runs, so its formula):
+// per super-block r = fma(-msum, dminw, isum * dw); acc = fma(r, da, acc), isum and msum as
+// Q4KSums over the 5-bit codes.
+float DotQ5KTiled(int64_t n_in, const uint8_t* w, const uint8_t* a) {
+  const auto* wb = reinterpret_cast<const BlockQ5K*>(w);
+  const auto* ab = reinterpret_cast<const BlockQ8K*>(a);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n_in / kQK; ++i) {
+    uint8_t u[kQK], sc[8], m[8];
+    DecodeQ5K(wb[i], u, sc, m);
+    int32_t isum = 0, msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      isum += sc[j] * CodeDot(u + 32 * j, ab[i].qs + 32 * j, 32);
+      msum += m[j] * (ab[i].bsums[2 * j] + ab[i].bsums[2 * j + 1]);
+    }
+    const float r = std::fma(-static_cast<float>(msum), Fp16ToFp32(wb[i].dmin),
+                             static_cast<float>(isum) * Fp16ToFp32(wb[i].d));
+    acc = std::fma(r, ab[i].d, acc);
+  }
+  return acc;
+}
+
+// Q5_K, ggml_vec_dot_q5_K_q8_K (AVX2 form; fewer than 8 rows): 8 int32 lanes, lane l =
+// Σ_j sc_j · Σ of the products of elements 4l..4l+3 of sub-block j; acc[l] = fma(da * dw, lane,
+// acc[l]); one min chain summs = fma(-da * dminw, float(msum), summs) (GCC contracts
+// `summs += dmin * msum`); result hsum(acc) + summs.
+float DotQ5KVec(int64_t n_in, const uint8_t* w, const uint8_t* a) {
+  const auto* wb = reinterpret_cast<const BlockQ5K*>(w);
+  const auto* ab = reinterpret_cast<const BlockQ8K*>(a);
+  float acc[8] = {}, summs = 0.0f;
+  for (int64_t i = 0; i < n_in / kQK; ++i) {
+    uint8_t u[kQK], sc[8], m[8];
+    DecodeQ5K(wb[i], u, sc, m);
+    const float d = ab[i].d * Fp16ToFp32(wb[i].d);
+    const float dmin = -ab[i].d * Fp16ToFp32(wb[i].dmin);
+    int32_t msum = 0;
+    for (int j = 0; j < 8; ++j) msum += m[j] * (ab[i].bsums[2 * j] + ab[i].bsums[2 * j + 1]);
+    summs = std::fma(dmin, static_cast<float>(msum), summs);
+    for (int l = 0; l < 8; ++l) {
+      int32_t lane = 0;
+      for (int j = 0; j < 8; ++j)
+        lane += sc[j] * CodeDot(u + 32 * j + 4 * l, ab[i].qs + 32 * j + 4 * l, 4);
+      acc[l] = std::fma(d, static_cast<float>(lane), acc[l]);
+    }
+  }
+  return HsumFloat8(acc) + summs;
+}
+
 // Q6_K exact super-block sum Σ_g scale_g · (Σ_{e in g} u_e a_e - 32 bsums_g).
 int32_t Q6KSum(const BlockQ6K& w, const BlockQ8K& a) {
   uint8_t u[kQK];
@@ -274,8 +403,11 @@ bool HasLlamaCppMatMul(GgmlType type) {
     case GgmlType::kF32:
     case GgmlType::kF16:
     case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
     case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       return true;
     default:
@@ -296,9 +428,13 @@ absl::Status MatMulLlamaCpp(ThreadPool& pool, const WeightView& w, const float* 
     return absl::InvalidArgumentError(
         absl::StrFormat("MatMulLlamaCpp: shape {%d, %d} with %d rows", w.n_in, w.n_out, n_rows));
   }
-  const bool k_quant = w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K;
-  const bool q8_0_act = w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ5_0;
-  const int64_t block = k_quant ? kQK : q8_0_act ? kQ8Block : 1;
+  const bool k_quant =
+      w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K;
+  // Q8_0 activations, and the weight rows widened to Q8_0 values before the dot.
+  const bool q8_0_act =
+      w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ5_0 || w.type == GgmlType::kQ4_0;
+  const bool q8_1_act = w.type == GgmlType::kQ5_1;
+  const int64_t block = k_quant ? kQK : q8_0_act || q8_1_act ? kQ8Block : 1;
   if (w.n_in % block != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("MatMulLlamaCpp: n_in %d is not a multiple of %d", w.n_in, block));
@@ -310,41 +446,50 @@ absl::Status MatMulLlamaCpp(ThreadPool& pool, const WeightView& w, const float* 
   const auto* wdata = static_cast<const uint8_t*>(w.data);
   const int64_t n_tasks = (n_out + kRowsPerTask - 1) / kRowsPerTask;
 
-  if (q8_0_act || k_quant) {
-    // Activations: one Q8_0 or Q8_K row per token, quantized as ggml does.
-    const size_t act_row_bytes = k_quant ? static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8K)
-                                         : static_cast<size_t>(n_in / kQ8Block) * kQ8BlockBytes;
+  if (q8_0_act || q8_1_act || k_quant) {
+    // Activations: one Q8_0, Q8_1 or Q8_K row per token, quantized as ggml does.
+    const size_t act_row_bytes =
+        k_quant    ? static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8K)
+        : q8_1_act ? static_cast<size_t>(n_in / kQ8Block) * sizeof(quant::BlockQ8_1)
+                   : static_cast<size_t>(n_in / kQ8Block) * kQ8BlockBytes;
     auto* act = static_cast<uint8_t*>(scratch.Get(n_rows * act_row_bytes));
     if (act == nullptr) return absl::ResourceExhaustedError("MatMulLlamaCpp: scratch");
-    // ggml repacks a Q4_K matrix whose row count is a multiple of 8 (x86 with AVX2) and then
-    // runs its own kernels; otherwise batches of 8 or more rows take the tiled kernels.
-    const bool repacked = w.type == GgmlType::kQ4_K && n_out % 8 == 0;
+    // ggml repacks a Q4_K or Q4_0 matrix whose row count is a multiple of 8 (x86 with AVX2) and
+    // then runs its own kernels; otherwise batches of 8 or more rows take the tiled kernels
+    // (K-quants).
+    const bool repacked =
+        (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ4_0) && n_out % 8 == 0;
     const bool tiled = !repacked && n_rows >= kTiledMinRows;
     DotFn dot = nullptr;
     if (w.type == GgmlType::kQ4_K)
       dot = repacked ? DotQ4KRepacked : tiled ? DotQ4KTiled : DotQ4KVec;
+    if (w.type == GgmlType::kQ5_K) dot = tiled ? DotQ5KTiled : DotQ5KVec;
     if (w.type == GgmlType::kQ6_K) dot = tiled ? DotQ6KTiled : DotQ6KVec;
+    if (w.type == GgmlType::kQ4_0 && repacked) dot = DotQ4_0Repacked;
+    if (w.type == GgmlType::kQ5_1) dot = DotQ5_1;
     const auto q8_0_dot = GetOpKernels(BestCpuLevel()).q8_0_dot_ggml;
     // A repacked Q4_K matrix takes ggml's 4-row gemm for whole groups of four rows, quantized
-    // with its own sign rule; the gemv for the rest.
-    const int64_t grouped = repacked ? n_rows - n_rows % 4 : 0;
+    // with its own sign rule; the gemv for the rest. (Q4_0's gemm and gemv give the same bits.)
+    const int64_t grouped = repacked && w.type == GgmlType::kQ4_K ? n_rows - n_rows % 4 : 0;
     if (k_quant) {
       for (int64_t r = 0; r < n_rows; ++r) {
         QuantizeQ8K(x_row(r), reinterpret_cast<BlockQ8K*>(act + r * act_row_bytes), n_in,
                     r < grouped);
       }
     } else {
-      const QuantizeRowFn quantize = ActivationQuantizer(GgmlType::kQ8_0, BestCpuLevel());
-      if (quantize == nullptr) return absl::InternalError("MatMulLlamaCpp: no Q8_0 quantizer");
+      const QuantizeRowFn quantize =
+          ActivationQuantizer(q8_1_act ? GgmlType::kQ8_1 : GgmlType::kQ8_0, BestCpuLevel());
+      if (quantize == nullptr) return absl::InternalError("MatMulLlamaCpp: no Q8 quantizer");
       for (int64_t r = 0; r < n_rows; ++r) quantize(x_row(r), act + r * act_row_bytes, n_in);
     }
     pool.ParallelFor(n_tasks, [&](int64_t t0, int64_t t1, int) {
-      std::vector<uint8_t> q5_as_q8(w.type == GgmlType::kQ5_0 ? act_row_bytes : 0);
+      const bool widen = w.type == GgmlType::kQ5_0 || w.type == GgmlType::kQ4_0;
+      std::vector<uint8_t> as_q8(widen ? act_row_bytes : 0);
       for (int64_t o = t0 * kRowsPerTask; o < std::min(n_out, t1 * kRowsPerTask); ++o) {
         const uint8_t* w_row = wdata + o * w_row_bytes;
-        if (w.type == GgmlType::kQ5_0) {
-          Q5_0RowAsQ8_0(w_row, n_in, q5_as_q8.data());
-          w_row = q5_as_q8.data();
+        if (widen) {
+          (w.type == GgmlType::kQ5_0 ? Q5_0RowAsQ8_0 : Q4_0RowAsQ8_0)(w_row, n_in, as_q8.data());
+          w_row = as_q8.data();
         }
         for (int64_t r = 0; r < n_rows; ++r) {
           const uint8_t* a_row = act + r * act_row_bytes;

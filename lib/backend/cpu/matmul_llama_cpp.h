@@ -1,5 +1,6 @@
 // MatMul in llama.cpp's arithmetic for the weight types whose kiln kernels sum in their own order:
-// F32, F16, Q8_0, Q5_0, Q4_K and Q6_K. The llama.cpp order (Backend::set_llama_cpp_order)
+// F32, F16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (Q4_1's own kernels already sum in
+// ggml's order). The llama.cpp order (Backend::set_llama_cpp_order)
 // multiplies these with this; docs/numerics.md has the rules of the other ops and types.
 //
 // What ggml's x86 CPU backend (an AVX-512 build with llamafile) computes for y = W x, x of
@@ -10,6 +11,13 @@
 //     acc1) + (acc7 + acc3)) (ggml_vec_dot_q8_0_q8_0, and tinyBLAS_Q0_AVX, which sums the same
 //     lanes in the same order: the same bits for any n_tokens).
 //   Q5_0: as Q8_0 with the weights' values q - 16 (ggml_vec_dot_q5_0_q8_0; tinyBLAS alike).
+//   Q4_0 with n_out % 8 != 0: as Q8_0 with the values q - 8 (ggml_vec_dot_q4_0_q8_0; tinyBLAS
+//     alike). With n_out % 8 == 0 ggml repacks it (q4_0_8x8): per block the exact int32 sum isum
+//     of the 32 products, acc = fma(float(isum), dw * da, acc), in its gemv and its 4-row gemm
+//     alike (the gemm's activations round as ActivationQuantizer(Q8_0)): batch invariant.
+//   Q5_1: x quantized as ActivationQuantizer(Q8_1); per block 8 int32 lanes P[l] (elements
+//     4l..4l+3 of the codes 0..31), acc[l] = fma(float(P[l]), dw * da, acc[l]) and one chain
+//     summs = fma(mw, sa, summs); y = hsum(acc) + summs (ggml_vec_dot_q5_1_q8_1, every batch).
 //   Q4_K, Q6_K: x quantized to Q8_K as quantize_row_q8_K_ref; per super-block the exact integer
 //     sums isum (scales x code products, Q6_K's -32 through the bsums) and msum (Q4_K: mins x
 //     bsums), dw, dminw the weight's f16 scales, da the activation's:
@@ -18,11 +26,14 @@
 //       rows in whole groups of four (gemm), per pair of 32-element sub-blocks; those rows are
 //       quantized with ggml_quantize_mat_q8_K_4x8's sign rule (+amax wins a tie with -amax);
 //     otherwise n_tokens >= 8 (ggml's tiled kernels): Q6_K acc = fma(isum * dw, da, acc);
-//       Q4_K acc = fma(fma(-msum, dminw, isum * dw), da, acc);
+//       Q4_K and Q5_K acc = fma(fma(-msum, dminw, isum * dw), da, acc);
 //     otherwise ggml_vec_dot_q4_K_q8_K / _q6_K (AVX2): 8 int32 lanes of 4-element product sums,
 //       acc[l] = fma(da * dw, lane, acc[l]), summed as Q8_0's (plus Q4_K's 4 min lanes,
 //       fma(-da * dminw, ..), summed ((m0 + m2) + (m1 + m3))).
-//     So Q4_K (unless repacked) and Q6_K are, like llama.cpp, not batch invariant.
+//     Q5_K below 8 rows: ggml_vec_dot_q5_K_q8_K (AVX2): Q4_K's 8 lanes over the 5-bit codes,
+//       acc[l] = fma(da * dw, lane, acc[l]), but one min chain summs = fma(-da * dminw,
+//       float(msum), summs); y = hsum(acc) + summs. (ggml repacks Q5_K on ARM only.)
+//     So Q4_K (unless repacked), Q5_K and Q6_K are, like llama.cpp, not batch invariant.
 //   F32, F16 (x rounded to f16 first for F16 weights, as ggml converts src1 to the weight type):
 //     tinyBLAS when n_tokens >= 2, n_out % 4 == 0 and n_in % 16 == 0: 16 FMA lanes
 //     acc[l] = fma(w[16c + l], x[16c + l], acc[l]) over c in order, summed in
@@ -48,7 +59,8 @@
 
 namespace kiln::cpu {
 
-// Whether MatMulLlamaCpp handles weights of `type` (F32, F16, Q8_0, Q5_0, Q4_K, Q6_K).
+// Whether MatMulLlamaCpp handles weights of `type` (F32, F16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K,
+// Q6_K).
 bool HasLlamaCppMatMul(GgmlType type);
 
 // y[r, o] = W[o, :] . x[rows[r], :] for r < n_rows (rows == nullptr: row r of x) in llama.cpp's

@@ -49,6 +49,9 @@ bool KvElemOf(GgmlType type, KvElem* elem) {
     case GgmlType::kBF16:
       *elem = KvElem::kBf16;
       return true;
+    case GgmlType::kQ8_0:
+      *elem = KvElem::kQ8_0;
+      return true;
     default:
       return false;
   }

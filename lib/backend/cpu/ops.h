@@ -175,7 +175,8 @@ std::vector<double> RopeFreqFactors(const RopeConfig& config);
 // ---- Paged attention ----------------------------------------------------------------------
 
 // Where one of K or V lives for one layer. Physical block b's tile of kv head h is a row-major
-// [block_size, head_dim] array of `type` (F32, F16 or BF16) at
+// [block_size, head_dim] array of `type` (F32, F16, BF16, or Q8_0: each row head_dim / 32 blocks
+// of ggml's block_q8_0, head_dim % 32 == 0) at
 //   base + b * block_stride_bytes + h * head_stride_bytes.
 struct KvTensorView {
   const void* base = nullptr;
@@ -226,7 +227,11 @@ struct AttentionBatch {
 // handled in one call for the chunk's G x tokens heads); in the llama.cpp orders, a (token, kv
 // head) pair (each K/V row read for the G query heads of its group). Errors: any index or count out
 // of range (names field and index), a token that sees nothing, n_heads not a multiple of
-// n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16. K . q and V . P have three orders:
+// n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16/Q8_0, a Q8_0 cache with head_dim not a
+// multiple of 32. Q8_0 rows are read as the exact f32 values they hold (f16 scale x int8) and
+// then follow the f32 path of each order; q stays f32 (llama.cpp's q8_0 cache needs its flash
+// attention, which quantizes q to Q8_0 and runs an online softmax: not reproduced here, so the
+// llama.cpp orders with a Q8_0 cache are not llama.cpp's bits). K . q and V . P have three orders:
 //   kBatchInvariant (default): K . q in 16 lanes per (row, head), 16 rows' lanes summed at once
 //     (kv_scores_rows); V . P as one FMA chain per output element over the visible rows in
 //     index order (kv_accumulate_rows). The same for every token whatever its batch (each
