@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git python3 python3-pip
           libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
           clang libclang-rt-14-dev clang-format
-          qemu-user valgrind)  # scripts/test_cpu_portability.sh: other CPUs, memcheck
+          qemu-user valgrind  # scripts/test_cpu_portability.sh: other CPUs, memcheck
+          libcpp-httplib-dev nlohmann-json3-dev)  # samples/server (an HTTP server and JSON)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -17,4 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# samples/server's test drives the server with the official OpenAI client (PyPI only). pip's
+# --break-system-packages is needed only where python3 is Debian's own (PEP 668).
+if ! python3 -c "import openai, pytest" >/dev/null 2>&1; then
+  echo "install_deps: installing the Python modules openai and pytest"
+  python3 -m pip install --quiet openai pytest ||
+    python3 -m pip install --quiet --break-system-packages openai pytest
 fi
