@@ -30,29 +30,40 @@ def model_path():
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*flags):
+    """Starts kiln-server on a free port; yields {"base", "proc"}; stops it (exit code 0)."""
     binary = os.environ.get("KILN_SERVER")
     assert binary, "KILN_SERVER must name the kiln-server binary"
     proc = subprocess.Popen(
         [binary, "-m", model_path(), "--alias", ALIAS, "--port", "0", "-t", "2", "-c", "1024",
-         "-np", str(SLOTS)],
+         *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert "listening on http://" in line, f"no listening line: {line!r} {proc.stderr.read()}"
     base = line.split("listening on ")[1].split(" ")[0]
-    yield {"base": base, "proc": proc}
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    try:
+        yield {"base": base, "proc": proc}
+    finally:  # also when the caller fails and drops the generator: no server left running
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, f"kiln-server exited {proc.returncode}: {err}"
     assert "stopped" in out
 
 
-@pytest.fixture(scope="module")
-def client(server):
+def make_client(server):
     # No retries: a 503 or a failure must show, not be retried away.
     return openai.OpenAI(base_url=server["base"] + "/v1", api_key="unused", max_retries=0,
                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from start_server("-np", str(SLOTS))
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return make_client(server)
 
 
 def http(server, method, path, body=None, raw=None):
@@ -266,3 +277,14 @@ def test_bad_requests_get_json_errors(server, client):
         chat(client, "word " * 1100)
     assert exc.value.body["code"] == "context_length_exceeded"
     assert health(server)["live_sessions"] == 0
+
+
+def test_ngram_strategy_is_lossless(client):
+    # Repetitive text, so n-gram lookup has drafts to propose.
+    prompt = "Repeat exactly: red green blue, red green blue, red green blue, red green blue."
+    plain = chat(client, prompt, max_tokens=24).choices[0].message.content
+    for ngram in start_server("--strategy", "ngram", "-np", "2"):
+        h = http(ngram, "GET", "/health")[1]
+        assert h["strategy"] == "ngram"
+        # Greedy output with speculative decoding is the same, token for token.
+        assert chat(make_client(ngram), prompt, max_tokens=24).choices[0].message.content == plain
