@@ -995,6 +995,7 @@ int main(int argc, char** argv) {
     http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
     http.set_tcp_nodelay(true);
     http.set_keep_alive_timeout(2);
+    http.set_payload_max_length(size_t(16) << 20);  // 16 MiB: more than any prompt fits in ctx
     server.Register(http);
     int port = cfg.port;
     const bool bound = port == 0 ? (port = http.bind_to_any_port(cfg.host)) > 0
