@@ -832,6 +832,9 @@ void Server::HandleCompletion(const httplib::Request& req, httplib::Response& re
         };
         kiln_generate_result result;
         const kiln_status st = generate(emit, &result);
+        // Free the session and slot before the last events: a client that has read [DONE]
+        // finds its slot free.
+        job->Release();
         bool ok = true;
         if (st != KILN_OK) {
           ok = send(ErrorJson(FromKiln(st, "generating")));
@@ -851,8 +854,6 @@ void Server::HandleCompletion(const httplib::Request& req, httplib::Response& re
           ok = false;
         }
         if (ok) sink.done();
-        // Free the session and slot now rather than when httplib drops the response.
-        job->Release();
         return ok;
       });
 }
