@@ -7,7 +7,8 @@ packages=(build-essential cmake pkg-config git python3 python3-pip
           python3-venv  # scripts/test_bindings.sh: the Python binding's virtual environment
           libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
           clang libclang-rt-14-dev clang-format
-          qemu-user valgrind)  # scripts/test_cpu_portability.sh: other CPUs, memcheck
+          qemu-user valgrind  # scripts/test_cpu_portability.sh: other CPUs, memcheck
+          libcpp-httplib-dev nlohmann-json3-dev)  # samples/server (an HTTP server and JSON)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -24,4 +25,12 @@ fi
 # installs it into ~/.cargo/bin, which a non-login shell may lack on its PATH.
 if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   echo "install_deps: no cargo: install Rust >= 1.70 with rustup (https://rustup.rs) for the Rust binding" >&2
+fi
+
+# samples/server's test drives the server with the official OpenAI client (PyPI only). pip's
+# --break-system-packages is needed only where python3 is Debian's own (PEP 668).
+if ! python3 -c "import openai, pytest" >/dev/null 2>&1; then
+  echo "install_deps: installing the Python modules openai and pytest"
+  python3 -m pip install --quiet openai pytest ||
+    python3 -m pip install --quiet --break-system-packages openai pytest
 fi
