@@ -390,6 +390,51 @@ func TestNgramStrategyIsLosslessWithMetrics(t *testing.T) {
 	}
 }
 
+func TestDraftStrategy(t *testing.T) {
+	// The model drafting for itself: a draft model needs only the target's vocabulary size.
+	plain := chatSession(t, nil)
+	expected := mustGenerate(t, plain, maxTokens)
+	plain.Close()
+	draft, err := NewDraftStrategy(model, modelPath, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer draft.Close()
+	s := chatSession(t, nil)
+	defer s.Close()
+	s.SetStrategy(draft)
+	defer s.SetStrategy(nil)
+	if got := mustGenerate(t, s, maxTokens); !equal(got.Tokens, expected.Tokens) {
+		t.Fatalf("with the draft %v, plain %v", got.Tokens, expected.Tokens)
+	}
+	if m, _ := s.SpecMetrics(); m.Drafted <= 0 || m.Accepted <= 0 || m.Accepted > m.Drafted {
+		t.Fatalf("metrics %+v", m)
+	}
+	_, err = s.SaveState() // a draft model cannot save its state
+	wantStatus(t, err, ErrUnsupported)
+	_, err = NewDraftStrategy(model, filepath.Join(t.TempDir(), "missing-draft.gguf"), 0, 0)
+	wantStatus(t, err, ErrIO)
+}
+
+func TestStreamCancelledByContext(t *testing.T) {
+	s := chatSession(t, nil)
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	pieces, end := s.Stream(ctx, 64, nil)
+	<-pieces
+	cancel() // the consumer stops reading: the generate ends at the next token
+	for range pieces {
+	}
+	last := <-end
+	wantStatus(t, last.Err, ErrCancelled)
+	if last.Result.StopReason != StopCancelled || len(last.Result.Tokens) >= 64 {
+		t.Fatalf("%+v", last.Result)
+	}
+	if err := s.Rewind(1); err != nil { // the session takes calls again
+		t.Fatal(err)
+	}
+}
+
 func TestSubmitPollStepMatchesBlocking(t *testing.T) {
 	ref := chatSession(t, nil)
 	expected := mustGenerate(t, ref, maxTokens)

@@ -255,7 +255,9 @@ func (s *Session) Stream(ctx context.Context, maxTokens int, stop []string) (<-c
 			case pieces <- piece:
 				return true
 			case <-ctx.Done():
-				return false
+				// Not false (a callback stop): the done context stops the generate at the
+				// next token and is reported as the cancel it is.
+				return true
 			}
 		}})
 		close(pieces)

@@ -368,6 +368,24 @@ public static class Tests
         Check(e.KilnMessage.Contains("max_draft"), e.KilnMessage);
     }
 
+    public static void TestDraftStrategy()
+    {
+        // The model drafting for itself: a draft model needs only the target's vocabulary size.
+        int[] expected;
+        using (Session plain = ChatSession()) expected = plain.Generate(Max).Tokens;
+        using (Strategy draft = Strategy.Draft(_model, _modelPath, maxDraft: 3, nThreads: 1))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(draft);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+            SpecMetrics m = s.SpecMetrics;
+            Check(m.Drafted > 0 && m.Accepted > 0 && m.Accepted <= m.Drafted, "metrics");
+            Throws(Status.Unsupported, () => s.SaveState()); // a draft model cannot save its state
+            s.SetStrategy(null);
+        }
+        Throws(Status.IO, () => Strategy.Draft(_model, Path.Combine(Path.GetTempPath(), "kiln-missing-draft.gguf")));
+    }
+
     public static void TestSubmitPollStepMatchesBlocking()
     {
         GenerateResult expected;
