@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 python3-pip
           python3-venv  # scripts/test_bindings.sh: the Python binding's virtual environment
+          golang-go  # scripts/test_bindings.sh: the Go binding (cgo)
+          mono-devel  # scripts/test_bindings.sh: the C# binding (mcs, mono)
           libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
           clang libclang-rt-14-dev clang-format
           qemu-user valgrind  # scripts/test_cpu_portability.sh: other CPUs, memcheck

@@ -5,7 +5,11 @@
 #   installed from bindings/python with that libkiln bundled (pip install), its tests run from
 #   outside the source tree so that they import the installed package;
 # - Rust: cargo test --offline of bindings/rust (kiln-sys, kiln) linked to BUILD_DIR's libkiln,
-#   built in BUILD_DIR/bindings-rust-target.
+#   built in BUILD_DIR/bindings-rust-target;
+# - Go: go test of bindings/go (cgo, std only) linked to BUILD_DIR's libkiln, its build cache in
+#   BUILD_DIR/bindings-go-cache;
+# - C#: Kiln.dll and its test runner built with mono's mcs into BUILD_DIR/bindings-csharp, run
+#   with mono on BUILD_DIR's libkiln.
 # Usage: scripts/test_bindings.sh [BUILD_DIR] (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,3 +36,17 @@ cargo=$(command -v cargo || true)
 (cd bindings/rust && KILN_LIB_DIR=$lib_dir CARGO_TARGET_DIR=$build/bindings-rust-target \
    "$cargo" test --offline --quiet)
 echo "test_bindings: Rust in $((SECONDS - start)) s"
+
+start=$SECONDS
+command -v go >/dev/null || { echo "test_bindings: no go (scripts/install_deps.sh installs golang-go)" >&2; exit 1; }
+# No module proxy: the module uses the standard library only.
+(cd bindings/go && export GOFLAGS=-mod=mod GOPROXY=off GOCACHE=$build/bindings-go-cache \
+   CGO_LDFLAGS="-L$lib_dir -Wl,-rpath,$lib_dir" && go vet ./... && go test -count=1 ./...)
+echo "test_bindings: Go in $((SECONDS - start)) s"
+
+start=$SECONDS
+command -v mcs >/dev/null || { echo "test_bindings: no mcs (scripts/install_deps.sh installs mono-devel)" >&2; exit 1; }
+bindings/csharp/build.sh "$build/bindings-csharp"
+# DllImport("kiln") finds libkiln.so through the loader's search path.
+(cd "$build/bindings-csharp" && LD_LIBRARY_PATH=$lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} mono KilnTests.exe)
+echo "test_bindings: C# in $((SECONDS - start)) s"

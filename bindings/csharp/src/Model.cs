@@ -1,0 +1,240 @@
+using System;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
+using System.Text;
+using System.Threading;
+
+namespace Kiln
+{
+    /// <summary>Library-wide queries.</summary>
+    public static class KilnLibrary
+    {
+        public static string Version { get { return Marshal.PtrToStringAnsi(Native.kiln_version()); } }
+        public static int AbiVersion { get { return Native.kiln_abi_version(); } }
+        public static string CpuInfo { get { return Marshal.PtrToStringAnsi(Native.kiln_cpu_info()); } }
+        public static string Backends { get { return Interop.Utf8String(Native.kiln_backends()); } }
+    }
+
+    /// <summary>Flags of Tokenize and Session.Append.</summary>
+    [Flags]
+    public enum TokenizeFlags : uint
+    {
+        None = 0,
+        AddSpecial = 1,   // add BOS/EOS as the vocabulary asks
+        ParseSpecial = 2, // "<|im_start|>" in the text becomes the control token
+    }
+
+    public sealed class ModelInfo
+    {
+        public string Architecture, Name;
+        public long NParams, SizeBytes;
+        public int NVocab, NCtxTrain, NEmbd, NLayer, NHead, NHeadKv, HeadDim, NFf, TokenBos, TokenEos, TokenEot;
+    }
+
+    /// <summary>A loaded GGUF model: immutable, usable from any thread. Dispose it last (its caches
+    /// keep it alive until they are disposed).</summary>
+    public sealed class Model : IDisposable
+    {
+        internal readonly ModelHandle Handle;
+
+        /// <summary>Loads the model. progress receives [0, 1] and returns false to cancel;
+        /// cancelling the token cancels the load (KilnCancelledException).</summary>
+        public Model(string path, Func<float, bool> progress = null, CancellationToken cancellation = default(CancellationToken))
+        {
+            if (path == null) throw new ArgumentNullException("path");
+            cancellation.ThrowIfCancellationRequested();
+            var p = new Native.ModelParams();
+            Interop.Check(Native.kiln_model_params_init(ref p, Native.SizeOf<Native.ModelParams>()));
+            Exception callbackError = null;
+            // Kept in a local until the call returns so the GC cannot collect the delegate.
+            Native.ProgressFn fn = (value, _) =>
+            {
+                if (cancellation.IsCancellationRequested) return 1;
+                if (progress == null) return 0;
+                try { return progress(value) ? 0 : 1; }
+                catch (Exception e) { callbackError = e; return 1; }
+            };
+            p.Progress = Marshal.GetFunctionPointerForDelegate(fn);
+            p.Path = Interop.AllocCString(path);
+            IntPtr raw;
+            int status;
+            try { status = Native.kiln_model_load(ref p, out raw); }
+            finally { Marshal.FreeHGlobal(p.Path); GC.KeepAlive(fn); }
+            if (callbackError != null) throw callbackError;
+            if (status == (int)Status.Cancelled && cancellation.IsCancellationRequested)
+                throw new KilnCancelledException("model load cancelled");
+            Interop.Check(status);
+            Handle = new ModelHandle();
+            Handle.Adopt(raw, null);
+        }
+
+        public void Dispose() { Handle.Dispose(); }
+
+        public ModelInfo Info
+        {
+            get
+            {
+                var i = new Native.ModelInfo { StructSize = (uint)Marshal.SizeOf(typeof(Native.ModelInfo)) };
+                Interop.Check(Native.kiln_model_get_info(Handle, ref i));
+                return new ModelInfo
+                {
+                    Architecture = Interop.Utf8String(i.Architecture), Name = Interop.Utf8String(i.Name),
+                    NParams = i.NParams, SizeBytes = i.SizeBytes, NVocab = i.NVocab, NCtxTrain = i.NCtxTrain,
+                    NEmbd = i.NEmbd, NLayer = i.NLayer, NHead = i.NHead, NHeadKv = i.NHeadKv, HeadDim = i.HeadDim,
+                    NFf = i.NFf, TokenBos = i.TokenBos, TokenEos = i.TokenEos, TokenEot = i.TokenEot,
+                };
+            }
+        }
+
+        /// <summary>The metadata value of key as text, or null when absent.</summary>
+        public string Meta(string key)
+        {
+            IntPtr value;
+            return Native.kiln_model_meta_get(Handle, Interop.CString(key), out value) == 0
+                ? Interop.Utf8String(value) : null;
+        }
+
+        public bool IsEndOfGeneration(int token) { return Native.kiln_model_token_is_eog(Handle, token) != 0; }
+
+        public int[] Tokenize(string text, TokenizeFlags flags = TokenizeFlags.None)
+        {
+            byte[] bytes = Encoding.UTF8.GetBytes(text ?? "");
+            var tokens = new int[bytes.Length + 8];
+            while (true)
+            {
+                UIntPtr n;
+                int status = Native.kiln_tokenize(Handle, bytes, (UIntPtr)bytes.Length, (uint)flags, tokens,
+                                                  (UIntPtr)tokens.Length, out n);
+                if (status == (int)Status.BufferTooSmall) { tokens = new int[(int)n]; continue; }
+                Interop.Check(status);
+                Array.Resize(ref tokens, (int)n);
+                return tokens;
+            }
+        }
+
+        public string Detokenize(int[] tokens, bool renderSpecial = false)
+        {
+            var text = new byte[16 * tokens.Length + 16];
+            while (true)
+            {
+                UIntPtr n;
+                int status = Native.kiln_detokenize(Handle, tokens, (UIntPtr)tokens.Length, renderSpecial ? 1u : 0u,
+                                                    text, (UIntPtr)text.Length, out n);
+                if (status == (int)Status.BufferTooSmall) { text = new byte[(int)n]; continue; }
+                Interop.Check(status);
+                return Encoding.UTF8.GetString(text, 0, (int)n);
+            }
+        }
+
+        /// <summary>Renders (role, content) messages with the model's template (template null) or
+        /// a family name ("chatml", "llama3", ...) or Jinja source.</summary>
+        public string ApplyChatTemplate(IList<KeyValuePair<string, string>> messages, string template = null,
+                                        bool addGenerationPrompt = true)
+        {
+            var cmsgs = new Native.ChatMessage[messages.Count];
+            try
+            {
+                for (int i = 0; i < cmsgs.Length; i++)
+                {
+                    cmsgs[i].Role = Interop.AllocCString(messages[i].Key);
+                    cmsgs[i].Content = Interop.AllocCString(messages[i].Value);
+                }
+                var text = new byte[1024];
+                while (true)
+                {
+                    UIntPtr n;
+                    int status = Native.kiln_chat_apply_template(Handle, Interop.CString(template), cmsgs,
+                        (UIntPtr)cmsgs.Length, addGenerationPrompt ? 1 : 0, text, (UIntPtr)text.Length, out n);
+                    if (status == (int)Status.BufferTooSmall) { text = new byte[(int)n]; continue; }
+                    Interop.Check(status);
+                    return Encoding.UTF8.GetString(text, 0, (int)n);
+                }
+            }
+            finally
+            {
+                foreach (var m in cmsgs) { Marshal.FreeHGlobal(m.Role); Marshal.FreeHGlobal(m.Content); }
+            }
+        }
+    }
+
+    public sealed class CacheOptions
+    {
+        public int NCtx;        // most tokens per session; 0: the training context
+        public int BlockSize;   // 0: 16
+        public long PoolBytes;  // 0: one full context
+        public int NThreads;    // 0: physical cores
+        public bool PrefixCaching = true;
+    }
+
+    public struct CacheStats
+    {
+        public int NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences;
+        public long PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions;
+    }
+
+    public struct StepResult
+    {
+        public int NSteps, NActive;
+        public long NTokens;
+        public double ElapsedMs;
+    }
+
+    /// <summary>A KV cache and the engine that batches its sessions; thread-safe.</summary>
+    public sealed class Cache : IDisposable
+    {
+        internal readonly CacheHandle Handle;
+        public Model Model { get; private set; }
+
+        public Cache(Model model, CacheOptions options = null)
+        {
+            options = options ?? new CacheOptions();
+            var p = new Native.CacheParams();
+            Interop.Check(Native.kiln_cache_params_init(ref p, Native.SizeOf<Native.CacheParams>()));
+            p.NCtx = options.NCtx;
+            if (options.BlockSize != 0) p.BlockSize = options.BlockSize;
+            p.PoolBytes = (UIntPtr)(ulong)options.PoolBytes;
+            p.NThreads = options.NThreads;
+            p.PrefixCaching = options.PrefixCaching ? 1 : 0;
+            IntPtr raw;
+            Interop.Check(Native.kiln_cache_create(model.Handle, ref p, out raw));
+            Handle = new CacheHandle();
+            Handle.Adopt(raw, model.Handle);
+            Model = model;
+        }
+
+        public void Dispose() { Handle.Dispose(); }
+
+        public CacheStats Stats
+        {
+            get
+            {
+                var s = new Native.CacheStats { StructSize = (uint)Marshal.SizeOf(typeof(Native.CacheStats)) };
+                Interop.Check(Native.kiln_cache_get_stats(Handle, ref s));
+                return new CacheStats
+                {
+                    NCtx = s.NCtx, BlockSize = s.BlockSize, BlocksTotal = s.BlocksTotal, BlocksFree = s.BlocksFree,
+                    BlocksUsed = s.BlocksUsed, BlocksCached = s.BlocksCached, NSequences = s.NSequences,
+                    PrefixLookups = s.PrefixLookups, PrefixQueryTokens = s.PrefixQueryTokens,
+                    PrefixHitTokens = s.PrefixHitTokens, Evictions = s.Evictions,
+                };
+            }
+        }
+
+        public Session CreateSession(SamplerOptions sampler = null) { return new Session(this, sampler); }
+
+        /// <summary>Runs steps on the calling thread: one, or with timeBudgetMs &gt; 0 as many as fit
+        /// in that budget (a game loop calls it once per frame).</summary>
+        public StepResult Step(double timeBudgetMs = 0)
+        {
+            var p = new Native.StepParams();
+            Interop.Check(Native.kiln_step_params_init(ref p, Native.SizeOf<Native.StepParams>()));
+            p.TimeBudgetMs = timeBudgetMs;
+            var r = new Native.StepResult { StructSize = (uint)Marshal.SizeOf(typeof(Native.StepResult)) };
+            Interop.Check(Native.kiln_cache_step(Handle, ref p, ref r));
+            return new StepResult { NSteps = r.NSteps, NActive = r.NActive, NTokens = r.NTokens, ElapsedMs = r.ElapsedMs };
+        }
+
+        public void StartWorker() { Interop.Check(Native.kiln_cache_start_worker(Handle)); }
+        public void StopWorker() { Interop.Check(Native.kiln_cache_stop_worker(Handle)); }
+    }
+}

@@ -1,0 +1,479 @@
+// The C# binding on the default model (SmolLM2-135M-Instruct Q4_1 in $KILN_MODEL_DIR or
+// ~/.cache/kiln): greedy, about a dozen tokens per generate. A small runner (no NUnit offline):
+// every public static void method of Tests whose name starts with "Test" is a test.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using System.Linq;
+using System.Reflection;
+using System.Runtime.InteropServices;
+using System.Threading;
+using Kiln;
+
+internal static class Runner
+{
+    private static int Main()
+    {
+        Tests.Setup();
+        int failed = 0, passed = 0;
+        var total = Stopwatch.StartNew();
+        foreach (MethodInfo m in typeof(Tests).GetMethods(BindingFlags.Public | BindingFlags.Static)
+                     .Where(m => m.Name.StartsWith("Test")).OrderBy(m => m.MetadataToken))
+        {
+            var watch = Stopwatch.StartNew();
+            try
+            {
+                m.Invoke(null, null);
+                passed++;
+                Console.WriteLine("PASS {0} ({1} ms)", m.Name, watch.ElapsedMilliseconds);
+            }
+            catch (TargetInvocationException e)
+            {
+                failed++;
+                Console.WriteLine("FAIL {0}: {1}", m.Name, e.InnerException);
+            }
+        }
+        Tests.Teardown();
+        Console.WriteLine("{0} passed, {1} failed in {2} ms", passed, failed, total.ElapsedMilliseconds);
+        return failed == 0 ? 0 : 1;
+    }
+}
+
+internal sealed class AssertionException : Exception
+{
+    public AssertionException(string message) : base(message) { }
+}
+
+public static class Tests
+{
+    private const string ChatPrompt = "<|im_start|>user\nName three fruits.<|im_end|>\n<|im_start|>assistant\n";
+    private const int Max = 12;
+    private static string _modelPath;
+    private static Model _model;
+    private static Cache _cache;
+
+    internal static void Setup()
+    {
+        string dir = Environment.GetEnvironmentVariable("KILN_MODEL_DIR");
+        if (string.IsNullOrEmpty(dir))
+            dir = Path.Combine(Environment.GetFolderPath(Environment.SpecialFolder.UserProfile), ".cache", "kiln");
+        _modelPath = Path.Combine(dir, "SmolLM2-135M-Instruct.Q4_1.gguf");
+        if (!File.Exists(_modelPath)) throw new FileNotFoundException("run scripts/fetch_model.sh", _modelPath);
+        _model = new Model(_modelPath);
+        _cache = new Cache(_model, new CacheOptions { NCtx = 1024 });
+    }
+
+    internal static void Teardown()
+    {
+        _cache.Dispose();
+        _model.Dispose();
+    }
+
+    private static void Check(bool condition, string what)
+    {
+        if (!condition) throw new AssertionException(what);
+    }
+
+    private static KilnException Throws(Status status, Action action)
+    {
+        try { action(); }
+        catch (KilnException e)
+        {
+            Check(e.Status == status, "expected " + status + ", got " + e.Message);
+            Check(e.Message.StartsWith("KILN_ERR_"), "message without the status name: " + e.Message);
+            return e;
+        }
+        throw new AssertionException("expected a KilnException " + status);
+    }
+
+    private static Session ChatSession(SamplerOptions sampler = null)
+    {
+        Session s = _cache.CreateSession(sampler);
+        s.Append(ChatPrompt, TokenizeFlags.ParseSpecial);
+        return s;
+    }
+
+    public static void TestVersions()
+    {
+        Check(KilnLibrary.Version.Count(c => c == '.') == 2 && KilnLibrary.AbiVersion == 1, KilnLibrary.Version);
+        Check(KilnLibrary.CpuInfo.Length > 0 && KilnLibrary.Backends.Length > 0, "cpu info");
+    }
+
+    public static void TestStructLayoutsMatchTheHeader()
+    {
+        // sizeof in C (LP64); a field added to kiln.h but not to Native.cs shows up here.
+        var expected = new Dictionary<Type, int>
+        {
+            { typeof(Native.ModelParams), 56 }, { typeof(Native.ModelInfo), 88 },
+            { typeof(Native.CacheParams), 40 }, { typeof(Native.CacheStats), 80 },
+            { typeof(Native.SamplerParams), 72 }, { typeof(Native.GenerateParams), 40 },
+            { typeof(Native.GenerateResult), 12 }, { typeof(Native.RequestParams), 96 },
+            { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
+            { typeof(Native.StepResult), 32 }, { typeof(Native.StateParams), 12 },
+            { typeof(Native.NgramParams), 40 }, { typeof(Native.DraftParams), 32 },
+            { typeof(Native.SpecMetrics), 56 }, { typeof(Native.ChatMessage), 16 },
+            { typeof(Native.TokenLogprob), 8 },
+        };
+        foreach (var kv in expected)
+            Check(Marshal.SizeOf(kv.Key) == kv.Value, kv.Key.Name + " is " + Marshal.SizeOf(kv.Key) + " bytes, not " + kv.Value);
+    }
+
+    public static void TestLoadProgressAndCancel()
+    {
+        var seen = new List<float>();
+        using (var m = new Model(_modelPath, p => { seen.Add(p); return true; }))
+            Check(m.Info.NVocab > 0, "vocabulary");
+        Check(seen.Count > 0 && seen.Last() == 1.0f, "progress " + string.Join(",", seen));
+        for (int i = 1; i < seen.Count; i++) Check(seen[i] >= seen[i - 1], "progress goes back");
+        Throws(Status.Cancelled, () => new Model(_modelPath, p => false));
+        using (var cts = new CancellationTokenSource())
+        {
+            try
+            {
+                new Model(_modelPath, p => { cts.Cancel(); return true; }, cts.Token);
+                throw new AssertionException("a cancelled load succeeded");
+            }
+            catch (KilnCancelledException e) { Check(e.Status == Status.Cancelled, "status"); }
+        }
+        try
+        {
+            new Model(_modelPath, p => { throw new InvalidOperationException("from progress"); });
+            throw new AssertionException("the callback's exception was lost");
+        }
+        catch (InvalidOperationException e) { Check(e.Message == "from progress", e.Message); }
+    }
+
+    public static void TestLoadErrors()
+    {
+        string dir = Path.Combine(Path.GetTempPath(), "kiln-cs-" + Guid.NewGuid().ToString("N"));
+        Directory.CreateDirectory(dir);
+        try
+        {
+            var e = Throws(Status.IO, () => new Model(Path.Combine(dir, "missing.gguf")));
+            Check(e.KilnMessage.Contains("missing.gguf"), e.KilnMessage);
+            string bad = Path.Combine(dir, "bad.gguf");
+            File.WriteAllBytes(bad, new byte[] { (byte)'G', (byte)'G', (byte)'U', (byte)'F' }.Concat(Enumerable.Repeat((byte)0xff, 60)).ToArray());
+            e = Throws(Status.Format, () => new Model(bad));
+            Check(e.KilnMessage.Length > 0, "no message");
+        }
+        finally { Directory.Delete(dir, true); }
+    }
+
+    public static void TestInfoAndMetadata()
+    {
+        ModelInfo info = _model.Info;
+        Check(info.Architecture == "llama" && info.NVocab == 49152 && info.NLayer == 30, info.Architecture);
+        Check(_model.Meta("general.architecture") == "\"llama\"", "meta");
+        Check(_model.Meta("no.such.key") == null, "missing key");
+        Check(_model.IsEndOfGeneration(info.TokenEos), "eos");
+    }
+
+    public static void TestTokenizeRoundTrip()
+    {
+        const string text = "Hello, world! Ünïcödé 🙂";
+        int[] tokens = _model.Tokenize(text);
+        Check(tokens.Length > 3 && _model.Detokenize(tokens) == text, "round trip");
+        int[] special = _model.Tokenize("<|im_start|>user", TokenizeFlags.ParseSpecial);
+        Check(special.Length < _model.Tokenize("<|im_start|>user").Length, "special");
+        Check(_model.Detokenize(special, renderSpecial: true) == "<|im_start|>user", "render special");
+        Check(_model.Tokenize("").Length == 0, "empty");
+        var e = Throws(Status.InvalidArgument, () => _model.Detokenize(new[] { 1, 2, 1000000 }));
+        Check(e.KilnMessage.Contains("2"), "index not named: " + e.KilnMessage);
+    }
+
+    public static void TestChatTemplate()
+    {
+        var msgs = new List<KeyValuePair<string, string>>
+        {
+            new KeyValuePair<string, string>("system", "Be brief."), new KeyValuePair<string, string>("user", "Hi"),
+        };
+        string own = _model.ApplyChatTemplate(msgs);
+        Check(own.Contains("<|im_start|>user\nHi<|im_end|>") && own.EndsWith("<|im_start|>assistant\n"), own);
+        string chatml = _model.ApplyChatTemplate(msgs, "chatml", false);
+        Check(chatml.Contains("<|im_start|>system\nBe brief.<|im_end|>") && !chatml.EndsWith("assistant\n"), chatml);
+        Throws(Status.InvalidArgument, () => _model.ApplyChatTemplate(new[] { new KeyValuePair<string, string>("wizard", "x") }));
+    }
+
+    public static void TestCacheAndSession()
+    {
+        int before = _cache.Stats.NSequences;
+        Session s = ChatSession();
+        Check(_cache.Stats.NSequences == before + 1, "sequences");
+        int[] prompt = _model.Tokenize(ChatPrompt, TokenizeFlags.ParseSpecial);
+        Check(s.Tokens.SequenceEqual(prompt) && s.NTokens == prompt.Length, "tokens");
+        float[] logits = s.Logits;
+        Check(logits.Length == 49152 && !float.IsNaN(logits[0]), "logits");
+        s.Dispose();
+        Check(_cache.Stats.NSequences == before, "sequences after dispose");
+        try { s.Append("x"); throw new AssertionException("a disposed session took a call"); }
+        catch (ObjectDisposedException) { }
+    }
+
+    public static void TestGenerateAndStreamAgree()
+    {
+        GenerateResult result;
+        var streamed = new System.Text.StringBuilder();
+        using (Session a = ChatSession())
+            result = a.Generate(Max, new GenerateOptions { OnToken = (t, piece) => { streamed.Append(piece); return true; } });
+        Check(result.Tokens.Length == Max && result.StopReason == StopReason.MaxTokens && result.Text.Length > 0, "generate");
+        Check(streamed.ToString() == result.Text, "callback text " + streamed + " vs " + result.Text);
+        using (Session b = _cache.CreateSession())
+        {
+            PollResult last = null;
+            var pieces = b.Stream(new Request { Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max },
+                                  result: r => last = r).ToList();
+            Check(pieces.Count > 1 && string.Concat(pieces) == result.Text, "stream " + string.Concat(pieces));
+            Check(last != null && last.Done && last.Error == null && last.StopReason == StopReason.MaxTokens, "final poll");
+            Check(b.Tokens.Skip(b.NTokens - Max).SequenceEqual(result.Tokens), "stream tokens");
+        }
+        using (Session c = ChatSession())
+        {
+            var task = c.GenerateAsync(Max);
+            Check(task.Wait(60000) && task.Result.Tokens.SequenceEqual(result.Tokens), "GenerateAsync");
+        }
+    }
+
+    public static void TestStreamLeftEarlyCancels()
+    {
+        using (Session s = _cache.CreateSession())
+        {
+            foreach (string piece in s.Stream(new Request { Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = 64 }))
+                break;
+            int n = s.NTokens;
+            s.Append(" ok"); // the request ended: the session takes calls again
+            Check(s.NTokens > n && n < _model.Tokenize(ChatPrompt, TokenizeFlags.ParseSpecial).Length + 64, "tokens " + n);
+        }
+    }
+
+    public static void TestStopStringAndCallbackStop()
+    {
+        using (Session s = ChatSession())
+        {
+            string text;
+            using (Session full = s.Fork()) text = full.Generate(Max).Text;
+            string word = text.Split((char[])null, StringSplitOptions.RemoveEmptyEntries)[1];
+            GenerateResult r = s.Generate(Max, new GenerateOptions { Stop = new[] { word } });
+            Check(r.StopReason == StopReason.StopString && !r.Text.Contains(word), "stop " + word + ": " + r.Text);
+            r = s.Generate(Max, new GenerateOptions { OnToken = (t, p) => false });
+            Check(r.StopReason == StopReason.Callback && r.Tokens.Length == 1, "callback stop");
+            try
+            {
+                s.Generate(Max, new GenerateOptions { OnToken = (t, p) => { throw new InvalidOperationException("boom"); } });
+                throw new AssertionException("the callback's exception was lost");
+            }
+            catch (InvalidOperationException) { }
+        }
+    }
+
+    public static void TestCancellationTokenFromAnotherThread()
+    {
+        using (Session s = ChatSession())
+        using (var cts = new CancellationTokenSource())
+        using (var firstToken = new ManualResetEventSlim())
+        using (var cancelReturned = new ManualResetEventSlim())
+        {
+            var canceller = new Thread(() => { firstToken.Wait(30000); cts.Cancel(); cancelReturned.Set(); });
+            canceller.Start();
+            int n = 0;
+            GenerateResult r = s.Generate(64, new GenerateOptions
+            {
+                OnToken = (t, p) =>
+                {
+                    // The next step comes after the cancel (and its registered kiln cancel).
+                    if (++n == 1) { firstToken.Set(); cancelReturned.Wait(30000); }
+                    return true;
+                },
+            }, cts.Token);
+            canceller.Join();
+            // Cancel() runs the token's registration (kiln's cancel) before it returns: one token.
+            Check(r.StopReason == StopReason.Cancelled && r.Tokens.Length == 1, r.StopReason + " after " + r.Tokens.Length);
+
+            // Session.Cancel from another thread, without a token.
+            using (var first = new ManualResetEventSlim())
+            using (var cancelled = new ManualResetEventSlim())
+            {
+                var other = new Thread(() => { first.Wait(30000); s.Cancel(); cancelled.Set(); });
+                other.Start();
+                n = 0;
+                r = s.Generate(64, new GenerateOptions
+                {
+                    OnToken = (t, p) => { if (++n == 1) { first.Set(); cancelled.Wait(30000); } return true; },
+                });
+                other.Join();
+                Check(r.StopReason == StopReason.Cancelled && r.Tokens.Length == 1, "Cancel: " + r.StopReason + " after " + r.Tokens.Length);
+            }
+            // With the token already cancelled: an append throws KilnCancelledException, a generate
+            // returns Cancelled; neither changes the session.
+            int before = s.NTokens;
+            try { s.Append("more", TokenizeFlags.None, cts.Token); throw new AssertionException("append ran"); }
+            catch (KilnCancelledException) { }
+            Check(s.Generate(4, null, cts.Token).StopReason == StopReason.Cancelled && s.NTokens == before, "changed");
+        }
+    }
+
+    public static void TestForkAndRewind()
+    {
+        using (Session s = ChatSession())
+        {
+            int[] prompt = s.Tokens;
+            GenerateResult a, b;
+            using (Session f = s.Fork())
+            {
+                a = s.Generate(Max);
+                Check(f.NTokens == prompt.Length, "the fork changed");
+                b = f.Generate(Max);
+            }
+            Check(a.Tokens.SequenceEqual(b.Tokens), "fork differs");
+            s.Rewind(Max);
+            Check(s.Tokens.SequenceEqual(prompt), "rewind");
+            Check(s.Generate(Max).Tokens.SequenceEqual(a.Tokens), "regenerate");
+            Throws(Status.OutOfRange, () => s.Rewind(1000000));
+        }
+    }
+
+    public static void TestLogprobs()
+    {
+        using (Session s = ChatSession(new SamplerOptions { NLogprobs = 5 }))
+        {
+            float[] logits = s.Logits;
+            int argmax = Array.IndexOf(logits, logits.Max());
+            GenerateResult r = s.Generate(1);
+            TokenLogprob[] top = s.Logprobs();
+            Check(top.Length == 5 && top[0].Token == r.Tokens[0] && top[0].Token == argmax, "top");
+            for (int i = 1; i < top.Length; i++) Check(top[i].Logprob <= top[i - 1].Logprob && top[i].Logprob <= 0, "order");
+        }
+    }
+
+    public static void TestNgramStrategyIsLosslessWithMetrics()
+    {
+        string text = string.Concat(Enumerable.Repeat("one two three four five six seven eight. ", 4)) + "one two three";
+        int[] expected;
+        using (Session plain = _cache.CreateSession())
+        {
+            plain.Append(text);
+            expected = plain.Generate(Max).Tokens;
+        }
+        using (Strategy st = Strategy.Ngram(maxDraft: 4))
+        using (Session s = _cache.CreateSession())
+        {
+            s.Append(text);
+            s.SetStrategy(st);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+            SpecMetrics m = s.SpecMetrics;
+            Check(m.Steps > 0 && m.Drafted > 0 && m.Accepted <= m.Drafted && m.TargetPassesPerToken <= 1, "metrics");
+            s.SetStrategy(null);
+        }
+        var e = Throws(Status.InvalidArgument, () => Strategy.Ngram(maxDraft: -1));
+        Check(e.KilnMessage.Contains("max_draft"), e.KilnMessage);
+    }
+
+    public static void TestDraftStrategy()
+    {
+        // The model drafting for itself: a draft model needs only the target's vocabulary size.
+        int[] expected;
+        using (Session plain = ChatSession()) expected = plain.Generate(Max).Tokens;
+        using (Strategy draft = Strategy.Draft(_model, _modelPath, maxDraft: 3, nThreads: 1))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(draft);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+            SpecMetrics m = s.SpecMetrics;
+            Check(m.Drafted > 0 && m.Accepted > 0 && m.Accepted <= m.Drafted, "metrics");
+            Throws(Status.Unsupported, () => s.SaveState()); // a draft model cannot save its state
+            s.SetStrategy(null);
+        }
+        Throws(Status.IO, () => Strategy.Draft(_model, Path.Combine(Path.GetTempPath(), "kiln-missing-draft.gguf")));
+    }
+
+    public static void TestSubmitPollStepMatchesBlocking()
+    {
+        GenerateResult expected;
+        using (Session r = ChatSession()) expected = r.Generate(Max);
+        using (Session s = _cache.CreateSession())
+        {
+            s.Submit(new Request { Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max });
+            Throws(Status.Busy, () => s.Append("busy"));
+            var text = new List<byte>();
+            var tokens = new List<int>();
+            int steps = 0;
+            PollResult polled;
+            while (true)
+            {
+                polled = s.Poll();
+                text.AddRange(polled.Text);
+                tokens.AddRange(polled.Tokens);
+                if (polled.Done) break;
+                steps += _cache.Step(5).NSteps;
+            }
+            Check(polled.Error == null && polled.StopReason == StopReason.MaxTokens && steps >= Max, "done");
+            Check(tokens.SequenceEqual(expected.Tokens) && System.Text.Encoding.UTF8.GetString(text.ToArray()) == expected.Text, "output");
+            s.Append(" more");
+        }
+    }
+
+    public static void TestWorkerAndRequestErrors()
+    {
+        using (Session s = _cache.CreateSession())
+        {
+            Throws(Status.InvalidArgument, () => s.Submit(new Request { MaxTokens = 4 }));
+            Throws(Status.InvalidArgument, () => s.Poll());
+            s.Submit(new Request { Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max });
+            s.Cancel(); // queued: fails with Cancelled and keeps nothing
+            PollResult r;
+            while (!(r = s.Poll()).Done) _cache.Step();
+            Check(r.Error != null && r.Error.Status == Status.Cancelled && s.NTokens == 0, "queued cancel");
+            _cache.StartWorker();
+            try
+            {
+                var pieces = s.Stream(new Request { Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max }).ToList();
+                Check(pieces.Count > 0 && s.NTokens == _model.Tokenize(ChatPrompt, TokenizeFlags.ParseSpecial).Length + Max, "worker");
+            }
+            finally { _cache.StopWorker(); }
+        }
+    }
+
+    public static void TestSavedStateContinues()
+    {
+        using (Session s = ChatSession())
+        {
+            s.Generate(4);
+            byte[] state = s.SaveState();
+            int[] expected = s.Generate(Max).Tokens;
+            using (Session r = _cache.CreateSession())
+            {
+                Throws(Status.Format, () => r.LoadState(state.Take(state.Length / 2).ToArray()));
+                Check(r.NTokens == 0, "a failed load changed the session");
+                r.LoadState(state);
+                Check(r.Generate(Max).Tokens.SequenceEqual(expected), "restored");
+            }
+        }
+    }
+
+    public static void TestBadArguments()
+    {
+        var e = Throws(Status.InvalidArgument, () => new Cache(_model, new CacheOptions { BlockSize = -1 }));
+        Check(e.KilnMessage.Contains("block_size"), e.KilnMessage);
+        Throws(Status.InvalidArgument, () => _cache.CreateSession(new SamplerOptions { RepeatPenalty = -1 }));
+        using (Session s = _cache.CreateSession())
+        {
+            Throws(Status.InvalidArgument, () => s.Generate(4));
+            Throws(Status.InvalidArgument, () => s.AppendTokens(new[] { 10000000 }));
+        }
+    }
+
+    public static void TestDisposeOutOfOrderIsSafe()
+    {
+        // The model is disposed first, but its cache and session hold references to it: the
+        // native model is freed only after them.
+        var m = new Model(_modelPath);
+        var c = new Cache(m, new CacheOptions { NCtx = 256 });
+        Session s = c.CreateSession();
+        s.Append("hi");
+        m.Dispose();
+        c.Dispose();
+        s.Append(" there"); // still valid
+        Check(s.NTokens > 1, "session");
+        s.Dispose();
+    }
+}

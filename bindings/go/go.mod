@@ -1,0 +1,3 @@
+module github.com/kiln/kiln/bindings/go
+
+go 1.19

@@ -1,0 +1,220 @@
+package kiln
+
+/*
+#include <stdlib.h>
+#include <kiln/kiln.h>
+*/
+import "C"
+
+import (
+	"context"
+	"time"
+	"unsafe"
+)
+
+// ---------------------------------------------------------------- speculative decoding
+
+// Strategy proposes draft tokens that a session verifies in one pass (lossless). It serves one
+// session at a time; detach it (SetStrategy(nil)) or close the session before closing it.
+type Strategy struct {
+	ptr *C.kiln_strategy
+}
+
+// NgramOptions are prompt-lookup parameters; zero values keep kiln's defaults.
+type NgramOptions struct {
+	MaxNgram, MinNgram, MaxDraft, StartDraft int32
+}
+
+// NewNgramStrategy creates an n-gram prompt-lookup strategy (no model).
+func NewNgramStrategy(opts NgramOptions) (*Strategy, error) {
+	var p C.kiln_ngram_params
+	C.kiln_ngram_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	set := func(dst *C.int32_t, v int32) {
+		if v != 0 {
+			*dst = C.int32_t(v)
+		}
+	}
+	set(&p.max_ngram, opts.MaxNgram)
+	set(&p.min_ngram, opts.MinNgram)
+	set(&p.max_draft, opts.MaxDraft)
+	if opts.StartDraft != 0 {
+		p.start_draft = C.int32_t(opts.StartDraft)
+	} else if p.start_draft > p.max_draft && p.max_draft > 0 {
+		p.start_draft = p.max_draft
+	}
+	var ptr *C.kiln_strategy
+	if err := call(func() C.kiln_status { return C.kiln_strategy_create_ngram(&p, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &Strategy{ptr: ptr}, nil
+}
+
+// NewDraftStrategy creates a draft-model strategy from the GGUF at draftPath (the target's
+// vocabulary size); maxDraft 0 and nThreads 0 keep kiln's defaults.
+func NewDraftStrategy(target *Model, draftPath string, maxDraft, nThreads int32) (*Strategy, error) {
+	var p C.kiln_draft_params
+	C.kiln_draft_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	if maxDraft != 0 {
+		p.max_draft = C.int32_t(maxDraft)
+	}
+	p.n_threads = C.int32_t(nThreads)
+	cpath := C.CString(draftPath)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.kiln_strategy
+	if err := call(func() C.kiln_status { return C.kiln_strategy_create_draft(target.ptr, cpath, &p, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &Strategy{ptr: ptr}, nil
+}
+
+// Close frees the strategy; it must not be attached to a live session.
+func (st *Strategy) Close() {
+	C.kiln_strategy_destroy(st.ptr)
+	st.ptr = nil
+}
+
+// SetStrategy attaches st (nil: plain decoding) to the session's next generates.
+func (s *Session) SetStrategy(st *Strategy) error {
+	var ptr *C.kiln_strategy
+	if st != nil {
+		ptr = st.ptr
+	}
+	return call(func() C.kiln_status { return C.kiln_session_set_strategy(s.ptr, ptr) })
+}
+
+// SpecMetrics are a session's cumulative speculative-decoding counters.
+type SpecMetrics struct {
+	Steps, Drafted, Accepted, Generated       int64
+	MeanAcceptedPerStep, TargetPassesPerToken float64
+}
+
+// SpecMetrics reads the session's speculative metrics (zeros without a strategy).
+func (s *Session) SpecMetrics() (SpecMetrics, error) {
+	var m C.kiln_spec_metrics
+	m.struct_size = C.uint32_t(unsafe.Sizeof(m))
+	if err := call(func() C.kiln_status { return C.kiln_session_get_spec_metrics(s.ptr, &m) }); err != nil {
+		return SpecMetrics{}, err
+	}
+	return SpecMetrics{int64(m.steps), int64(m.drafted), int64(m.accepted), int64(m.generated),
+		float64(m.mean_accepted_per_step), float64(m.target_passes_per_token)}, nil
+}
+
+// ---------------------------------------------------------------- non-blocking requests
+
+// Request is a non-blocking request: append a prompt (Text, then Tokens), then generate.
+type Request struct {
+	Text         string
+	ParseSpecial bool
+	Tokens       []int32
+	MaxTokens    int // 0: only compute the prompt
+	Stop         []string
+}
+
+// Submit starts req and returns at once; it runs as the cache is stepped (Cache.Step, the
+// worker, or a blocking call on the same cache). Until Poll reports done, other calls on the
+// session fail with ErrBusy.
+func (s *Session) Submit(req Request) error {
+	if s.ptr == nil {
+		return closedError("session")
+	}
+	var p C.kiln_request_params
+	C.kiln_request_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	ctext, clen := cText(req.Text)
+	defer C.free(unsafe.Pointer(ctext))
+	p.text, p.text_len = ctext, clen
+	if req.ParseSpecial {
+		p.text_flags = C.KILN_TOKENIZE_PARSE_SPECIAL
+	}
+	// The prompt is read during the call; C memory because p is Go memory holding the pointer.
+	var ctokens *C.int32_t
+	if len(req.Tokens) > 0 {
+		ctokens = (*C.int32_t)(C.CBytes(unsafe.Slice((*byte)(unsafe.Pointer(&req.Tokens[0])), 4*len(req.Tokens))))
+		defer C.free(unsafe.Pointer(ctokens))
+	}
+	p.tokens, p.n_tokens = ctokens, C.size_t(len(req.Tokens))
+	p.max_tokens = C.int32_t(req.MaxTokens)
+	// Stop strings are matched while the request runs: they live until the next submit or Close.
+	stops := cStrings(req.Stop)
+	p.stop_strings, p.n_stop_strings = stops, C.size_t(len(req.Stop))
+	if err := call(func() C.kiln_status { return C.kiln_session_submit(s.ptr, &p) }); err != nil {
+		freeCStrings(stops, len(req.Stop))
+		return err
+	}
+	s.freeRequestStops()
+	s.requestStops, s.nRequestStops = stops, len(req.Stop)
+	return nil
+}
+
+// PollResult is the output of the request since the last Poll.
+type PollResult struct {
+	Text       []byte  // may end inside a UTF-8 character; the next poll continues it
+	Tokens     []int32 // generated token ids
+	Done       bool
+	Err        error      // when Done: the request's error, or nil
+	StopReason StopReason // when Done without Err
+	NTokens    int32      // tokens generated so far
+}
+
+// Poll moves the request's new output out; never blocks on a step. Any goroutine, any time.
+func (s *Session) Poll() (PollResult, error) {
+	if s.ptr == nil {
+		return PollResult{}, closedError("session")
+	}
+	var out PollResult
+	text := make([]byte, 4096)
+	tokens := make([]int32, 256)
+	for {
+		var r C.kiln_poll_result
+		r.struct_size = C.uint32_t(unsafe.Sizeof(r))
+		var requestErr error
+		err := call(func() C.kiln_status {
+			status := C.kiln_session_poll(s.ptr, (*C.char)(unsafe.Pointer(&text[0])), C.size_t(len(text)),
+				tokenPtr(tokens), C.size_t(len(tokens)), &r)
+			if status == C.KILN_OK && r.done != 0 && r.status != C.KILN_OK {
+				// The message is this thread's, as for a failed call.
+				requestErr = &Error{Status: Status(r.status), Message: C.GoString(C.kiln_last_error_message())}
+			}
+			return status
+		})
+		if err != nil {
+			return PollResult{}, err
+		}
+		out.Text = append(out.Text, text[:r.text_len]...)
+		out.Tokens = append(out.Tokens, tokens[:r.n_new_tokens]...)
+		out.NTokens = int32(r.n_tokens)
+		if r.text_left == 0 && r.tokens_left == 0 {
+			out.Done = r.done != 0
+			out.Err = requestErr
+			if out.Done && requestErr == nil {
+				out.StopReason = StopReason(r.stop_reason)
+			}
+			return out, nil
+		}
+	}
+}
+
+// Wait polls until the request is done, with the cache stepped by someone else (the worker or
+// another goroutine), collecting its output. Cancelling ctx cancels the request and waits for
+// it to end.
+func (s *Session) Wait(ctx context.Context, every time.Duration) (PollResult, error) {
+	var all PollResult
+	cancelled := false
+	for {
+		r, err := s.Poll()
+		if err != nil {
+			return all, err
+		}
+		all.Text = append(all.Text, r.Text...)
+		all.Tokens = append(all.Tokens, r.Tokens...)
+		all.NTokens = r.NTokens
+		if r.Done {
+			all.Done, all.Err, all.StopReason = true, r.Err, r.StopReason
+			return all, nil
+		}
+		if ctx.Err() != nil && !cancelled {
+			s.Cancel()
+			cancelled = true
+		}
+		time.Sleep(every)
+	}
+}
