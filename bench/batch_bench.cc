@@ -13,12 +13,14 @@
 //     TTFT: 8 sessions decoding, then a new session submits an L-token prompt (default 128);
 //     the time until its first generated token, stepping as the others keep decoding; median
 //     and min-max of R x 3 trials, next to the same prompt's TTFT on an idle cache.
-//   batch_bench --game [--frames F] [--budget-ms B] [--npcs K] ...
+//   batch_bench --game [--frames F] [--budget-ms B] [--npcs K] [--step-tokens S] ...
 //     A game loop: 60 frames per second for F frames (default 600), K NPC sessions (default 4)
 //     always generating (a finished one submits again), each frame steps the cache with a B ms
 //     budget (default 2) as kiln_cache_step does (the layers of a pass predicted to fit, at
 //     least one when there is work), then sleeps to the next frame. Prints the time spent stepping
-//     per frame (p50, p99, max) and the tokens generated per second.
+//     per frame (p50, p99, max), the tokens generated per second, and how many frames went over
+//     the budget (of them, how many ran a single unit: the one a step runs even when none is
+//     predicted to fit). --step-tokens: the scheduler's tokens per step (EngineOptions).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -155,6 +157,7 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   for (int i = 0; i < npcs; ++i) sessions.push_back(b.Submit(b.prompt_len, b.decode));
   const auto frame = std::chrono::microseconds(16667);
   std::vector<double> step_ms;
+  int over_budget = 0, over_budget_single_unit = 0;
   int64_t tokens = 0;
   const Clock::time_point begin = Clock::now();
   Clock::time_point next_frame = begin;
@@ -164,6 +167,10 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
     kiln::StepStats st;
     if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
+    if (step_ms.back() > budget_ms) {
+      ++over_budget;
+      if (st.units == 1) ++over_budget_single_unit;
+    }
     if (std::getenv("KILN_GAME_TRACE") != nullptr && step_ms.back() > budget_ms) {
       std::printf("frame %d: %.2f ms, %d units, %d passes, %d tokens, tasks %d\n", f,
                   step_ms.back(), st.units, st.passes, st.tokens, st.tasks);
@@ -195,6 +202,8 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
               budget_ms);
   std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
               pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+  std::printf("frames over budget: %d (%.1f%%), of them running a single unit: %d\n", over_budget,
+              100.0 * over_budget / frames, over_budget_single_unit);
   const kiln::SchedulerCounters c = scheduler.Counters();
   const double n_units = static_cast<double>(std::max<int64_t>(1, c.predicted_units));
   std::printf(
@@ -223,7 +232,7 @@ int main(int argc, char** argv) {
     const char* home = std::getenv("HOME");
     model_path = std::string(home ? home : "") + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
-  int threads = 2, repeats = 3, ttft_prompt = 128, frames = 600, npcs = 4;
+  int threads = 2, repeats = 3, ttft_prompt = 128, frames = 600, npcs = 4, step_tokens = 0;
   bool game = false;
   double budget_ms = 2.0;
   std::vector<int> counts = {1, 2, 4, 8, 16, 32};
@@ -254,6 +263,8 @@ int main(int argc, char** argv) {
       budget_ms = std::atof(next().c_str());
     } else if (a == "--npcs") {
       npcs = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--step-tokens") {
+      step_tokens = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--ttft-prompt") {
       ttft_prompt = std::max(1, std::atoi(next().c_str()));
     } else {
@@ -266,6 +277,7 @@ int main(int argc, char** argv) {
   kiln::EngineOptions options;
   options.n_threads = threads;
   options.n_ctx = 8192;  // the pool: room for 32 sessions of prompt + decode tokens
+  if (step_tokens > 0) options.step_tokens = step_tokens;
   auto engine = Check(kiln::Engine::Create(*model, options), "Engine::Create");
   b.model = model.get();
   b.engine = engine.get();
