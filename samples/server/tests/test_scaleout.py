@@ -26,7 +26,7 @@ import urllib.request
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROUTE_CONF = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "prefix_route.conf"
 CONVERSATIONS = 3  # odd, so round-robin in a fixed order moves each conversation every round
-ROUNDS = 3
+ROUNDS = 2
 MAX_TOKENS = 4
 
 
@@ -45,7 +45,7 @@ def free_port():
 
 def start_replica(binary, model):
     proc = subprocess.Popen(
-        [binary, "-m", model, "--alias", "smollm2", "--port", "0", "-t", "1", "-c", "1024",
+        [binary, "-m", model, "--alias", "smollm2", "--port", "0", "-t", "2", "-c", "1024",
          "-np", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if "listening on http://" not in line:
