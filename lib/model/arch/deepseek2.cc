@@ -12,13 +12,13 @@
 //
 // Not supported yet (refused with Unimplemented naming the key): mixture-of-experts layers
 // (leading_dense_block_count < block_count), attention temperature scaling, rope scaling other
-// than YaRN. The forward pass is not implemented yet: NewForward returns Unimplemented.
+// than YaRN; the forward pass (mla_forward.h) does not run YaRN yet.
 #include <cmath>
 
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/architecture.h"
-#include "lib/model/decoder.h"
+#include "lib/model/mla_forward.h"
 
 namespace kiln::arch {
 namespace {
@@ -241,10 +241,9 @@ class Deepseek2Architecture final : public Architecture {
                          static_cast<int32_t>(hp.mla.rope_dim), kv_type, block_size);
   }
 
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& /*model*/,
-                                                          Backend& /*backend*/) const override {
-    return absl::UnimplementedError(
-        "model: the deepseek2 (MLA) forward pass is not implemented yet");
+  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
+                                                          Backend& backend) const override {
+    return NewMlaForward(model, backend);
   }
 };
 
