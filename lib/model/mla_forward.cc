@@ -56,7 +56,9 @@ class MlaForward final : public ForwardPass {
 
  private:
   absl::Status Validate(const ForwardBatch& batch, const KvCache& cache) const;
-  // Each token's visible cache slots (CSR: visible_indptr_, visible_slots_).
+  // What each token sees: the first prefix_len_[i] cache indices of its sequence (through
+  // seq_blocks_) and then its tree ancestors' and its own slots (CSR: extra_indptr_,
+  // extra_slots_).
   absl::Status BuildVisibility(const ForwardBatch& batch, const KvCache& cache);
   // One layer's attention for every token: q [n, n_head, qk_head_dim] (rope parts rotated),
   // the cache's latent rows -> attn_ [n, n_head, v_head_dim].
@@ -67,8 +69,10 @@ class MlaForward final : public ForwardPass {
   Backend& backend_;
   std::vector<MlaLayer> layers_;
 
-  std::vector<int32_t> positions_, ids_, visible_indptr_;
-  std::vector<KvSlot> slots_, visible_slots_;
+  std::vector<int32_t> positions_, ids_, prefix_len_, token_seq_, extra_indptr_;
+  std::vector<KvSlot> slots_, extra_slots_;
+  std::vector<SeqId> seqs_;                       // the batch's sequences, in first-seen order
+  std::vector<std::vector<BlockId>> seq_blocks_;  // [seqs_] each one's block table
   std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, qabs_, rows_, scores_, olat_, attn_,
       proj_, gate_, up_;
 };
@@ -118,27 +122,35 @@ absl::Status MlaForward::BuildVisibility(const ForwardBatch& batch, const KvCach
   positions_.resize(n);
   ids_.resize(n);
   slots_.resize(n);
-  visible_indptr_.assign(1, 0);
-  visible_slots_.clear();
+  prefix_len_.resize(n);
+  token_seq_.resize(n);
+  extra_indptr_.assign(1, 0);
+  extra_slots_.clear();
+  seqs_.clear();
   for (size_t i = 0; i < n; ++i) {
     const BatchToken& t = batch.tokens[i];
     positions_[i] = t.pos;
     ids_[i] = t.token;
     KILN_ASSIGN_OR_RETURN(slots_[i], cache.SlotOf(t.seq, t.cache_index));
-    // The causal root (the token itself when causal), then the tree ancestors below it.
+    auto it = std::find(seqs_.begin(), seqs_.end(), t.seq);
+    token_seq_[i] = static_cast<int32_t>(it - seqs_.begin());
+    if (it == seqs_.end()) seqs_.push_back(t.seq);
+    // The causal root's prefix (the token's own when causal), then the tree ancestors below it.
     int32_t root = static_cast<int32_t>(i);
     while (batch.tokens[root].parent >= 0) root = batch.tokens[root].parent;
-    for (int32_t c = 0; c <= batch.tokens[root].cache_index; ++c) {
-      KILN_ASSIGN_OR_RETURN(KvSlot s, cache.SlotOf(t.seq, c));
-      visible_slots_.push_back(s);
-    }
-    const size_t first_extra = visible_slots_.size();
+    prefix_len_[i] = batch.tokens[root].cache_index + 1;
+    const size_t first_extra = extra_slots_.size();
     for (int32_t a = static_cast<int32_t>(i); a != root; a = batch.tokens[a].parent) {
-      visible_slots_.push_back(slots_[a]);
+      extra_slots_.push_back(slots_[a]);
     }
-    std::reverse(visible_slots_.begin() + static_cast<std::ptrdiff_t>(first_extra),
-                 visible_slots_.end());  // ancestors in cache order, the token itself last
-    visible_indptr_.push_back(static_cast<int32_t>(visible_slots_.size()));
+    std::reverse(extra_slots_.begin() + static_cast<std::ptrdiff_t>(first_extra),
+                 extra_slots_.end());  // ancestors in cache order, the token itself last
+    extra_indptr_.push_back(static_cast<int32_t>(extra_slots_.size()));
+  }
+  seq_blocks_.resize(seqs_.size());
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    KILN_ASSIGN_OR_RETURN(std::span<const BlockId> table, cache.BlockTable(seqs_[s]));
+    seq_blocks_[s].assign(table.begin(), table.end());
   }
   return absl::OkStatus();
 }
@@ -165,11 +177,15 @@ void MlaForward::Attend(const MlaLayer& L, int32_t layer, const KvCache& cache, 
       std::memcpy(qa + kvl, qpe_.data() + (i * n_head + h) * rd, rd * sizeof(float));
     }
     // The visible latent rows, as f32.                     rows_: [n_vis, kvl + rd]
-    const int32_t begin = visible_indptr_[i], n_vis = visible_indptr_[i + 1] - begin;
+    const int32_t n_prefix = prefix_len_[i], extra_begin = extra_indptr_[i];
+    const int32_t n_vis = n_prefix + extra_indptr_[i + 1] - extra_begin;
+    const std::vector<BlockId>& blocks = seq_blocks_[token_seq_[i]];
+    const int32_t bs = layout.block_size();
     Grow(rows_, static_cast<size_t>(n_vis * row));
     Grow(scores_, static_cast<size_t>(n_vis));
     for (int32_t j = 0; j < n_vis; ++j) {
-      const KvSlot s = visible_slots_[begin + j];
+      const KvSlot s = j < n_prefix ? KvSlot{blocks[j / bs], j % bs}
+                                    : extra_slots_[extra_begin + (j - n_prefix)];
       const std::byte* src = cache.BlockData(s.block) + layout.LatentTileOffset(layer) +
                              static_cast<size_t>(s.offset) * layout.row_bytes();
       for (int64_t e = 0; e < row; ++e) {
