@@ -12,6 +12,10 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
   phi3      tiny-phi       "phi3": fused attn_qkv and gate+up, an ignored sliding window
   mistral3  tiny-mistral3  "mistral3": head_dim 128, attention temperature scaling past
                            position 8
+  deepseek2       tiny-deepseek2       "deepseek2": MLA with q-LoRA and attn_k_b/attn_v_b
+                                       (llama.cpp runs it absorbed, as MQA over the latent)
+  deepseek2_lite  tiny-deepseek2-lite  the same without q-LoRA (attn_q)
+  deepseek2_kvb   tiny-deepseek2-kvb   the older combined attn_kv_b (llama.cpp decompresses)
 
 Each at f32, f16 and q8_0 (one seed per family, so the three files hold the same weights at three
 precisions), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
@@ -43,6 +47,9 @@ FAMILIES = {
     "llama3": ("tiny-llama3", 4),
     "phi3": ("tiny-phi", 5),
     "mistral3": ("tiny-mistral3", 6),
+    "deepseek2": ("tiny-deepseek2", 7),
+    "deepseek2_lite": ("tiny-deepseek2-lite", 8),
+    "deepseek2_kvb": ("tiny-deepseek2-kvb", 9),
 }
 TYPES = ["f32", "f16", "q8_0"]
 KV_CACHE_TYPES = ["f32", "f16"]

@@ -10,6 +10,7 @@ const Architecture& Gemma3();
 const Architecture& Qwen3();
 const Architecture& Phi3();
 const Architecture& Mistral3();
+const Architecture& Deepseek2();
 }  // namespace arch
 
 namespace {
@@ -23,6 +24,7 @@ const Architecture* const kArchitectures[] = {
     &arch::Qwen3(),
     &arch::Phi3(),
     &arch::Mistral3(),
+    &arch::Deepseek2(),
 };
 // clang-format on
 

@@ -37,13 +37,15 @@ enum class TensorRole {
 };
 
 // One entry of the tensor table: a tensor named `name` with ggml shape {n_in, n_out} (n_out = 1
-// for vectors).
+// for vectors), or {n_in, n_out, n_mat} for a stack of n_mat matrices (one per head or expert),
+// which binds as one matrix of n_out·n_mat rows (matrix m is rows m·n_out .. (m + 1)·n_out - 1).
 struct TensorSpec {
   std::string name;
   int64_t n_in = 0;
   int64_t n_out = 1;
   TensorRole role = TensorRole::kMatrix;
   bool optional = false;  // the file may omit it (the forward pass then does without)
+  int64_t n_mat = 1;
 };
 
 // A model's forward pass on one backend: scratch memory and the per-batch state.

@@ -14,6 +14,26 @@ class GgufFile;
 class GgufWriter;
 }  // namespace gguf
 
+// Multi-head Latent Attention (deepseek2): the keys and values of every head are decompressed from
+// one latent vector per token (kv_lora_rank elements, RMS-normalized) and share one rotated key
+// of rope_dim elements; queries come from n_embd directly or through a low-rank q_lora_rank
+// bottleneck. Per head: the query and key are [nope_dim | rope_dim], the value v_head_dim long.
+struct MlaHparams {
+  int64_t q_lora_rank = 0;  // 0: attn_q [n_embd -> n_head·(nope + rope)], no bottleneck
+  int64_t kv_lora_rank = 0;
+  int64_t nope_dim = 0;  // the unrotated part of each query/key head
+  int64_t rope_dim = 0;  // the rotated part (ModelHparams::rope.n_rot)
+  int64_t v_head_dim = 0;
+  // attn_k_b [nope -> kv_lora_rank] × n_head and attn_v_b [kv_lora_rank -> v_head_dim] × n_head
+  // (files with attention.key_length_mla); false: the older combined attn_kv_b.
+  bool split_kv_b = true;
+  int64_t n_layer_dense_lead = 0;  // the first layers with a dense feed-forward
+  // YaRN's attention-factor multiplier (rope.scaling.yarn_log_multiplier, as the converter
+  // writes it: 0.1 × DeepSeek's mscale_all_dim); 0 when absent.
+  float yarn_log_mul = 0.0f;
+  int64_t qk_head_dim() const { return nope_dim + rope_dim; }
+};
+
 struct ModelHparams {
   std::string arch;  // general.architecture
   std::string name;  // general.name ("" if absent)
@@ -39,6 +59,8 @@ struct ModelHparams {
   // Llama-4-style attention temperature (mistral3's attention.temperature_scale): > 0 scales the
   // queries of positions at or past rope.orig_ctx (DecoderGraph::attn_temperature_scale).
   float attn_temperature_scale = 0.0f;
+
+  MlaHparams mla;  // deepseek2 only (kv_lora_rank > 0)
 
   bool is_swa(int64_t layer) const {
     return sliding_window > 0 && swa_layers[static_cast<size_t>(layer)] != 0;

@@ -17,14 +17,17 @@ absl::StatusOr<WeightView> Bind(const gguf::GgufFile& f, const TensorSpec& spec)
     return absl::InvalidArgumentError(kiln::StrCat("model: missing tensor '", spec.name, "'"));
   }
   const uint64_t ne1 = t->ne.size() > 1 ? t->ne[1] : 1;
-  const bool shape_ok = t->ne.size() <= 2 && t->ne[0] == static_cast<uint64_t>(spec.n_in) &&
-                        ne1 == static_cast<uint64_t>(spec.n_out);
+  const uint64_t ne2 = t->ne.size() > 2 ? t->ne[2] : 1;
+  const bool shape_ok = t->ne.size() <= 3 && t->ne[0] == static_cast<uint64_t>(spec.n_in) &&
+                        ne1 == static_cast<uint64_t>(spec.n_out) &&
+                        ne2 == static_cast<uint64_t>(spec.n_mat);
   if (!shape_ok) {
     std::string got;
     for (uint64_t d : t->ne) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    const std::string stack = spec.n_mat > 1 ? absl::StrFormat(", %d", spec.n_mat) : "";
     return absl::InvalidArgumentError(
-        absl::StrFormat("model: tensor '%s' has shape {%s}, expected {%d, %d}", spec.name, got,
-                        spec.n_in, spec.n_out));
+        absl::StrFormat("model: tensor '%s' has shape {%s}, expected {%d, %d%s}", spec.name, got,
+                        spec.n_in, spec.n_out, stack));
   }
   if (spec.role == TensorRole::kVector && t->type != static_cast<uint32_t>(GgmlType::kF32)) {
     return absl::UnimplementedError(
@@ -35,7 +38,7 @@ absl::StatusOr<WeightView> Bind(const gguf::GgufFile& f, const TensorSpec& spec)
   w.data = t->data;
   w.type = static_cast<GgmlType>(t->type);
   w.n_in = spec.n_in;
-  w.n_out = spec.n_out;
+  w.n_out = spec.n_out * spec.n_mat;
   if (GetQuantKernels(w.type) == nullptr) {
     return absl::UnimplementedError(kiln::StrCat("model: tensor '", spec.name, "' has type ",
                                                  GgmlTypeName(t->type),

@@ -191,8 +191,10 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa",    "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m", "tiny-qwen2",
-          "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",    "tiny-phi",     "tiny-mistral3"};
+  return {"tiny-llama-gqa",    "tiny-llama-mha",    "tiny-llama-mqa", "smollm2-135m",
+          "tiny-qwen2",        "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",
+          "tiny-phi",          "tiny-mistral3",     "tiny-deepseek2", "tiny-deepseek2-lite",
+          "tiny-deepseek2-kvb"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -277,6 +279,17 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_orig_ctx = 8;
     return s;
   }
+  if (name == "tiny-deepseek2" || name == "tiny-deepseek2-lite" || name == "tiny-deepseek2-kvb") {
+    s.arch = "deepseek2";
+    s.n_head_kv = 4;  // MLA has no KV heads of its own; every head decompresses the latent
+    s.n_head_dim = 48;
+    s.mla_rope_dim = 16;
+    s.mla_v_head_dim = 32;
+    s.kv_lora_rank = 64;
+    s.q_lora_rank = name == "tiny-deepseek2-lite" ? 0 : 128;
+    s.mla_combined_kv_b = name == "tiny-deepseek2-kvb";
+    return s;
+  }
 
   return absl::NotFoundError(StrCat("unknown model shape '", name, "' (known: ",
                                     absl::StrJoin(RandomModelShapeNames(), ", "), ")"));
@@ -346,6 +359,16 @@ ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
   hp.sliding_window = s.sliding_window;
   hp.rope.orig_ctx = static_cast<int32_t>(s.rope_orig_ctx != 0 ? s.rope_orig_ctx : s.n_ctx);
   hp.attn_temperature_scale = s.attn_temperature_scale;
+  if (s.kv_lora_rank > 0) {
+    hp.mla.q_lora_rank = s.q_lora_rank;
+    hp.mla.kv_lora_rank = s.kv_lora_rank;
+    hp.mla.nope_dim = s.head_dim() - s.mla_rope_dim;
+    hp.mla.rope_dim = s.mla_rope_dim;
+    hp.mla.v_head_dim = s.mla_v_head_dim;
+    hp.mla.split_kv_b = !s.mla_combined_kv_b;
+    hp.mla.n_layer_dense_lead = s.n_layer;
+    hp.rope.n_rot = static_cast<int32_t>(s.mla_rope_dim);
+  }
   return hp;
 }
 
@@ -444,19 +467,22 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
   // --- tensors, in the architecture's table order
   Rng rng(o.seed * 0x2545F4914F6CDD1Dull + 0x1234567);
   std::vector<float> values;
-  auto add_matrix = [&](const std::string& name, uint64_t row_len,
-                        uint64_t n_rows) -> absl::Status {  // ne = {row_len, n_rows}
+  auto add_matrix = [&](const std::string& name, uint64_t row_len, uint64_t n_rows,
+                        uint64_t n_mat) -> absl::Status {  // ne = {row_len, n_rows, n_mat}
     const uint32_t type = StorageType(o.type, row_len);
     if (type != o.type) {
       note(absl::StrFormat("%s: row length %d is not a multiple of the %s block size; stored as %s",
                            name, row_len, GgmlTypeName(o.type), GgmlTypeName(type)));
     }
+    std::vector<uint64_t> ne = {row_len, n_rows};
+    if (n_mat > 1) ne.push_back(n_mat);
+    n_rows *= n_mat;  // a stack of matrices is stored as their rows, one after the other
     values.resize(row_len * n_rows);
     const float scale = 1.0f / std::sqrt(static_cast<float>(row_len));
     for (float& v : values) v = rng.Normal() * scale;
     std::vector<uint8_t> bytes(GgmlRowBytes(*GgmlTypeInfoOf(type), row_len) * n_rows);
     KILN_RETURN_IF_ERROR(EncodeRows(type, values.data(), n_rows, row_len, bytes.data()));
-    return w->AddTensor(name, type, {row_len, n_rows}, std::move(bytes));
+    return w->AddTensor(name, type, ne, std::move(bytes));
   };
   auto add_vector = [&](const std::string& name, uint64_t n) -> absl::Status {  // [n] f32
     std::vector<float> g(n);
@@ -502,8 +528,9 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
     switch (t.role) {
       case TensorRole::kEmbedding:
       case TensorRole::kMatrix:
-        KILN_RETURN_IF_ERROR(
-            add_matrix(t.name, static_cast<uint64_t>(t.n_in), static_cast<uint64_t>(t.n_out)));
+        KILN_RETURN_IF_ERROR(add_matrix(t.name, static_cast<uint64_t>(t.n_in),
+                                        static_cast<uint64_t>(t.n_out),
+                                        static_cast<uint64_t>(t.n_mat)));
         break;
       case TensorRole::kVector:
         KILN_RETURN_IF_ERROR(add_vector(t.name, static_cast<uint64_t>(t.n_in * t.n_out)));

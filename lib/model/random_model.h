@@ -41,7 +41,13 @@
 //   tiny-mistral3:          mistral3 (the llama block, attention temperature scaling with
 //                           attention.temperature_scale 0.5 above rope.scaling.
 //                           original_context_length 8), n_embd 256, n_ff 512, 4 heads × 128, 2
-//                           kv heads, 2 layers, context 512, rope base 1e6, untied.
+//                           kv heads, 2 layers, context 512, rope base 1e6, untied;
+//   tiny-deepseek2:         deepseek2 (MLA): n_embd 256, n_ff 512, 4 heads, q_lora_rank 128,
+//                           kv_lora_rank 64, query/key heads 32 unrotated + 16 rotated (NORM),
+//                           value heads 32, separate attn_k_b/attn_v_b, 2 dense layers,
+//                           context 512, untied;
+//   tiny-deepseek2-lite:    tiny-deepseek2 without q-LoRA (attn_q), like DeepSeek-V2-Lite;
+//   tiny-deepseek2-kvb:     tiny-deepseek2 with the older combined attn_kv_b.
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
@@ -92,6 +98,12 @@ struct RandomModelShape {
   // mistral3: attention.temperature_scale and rope.scaling.original_context_length (0: none).
   float attn_temperature_scale = 0.0f;
   uint32_t rope_orig_ctx = 0;
+  // deepseek2 (MLA, when kv_lora_rank > 0): n_head_dim is the query/key head (nope + rope).
+  uint32_t kv_lora_rank = 0;
+  uint32_t q_lora_rank = 0;  // 0: attn_q without the low-rank bottleneck
+  uint32_t mla_rope_dim = 0;
+  uint32_t mla_v_head_dim = 0;
+  bool mla_combined_kv_b = false;  // the older attn_kv_b instead of attn_k_b + attn_v_b
   uint32_t head_dim() const { return n_head_dim != 0 ? n_head_dim : n_embd / n_head; }
 };
 
