@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -207,9 +208,10 @@ std::string NpcStatePath(const std::string& dir, int npc) {
 // The game's own state: each NPC's finished replies, length-prefixed (replies may hold any
 // byte). Sessions hold the rest.
 void SaveGame(Game& game, const std::string& dir) {
-  std::string mkdir = "mkdir -p '" + dir + "'";
-  if (std::system(mkdir.c_str()) != 0) {
-    std::fprintf(stderr, "kiln-game: cannot create %s\n", dir.c_str());
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    std::fprintf(stderr, "kiln-game: cannot create %s: %s\n", dir.c_str(), error.message().c_str());
     std::exit(1);
   }
   for (int i = 0; i < kNumNpcs; ++i)
@@ -471,11 +473,10 @@ int RunWindow(Game& game) {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: kiln-game --model PATH [--headless] [--frames N] [--seed S] [--rounds R]\n"
-               "                 [--max-reply-tokens N] [--budget-ms MS] [--max-p99-ms MS]\n"
-               "                 [--step-tokens N]"
-               "                 [--threads N] [--save DIR] [--save-frame K] [--load DIR]\n"
-               "                 [--font TTF] [--screenshot FILE.bmp]\n");
+               "usage: kiln-game [--model PATH] [--headless] [--frames N] [--seed S] [--rounds R]\n"
+               "  [--max-reply-tokens N] [--budget-ms MS] [--step-tokens N] [--max-p99-ms MS]\n"
+               "  [--threads N] [--save DIR] [--save-frame K] [--load DIR] [--font TTF]\n"
+               "  [--screenshot FILE.bmp]\n");
 }
 
 bool ParseArgs(int argc, char** argv, Options* opt) {
