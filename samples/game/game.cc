@@ -142,13 +142,13 @@ void MaybeSubmit(Game& game, int npc_index) {
   if (heard == nullptr) return;
   std::string prompt;
   if (round == 0) {
-    prompt = std::string("<|im_start|>system\n") + kPersonas[npc_index].persona + "<|im_end|>\n";
+    prompt.append("<|im_start|>system\n").append(kPersonas[npc_index].persona).append("<|im_end|>");
   } else if (!EndsWithEog(game, npc.session)) {
-    prompt = "<|im_end|>\n";  // the last reply was cut at max_tokens: close it
-  } else {
-    prompt = "\n";
+    prompt.append("<|im_end|>");  // the last reply was cut at max_tokens: close it
   }
-  prompt += "<|im_start|>user\n" + *heard + "<|im_end|>\n<|im_start|>assistant\n";
+  prompt.append("\n<|im_start|>user\n")
+      .append(*heard)
+      .append("<|im_end|>\n<|im_start|>assistant\n");
   kiln_request_params request;
   Check("kiln_request_params_init", kiln_request_params_init(&request, sizeof request));
   request.text = prompt.data();
