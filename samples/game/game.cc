@@ -597,11 +597,12 @@ int main(int argc, char** argv) {
     kiln_sampler_destroy(sampler);
   }
   if (!game.opt.load_dir.empty()) LoadGame(game, game.opt.load_dir);
+  // --save in the window also saves on exit (F5 alone saves only when pressed).
+  bool save_on_exit =
+      !game.opt.headless && !game.opt.save_dir.empty() && game.opt.screenshot.empty();
   int rc = game.opt.headless ? RunHeadless(game) : RunWindow(game);
-  if (!game.opt.headless && !game.opt.save_dir.empty() && game.opt.save_frame < 0 &&
-      game.opt.screenshot.empty()) {
-    // --save in the window: save on exit too (finishing the turns in progress first).
-    game.save_pending = true;
+  if (save_on_exit && rc == 0) {
+    game.save_pending = true;  // saved once the turns in progress end
     while (game.save_pending) GameTick(game);
   }
   for (Npc& npc : game.npcs) kiln_session_destroy(npc.session);
