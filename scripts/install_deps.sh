@@ -11,7 +11,9 @@ packages=(build-essential cmake pkg-config git python3 python3-pip
           clang libclang-rt-14-dev clang-format
           qemu-user valgrind  # scripts/test_cpu_portability.sh: other CPUs, memcheck
           libcpp-httplib-dev nlohmann-json3-dev  # samples/server (an HTTP server and JSON)
-          nginx)  # samples/server's scale-out test (replicas behind nginx)
+          nginx  # samples/server's scale-out test (replicas behind nginx)
+          libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core  # samples/game (window, text, its font)
+          xvfb)  # samples/game: a screenshot without a display
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
