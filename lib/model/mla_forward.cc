@@ -52,6 +52,26 @@ class MlaForward final : public ForwardPass {
       : model_(model), hp_(model.hparams()), backend_(backend), layers_(std::move(layers)) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
+  // Not split yet: Begin keeps the batch, RunLayers only counts, Finish runs the whole pass
+  // (same bits; a budgeted step then takes the whole pass in its head unit).
+  absl::Status Begin(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
+    split_ = {&batch, &cache, out};
+    next_layer_ = 0;
+    return Validate(batch, cache);
+  }
+  absl::Status RunLayers(int32_t until) override {
+    if (split_.batch == nullptr) return absl::FailedPreconditionError("forward: no pass begun");
+    next_layer_ = std::clamp(until, next_layer_, n_layers());
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override {
+    if (split_.batch == nullptr) return absl::FailedPreconditionError("forward: no pass begun");
+    const SplitPass pass = split_;
+    split_ = {};
+    return Forward(*pass.batch, *pass.cache, pass.out);
+  }
+  int32_t n_layers() const override { return static_cast<int32_t>(hp_.n_layer); }
+  int32_t next_layer() const override { return next_layer_; }
   Backend& backend() override { return backend_; }
 
  private:
@@ -68,6 +88,12 @@ class MlaForward final : public ForwardPass {
   const ModelHparams& hp_;
   Backend& backend_;
   std::vector<MlaLayer> layers_;
+  struct SplitPass {
+    const ForwardBatch* batch = nullptr;
+    KvCache* cache = nullptr;
+    ForwardOutput* out = nullptr;
+  } split_;
+  int32_t next_layer_ = 0;
 
   std::vector<int32_t> positions_, ids_, prefix_len_, token_seq_, extra_indptr_;
   std::vector<KvSlot> slots_, extra_slots_;
