@@ -31,7 +31,7 @@ scripts/build.sh build
 if [ "${KILN_SKIP_BINDINGS:-0}" != 1 ]; then
   # Not in ctest: the sanitizer stages would run them again, and they test libkiln's C API,
   # which c_api_test already covers under ASan.
-  stage "language bindings (Python, Rust) against the release build"
+  stage "language bindings (Python, Rust, Go, C#) against the release build"
   scripts/test_bindings.sh build
 fi
 

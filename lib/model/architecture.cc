@@ -1,5 +1,7 @@
 #include "lib/model/architecture.h"
 
+#include "lib/common/strings.h"
+
 namespace kiln {
 
 // Each architecture's file (arch/<name>.cc) defines its factory, named here once.
@@ -41,6 +43,39 @@ std::vector<std::string_view> ArchitectureNames() {
   std::vector<std::string_view> names;
   for (const Architecture* a : kArchitectures) names.push_back(a->name());
   return names;
+}
+
+absl::Status CheckBatchTokens(const ForwardBatch& batch, const KvCache& cache, int64_t n_vocab) {
+  if (batch.tokens.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  for (size_t i = 0; i < batch.tokens.size(); ++i) {
+    const BatchToken& t = batch.tokens[i];
+    if (t.token < 0 || t.token >= n_vocab) {
+      return absl::InvalidArgumentError(
+          StrCat("forward: token ", i, " has id ", t.token, " outside [0, ", n_vocab, ")"));
+    }
+    if (t.pos < 0)
+      return absl::OutOfRangeError(StrCat("forward: token ", i, " has position ", t.pos));
+    auto len = cache.Length(t.seq);
+    if (!len.ok()) {
+      return absl::InvalidArgumentError(StrCat("forward: token ", i, ": ", len.status().message()));
+    }
+    if (t.cache_index < 0 || t.cache_index >= *len) {
+      return absl::OutOfRangeError(StrCat("forward: token ", i, " cache index ", t.cache_index,
+                                          " outside its sequence's ", *len, " slots"));
+    }
+    if (t.parent >= 0) {
+      if (t.parent >= static_cast<int32_t>(i) || batch.tokens[t.parent].seq != t.seq) {
+        return absl::InvalidArgumentError(
+            StrCat("forward: token ", i, " has parent ", t.parent,
+                   ", which is not an earlier token of its sequence"));
+      }
+      if (batch.tokens[t.parent].cache_index >= t.cache_index) {
+        return absl::InvalidArgumentError(
+            StrCat("forward: tree token ", i, " must sit after its parent in the cache"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kiln
