@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model and Gemma 3 270M, run ctest, then the language bindings' tests (Python, Rust);
+# the default model and Gemma 3 270M, run ctest, then the language bindings' tests (Python, Rust, Go, C#);
 # the release build's programs as other CPUs (qemu) and under valgrind; then again under
 # ASan+UBSan; the concurrency tests under ThreadSanitizer; then a short libFuzzer run. Set
 # KILN_SKIP_BINDINGS=1, KILN_SKIP_PORTABILITY=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1 or
