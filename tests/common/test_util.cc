@@ -4,6 +4,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <span>
+
+#include "lib/common/ggml_type.h"
+#include "lib/common/strings.h"
+#include "lib/gguf/gguf.h"
+#include "lib/model/random_model.h"
 
 namespace kiln::testing {
 
@@ -48,6 +54,32 @@ std::string TempDir() {
     return "/tmp";
   }
   return base;
+}
+
+std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor,
+                             const std::string& drop_key,
+                             const std::function<void(gguf::GgufWriter&)>& edit) {
+  RandomModelOptions options;
+  options.shape = *RandomModelShapeByName(shape_name);
+  options.type = static_cast<uint32_t>(GgmlType::kF32);
+  gguf::GgufWriter writer;
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
+  const std::string original = StrCat(TempDir(), "/", shape_name, "-original.gguf");
+  EXPECT_TRUE(writer.WriteToFile(original).ok());
+  auto file = gguf::GgufFile::Open(original, {});
+  EXPECT_TRUE(file.ok()) << file.status();
+  gguf::GgufWriter copy;
+  for (const gguf::KeyValue& kv : (*file)->metadata()) {
+    if (kv.key != drop_key) copy.CopyKeyValue(kv);
+  }
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    if (t.name == drop_tensor) continue;
+    EXPECT_TRUE(copy.AddTensor(t.name, t.type, t.ne, std::span(t.data, t.nbytes)).ok()) << t.name;
+  }
+  if (edit) edit(copy);
+  const std::string path = StrCat(TempDir(), "/", shape_name, "-edited.gguf");
+  EXPECT_TRUE(copy.WriteToFile(path).ok());
+  return path;
 }
 
 }  // namespace kiln::testing

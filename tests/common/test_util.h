@@ -1,7 +1,10 @@
 // Helpers shared by the tests: where the default model and test data live.
 #pragma once
 
+#include <functional>
 #include <string>
+
+#include "lib/gguf/gguf_writer.h"
 
 namespace kiln::testing {
 
@@ -18,5 +21,13 @@ std::string SourcePath(const std::string& relative);
 
 // A fresh empty directory for the calling test (removed at process exit is not guaranteed).
 std::string TempDir();
+
+// Writes the kiln-mkmodel shape `shape_name` at f32 into TempDir(), then copies it without the
+// tensor `drop_tensor` and the key `drop_key` ("" for none), letting `edit` add or replace keys
+// and tensors; returns the copy's path (bad-file tests of the architectures). Failures are test
+// failures.
+std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor = "",
+                             const std::string& drop_key = "",
+                             const std::function<void(gguf::GgufWriter&)>& edit = nullptr);
 
 }  // namespace kiln::testing

@@ -282,35 +282,6 @@ INSTANTIATE_TEST_SUITE_P(Families, ArchGolden,
 
 // --- What each family reads, and what it refuses.
 
-// Writes `shape` at f32 to a temporary file, then copies it without the tensor `drop_tensor` and
-// the key `drop_key` ("" for none), letting `edit` add or replace keys and tensors; returns the
-// copy's path.
-std::string WriteEdited(const std::string& shape_name, const std::string& drop_tensor,
-                        const std::string& drop_key,
-                        const std::function<void(gguf::GgufWriter&)>& edit = nullptr) {
-  RandomModelOptions options;
-  options.shape = *RandomModelShapeByName(shape_name);
-  options.type = static_cast<uint32_t>(GgmlType::kF32);
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string original = StrCat(testing::TempDir(), "/", shape_name, "-original.gguf");
-  EXPECT_TRUE(writer.WriteToFile(original).ok());
-  auto file = gguf::GgufFile::Open(original, {});
-  EXPECT_TRUE(file.ok()) << file.status();
-  gguf::GgufWriter copy;
-  for (const gguf::KeyValue& kv : (*file)->metadata()) {
-    if (kv.key != drop_key) copy.CopyKeyValue(kv);
-  }
-  for (const gguf::TensorInfo& t : (*file)->tensors()) {
-    if (t.name == drop_tensor) continue;
-    EXPECT_TRUE(copy.AddTensor(t.name, t.type, t.ne, std::span(t.data, t.nbytes)).ok()) << t.name;
-  }
-  if (edit) edit(copy);
-  const std::string path = StrCat(testing::TempDir(), "/", shape_name, "-edited.gguf");
-  EXPECT_TRUE(copy.WriteToFile(path).ok());
-  return path;
-}
-
 absl::Status LoadStatus(const std::string& path) {
   ModelLoadOptions options;
   options.path = path;
@@ -320,7 +291,7 @@ absl::Status LoadStatus(const std::string& path) {
 
 std::unique_ptr<Model> LoadShape(const std::string& shape_name) {
   ModelLoadOptions options;
-  options.path = WriteEdited(shape_name, "", "");
+  options.path = testing::WriteEditedModel(shape_name, "", "");
   auto model = Model::Load(options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
@@ -337,7 +308,7 @@ TEST(Qwen3, ReadsHeadDimAndNeedsQkNorms) {
   EXPECT_EQ(model->hparams().head_dim, 128);  // key_length, not n_embd / n_head = 64
   EXPECT_EQ(model->hparams().rope.mode, RopeMode::kNeox);
   EXPECT_NE(model->Tensor("blk.1.attn_k_norm.weight"), nullptr);
-  ExpectError(LoadStatus(WriteEdited("tiny-qwen3", "blk.1.attn_k_norm.weight", "")),
+  ExpectError(LoadStatus(testing::WriteEditedModel("tiny-qwen3", "blk.1.attn_k_norm.weight", "")),
               absl::StatusCode::kInvalidArgument, "blk.1.attn_k_norm.weight");
 }
 
@@ -355,14 +326,14 @@ TEST(Llama3, ReadsRopeFactorsAndPreTokenizer) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   ASSERT_GE(ids->size(), 4u);
   EXPECT_EQ((*ids)[0], 1);
-  ExpectError(
-      LoadStatus(WriteEdited("tiny-llama3", "rope_freqs.weight", "",
-                             [](gguf::GgufWriter& w) {
-                               const std::vector<uint8_t> three(3 * sizeof(float), 0);
-                               ASSERT_TRUE(w.AddTensor("rope_freqs.weight", 0, {3}, three).ok());
-                             })),
-      absl::StatusCode::kInvalidArgument, "rope_freqs.weight");
-  ExpectError(LoadStatus(WriteEdited(
+  ExpectError(LoadStatus(testing::WriteEditedModel(
+                  "tiny-llama3", "rope_freqs.weight", "",
+                  [](gguf::GgufWriter& w) {
+                    const std::vector<uint8_t> three(3 * sizeof(float), 0);
+                    ASSERT_TRUE(w.AddTensor("rope_freqs.weight", 0, {3}, three).ok());
+                  })),
+              absl::StatusCode::kInvalidArgument, "rope_freqs.weight");
+  ExpectError(LoadStatus(testing::WriteEditedModel(
                   "tiny-llama3", "", "llama.rope.freq_base",
                   [](gguf::GgufWriter& w) { w.SetString("llama.rope.freq_base", "500000"); })),
               absl::StatusCode::kInvalidArgument, "llama.rope.freq_base");
@@ -373,9 +344,9 @@ TEST(Phi3, NeedsFusedTensorsAndRefusesLongRope) {
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(model->hparams().sliding_window, 0);  // written, and ignored as llama.cpp does
   EXPECT_EQ(model->Tensor("blk.0.ffn_up.weight")->n_out, 2 * model->hparams().n_ff);
-  ExpectError(LoadStatus(WriteEdited("tiny-phi", "blk.0.attn_qkv.weight", "")),
+  ExpectError(LoadStatus(testing::WriteEditedModel("tiny-phi", "blk.0.attn_qkv.weight", "")),
               absl::StatusCode::kInvalidArgument, "blk.0.attn_qkv.weight");
-  ExpectError(LoadStatus(WriteEdited(
+  ExpectError(LoadStatus(testing::WriteEditedModel(
                   "tiny-phi", "", "",
                   [](gguf::GgufWriter& w) {
                     const std::vector<uint8_t> factors(32 * sizeof(float), 0);
@@ -391,14 +362,15 @@ TEST(Mistral3, ReadsTemperatureScalingAndRefusesWhatItLacks) {
   EXPECT_EQ(model->hparams().rope.mode, RopeMode::kNorm);
   EXPECT_EQ(model->hparams().attn_temperature_scale, 0.5f);
   EXPECT_EQ(model->hparams().rope.orig_ctx, 8);
-  ExpectError(LoadStatus(WriteEdited("tiny-mistral3", "", "mistral3.block_count")),
+  ExpectError(LoadStatus(testing::WriteEditedModel("tiny-mistral3", "", "mistral3.block_count")),
               absl::StatusCode::kNotFound, "mistral3.block_count");
-  ExpectError(LoadStatus(WriteEdited("tiny-mistral3", "", "",
-                                     [](gguf::GgufWriter& w) {
-                                       w.SetString("mistral3.rope.scaling.type", "yarn");
-                                       w.SetFloat32("mistral3.rope.scaling.factor", 16.0f);
-                                     })),
-              absl::StatusCode::kUnimplemented, "rope.scaling");
+  ExpectError(
+      LoadStatus(testing::WriteEditedModel("tiny-mistral3", "", "",
+                                           [](gguf::GgufWriter& w) {
+                                             w.SetString("mistral3.rope.scaling.type", "yarn");
+                                             w.SetFloat32("mistral3.rope.scaling.factor", 16.0f);
+                                           })),
+      absl::StatusCode::kUnimplemented, "rope.scaling");
 }
 
 }  // namespace

@@ -13,37 +13,10 @@
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
 #include "lib/model/random_model.h"
+#include "tests/common/test_util.h"
 
 namespace kiln {
 namespace {
-
-// Writes `shape_name` at f32, then copies it without the tensor `drop_tensor` and the key
-// `drop_key` ("" for none), letting `edit` add or replace keys and tensors; returns the copy.
-std::string WriteEdited(const std::string& shape_name, const std::string& drop_tensor = "",
-                        const std::string& drop_key = "",
-                        const std::function<void(gguf::GgufWriter&)>& edit = nullptr) {
-  RandomModelOptions options;
-  options.shape = *RandomModelShapeByName(shape_name);
-  options.type = static_cast<uint32_t>(GgmlType::kF32);
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string original = StrCat(testing::TempDir(), "/", shape_name, "-ds2-original.gguf");
-  EXPECT_TRUE(writer.WriteToFile(original).ok());
-  auto file = gguf::GgufFile::Open(original, {});
-  EXPECT_TRUE(file.ok()) << file.status();
-  gguf::GgufWriter copy;
-  for (const gguf::KeyValue& kv : (*file)->metadata()) {
-    if (kv.key != drop_key) copy.CopyKeyValue(kv);
-  }
-  for (const gguf::TensorInfo& t : (*file)->tensors()) {
-    if (t.name == drop_tensor) continue;
-    EXPECT_TRUE(copy.AddTensor(t.name, t.type, t.ne, std::span(t.data, t.nbytes)).ok()) << t.name;
-  }
-  if (edit) edit(copy);
-  const std::string path = StrCat(testing::TempDir(), "/", shape_name, "-ds2-edited.gguf");
-  EXPECT_TRUE(copy.WriteToFile(path).ok());
-  return path;
-}
 
 absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path) {
   ModelLoadOptions options;
@@ -71,7 +44,7 @@ TEST(Deepseek2, ReadsMlaHparamsAndTensors) {
   for (const Case& c : {Case{"tiny-deepseek2", 128, true}, Case{"tiny-deepseek2-lite", 0, true},
                         Case{"tiny-deepseek2-kvb", 128, false}}) {
     SCOPED_TRACE(c.shape);
-    auto model = Load(WriteEdited(c.shape));
+    auto model = Load(testing::WriteEditedModel(c.shape));
     ASSERT_TRUE(model.ok()) << model.status();
     const ModelHparams& hp = (*model)->hparams();
     EXPECT_EQ(hp.arch, "deepseek2");
@@ -111,15 +84,19 @@ TEST(Deepseek2, ReadsMlaHparamsAndTensors) {
 }
 
 TEST(Deepseek2, RefusesBadFilesNamingWhatIsWrong) {
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "blk.1.attn_kv_a_mqa.weight")).status(),
-              absl::StatusCode::kInvalidArgument, "blk.1.attn_kv_a_mqa.weight");
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "blk.0.attn_q_a_norm.weight")).status(),
-              absl::StatusCode::kInvalidArgument, "blk.0.attn_q_a_norm.weight");
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "", "deepseek2.attention.kv_lora_rank")).status(),
-              absl::StatusCode::kNotFound, "deepseek2.attention.kv_lora_rank");
+  ExpectError(
+      Load(testing::WriteEditedModel("tiny-deepseek2", "blk.1.attn_kv_a_mqa.weight")).status(),
+      absl::StatusCode::kInvalidArgument, "blk.1.attn_kv_a_mqa.weight");
+  ExpectError(
+      Load(testing::WriteEditedModel("tiny-deepseek2", "blk.0.attn_q_a_norm.weight")).status(),
+      absl::StatusCode::kInvalidArgument, "blk.0.attn_q_a_norm.weight");
+  ExpectError(
+      Load(testing::WriteEditedModel("tiny-deepseek2", "", "deepseek2.attention.kv_lora_rank"))
+          .status(),
+      absl::StatusCode::kNotFound, "deepseek2.attention.kv_lora_rank");
   // attn_k_b flattened to two dimensions: the stacked shape is named.
   ExpectError(
-      Load(WriteEdited(
+      Load(testing::WriteEditedModel(
                "tiny-deepseek2", "blk.0.attn_k_b.weight", "",
                [](gguf::GgufWriter& w) {
                  const auto zeros = F32Zeros(32 * 64 * 4);
@@ -128,29 +105,29 @@ TEST(Deepseek2, RefusesBadFilesNamingWhatIsWrong) {
           .status(),
       absl::StatusCode::kInvalidArgument, "{32, 64, 4}");
   // A rope part as long as the whole key head leaves nothing unrotated.
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "", "deepseek2.rope.dimension_count",
-                               [](gguf::GgufWriter& w) {
-                                 w.SetUint32("deepseek2.rope.dimension_count", 48);
-                               }))
+  ExpectError(Load(testing::WriteEditedModel("tiny-deepseek2", "", "deepseek2.rope.dimension_count",
+                                             [](gguf::GgufWriter& w) {
+                                               w.SetUint32("deepseek2.rope.dimension_count", 48);
+                                             }))
                   .status(),
               absl::StatusCode::kInvalidArgument, "key_length_mla");
   // Mixture-of-experts layers are not supported yet: refused, not misread as dense.
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "", "deepseek2.leading_dense_block_count",
-                               [](gguf::GgufWriter& w) {
-                                 w.SetUint32("deepseek2.leading_dense_block_count", 1);
-                               }))
-                  .status(),
-              absl::StatusCode::kUnimplemented, "leading_dense_block_count");
-  ExpectError(Load(WriteEdited("tiny-deepseek2", "", "",
-                               [](gguf::GgufWriter& w) {
-                                 w.SetString("deepseek2.rope.scaling.type", "linear");
-                               }))
+  ExpectError(
+      Load(testing::WriteEditedModel(
+               "tiny-deepseek2", "", "deepseek2.leading_dense_block_count",
+               [](gguf::GgufWriter& w) { w.SetUint32("deepseek2.leading_dense_block_count", 1); }))
+          .status(),
+      absl::StatusCode::kUnimplemented, "leading_dense_block_count");
+  ExpectError(Load(testing::WriteEditedModel("tiny-deepseek2", "", "",
+                                             [](gguf::GgufWriter& w) {
+                                               w.SetString("deepseek2.rope.scaling.type", "linear");
+                                             }))
                   .status(),
               absl::StatusCode::kUnimplemented, "rope.scaling.type");
 }
 
 TEST(Deepseek2, ReadsYarnScaling) {
-  auto model = Load(WriteEdited("tiny-deepseek2", "", "", [](gguf::GgufWriter& w) {
+  auto model = Load(testing::WriteEditedModel("tiny-deepseek2", "", "", [](gguf::GgufWriter& w) {
     w.SetString("deepseek2.rope.scaling.type", "yarn");
     w.SetFloat32("deepseek2.rope.scaling.factor", 40.0f);
     w.SetUint32("deepseek2.rope.scaling.original_context_length", 64);
