@@ -15,6 +15,7 @@
 #include <kiln/kiln.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -998,9 +999,21 @@ int main(int argc, char** argv) {
     http.set_keep_alive_timeout(2);
     http.set_payload_max_length(size_t(16) << 20);  // 16 MiB: more than any prompt fits in ctx
     server.Register(http);
+    // Debian's cpp-httplib is a compiled library that listens with a backlog of 5: with dozens of
+    // clients connecting at once the accept queue overflowed and connections were reset. Calling
+    // listen again on the bound socket raises the backlog (Linux takes the newer value).
+    int listen_fd = -1;
+    http.set_socket_options([&listen_fd](socket_t fd) {
+      httplib::default_socket_options(fd);
+      listen_fd = fd;
+    });
     int port = cfg.port;
-    const bool bound = port == 0 ? (port = http.bind_to_any_port(cfg.host)) > 0
-                                 : http.bind_to_port(cfg.host, port);
+    bool bound = port == 0 ? (port = http.bind_to_any_port(cfg.host)) > 0
+                           : http.bind_to_port(cfg.host, port);
+    if (bound && listen(listen_fd, SOMAXCONN) != 0) {
+      std::fprintf(stderr, "kiln-server: listen backlog: %s\n", std::strerror(errno));
+      bound = false;
+    }
     if (!bound) {
       std::fprintf(stderr, "kiln-server: cannot listen on %s:%d\n", cfg.host.c_str(), cfg.port);
       rc = 1;

@@ -5,11 +5,13 @@ greedy-equality check), KILN_MODEL_DIR (default ~/.cache/kiln) holding the defau
 SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch_model.sh). Every request is short (a few tokens).
 """
 import concurrent.futures
+from http.client import HTTPConnection
 import json
 import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -210,6 +212,33 @@ def test_concurrent_requests_batch_and_match_sequential(server, client):
     # kiln's default arithmetic is batch invariant: batched greedy output equals solo output.
     assert concurrent_out == sequential
     assert health(server)["live_sessions"] == 0
+
+
+def test_a_burst_of_clients_is_served():
+    """64 streaming clients connecting at once to a server with 64 slots, more than cpp-httplib's
+    own listen backlog of 5: each gets its whole answer, none is reset."""
+    clients = 64
+    for srv in start_server("-np", str(clients)):
+        barrier = threading.Barrier(clients)
+
+        def one(i):
+            # Plain http.client: the openai client's setup spreads the connects out in time.
+            host, port = srv["base"].removeprefix("http://").split(":")
+            conn = HTTPConnection(host, int(port), timeout=60)
+            barrier.wait()
+            try:
+                conn.request("POST", "/v1/chat/completions", json.dumps(
+                    {"messages": [{"role": "user", "content": f"Fact {i}?"}], "max_tokens": 8,
+                     "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                conn.close()
+
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(one, range(clients)))
+        assert [a[0] for a in answers] == [200] * clients
+        assert all(a[1].rstrip().endswith("data: [DONE]") for a in answers), answers
 
 
 def wait_for(pred, seconds=10):
