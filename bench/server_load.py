@@ -12,7 +12,7 @@ failures, wall time, generated tokens/s over the run, time to first token and en
 
 Usage: python3 bench/server_load.py [--clients 64] [--max-tokens 32] [--threads 2]
            [--kiln-server build/samples/server/kiln-server] [--llama-server PATH] [--model M]
-           [--only kiln|llama] [--llama-poll 0]
+           [--only kiln|llama] [--llama-poll 0] [--repeats 3]
 """
 import argparse
 import http.client
@@ -177,33 +177,54 @@ def main():
     # machine that makes every step wait for descheduled spinners, so the default here is 0
     # (sleep), which is what kiln's thread pool does.
     ap.add_argument('--llama-poll', type=int, default=0)
+    ap.add_argument('--repeats', type=int, default=1,
+                    help='runs per server, alternating which goes first')
     args = ap.parse_args()
     n = args.clients
-    rows = []
+    commands = {}
     if args.only in (None, 'kiln'):
-        port = free_port()
-        rows.append(bench_server('kiln-server', [
+        commands['kiln-server'] = lambda port: [
             args.kiln_server, '-m', args.model, '--alias', 'bench', '--port', str(port),
-            '-t', str(args.threads), '-np', str(n), '-c', str(args.ctx)], port, args))
+            '-t', str(args.threads), '-np', str(n), '-c', str(args.ctx)]
     if args.only in (None, 'llama'):
-        port = free_port()
         # llama-server's -c is the whole context, split evenly between its -np slots.
-        rows.append(bench_server('llama-server', [
+        commands['llama-server'] = lambda port: [
             args.llama_server, '-m', args.model, '--port', str(port), '--host', '127.0.0.1',
             '-t', str(args.threads), '-tb', str(args.threads), '-np', str(n),
-            '-c', str(n * args.ctx), '--poll', str(args.llama_poll)], port, args))
+            '-c', str(n * args.ctx), '--poll', str(args.llama_poll)]
+    runs = {name: [] for name in commands}
+    for rep in range(args.repeats):
+        order = list(commands) if rep % 2 == 0 else list(reversed(commands))
+        for name in order:
+            port = free_port()
+            runs[name].append(bench_server(name, commands[name](port), port, args))
     print(f'{n} concurrent streaming chat clients, {args.max_tokens} tokens each (ignore_eos, '
           f'greedy), {args.threads} threads, -np {n}, {args.ctx} tokens per slot, llama-server '
-          f'--poll {args.llama_poll}; load average '
+          f'--poll {args.llama_poll}; {args.repeats} runs each (median, min-max); load average '
           f'{os.getloadavg()[0]:.1f} at the end')
-    print(f'{"server":<13} {"failed":>6} {"wall s":>7} {"tok/s":>7} {"TTFT p50":>9} '
-          f'{"TTFT p99":>9} {"lat p50":>8} {"lat p99":>8}')
-    for r in rows:
-        print(f'{r["name"]:<13} {r["failed"]:>6} {r["wall"]:>7.2f} {r["tok_s"]:>7.1f} '
-              f'{r["ttft50"]:>9.2f} {r["ttft99"]:>9.2f} {r["lat50"]:>8.2f} {r["lat99"]:>8.2f}')
-        for e in r['errors']:
-            print(f'  {r["name"]} failure: {e}')
-    return 1 if any(r['failed'] for r in rows) else 0
+    keys = [('failed', 'failed', '{:.0f}'), ('wall', 'wall s', '{:.2f}'),
+            ('tok_s', 'tok/s', '{:.1f}'), ('ttft50', 'TTFT p50', '{:.2f}'),
+            ('ttft99', 'TTFT p99', '{:.2f}'), ('lat50', 'lat p50', '{:.2f}'),
+            ('lat99', 'lat p99', '{:.2f}')]
+
+    def cell(values, fmt):
+        if len(values) == 1:
+            return fmt.format(values[0])
+        return (fmt.format(statistics.median(values)) + ' (' + fmt.format(min(values)) + '-' +
+                fmt.format(max(values)) + ')')
+
+    print(f'{"server":<13} ' + ' '.join(f'{title:>18}' for _, title, _ in keys))
+    for name, rs in runs.items():
+        print(f'{name:<13} ' + ' '.join(f'{cell([r[k] for r in rs], fmt):>18}'
+                                        for k, _, fmt in keys))
+        for r in rs:
+            for e in r['errors']:
+                print(f'  {name} failure: {e}')
+    if len(runs) == 2:
+        kiln, llama = runs['kiln-server'], runs['llama-server']
+        ratios = [a['tok_s'] / b['tok_s'] for a, b in zip(kiln, llama)]
+        print(f'throughput kiln/llama.cpp: {cell(ratios, "{:.2f}")} (per run, paired in order)')
+    return 1 if any(r['failed'] for rs in runs.values() for r in rs) else 0
 
 
 if __name__ == '__main__':
