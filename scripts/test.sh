@@ -42,7 +42,9 @@ fi
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan+UBSan build + ctest"
-  scripts/build.sh build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF
+  # The benchmarks are not built: nothing runs them here.
+  scripts/build.sh build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF \
+    -DKILN_BUILD_BENCH=OFF
   (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      KILN_STRESS_SECONDS="$stress_seconds" ctest -j"$jobs" --output-on-failure)
 fi
