@@ -502,6 +502,37 @@ INSTANTIATE_TEST_SUITE_P(Files, Deepseek2Golden,
                            return std::string(info.param);
                          });
 
+// Mixture-of-experts layers group a batch's tokens by expert; a token's logits must not depend
+// on which other tokens share its experts: a prompt in one batch equals (bitwise, kiln's order)
+// the same tokens fed one at a time.
+TEST(Deepseek2Forward, MoeBatchEqualsTokensOneAtATime) {
+  auto model = WriteAndLoad("tiny-deepseek2-moe", 14);
+  ASSERT_NE(model, nullptr);
+  const std::vector<int32_t> tokens = {1, 84, 104, 101, 32, 99, 97, 116};
+  auto cache = NewCache(*model, GgmlType::kF16);
+  ASSERT_NE(cache, nullptr);
+  CpuForward forward(*model, kThreads);
+  const SeqId batched = cache->CreateSequence();
+  ASSERT_TRUE(cache->AppendSlots(batched, tokens).ok());
+  ForwardBatch batch;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    batch.Add(tokens[i], batched, static_cast<int32_t>(i), true);
+  }
+  ForwardOutput all;
+  ASSERT_TRUE(forward.Forward(batch, *cache, &all).ok());
+  const SeqId single = cache->CreateSequence();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_TRUE(cache->AppendSlots(single, std::span(&tokens[i], 1)).ok());
+    ForwardBatch one;
+    one.Add(tokens[i], single, static_cast<int32_t>(i), true);
+    ForwardOutput out;
+    ASSERT_TRUE(forward.Forward(one, *cache, &out).ok());
+    const std::vector<float> want(all.LogitsRow(i), all.LogitsRow(i) + all.n_vocab);
+    const std::vector<float> got(out.LogitsRow(0), out.LogitsRow(0) + out.n_vocab);
+    EXPECT_EQ(got, want) << "token " << i;
+  }
+}
+
 // An MLA model refuses a GQA cache, naming the layout.
 TEST(Deepseek2Forward, RefusesAGqaCache) {
   auto model = WriteAndLoad("tiny-deepseek2", 13);
