@@ -16,9 +16,14 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
                                        (llama.cpp runs it absorbed, as MQA over the latent)
   deepseek2_lite  tiny-deepseek2-lite  the same without q-LoRA (attn_q)
   deepseek2_kvb   tiny-deepseek2-kvb   the older combined attn_kv_b (llama.cpp decompresses)
+  deepseek2_moe   tiny-deepseek2-moe   1 dense + 2 mixture-of-experts layers: 8 experts in 4
+                                       groups (2 used), top-2, 1 shared expert, sigmoid gating
+                                       with exp_probs_b, normalized weights scaled by 2.5
+  deepseek2_yarn  tiny-deepseek2-yarn  YaRN factor 40 from an original context of 64, with
+                                       yarn_log_multiplier 0.0707 (the attention scale's mscale)
 
-Each at f32, f16 and q8_0 (one seed per family, so the three files hold the same weights at three
-precisions), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
+Each at f32, f16 and q8_0 (deepseek2_moe: f32 and f16 only, see TYPES_BY_FAMILY; one seed per
+family, so the files hold the same weights at each precision), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
 decoding are those of scripts/gen_qwen2_goldens.py: file size and FNV-1a 64 hash, and per KV
 type and raw prompt llama.cpp's prompt ids (add_special=True, parse_special off), N_NEW greedy
 tokens and the top-2 logits at each step; the prompt in one batch, then one token per call, the
@@ -50,8 +55,15 @@ FAMILIES = {
     "deepseek2": ("tiny-deepseek2", 7),
     "deepseek2_lite": ("tiny-deepseek2-lite", 8),
     "deepseek2_kvb": ("tiny-deepseek2-kvb", 9),
+    "deepseek2_moe": ("tiny-deepseek2-moe", 10),
+    "deepseek2_yarn": ("tiny-deepseek2-yarn", 11),
 }
 TYPES = ["f32", "f16", "q8_0"]
+# Mixture-of-experts routing is discontinuous: q8_0's activation rounding (~1e-2) moves router
+# scores across near-ties (top-2 margins of 6e-4 occur), and one flipped expert changes the
+# logits by 0.3-1.4 (seeds 10, 13, 14), far past any rounding bound; f32 and f16 stay within
+# 6e-3. So the MoE goldens are f32 and f16 only (kiln's q8_0 experts: moe_ffn_test).
+TYPES_BY_FAMILY = {"deepseek2_moe": ["f32", "f16"]}
 KV_CACHE_TYPES = ["f32", "f16"]
 
 # Digit runs, contractions, punctuation and repeated spaces: where the llama-bpe pre-tokenizer
@@ -76,7 +88,7 @@ def main():
         shape, seed = FAMILIES[family]
         models = []
         with tempfile.TemporaryDirectory() as tmp:
-            for type_name in TYPES:
+            for type_name in TYPES_BY_FAMILY.get(family, TYPES):
                 path = os.path.join(tmp, f"{shape}-{type_name}.gguf")
                 size, digest = make_model(args.mkmodel, shape, type_name, seed, path)
                 runs = [gen_model(path, kv_type) for kv_type in KV_CACHE_TYPES]

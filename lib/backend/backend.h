@@ -61,6 +61,11 @@ class Backend {
   // ---- ops -----------------------------------------------------------------------------------
   // y[t, o] = W[o, :] . x[t, :]             x: [n_tokens, w.n_in]   y: [n_tokens, w.n_out]
   virtual absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
+  // MatMul with expert `expert` of a stack of n_expert matrices (a 3-D GGUF tensor bound with
+  // w.n_out = n_expert · rows): y[t, o] = W[expert · rows + o, :] . x[t, :], the other experts'
+  // rows never read.                 x: [n_tokens, w.n_in]   y: [n_tokens, rows]
+  virtual absl::Status ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
+                                    const float* x, int64_t n_tokens, float* y) = 0;
   // out[t, :] = row tokens[t] of table.      out: [tokens.size(), table.n_in]
   virtual absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                        float* out) = 0;

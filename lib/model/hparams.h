@@ -31,7 +31,28 @@ struct MlaHparams {
   // YaRN's attention-factor multiplier (rope.scaling.yarn_log_multiplier, as the converter
   // writes it: 0.1 × DeepSeek's mscale_all_dim); 0 when absent.
   float yarn_log_mul = 0.0f;
+  // The attention scale is attn_mscale² / sqrt(qk_head_dim): 1 without rope scaling, YaRN's
+  // magnitude correction with it (llama.cpp's kq_scale for deepseek2; arch/deepseek2.cc).
+  float attn_mscale = 1.0f;
   int64_t qk_head_dim() const { return nope_dim + rope_dim; }
+};
+
+// Mixture-of-experts feed-forward (deepseek2's layers from leading_dense_block_count on; the
+// formulas are in moe_ffn.h). n_expert == 0: no MoE layers.
+enum class MoeGating { kSoftmax, kSigmoid };  // expert_gating_func 1, 2
+struct MoeHparams {
+  int64_t n_expert = 0;         // expert_count
+  int64_t n_expert_used = 0;    // expert_used_count: experts per token (top-k)
+  int64_t n_expert_shared = 0;  // expert_shared_count: always-on experts (one fused SwiGLU)
+  int64_t n_ff_exp = 0;         // expert_feed_forward_length: each expert's hidden size
+  MoeGating gating = MoeGating::kSoftmax;
+  // expert_group_count / expert_group_used_count: > 1 groups restricts the top-k to the
+  // n_group_used groups with the largest sums of their two best (biased) scores.
+  int64_t n_group = 0;
+  int64_t n_group_used = 0;
+  bool weights_norm = false;    // expert_weights_norm: the k weights divided by their sum
+  float weights_scale = 1.0f;   // expert_weights_scale (0 in the file means 1)
+  bool has_probs_bias = false;  // exp_probs_b.bias: a selection-only bias (DeepSeek-V3)
 };
 
 struct ModelHparams {
@@ -61,6 +82,7 @@ struct ModelHparams {
   float attn_temperature_scale = 0.0f;
 
   MlaHparams mla;  // deepseek2 only (kv_lora_rank > 0)
+  MoeHparams moe;  // deepseek2 with mixture-of-experts layers (n_expert > 0)
 
   bool is_swa(int64_t layer) const {
     return sliding_window > 0 && swa_layers[static_cast<size_t>(layer)] != 0;

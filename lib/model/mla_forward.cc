@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
+#include "lib/model/moe_ffn.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
@@ -39,17 +41,22 @@ struct MlaLayer {
   const WeightView* kv_a_norm;  // [kv_lora_rank] f32
   const WeightView* wo;         // [n_head·v_head_dim -> n_embd]
   const WeightView* ffn_norm;   // [n_embd] f32
-  const WeightView* ffn_gate;   // [n_embd -> n_ff]
-  const WeightView* ffn_up;     // [n_embd -> n_ff]
-  const WeightView* ffn_down;   // [n_ff -> n_embd]
+  const WeightView* ffn_gate;   // [n_embd -> n_ff]; null in a mixture-of-experts layer
+  const WeightView* ffn_up;     // [n_embd -> n_ff]; null in a mixture-of-experts layer
+  const WeightView* ffn_down;   // [n_ff -> n_embd]; null in a mixture-of-experts layer
   std::vector<float> w_uk;      // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
   std::vector<float> w_uv;      // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
 };
 
 class MlaForward final : public ForwardPass {
  public:
-  MlaForward(const Model& model, Backend& backend, std::vector<MlaLayer> layers)
-      : model_(model), hp_(model.hparams()), backend_(backend), layers_(std::move(layers)) {}
+  MlaForward(const Model& model, Backend& backend, std::vector<MlaLayer> layers,
+             std::optional<MoeFeedForward> moe)
+      : model_(model),
+        hp_(model.hparams()),
+        backend_(backend),
+        layers_(std::move(layers)),
+        moe_(std::move(moe)) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
   // Not split yet: Begin keeps the batch, RunLayers only counts, Finish runs the whole pass
@@ -88,6 +95,7 @@ class MlaForward final : public ForwardPass {
   const ModelHparams& hp_;
   Backend& backend_;
   std::vector<MlaLayer> layers_;
+  std::optional<MoeFeedForward> moe_;  // the layers from n_layer_dense_lead on, if any
   struct SplitPass {
     const ForwardBatch* batch = nullptr;
     KvCache* cache = nullptr;
@@ -155,7 +163,7 @@ void MlaForward::Attend(const MlaLayer& L, int32_t layer, const KvCache& cache, 
   const MlaHparams& m = hp_.mla;
   const int64_t n_head = hp_.n_head, kvl = m.kv_lora_rank, nope = m.nope_dim, rd = m.rope_dim,
                 qk = m.qk_head_dim(), vd = m.v_head_dim, row = kvl + rd;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const float scale = m.attn_mscale * m.attn_mscale / std::sqrt(static_cast<float>(qk));
   const KvLayout& layout = cache.layout();
   const GgmlType et = layout.elem_type();
   Grow(qabs_, static_cast<size_t>(n_head * row));
@@ -302,8 +310,13 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
       }
       if (rows == 0) break;
     }
-    // Dense SwiGLU feed-forward.                            x, h: [rows, n_embd]
     backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
+    if (il >= m.n_layer_dense_lead) {  // mixture of experts           x, h: [rows, n_embd]
+      KILN_RETURN_IF_ERROR(moe_->Forward(backend_, il, h, rows, proj_.data()));
+      backend_.Add(x, proj_.data(), rows * d, x);
+      continue;
+    }
+    // Dense SwiGLU feed-forward.                            x, h: [rows, n_embd]
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
     backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());
@@ -336,13 +349,13 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
 absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend) {
   const ModelHparams& hp = model.hparams();
   const MlaHparams& m = hp.mla;
-  if (hp.rope.scaling != RopeScaling::kNone) {
+  if (hp.rope.scaling != RopeScaling::kNone && hp.rope.scaling != RopeScaling::kYarn) {
     return absl::UnimplementedError(
-        "model: the deepseek2 forward pass does not support rope scaling (YaRN) yet");
+        "model: the deepseek2 forward pass supports YaRN rope scaling only");
   }
+  std::optional<MoeFeedForward> moe;
   if (m.n_layer_dense_lead < hp.n_layer) {
-    return absl::UnimplementedError(
-        "model: the deepseek2 forward pass does not support mixture-of-experts layers yet");
+    KILN_ASSIGN_OR_RETURN(moe, MoeFeedForward::Bind(model, m.n_layer_dense_lead));
   }
   std::vector<MlaLayer> layers(static_cast<size_t>(hp.n_layer));
   auto required = [&](int64_t l, const char* name) -> absl::StatusOr<const WeightView*> {
@@ -368,9 +381,12 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
     KILN_ASSIGN_OR_RETURN(L.kv_a_norm, required(l, "attn_kv_a_norm.weight"));
     KILN_ASSIGN_OR_RETURN(L.wo, required(l, "attn_output.weight"));
     KILN_ASSIGN_OR_RETURN(L.ffn_norm, required(l, "ffn_norm.weight"));
-    KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
-    KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
-    KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
+    L.ffn_gate = L.ffn_up = L.ffn_down = nullptr;
+    if (l < m.n_layer_dense_lead) {
+      KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
+      KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
+      KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
+    }
     L.w_uk.resize(static_cast<size_t>(n_head * nope * kvl));
     L.w_uv.resize(static_cast<size_t>(n_head * vd * kvl));
     if (m.split_kv_b) {
@@ -399,7 +415,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       }
     }
   }
-  return std::unique_ptr<ForwardPass>(new MlaForward(model, backend, std::move(layers)));
+  return std::unique_ptr<ForwardPass>(
+      new MlaForward(model, backend, std::move(layers), std::move(moe)));
 }
 
 }  // namespace kiln

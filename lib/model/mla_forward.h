@@ -21,7 +21,8 @@
 
 namespace kiln {
 
-// Unimplemented for hyper-parameters it does not cover yet (rope scaling, MoE layers).
+// Unimplemented for rope scaling other than YaRN. Layers from n_layer_dense_lead on run their
+// feed-forward as mixture-of-experts (moe_ffn.h).
 absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend);
 
 }  // namespace kiln

@@ -191,10 +191,10 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa",    "tiny-llama-mha",    "tiny-llama-mqa", "smollm2-135m",
-          "tiny-qwen2",        "tiny-qwen2-untied", "tiny-qwen3",     "tiny-llama3",
-          "tiny-phi",          "tiny-mistral3",     "tiny-deepseek2", "tiny-deepseek2-lite",
-          "tiny-deepseek2-kvb"};
+  return {"tiny-llama-gqa",     "tiny-llama-mha",     "tiny-llama-mqa",     "smollm2-135m",
+          "tiny-qwen2",         "tiny-qwen2-untied",  "tiny-qwen3",         "tiny-llama3",
+          "tiny-phi",           "tiny-mistral3",      "tiny-deepseek2",     "tiny-deepseek2-lite",
+          "tiny-deepseek2-kvb", "tiny-deepseek2-moe", "tiny-deepseek2-yarn"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -279,7 +279,8 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_orig_ctx = 8;
     return s;
   }
-  if (name == "tiny-deepseek2" || name == "tiny-deepseek2-lite" || name == "tiny-deepseek2-kvb") {
+  if (name == "tiny-deepseek2" || name == "tiny-deepseek2-lite" || name == "tiny-deepseek2-kvb" ||
+      name == "tiny-deepseek2-moe" || name == "tiny-deepseek2-yarn") {
     s.arch = "deepseek2";
     s.n_head_kv = 4;  // MLA has no KV heads of its own; every head decompresses the latent
     s.n_head_dim = 48;
@@ -288,6 +289,25 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.kv_lora_rank = 64;
     s.q_lora_rank = name == "tiny-deepseek2-lite" ? 0 : 128;
     s.mla_combined_kv_b = name == "tiny-deepseek2-kvb";
+    if (name == "tiny-deepseek2-moe") {  // DeepSeek-V3's routing in miniature
+      s.n_layer = 3;
+      s.mla_dense_layers = 1;
+      s.n_expert = 8;
+      s.n_expert_used = 2;
+      s.n_expert_shared = 1;
+      s.n_ff_exp = 64;
+      s.moe_sigmoid = true;
+      s.moe_probs_bias = true;
+      s.n_expert_group = 4;
+      s.n_expert_group_used = 2;
+      s.moe_weights_norm = true;
+      s.moe_weights_scale = 2.5f;
+    }
+    if (name == "tiny-deepseek2-yarn") {  // DeepSeek-V2's YaRN (factor 40, mscale_all_dim 0.707)
+      s.yarn_factor = 40.0f;
+      s.rope_orig_ctx = 64;
+      s.yarn_log_mul = 0.0707f;
+    }
     return s;
   }
 
@@ -366,8 +386,23 @@ ModelHparams HparamsOf(const RandomModelShape& s, uint32_t n_vocab) {
     hp.mla.rope_dim = s.mla_rope_dim;
     hp.mla.v_head_dim = s.mla_v_head_dim;
     hp.mla.split_kv_b = !s.mla_combined_kv_b;
-    hp.mla.n_layer_dense_lead = s.n_layer;
+    hp.mla.n_layer_dense_lead = s.n_expert > 0 ? s.mla_dense_layers : s.n_layer;
     hp.rope.n_rot = static_cast<int32_t>(s.mla_rope_dim);
+    hp.moe.n_expert = s.n_expert;
+    hp.moe.n_expert_used = s.n_expert_used;
+    hp.moe.n_expert_shared = s.n_expert_shared;
+    hp.moe.n_ff_exp = s.n_ff_exp;
+    hp.moe.gating = s.moe_sigmoid ? MoeGating::kSigmoid : MoeGating::kSoftmax;
+    hp.moe.n_group = s.n_expert_group;
+    hp.moe.n_group_used = s.n_expert_group_used;
+    hp.moe.weights_norm = s.moe_weights_norm;
+    hp.moe.weights_scale = s.moe_weights_scale;
+    hp.moe.has_probs_bias = s.moe_probs_bias;
+    if (s.yarn_factor > 0.0f) {
+      hp.rope.scaling = RopeScaling::kYarn;
+      hp.rope.freq_scale = 1.0f / s.yarn_factor;
+      hp.mla.yarn_log_mul = s.yarn_log_mul;
+    }
   }
   return hp;
 }
@@ -469,8 +504,11 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
   std::vector<float> values;
   auto add_matrix = [&](const std::string& name, uint64_t row_len, uint64_t n_rows,
                         uint64_t n_mat) -> absl::Status {  // ne = {row_len, n_rows, n_mat}
-    const uint32_t type = StorageType(o.type, row_len);
-    if (type != o.type) {
+    // llama-quantize leaves mixture-of-experts routers (ffn_gate_inp) in f32.
+    const bool router = name.ends_with("ffn_gate_inp.weight");
+    const uint32_t type =
+        router ? static_cast<uint32_t>(GgmlType::kF32) : StorageType(o.type, row_len);
+    if (type != o.type && !router) {
       note(absl::StrFormat("%s: row length %d is not a multiple of the %s block size; stored as %s",
                            name, row_len, GgmlTypeName(o.type), GgmlTypeName(type)));
     }

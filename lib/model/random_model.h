@@ -47,7 +47,13 @@
 //                           value heads 32, separate attn_k_b/attn_v_b, 2 dense layers,
 //                           context 512, untied;
 //   tiny-deepseek2-lite:    tiny-deepseek2 without q-LoRA (attn_q), like DeepSeek-V2-Lite;
-//   tiny-deepseek2-kvb:     tiny-deepseek2 with the older combined attn_kv_b.
+//   tiny-deepseek2-kvb:     tiny-deepseek2 with the older combined attn_kv_b;
+//   tiny-deepseek2-moe:     tiny-deepseek2 with 3 layers, the last 2 mixture-of-experts: 8
+//                           experts of n_ff 64 in 4 groups (the best 2 groups selectable), top-2,
+//                           1 shared expert, sigmoid gating with exp_probs_b, weights normalized
+//                           and scaled by 2.5 (DeepSeek-V3's routing); the router stays f32;
+//   tiny-deepseek2-yarn:    tiny-deepseek2 with YaRN: factor 40, original context 64,
+//                           yarn_log_multiplier 0.0707 (DeepSeek-V2's mscale_all_dim 0.707).
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its
@@ -104,6 +110,22 @@ struct RandomModelShape {
   uint32_t mla_rope_dim = 0;
   uint32_t mla_v_head_dim = 0;
   bool mla_combined_kv_b = false;  // the older attn_kv_b instead of attn_k_b + attn_v_b
+  // deepseek2 mixture of experts (n_expert > 0): the layers from mla_dense_layers on (MoeHparams).
+  uint32_t mla_dense_layers = 0;
+  uint32_t n_expert = 0;
+  uint32_t n_expert_used = 0;
+  uint32_t n_expert_shared = 0;
+  uint32_t n_ff_exp = 0;
+  bool moe_sigmoid = false;     // expert_gating_func sigmoid (else softmax)
+  bool moe_probs_bias = false;  // exp_probs_b.bias (written as a bias: 0.5·N(0,1))
+  uint32_t n_expert_group = 0;
+  uint32_t n_expert_group_used = 0;
+  bool moe_weights_norm = false;
+  float moe_weights_scale = 1.0f;
+  // deepseek2 YaRN (yarn_factor > 0): rope.scaling.type yarn with this factor, rope_orig_ctx as
+  // original_context_length and rope.scaling.yarn_log_multiplier yarn_log_mul.
+  float yarn_factor = 0.0f;
+  float yarn_log_mul = 0.0f;
   uint32_t head_dim() const { return n_head_dim != 0 ? n_head_dim : n_embd / n_head; }
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <span>
 
 #include "lib/common/ggml_type.h"
@@ -59,13 +60,18 @@ std::string TempDir() {
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor,
                              const std::string& drop_key,
                              const std::function<void(gguf::GgufWriter&)>& edit) {
-  RandomModelOptions options;
-  options.shape = *RandomModelShapeByName(shape_name);
-  options.type = static_cast<uint32_t>(GgmlType::kF32);
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string original = StrCat(TempDir(), "/", shape_name, "-original.gguf");
-  EXPECT_TRUE(writer.WriteToFile(original).ok());
+  // Each shape is generated once per process (a bad-file test edits it many times).
+  static std::map<std::string, std::string>* originals = new std::map<std::string, std::string>;
+  std::string& original = (*originals)[shape_name];
+  if (original.empty()) {
+    RandomModelOptions options;
+    options.shape = *RandomModelShapeByName(shape_name);
+    options.type = static_cast<uint32_t>(GgmlType::kF32);
+    gguf::GgufWriter writer;
+    EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
+    original = StrCat(TempDir(), "/", shape_name, "-original.gguf");
+    EXPECT_TRUE(writer.WriteToFile(original).ok());
+  }
   auto file = gguf::GgufFile::Open(original, {});
   EXPECT_TRUE(file.ok()) << file.status();
   gguf::GgufWriter copy;

@@ -22,10 +22,10 @@ std::string SourcePath(const std::string& relative);
 // A fresh empty directory for the calling test (removed at process exit is not guaranteed).
 std::string TempDir();
 
-// Writes the kiln-mkmodel shape `shape_name` at f32 into TempDir(), then copies it without the
-// tensor `drop_tensor` and the key `drop_key` ("" for none), letting `edit` add or replace keys
-// and tensors; returns the copy's path (bad-file tests of the architectures). Failures are test
-// failures.
+// Writes the kiln-mkmodel shape `shape_name` at f32 into TempDir() (once per process), then
+// copies it without the tensor `drop_tensor` and the key `drop_key` ("" for none), letting `edit`
+// add or replace keys and tensors; returns the copy's path (bad-file tests of the
+// architectures). Failures are test failures.
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor = "",
                              const std::string& drop_key = "",
                              const std::function<void(gguf::GgufWriter&)>& edit = nullptr);

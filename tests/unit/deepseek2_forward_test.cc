@@ -1,13 +1,15 @@
 // The deepseek2 (MLA) forward pass against a plain float64 evaluation of the MLA formulas with
 // the keys and values decompressed (k_h = [W_UK_h c | rope(kr)], v_h = W_UV_h c), which kiln's
-// absorbed attention must equal up to float rounding; and a tree node's logits against the
-// same tokens decoded causally.
+// absorbed attention must equal up to float rounding, with YaRN rope scaling and
+// mixture-of-experts layers (routed top-k with groups, shared experts) evaluated from their
+// formulas; and a tree node's logits against the same tokens decoded causally.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/gguf/file_type.h"
@@ -60,15 +62,129 @@ std::vector<double> RmsNorm(const std::vector<double>& x, const WeightView& w, d
   return y;
 }
 
-// NORM rotation (pairs 2i, 2i + 1) of x[0 .. n) at position pos.
-void Rope(double* x, int64_t n, int32_t pos, double base) {
+// y = W_e x for expert e of a stack of n_expert f32 matrices.
+std::vector<double> ExpertMatVec(const WeightView& w, int64_t n_expert, int64_t e,
+                                 const std::vector<double>& x) {
+  const int64_t rows = w.n_out / n_expert;
+  std::vector<double> y(static_cast<size_t>(rows));
+  const float* data = static_cast<const float*>(w.data) + e * rows * w.n_in;
+  for (int64_t o = 0; o < rows; ++o) {
+    double acc = 0;
+    for (int64_t i = 0; i < w.n_in; ++i) acc += double{data[o * w.n_in + i]} * x[i];
+    y[o] = acc;
+  }
+  return y;
+}
+
+// YaRN as llama.cpp evaluates it for deepseek2, from the file's factor s = 1 / freq_scale and
+// yarn_log_multiplier g (= 0.1 · DeepSeek's mscale_all_dim M): the low frequencies are
+// interpolated (a ramp between corr_low and corr_high); with M != 0 the rotation keeps its
+// magnitude and the attention scale gains (1 + 0.1 · M · ln s)²; with M == 0 the rotation is
+// magnified by m = 1 + 0.1 ln s and the attention scale gains m².
+struct Yarn {
+  bool on = false;
+  double freq_scale = 1, corr_low = 0, corr_high = 0, rope_magnitude = 1, attn_mscale = 1;
+};
+
+Yarn YarnOf(const ModelHparams& hp) {
+  Yarn y;
+  if (hp.rope.scaling != RopeScaling::kYarn) return y;
+  y.on = true;
+  y.freq_scale = hp.rope.freq_scale;
+  const double s = 1.0 / y.freq_scale, n = hp.rope.n_rot, base = hp.rope.freq_base;
+  auto corr_dim = [&](double n_rotations) {
+    return n * std::log(hp.rope.orig_ctx / (n_rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  y.corr_low = std::max(0.0, std::floor(corr_dim(hp.rope.beta_fast)));
+  y.corr_high = std::min(n - 1, std::ceil(corr_dim(hp.rope.beta_slow)));
+  const double mscale_all_dim = hp.mla.yarn_log_mul / 0.1;
+  if (mscale_all_dim != 0) {
+    y.attn_mscale = 1 + 0.1 * mscale_all_dim * std::log(s);
+  } else {
+    y.rope_magnitude = y.attn_mscale = 1 + 0.1 * std::log(s);
+  }
+  return y;
+}
+
+// NORM rotation (pairs 2i, 2i + 1) of x[0 .. n) at position pos (YaRN-scaled when yarn.on).
+void Rope(double* x, int64_t n, int32_t pos, double base, const Yarn& yarn = {}) {
+  const double magnitude = yarn.rope_magnitude;
   for (int64_t i = 0; i < n / 2; ++i) {
-    const double theta = pos * std::pow(base, -2.0 * static_cast<double>(i) / n);
-    const double c = std::cos(theta), s = std::sin(theta);
+    const double extrap = pos * std::pow(base, -2.0 * static_cast<double>(i) / n);
+    double theta = extrap;
+    if (yarn.on) {
+      const double interp = yarn.freq_scale * extrap;
+      const double y = (i - yarn.corr_low) / std::max(0.001, yarn.corr_high - yarn.corr_low);
+      const double ramp = 1 - std::min(1.0, std::max(0.0, y));
+      theta = interp * (1 - ramp) + extrap * ramp;
+    }
+    const double c = std::cos(theta) * magnitude, s = std::sin(theta) * magnitude;
     const double a = x[2 * i], b = x[2 * i + 1];
     x[2 * i] = a * c - b * s;
     x[2 * i + 1] = a * s + b * c;
   }
+}
+
+std::vector<double> SwiGlu(const WeightView& gate, const WeightView& up, const WeightView& down,
+                           const std::vector<double>& h) {
+  std::vector<double> g = MatVec(gate, h);
+  const std::vector<double> u = MatVec(up, h);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  return MatVec(down, g);
+}
+
+// A mixture-of-experts feed-forward (DeepSeek's MoE gate and experts): gating scores p, the
+// selection scores p + exp_probs_b, the best n_group_used groups by the sum of their two best
+// selection scores, the top n_expert_used experts among them, their p as weights (normalized,
+// scaled), plus the shared experts.
+std::vector<double> MixtureOfExperts(const Model& model, int64_t l, const std::vector<double>& h) {
+  const MoeHparams& moe = model.hparams().moe;
+  auto W = [&](const char* name) -> const WeightView& {
+    return *model.Tensor(StrCat("blk.", l, ".", name));
+  };
+  const int64_t n = moe.n_expert;
+  const std::vector<double> logits = MatVec(W("ffn_gate_inp.weight"), h);
+  std::vector<double> p(n), select(n);
+  double sum_exp = 0;
+  for (int64_t e = 0; e < n; ++e) sum_exp += std::exp(logits[e]);
+  for (int64_t e = 0; e < n; ++e) {
+    p[e] = moe.gating == MoeGating::kSigmoid ? 1 / (1 + std::exp(-logits[e]))
+                                             : std::exp(logits[e]) / sum_exp;
+    select[e] = p[e] + (moe.has_probs_bias ? double{W("exp_probs_b.bias").AsF32()[e]} : 0.0);
+  }
+  if (moe.n_group > 1) {
+    const int64_t per_group = n / moe.n_group;
+    std::vector<std::pair<double, int64_t>> groups;
+    for (int64_t g = 0; g < moe.n_group; ++g) {
+      std::vector<double> v(select.begin() + g * per_group, select.begin() + (g + 1) * per_group);
+      std::sort(v.rbegin(), v.rend());
+      groups.push_back({v[0] + v[1], g});
+    }
+    std::sort(groups.rbegin(), groups.rend());
+    for (size_t i = moe.n_group_used; i < groups.size(); ++i) {
+      for (int64_t e = 0; e < per_group; ++e) select[groups[i].second * per_group + e] = -1e300;
+    }
+  }
+  std::vector<int64_t> ids(n);
+  for (int64_t e = 0; e < n; ++e) ids[e] = e;
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](int64_t a, int64_t b) { return select[a] > select[b]; });
+  double weight_sum = 0;
+  for (int64_t j = 0; j < moe.n_expert_used; ++j) weight_sum += p[ids[j]];
+  std::vector<double> y =
+      SwiGlu(W("ffn_gate_shexp.weight"), W("ffn_up_shexp.weight"), W("ffn_down_shexp.weight"), h);
+  for (int64_t j = 0; j < moe.n_expert_used; ++j) {
+    const int64_t e = ids[j];
+    double w = p[e];
+    if (moe.weights_norm) w /= weight_sum;
+    w *= moe.weights_scale;
+    std::vector<double> g = ExpertMatVec(W("ffn_gate_exps.weight"), n, e, h);
+    const std::vector<double> u = ExpertMatVec(W("ffn_up_exps.weight"), n, e, h);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    const std::vector<double> down = ExpertMatVec(W("ffn_down_exps.weight"), n, e, g);
+    for (size_t i = 0; i < y.size(); ++i) y[i] += w * down[i];
+  }
+  return y;
 }
 
 // Logits of every token of one causal sequence, in float64 with decompressed attention.
@@ -80,6 +196,7 @@ std::vector<std::vector<double>> ReferenceLogits(const Model& model,
                 kvl = m.kv_lora_rank, nope = m.nope_dim, rd = m.rope_dim, qk = m.qk_head_dim(),
                 vd = m.v_head_dim;
   const double eps = hp.rms_eps;
+  const Yarn yarn = YarnOf(hp);
   auto W = [&](int64_t l, const char* name) -> const WeightView& {
     return *model.Tensor(StrCat("blk.", l, ".", name));
   };
@@ -126,11 +243,11 @@ std::vector<std::vector<double>> ReferenceLogits(const Model& model,
       std::vector<double> c(kva.begin(), kva.begin() + kvl);
       c = RmsNorm(c, W(l, "attn_kv_a_norm.weight"), eps);
       std::vector<double> kr(kva.begin() + kvl, kva.end());
-      Rope(kr.data(), rd, t, hp.rope.freq_base);
+      Rope(kr.data(), rd, t, hp.rope.freq_base, yarn);
       k[t].assign(H * qk, 0.0);
       v[t].assign(H * vd, 0.0);
       for (int64_t hh = 0; hh < H; ++hh) {
-        Rope(q[t].data() + hh * qk + nope, rd, t, hp.rope.freq_base);
+        Rope(q[t].data() + hh * qk + nope, rd, t, hp.rope.freq_base, yarn);
         for (int64_t dd = 0; dd < nope; ++dd) {
           double acc = 0;
           for (int64_t r = 0; r < kvl; ++r) acc += w_uk[(hh * nope + dd) * kvl + r] * c[r];
@@ -152,7 +269,7 @@ std::vector<std::vector<double>> ReferenceLogits(const Model& model,
         for (int64_t j = 0; j <= t; ++j) {
           double dot = 0;
           for (int64_t e = 0; e < qk; ++e) dot += q[t][hh * qk + e] * k[j][hh * qk + e];
-          s[j] = dot / std::sqrt(static_cast<double>(qk));
+          s[j] = dot * yarn.attn_mscale * yarn.attn_mscale / std::sqrt(static_cast<double>(qk));
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
@@ -164,10 +281,10 @@ std::vector<std::vector<double>> ReferenceLogits(const Model& model,
       const std::vector<double> proj = MatVec(W(l, "attn_output.weight"), o);
       for (int64_t i = 0; i < d; ++i) x[t][i] += proj[i];
       const std::vector<double> h = RmsNorm(x[t], W(l, "ffn_norm.weight"), eps);
-      std::vector<double> g = MatVec(W(l, "ffn_gate.weight"), h);
-      const std::vector<double> u = MatVec(W(l, "ffn_up.weight"), h);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      const std::vector<double> down = MatVec(W(l, "ffn_down.weight"), g);
+      const std::vector<double> down =
+          l < m.n_layer_dense_lead
+              ? SwiGlu(W(l, "ffn_gate.weight"), W(l, "ffn_up.weight"), W(l, "ffn_down.weight"), h)
+              : MixtureOfExperts(model, l, h);
       for (int64_t i = 0; i < d; ++i) x[t][i] += down[i];
     }
   }
@@ -193,7 +310,8 @@ std::unique_ptr<KvCache> NewCache(const Model& model, GgmlType kv_type) {
 TEST(Deepseek2Forward, AbsorbedAttentionMatchesFloat64DecompressedReference) {
   const std::vector<int32_t> tokens = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 100};
   constexpr size_t kPrompt = 7;
-  for (const char* shape : {"tiny-deepseek2", "tiny-deepseek2-lite", "tiny-deepseek2-kvb"}) {
+  for (const char* shape : {"tiny-deepseek2", "tiny-deepseek2-lite", "tiny-deepseek2-kvb",
+                            "tiny-deepseek2-moe", "tiny-deepseek2-yarn"}) {
     SCOPED_TRACE(shape);
     auto model = WriteAndLoad(shape, 11);
     ASSERT_NE(model, nullptr);
@@ -201,7 +319,8 @@ TEST(Deepseek2Forward, AbsorbedAttentionMatchesFloat64DecompressedReference) {
     auto cache = NewCache(*model, GgmlType::kF32);
     ASSERT_NE(cache, nullptr);
     // The cache stats report the latent's bytes per token: L·(d_c + d_r)·4 at f32.
-    EXPECT_EQ(cache->Counters().bytes_per_token, 2u * (64 + 16) * 4);
+    EXPECT_EQ(cache->Counters().bytes_per_token,
+              static_cast<size_t>(model->hparams().n_layer) * (64 + 16) * 4);
     CpuForward forward(*model, kThreads);
     const SeqId seq = cache->CreateSequence();
     ASSERT_TRUE(cache->AppendSlots(seq, std::span(tokens.data(), kPrompt)).ok());
@@ -285,6 +404,10 @@ TEST(Deepseek2Forward, TreeNodeEqualsItsPath) {
 // with 8-bit activations for q8_0), so no bitwise check yet. Measured maxima over the three
 // goldens (x86-64, AVX2), either order: f32 weights 2.4e-6 with the f32 cache and 2.2e-3 with
 // f16, f16 4.3e-3, q8_0 9.0e-2 (kiln multiplies the dequantized attn_k_b/attn_v_b in f32).
+// deepseek2_moe has f32 and f16 weights only: a q8_0-rounded router input flips experts at
+// near-ties (scripts/gen_arch_goldens.py, TYPES_BY_FAMILY). Measured, either order: moe f32
+// 3.3e-6 (f32 cache) and 2.3e-3 (f16 cache), f16 5.7e-3; yarn f32 3.6e-6 and 1.9e-3, f16
+// 6.3e-3, q8_0 8.9e-2.
 double Bound(const std::string& weight_type) {
   if (weight_type == "f32") return 5e-3;
   if (weight_type == "f16") return 1e-2;
@@ -367,14 +490,48 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
       }
     }
   }
-  EXPECT_GE(steps, 3u * 2u * 2u * 3u * 10u);  // types × KV types × orders × prompts × 10 steps
+  // weight types × KV types × orders × prompts × 10 steps
+  EXPECT_GE(steps, golden["models"].items.size() * 2u * 2u * 3u * 10u);
+  EXPECT_GE(golden["models"].items.size(), 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, Deepseek2Golden,
-                         ::testing::Values("deepseek2", "deepseek2_lite", "deepseek2_kvb"),
+                         ::testing::Values("deepseek2", "deepseek2_lite", "deepseek2_kvb",
+                                           "deepseek2_moe", "deepseek2_yarn"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
+
+// Mixture-of-experts layers group a batch's tokens by expert; a token's logits must not depend
+// on which other tokens share its experts: a prompt in one batch equals (bitwise, kiln's order)
+// the same tokens fed one at a time.
+TEST(Deepseek2Forward, MoeBatchEqualsTokensOneAtATime) {
+  auto model = WriteAndLoad("tiny-deepseek2-moe", 14);
+  ASSERT_NE(model, nullptr);
+  const std::vector<int32_t> tokens = {1, 84, 104, 101, 32, 99, 97, 116};
+  auto cache = NewCache(*model, GgmlType::kF16);
+  ASSERT_NE(cache, nullptr);
+  CpuForward forward(*model, kThreads);
+  const SeqId batched = cache->CreateSequence();
+  ASSERT_TRUE(cache->AppendSlots(batched, tokens).ok());
+  ForwardBatch batch;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    batch.Add(tokens[i], batched, static_cast<int32_t>(i), true);
+  }
+  ForwardOutput all;
+  ASSERT_TRUE(forward.Forward(batch, *cache, &all).ok());
+  const SeqId single = cache->CreateSequence();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_TRUE(cache->AppendSlots(single, std::span(&tokens[i], 1)).ok());
+    ForwardBatch one;
+    one.Add(tokens[i], single, static_cast<int32_t>(i), true);
+    ForwardOutput out;
+    ASSERT_TRUE(forward.Forward(one, *cache, &out).ok());
+    const std::vector<float> want(all.LogitsRow(i), all.LogitsRow(i) + all.n_vocab);
+    const std::vector<float> got(out.LogitsRow(0), out.LogitsRow(0) + out.n_vocab);
+    EXPECT_EQ(got, want) << "token " << i;
+  }
+}
 
 // An MLA model refuses a GQA cache, naming the layout.
 TEST(Deepseek2Forward, RefusesAGqaCache) {

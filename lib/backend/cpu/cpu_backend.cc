@@ -109,6 +109,29 @@ absl::Status CpuBackend::MatMul(const WeightView& w, const float* x, int64_t n_t
   return cpu::MatMul(pool_, ForOrder(w), x, n_tokens, y, scratch_);
 }
 
+// The expert's rows as a matrix of their own. Its interleaved copy is the stack's groups from
+// row expert · rows on when the experts start on group boundaries (rows a multiple of 16);
+// otherwise it multiplies its rows from the file (the same results up to float rounding).
+absl::Status CpuBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
+                                      const float* x, int64_t n_tokens, float* y) {
+  if (n_expert < 1 || w.n_out % n_expert != 0 || expert < 0 || expert >= n_expert) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ExpertMatMul: expert %d of %d does not fit %s (%d rows)", expert, n_expert,
+                        w.name, w.n_out));
+  }
+  const int64_t rows = w.n_out / n_expert;
+  WeightView e = w;
+  e.n_out = rows;
+  e.data = w.Row(expert * rows);
+  e.interleaved = nullptr;
+  if (w.interleaved != nullptr && rows % quant::kInterleaveRows == 0) {
+    const size_t group_bytes = GetQuantKernels(w.type)->interleaved_group_bytes(w.n_in);
+    e.interleaved = static_cast<const uint8_t*>(w.interleaved) +
+                    static_cast<size_t>(expert * rows / quant::kInterleaveRows) * group_bytes;
+  }
+  return MatMul(e, x, n_tokens, y);
+}
+
 absl::Status CpuBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                          float* out) {
   return cpu::EmbeddingGather(ForOrder(table), tokens, out);

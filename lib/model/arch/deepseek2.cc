@@ -7,18 +7,27 @@
 //   per head h: k_h = [attn_k_b_h(c) | rope(kr)], v_h = attn_v_b_h(c)   (or attn_kv_b, split)
 //   out      = attn_output(concat_h softmax(q_h·k_h · scale) v_h)
 // The cache keeps only [c | rope(kr)] per token per layer (KvLayout::Mla). The feed-forward is
-// SwiGLU for the first leading_dense_block_count layers; the others are mixture-of-experts.
-// YaRN rope scaling multiplies the attention scale by mscale² (llama.cpp's kq_scale).
+// SwiGLU for the first leading_dense_block_count layers; the others are mixture-of-experts
+// (moe_ffn.h: routed experts, shared experts, softmax or sigmoid gating, expert groups).
 //
-// Not supported yet (refused with Unimplemented naming the key): mixture-of-experts layers
-// (leading_dense_block_count < block_count), attention temperature scaling, rope scaling other
-// than YaRN; the forward pass (mla_forward.h) does not run YaRN yet.
+// YaRN rope scaling (rope.scaling.type "yarn", factor s, original_context_length,
+// yarn_log_multiplier g as the converter writes it, i.e. 0.1 · DeepSeek's mscale_all_dim) follows
+// llama.cpp's deepseek2 arithmetic: with L = g / 0.1 and a = rope.scaling.attn_factor (default 1)
+//   rope attn_factor  = a / (1 + 0.1 ln s)   when L != 0,   a   when L == 0
+//   (the rotation multiplies cos/sin by attn_factor · (1 + 0.1 ln s), as ggml's rope_yarn does)
+//   attention scale   = mscale² / sqrt(qk_head_dim),
+//   mscale            = attn_factor · (1 + 0.1 ln s) · (1 + 0.1 · L · ln s).
+//
+// Not supported (refused with Unimplemented naming the key): attention temperature scaling, rope
+// scaling other than YaRN, gating functions other than softmax and sigmoid, fused
+// ffn_gate_up_exps.
 #include <cmath>
 
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/architecture.h"
 #include "lib/model/mla_forward.h"
+#include "lib/model/moe_ffn.h"
 
 namespace kiln::arch {
 namespace {
@@ -107,9 +116,7 @@ class Deepseek2Architecture final : public Architecture {
     KILN_ASSIGN_OR_RETURN(mla.n_layer_dense_lead,
                           ReadOptionalInt(file, p + "leading_dense_block_count", 0, 0, hp.n_layer));
     if (mla.n_layer_dense_lead < hp.n_layer) {
-      return absl::UnimplementedError(StrCat(
-          "model: ", p, "leading_dense_block_count = ", mla.n_layer_dense_lead, " < block_count = ",
-          hp.n_layer, ": deepseek2 mixture-of-experts layers are not supported yet"));
+      KILN_ASSIGN_OR_RETURN(hp.moe, ReadMoeHparams(file, p, mla.n_layer_dense_lead));
     }
     if (file.FindKey(p + "attention.temperature_scale") != nullptr) {
       return absl::UnimplementedError(
@@ -149,9 +156,27 @@ class Deepseek2Architecture final : public Architecture {
                             ReadOptionalFloat(file, p + "rope.scaling.yarn_beta_slow", 1.0f));
       KILN_ASSIGN_OR_RETURN(mla.yarn_log_mul,
                             ReadOptionalFloat(file, p + "rope.scaling.yarn_log_multiplier", 0.0f));
+      KILN_ASSIGN_OR_RETURN(const float attn_factor,
+                            ReadOptionalFloat(file, p + "rope.scaling.attn_factor", 1.0f));
+      if (!(attn_factor > 0.0f)) {
+        return absl::InvalidArgumentError(
+            StrCat("model: ", p, "rope.scaling.attn_factor must be > 0"));
+      }
+      // llama.cpp's arithmetic, in its float order (see the top of the file).
+      const float s = 1.0f / r.freq_scale;
+      const float log_mul = mla.yarn_log_mul / 0.1f;
+      r.attn_factor = log_mul != 0.0f ? 1.0f : (s <= 1.0f ? 1.0f : 0.1f * std::log(s) + 1.0f);
+      r.attn_factor *= 1.0f / (1.0f + 0.1f * std::log(s));
+      r.attn_factor *= attn_factor;
+      mla.attn_mscale =
+          r.attn_factor * (1.0f + 0.1f * std::log(s)) * (1.0f + 0.1f * log_mul * std::log(s));
     } else if (scaling != "none") {
       return absl::UnimplementedError(StrCat("model: ", p, "rope.scaling.type = '", scaling,
                                              "' is not supported for deepseek2 (none, yarn)"));
+    } else if (file.FindKey(p + "rope.scaling.attn_factor") != nullptr) {
+      return absl::UnimplementedError(StrCat("model: ", p,
+                                             "rope.scaling.attn_factor without YaRN scaling is "
+                                             "not supported for deepseek2"));
     }
     hp.tied_output = file.FindTensor("output.weight") == nullptr;
     return hp;
@@ -185,9 +210,19 @@ class Deepseek2Architecture final : public Architecture {
       w->SetUint32(p + "attention.value_length", u32(mla.v_head_dim));
     }
     w->SetUint32(p + "leading_dense_block_count", u32(mla.n_layer_dense_lead));
-    // llama.cpp requires the expert keys even when every layer is dense.
-    w->SetUint32(p + "expert_feed_forward_length", u32(hp.n_ff));
-    w->SetUint32(p + "expert_shared_count", 0);
+    if (hp.moe.n_expert > 0) {
+      WriteMoeHparams(hp.moe, p, w);
+    } else {
+      // llama.cpp requires the expert keys even when every layer is dense.
+      w->SetUint32(p + "expert_feed_forward_length", u32(hp.n_ff));
+      w->SetUint32(p + "expert_shared_count", 0);
+    }
+    if (hp.rope.scaling == RopeScaling::kYarn) {
+      w->SetString(p + "rope.scaling.type", "yarn");
+      w->SetFloat32(p + "rope.scaling.factor", 1.0f / hp.rope.freq_scale);
+      w->SetUint32(p + "rope.scaling.original_context_length", u32(hp.rope.orig_ctx));
+      w->SetFloat32(p + "rope.scaling.yarn_log_multiplier", mla.yarn_log_mul);
+    }
   }
 
   std::vector<TensorSpec> Tensors(const ModelHparams& hp) const override {
@@ -227,6 +262,10 @@ class Deepseek2Architecture final : public Architecture {
       }
       t.push_back({b + "attn_output.weight", n_head * mla.v_head_dim, n_embd});
       t.push_back({b + "ffn_norm.weight", n_embd, 1, TensorRole::kVector});
+      if (l >= mla.n_layer_dense_lead) {
+        AppendMoeTensors(hp, l, &t);
+        continue;
+      }
       t.push_back({b + "ffn_gate.weight", n_embd, hp.n_ff});
       t.push_back({b + "ffn_up.weight", n_embd, hp.n_ff});
       t.push_back({b + "ffn_down.weight", hp.n_ff, n_embd});
