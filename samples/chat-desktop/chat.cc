@@ -574,7 +574,7 @@ void DrawSidebar(App& app) {
 }
 
 void DrawTopBar(App& app) {
-  ImGui::SetNextItemWidth(380);
+  ImGui::SetNextItemWidth(250);
   if (ImGui::BeginCombo("##models", fs::path(app.opt.model_path).filename().c_str())) {
     for (const std::string& file : app.ModelFiles()) {
       if (ImGui::Selectable(fs::path(file).filename().c_str(), file == app.opt.model_path)) {
@@ -584,7 +584,7 @@ void DrawTopBar(App& app) {
     ImGui::EndCombo();
   }
   ImGui::SameLine();
-  ImGui::SetNextItemWidth(260);
+  ImGui::SetNextItemWidth(220);
   ImGui::InputText("##modelpath", &app.model_path_field);
   ImGui::SameLine();
   if (ImGui::Button("Load")) app.LoadModel(app.model_path_field);
@@ -592,7 +592,7 @@ void DrawTopBar(App& app) {
   Conversation* conv = app.Current();
   if (conv == nullptr) return;
   ImGui::SameLine();
-  ImGui::SetNextItemWidth(110);
+  ImGui::SetNextItemWidth(90);
   int kind = static_cast<int>(conv->strategy_kind);
   ImGui::BeginDisabled(conv->generating);
   if (ImGui::Combo("strategy", &kind, kStrategyNames, 2)) {

@@ -59,9 +59,9 @@ def blocks(text):
             for m in re.finditer(r"--- conversation ([^\n]*)\n(.*?)--- end\n", text, re.S)]
 
 
-def run(args, timeout=240):
+def run(args, env=None, timeout=240):
     start = time.monotonic()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     print(f"$ {' '.join(args)}  ({time.monotonic() - start:.1f} s, exit {proc.returncode})")
     print(proc.stdout, end="")
     if proc.stderr:
@@ -103,16 +103,19 @@ def main():
         with open(script, "w") as f:
             f.write(SCRIPT.format(shot=shot))
         common = ["--model", MODEL, "--max-tokens", str(MAX_TOKENS), "--threads", "2"]
+        # Under ASan (scripts/test.sh's sanitizer stage) the window's run leaves leak detection
+        # off: D-Bus (through SDL) and Mesa's GL driver leave allocations at exit that LeakSanitizer
+        # reports, the driver's from a module already unloaded, so no suppression can name them.
+        # Address and UB checks stay on; the --reference run below keeps leak detection.
+        window_env = dict(os.environ)
+        window_env["ASAN_OPTIONS"] = ":".join(
+            filter(None, [os.environ.get("ASAN_OPTIONS"), "detect_leaks=0"]))
         app = run([xvfb_run, "-a", "-s", f"-screen 0 {WIDTH + 24}x{HEIGHT + 88}x24", chat,
                    "--script", script, "--save-dir", os.path.join(tmp, "saves"),
-                   "--size", f"{WIDTH}x{HEIGHT}"] + common)
+                   "--size", f"{WIDTH}x{HEIGHT}"] + common, env=window_env)
         if app.returncode != 0:
             failures.append(f"kiln-chat exited with {app.returncode}")
         check_screenshot(shot, failures)
-        if os.environ.get("KILN_CHAT_SCREENSHOT"):  # to refresh samples/chat-desktop/screenshot.png
-            here = os.path.dirname(os.path.abspath(__file__))
-            subprocess.run([sys.executable, os.path.join(here, "../../../scripts/bmp_to_png.py"),
-                            shot, os.environ["KILN_CHAT_SCREENSHOT"]], check=True)
 
         # Blocks printed when an answer ends, in script order; the `print` after `open` is the
         # fourth one, and the stopped answer (a block only when it stopped after its prompt)
