@@ -386,7 +386,12 @@ struct App {
   // blocks shared copy-on-write). Branching at a user message keeps the messages before it and
   // puts its text into the input field, to be edited and sent again.
   Conversation* Branch(Conversation* conv, size_t index) {
-    if (conv == nullptr || conv->generating || index >= conv->messages.size()) return nullptr;
+    if (conv == nullptr || conv->generating) return nullptr;
+    if (index >= conv->messages.size()) {
+      conv->error = "branch: no message " + std::to_string(index + 1) + " (the conversation has " +
+                    std::to_string(conv->messages.size()) + ")";
+      return nullptr;
+    }
     auto branch = std::make_unique<Conversation>();
     kiln_status s = kiln_session_fork(conv->session, &branch->session);
     if (s != KILN_OK) {
@@ -898,7 +903,11 @@ int RunWindow(App& app, Script* script) {
   ImGui_ImplOpenGL3_Init("#version 150");
 
   int status = 0;
+  constexpr auto kFrameTime = std::chrono::microseconds(16667);
   for (bool running = true; running;) {
+    // At most 60 frames a second, also where the swap does not wait for the display (Xvfb): the
+    // UI must not take the cores the generation runs on.
+    Clock::time_point frame_start = Clock::now();
     SDL_Event event;
     while (SDL_PollEvent(&event)) {
       ImGui_ImplSDL2_ProcessEvent(&event);
@@ -927,6 +936,11 @@ int RunWindow(App& app, Script* script) {
       script->screenshot.clear();
     }
     SDL_GL_SwapWindow(window);
+    auto spent = Clock::now() - frame_start;
+    if (spent < kFrameTime) {
+      SDL_Delay(static_cast<Uint32>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(kFrameTime - spent).count()));
+    }
   }
   if (script != nullptr && script->failed) status = 1;
 
