@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Converts the 32-bit BMP that `kiln-game --screenshot` writes (SDL2 saves only BMP) into an
-RGB PNG, with the standard library only. usage: bmp_to_png.py IN.bmp OUT.png"""
+"""Converts the 32-bit BMP that the samples' screenshots are (`kiln-game --screenshot`, kiln-chat's
+`screenshot` script action; SDL2 saves only BMP) into an RGB PNG, with the standard library only.
+usage: bmp_to_png.py IN.bmp OUT.png"""
 import struct, sys, zlib
 data = open(sys.argv[1], 'rb').read()
 off = struct.unpack_from('<I', data, 10)[0]
