@@ -381,4 +381,161 @@ void DequantizeRowQ6KAvx2(const void* vx, float* y, int64_t n) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
+// A weight super-block is unpacked once (codes and per-lane scale pairs) and dotted with the
+// super-block of up to kTileTokens tokens; each (row, token) keeps vec_dot's own float sequence
+// (FinishSuperBlocks over groups of 4 super-blocks, in order). Reads the GGUF blocks as they
+// are: no repacked copy of the weights.
+
+namespace {
+
+// One unpacked weight super-block: codes[j] lines up with activation bytes 32j..32j+31 and
+// scales[j] holds the int16 scales of its 16 maddubs pair sums. Q4_K/Q5_K: aux16 = the 8 mins,
+// each twice (pairs with the 16 bsums); Q6_K: aux16 = the 16 group scales ("- 32" correction).
+struct UnpackedSuperBlock256 {
+  __m256i codes[8];
+  __m256i scales[8];
+  __m256i aux16;
+  float d;
+  float dmin;
+};
+
+template <bool kHasHighBit, typename Block>
+inline void UnpackQ45K256(const Block& b, UnpackedSuperBlock256& u) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+  u.aux16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+  const Scales16 scb = MakeScales16(scm);
+  __m256i hbits;
+  if constexpr (kHasHighBit) hbits = Load256(b.qh);
+  for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
+    const __m256i q = Load256(b.qs + 32 * c);
+    __m256i lo = _mm256_and_si256(q, m4);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if constexpr (kHasHighBit) {
+      lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+      hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+      hbits = _mm256_srli_epi16(hbits, 2);
+    }
+    u.codes[2 * c] = lo;
+    u.codes[2 * c + 1] = hi;
+    u.scales[2 * c] = ScalePair(scb, 2 * c, 2 * c);
+    u.scales[2 * c + 1] = ScalePair(scb, 2 * c + 1, 2 * c + 1);
+  }
+  u.d = F16(b.d);
+  u.dmin = F16(b.dmin);
+}
+
+inline void UnpackQ6K256(const BlockQ6K& b, UnpackedSuperBlock256& u) {
+  const __m128i s8 = Load128(b.scales);
+  u.aux16 = _mm256_cvtepi8_epi16(s8);
+  const Scales16 scb = MakeScales16(s8);
+  for (int half = 0; half < 2; ++half) {
+    Q6KQuarters(b, half, u.codes + 4 * half);
+    for (int k = 0; k < 4; ++k) {
+      const int g = 8 * half + 2 * k;
+      u.scales[4 * half + k] = ScalePair(scb, g, g + 1);
+    }
+  }
+  u.d = F16(b.d);
+  u.dmin = 0.0f;
+}
+
+// The exact sums of one unpacked super-block with one activation super-block (as vec_dot).
+template <bool kQ6K>
+inline SuperBlockSums DotUnpacked256(const UnpackedSuperBlock256& u, const BlockQ8K& y) {
+  __m256i isum_v = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i p = _mm256_maddubs_epi16(u.codes[j], Load256(y.qs + 32 * j));
+    isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, u.scales[j]));
+  }
+  const __m256i aux = _mm256_madd_epi16(u.aux16, Load256(y.bsums));
+  if constexpr (kQ6K) {
+    return {_mm256_sub_epi32(isum_v, _mm256_slli_epi32(aux, 5)), _mm256_setzero_si256(), y.d * u.d,
+            0.0f};
+  } else {
+    return {isum_v, aux, y.d * u.d, y.d * u.dmin};
+  }
+}
+
+constexpr int kTileTokens = 4;  // tokens sharing one unpacked weight super-block
+
+// out[t * out_stride + r] for kTokens tokens starting at `a` and rows 0..n_rows-1.
+template <int kTokens, typename Block, bool kQ6K, typename UnpackFn>
+inline void TileRowsK256(int64_t nb, const uint8_t* w, size_t w_stride, int n_rows,
+                         const uint8_t* a, size_t a_stride, float* out, size_t out_stride,
+                         UnpackFn unpack) {
+  for (int r = 0; r < n_rows; ++r) {
+    const auto* wr = reinterpret_cast<const Block*>(w + r * w_stride);
+    float acc[kTokens] = {};
+    SuperBlockSums s[kTokens][4];
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+      const int count = static_cast<int>(nb - i0 < 4 ? nb - i0 : 4);
+      for (int k = 0; k < 4; ++k) {
+        if (k < count) {
+          UnpackedSuperBlock256 u;
+          unpack(wr[i0 + k], u);
+          for (int t = 0; t < kTokens; ++t) {
+            const auto* at = reinterpret_cast<const BlockQ8K*>(a + t * a_stride);
+            s[t][k] = DotUnpacked256<kQ6K>(u, at[i0 + k]);
+          }
+        } else {
+          for (int t = 0; t < kTokens; ++t) {
+            s[t][k] = SuperBlockSums{_mm256_setzero_si256(), _mm256_setzero_si256(), 0.0f, 0.0f};
+          }
+        }
+      }
+      for (int t = 0; t < kTokens; ++t) acc[t] = FinishSuperBlocks(acc[t], s[t], count);
+    }
+    for (int t = 0; t < kTokens; ++t) out[t * out_stride + r] = acc[t];
+  }
+}
+
+template <typename Block, bool kQ6K, typename UnpackFn>
+inline void VecDotTileK256(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+                           size_t a_stride, int n_tokens, float* out, size_t out_stride,
+                           UnpackFn unpack) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / kQK;
+  int t = 0;
+  for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
+    TileRowsK256<kTileTokens, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
+                                           out + t * out_stride, out_stride, unpack);
+  }
+  // The remaining 0..3 tokens as 2 + 1.
+  if (n_tokens - t >= 2) {
+    TileRowsK256<2, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
+                                 out + t * out_stride, out_stride, unpack);
+    t += 2;
+  }
+  if (n_tokens - t >= 1) {
+    TileRowsK256<1, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
+                                 out + t * out_stride, out_stride, unpack);
+  }
+}
+
+}  // namespace
+
+void VecDotTileQ4KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<BlockQ4K, false>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ4K& b, UnpackedSuperBlock256& u) { UnpackQ45K256<false>(b, u); });
+}
+void VecDotTileQ5KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<BlockQ5K, false>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ5K& b, UnpackedSuperBlock256& u) { UnpackQ45K256<true>(b, u); });
+}
+void VecDotTileQ6KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<BlockQ6K, true>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ6K& b, UnpackedSuperBlock256& u) { UnpackQ6K256(b, u); });
+}
+
 }  // namespace kiln::kquants
