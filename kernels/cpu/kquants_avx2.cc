@@ -461,6 +461,7 @@ inline SuperBlockSums DotUnpacked256(const UnpackedSuperBlock256& u, const Block
 }
 
 constexpr int kTileTokens = 4;  // tokens sharing one unpacked weight super-block
+constexpr int kRowBlock = 4;    // rows whose weights stay in L1 across the token groups
 
 // out[t * out_stride + r] for kTokens tokens starting at `a` and rows 0..n_rows-1.
 template <int kTokens, typename Block, bool kQ6K, typename UnpackFn>
@@ -500,20 +501,27 @@ inline void VecDotTileK256(int64_t n, const void* vw, size_t w_stride, int n_row
   const auto* w = static_cast<const uint8_t*>(vw);
   const auto* a = static_cast<const uint8_t*>(va);
   const int64_t nb = n / kQK;
-  int t = 0;
-  for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
-    TileRowsK256<kTileTokens, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
-                                           out + t * out_stride, out_stride, unpack);
-  }
-  // The remaining 0..3 tokens as 2 + 1.
-  if (n_tokens - t >= 2) {
-    TileRowsK256<2, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
-                                 out + t * out_stride, out_stride, unpack);
-    t += 2;
-  }
-  if (n_tokens - t >= 1) {
-    TileRowsK256<1, Block, kQ6K>(nb, w, w_stride, n_rows, a + t * a_stride, a_stride,
-                                 out + t * out_stride, out_stride, unpack);
+  // Blocks of kRowBlock rows: their weights stay in L1 while every token group passes over
+  // them (a matrix larger than the caches is streamed from memory once per call).
+  for (int r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+    const int rows = n_rows - r0 < kRowBlock ? n_rows - r0 : kRowBlock;
+    const uint8_t* wb = w + r0 * w_stride;
+    float* ob = out + r0;
+    int t = 0;
+    for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
+      TileRowsK256<kTileTokens, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                             ob + t * out_stride, out_stride, unpack);
+    }
+    // The remaining 0..3 tokens as 2 + 1.
+    if (n_tokens - t >= 2) {
+      TileRowsK256<2, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                   ob + t * out_stride, out_stride, unpack);
+      t += 2;
+    }
+    if (n_tokens - t >= 1) {
+      TileRowsK256<1, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                   ob + t * out_stride, out_stride, unpack);
+    }
   }
 }
 
