@@ -3,10 +3,11 @@
 //
 //   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile] [--attention]
 //
-// --tile runs only the matmul kernel comparison on the SmolLM2 shapes: old path vs vec_dot_tile
-// vs the integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1;
-// --types filters them too). --attention runs only the paged-attention table (f16, q8_0 and f32
-// caches at contexts 128, 1,024 and 4,096).
+// --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
+// and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
+// integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q4_K, q5_K,
+// q6_K; --types filters them too). --attention runs only the paged-attention table (f16, q8_0 and
+// f32 caches at contexts 128, 1,024 and 4,096).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -154,16 +155,22 @@ void BenchTile(GgmlType type) {
       "\n== %s matmul kernels, 1 thread, level %s: GFLOP/s old (vec_dot / vec_dot_rows) vs "
       "tile (vec_dot_tile)\n",
       name.c_str(), CpuLevelName(BestCpuLevel()));
-  if (k->vec_dot_tile == nullptr || k->vec_dot_rows == nullptr) {
-    printf("(no vec_dot_tile or vec_dot_rows for %s at this level)\n", name.c_str());
+  if (k->vec_dot_tile == nullptr) {
+    printf("(no vec_dot_tile for %s at this level)\n", name.c_str());
     return;
   }
-  printf("%-8s %-6s %7s %12s %12s %8s %15s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
-         "tile GFLOP/s", "speedup", "integer GFLOP/s");
+  printf("%-8s %-6s %7s %12s %12s %8s %15s %12s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
+         "tile GFLOP/s", "speedup", "integer GFLOP/s", "tile w GB/s");
   struct Shape {
     int64_t n_in, n_out;
   };
-  const Shape shapes[] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}, {576, 49152}};
+  // SmolLM2 shapes; K-quants (256-element super-blocks) take the row lengths that are multiples
+  // of 256: SmolLM2's ffn_down, Gemma 3 270M's ffn_down and attn_output, and a 4096 x 4096
+  // matrix that does not fit in the caches (decode streams it from memory).
+  const bool k_quant = GgmlTypeInfoOf(static_cast<uint32_t>(type))->block_size == 256;
+  const std::vector<Shape> shapes =
+      k_quant ? std::vector<Shape>{{1536, 576}, {2048, 640}, {1024, 640}, {4096, 4096}}
+              : std::vector<Shape>{{576, 576}, {576, 192}, {576, 1536}, {1536, 576}, {576, 49152}};
   std::mt19937 rng(7);
   for (const Shape& sh : shapes) {
     const size_t w_row = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(type)), sh.n_in);
@@ -196,7 +203,7 @@ void BenchTile(GgmlType type) {
             const int64_t re = std::min(sh.n_out, rb + 16);
             for (int64_t t = tb; t < te; ++t) {
               float* yt = y.data() + t * sh.n_out;
-              if (n_tok == 1 && type == GgmlType::kQ8_0) {
+              if ((n_tok == 1 && type == GgmlType::kQ8_0) || k->vec_dot_rows == nullptr) {
                 for (int64_t r = rb; r < re; ++r) {
                   yt[r] = k->vec_dot(sh.n_in, w.data() + r * w_row, a.data() + t * a_row);
                 }
@@ -230,9 +237,10 @@ void BenchTile(GgmlType type) {
         std::snprintf(integer, sizeof(integer), "%.1f",
                       flops / CpuTimePerCall(integer_path) * 1e-9);
       }
-      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx %15s\n", static_cast<long long>(sh.n_in),
-             static_cast<long long>(sh.n_out), static_cast<long long>(n_tok), flops / t_old * 1e-9,
-             flops / t_tile * 1e-9, t_old / t_tile, integer);
+      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx %15s %12.1f\n",
+             static_cast<long long>(sh.n_in), static_cast<long long>(sh.n_out),
+             static_cast<long long>(n_tok), flops / t_old * 1e-9, flops / t_tile * 1e-9,
+             t_old / t_tile, integer, static_cast<double>(w.size()) / t_tile * 1e-9);
       fflush(stdout);
     }
   }

@@ -20,6 +20,7 @@
 // result is identical across levels even for a row whose bsums are inconsistent with its qs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lib/common/half.h"
@@ -159,6 +160,13 @@ float VecDotQ4KAvx2(int64_t n, const void* w, const void* a);
 float VecDotQ5KAvx2(int64_t n, const void* w, const void* a);
 float VecDotQ6KAvx2(int64_t n, const void* w, const void* a);
 float VecDotQ8KAvx2(int64_t n, const void* w, const void* a);
+// vec_dot_tile (quant.h VecDotTileFn) of Q4_K/Q5_K/Q6_K: every output the vec_dot's bits.
+void VecDotTileQ4KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileQ5KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileQ6KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 // --- AVX-512 F/BW/VL + VNNI (kernels/cpu/kquants_avx512.cc): same results, bit for bit.
 // Dequantize has no AVX-512 path (falls back to AVX2; it is not on the decode hot path).
@@ -169,6 +177,13 @@ float VecDotQ4KAvx512(int64_t n, const void* w, const void* a);
 float VecDotQ5KAvx512(int64_t n, const void* w, const void* a);
 float VecDotQ6KAvx512(int64_t n, const void* w, const void* a);
 float VecDotQ8KAvx512(int64_t n, const void* w, const void* a);
+// vec_dot_tile (quant.h VecDotTileFn) of Q4_K/Q5_K/Q6_K: every output the vec_dot's bits.
+void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride);
 #endif
 
 }  // namespace kiln::kquants

@@ -381,4 +381,186 @@ void DequantizeRowQ6KAvx2(const void* vx, float* y, int64_t n) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
+// Each half of a weight super-block (128 elements) is unpacked once (4 code vectors and their
+// scale pairs: 8 of the 16 ymm registers) and dotted with up to kTileTokens tokens; each
+// (row, token) keeps vec_dot's own float sequence (FinishSuperBlocks over groups of 4
+// super-blocks, in order). A single token takes the type's vec_dot per row (unpacking to
+// registers first only pays off when a second token reuses them). Reads the GGUF blocks as
+// they are: no repacked copy of the weights.
+
+namespace {
+
+// Half `half` of a super-block: codes[k] lines up with activation bytes 128*half + 32k .. +31,
+// scales[k] holds the int16 scales of its 16 maddubs pair sums.
+struct UnpackedHalf256 {
+  __m256i codes[4];
+  __m256i scales[4];
+};
+
+// Per super-block data shared by both halves: scale pairs, aux16 (Q4_K/Q5_K: the 8 mins, each
+// twice, pairing with the 16 bsums; Q6_K: the 16 group scales for the "- 32" correction) and the
+// f16 factors.
+struct SuperBlockHeader256 {
+  Scales16 scb;
+  __m256i aux16;
+  float d;
+  float dmin;
+};
+
+template <bool kHasHighBit, typename Block>
+struct Q45KTile256 {
+  using BlockType = Block;
+  static constexpr bool kQ6K = false;
+  static inline SuperBlockHeader256 Header(const Block& b) {
+    const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+    return {MakeScales16(scm), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm)), F16(b.d),
+            F16(b.dmin)};
+  }
+  static inline void Unpack(const Block& b, const SuperBlockHeader256& h, int half,
+                            UnpackedHalf256& u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    __m256i hbits;
+    if constexpr (kHasHighBit) hbits = _mm256_srli_epi16(Load256(b.qh), 4 * half);
+    for (int cc = 0; cc < 2; ++cc) {
+      const int c = 2 * half + cc;  // sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
+      const __m256i q = Load256(b.qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kHasHighBit) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      u.codes[2 * cc] = lo;
+      u.codes[2 * cc + 1] = hi;
+      u.scales[2 * cc] = ScalePair(h.scb, 2 * c, 2 * c);
+      u.scales[2 * cc + 1] = ScalePair(h.scb, 2 * c + 1, 2 * c + 1);
+    }
+  }
+};
+
+struct Q6KTile256 {
+  using BlockType = BlockQ6K;
+  static constexpr bool kQ6K = true;
+  static inline SuperBlockHeader256 Header(const BlockQ6K& b) {
+    const __m128i s8 = Load128(b.scales);
+    return {MakeScales16(s8), _mm256_cvtepi8_epi16(s8), F16(b.d), 0.0f};
+  }
+  static inline void Unpack(const BlockQ6K& b, const SuperBlockHeader256& h, int half,
+                            UnpackedHalf256& u) {
+    Q6KQuarters(b, half, u.codes);
+    for (int k = 0; k < 4; ++k) {
+      const int g = 8 * half + 2 * k;
+      u.scales[k] = ScalePair(h.scb, g, g + 1);
+    }
+  }
+};
+
+constexpr int kTileTokens = 4;  // tokens sharing one unpacked weight half super-block
+constexpr int kRowBlock = 4;    // rows whose weights stay in L1 across the token groups
+
+// out[t * out_stride + r] for kTokens (>= 2) tokens starting at `a` and rows 0..n_rows-1.
+template <int kTokens, typename Type>
+inline void TileRowsK256(int64_t nb, const uint8_t* w, size_t w_stride, int n_rows,
+                         const uint8_t* a, size_t a_stride, float* out, size_t out_stride) {
+  using Block = typename Type::BlockType;
+  for (int r = 0; r < n_rows; ++r) {
+    const auto* wr = reinterpret_cast<const Block*>(w + r * w_stride);
+    float acc[kTokens] = {};
+    SuperBlockSums s[kTokens][4];
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+      const int count = static_cast<int>(nb - i0 < 4 ? nb - i0 : 4);
+      for (int k = 0; k < 4; ++k) {
+        if (k >= count) {
+          for (int t = 0; t < kTokens; ++t) {
+            s[t][k] = SuperBlockSums{_mm256_setzero_si256(), _mm256_setzero_si256(), 0.0f, 0.0f};
+          }
+          continue;
+        }
+        const Block& b = wr[i0 + k];
+        const SuperBlockHeader256 h = Type::Header(b);
+        __m256i isum[kTokens];
+        for (int t = 0; t < kTokens; ++t) isum[t] = _mm256_setzero_si256();
+        for (int half = 0; half < 2; ++half) {
+          UnpackedHalf256 u;
+          Type::Unpack(b, h, half, u);
+          for (int t = 0; t < kTokens; ++t) {
+            const auto& y = reinterpret_cast<const BlockQ8K*>(a + t * a_stride)[i0 + k];
+            for (int j = 0; j < 4; ++j) {
+              const __m256i p =
+                  _mm256_maddubs_epi16(u.codes[j], Load256(y.qs + 128 * half + 32 * j));
+              isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, u.scales[j]));
+            }
+          }
+        }
+        for (int t = 0; t < kTokens; ++t) {
+          const auto& y = reinterpret_cast<const BlockQ8K*>(a + t * a_stride)[i0 + k];
+          const __m256i aux = _mm256_madd_epi16(h.aux16, Load256(y.bsums));
+          if constexpr (Type::kQ6K) {
+            s[t][k] = {_mm256_sub_epi32(isum[t], _mm256_slli_epi32(aux, 5)), _mm256_setzero_si256(),
+                       y.d * h.d, 0.0f};
+          } else {
+            s[t][k] = {isum[t], aux, y.d * h.d, y.d * h.dmin};
+          }
+        }
+      }
+      for (int t = 0; t < kTokens; ++t) acc[t] = FinishSuperBlocks(acc[t], s[t], count);
+    }
+    for (int t = 0; t < kTokens; ++t) out[t * out_stride + r] = acc[t];
+  }
+}
+
+template <typename Type>
+inline void VecDotTileK256(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+                           size_t a_stride, int n_tokens, float* out, size_t out_stride,
+                           float (*vec_dot)(int64_t, const void*, const void*)) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / kQK;
+  // Blocks of kRowBlock rows: their weights stay in L1 while every token group passes over
+  // them (a matrix larger than the caches is streamed from memory once per call).
+  for (int r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+    const int rows = n_rows - r0 < kRowBlock ? n_rows - r0 : kRowBlock;
+    const uint8_t* wb = w + r0 * w_stride;
+    float* ob = out + r0;
+    int t = 0;
+    for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
+      TileRowsK256<kTileTokens, Type>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                      ob + t * out_stride, out_stride);
+    }
+    // The remaining 0..3 tokens as 2 + 1.
+    if (n_tokens - t >= 2) {
+      TileRowsK256<2, Type>(nb, wb, w_stride, rows, a + t * a_stride, a_stride, ob + t * out_stride,
+                            out_stride);
+      t += 2;
+    }
+    if (n_tokens - t >= 1) {
+      for (int r = 0; r < rows; ++r) {
+        ob[t * out_stride + r] = vec_dot(n, wb + r * w_stride, a + t * a_stride);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void VecDotTileQ4KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<Q45KTile256<false, BlockQ4K>>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                               out_stride, VecDotQ4KAvx2);
+}
+void VecDotTileQ5KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<Q45KTile256<true, BlockQ5K>>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                              out_stride, VecDotQ5KAvx2);
+}
+void VecDotTileQ6KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK256<Q6KTile256>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+                             VecDotQ6KAvx2);
+}
+
 }  // namespace kiln::kquants

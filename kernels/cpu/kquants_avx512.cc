@@ -266,4 +266,182 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
+// A weight super-block is unpacked once (codes and per-lane scales in registers) and dotted with
+// the super-block of up to kTileTokens tokens; each (row, token) keeps vec_dot's own float
+// sequence (FinishSuperBlocks over groups of 4 super-blocks, in order). Reads the GGUF blocks
+// as they are: no repacked copy of the weights.
+
+namespace {
+
+// One unpacked weight super-block: codes[k] lines up with activation bytes 64k..64k+63 and
+// scales[k] holds their int16 lane scales. Q4_K/Q5_K: aux16 = the 8 mins, each twice (pairs
+// with the 16 bsums); Q6_K: aux16 = the 16 group scales (the "- 32" correction).
+struct UnpackedSuperBlock512 {
+  __m512i codes[4];
+  __m512i scales[4];
+  __m256i aux16;
+  float d;
+  float dmin;
+};
+
+template <bool kHasHighBit, typename Block>
+inline void UnpackQ45K512(const Block& b, UnpackedSuperBlock512& u) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+  u.aux16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+  const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scm));
+  __m512i hbx;
+  if constexpr (kHasHighBit) {
+    const __m256i hb = Load256(b.qh);
+    hbx = Concat(hb, _mm256_srli_epi16(hb, 1));
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = Load512(b.qs + 64 * h);
+    const __m512i lo = _mm512_and_si512(q, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+    __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+    if constexpr (kHasHighBit) {
+      const __mmask64 h0 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
+      const __mmask64 h1 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h + 2)));
+      w0 = _mm512_mask_add_epi8(w0, h0, w0, v16);
+      w1 = _mm512_mask_add_epi8(w1, h1, w1, v16);
+    }
+    u.codes[2 * h] = w0;
+    u.codes[2 * h + 1] = w1;
+    u.scales[2 * h] = SubBlockScales(s16, 4 * h);
+    u.scales[2 * h + 1] = SubBlockScales(s16, 4 * h + 2);
+  }
+  u.d = F16(b.d);
+  u.dmin = F16(b.dmin);
+}
+
+inline void UnpackQ6K512(const BlockQ6K& b, UnpackedSuperBlock512& u) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  u.aux16 = _mm256_cvtepi8_epi16(Load128(b.scales));
+  const __m512i s16 = _mm512_castsi256_si512(u.aux16);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i ql = Load512(b.ql + 64 * half);
+    const __m256i qh = Load256(b.qh + 32 * half);
+    const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
+    u.codes[2 * half] =
+        _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
+    u.codes[2 * half + 1] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qhx, m30));
+    u.scales[2 * half] = GroupScales(s16, 8 * half);
+    u.scales[2 * half + 1] = GroupScales(s16, 8 * half + 4);
+  }
+  u.d = F16(b.d);
+  u.dmin = 0.0f;
+}
+
+// The exact sums of one unpacked super-block with one activation super-block (as vec_dot).
+template <bool kQ6K>
+inline SuperBlockSums DotUnpacked512(const UnpackedSuperBlock512& u, const BlockQ8K& y) {
+  __m512i isum_v = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) isum_v = Dot64(isum_v, u.codes[k], y.qs + 64 * k, u.scales[k]);
+  const __m256i aux = _mm256_madd_epi16(u.aux16, Load256(y.bsums));
+  if constexpr (kQ6K) {
+    return {_mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(aux, 5)), _mm256_setzero_si256(),
+            y.d * u.d, 0.0f};
+  } else {
+    return {Fold512(isum_v), aux, y.d * u.d, y.d * u.dmin};
+  }
+}
+
+constexpr int kTileTokens = 8;  // tokens sharing one unpacked weight super-block
+constexpr int kRowBlock = 4;    // rows whose weights stay in L1 across the token groups
+
+// out[t * out_stride + r] for kTokens tokens starting at `a` and rows 0..n_rows-1.
+template <int kTokens, typename Block, bool kQ6K, typename UnpackFn>
+inline void TileRowsK512(int64_t nb, const uint8_t* w, size_t w_stride, int n_rows,
+                         const uint8_t* a, size_t a_stride, float* out, size_t out_stride,
+                         UnpackFn unpack) {
+  for (int r = 0; r < n_rows; ++r) {
+    const auto* wr = reinterpret_cast<const Block*>(w + r * w_stride);
+    float acc[kTokens] = {};
+    SuperBlockSums s[kTokens][4];
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+      const int count = static_cast<int>(nb - i0 < 4 ? nb - i0 : 4);
+      for (int k = 0; k < 4; ++k) {
+        if (k < count) {
+          UnpackedSuperBlock512 u;
+          unpack(wr[i0 + k], u);
+          for (int t = 0; t < kTokens; ++t) {
+            const auto* at = reinterpret_cast<const BlockQ8K*>(a + t * a_stride);
+            s[t][k] = DotUnpacked512<kQ6K>(u, at[i0 + k]);
+          }
+        } else {
+          for (int t = 0; t < kTokens; ++t) {
+            s[t][k] = SuperBlockSums{_mm256_setzero_si256(), _mm256_setzero_si256(), 0.0f, 0.0f};
+          }
+        }
+      }
+      for (int t = 0; t < kTokens; ++t) acc[t] = FinishSuperBlocks(acc[t], s[t], count);
+    }
+    for (int t = 0; t < kTokens; ++t) out[t * out_stride + r] = acc[t];
+  }
+}
+
+template <typename Block, bool kQ6K, typename UnpackFn>
+inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+                           size_t a_stride, int n_tokens, float* out, size_t out_stride,
+                           UnpackFn unpack) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  const int64_t nb = n / kQK;
+  // Blocks of kRowBlock rows: their weights stay in L1 while every token group passes over
+  // them (a matrix larger than the caches is streamed from memory once per call).
+  for (int r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+    const int rows = n_rows - r0 < kRowBlock ? n_rows - r0 : kRowBlock;
+    const uint8_t* wb = w + r0 * w_stride;
+    float* ob = out + r0;
+    int t = 0;
+    for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
+      TileRowsK512<kTileTokens, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                             ob + t * out_stride, out_stride, unpack);
+    }
+    // The remaining 0..7 tokens as 4 + 2 + 1.
+    if (n_tokens - t >= 4) {
+      TileRowsK512<4, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                   ob + t * out_stride, out_stride, unpack);
+      t += 4;
+    }
+    if (n_tokens - t >= 2) {
+      TileRowsK512<2, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                   ob + t * out_stride, out_stride, unpack);
+      t += 2;
+    }
+    if (n_tokens - t >= 1) {
+      TileRowsK512<1, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
+                                   ob + t * out_stride, out_stride, unpack);
+    }
+  }
+}
+
+}  // namespace
+
+void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK512<BlockQ4K, false>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); });
+}
+void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK512<BlockQ5K, false>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); });
+}
+void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTileK512<BlockQ6K, true>(
+      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); });
+}
+
 }  // namespace kiln::kquants

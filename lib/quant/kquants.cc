@@ -315,6 +315,12 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
       k.vec_dot_type = GgmlType::kQ8_K;
     }
   };
+  // Rows x tokens form of the level's vec_dot (same bits): unpacks each weight super-block once
+  // for several tokens; also the one-token path (no per-row call, no repeated setup).
+  [[maybe_unused]] auto set_tile = [&r](GgmlType t, VecDotTileFn tile) {
+    r[t].vec_dot_tile = tile;
+    r[t].tile_for_one_token = true;
+  };
   switch (level) {
     case CpuLevel::kScalar:
       set(GgmlType::kQ2_K, QuantizeRowQ2KRef, DequantizeRowQ2KScalar, VecDotQ2KScalar);
@@ -334,6 +340,9 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_K, nullptr, DequantizeRowQ5KAvx2, VecDotQ5KAvx2);
       set(GgmlType::kQ6_K, nullptr, DequantizeRowQ6KAvx2, VecDotQ6KAvx2);
       set(GgmlType::kQ8_K, QuantizeRowQ8KAvx2, nullptr, VecDotQ8KAvx2);
+      set_tile(GgmlType::kQ4_K, VecDotTileQ4KAvx2);
+      set_tile(GgmlType::kQ5_K, VecDotTileQ5KAvx2);
+      set_tile(GgmlType::kQ6_K, VecDotTileQ6KAvx2);
       break;
     case CpuLevel::kAvx512:
       set(GgmlType::kQ2_K, nullptr, nullptr, VecDotQ2KAvx512);
@@ -342,6 +351,9 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_K, nullptr, nullptr, VecDotQ5KAvx512);
       set(GgmlType::kQ6_K, nullptr, nullptr, VecDotQ6KAvx512);
       set(GgmlType::kQ8_K, QuantizeRowQ8KAvx512, nullptr, VecDotQ8KAvx512);
+      set_tile(GgmlType::kQ4_K, VecDotTileQ4KAvx512);
+      set_tile(GgmlType::kQ5_K, VecDotTileQ5KAvx512);
+      set_tile(GgmlType::kQ6_K, VecDotTileQ6KAvx512);
       break;
 #endif
     default:

@@ -696,5 +696,121 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
   EXPECT_GT(checked, 0);
 }
 
+// ---- K-quants (Q4_K, Q5_K, Q6_K x Q8_K; kernels/cpu/kquants_avx*.cc) ----
+
+constexpr GgmlType kKQuantTileTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+// `tokens` Q8_K rows from MatMul's activation quantizer at `level`: normal floats, every third
+// token with 40x outliers, every fourth with an all-zero super-block (d = 0, bsums 0).
+std::vector<uint8_t> Q8KActivations(int64_t n, int tokens, size_t stride, CpuLevel level,
+                                    std::mt19937& rng) {
+  const QuantizeRowFn quantize = ActivationQuantizer(GgmlType::kQ8_K, level);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  std::vector<uint8_t> out(stride * tokens + 1);
+  for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
+  for (int t = 0; t < tokens; ++t) {
+    for (float& v : x) v = dist(rng) * (t % 3 == 1 ? 40.0f : 1.0f);
+    if (t % 4 == 3) std::fill(x.end() - 256, x.end(), 0.0f);
+    quantize(x.data(), out.data() + t * stride, n);
+  }
+  return out;
+}
+
+TEST(VecDotTileKQuants, RegisteredForEveryLevelAboveScalar) {
+  for (GgmlType type : kKQuantTileTypes) {
+    for (CpuLevel level : {CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+      if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
+      const QuantKernels* k = GetQuantKernels(type, level);
+      ASSERT_NE(k, nullptr);
+      EXPECT_NE(k->vec_dot_tile, nullptr) << GgmlTypeName(static_cast<uint32_t>(type));
+      EXPECT_TRUE(k->tile_for_one_token);
+      EXPECT_EQ(k->vec_dot_type, GgmlType::kQ8_K);
+    }
+  }
+}
+
+// Every output of the tile equals the scalar reference vec_dot bitwise (and so the level's own
+// vec_dot): row lengths of 1..8 super-blocks (every tail of the 4-super-block float groups),
+// token counts covering the 8/4-token passes and their 4 + 2 + 1 tails, padded strides,
+// out_stride past n_rows left untouched.
+TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
+  std::mt19937 rng(77);
+  int checked = 0;
+  for (CpuLevel level : Levels()) {
+    for (GgmlType type : kKQuantTileTypes) {
+      const QuantKernels* k = GetQuantKernels(type, level);
+      const QuantKernels* ref = GetQuantKernels(type, CpuLevel::kScalar);
+      ASSERT_NE(k, nullptr);
+      if (k->vec_dot_tile == nullptr) continue;
+      for (int64_t n : {256, 512, 768, 1024, 1280, 2048}) {
+        for (auto [rows, tokens] :
+             {std::pair{1, 1}, {3, 2}, {5, 7}, {16, 9}, {2, 15}, {4, 8}, {1, 17}, {7, 3}}) {
+          const size_t w_stride = RowBytes(type, n) + (rows % 2) * 5;
+          const size_t a_stride = RowBytes(GgmlType::kQ8_K, n) + (tokens % 2) * 3;
+          const std::vector<uint8_t> w = RandomRows(type, n, rows, w_stride, rng);
+          const std::vector<uint8_t> a = Q8KActivations(n, tokens, a_stride, level, rng);
+          const size_t out_stride = rows + 2;
+          std::vector<float> got(out_stride * tokens, -5.0f);
+          k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
+                          out_stride);
+          for (int t = 0; t < tokens; ++t) {
+            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+              const float g = got[t * out_stride + r];
+              if (r >= rows) {
+                ASSERT_EQ(g, -5.0f) << "wrote past n_rows at token " << t << " slot " << r;
+                continue;
+              }
+              const float want = ref->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
+              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                  << " n " << n << " tile " << rows << "x" << tokens << " row " << r << " token "
+                  << t << ": " << g << " vs " << want;
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (BestCpuLevel() != CpuLevel::kScalar) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
+// MatMul on K-quant weights (the tile path, one token included) is batch invariant with 1 and 2
+// threads, and every output equals the scalar reference vec_dot of the token's Q8_K row, on the
+// Gemma 3 270M / SmolLM2 feed-forward and attention-output row lengths.
+TEST(VecDotTileKQuants, MatMulBatchInvariantAndEqualToReference) {
+  std::mt19937 rng(13);
+  for (CpuLevel level : Levels()) {
+    for (GgmlType type : kKQuantTileTypes) {
+      const QuantKernels* ref = GetQuantKernels(type, CpuLevel::kScalar);
+      for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{1536, 45}, {1024, 33}, {256, 20}}) {
+        const size_t row_bytes = RowBytes(type, n_in);
+        const std::vector<uint8_t> w =
+            RandomRows(type, n_in, static_cast<int>(n_out), row_bytes, rng);
+        const cpu::WeightView wv{type, w.data(), n_in, n_out};
+        for (int64_t n_tokens : {2, 5, 9, 19}) {
+          std::vector<float> x, single;
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
+          std::vector<uint8_t> qa(RowBytes(GgmlType::kQ8_K, n_in));
+          for (int64_t t : {int64_t{0}, n_tokens - 1}) {
+            ActivationQuantizer(GgmlType::kQ8_K, level)(x.data() + t * n_in, qa.data(), n_in);
+            for (int64_t o = 0; o < n_out; ++o) {
+              const float want = ref->vec_dot(n_in, w.data() + o * row_bytes, qa.data());
+              const float got = single[t * n_out + o];
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                  << " token " << t << " output " << o;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln

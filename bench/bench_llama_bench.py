@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Engine speed, kiln vs llama.cpp's own C++ llama-bench, interleaved, on the same GGUFs.
+
+bench_decode.py drives llama.cpp through llama-cpp-python's Python loop, which understates it;
+this script runs llama.cpp's `llama-bench` (built by bench/build_llama_cpp.sh into a cache outside
+the repo) next to kiln's engine_bench, alternating which side goes first from repeat to repeat:
+  prefill512: kiln: 512 prompt tokens in one Forward; llama-bench: -p 512 (pp512)
+  decode128 / decode1024: N greedy steps after a 128 / 1,024-token context; llama-bench:
+              -n N -d 128 / -d 1024 (tg at that depth)
+It measures the read bandwidth (engine_bench --bandwidth, 1 GiB) per thread count once per
+repeat and prints each decode figure as a share of the roofline
+  bandwidth / (weight bytes per token + KV bytes per position * (context + N/2)),
+with kiln's byte counts (engine_bench --json).
+
+Usage: python3 bench/bench_llama_bench.py --model A.gguf [--model B.gguf ...] [--build build]
+           [--llama-bench PATH] [--threads 1,2] [--repeats 3] [--decode 64] [--bandwidth 27.9,34.2]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONTEXT = {'decode128': 128, 'decode1024': 1024}
+METRICS = ('prefill512', 'decode128', 'decode1024')
+
+
+def fmt(xs, prec=1):
+    return f'{statistics.median(xs):.{prec}f} ({min(xs):.{prec}f}-{max(xs):.{prec}f})'
+
+
+def run_kiln(exe, model, threads, n_decode):
+    out = subprocess.run([exe, '--model', model, '--threads', str(threads), '--repeats', '1',
+                          '--decode', str(n_decode), '--json'],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_llama(exe, model, threads, n_decode):
+    """tok/s of pp512 and of tg N at depths 128 and 1,024 (one llama-bench repetition each)."""
+    r = {}
+    for args in (['-p', '512', '-n', '0'], ['-p', '0', '-n', str(n_decode), '-d', '128,1024']):
+        out = subprocess.run([exe, '-m', model, '-t', str(threads), '-r', '1', '-o', 'json'] + args,
+                             check=True, capture_output=True, text=True).stdout
+        for test in json.loads(out):
+            if test['n_prompt'] == 512:
+                r['prefill512_tps'] = test['avg_ts']
+            else:
+                r[f'decode{test["n_depth"]}_tps'] = test['avg_ts']
+    return r
+
+
+def bandwidth(exe, threads):
+    out = subprocess.run([exe, '--bandwidth', '--threads', str(threads), '--repeats', '3', '--json'],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])['bandwidth_gbs']
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--model', action='append', required=True)
+    ap.add_argument('--build', default=os.path.join(HERE, '..', 'build'))
+    ap.add_argument('--llama-bench', default=os.path.expanduser(
+        '~/.cache/kiln/llama.cpp-0.3.36/build/bin/llama-bench'))
+    ap.add_argument('--threads', default='1,2')
+    ap.add_argument('--repeats', type=int, default=3)
+    ap.add_argument('--decode', type=int, default=64)
+    ap.add_argument('--bandwidth', default='',
+                    help='GB/s per thread count, e.g. 27.9,34.2, instead of measuring it (a '
+                         'loaded machine measures its load, not its memory)')
+    args = ap.parse_args()
+    engine = os.path.join(args.build, 'bench', 'engine_bench')
+    threads = [int(t) for t in args.threads.split(',')]
+    configs = [(m, t) for m in args.model for t in threads]
+    res = {c: {'kiln': [], 'llama': []} for c in configs}
+    bw = {t: [] for t in threads}
+    for rep in range(args.repeats):
+        for i, t in enumerate(threads):
+            bw[t].append(float(args.bandwidth.split(',')[i]) if args.bandwidth else
+                         bandwidth(engine, t))
+        for c in configs:
+            sides = [('kiln', run_kiln, engine), ('llama', run_llama, args.llama_bench)]
+            for name, fn, exe in (sides if rep % 2 == 0 else sides[::-1]):
+                res[c][name].append(fn(exe, c[0], c[1], args.decode))
+    print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} steps')
+    for t in threads:
+        print(f'read bandwidth {t} thread(s): {fmt(bw[t], 2)} GB/s')
+    hdr = (f'{"model":<30} {"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama-bench tok/s":>22} '
+           f'{"ratio":>17} {"kiln roof":>9} {"llama roof":>10}')
+    print(hdr)
+    print('-' * len(hdr))
+    for (m, t) in configs:
+        k, l = res[(m, t)]['kiln'], res[(m, t)]['llama']
+        wbytes, kvpos = k[0]['weight_bytes_per_token'], k[0]['kv_bytes_per_position']
+        for metric in METRICS:
+            kv = [x[metric + '_tps'] for x in k]
+            lv = [x[metric + '_tps'] for x in l]
+            ratio = [a / b for a, b in zip(kv, lv)]  # per repeat (adjacent runs)
+            roof_k = roof_l = ''
+            if metric in CONTEXT:
+                ctx = CONTEXT[metric] + args.decode / 2
+                roofline = statistics.median(bw[t]) * 1e9 / (wbytes + kvpos * ctx)
+                roof_k = f'{statistics.median(kv) / roofline:.0%}'
+                roof_l = f'{statistics.median(lv) / roofline:.0%}'
+            print(f'{os.path.basename(m):<30} {t:>3} {metric:<11} {fmt(kv):>22} {fmt(lv):>22} '
+                  f'{fmt(ratio, 2):>17} {roof_k:>9} {roof_l:>10}')
+        rss = max(x['peak_rss_kib'] for x in k) / 1024
+        print(f'    weights/token {wbytes / 1e6:.1f} MB, KV/position {kvpos / 1e3:.1f} KB, '
+              f'kiln peak RSS {rss:.1f} MiB, file {os.path.getsize(m) / 2**20:.1f} MiB')
+
+
+if __name__ == '__main__':
+    main()
