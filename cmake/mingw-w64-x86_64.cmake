@@ -19,10 +19,12 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
-# The C and C++ runtimes (libgcc, libstdc++, winpthread) linked in statically: kiln.dll and the
-# programs need no mingw DLL beside them, only Windows' own.
-set(CMAKE_EXE_LINKER_FLAGS_INIT "-static")
-set(CMAKE_SHARED_LINKER_FLAGS_INIT "-static")
+# libgcc and libstdc++ linked in statically: kiln.dll and the programs need no mingw DLL beside
+# them but libwinpthread-1.dll, which stays shared: a program and kiln.dll with a static copy each
+# would run two threading runtimes, and a process whose threads called into kiln.dll then hangs
+# at exit.
+set(CMAKE_EXE_LINKER_FLAGS_INIT "-static-libgcc -static-libstdc++")
+set(CMAKE_SHARED_LINKER_FLAGS_INIT "-static-libgcc -static-libstdc++")
 # ctest runs the cross-built programs through wine when it is installed.
 find_program(KILN_WINE wine)
 if(KILN_WINE)
