@@ -9,6 +9,8 @@
 # then:  cmake -S . -B build-windows -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake \
 #          -DCMAKE_PREFIX_PATH=<prefix>
 # protoc stays the host's (Debian's protobuf-compiler, the same 3.21.12).
+# About 16 minutes cold on two loaded shared cores (Abseil 428 s, Protobuf lite 240 s,
+# GoogleTest 264 s, measured); a cache hit takes under a second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/lib/debian_sources.sh"

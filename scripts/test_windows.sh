@@ -8,6 +8,8 @@
 #        build-windows). NATIVE_BUILD_DIR: a release build with kiln_logits_dump and kiln built.
 # Abseil, Protobuf lite and GoogleTest are cross-built once into ~/.cache/kiln
 # (scripts/build_mingw_deps.sh); wine's prefix lives there too (KILN_WINEPREFIX).
+# Measured on two loaded shared cores: 812 s with the dependencies cached (the kiln cross build
+# 787 s, the tests under wine 21 s, the greedy comparison 4 s), about 16 minutes more without.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 native=${1:-build}
