@@ -1,15 +1,34 @@
 #include "kernels/cpu/scratch.h"
 
 #include <cstdlib>
+#if defined(_WIN32)
+#include <malloc.h>  // _aligned_malloc: Windows' C runtime has no aligned_alloc
+#endif
 
 namespace kiln::kernels {
 namespace {
+
+// 64-byte aligned blocks (kernels/ stays below lib/, so not lib/common/platform's AlignedAlloc).
+void* Alloc64(size_t bytes) {
+#if defined(_WIN32)
+  return _aligned_malloc(bytes, 64);
+#else
+  return std::aligned_alloc(64, bytes);
+#endif
+}
+void Free64(void* p) {
+#if defined(_WIN32)
+  _aligned_free(p);
+#else
+  std::free(p);
+#endif
+}
 
 struct Slots {
   void* buf[kScratchSlots] = {};
   size_t size[kScratchSlots] = {};
   ~Slots() {
-    for (void* p : buf) std::free(p);
+    for (void* p : buf) Free64(p);
   }
 };
 
@@ -22,8 +41,8 @@ void* ThreadScratch(int slot, size_t bytes) {
     size_t grown = slots.size[slot] + slots.size[slot] / 2;
     if (grown < bytes) grown = bytes;
     grown = (grown + 63) & ~size_t{63};
-    std::free(slots.buf[slot]);
-    slots.buf[slot] = std::aligned_alloc(64, grown);
+    Free64(slots.buf[slot]);
+    slots.buf[slot] = Alloc64(grown);
     if (slots.buf[slot] == nullptr) std::abort();
     slots.size[slot] = grown;
   }

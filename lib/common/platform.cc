@@ -204,6 +204,8 @@ FileMapping::~FileMapping() { Reset(); }
 void FileMapping::Reset() {
 #ifdef KILN_PLATFORM_POSIX
   if (mapped_) munmap(const_cast<uint8_t*>(data_), size_);
+#elif defined(KILN_PLATFORM_WINDOWS)
+  if (mapped_) UnmapViewOfFile(data_);
 #endif
   data_ = nullptr;
   size_ = 0;
@@ -303,6 +305,180 @@ absl::Status WritableFile::SyncAndClose() {
   return st;
 }
 
+#elif defined(KILN_PLATFORM_WINDOWS)  // Win32 files: ReadFile at offsets, MapViewOfFile
+
+namespace {
+
+// GetLastError's code as a status "what: reason (error N)"; missing files and folders are
+// kNotFound, access problems kPermissionDenied, as their errno counterparts are on POSIX.
+absl::Status StatusFromLastError(DWORD error, const std::string& what) {
+  char* text = nullptr;
+  const DWORD n = FormatMessageA(
+      FORMAT_MESSAGE_ALLOCATE_BUFFER | FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS,
+      nullptr, error, 0, reinterpret_cast<char*>(&text), 0, nullptr);
+  std::string reason = n > 0 && text != nullptr ? std::string(text, n) : "unknown error";
+  if (text != nullptr) LocalFree(text);
+  while (!reason.empty() &&
+         (reason.back() == '\n' || reason.back() == '\r' || reason.back() == '.')) {
+    reason.pop_back();
+  }
+  const std::string message = StrCat(what, ": ", reason, " (error ", error, ")");
+  switch (error) {
+    case ERROR_FILE_NOT_FOUND:
+    case ERROR_PATH_NOT_FOUND:
+    case ERROR_INVALID_DRIVE:
+      return absl::NotFoundError(message);
+    case ERROR_ACCESS_DENIED:
+    case ERROR_SHARING_VIOLATION:
+    case ERROR_LOCK_VIOLATION:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::UnknownError(message);
+  }
+}
+
+// kiln's paths are UTF-8; Windows' wide-character calls take them whole (the "A" calls would
+// read them in the ANSI code page instead).
+absl::StatusOr<std::wstring> WidePath(const std::string& path) {
+  if (path.empty()) return std::wstring();
+  const int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(),
+                                    static_cast<int>(path.size()), nullptr, 0);
+  if (n <= 0) return absl::InvalidArgumentError(StrCat("path '", path, "' is not valid UTF-8"));
+  std::wstring wide(static_cast<size_t>(n), L'\0');
+  MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path.data(), static_cast<int>(path.size()),
+                      wide.data(), n);
+  return wide;
+}
+
+// ReadFile and WriteFile move at most a DWORD per call.
+constexpr uint64_t kMaxIoChunk = uint64_t{1} << 30;
+
+}  // namespace
+
+struct ReadOnlyFile::Impl {
+  HANDLE handle = INVALID_HANDLE_VALUE;
+  std::string path;
+  ~Impl() {
+    if (handle != INVALID_HANDLE_VALUE) CloseHandle(handle);
+  }
+};
+
+absl::StatusOr<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  absl::StatusOr<std::wstring> wide = WidePath(path);
+  if (!wide.ok()) return wide.status();
+  // FILE_FLAG_BACKUP_SEMANTICS lets a folder open too (as kDirectory); others may read, write and
+  // delete the file meanwhile, as on POSIX.
+  impl->handle = CreateFileW(
+      wide->c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+      OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  if (impl->handle == INVALID_HANDLE_VALUE) {
+    return StatusFromLastError(GetLastError(), StrCat("cannot open '", path, "'"));
+  }
+  BY_HANDLE_FILE_INFORMATION info;
+  if (!GetFileInformationByHandle(impl->handle, &info)) {
+    return StatusFromLastError(GetLastError(), StrCat("cannot stat '", path, "'"));
+  }
+  if (info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) {
+    return ReadOnlyFile(std::move(impl), Kind::kDirectory, 0);
+  }
+  if (GetFileType(impl->handle) != FILE_TYPE_DISK) {
+    return ReadOnlyFile(std::move(impl), Kind::kOther, 0);
+  }
+  const uint64_t size = (static_cast<uint64_t>(info.nFileSizeHigh) << 32) | info.nFileSizeLow;
+  return ReadOnlyFile(std::move(impl), Kind::kRegular, size);
+}
+
+absl::StatusOr<uint64_t> ReadOnlyFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes) const {
+  uint64_t done = 0;
+  while (done < bytes) {
+    // The OVERLAPPED names the offset: a positioned read that leaves no shared file pointer.
+    OVERLAPPED at{};
+    at.Offset = static_cast<DWORD>(offset + done);
+    at.OffsetHigh = static_cast<DWORD>((offset + done) >> 32);
+    DWORD got = 0;
+    const auto chunk = static_cast<DWORD>(std::min(bytes - done, kMaxIoChunk));
+    if (!ReadFile(impl_->handle, static_cast<uint8_t*>(dst) + done, chunk, &got, &at)) {
+      const DWORD error = GetLastError();
+      if (error == ERROR_HANDLE_EOF) break;
+      return StatusFromLastError(error, StrCat("cannot read '", impl_->path, "'"));
+    }
+    if (got == 0) break;  // end of file
+    done += got;
+  }
+  return done;
+}
+
+absl::StatusOr<FileMapping> ReadOnlyFile::Map(uint64_t bytes) const {
+  FileMapping m;
+  bytes = std::min(bytes, size_);
+  if (bytes == 0) return m;  // Windows cannot map an empty range
+  HANDLE section = CreateFileMappingW(impl_->handle, nullptr, PAGE_READONLY, 0, 0, nullptr);
+  if (section == nullptr) {
+    return StatusFromLastError(GetLastError(), StrCat("cannot map '", impl_->path, "'"));
+  }
+  // The view keeps the section alive: its handle is not needed once the view exists.
+  void* p = MapViewOfFile(section, FILE_MAP_READ, 0, 0, static_cast<SIZE_T>(bytes));
+  const DWORD error = GetLastError();
+  CloseHandle(section);
+  if (p == nullptr) return StatusFromLastError(error, StrCat("cannot map '", impl_->path, "'"));
+  m.data_ = static_cast<const uint8_t*>(p);
+  m.size_ = bytes;
+  m.mapped_ = true;
+  return m;
+}
+
+struct WritableFile::Impl {
+  HANDLE handle = INVALID_HANDLE_VALUE;
+  std::string path;
+  ~Impl() {
+    if (handle != INVALID_HANDLE_VALUE) CloseHandle(handle);
+  }
+};
+
+absl::StatusOr<WritableFile> WritableFile::Create(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  absl::StatusOr<std::wstring> wide = WidePath(path);
+  if (!wide.ok()) return wide.status();
+  impl->handle = CreateFileW(wide->c_str(), GENERIC_WRITE, FILE_SHARE_READ | FILE_SHARE_DELETE,
+                             nullptr, CREATE_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr);
+  if (impl->handle == INVALID_HANDLE_VALUE) {
+    return StatusFromLastError(GetLastError(), StrCat("cannot create '", path, "'"));
+  }
+  return WritableFile(std::move(impl));
+}
+
+absl::Status WritableFile::Write(const void* data, uint64_t bytes) {
+  if (impl_->handle == INVALID_HANDLE_VALUE) {
+    return absl::FailedPreconditionError(StrCat("'", impl_->path, "' is closed"));
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    DWORD wrote = 0;
+    const auto chunk = static_cast<DWORD>(std::min(bytes, kMaxIoChunk));
+    if (!WriteFile(impl_->handle, p, chunk, &wrote, nullptr)) {
+      return StatusFromLastError(GetLastError(), StrCat("cannot write '", impl_->path, "'"));
+    }
+    p += wrote;
+    bytes -= wrote;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WritableFile::SyncAndClose() {
+  if (impl_->handle == INVALID_HANDLE_VALUE) return absl::OkStatus();
+  absl::Status st;
+  if (!FlushFileBuffers(impl_->handle)) {
+    st = StatusFromLastError(GetLastError(), StrCat("cannot flush '", impl_->path, "'"));
+  }
+  if (!CloseHandle(std::exchange(impl_->handle, INVALID_HANDLE_VALUE)) && st.ok()) {
+    st = StatusFromLastError(GetLastError(), StrCat("cannot close '", impl_->path, "'"));
+  }
+  return st;
+}
+
 #else  // portable files: std::filesystem and iostreams; Map reads into memory
 
 struct ReadOnlyFile::Impl {
@@ -397,7 +573,7 @@ absl::Status WritableFile::SyncAndClose() {
   return absl::OkStatus();
 }
 
-#endif  // KILN_PLATFORM_POSIX
+#endif  // files
 
 ReadOnlyFile::ReadOnlyFile(std::unique_ptr<Impl> impl, Kind kind, uint64_t size)
     : impl_(std::move(impl)), kind_(kind), size_(size) {}

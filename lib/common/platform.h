@@ -5,8 +5,8 @@
 // - Linux: futex, sched_getaffinity + sysfs topology, mmap/madvise, pread, dlopen.
 // - Other POSIX hosts (macOS, BSD): the same minus futex and the topology walk (standard
 //   fallbacks below).
-// - Windows: WaitOnAddress, GetSystemInfo, GetProcessTimes, LoadLibrary; files through the
-//   portable fallback (read into memory instead of mapped).
+// - Windows: WaitOnAddress, GetSystemInfo, GetProcessTimes, LoadLibrary; files through
+//   CreateFileW (UTF-8 paths), positioned ReadFile and MapViewOfFile.
 // - Anywhere, with KILN_PLATFORM_PORTABLE defined: only the C++ standard library (std::atomic
 //   wait/notify, std::ifstream/ofstream, no mapping, no dynamic loading). The unit tests build
 //   this variant too, so the fallbacks are exercised on Linux.

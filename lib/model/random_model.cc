@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numbers>
 #include <set>
 #include <utility>
 
@@ -43,9 +44,9 @@ class Rng {
     while (u1 <= 0.0) u1 = Uniform();
     const double u2 = Uniform();
     const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+    spare_ = static_cast<float>(r * std::sin(2.0 * std::numbers::pi * u2));
     has_spare_ = true;
-    return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+    return static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
   }
 
  private:
@@ -545,7 +546,7 @@ absl::Status BuildRandomModel(const RandomModelOptions& o, gguf::GgufWriter* w) 
     for (uint32_t i = 0; i < dim / 2; ++i) {
       const double freq =
           1.0 / std::pow(static_cast<double>(s.rope_freq_base), static_cast<double>(2 * i) / dim);
-      const double wavelen = 2.0 * M_PI / freq;
+      const double wavelen = 2.0 * std::numbers::pi / freq;
       if (wavelen < high_freq_wavelen) {
         factors[i] = 1.0f;
       } else if (wavelen > low_freq_wavelen) {

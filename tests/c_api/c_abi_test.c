@@ -8,15 +8,20 @@
  *   lie on an inaccessible page (a touch faults) or hold guard bytes that are checked;
  * - sizes from the first release's smallest up are accepted; smaller ones, 0 included, are
  *   rejected with a message naming the struct;
- * - a whole session on the real default model works through the baseline structs. */
+ * - a whole session on the real default model works through the baseline structs.
+ * On Windows the guard page comes from VirtualAlloc instead of mmap. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_WIN32)
+#include <windows.h> /* VirtualAlloc, VirtualProtect: the guard page */
+#else
 #include <sys/mman.h>
 #include <unistd.h>
+#endif
 
 #include "abi/kiln_abi1.h"
 #include "abi/kiln_abi1_layout.h"
@@ -55,20 +60,42 @@ enum { kMaxPageEnds = 16 };
 static unsigned char* g_page_ends[kMaxPageEnds];
 static int g_n_page_ends = 0;
 
+static size_t page_size(void) {
+#if defined(_WIN32)
+  SYSTEM_INFO info;
+  GetSystemInfo(&info);
+  return (size_t)info.dwPageSize;
+#else
+  return (size_t)sysconf(_SC_PAGESIZE);
+#endif
+}
+
 static void* page_end(size_t size) {
-  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t page = page_size();
   void* base;
   if (g_n_page_ends == kMaxPageEnds) abort();
+#if defined(_WIN32)
+  DWORD old_protection;
+  base = VirtualAlloc(NULL, 2 * page, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+  if (base == NULL ||
+      !VirtualProtect((unsigned char*)base + page, page, PAGE_NOACCESS, &old_protection))
+    abort();
+#else
   base = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED || mprotect((unsigned char*)base + page, page, PROT_NONE) != 0) abort();
+#endif
   g_page_ends[g_n_page_ends++] = (unsigned char*)base;
   memset(base, GUARD_BYTE, page);
   return (unsigned char*)base + page - size;
 }
 
 static void page_end_free_all(void) {
-  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+#if defined(_WIN32)
+  while (g_n_page_ends > 0) VirtualFree(g_page_ends[--g_n_page_ends], 0, MEM_RELEASE);
+#else
+  const size_t page = page_size();
   while (g_n_page_ends > 0) munmap(g_page_ends[--g_n_page_ends], 2 * page);
+#endif
 }
 
 /* ---------------------------------------------------------------- layout and exports */

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <span>
+#include <string>
 
 #include "lib/common/ggml_type.h"
 #include "lib/common/strings.h"
@@ -49,12 +51,25 @@ std::string SourcePath(const std::string& relative) {
 }
 
 std::string TempDir() {
+#if defined(_WIN32)
+  // No mkdtemp there: random names until one is new (create_directory fails on an existing one).
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("kiln-test-" + std::to_string(random()));
+    std::error_code ec;
+    if (std::filesystem::create_directory(dir, ec)) return dir.string();
+  }
+  ADD_FAILURE() << "cannot create a temporary directory";
+  return std::filesystem::temp_directory_path().string();
+#else
   std::string base = std::filesystem::temp_directory_path() / "kiln-test-XXXXXX";
   if (mkdtemp(base.data()) == nullptr) {
     ADD_FAILURE() << "mkdtemp failed";
     return "/tmp";
   }
   return base;
+#endif
 }
 
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor,

@@ -189,6 +189,14 @@ TEST(PlatformTest, SharedLibraries) {
   EXPECT_EQ(cos_fn(0.0), 1.0);
   EXPECT_EQ(libm->Symbol("kiln_no_such_symbol"), nullptr);
 #endif
+#if defined(_WIN32) && !defined(KILN_PLATFORM_PORTABLE)
+  EXPECT_EQ(SharedLibraryFileName("kiln_cuda"), "kiln_cuda.dll");
+  EXPECT_FALSE(ThisModuleDirectory().empty());
+  absl::StatusOr<SharedLibrary> kernel32 = SharedLibrary::Load("kernel32.dll");
+  ASSERT_TRUE(kernel32.ok()) << kernel32.status();
+  EXPECT_NE(kernel32->Symbol("GetCurrentProcessId"), nullptr);
+  EXPECT_EQ(kernel32->Symbol("kiln_no_such_symbol"), nullptr);
+#endif
 #if defined(KILN_PLATFORM_PORTABLE)
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(ThisModuleDirectory(), "");

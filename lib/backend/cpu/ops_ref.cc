@@ -1,6 +1,7 @@
 #include "lib/backend/cpu/ops_ref.h"
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "lib/common/half.h"
@@ -107,8 +108,10 @@ absl::Status Rope(const RopeConfig& c, int32_t head_dim, std::span<const int32_t
   double low = 0.0, high = 0.0;
   if (ext != 0.0) {
     const double two_ln_base = 2.0 * std::log(static_cast<double>(c.freq_base));
-    low = std::floor(c.n_rot * std::log(c.orig_ctx / (c.beta_fast * 2.0 * M_PI)) / two_ln_base);
-    high = std::ceil(c.n_rot * std::log(c.orig_ctx / (c.beta_slow * 2.0 * M_PI)) / two_ln_base);
+    low = std::floor(c.n_rot * std::log(c.orig_ctx / (c.beta_fast * 2.0 * std::numbers::pi)) /
+                     two_ln_base);
+    high = std::ceil(c.n_rot * std::log(c.orig_ctx / (c.beta_slow * 2.0 * std::numbers::pi)) /
+                     two_ln_base);
     low = std::max(0.0, low);
     high = std::min(c.n_rot - 1.0, high);
     mscale *= 1.0 + 0.1 * std::log(1.0 / fs);

@@ -1,6 +1,7 @@
 // RoPE tables and application (formulas in ops.h).
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
@@ -58,7 +59,7 @@ std::vector<double> RopeFreqFactors(const RopeConfig& c) {
     const double hi_wl = c.orig_ctx / static_cast<double>(c.llama3_high_freq_factor);
     for (int32_t i = 0; i < half; ++i) {
       const double inv_freq = std::pow(static_cast<double>(c.freq_base), -2.0 * i / c.n_rot);
-      const double wavelen = 2.0 * M_PI / inv_freq;
+      const double wavelen = 2.0 * std::numbers::pi / inv_freq;
       if (wavelen < hi_wl) {
         ff[i] = 1.0;
       } else if (wavelen > lo_wl) {
@@ -98,7 +99,7 @@ absl::Status RopeTable::Build(const RopeConfig& c, int32_t head_dim,
   float mscale = yarn ? c.attn_factor : 1.0f;
   float corr_low = 0.0f, corr_high = 0.0f;
   if (ext_factor != 0.0f) {
-    const float pi = static_cast<float>(M_PI);
+    const float pi = static_cast<float>(std::numbers::pi);
     auto corr_dim = [&](float n_rotations) {
       return static_cast<float>(c.n_rot) *
              std::log(static_cast<float>(c.orig_ctx) / (n_rotations * 2.0f * pi)) /
