@@ -89,8 +89,9 @@ void Scheduler::Remove(ScheduledTask* task) {
     const bool in_pass = std::any_of(planned_.begin(), planned_.end(),
                                      [&](const Planned& p) { return p.task == task; });
     if (suspended_ && !head_done_ && in_pass) {
-      // Its session frees its blocks next: run the pass's remaining layers now, so that none of
-      // them writes K/V there later. The tasks' Finish waits for the next step.
+      // Its session frees its blocks next: run the rest of the pass now, so that no layer
+      // writes K/V there later (nor Finish marks them computed). The tasks' Finish waits for the
+      // next step.
       absl::Status st = pass.RunLayers(pass.n_layers());
       if (st.ok()) st = pass.Finish();
       if (st.ok()) {
@@ -256,7 +257,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
       // The first unit of a call always runs when it must progress, and the first layer of a
       // pass begun in this call (it was predicted before planning).
       bool forced = must_progress || begun_now || !timed;
-      // The tasks' Finish (sampling) right after the output head, timed with it.
+      // The tasks' Finish (sampling) right after the pass's Finish, timed with it.
       bool tasks_finished = false;
       auto finish_tasks = [&] {
         // Logits rows come in batch order, one per token that wanted them.
@@ -272,8 +273,13 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
       };
       absl::Status st;
       while (!head_done_) {
-        const bool head = pass.next_layer() >= n_layers;
-        Average UnitCost::*unit = head ? &UnitCost::head : &UnitCost::layer;
+        // The next unit: a layer, a part of the output head, or the finish.
+        const bool layer = pass.next_layer() < n_layers;
+        const bool head_part = !layer && pass.next_head_row() < pass.head_rows();
+        const bool finish = !layer && !head_part;
+        Average UnitCost::*unit = layer       ? &UnitCost::layer
+                                  : head_part ? &UnitCost::head
+                                              : &UnitCost::finish;
         const double predicted = Predict(unit, pass_tokens_);
         if (timed && !forced && predicted > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
@@ -281,15 +287,22 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         }
         forced = !timed;
         const Clock::time_point unit_start = Clock::now();
-        st = head ? pass.Finish() : pass.RunLayers(pass.next_layer() + 1);
-        if (head && st.ok()) {
-          pass_seconds_ += SecondsSince(unit_start);
-          finish_tasks();
+        if (layer) {
+          st = pass.RunLayers(pass.next_layer() + 1);
+        } else if (head_part) {
+          st = pass.RunHead(pass.next_head_row() + pass.head_unit_rows());
+        } else {
+          st = pass.Finish();
+          if (st.ok()) {
+            pass_seconds_ += SecondsSince(unit_start);
+            finish_tasks();
+          }
         }
         const double actual = SecondsSince(unit_start);
-        if (!head) pass_seconds_ += actual;
+        if (!finish) pass_seconds_ += actual;
         ++stats.units;
         ++counters_.units;
+        if (head_part) ++counters_.head_units;
         if (predicted >= 0.0) {
           ++counters_.predicted_units;
           counters_.predicted_seconds += predicted;
@@ -297,7 +310,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         }
         if (!st.ok()) break;
         Record(unit, pass_tokens_, actual);
-        if (head) head_done_ = true;
+        if (finish) head_done_ = true;
       }
       if (!st.ok()) {
         for (const Planned& p : planned_) {

@@ -27,6 +27,8 @@ class CpuBackend final : public Backend {
   int n_threads() const override { return pool_.n_threads(); }
 
   absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) override;
+  absl::Status MatMulRange(const WeightView& w, const float* x, int64_t n_tokens, int64_t row_begin,
+                           int64_t row_end, float* y) override;
   absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                float* out) override;
   void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
