@@ -127,11 +127,16 @@ SchedulerCounters Scheduler::Counters() const {
 }
 
 StepStats Scheduler::Step(int32_t budget, double seconds, bool must_progress) {
+  return StepTimed(budget, seconds, must_progress, seconds);
+}
+
+StepStats Scheduler::StepTimed(int32_t budget, double seconds, bool must_progress,
+                               double frame_seconds) {
   StepStats stats;
   {
     std::lock_guard<std::mutex> step_lock(step_mu_);
     t_in_step = true;
-    stats = StepLocked(budget, seconds, must_progress);
+    stats = StepLocked(budget, seconds, must_progress, frame_seconds);
     t_in_step = false;
   }
   {
@@ -150,7 +155,7 @@ StepStats Scheduler::StepWithin(int32_t budget, double seconds) {
   while (active_tasks() > 0) {
     const double left = seconds - SecondsSince(start);
     if (left <= 0.0) break;
-    const StepStats s = Step(budget, left, /*must_progress=*/first);
+    const StepStats s = StepTimed(budget, left, /*must_progress=*/first, seconds);
     first = false;
     total.tokens += s.tokens;
     total.passes += s.passes;
@@ -206,7 +211,21 @@ void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) 
   a.mean += kCostAlpha * (seconds - a.mean);
 }
 
-StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress) {
+int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
+  // Nothing measured yet: a small pass first, to measure.
+  if (Predict(&UnitCost::layer, budget) < 0.0) return std::min(budget, kMinPrefill);
+  int32_t tokens = budget;
+  while (tokens > 1) {
+    const double first_unit = std::max(0.0, Predict(&UnitCost::begin, tokens)) +
+                              std::max(0.0, Predict(&UnitCost::layer, tokens));
+    if (first_unit <= seconds) break;
+    tokens /= 2;
+  }
+  return std::max(tokens, 1);
+}
+
+StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress,
+                                double frame_seconds) {
   const Clock::time_point call_start = Clock::now();
   const bool timed = seconds > 0.0;
   if (budget <= 0) budget = step_tokens_;
@@ -231,6 +250,8 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           return 0;
         }
       }
+      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
+      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (!PlanLocked(cache, budget, stats)) {
         completed = true;
       } else {
@@ -503,7 +524,7 @@ absl::Status Scheduler::RunUntil(const std::function<bool()>& done) {
     }
     if (step_mu_.try_lock()) {
       t_in_step = true;
-      const StepStats stats = StepLocked(0, 0.0, true);
+      const StepStats stats = StepLocked(0, 0.0, true, 0.0);
       t_in_step = false;
       step_mu_.unlock();
       {

@@ -30,7 +30,10 @@
 // the tasks' Finish: sampling). The step predicts each unit's cost (running averages of measured
 // times keyed by the pass's token count), runs the units that fit and returns; the next step
 // continues the same pass where it stopped (ForwardPass::Begin / RunLayers / RunHead / Finish,
-// the bits of an unsplit pass). Between those calls the engine mutex is free: sessions may be
+// the bits of an unsplit pass). A unit always runs whole, so a budgeted pass takes only as many
+// tokens as its first unit is predicted to fit the call's whole budget with (decode tokens
+// always; prompt chunks shrink): a layer over a 128-token prompt chunk alone is longer than a
+// frame's 2 ms. Between those calls the engine mutex is free: sessions may be
 // created, submitted, polled, cancelled and destroyed. Removing a task whose tokens are in the
 // suspended pass first runs the pass's remaining layers on the removing thread (so that no later
 // layer writes K/V into blocks its session frees); the tasks' results wait for the next step.
@@ -200,7 +203,11 @@ class Scheduler {
   static bool InStep();
 
  private:
-  StepStats StepLocked(int32_t budget, double seconds, bool must_progress);  // with step_mu_ held
+  // Step with the time of the whole call (`frame_seconds`: StepWithin's budget, or `seconds`),
+  // which bounds the tokens of a pass begun in it (TokensWithin).
+  StepStats StepTimed(int32_t budget, double seconds, bool must_progress, double frame_seconds);
+  // With step_mu_ held.
+  StepStats StepLocked(int32_t budget, double seconds, bool must_progress, double frame_seconds);
   // Plans a new pass into batch_ and planned_ (engine mutex held); false when no task added
   // tokens.
   bool PlanLocked(KvCache& cache, int32_t budget, StepStats& stats);
@@ -223,6 +230,11 @@ class Scheduler {
   // scaled up when it is smaller); < 0 when nothing was measured.
   double Predict(Average UnitCost::*unit, int32_t tokens) const;
   void Record(Average UnitCost::*unit, int32_t tokens, double seconds);
+  // The most tokens, up to `budget`, whose first unit (planning + embeddings + a layer) is
+  // predicted to end within `seconds`, halving from `budget`; at least 1 (before any unit was
+  // measured: kMinPrefill). A unit always runs whole, so a prompt chunk whose layer is longer
+  // than a frame's budget would overrun every frame that runs it.
+  int32_t TokensWithin(int32_t budget, double seconds) const;
 
   Engine& engine_;
   const int32_t step_tokens_;

@@ -660,6 +660,31 @@ TEST_F(TinyScheduler, StepsSplitByTimeBudgetKeepEveryToken) {
   EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
 }
 
+// A budgeted pass takes only the tokens whose first unit is predicted to fit the budget: before
+// anything is measured a small one (kMinPrefill = 32 tokens of a 100-token prompt), then, with
+// a budget below any unit, a single token; a step without a budget takes the whole prompt.
+TEST_F(TinyScheduler, BudgetedPassesTakeTheTokensThatFit) {
+  auto engine = MakeEngine(*model_);
+  Scheduler& scheduler = engine->scheduler();
+  auto session = Session::Create(*engine, sample::SamplerParams{}, 1);
+  ASSERT_TRUE(session.ok());
+  SubmitOptions options;
+  options.prompt = RandomTokens(100, 3, model_->hparams().n_vocab, 4);
+  options.generate.max_tokens = 2;
+  ASSERT_TRUE((*session)->Submit(options).ok());
+  auto next_pass_tokens = [&](double seconds) {
+    for (int call = 0; call < 10000; ++call) {
+      const StepStats st = scheduler.Step(0, seconds);
+      if (st.passes > 0) return st.tokens;
+    }
+    return -1;
+  };
+  EXPECT_EQ(next_pass_tokens(1e-9), 32);
+  EXPECT_EQ(next_pass_tokens(1e-9), 1);
+  EXPECT_EQ(next_pass_tokens(0.0), 67);  // the rest of the prompt
+  session->reset();
+}
+
 // While a pass is suspended no lock is held: sessions in the pass are destroyed and cancelled,
 // and a new one is created and submitted; the others' tokens are those of whole passes.
 TEST_F(TinyScheduler, DestroyAndCancelDuringSuspendedPass) {
