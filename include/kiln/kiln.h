@@ -665,8 +665,9 @@ typedef struct kiln_step_params {
    * pass. Between calls kiln holds no lock: any call may be made from other threads (a session
    * whose tokens are in the suspended pass may be cancelled or destroyed: destroying it first
    * runs the rest of the pass on the destroying thread; its results for the other sessions wait
-   * for the next step). The time spent passes the budget by a unit forced to run (a prompt
-   * chunk's layer can take milliseconds), a misprediction, or a thread the OS deschedules (a
+   * for the next step). A pass begun under a budget takes only the prompt tokens whose first
+   * layer is predicted to fit it (decoding sessions always join). The time spent passes the
+   * budget by a unit forced to run, a misprediction, or a thread the OS deschedules (a
    * SmolLM2-135M layer for 4 decoding sessions on 2 threads takes about 0.5 ms, as does each of
    * the 14 parts of its output head over the 49k-token vocabulary).
    * 0 (default): one whole step (a suspended pass is finished). Blocking calls and the worker
