@@ -16,17 +16,20 @@
 //   batch_bench --game [--frames F] [--budget-ms B] [--npcs K] [--step-tokens S] ...
 //     A game loop: 60 frames per second for F frames (default 600), K NPC sessions (default 4)
 //     always generating (a finished one submits again), each frame steps the cache with a B ms
-//     budget (default 2) as kiln_cache_step does (the layers of a pass predicted to fit, at
+//     budget (default 2) as kiln_cache_step does (the units of a pass predicted to fit, at
 //     least one when there is work), then sleeps to the next frame. Prints the time spent stepping
-//     per frame (p50, p99, max), the tokens generated per second, and how many frames went over
-//     the budget (of them, how many ran a single unit: the one a step runs even when none is
-//     predicted to fit). --step-tokens: the scheduler's tokens per step (EngineOptions).
+//     per frame (p50, p99, max) and the stepping thread's CPU time in it (on a loaded machine
+//     the cost without the OS's other processes; all of it with --threads 1), the tokens
+//     generated per second, and how many frames went over the budget (of them, how many ran a
+//     single unit: the one a step runs even when none is predicted to fit). --step-tokens: the
+//     scheduler's tokens per step (EngineOptions).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -46,6 +49,14 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds the calling thread has run: on a loaded machine, what a step costs without the
+// time the OS gives other processes (with --threads 1 the whole step runs on this thread).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 struct Stats {
@@ -156,24 +167,26 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   std::vector<std::unique_ptr<kiln::Session>> sessions;
   for (int i = 0; i < npcs; ++i) sessions.push_back(b.Submit(b.prompt_len, b.decode));
   const auto frame = std::chrono::microseconds(16667);
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, step_cpu_ms;
   int over_budget = 0, over_budget_single_unit = 0;
   int64_t tokens = 0;
   const Clock::time_point begin = Clock::now();
   Clock::time_point next_frame = begin;
   for (int f = 0; f < frames; ++f) {
     const Clock::time_point start = Clock::now();
+    const double cpu_start = ThreadCpuSeconds();
     // kiln_cache_step's call: the units of passes predicted to fit the budget.
     kiln::StepStats st;
     if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
+    step_cpu_ms.push_back(1e3 * (ThreadCpuSeconds() - cpu_start));
     if (step_ms.back() > budget_ms) {
       ++over_budget;
       if (st.units == 1) ++over_budget_single_unit;
     }
     if (std::getenv("KILN_GAME_TRACE") != nullptr && step_ms.back() > budget_ms) {
-      std::printf("frame %d: %.2f ms, %d units, %d passes, %d tokens, tasks %d\n", f,
-                  step_ms.back(), st.units, st.passes, st.tokens, st.tasks);
+      std::printf("frame %d: %.2f ms (CPU %.2f ms), %d units, %d passes, %d tokens, tasks %d\n", f,
+                  step_ms.back(), step_cpu_ms.back(), st.units, st.passes, st.tokens, st.tasks);
     }
     for (auto& s : sessions) {
       kiln::PollResult poll;
@@ -195,13 +208,17 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   }
   while (scheduler.active_tasks() > 0) scheduler.Step();
   std::sort(step_ms.begin(), step_ms.end());
-  auto pct = [&](double p) {
-    return step_ms[std::min(step_ms.size() - 1, static_cast<size_t>(p * step_ms.size()))];
+  std::sort(step_cpu_ms.begin(), step_cpu_ms.end());
+  auto pct_of = [](const std::vector<double>& v, double p) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
   };
+  auto pct = [&](double p) { return pct_of(step_ms, p); };
   std::printf("game loop: %d frames at 60 fps, %d NPCs, step budget %.1f ms\n", frames, npcs,
               budget_ms);
   std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
               pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+  std::printf("stepping thread's CPU time per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+              pct_of(step_cpu_ms, 0.5), pct_of(step_cpu_ms, 0.99), step_cpu_ms.back());
   std::printf("frames over budget: %d (%.1f%%), of them running a single unit: %d\n", over_budget,
               100.0 * over_budget / frames, over_budget_single_unit);
   const kiln::SchedulerCounters c = scheduler.Counters();

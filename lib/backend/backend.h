@@ -66,6 +66,14 @@ class Backend {
   // rows never read.                 x: [n_tokens, w.n_in]   y: [n_tokens, rows]
   virtual absl::Status ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
                                     const float* x, int64_t n_tokens, float* y) = 0;
+  // MatMul's outputs o in [row_begin, row_end) only, bit for bit MatMul's; y's other columns
+  // are left as they were (an output head computed in parts of its vocabulary).
+  //   x: [n_tokens, w.n_in]   y: [n_tokens, w.n_out]
+  // row_begin is a multiple of kMatMulRowAlign, row_end too or w.n_out (else InvalidArgument;
+  // outside [0, w.n_out] or reversed: OutOfRange). The llama.cpp order multiplies whole
+  // matrices only (FailedPrecondition for a part): its arithmetic depends on the row count.
+  virtual absl::Status MatMulRange(const WeightView& w, const float* x, int64_t n_tokens,
+                                   int64_t row_begin, int64_t row_end, float* y) = 0;
   // out[t, :] = row tokens[t] of table.      out: [tokens.size(), table.n_in]
   virtual absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                        float* out) = 0;

@@ -9,6 +9,10 @@
 
 namespace kiln {
 
+// A matmul over a range of a weight's rows (Backend::MatMulRange) starts it on a multiple of
+// this, and ends it on one or on the last row: the CPU's 16-row tiles and interleaved groups.
+inline constexpr int64_t kMatMulRowAlign = 16;
+
 // A 2-D weight as stored in GGUF: ggml ne = {n_in, n_out}, i.e. n_out rows of n_in elements of
 // `type`, each row contiguous (GgmlRowBytes bytes), rows back to back. Vectors
 // (norms, biases) have n_out = 1.

@@ -89,8 +89,9 @@ void Scheduler::Remove(ScheduledTask* task) {
     const bool in_pass = std::any_of(planned_.begin(), planned_.end(),
                                      [&](const Planned& p) { return p.task == task; });
     if (suspended_ && !head_done_ && in_pass) {
-      // Its session frees its blocks next: run the pass's remaining layers now, so that none of
-      // them writes K/V there later. The tasks' Finish waits for the next step.
+      // Its session frees its blocks next: run the rest of the pass now, so that no layer
+      // writes K/V there later (nor Finish marks them computed). The tasks' Finish waits for the
+      // next step.
       absl::Status st = pass.RunLayers(pass.n_layers());
       if (st.ok()) st = pass.Finish();
       if (st.ok()) {
@@ -126,11 +127,16 @@ SchedulerCounters Scheduler::Counters() const {
 }
 
 StepStats Scheduler::Step(int32_t budget, double seconds, bool must_progress) {
+  return StepTimed(budget, seconds, must_progress, seconds);
+}
+
+StepStats Scheduler::StepTimed(int32_t budget, double seconds, bool must_progress,
+                               double frame_seconds) {
   StepStats stats;
   {
     std::lock_guard<std::mutex> step_lock(step_mu_);
     t_in_step = true;
-    stats = StepLocked(budget, seconds, must_progress);
+    stats = StepLocked(budget, seconds, must_progress, frame_seconds);
     t_in_step = false;
   }
   {
@@ -149,7 +155,7 @@ StepStats Scheduler::StepWithin(int32_t budget, double seconds) {
   while (active_tasks() > 0) {
     const double left = seconds - SecondsSince(start);
     if (left <= 0.0) break;
-    const StepStats s = Step(budget, left, /*must_progress=*/first);
+    const StepStats s = StepTimed(budget, left, /*must_progress=*/first, seconds);
     first = false;
     total.tokens += s.tokens;
     total.passes += s.passes;
@@ -205,7 +211,21 @@ void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) 
   a.mean += kCostAlpha * (seconds - a.mean);
 }
 
-StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress) {
+int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
+  // Nothing measured yet: a small pass first, to measure.
+  if (Predict(&UnitCost::layer, budget) < 0.0) return std::min(budget, kMinPrefill);
+  int32_t tokens = budget;
+  while (tokens > 1) {
+    const double first_unit = std::max(0.0, Predict(&UnitCost::begin, tokens)) +
+                              std::max(0.0, Predict(&UnitCost::layer, tokens));
+    if (first_unit <= seconds) break;
+    tokens /= 2;
+  }
+  return std::max(tokens, 1);
+}
+
+StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress,
+                                double frame_seconds) {
   const Clock::time_point call_start = Clock::now();
   const bool timed = seconds > 0.0;
   if (budget <= 0) budget = step_tokens_;
@@ -230,6 +250,8 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           return 0;
         }
       }
+      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
+      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (!PlanLocked(cache, budget, stats)) {
         completed = true;
       } else {
@@ -256,7 +278,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
       // The first unit of a call always runs when it must progress, and the first layer of a
       // pass begun in this call (it was predicted before planning).
       bool forced = must_progress || begun_now || !timed;
-      // The tasks' Finish (sampling) right after the output head, timed with it.
+      // The tasks' Finish (sampling) right after the pass's Finish, timed with it.
       bool tasks_finished = false;
       auto finish_tasks = [&] {
         // Logits rows come in batch order, one per token that wanted them.
@@ -272,8 +294,13 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
       };
       absl::Status st;
       while (!head_done_) {
-        const bool head = pass.next_layer() >= n_layers;
-        Average UnitCost::*unit = head ? &UnitCost::head : &UnitCost::layer;
+        // The next unit: a layer, a part of the output head, or the finish.
+        const bool layer = pass.next_layer() < n_layers;
+        const bool head_part = !layer && pass.next_head_row() < pass.head_rows();
+        const bool finish = !layer && !head_part;
+        Average UnitCost::*unit = layer       ? &UnitCost::layer
+                                  : head_part ? &UnitCost::head
+                                              : &UnitCost::finish;
         const double predicted = Predict(unit, pass_tokens_);
         if (timed && !forced && predicted > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
@@ -281,15 +308,22 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         }
         forced = !timed;
         const Clock::time_point unit_start = Clock::now();
-        st = head ? pass.Finish() : pass.RunLayers(pass.next_layer() + 1);
-        if (head && st.ok()) {
-          pass_seconds_ += SecondsSince(unit_start);
-          finish_tasks();
+        if (layer) {
+          st = pass.RunLayers(pass.next_layer() + 1);
+        } else if (head_part) {
+          st = pass.RunHead(pass.next_head_row() + pass.head_unit_rows());
+        } else {
+          st = pass.Finish();
+          if (st.ok()) {
+            pass_seconds_ += SecondsSince(unit_start);
+            finish_tasks();
+          }
         }
         const double actual = SecondsSince(unit_start);
-        if (!head) pass_seconds_ += actual;
+        if (!finish) pass_seconds_ += actual;
         ++stats.units;
         ++counters_.units;
+        if (head_part) ++counters_.head_units;
         if (predicted >= 0.0) {
           ++counters_.predicted_units;
           counters_.predicted_seconds += predicted;
@@ -297,7 +331,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         }
         if (!st.ok()) break;
         Record(unit, pass_tokens_, actual);
-        if (head) head_done_ = true;
+        if (finish) head_done_ = true;
       }
       if (!st.ok()) {
         for (const Planned& p : planned_) {
@@ -490,7 +524,7 @@ absl::Status Scheduler::RunUntil(const std::function<bool()>& done) {
     }
     if (step_mu_.try_lock()) {
       t_in_step = true;
-      const StepStats stats = StepLocked(0, 0.0, true);
+      const StepStats stats = StepLocked(0, 0.0, true, 0.0);
       t_in_step = false;
       step_mu_.unlock();
       {

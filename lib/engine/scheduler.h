@@ -23,11 +23,17 @@
 // for a later step. Only tasks are preempted: a session without a request in flight keeps its
 // blocks until it is rewound or destroyed.
 //
-// A time budget (Step's `seconds`, StepWithin): a pass is split at layer granularity. The step
-// predicts each unit's cost (planning + embeddings, one layer, the output head: running averages
-// of measured times keyed by the pass's token count), runs the units that fit and returns; the
-// next step continues the same pass where it stopped (ForwardPass::Begin / RunLayers / Finish,
-// the bits of an unsplit pass). Between those calls the engine mutex is free: sessions may be
+// A time budget (Step's `seconds`, StepWithin): a pass is split into units of about a layer's
+// work: planning + embeddings with the first layer, each further layer, each part of the output
+// head (ForwardPass::head_unit_rows of its vocabulary rows, a layer's weight bytes: the head of
+// a 49152-token vocabulary is eight layers' worth), then the finish (marking tokens computed and
+// the tasks' Finish: sampling). The step predicts each unit's cost (running averages of measured
+// times keyed by the pass's token count), runs the units that fit and returns; the next step
+// continues the same pass where it stopped (ForwardPass::Begin / RunLayers / RunHead / Finish,
+// the bits of an unsplit pass). A unit always runs whole, so a budgeted pass takes only as many
+// tokens as its first unit is predicted to fit the call's whole budget with (decode tokens
+// always; prompt chunks shrink): a layer over a 128-token prompt chunk alone is longer than a
+// frame's 2 ms. Between those calls the engine mutex is free: sessions may be
 // created, submitted, polled, cancelled and destroyed. Removing a task whose tokens are in the
 // suspended pass first runs the pass's remaining layers on the removing thread (so that no later
 // layer writes K/V into blocks its session frees); the tasks' results wait for the next step.
@@ -120,7 +126,7 @@ class ScheduledTask {
 struct StepStats {
   int32_t tokens = 0;        // batch tokens of the passes completed (0: none)
   int32_t passes = 0;        // forward passes completed
-  int32_t units = 0;         // units run (a pass's layers and its output head)
+  int32_t units = 0;         // units run (a pass's layers, head parts and finish)
   int32_t worked = 0;        // steps that ran units (began, continued or finished a pass)
   bool suspended = false;    // a pass is begun and not finished (the next step continues it)
   bool out_of_time = false;  // stopped before a unit predicted not to fit the time budget
@@ -141,7 +147,8 @@ struct SchedulerCounters {
   // Steps a prefill task waited because another task computed a block of its prefix in them.
   int64_t prefix_deferrals = 0;
   int64_t split_steps = 0;  // passes spread over two or more Step calls
-  int64_t units = 0;        // units run (layers and output heads)
+  int64_t units = 0;        // units run (layers, head parts and finishes)
+  int64_t head_units = 0;   // of them, parts of an output head
   // Units run with a prediction of their cost, and the predicted and measured seconds of those.
   int64_t predicted_units = 0;
   double predicted_seconds = 0.0;
@@ -196,7 +203,11 @@ class Scheduler {
   static bool InStep();
 
  private:
-  StepStats StepLocked(int32_t budget, double seconds, bool must_progress);  // with step_mu_ held
+  // Step with the time of the whole call (`frame_seconds`: StepWithin's budget, or `seconds`),
+  // which bounds the tokens of a pass begun in it (TokensWithin).
+  StepStats StepTimed(int32_t budget, double seconds, bool must_progress, double frame_seconds);
+  // With step_mu_ held.
+  StepStats StepLocked(int32_t budget, double seconds, bool must_progress, double frame_seconds);
   // Plans a new pass into batch_ and planned_ (engine mutex held); false when no task added
   // tokens.
   bool PlanLocked(KvCache& cache, int32_t budget, StepStats& stats);
@@ -209,15 +220,21 @@ class Scheduler {
     double deviation = 0.0;
   };
   struct UnitCost {
-    Average begin;  // planning, Begin (checks, mask, embeddings)
-    Average layer;  // one layer
-    Average head;   // the output head and the tasks' Finish (sampling)
+    Average begin;   // planning, Begin (checks, mask, embeddings)
+    Average layer;   // one layer
+    Average head;    // one part of the output head (ForwardPass::head_unit_rows rows)
+    Average finish;  // the rest of the head (when not split), marking computed, the tasks' Finish
   };
   static int32_t CostKey(int32_t tokens);
   // The cost for `tokens`: its mean plus kDeviations deviations (from the nearest measured key,
   // scaled up when it is smaller); < 0 when nothing was measured.
   double Predict(Average UnitCost::*unit, int32_t tokens) const;
   void Record(Average UnitCost::*unit, int32_t tokens, double seconds);
+  // The most tokens, up to `budget`, whose first unit (planning + embeddings + a layer) is
+  // predicted to end within `seconds`, halving from `budget`; at least 1 (before any unit was
+  // measured: kMinPrefill). A unit always runs whole, so a prompt chunk whose layer is longer
+  // than a frame's budget would overrun every frame that runs it.
+  int32_t TokensWithin(int32_t budget, double seconds) const;
 
   Engine& engine_;
   const int32_t step_tokens_;

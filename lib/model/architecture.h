@@ -67,19 +67,34 @@ class ForwardPass {
 
   // The same pass spread over several calls (a host that spends a few milliseconds per frame):
   // Begin checks and prepares the batch (Forward's checks and errors) and gathers the
-  // embeddings, RunLayers(until) runs layers [next_layer(), until), Finish runs the output head
-  // and marks tokens computed as Forward does. Forward is Begin + RunLayers(n_layers()) +
-  // Finish on a state of its own, and the bits are Forward's whatever the split.
+  // embeddings, RunLayers(until) runs layers [next_layer(), until), RunHead(until) (after every
+  // layer) computes the output head's logits of the vocabulary rows [next_head_row(), until),
+  // and Finish runs the rest of the head and marks tokens computed as Forward does. Forward is
+  // Begin + RunLayers(n_layers()) + Finish on a state of its own, and the bits are Forward's
+  // whatever the split.
   //
   // Between the calls the caller may run Forward (other sequences) and change the cache, except
   // the batch's sequences: their slots and blocks must stay as Begin saw them. `batch`, `cache`
   // and `out` must outlive the split pass. Begin abandons a split pass in progress.
   virtual absl::Status Begin(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) = 0;
   virtual absl::Status RunLayers(int32_t until) = 0;
+  // `until` is clamped to head_rows(); below it, it must be a multiple of kMatMulRowAlign
+  // (InvalidArgument). FailedPrecondition before every layer ran.
+  virtual absl::Status RunHead(int64_t until) = 0;
   virtual absl::Status Finish() = 0;
   virtual int32_t n_layers() const = 0;
   // The first layer RunLayers runs next (n_layers(): the head is next).
   virtual int32_t next_layer() const = 0;
+  // The split pass's head in rows (after Begin): its vocabulary, or 0 when Finish runs the head
+  // whole (no token wants logits; the llama.cpp order, whose matmuls are whole; a pass that does
+  // not split its head).
+  virtual int64_t head_rows() const = 0;
+  // The first head row RunHead computes next (head_rows(): only Finish is left).
+  virtual int64_t next_head_row() const = 0;
+  // Head rows whose weights weigh about as much as one layer's (a multiple of kMatMulRowAlign):
+  // what a budgeted step runs as one unit. The head of a large vocabulary is many layers' worth
+  // of weights, too long for one unit of a frame's budget.
+  virtual int64_t head_unit_rows() const = 0;
 
   virtual Backend& backend() = 0;
 };

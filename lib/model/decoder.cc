@@ -44,6 +44,12 @@ struct PassState {
   int64_t n_logits = 0;  // tokens that want logits
   int32_t next_layer = 0;
   bool begun = false;
+  // The output head, over the vocabulary's rows: [0, next_head_row) are computed. head_rows is
+  // what RunHead may split (0: Finish runs the head whole).
+  int64_t head_rows = 0;
+  int64_t next_head_row = 0;
+  bool head_normed = false;        // head_in holds the normed rows
+  std::vector<float> head_in;      // [n_logits, n_embd] the final norm of the logit tokens' rows
   std::vector<SeqId> seqs;         // unique sequences in batch order
   std::vector<int32_t> token_seq;  // [n_tokens] index into seqs
   std::vector<KvSlot> slots;       // [n_tokens] where each token's K/V go
@@ -61,7 +67,8 @@ class DecoderForward final : public ForwardPass {
         hp_(model.hparams()),
         backend_(backend),
         layers_(std::move(layers)),
-        graph_(graph) {}
+        graph_(graph),
+        head_unit_rows_(HeadUnitRows()) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
     absl::Status st = BeginState(whole_, batch, cache, out);
@@ -73,9 +80,13 @@ class DecoderForward final : public ForwardPass {
     return BeginState(split_, batch, cache, out);
   }
   absl::Status RunLayers(int32_t until) override { return RunLayersState(split_, until); }
+  absl::Status RunHead(int64_t until) override { return RunHeadState(split_, until); }
   absl::Status Finish() override { return FinishState(split_); }
   int32_t n_layers() const override { return static_cast<int32_t>(hp_.n_layer); }
   int32_t next_layer() const override { return split_.next_layer; }
+  int64_t head_rows() const override { return split_.head_rows; }
+  int64_t next_head_row() const override { return split_.next_head_row; }
+  int64_t head_unit_rows() const override { return head_unit_rows_; }
   Backend& backend() override { return backend_; }
 
  private:
@@ -84,7 +95,11 @@ class DecoderForward final : public ForwardPass {
   absl::Status BeginState(PassState& s, const ForwardBatch& batch, KvCache& cache,
                           ForwardOutput* out);
   absl::Status RunLayersState(PassState& s, int32_t until);
+  absl::Status RunHeadState(PassState& s, int64_t until);
+  // Computes the logits of the head rows [s.next_head_row, end).
+  absl::Status HeadRows(PassState& s, int64_t end);
   absl::Status FinishState(PassState& s);
+  int64_t HeadUnitRows() const;
   // y = W x (+ bias)                                      x: [n, w.n_in]   y: [n, w.n_out]
   absl::Status Linear(const WeightView& w, const WeightView* bias, const float* x, int64_t n,
                       float* y);
@@ -94,6 +109,7 @@ class DecoderForward final : public ForwardPass {
   Backend& backend_;
   std::vector<DecoderLayer> layers_;
   const DecoderGraph graph_;
+  const int64_t head_unit_rows_;
 
   // Forward's state and the split pass's (so that a Forward may run between the split pass's
   // calls); both reused across calls (they grow, never shrink).
@@ -209,6 +225,11 @@ absl::Status DecoderForward::BeginState(PassState& s, const ForwardBatch& batch,
     if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
   }
   s.n_logits = static_cast<int64_t>(out->logit_tokens.size());
+  out->logits.resize(s.n_logits * hp_.n_vocab);
+  // llama.cpp's matmuls depend on the row count: that order multiplies the head whole.
+  s.head_rows = s.n_logits > 0 && !backend_.llama_cpp_order() ? hp_.n_vocab : 0;
+  s.next_head_row = 0;
+  s.head_normed = false;
   KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
       model_.token_embd(), std::span<const int32_t>(s.ids.data(), n), s.x.data()));
   if (graph_.embd_scale != 1.0f) backend_.Scale(s.x.data(), n * d, graph_.embd_scale);
@@ -344,21 +365,69 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
   return absl::OkStatus();
 }
 
+// Rows of the head whose weights are as many bytes as one layer's matrices (decoding streams
+// the weights from memory, so bytes measure the time), the vocabulary then cut into parts of
+// equal size, in whole tiles of kMatMulRowAlign rows.
+int64_t DecoderForward::HeadUnitRows() const {
+  size_t layer_bytes = 0;
+  if (!layers_.empty()) {
+    const DecoderLayer& L = layers_[0];
+    for (const WeightView* w : {L.wq, L.wk, L.wv, L.wqkv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down}) {
+      if (w != nullptr) layer_bytes += w->row_bytes() * static_cast<size_t>(w->n_out);
+    }
+  }
+  const size_t row_bytes = std::max<size_t>(1, model_.output().row_bytes());
+  const int64_t vocab = std::max<int64_t>(1, hp_.n_vocab);
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(layer_bytes / row_bytes));
+  const int64_t parts = (vocab + rows - 1) / rows;
+  const int64_t even = (vocab + parts - 1) / parts;
+  return (even + kMatMulRowAlign - 1) / kMatMulRowAlign * kMatMulRowAlign;
+}
+
+absl::Status DecoderForward::HeadRows(PassState& s, int64_t end) {
+  if (s.n_logits > 0 && end > s.next_head_row) {  // x: [n_logits, n_embd], the logit tokens' rows
+    const int64_t d = hp_.n_embd;
+    if (!s.head_normed) {
+      Grow(s.head_in, s.n_logits * d);
+      backend_.RmsNorm(s.x.data(), model_.output_norm().AsF32(), s.n_logits, d, hp_.rms_eps,
+                       s.head_in.data());
+      s.head_normed = true;
+    }
+    const WeightView& w = model_.output();
+    float* logits = s.out->logits.data();  // [n_logits, n_vocab]
+    if (s.next_head_row == 0 && end == w.n_out) {
+      KILN_RETURN_IF_ERROR(backend_.MatMul(w, s.head_in.data(), s.n_logits, logits));
+    } else {
+      KILN_RETURN_IF_ERROR(
+          backend_.MatMulRange(w, s.head_in.data(), s.n_logits, s.next_head_row, end, logits));
+    }
+  }
+  s.next_head_row = end;
+  return absl::OkStatus();
+}
+
+absl::Status DecoderForward::RunHeadState(PassState& s, int64_t until) {
+  if (!s.begun || s.next_layer != hp_.n_layer) {
+    return absl::FailedPreconditionError("forward: RunHead before every layer ran");
+  }
+  until = std::min(until, s.head_rows);
+  if (until <= s.next_head_row) return absl::OkStatus();
+  if (until < s.head_rows && until % kMatMulRowAlign != 0) {
+    return absl::InvalidArgumentError(StrCat("forward: RunHead(", until, ") is not a multiple of ",
+                                             kMatMulRowAlign, " below the head's ", s.head_rows,
+                                             " rows"));
+  }
+  return HeadRows(s, until);
+}
+
 absl::Status DecoderForward::FinishState(PassState& s) {
   if (!s.begun || s.next_layer != hp_.n_layer) {
     return absl::FailedPreconditionError("forward: Finish before every layer ran");
   }
   s.begun = false;  // whatever follows, this pass is over
-  const int64_t n = s.n, n_logits = s.n_logits, d = hp_.n_embd;
+  const int64_t n = s.n;
   KvCache& cache = *s.cache;
-  ForwardOutput* out = s.out;
-  out->logits.resize(n_logits * hp_.n_vocab);
-  if (n_logits > 0) {  // x: [n_logits, n_embd], the logit tokens' rows
-    Grow(h_, n_logits * d);
-    backend_.RmsNorm(s.x.data(), model_.output_norm().AsF32(), n_logits, d, hp_.rms_eps, h_.data());
-    KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h_.data(), n_logits,
-                                         out->logits.data()));  // [n_logits, n_vocab]
-  }
+  KILN_RETURN_IF_ERROR(HeadRows(s, hp_.n_vocab));
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
   const ForwardBatch& batch = *s.batch;
   for (size_t q = 0; q < s.seqs.size(); ++q) {

@@ -59,8 +59,8 @@ class MlaForward final : public ForwardPass {
         moe_(std::move(moe)) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
-  // Not split yet: Begin keeps the batch, RunLayers only counts, Finish runs the whole pass
-  // (same bits; a budgeted step then takes the whole pass in its head unit).
+  // Not split yet: Begin keeps the batch, RunLayers only counts, RunHead has no rows, Finish
+  // runs the whole pass (same bits; a budgeted step then takes the whole pass in its last unit).
   absl::Status Begin(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
     split_ = {&batch, &cache, out};
     next_layer_ = 0;
@@ -71,6 +71,14 @@ class MlaForward final : public ForwardPass {
     next_layer_ = std::clamp(until, next_layer_, n_layers());
     return absl::OkStatus();
   }
+  absl::Status RunHead(int64_t until) override {
+    (void)until;  // the head is not split: head_rows() is 0
+    if (split_.batch == nullptr) return absl::FailedPreconditionError("forward: no pass begun");
+    if (next_layer_ < n_layers()) {
+      return absl::FailedPreconditionError("forward: RunHead before every layer ran");
+    }
+    return absl::OkStatus();
+  }
   absl::Status Finish() override {
     if (split_.batch == nullptr) return absl::FailedPreconditionError("forward: no pass begun");
     const SplitPass pass = split_;
@@ -79,6 +87,9 @@ class MlaForward final : public ForwardPass {
   }
   int32_t n_layers() const override { return static_cast<int32_t>(hp_.n_layer); }
   int32_t next_layer() const override { return next_layer_; }
+  int64_t head_rows() const override { return 0; }
+  int64_t next_head_row() const override { return 0; }
+  int64_t head_unit_rows() const override { return kMatMulRowAlign; }
   Backend& backend() override { return backend_; }
 
  private:

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
 #include "lib/backend/cpu/ops_ref.h"
@@ -268,6 +269,76 @@ TEST(MatMulTest, BatchAndThreadInvariant) {
     for (size_t r = 0; r < rows.size(); ++r) {
       EXPECT_EQ(0, std::memcmp(yr.data() + r * n_out, batch2.data() + rows[r] * n_out, n_out * 4));
     }
+  }
+}
+
+// Row ranges (an output head in parts): the outputs of each range are the whole matmul's, bit
+// for bit, and the columns outside the range stay as they were. Every registered type, on the
+// file layout and (through the CPU backend) on the interleaved copies of the prepared weights.
+TEST(MatMulTest, RowRangesEqualTheWholeMatMulBitwise) {
+  std::mt19937 rng(3);
+  const int64_t n_in = 256, n_out = 300;  // the last range ends inside a tile
+  // Ranges of 1, 2 and several tiles, then the partial last one.
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 16}, {16, 48}, {48, 48}, {48, 256}, {256, 300}};
+  ThreadPool pool(2);
+  Scratch scratch;
+  cpu::CpuBackend backend(2);
+  const float kUntouched = 7.5f;
+  for (GgmlType type : RegisteredTypes()) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const std::vector<uint8_t> w = MakeWeights(type, n_in, n_out, rng);
+    WeightView prepared{type, w.data(), n_in, n_out};
+    WeightView* const matrices[] = {&prepared};
+    auto store = backend.PrepareWeights(matrices, /*release_file_pages=*/false);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int64_t n_tokens : {1, 5}) {
+      SCOPED_TRACE(n_tokens);
+      const std::vector<float> x = RandomVector(n_in * n_tokens, rng);
+      const WeightView file{type, w.data(), n_in, n_out};
+      std::vector<float> whole(n_tokens * n_out), whole_prepared(n_tokens * n_out);
+      ASSERT_TRUE(MatMul(pool, file, x.data(), n_tokens, whole.data(), scratch).ok());
+      ASSERT_TRUE(backend.MatMul(prepared, x.data(), n_tokens, whole_prepared.data()).ok());
+      std::vector<float> parts(n_tokens * n_out, kUntouched);
+      std::vector<float> parts_prepared(n_tokens * n_out, kUntouched);
+      for (const auto& [begin, end] : ranges) {
+        ASSERT_TRUE(
+            MatMulRange(pool, file, x.data(), n_tokens, begin, end, parts.data(), scratch).ok());
+        ASSERT_TRUE(
+            backend.MatMulRange(prepared, x.data(), n_tokens, begin, end, parts_prepared.data())
+                .ok());
+        for (int64_t t = 0; t < n_tokens; ++t) {  // later ranges not written yet
+          for (int64_t o = end; o < n_out; ++o) {
+            ASSERT_EQ(parts[t * n_out + o], kUntouched) << "t " << t << " o " << o;
+            ASSERT_EQ(parts_prepared[t * n_out + o], kUntouched) << "t " << t << " o " << o;
+          }
+        }
+      }
+      EXPECT_EQ(0, std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(parts_prepared.data(), whole_prepared.data(),
+                               whole.size() * sizeof(float)));
+    }
+  }
+}
+
+TEST(MatMulTest, RowRangeErrors) {
+  ThreadPool pool(1);
+  Scratch scratch;
+  std::vector<float> w(64 * 40, 0.5f), x(64, 1.0f), y(40);
+  const WeightView wv{GgmlType::kF32, w.data(), 64, 40};
+  absl::Status s = MatMulRange(pool, wv, x.data(), 1, 8, 32, y.data(), scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[8, 32)"), std::string::npos) << s;
+  s = MatMulRange(pool, wv, x.data(), 1, 16, 24, y.data(), scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("multiples of 16"), std::string::npos) << s;
+  s = MatMulRange(pool, wv, x.data(), 1, 32, 48, y.data(), scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("40 weight rows"), std::string::npos) << s;
+  s = MatMulRange(pool, wv, x.data(), 1, 32, 16, y.data(), scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  if (GetQuantKernels(GgmlType::kF32) != nullptr) {  // a range ending on the last row
+    EXPECT_TRUE(MatMulRange(pool, wv, x.data(), 1, 32, 40, y.data(), scratch).ok());
   }
 }
 

@@ -523,7 +523,8 @@ TEST_F(TinyScheduler, LlamaCppOrderRunsOneSessionPerPass) {
 // ---------------------------------------------------------------- the default model
 
 // A pass spread over calls (Begin, one RunLayers call per layer with a Forward of another
-// sequence between them, Finish) gives the logits and K/V of Forward, bit for bit.
+// sequence between them, then the head in parts of its vocabulary rows with Forwards between
+// them, or whole in Finish) gives the logits and K/V of Forward, bit for bit.
 TEST_F(TinyScheduler, SplitPassEqualsWholePassBitwise) {
   const int64_t vocab = model_->hparams().n_vocab;
   const std::vector<int32_t> a = RandomTokens(20, 3, vocab, 5);
@@ -562,46 +563,72 @@ TEST_F(TinyScheduler, SplitPassEqualsWholePassBitwise) {
     return 0;
   });
 
-  auto split_engine = MakeEngine(*model_);
-  ForwardBatch split_batch;
-  ForwardOutput split_out;
-  SeqId sa = 0;
-  split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
-    prepare(cache, &sa, &split_batch);
-    EXPECT_TRUE(pass.Begin(split_batch, cache, &split_out).ok());
-    EXPECT_EQ(pass.next_layer(), 0);
-    return 0;
-  });
-  const int32_t n_layers = static_cast<int32_t>(model_->hparams().n_layer);
-  const SeqId between =
-      split_engine->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
-  for (int32_t layer = 0; layer < n_layers; ++layer) {
-    // Another computation between the calls (its own positions, its own rotation).
-    PrefillRequest request;
-    request.seq = between;
-    request.tokens = std::span(other).subspan(static_cast<size_t>(layer) % other.size(), 1);
-    ASSERT_TRUE(split_engine->Prefill(request).ok());
-    split_engine->Locked([&](KvCache&, ForwardPass& pass) {
-      EXPECT_EQ(pass.Finish().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(pass.RunLayers(layer + 1).ok());
-      EXPECT_EQ(pass.next_layer(), layer + 1);
+  // RunHead's ends in each split: none (Finish runs the head), then parts of 1, 2 and 5 tiles
+  // with a last one past the vocabulary (clamped), Finish running what is left.
+  const int64_t rows = vocab;
+  ASSERT_GT(rows, 8 * kMatMulRowAlign);
+  const std::vector<std::vector<int64_t>> head_splits = {
+      {}, {kMatMulRowAlign, 3 * kMatMulRowAlign, 8 * kMatMulRowAlign}, {16, rows + 100}};
+  for (const std::vector<int64_t>& head_ends : head_splits) {
+    SCOPED_TRACE(::testing::PrintToString(head_ends));
+    auto split_engine = MakeEngine(*model_);
+    ForwardBatch split_batch;
+    ForwardOutput split_out;
+    SeqId sa = 0;
+    split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
+      prepare(cache, &sa, &split_batch);
+      EXPECT_TRUE(pass.Begin(split_batch, cache, &split_out).ok());
+      EXPECT_EQ(pass.next_layer(), 0);
+      EXPECT_EQ(pass.head_rows(), rows);
+      EXPECT_EQ(pass.next_head_row(), 0);
+      EXPECT_EQ(pass.RunHead(16).code(), absl::StatusCode::kFailedPrecondition);
       return 0;
     });
+    const int32_t n_layers = static_cast<int32_t>(model_->hparams().n_layer);
+    const SeqId between =
+        split_engine->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+    int32_t calls = 0;
+    // Another computation between the calls (its own positions, its own rotation, its own head).
+    auto forward_between = [&] {
+      PrefillRequest request;
+      request.seq = between;
+      request.tokens = std::span(other).subspan(static_cast<size_t>(calls++) % other.size(), 1);
+      ASSERT_TRUE(split_engine->Prefill(request).ok());
+    };
+    for (int32_t layer = 0; layer < n_layers; ++layer) {
+      forward_between();
+      split_engine->Locked([&](KvCache&, ForwardPass& pass) {
+        EXPECT_EQ(pass.Finish().code(), absl::StatusCode::kFailedPrecondition);
+        EXPECT_TRUE(pass.RunLayers(layer + 1).ok());
+        EXPECT_EQ(pass.next_layer(), layer + 1);
+        return 0;
+      });
+    }
+    for (int64_t end : head_ends) {
+      forward_between();
+      split_engine->Locked([&](KvCache&, ForwardPass& pass) {
+        const absl::Status unaligned = pass.RunHead(pass.next_head_row() + kMatMulRowAlign + 1);
+        EXPECT_EQ(unaligned.code(), absl::StatusCode::kInvalidArgument) << unaligned;
+        EXPECT_TRUE(pass.RunHead(end).ok());
+        EXPECT_EQ(pass.next_head_row(), std::min(end, rows));
+        return 0;
+      });
+    }
+    std::vector<float> split_next;
+    split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
+      EXPECT_TRUE(pass.Finish().ok());
+      split_next = next_logits(cache, pass, sa);
+      EXPECT_TRUE(cache.CheckInvariants().ok());
+      return 0;
+    });
+    ASSERT_EQ(split_out.logit_tokens, whole_out.logit_tokens);
+    ASSERT_EQ(split_out.logits.size(), whole_out.logits.size());
+    EXPECT_EQ(0, std::memcmp(split_out.logits.data(), whole_out.logits.data(),
+                             whole_out.logits.size() * sizeof(float)));
+    ASSERT_EQ(split_next.size(), whole_next.size());
+    EXPECT_EQ(0,
+              std::memcmp(split_next.data(), whole_next.data(), whole_next.size() * sizeof(float)));
   }
-  std::vector<float> split_next;
-  split_engine->Locked([&](KvCache& cache, ForwardPass& pass) {
-    EXPECT_TRUE(pass.Finish().ok());
-    split_next = next_logits(cache, pass, sa);
-    EXPECT_TRUE(cache.CheckInvariants().ok());
-    return 0;
-  });
-  ASSERT_EQ(split_out.logit_tokens, whole_out.logit_tokens);
-  ASSERT_EQ(split_out.logits.size(), whole_out.logits.size());
-  EXPECT_EQ(0, std::memcmp(split_out.logits.data(), whole_out.logits.data(),
-                           whole_out.logits.size() * sizeof(float)));
-  ASSERT_EQ(split_next.size(), whole_next.size());
-  EXPECT_EQ(0,
-            std::memcmp(split_next.data(), whole_next.data(), whole_next.size() * sizeof(float)));
 }
 
 // Steps with a budget far below one layer run one unit per call: passes spread over many calls,
@@ -624,9 +651,38 @@ TEST_F(TinyScheduler, StepsSplitByTimeBudgetKeepEveryToken) {
   const int64_t n_layers = model_->hparams().n_layer;
   EXPECT_GT(c.steps, 0);
   EXPECT_EQ(c.split_steps, c.steps) << "every pass should span several calls";
-  EXPECT_EQ(c.units, c.steps * (n_layers + 1));
+  // Every pass: its layers and its finish, plus one head part (the tiny head is smaller than a
+  // layer) when a token wants logits.
+  EXPECT_GT(c.head_units, 0);
+  EXPECT_LE(c.head_units, c.steps);
+  EXPECT_EQ(c.units, c.steps * (n_layers + 1) + c.head_units);
   EXPECT_GT(c.batched_steps, 0);
   EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
+}
+
+// A budgeted pass takes only the tokens whose first unit is predicted to fit the budget: before
+// anything is measured a small one (kMinPrefill = 32 tokens of a 100-token prompt), then, with
+// a budget below any unit, a single token; a step without a budget takes the whole prompt.
+TEST_F(TinyScheduler, BudgetedPassesTakeTheTokensThatFit) {
+  auto engine = MakeEngine(*model_);
+  Scheduler& scheduler = engine->scheduler();
+  auto session = Session::Create(*engine, sample::SamplerParams{}, 1);
+  ASSERT_TRUE(session.ok());
+  SubmitOptions options;
+  options.prompt = RandomTokens(100, 3, model_->hparams().n_vocab, 4);
+  options.generate.max_tokens = 2;
+  ASSERT_TRUE((*session)->Submit(options).ok());
+  auto next_pass_tokens = [&](double seconds) {
+    for (int call = 0; call < 10000; ++call) {
+      const StepStats st = scheduler.Step(0, seconds);
+      if (st.passes > 0) return st.tokens;
+    }
+    return -1;
+  };
+  EXPECT_EQ(next_pass_tokens(1e-9), 32);
+  EXPECT_EQ(next_pass_tokens(1e-9), 1);
+  EXPECT_EQ(next_pass_tokens(0.0), 67);  // the rest of the prompt
+  session->reset();
 }
 
 // While a pass is suspended no lock is held: sessions in the pass are destroyed and cancelled,
@@ -783,6 +839,48 @@ TEST_F(RealScheduler, BatchedEqualsAloneWith32OtherSessions) {
     EXPECT_FALSE(alone[i].tokens.empty());
   }
   EXPECT_GE(engine->scheduler().Counters().max_step_tasks, 16);
+}
+
+// The default model's head (49152 rows) runs in parts of about one layer's weight bytes; steps
+// with a budget below one unit run one unit per call, stopping inside the head, and keep every
+// token of whole passes.
+TEST_F(RealScheduler, StepsSplitInsideTheHeadKeepEveryToken) {
+  ASSERT_NE(model_, nullptr);
+  std::vector<Request> requests;
+  for (int i = 0; i < 2; ++i) {
+    auto ids = model_->tokenizer().Encode(
+        testing::ChatPrompt(i == 0 ? "Name a color." : "Write one word about rain."), true, true);
+    ASSERT_TRUE(ids.ok());
+    Request r;
+    r.prompt = *ids;
+    r.params.temperature = i == 1 ? 0.8f : 0.0f;
+    r.seed = 3;
+    r.ngram = false;
+    r.max_tokens = 4;
+    requests.push_back(r);
+  }
+  EngineOptions options;
+  options.n_ctx = 256;
+  auto alone_engine = MakeEngine(*model_, options);
+  const std::vector<Outcome> alone = RunAlone(*alone_engine, requests);
+  auto engine = MakeEngine(*model_, options);
+  const int64_t unit_rows =
+      engine->Locked([](KvCache&, ForwardPass& pass) { return pass.head_unit_rows(); });
+  EXPECT_EQ(unit_rows % kMatMulRowAlign, 0);
+  // Q8_0 output rows of 576 (612 bytes) against a Q4_1 layer's 2.2 MB: 14 parts of 3520 rows.
+  const int64_t vocab = model_->hparams().n_vocab;
+  const int64_t parts = (vocab + unit_rows - 1) / unit_rows;
+  EXPECT_GE(parts, 8);
+  EXPECT_LE(parts, 20);
+  const std::vector<Outcome> split = RunBatched(*engine, requests, /*step_seconds=*/1e-9);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(split[i].tokens, alone[i].tokens) << "session " << i;
+    EXPECT_FALSE(alone[i].tokens.empty());
+  }
+  const SchedulerCounters c = engine->scheduler().Counters();
+  EXPECT_GT(c.head_units, 0);
+  EXPECT_EQ(c.head_units % parts, 0) << "each head runs in " << parts << " parts";
+  EXPECT_EQ(c.units, c.steps * (model_->hparams().n_layer + 1) + c.head_units);
 }
 
 }  // namespace

@@ -132,6 +132,17 @@ absl::Status CpuBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int
   return MatMul(e, x, n_tokens, y);
 }
 
+absl::Status CpuBackend::MatMulRange(const WeightView& w, const float* x, int64_t n_tokens,
+                                     int64_t row_begin, int64_t row_end, float* y) {
+  if (llama_cpp_order_ && HasLlamaCppMatMul(w.type)) {
+    if (row_begin == 0 && row_end == w.n_out) return MatMul(w, x, n_tokens, y);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "MatMulRange: rows [%d, %d) of %d: the llama.cpp order multiplies whole matrices only",
+        row_begin, row_end, w.n_out));
+  }
+  return cpu::MatMulRange(pool_, ForOrder(w), x, n_tokens, row_begin, row_end, y, scratch_);
+}
+
 absl::Status CpuBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                          float* out) {
   return cpu::EmbeddingGather(ForOrder(table), tokens, out);

@@ -29,6 +29,8 @@ class CpuBackend final : public Backend {
   absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) override;
   absl::Status ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert, const float* x,
                             int64_t n_tokens, float* y) override;
+  absl::Status MatMulRange(const WeightView& w, const float* x, int64_t n_tokens, int64_t row_begin,
+                           int64_t row_end, float* y) override;
   absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                float* out) override;
   void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,

@@ -74,7 +74,8 @@ void* Scratch::Get(size_t bytes) {
 
 namespace {
 
-constexpr int64_t kRowChunk = 16;   // weight rows per tile (and per parallel task)
+constexpr int64_t kRowChunk = 16;  // weight rows per tile (and per parallel task)
+static_assert(kMatMulRowAlign % kRowChunk == 0, "a row range must start on a tile");
 constexpr int64_t kTokenTile = 32;  // activation rows per tile
 // Tokens per vec_dot_tile call: their repacked activations (~2 bytes per element) stay in L2.
 constexpr int64_t kTileTokenBlock = 64;
@@ -134,11 +135,13 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const WeightView& w, CpuLevel level) {
   return p;
 }
 
-// rows == nullptr means rows 0..n_rows-1 of x.
+// rows == nullptr means rows 0..n_rows-1 of x. Computes the weight rows [row_begin, row_end)
+// (row_begin a multiple of kRowChunk), so each tile holds the rows it holds in the whole matmul.
 absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, const int32_t* rows,
-                        int64_t n_rows, float* y, Scratch& scratch, CpuLevel level) {
+                        int64_t n_rows, int64_t row_begin, int64_t row_end, float* y,
+                        Scratch& scratch, CpuLevel level) {
   KILN_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, level));
-  if (n_rows <= 0) return absl::OkStatus();
+  if (n_rows <= 0 || row_begin == row_end) return absl::OkStatus();
   if (x == nullptr || y == nullptr) return absl::InvalidArgumentError("MatMul: x or y is null");
   const int64_t n_in = w.n_in, n_out = w.n_out;
   auto x_row = [&](int64_t r) { return x + (rows ? rows[r] : r) * n_in; };
@@ -160,14 +163,15 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   };
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
-  const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
+  const int64_t n_chunks = (row_end - row_begin + kRowChunk - 1) / kRowChunk;
   // Tile kernels: each thread takes its rows (whole chunks) in one call per block of
   // kTileTokenBlock tokens, so a kernel prepares those tokens' activations once for all its rows
   // and reads each weight row once per token block. call(r0, n_rows, act, n_tokens, y) computes
   // y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out].
   auto for_each_tile = [&](auto&& call) {
     pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
-      const int64_t r0 = c0 * kRowChunk, r1 = std::min(n_out, c1 * kRowChunk);
+      const int64_t r0 = row_begin + c0 * kRowChunk;
+      const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
       for (int64_t tb = 0; tb < n_rows; tb += kTileTokenBlock) {
         const int64_t te = std::min(n_rows, tb + kTileTokenBlock);
         call(r0, static_cast<int>(r1 - r0), act + tb * plan.act_row_bytes,
@@ -204,7 +208,8 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   const VecDotRowsFn vec_dot_rows =
       (n_rows > 1 || w.type != GgmlType::kQ8_0) ? plan.k->vec_dot_rows : nullptr;
   pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
-    const int64_t r0 = c0 * kRowChunk, r1 = std::min(n_out, c1 * kRowChunk);
+    const int64_t r0 = row_begin + c0 * kRowChunk;
+    const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
     // Tiles of kRowChunk weight rows x kTokenTile tokens: each weight row is read from memory
     // once per token tile; every output is one vec_dot (or the bit-identical vec_dot_rows)
     // of its weight row and its token's activations (batch invariance).
@@ -237,7 +242,26 @@ absl::Status MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64
   if (n_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("MatMul: n_tokens %d < 0", n_tokens));
   }
-  return MatMulImpl(pool, w, x, nullptr, n_tokens, y, scratch, level);
+  return MatMulImpl(pool, w, x, nullptr, n_tokens, 0, w.n_out, y, scratch, level);
+}
+
+absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
+                         int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
+                         CpuLevel level) {
+  if (n_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("MatMulRange: n_tokens %d < 0", n_tokens));
+  }
+  if (row_begin < 0 || row_end > w.n_out || row_begin > row_end) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("MatMulRange: rows [%d, %d) are not a range of the %d weight rows",
+                        row_begin, row_end, w.n_out));
+  }
+  if (row_begin % kMatMulRowAlign != 0 || (row_end % kMatMulRowAlign != 0 && row_end != w.n_out)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MatMulRange: rows [%d, %d) do not start and end on multiples of %d (or the last row)",
+        row_begin, row_end, kMatMulRowAlign));
+  }
+  return MatMulImpl(pool, w, x, nullptr, n_tokens, row_begin, row_end, y, scratch, level);
 }
 
 absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_x_rows,
@@ -248,7 +272,8 @@ absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, i
           absl::StrFormat("MatMulRows: rows[%d] = %d is outside [0, %d)", i, rows[i], n_x_rows));
     }
   }
-  return MatMulImpl(pool, w, x, rows.data(), static_cast<int64_t>(rows.size()), y, scratch, level);
+  return MatMulImpl(pool, w, x, rows.data(), static_cast<int64_t>(rows.size()), 0, w.n_out, y,
+                    scratch, level);
 }
 
 // ---- Embedding ----------------------------------------------------------------------------

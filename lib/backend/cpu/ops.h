@@ -73,6 +73,15 @@ absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, i
                         std::span<const int32_t> rows, float* y, Scratch& scratch,
                         CpuLevel level = BestCpuLevel());
 
+// MatMul's outputs for the weight rows [row_begin, row_end) only, bit for bit MatMul's (every
+// output is the same one vec_dot): an output head split into parts over its vocabulary rows.
+//   x: [n_tokens, n_in]   y: [n_tokens, n_out], columns [row_begin, row_end) written, the others
+//   untouched. row_begin a multiple of kMatMulRowAlign (weight_view.h), row_end too or n_out.
+// Errors as MatMul, plus bounds outside [0, n_out], reversed or not aligned (naming them).
+absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
+                         int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
+                         CpuLevel level = BestCpuLevel());
+
 // ---- Embedding ----------------------------------------------------------------------------
 
 // out[t, :] = dequantize(table row tokens[t]).   table: ne {n_embd, n_vocab}; out: [n, n_embd]
