@@ -180,7 +180,6 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
   }
   const int64_t n_logits = static_cast<int64_t>(out->logit_tokens.size());
-  const KvLayout& layout = cache.layout();
 
   KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
       model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
@@ -219,12 +218,9 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
                     rd * sizeof(float));
       }
       std::memcpy(latent_.data() + i * row + kvl, kr_.data() + i * rd, rd * sizeof(float));
-      std::byte* dst = cache.BlockData(slots_[i].block) + layout.LatentTileOffset(il) +
-                       static_cast<size_t>(slots_[i].offset) * layout.row_bytes();
-      for (int64_t e = 0; e < row; ++e) {
-        StoreKvElement(layout.elem_type(), dst, static_cast<size_t>(e), latent_[i * row + e]);
-      }
     }
+    KILN_RETURN_IF_ERROR(
+        backend_.WriteLatent(cache, il, std::span<const KvSlot>(slots_.data(), n), latent_.data()));
     // Absorbed attention over the latent rows.                  attn_: [n, n_head, v_head_dim]
     const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
                                         static_cast<int32_t>(nope),

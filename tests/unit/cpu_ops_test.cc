@@ -1066,6 +1066,34 @@ PagedKvView LatentView(const TestCache& cache) {
   return kv;
 }
 
+// Writes `len` random latent rows of a new sequence as KvLayout lays out a q8_0 latent cache (c as
+// block_q8_0, then the RoPE part in f16) into TestCache's K tiles (made with f32 rows, so each
+// tile has room); the widened stored values go to the returned SeqKv's k.
+SeqKv WriteQ8LatentSequence(TestCache& cache, int32_t kvl, int32_t rd, int32_t len,
+                            std::vector<int32_t>& free_blocks, std::mt19937& rng) {
+  SeqKv s;
+  for (int32_t b = 0; b < (len + cache.block_size - 1) / cache.block_size; ++b) {
+    s.blocks.push_back(free_blocks.back());
+    free_blocks.pop_back();
+  }
+  const size_t row_bytes = static_cast<size_t>(kvl) / 32 * 34 + 2 * static_cast<size_t>(rd);
+  s.k.resize(static_cast<size_t>(len) * (kvl + rd));
+  for (int32_t p = 0; p < len; ++p) {
+    uint8_t* dst =
+        cache.Row(false, s.blocks[p / cache.block_size], 0, 0) + (p % cache.block_size) * row_bytes;
+    const std::vector<float> x = RandomVector(kvl + rd, rng);
+    float* stored = s.k.data() + static_cast<size_t>(p) * (kvl + rd);
+    ActivationQuantizer(GgmlType::kQ8_0, CpuLevel::kScalar)(x.data(), dst, kvl);
+    GetQuantKernels(GgmlType::kQ8_0, CpuLevel::kScalar)->dequantize(dst, stored, kvl);
+    for (int32_t i = 0; i < rd; ++i) {
+      const uint16_t h = Fp32ToFp16(x[kvl + i]);
+      std::memcpy(dst + kvl / 32 * 34 + 2 * i, &h, 2);
+      stored[kvl + i] = Fp16ToFp32(h);
+    }
+  }
+  return s;
+}
+
 TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
   std::mt19937 rng(21);
   ThreadPool pool1(1), pool2(2);
@@ -1083,11 +1111,13 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
         RandomVector(sh.n_heads * sh.v_head_dim * sh.kv_lora_rank, rng, -wscale, wscale);
     const MlaAttentionWeights w = {w_uk.data(), w_uv.data(), sh.kv_lora_rank, sh.nope_dim,
                                    sh.v_head_dim};
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
+      const bool q8 = type == GgmlType::kQ8_0;
+      if (q8 && sh.kv_lora_rank % 32 != 0) continue;
       SCOPED_TRACE(::testing::Message()
                    << "heads " << sh.n_heads << " latent " << sh.kv_lora_rank << "+" << sh.rope_dim
                    << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
-      TestCache cache(1, row, sh.block_size, 64, type);
+      TestCache cache(1, row, sh.block_size, 64, q8 ? GgmlType::kF32 : type);
       std::vector<int32_t> free_blocks(64);
       for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
       std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
@@ -1095,10 +1125,14 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
       std::vector<SeqKv> seqs;
       std::vector<int32_t> indptr = {0}, indices;
       for (int32_t len : lens) {
-        seqs.push_back(WriteSequence(cache, len, free_blocks, rng));
+        seqs.push_back(
+            q8 ? WriteQ8LatentSequence(cache, sh.kv_lora_rank, sh.rope_dim, len, free_blocks, rng)
+               : WriteSequence(cache, len, free_blocks, rng));
         indices.insert(indices.end(), seqs.back().blocks.begin(), seqs.back().blocks.end());
         indptr.push_back(static_cast<int32_t>(indices.size()));
       }
+      PagedKvView view = LatentView(cache);
+      view.k.type = view.v.type = type;
       // A prefill chunk of seq 0, a decode token of seq 1, a causal token and a tree node of seq 2
       // (the node sees the first 40 positions, then its ancestors at 44 and 47 and itself at 49).
       std::vector<int32_t> seq_of, n_visible;
@@ -1115,12 +1149,12 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
 
       std::vector<float> out2(n_tokens * osize), out1(out2.size());
-      ASSERT_TRUE(MlaPagedAttention(pool2, LatentView(cache), batch, w, q.data(), sh.n_heads,
-                                    out2.data(), 0, scratch)
-                      .ok());
-      ASSERT_TRUE(MlaPagedAttention(pool1, LatentView(cache), batch, w, q.data(), sh.n_heads,
-                                    out1.data(), 0, scratch)
-                      .ok());
+      ASSERT_TRUE(
+          MlaPagedAttention(pool2, view, batch, w, q.data(), sh.n_heads, out2.data(), 0, scratch)
+              .ok());
+      ASSERT_TRUE(
+          MlaPagedAttention(pool1, view, batch, w, q.data(), sh.n_heads, out1.data(), 0, scratch)
+              .ok());
       EXPECT_EQ(0, std::memcmp(out1.data(), out2.data(), out1.size() * 4)) << "1 vs 2 threads";
       double max_diff = 0;
       for (int32_t t = 0; t < n_tokens; ++t) {
@@ -1145,8 +1179,8 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
                                                  one_indptr[1]);
         const AttentionBatch single{one_seq, indptr, indices, one_nv, one_indptr, one_extra};
         std::vector<float> alone(osize);
-        ASSERT_TRUE(MlaPagedAttention(pool2, LatentView(cache), single, w, q.data() + t * qsize,
-                                      sh.n_heads, alone.data(), 0, scratch)
+        ASSERT_TRUE(MlaPagedAttention(pool2, view, single, w, q.data() + t * qsize, sh.n_heads,
+                                      alone.data(), 0, scratch)
                         .ok());
         EXPECT_EQ(0, std::memcmp(alone.data(), out2.data() + t * osize, osize * 4))
             << "token " << t << " alone vs in the batch";
@@ -1156,13 +1190,13 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
                   max_diff);
       // Every SIMD level computes the same bits.
       std::vector<float> want(out2.size());
-      ASSERT_TRUE(MlaPagedAttention(pool2, LatentView(cache), batch, w, q.data(), sh.n_heads,
-                                    want.data(), 0, scratch, CpuLevel::kScalar)
+      ASSERT_TRUE(MlaPagedAttention(pool2, view, batch, w, q.data(), sh.n_heads, want.data(), 0,
+                                    scratch, CpuLevel::kScalar)
                       .ok());
       for (CpuLevel level : Levels()) {
         std::vector<float> out_l(out2.size());
-        ASSERT_TRUE(MlaPagedAttention(pool2, LatentView(cache), batch, w, q.data(), sh.n_heads,
-                                      out_l.data(), 0, scratch, level)
+        ASSERT_TRUE(MlaPagedAttention(pool2, view, batch, w, q.data(), sh.n_heads, out_l.data(), 0,
+                                      scratch, level)
                         .ok());
         EXPECT_EQ(0, std::memcmp(out_l.data(), want.data(), want.size() * 4))
             << CpuLevelName(level);
@@ -1199,9 +1233,10 @@ TEST(MlaAttentionTest, RejectsBadInputNamingIt) {
   too_wide.kv_lora_rank = 96;
   s = run(LatentView(cache), batch, too_wide);
   EXPECT_NE(s.message().find("kv_lora_rank 96 (row 80)"), std::string::npos) << s;
-  TestCache q8(1, 64, 4, 4, GgmlType::kQ8_0);
-  s = run(LatentView(q8), batch, {w_uk.data(), w_uv.data(), 48, 32, 32});
-  EXPECT_NE(s.message().find("f32, f16 or bf16"), std::string::npos) << s;
+  PagedKvView q8 = LatentView(cache);
+  q8.k.type = q8.v.type = GgmlType::kQ8_0;
+  s = run(q8, batch, {w_uk.data(), w_uv.data(), 48, 32, 32});
+  EXPECT_NE(s.message().find("kv_lora_rank a multiple of 32, got 48"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -81,8 +81,8 @@ int32_t Argmax(std::span<const float> v) {
 }
 
 // Fork, generation on both, rewinds into and past the computed part (shared by the model shapes).
-void CheckForkAndRewind(const Model& model) {
-  auto engine = MakeEngine(model);
+void CheckForkAndRewind(const Model& model, const EngineOptions& engine_options = {}) {
+  auto engine = MakeEngine(model, engine_options);
   auto a = NewSession(*engine, Greedy());
   const std::vector<int32_t> prompt = RandomTokens(37, 3, model.hparams().n_vocab, 7);
   ASSERT_TRUE(a->AppendTokens(prompt).ok());
@@ -301,6 +301,13 @@ class TinyDeepseek2Session : public ::testing::Test {
 Model* TinyDeepseek2Session::model_ = nullptr;
 
 TEST_F(TinyDeepseek2Session, ForkAndRewind) { CheckForkAndRewind(*model_); }
+
+// The q8_0 latent cache (EngineOptions::kv_type, KILN_KV_Q8_0, --cache-type q8_0) through the same.
+TEST_F(TinyDeepseek2Session, ForkAndRewindWithAQ8_0LatentCache) {
+  EngineOptions options;
+  options.kv_type = GgmlType::kQ8_0;
+  CheckForkAndRewind(*model_, options);
+}
 
 TEST_F(TinyDeepseek2Session, PrefixCacheSkipsSharedSystemPrompt) {
   CheckPrefixCacheSkipsSharedSystemPrompt(*model_);

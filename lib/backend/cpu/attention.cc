@@ -457,12 +457,19 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
     return absl::InvalidArgumentError(
         "MlaAttention: the latent view must be one kv head with k and v the same rows");
   }
+  // A q8_0 view is a q8_0 latent cache: c as block_q8_0, then the RoPE part in f16
+  // (KvLayout); the batch is validated as for an f16 row of the same width.
+  const bool q8_latent = kv.k.type == GgmlType::kQ8_0;
+  PagedKvView checked = kv;
+  if (q8_latent) checked.k.type = checked.v.type = GgmlType::kF16;
   KvElem elem, v_elem;
-  const absl::Status valid = ValidateAttention(kv, b, n_heads, &elem, &v_elem);
+  const absl::Status valid = ValidateAttention(checked, b, n_heads, &elem, &v_elem);
   if (!valid.ok())
     return absl::Status(valid.code(), absl::StrCat("MlaAttention: ", valid.message()));
-  if (elem == KvElem::kQ8_0) {
-    return absl::InvalidArgumentError("MlaAttention: the latent cache must be f32, f16 or bf16");
+  if (q8_latent && w.kv_lora_rank % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaAttention: a q8_0 latent cache needs kv_lora_rank a multiple of 32, got %d",
+        w.kv_lora_rank));
   }
   const int64_t kvl = w.kv_lora_rank, nope = w.nope_dim, vd = w.v_head_dim, row = kv.head_dim;
   const int64_t rd = row - kvl, qk = nope + rd;
@@ -503,9 +510,12 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
   // Per thread: visible row pointers [max_visible], scores [hg, max_visible], q_abs [hg, row],
   // latent output [hg, kvl].
   const size_t shared = Align64((n_heads * nope + n_heads * vd) * sizeof(void*));
-  const size_t per_thread = Align64(max_visible * sizeof(void*)) +
-                            Align64(hg * max_visible * sizeof(float)) +
-                            Align64(hg * row * sizeof(float)) + Align64(hg * kvl * sizeof(float));
+  // A q8_0 latent scores c and the RoPE part apart: their row pointers [max_visible] and scores
+  // [hg, max_visible] again, and q_abs split into [hg, kvl] and [hg, rd].
+  const size_t per_thread = 2 * Align64(max_visible * sizeof(void*)) +
+                            2 * Align64(hg * max_visible * sizeof(float)) +
+                            Align64(hg * row * sizeof(float)) + Align64(hg * kvl * sizeof(float)) +
+                            Align64(hg * kvl * sizeof(float)) + Align64(hg * rd * sizeof(float));
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(shared + per_thread * pool.n_threads()));
   if (ws == nullptr) return absl::ResourceExhaustedError("MlaAttention: scratch allocation failed");
   const void** uk_rows = reinterpret_cast<const void**>(ws);
@@ -514,8 +524,13 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
   for (int64_t r = 0; r < n_heads * vd; ++r) uv_rows[r] = w.w_uv + r * kvl;
 
   const uint8_t* base = static_cast<const uint8_t*>(kv.k.base);
-  const size_t row_bytes = RowBytes(elem, row);
+  // c's element type, and where a row's RoPE part starts (q8_0: after the c blocks, in f16).
+  const KvElem c_elem = q8_latent ? KvElem::kQ8_0 : elem;
+  const size_t rope_offset = RowBytes(c_elem, kvl);
+  const size_t row_bytes = rope_offset + RowBytes(elem, rd);
   const int64_t bs = kv.block_size;
+  const auto c_scores = kvl % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  const auto rope_scores = rd % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
   pool.ParallelFor(n_tokens * n_groups, [&](int64_t task0, int64_t task1, int thread) {
     uint8_t* mine = ws + shared + per_thread * thread;
     const void** rows = reinterpret_cast<const void**>(mine);
@@ -525,6 +540,14 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
     float* q_abs = reinterpret_cast<float*>(mine);  // [hg, row]
     mine += Align64(hg * row * sizeof(float));
     float* latent_out = reinterpret_cast<float*>(mine);  // [hg, kvl]
+    mine += Align64(hg * kvl * sizeof(float));
+    const void** rope_rows = reinterpret_cast<const void**>(mine);  // q8_0 only from here
+    mine += Align64(max_visible * sizeof(void*));
+    float* rope_part = reinterpret_cast<float*>(mine);  // [hg, max_visible]
+    mine += Align64(hg * max_visible * sizeof(float));
+    float* q_c = reinterpret_cast<float*>(mine);  // [hg, kvl]
+    mine += Align64(hg * kvl * sizeof(float));
+    float* q_r = reinterpret_cast<float*>(mine);  // [hg, rd]
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / n_groups, h0 = task % n_groups * hg;
       const int64_t nh = std::min(hg, n_heads - h0);
@@ -549,7 +572,24 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
         k.kv_accumulate_rows(qa, qh, 0, 1, uk_rows + (h0 + g) * nope, nope, KvElem::kF32, kvl);
         std::copy(qh + nope, qh + qk, qa + kvl);
       }
-      row_scores(q_abs, nh, rows, n_vis, elem, row, scores, max_visible);
+      if (!q8_latent) {
+        row_scores(q_abs, nh, rows, n_vis, elem, row, scores, max_visible);
+      } else {
+        // score = (q_c . c) + (q_r . rope): the q8_0 blocks and the f16 part in their kernels.
+        for (int64_t g = 0; g < nh; ++g) {
+          std::copy(q_abs + g * row, q_abs + g * row + kvl, q_c + g * kvl);
+          std::copy(q_abs + g * row + kvl, q_abs + (g + 1) * row, q_r + g * rd);
+        }
+        for (int64_t j = 0; j < n_vis; ++j) {
+          rope_rows[j] = static_cast<const uint8_t*>(rows[j]) + rope_offset;
+        }
+        c_scores(q_c, nh, rows, n_vis, KvElem::kQ8_0, kvl, scores, max_visible);
+        rope_scores(q_r, nh, rope_rows, n_vis, KvElem::kF16, rd, rope_part, max_visible);
+        for (int64_t g = 0; g < nh; ++g) {
+          k.add(scores + g * max_visible, rope_part + g * max_visible, n_vis,
+                scores + g * max_visible);
+        }
+      }
       for (int64_t g = 0; g < nh; ++g) {
         float* sg = scores + g * max_visible;
         k.scale(sg, scale, n_vis);
@@ -558,7 +598,7 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
       }
       // Σ_j p_j c_j over the rows' first kv_lora_rank elements, all the group's heads at once.
       std::fill(latent_out, latent_out + nh * kvl, 0.0f);
-      k.kv_accumulate_rows(latent_out, scores, max_visible, nh, rows, n_vis, elem, kvl);
+      k.kv_accumulate_rows(latent_out, scores, max_visible, nh, rows, n_vis, c_elem, kvl);
       for (int64_t g = 0; g < nh; ++g) {
         latent_dots(latent_out + g * kvl, 1, uv_rows + (h0 + g) * vd, vd, KvElem::kF32, kvl,
                     out + (t * n_heads + h0 + g) * vd, vd);

@@ -191,6 +191,24 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   return PagedAttention(pool_, kv, ab, q, n_heads, out, scale, scratch_, order);
 }
 
+absl::Status CpuBackend::WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                     const float* latent) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  const int64_t kvl = layout.kv_lora_rank(), row = layout.row_elems();
+  const OpKernels& kernels = GetOpKernels(BestCpuLevel());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::byte* dst = cache.LatentRow(slots[i], layer);
+    StoreRow(kernels, latent + i * row, kvl, layout.elem_type(), dst);
+    StoreRow(kernels, latent + i * row + kvl, row - kvl, layout.rope_elem_type(),
+             dst + layout.rope_offset_bytes());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::MlaAttention(const KvCache& cache, int32_t layer,
                                       const AttentionMask& mask, const float* q, int32_t n_heads,
                                       const MlaAttentionWeights& w, float* out, float scale) {

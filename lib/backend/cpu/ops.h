@@ -261,7 +261,9 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
 // scale <= 0: 1 / sqrt(nope_dim + rope_dim). Every value is one fixed chain per (token, head),
 // so the result is the same for any batch, head grouping and thread count; tasks are (token,
 // group of heads), the groups sized so that a one-token decode still fills the pool. A latent
-// row is widened once per task for all the group's heads. Latent types: f32, f16, bf16.
+// row is widened once per task for all the group's heads. Latent types: f32, f16, bf16, and
+// q8_0 (KvLayout's q8_0 latent row: c as block_q8_0, then the RoPE part in f16; kv_lora_rank a
+// multiple of 32): its score is (q_c . c) + (q_r . rope), each part through kv_scores_rows.
 // Errors: PagedAttention's, plus weights missing or shapes that do not fit the rows.
 absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
                                const MlaAttentionWeights& w, const float* q, int32_t n_heads,
