@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "lib/backend/attention_mask.h"
+#include "lib/backend/mla_attention.h"
 #include "lib/backend/rope_config.h"
 #include "lib/backend/weight_view.h"
 #include "lib/common/status.h"
@@ -105,6 +106,20 @@ class Backend {
   //   q, out: [n_tokens, n_heads, head_dim]; scale <= 0: 1 / sqrt(head_dim)
   virtual absl::Status Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                                  const float* q, int32_t n_heads, float* out, float scale) = 0;
+  // Writes each token's latent row [c | rope(k_r)] into its slot of `layer` of an MLA cache (the
+  // cache's element type; a q8_0 cache quantizes c and keeps rope(k_r) in f16).
+  //   latent: [slots.size(), kv_lora_rank + rope_dim]
+  virtual absl::Status WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                   const float* latent) = 0;
+  // MLA (multi-head latent attention) over an MLA cache's latent rows [c | rope(k_r)] of `layer`,
+  // absorbed: per head q_abs = [W_UK_hᵀ q_nope | q_rope], p = softmax(q_abs . row_j * scale over
+  // visible j), out = W_UV_h (Σ_j p_j c_j).
+  //   q: [n_tokens, n_heads, nope_dim + rope_dim] (rope part rotated)   out: [n_tokens, n_heads,
+  //   v_head_dim]; scale <= 0: 1 / sqrt(nope_dim + rope_dim). The batch's latent rows must be in
+  //   the cache before the call. Batch invariant in either numeric order (no llama.cpp order).
+  virtual absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                                    const float* q, int32_t n_heads, const MlaAttentionWeights& w,
+                                    float* out, float scale) = 0;
   // Copies every layer's K/V rows of slot `from` into slot `to` (speculative commits).
   virtual void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) = 0;
 };

@@ -37,9 +37,15 @@ absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, 
       row_bytes = static_cast<size_t>(row_elems) * 2;
       break;
     case GgmlType::kQ8_0:
-      if (kind != KvAttentionKind::kGqa) {
-        return absl::UnimplementedError(absl::StrCat(
-            "KvLayout ", what, ": a q8_0 cache is supported for GQA only (f32, f16, bf16 are)"));
+      if (kind == KvAttentionKind::kMla) {
+        // The latent c as q8_0 blocks, then the RoPE key unquantized (f16).
+        if (kv_lora_rank % 32 != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "KvLayout ", what, ": a q8_0 latent cache needs kv_lora_rank a multiple of 32, got ",
+              kv_lora_rank));
+        }
+        row_bytes = static_cast<size_t>(kv_lora_rank) / 32 * 34 + static_cast<size_t>(rope_dim) * 2;
+        break;
       }
       if (row_elems % 32 != 0) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -13,9 +13,11 @@
 // once for all query heads of its group. Tiles are packed without padding; the block stride is
 // rounded up to 64 bytes so every block starts on a cache line.
 //
-// Element types: f32, f16, bf16, and for GQA q8_0: a row is ggml's block_q8_0 list (per 32
-// elements an f16 scale then 32 int8, 34 bytes), so head_dim must be a multiple of 32; rows stay
-// independent (a row is written whole, once), so copy-on-write and slot copies are unchanged.
+// Element types: f32, f16, bf16, and q8_0: a GQA row is ggml's block_q8_0 list (per 32 elements
+// an f16 scale then 32 int8, 34 bytes), so head_dim must be a multiple of 32; an MLA row holds
+// the latent c as block_q8_0 (kv_lora_rank a multiple of 32) and then the RoPE key k_r
+// unquantized as f16 (rope_elem_type, rope_offset_bytes). Rows stay independent (a row is written
+// whole, once), so copy-on-write and slot copies are unchanged.
 //
 // Thread-safety: immutable after creation; free to share between threads.
 #pragma once
@@ -59,6 +61,15 @@ class KvLayout {
   int32_t rope_dim() const { return rope_dim_; }          // 0 for GQA
   int32_t block_size() const { return block_size_; }      // token slots per block
   GgmlType elem_type() const { return elem_type_; }
+  // MLA: the element type of a row's RoPE part (f16 in a q8_0 cache, elem_type otherwise) and its
+  // byte offset in the row (after the latent c).
+  GgmlType rope_elem_type() const {
+    return elem_type_ == GgmlType::kQ8_0 ? GgmlType::kF16 : elem_type_;
+  }
+  size_t rope_offset_bytes() const {
+    return row_bytes_ -
+           static_cast<size_t>(rope_dim_) * (rope_elem_type() == GgmlType::kF32 ? 4 : 2);
+  }
   // Tiles per layer: 2 * n_kv_heads (GQA) or 1 (MLA).
   int32_t tiles_per_layer() const { return kind_ == KvAttentionKind::kGqa ? 2 * n_kv_heads_ : 1; }
 

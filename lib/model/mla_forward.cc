@@ -94,13 +94,9 @@ class MlaForward final : public ForwardPass {
 
  private:
   absl::Status Validate(const ForwardBatch& batch, const KvCache& cache) const;
-  // What each token sees: the first prefix_len_[i] cache indices of its sequence (through
-  // seq_blocks_) and then its tree ancestors' and its own slots (CSR: extra_indptr_,
-  // extra_slots_).
+  // What each token sees (mask_): the first n_visible_[i] cache positions of its sequence and
+  // then its tree ancestors' and its own positions (CSR: extra_indptr_, extra_positions_).
   absl::Status BuildVisibility(const ForwardBatch& batch, const KvCache& cache);
-  // One layer's attention for every token: q [n, n_head, qk_head_dim] (rope parts rotated),
-  // the cache's latent rows -> attn_ [n, n_head, v_head_dim].
-  void Attend(const MlaLayer& L, int32_t layer, const KvCache& cache, int64_t n);
 
   const Model& model_;
   const ModelHparams& hp_;
@@ -114,12 +110,12 @@ class MlaForward final : public ForwardPass {
   } split_;
   int32_t next_layer_ = 0;
 
-  std::vector<int32_t> positions_, ids_, prefix_len_, token_seq_, extra_indptr_;
-  std::vector<KvSlot> slots_, extra_slots_;
-  std::vector<SeqId> seqs_;                       // the batch's sequences, in first-seen order
-  std::vector<std::vector<BlockId>> seq_blocks_;  // [seqs_] each one's block table
-  std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, qabs_, rows_, scores_, olat_, attn_,
-      proj_, gate_, up_;
+  std::vector<int32_t> positions_, ids_, n_visible_, token_seq_, extra_indptr_, extra_positions_;
+  std::vector<KvSlot> slots_;
+  std::vector<SeqId> seqs_;  // the batch's sequences, in first-seen order
+  KvTables tables_;          // [seqs_] their block tables
+  AttentionMask mask_;
+  std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, attn_, proj_, gate_, up_;
 };
 
 absl::Status MlaForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
@@ -137,11 +133,12 @@ absl::Status MlaForward::BuildVisibility(const ForwardBatch& batch, const KvCach
   positions_.resize(n);
   ids_.resize(n);
   slots_.resize(n);
-  prefix_len_.resize(n);
+  n_visible_.resize(n);
   token_seq_.resize(n);
   extra_indptr_.assign(1, 0);
-  extra_slots_.clear();
+  extra_positions_.clear();
   seqs_.clear();
+  bool tree = false;
   for (size_t i = 0; i < n; ++i) {
     const BatchToken& t = batch.tokens[i];
     positions_[i] = t.pos;
@@ -150,95 +147,29 @@ absl::Status MlaForward::BuildVisibility(const ForwardBatch& batch, const KvCach
     auto it = std::find(seqs_.begin(), seqs_.end(), t.seq);
     token_seq_[i] = static_cast<int32_t>(it - seqs_.begin());
     if (it == seqs_.end()) seqs_.push_back(t.seq);
-    // The causal root's prefix (the token's own when causal), then the tree ancestors below it.
+    // The causal root's prefix (the token's own when causal), then the cache positions of the
+    // tree ancestors below it and of the token itself, increasing.
     int32_t root = static_cast<int32_t>(i);
     while (batch.tokens[root].parent >= 0) root = batch.tokens[root].parent;
-    prefix_len_[i] = batch.tokens[root].cache_index + 1;
-    const size_t first_extra = extra_slots_.size();
+    n_visible_[i] = batch.tokens[root].cache_index + 1;
+    const size_t first_extra = extra_positions_.size();
     for (int32_t a = static_cast<int32_t>(i); a != root; a = batch.tokens[a].parent) {
-      extra_slots_.push_back(slots_[a]);
+      extra_positions_.push_back(batch.tokens[a].cache_index);
+      tree = true;
     }
-    std::reverse(extra_slots_.begin() + static_cast<std::ptrdiff_t>(first_extra),
-                 extra_slots_.end());  // ancestors in cache order, the token itself last
-    extra_indptr_.push_back(static_cast<int32_t>(extra_slots_.size()));
+    std::sort(extra_positions_.begin() + static_cast<std::ptrdiff_t>(first_extra),
+              extra_positions_.end());
+    extra_indptr_.push_back(static_cast<int32_t>(extra_positions_.size()));
   }
-  seq_blocks_.resize(seqs_.size());
-  for (size_t s = 0; s < seqs_.size(); ++s) {
-    KILN_ASSIGN_OR_RETURN(std::span<const BlockId> table, cache.BlockTable(seqs_[s]));
-    seq_blocks_[s].assign(table.begin(), table.end());
-  }
+  if (!tree) extra_indptr_.clear();
+  KILN_RETURN_IF_ERROR(cache.BuildTables(seqs_, &tables_));
+  mask_ = AttentionMask{};
+  mask_.seq = std::span<const int32_t>(token_seq_.data(), n);
+  mask_.tables = &tables_;
+  mask_.n_visible = std::span<const int32_t>(n_visible_.data(), n);
+  mask_.extra_indptr = extra_indptr_;
+  mask_.extra_positions = extra_positions_;
   return absl::OkStatus();
-}
-
-void MlaForward::Attend(const MlaLayer& L, int32_t layer, const KvCache& cache, int64_t n) {
-  const MlaHparams& m = hp_.mla;
-  const int64_t n_head = hp_.n_head, kvl = m.kv_lora_rank, nope = m.nope_dim, rd = m.rope_dim,
-                qk = m.qk_head_dim(), vd = m.v_head_dim, row = kvl + rd;
-  const float scale = m.attn_mscale * m.attn_mscale / std::sqrt(static_cast<float>(qk));
-  const KvLayout& layout = cache.layout();
-  const GgmlType et = layout.elem_type();
-  Grow(qabs_, static_cast<size_t>(n_head * row));
-  Grow(olat_, static_cast<size_t>(n_head * kvl));
-  for (int64_t i = 0; i < n; ++i) {
-    // Absorb W_UK into each head's query: q_abs = [W_UK_hᵀ q_nope | q_rope].
-    for (int64_t h = 0; h < n_head; ++h) {
-      const float* qh = q_.data() + (i * n_head + h) * qk;
-      float* qa = qabs_.data() + h * row;
-      std::fill(qa, qa + kvl, 0.0f);
-      for (int64_t d = 0; d < nope; ++d) {
-        const float* wrow = L.w_uk.data() + (h * nope + d) * kvl;
-        for (int64_t r = 0; r < kvl; ++r) qa[r] += wrow[r] * qh[d];
-      }
-      std::memcpy(qa + kvl, qpe_.data() + (i * n_head + h) * rd, rd * sizeof(float));
-    }
-    // The visible latent rows, as f32.                     rows_: [n_vis, kvl + rd]
-    const int32_t n_prefix = prefix_len_[i], extra_begin = extra_indptr_[i];
-    const int32_t n_vis = n_prefix + extra_indptr_[i + 1] - extra_begin;
-    const std::vector<BlockId>& blocks = seq_blocks_[token_seq_[i]];
-    const int32_t bs = layout.block_size();
-    Grow(rows_, static_cast<size_t>(n_vis * row));
-    Grow(scores_, static_cast<size_t>(n_vis));
-    for (int32_t j = 0; j < n_vis; ++j) {
-      const KvSlot s = j < n_prefix ? KvSlot{blocks[j / bs], j % bs}
-                                    : extra_slots_[extra_begin + (j - n_prefix)];
-      const std::byte* src = cache.BlockData(s.block) + layout.LatentTileOffset(layer) +
-                             static_cast<size_t>(s.offset) * layout.row_bytes();
-      for (int64_t e = 0; e < row; ++e) {
-        rows_[j * row + e] = LoadKvElement(et, src, static_cast<size_t>(e));
-      }
-    }
-    for (int64_t h = 0; h < n_head; ++h) {
-      const float* qa = qabs_.data() + h * row;
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int32_t j = 0; j < n_vis; ++j) {
-        const float* lj = rows_.data() + j * row;
-        float dot = 0.0f;
-        for (int64_t e = 0; e < row; ++e) dot += qa[e] * lj[e];
-        scores_[j] = dot * scale;
-        max_score = std::max(max_score, scores_[j]);
-      }
-      float sum = 0.0f;
-      for (int32_t j = 0; j < n_vis; ++j) {
-        scores_[j] = std::exp(scores_[j] - max_score);
-        sum += scores_[j];
-      }
-      float* ol = olat_.data() + h * kvl;
-      std::fill(ol, ol + kvl, 0.0f);
-      for (int32_t j = 0; j < n_vis; ++j) {
-        const float p = scores_[j] / sum;
-        const float* cj = rows_.data() + j * row;
-        for (int64_t r = 0; r < kvl; ++r) ol[r] += p * cj[r];
-      }
-      // W_UV after the weighted sum: out_h = W_UV_h (Σ_j p_j c_j).
-      float* oh = attn_.data() + (i * n_head + h) * vd;
-      for (int64_t e = 0; e < vd; ++e) {
-        const float* wrow = L.w_uv.data() + (h * vd + e) * kvl;
-        float acc = 0.0f;
-        for (int64_t r = 0; r < kvl; ++r) acc += wrow[r] * ol[r];
-        oh[e] = acc;
-      }
-    }
-  }
 }
 
 absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) {
@@ -248,6 +179,7 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   const int64_t d = hp_.n_embd, n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim,
                 nope = m.nope_dim, qk = m.qk_head_dim(), row = kvl + rd, ff = hp_.n_ff;
+  const float scale = m.attn_mscale * m.attn_mscale / std::sqrt(static_cast<float>(qk));
   Grow(x_, n * d);
   Grow(h_, n * d);
   Grow(qa_, n * std::max<int64_t>(m.q_lora_rank, 1));
@@ -267,7 +199,6 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
   }
   const int64_t n_logits = static_cast<int64_t>(out->logit_tokens.size());
-  const KvLayout& layout = cache.layout();
 
   KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
       model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
@@ -301,14 +232,20 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     backend_.RotateRope(kr_.data(), 1);
     backend_.RotateRope(qpe_.data(), n_head);
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(latent_.data() + i * row + kvl, kr_.data() + i * rd, rd * sizeof(float));
-      std::byte* dst = cache.BlockData(slots_[i].block) + layout.LatentTileOffset(il) +
-                       static_cast<size_t>(slots_[i].offset) * layout.row_bytes();
-      for (int64_t e = 0; e < row; ++e) {
-        StoreKvElement(layout.elem_type(), dst, static_cast<size_t>(e), latent_[i * row + e]);
+      for (int64_t hh = 0; hh < n_head; ++hh) {
+        std::memcpy(q_.data() + (i * n_head + hh) * qk + nope, qpe_.data() + (i * n_head + hh) * rd,
+                    rd * sizeof(float));
       }
+      std::memcpy(latent_.data() + i * row + kvl, kr_.data() + i * rd, rd * sizeof(float));
     }
-    Attend(L, il, cache, n);
+    KILN_RETURN_IF_ERROR(
+        backend_.WriteLatent(cache, il, std::span<const KvSlot>(slots_.data(), n), latent_.data()));
+    // Absorbed attention over the latent rows.                  attn_: [n, n_head, v_head_dim]
+    const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
+                                        static_cast<int32_t>(nope),
+                                        static_cast<int32_t>(m.v_head_dim)};
+    KILN_RETURN_IF_ERROR(backend_.MlaAttention(
+        cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb, attn_.data(), scale));
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wo, attn_.data(), n, proj_.data()));  // [n, n_embd]
     backend_.Add(x, proj_.data(), n * d, x);
     // The last layer's feed-forward runs only for the logit tokens (as the decoder's does).

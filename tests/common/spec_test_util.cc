@@ -1,5 +1,7 @@
 #include "tests/common/spec_test_util.h"
 
+#include "lib/gguf/gguf_writer.h"
+#include "lib/model/random_model.h"
 #include "lib/tokenizer/tokenizer.h"
 #include "tests/common/test_util.h"
 
@@ -18,18 +20,41 @@ sample::SamplerParams GreedyParams() {
   return p;
 }
 
-void SpecModelTest::LoadDefaultModel(int32_t n_ctx) {
+namespace {
+
+void LoadModelAndEngine(const std::string& path, int32_t n_ctx, Model** model_out,
+                        Engine** engine_out) {
   ModelLoadOptions load;
-  load.path = DefaultModelPath();
+  load.path = path;
   auto model = Model::Load(load);
   ASSERT_TRUE(model.ok()) << model.status();
-  model_ = model->release();
+  *model_out = model->release();
   EngineOptions options;
   options.n_threads = 2;
   options.n_ctx = n_ctx;
-  auto engine = Engine::Create(*model_, options);
+  auto engine = Engine::Create(**model_out, options);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  engine_ = engine->release();
+  *engine_out = engine->release();
+}
+
+}  // namespace
+
+void SpecModelTest::LoadTinyModel(const std::string& shape, int32_t n_ctx) {
+  auto model_shape = RandomModelShapeByName(shape);
+  ASSERT_TRUE(model_shape.ok()) << model_shape.status();
+  RandomModelOptions options;
+  options.shape = *model_shape;
+  options.type = static_cast<uint32_t>(GgmlType::kF16);
+  options.seed = 11;
+  gguf::GgufWriter writer;
+  ASSERT_TRUE(BuildRandomModel(options, &writer).ok());
+  const std::string path = ::testing::TempDir() + "/spec-" + shape + ".gguf";
+  ASSERT_TRUE(writer.WriteToFile(path).ok());
+  LoadModelAndEngine(path, n_ctx, &model_, &engine_);
+}
+
+void SpecModelTest::LoadDefaultModel(int32_t n_ctx) {
+  LoadModelAndEngine(DefaultModelPath(), n_ctx, &model_, &engine_);
 }
 
 void SpecModelTest::FreeDefaultModel() {
@@ -45,9 +70,9 @@ std::vector<int32_t> SpecModelTest::Encode(const std::string& text) {
   return ids.ok() ? *ids : std::vector<int32_t>{};
 }
 
-std::vector<int32_t> SpecModelTest::PlainGreedy(std::span<const int32_t> prompt,
-                                                int32_t max_tokens) {
-  auto session = Session::Create(*engine_, GreedyParams(), 1);
+std::vector<int32_t> SpecModelTest::PlainGreedy(std::span<const int32_t> prompt, int32_t max_tokens,
+                                                const sample::SamplerParams& params) {
+  auto session = Session::Create(*engine_, params, 1);
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return {};
   EXPECT_TRUE((*session)->AppendTokens(prompt).ok());

@@ -29,13 +29,16 @@ class SpecModelTest : public ::testing::Test {
  protected:
   // Fails the suite (fatal ASSERT in the caller's SetUpTestSuite) when the model cannot load.
   static void LoadDefaultModel(int32_t n_ctx);
+  // Or a tiny random model of `shape` (lib/model/random_model.h; f16 weights, seed 11).
+  static void LoadTinyModel(const std::string& shape, int32_t n_ctx);
   static void FreeDefaultModel();
 
   // Tokenizes with special tokens added and parsed (ChatPrompt output).
   static std::vector<int32_t> Encode(const std::string& text);
   // Plain greedy decoding of up to max_tokens tokens after `prompt` through Session::Generate;
   // returns the generated tokens only.
-  static std::vector<int32_t> PlainGreedy(std::span<const int32_t> prompt, int32_t max_tokens);
+  static std::vector<int32_t> PlainGreedy(std::span<const int32_t> prompt, int32_t max_tokens,
+                                          const sample::SamplerParams& params = GreedyParams());
 
   static Model* model_;
   static Engine* engine_;

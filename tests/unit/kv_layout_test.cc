@@ -74,14 +74,30 @@ TEST(KvLayoutTest, RejectsBadShapesAndUnsupportedTypes) {
   const auto q4 = KvLayout::Gqa(1, 1, 64, GgmlType::kQ4_0);
   EXPECT_EQ(q4.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(q4.status().message().find("q4_0"), std::string_view::npos) << q4.status();
-  // q8_0 rows are whole 32-element blocks, and only GQA caches take them.
+  // q8_0 rows are whole 32-element blocks (an MLA cache's latent part).
   const auto q8_odd = KvLayout::Gqa(1, 1, 48, GgmlType::kQ8_0);
   EXPECT_EQ(q8_odd.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(q8_odd.status().message().find("multiple of 32"), std::string_view::npos)
       << q8_odd.status();
-  const auto q8_mla = KvLayout::Mla(1, 512, 64, GgmlType::kQ8_0);
-  EXPECT_EQ(q8_mla.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(q8_mla.status().message().find("q8_0"), std::string_view::npos) << q8_mla.status();
+  const auto q8_mla = KvLayout::Mla(1, 500, 64, GgmlType::kQ8_0);
+  EXPECT_EQ(q8_mla.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(q8_mla.status().message().find("kv_lora_rank a multiple of 32, got 500"),
+            std::string_view::npos)
+      << q8_mla.status();
+}
+
+TEST(KvLayoutTest, Q8_0LatentRowsKeepTheRopePartInF16) {
+  // DeepSeek-V2-Lite's latent: 512 + 64 per token per layer.
+  auto q8 = KvLayout::Mla(27, 512, 64, GgmlType::kQ8_0, 16);
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ(q8->row_bytes(), 16u * 34 + 64 * 2);  // 16 blocks of 34 bytes, then 64 f16
+  EXPECT_EQ(q8->rope_elem_type(), GgmlType::kF16);
+  EXPECT_EQ(q8->rope_offset_bytes(), 16u * 34);
+  EXPECT_EQ(q8->bytes_per_token(), (16u * 34 + 64 * 2) * 27);
+  auto f32 = KvLayout::Mla(27, 512, 64, GgmlType::kF32, 16);
+  ASSERT_TRUE(f32.ok());
+  EXPECT_EQ(f32->rope_elem_type(), GgmlType::kF32);
+  EXPECT_EQ(f32->rope_offset_bytes(), 512u * 4);
 }
 
 TEST(KvLayoutTest, Q8_0RowsAreBlocksOf34Bytes) {

@@ -1,6 +1,7 @@
 // Sessions over the engine: generation (greedy against the engine's own argmax, seeded sampling),
 // fork/rewind, stop strings, cancel, cache exhaustion, prefix caching, bad input, busy detection.
-// Tiny random models for the mechanics, the real default model for text and long prefills.
+// Tiny random models for the mechanics (fork/rewind and prefix caching also on a deepseek2 MLA
+// model), the real default model for text and long prefills.
 #include "lib/session/session.h"
 
 #include <gtest/gtest.h>
@@ -19,8 +20,8 @@
 namespace kiln {
 namespace {
 
-std::unique_ptr<Model> LoadTinyModel() {
-  auto shape = RandomModelShapeByName("tiny-llama-gqa");
+std::unique_ptr<Model> LoadTinyModel(const std::string& shape_name = "tiny-llama-gqa") {
+  auto shape = RandomModelShapeByName(shape_name);
   EXPECT_TRUE(shape.ok());
   auto type = gguf::WeightTypeByName("q8_0");
   EXPECT_TRUE(type.ok());
@@ -30,7 +31,7 @@ std::unique_ptr<Model> LoadTinyModel() {
   options.seed = 11;
   gguf::GgufWriter writer;
   EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path = testing::TempDir() + "/session-tiny.gguf";
+  const std::string path = testing::TempDir() + "/session-" + shape_name + ".gguf";
   EXPECT_TRUE(writer.WriteToFile(path).ok());
   ModelLoadOptions load;
   load.path = path;
@@ -77,6 +78,73 @@ std::vector<int32_t> Generated(const Session& s, size_t prompt_len) {
 
 int32_t Argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Fork, generation on both, rewinds into and past the computed part (shared by the model shapes).
+void CheckForkAndRewind(const Model& model, const EngineOptions& engine_options = {}) {
+  auto engine = MakeEngine(model, engine_options);
+  auto a = NewSession(*engine, Greedy());
+  const std::vector<int32_t> prompt = RandomTokens(37, 3, model.hparams().n_vocab, 7);
+  ASSERT_TRUE(a->AppendTokens(prompt).ok());
+  auto b = a->Fork();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->tokens(), a->tokens());
+  GenerateOptions options;
+  options.max_tokens = 8;
+  ASSERT_TRUE(a->Generate(options).ok());
+  ASSERT_TRUE((*b)->Generate(options).ok());
+  const std::vector<int32_t> gen = Generated(*a, prompt.size());
+  EXPECT_EQ(Generated(**b, prompt.size()), gen);
+  // The fork diverges independently.
+  const int32_t other = gen[0] == 5 ? 6 : 5;
+  ASSERT_TRUE((*b)->Rewind(8).ok());
+  ASSERT_TRUE((*b)->AppendTokens(std::span(&other, 1)).ok());
+  EXPECT_EQ(a->n_tokens(), static_cast<int32_t>(prompt.size() + 8));
+
+  // Rewind into the computed part: the logits are recomputed and generation repeats itself.
+  ASSERT_TRUE(a->Rewind(8).ok());
+  EXPECT_EQ(a->tokens(), prompt);
+  ASSERT_TRUE(a->Generate(options).ok());
+  EXPECT_EQ(Generated(*a, prompt.size()), gen);
+  // Rewind past the prompt start too.
+  ASSERT_TRUE(a->Rewind(prompt.size() + 8 - 10).ok());
+  EXPECT_EQ(a->n_tokens(), 10);
+  ASSERT_TRUE(a->AppendTokens(std::span(prompt).subspan(10)).ok());
+  ASSERT_TRUE(a->Generate(options).ok());
+  EXPECT_EQ(Generated(*a, prompt.size()), gen);
+  EXPECT_EQ(a->Rewind(a->n_tokens() + 1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(a->Rewind(-1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(engine->Locked([](KvCache& c, ForwardPass&) { return c.CheckInvariants(); }).ok());
+}
+
+// A second session attaches the first one's cached system prompt and gets the cold prefill's
+// logits bit for bit (shared by the model shapes).
+void CheckPrefixCacheSkipsSharedSystemPrompt(const Model& model) {
+  auto engine = MakeEngine(model);
+  EngineOptions cold_options;
+  cold_options.prefix_caching = false;
+  auto cold_engine = MakeEngine(model, cold_options);
+  const std::vector<int32_t> system = RandomTokens(100, 3, 300, 12);
+  std::vector<int32_t> first = system, second = system;
+  for (int32_t t : RandomTokens(9, 3, 300, 13)) first.push_back(t);
+  for (int32_t t : RandomTokens(7, 3, 300, 14)) second.push_back(t);
+
+  auto a = NewSession(*engine, Greedy());
+  ASSERT_TRUE(a->AppendTokens(first).ok());
+  EXPECT_EQ(a->stats().attached_tokens, 0);
+  a.reset();  // its blocks stay cached
+  auto b = NewSession(*engine, Greedy());
+  ASSERT_TRUE(b->AppendTokens(second).ok());
+  EXPECT_EQ(b->stats().attached_tokens, 96);  // whole 16-token blocks of the system prompt
+  EXPECT_EQ(b->stats().computed_tokens, static_cast<int64_t>(second.size()) - 96);
+  EXPECT_EQ(engine->Counters().prefix_hit_tokens, 96);
+
+  auto c = NewSession(*cold_engine, Greedy());
+  ASSERT_TRUE(c->AppendTokens(second).ok());
+  EXPECT_EQ(c->stats().computed_tokens, static_cast<int64_t>(second.size()));
+  ASSERT_EQ(b->Logits().size(), c->Logits().size());
+  EXPECT_TRUE(std::equal(b->Logits().begin(), b->Logits().end(), c->Logits().begin()))
+      << "a prefix-cache hit must give the cold prefill's logits bit for bit";
 }
 
 class TinySession : public ::testing::Test {
@@ -150,42 +218,6 @@ TEST_F(TinySession, SameSeedSameTokens) {
   EXPECT_NE(a, c);
 }
 
-TEST_F(TinySession, ForkAndRewind) {
-  auto engine = MakeEngine(*model_);
-  auto a = NewSession(*engine, Greedy());
-  const std::vector<int32_t> prompt = RandomTokens(37, 3, model_->hparams().n_vocab, 7);
-  ASSERT_TRUE(a->AppendTokens(prompt).ok());
-  auto b = a->Fork();
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ((*b)->tokens(), a->tokens());
-  GenerateOptions options;
-  options.max_tokens = 8;
-  ASSERT_TRUE(a->Generate(options).ok());
-  ASSERT_TRUE((*b)->Generate(options).ok());
-  const std::vector<int32_t> gen = Generated(*a, prompt.size());
-  EXPECT_EQ(Generated(**b, prompt.size()), gen);
-  // The fork diverges independently.
-  const int32_t other = gen[0] == 5 ? 6 : 5;
-  ASSERT_TRUE((*b)->Rewind(8).ok());
-  ASSERT_TRUE((*b)->AppendTokens(std::span(&other, 1)).ok());
-  EXPECT_EQ(a->n_tokens(), static_cast<int32_t>(prompt.size() + 8));
-
-  // Rewind into the computed part: the logits are recomputed and generation repeats itself.
-  ASSERT_TRUE(a->Rewind(8).ok());
-  EXPECT_EQ(a->tokens(), prompt);
-  ASSERT_TRUE(a->Generate(options).ok());
-  EXPECT_EQ(Generated(*a, prompt.size()), gen);
-  // Rewind past the prompt start too.
-  ASSERT_TRUE(a->Rewind(prompt.size() + 8 - 10).ok());
-  EXPECT_EQ(a->n_tokens(), 10);
-  ASSERT_TRUE(a->AppendTokens(std::span(prompt).subspan(10)).ok());
-  ASSERT_TRUE(a->Generate(options).ok());
-  EXPECT_EQ(Generated(*a, prompt.size()), gen);
-  EXPECT_EQ(a->Rewind(a->n_tokens() + 1).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(a->Rewind(-1).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_TRUE(engine->Locked([](KvCache& c, ForwardPass&) { return c.CheckInvariants(); }).ok());
-}
-
 TEST_F(TinySession, TokenIdsOutOfRangeChangeNothing) {
   auto engine = MakeEngine(*model_);
   auto s = NewSession(*engine, Greedy());
@@ -249,32 +281,36 @@ TEST_F(TinySession, CacheFullLeavesSessionUsable) {
   EXPECT_EQ(rb->n_tokens, 4);
 }
 
+TEST_F(TinySession, ForkAndRewind) { CheckForkAndRewind(*model_); }
+
 TEST_F(TinySession, PrefixCacheSkipsSharedSystemPrompt) {
-  auto engine = MakeEngine(*model_);
-  EngineOptions cold_options;
-  cold_options.prefix_caching = false;
-  auto cold_engine = MakeEngine(*model_, cold_options);
-  const std::vector<int32_t> system = RandomTokens(100, 3, 300, 12);
-  std::vector<int32_t> first = system, second = system;
-  for (int32_t t : RandomTokens(9, 3, 300, 13)) first.push_back(t);
-  for (int32_t t : RandomTokens(7, 3, 300, 14)) second.push_back(t);
+  CheckPrefixCacheSkipsSharedSystemPrompt(*model_);
+}
 
-  auto a = NewSession(*engine, Greedy());
-  ASSERT_TRUE(a->AppendTokens(first).ok());
-  EXPECT_EQ(a->stats().attached_tokens, 0);
-  a.reset();  // its blocks stay cached
-  auto b = NewSession(*engine, Greedy());
-  ASSERT_TRUE(b->AppendTokens(second).ok());
-  EXPECT_EQ(b->stats().attached_tokens, 96);  // whole 16-token blocks of the system prompt
-  EXPECT_EQ(b->stats().computed_tokens, static_cast<int64_t>(second.size()) - 96);
-  EXPECT_EQ(engine->Counters().prefix_hit_tokens, 96);
+// The same on a deepseek2 model: its cache holds MLA latent rows (forks share and copy them on
+// write, rewinds and prefix hits reuse them).
+class TinyDeepseek2Session : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = LoadTinyModel("tiny-deepseek2").release(); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static Model* model_;
+};
+Model* TinyDeepseek2Session::model_ = nullptr;
 
-  auto c = NewSession(*cold_engine, Greedy());
-  ASSERT_TRUE(c->AppendTokens(second).ok());
-  EXPECT_EQ(c->stats().computed_tokens, static_cast<int64_t>(second.size()));
-  ASSERT_EQ(b->Logits().size(), c->Logits().size());
-  EXPECT_TRUE(std::equal(b->Logits().begin(), b->Logits().end(), c->Logits().begin()))
-      << "a prefix-cache hit must give the cold prefill's logits bit for bit";
+TEST_F(TinyDeepseek2Session, ForkAndRewind) { CheckForkAndRewind(*model_); }
+
+// The q8_0 latent cache (EngineOptions::kv_type, KILN_KV_Q8_0, --cache-type q8_0) through the same.
+TEST_F(TinyDeepseek2Session, ForkAndRewindWithAQ8_0LatentCache) {
+  EngineOptions options;
+  options.kv_type = GgmlType::kQ8_0;
+  CheckForkAndRewind(*model_, options);
+}
+
+TEST_F(TinyDeepseek2Session, PrefixCacheSkipsSharedSystemPrompt) {
+  CheckPrefixCacheSkipsSharedSystemPrompt(*model_);
 }
 
 TEST_F(TinySession, ScoredAppendMatchesLogSoftmax) {

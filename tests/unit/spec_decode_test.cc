@@ -1,6 +1,7 @@
 // Speculative decoding on the real default model: greedy output identical to plain greedy
 // decoding (n-gram strategy, a tree oracle that forces K/V compaction), the cache after a
-// speculative run equal to a plain run's, sampling reproducibility, and the n-gram matcher.
+// speculative run equal to a plain run's, sampling reproducibility, and the n-gram matcher. The
+// greedy and cache guarantees again on a tiny deepseek2 (MLA latent cache) model.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,8 +146,8 @@ class OracleTreeStrategy final : public Strategy {
   int64_t accepted_ = 0;
 };
 
-// K/V rows of `seq` vs `ref` at positions [0, len): how many rows differ bitwise, and the largest
-// absolute difference of an element (the cache holds f16).
+// K/V rows of `seq` vs `ref` at positions [0, len) (an MLA cache: its latent rows): how many rows
+// differ bitwise, and the largest absolute difference of an element (the cache holds f16).
 struct KvDiff {
   int64_t differing_rows = 0;
   float max_abs = 0.0f;
@@ -154,22 +155,27 @@ struct KvDiff {
 KvDiff CompareKv(KvCache& cache, SeqId seq, SeqId ref, int32_t len) {
   KvDiff d;
   const KvLayout& layout = cache.layout();
+  const bool mla = layout.kind() == KvAttentionKind::kMla;
+  // Per layer: each kv head's K then V row (GQA), or the one latent row (MLA).
+  const int32_t rows_per_layer = mla ? 1 : 2 * layout.n_kv_heads();
   for (int32_t pos = 0; pos < len; ++pos) {
     const KvSlot a = *cache.SlotOf(seq, pos);
     const KvSlot b = *cache.SlotOf(ref, pos);
     for (int32_t l = 0; l < layout.n_layers(); ++l) {
-      for (int32_t h = 0; h < layout.n_kv_heads(); ++h) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const std::byte* ra = kv == 0 ? cache.KeyRow(a, l, h) : cache.ValueRow(a, l, h);
-          const std::byte* rb = kv == 0 ? cache.KeyRow(b, l, h) : cache.ValueRow(b, l, h);
-          if (std::memcmp(ra, rb, layout.row_bytes()) == 0) continue;
-          ++d.differing_rows;
-          for (int32_t e = 0; e < layout.row_elems(); ++e) {
-            uint16_t ha, hb;
-            std::memcpy(&ha, ra + 2 * e, 2);
-            std::memcpy(&hb, rb + 2 * e, 2);
-            d.max_abs = std::max(d.max_abs, std::fabs(Fp16ToFp32(ha) - Fp16ToFp32(hb)));
-          }
+      for (int32_t r = 0; r < rows_per_layer; ++r) {
+        auto row = [&](KvSlot s) -> const std::byte* {
+          if (mla) return cache.LatentRow(s, l);
+          return r % 2 == 0 ? cache.KeyRow(s, l, r / 2) : cache.ValueRow(s, l, r / 2);
+        };
+        const std::byte* ra = row(a);
+        const std::byte* rb = row(b);
+        if (std::memcmp(ra, rb, layout.row_bytes()) == 0) continue;
+        ++d.differing_rows;
+        for (int32_t e = 0; e < layout.row_elems(); ++e) {
+          uint16_t ha, hb;
+          std::memcpy(&ha, ra + 2 * e, 2);
+          std::memcpy(&hb, rb + 2 * e, 2);
+          d.max_abs = std::max(d.max_abs, std::fabs(Fp16ToFp32(ha) - Fp16ToFp32(hb)));
         }
       }
     }
@@ -181,11 +187,11 @@ KvDiff CompareKv(KvCache& cache, SeqId seq, SeqId ref, int32_t len) {
 // against the same tokens computed causally in one prefill, then the logits of one more plain
 // step on both. Returns the K/V difference.
 // The speculative sequence is left in the cache and returned in *kept (the caller frees it).
+// `params`: greedy (temperature 0), the sampler the continuation was made with.
 void RunAndCompare(Engine& engine, const std::vector<int32_t>& prompt,
                    const std::vector<int32_t>& full, Strategy* strategy, SpecMetrics* metrics,
-                   KvDiff* kv_diff, float* max_logit_diff, SeqId* kept) {
-  sample::SamplerParams params;
-  params.temperature = 0.0f;
+                   KvDiff* kv_diff, float* max_logit_diff, SeqId* kept,
+                   const sample::SamplerParams& params = kiln::testing::GreedyParams()) {
   sample::Sampler sampler(params);
   sample::Rng rng(1);
   const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
@@ -329,6 +335,67 @@ TEST_F(SpecDecodeTest, SamplingIsReproducibleAndValid) {
   // The copy prompt at temperature 0.8 still accepts drafts.
   EXPECT_GT(a->metrics.accepted, 0);
   EXPECT_NE(a->tokens, c->tokens);
+}
+
+// The same guarantees on a deepseek2 (MLA) model, whose verification passes run MLA's
+// tree-masked attention over the latent cache: the tiny random tiny-deepseek2 (f16 weights, f16
+// latent cache). Its random logits would end generations early on the control tokens (ids 0-2),
+// so greedy bans them.
+class SpecDecodeDeepseek2Test : public kiln::testing::SpecModelTest {
+ protected:
+  static void SetUpTestSuite() { LoadTinyModel("tiny-deepseek2", 256); }
+  static void TearDownTestSuite() { FreeDefaultModel(); }
+  static sample::SamplerParams Greedy() {
+    sample::SamplerParams p = kiln::testing::GreedyParams();
+    for (int32_t t = 0; t < 3; ++t) p.logit_bias.push_back({t, -INFINITY});
+    return p;
+  }
+  static std::vector<int32_t> Prompt() {
+    // A phrase repeated, so the n-gram strategy finds matches to propose from.
+    std::vector<int32_t> p;
+    for (int rep = 0; rep < 4; ++rep) {
+      for (int32_t t : {40, 41, 97, 120, 77, 66, 100, 54}) p.push_back(t);
+    }
+    return p;
+  }
+};
+
+TEST_F(SpecDecodeDeepseek2Test, NgramGreedyEqualsPlainGreedy) {
+  const std::vector<int32_t> prompt = Prompt();
+  const auto plain = PlainGreedy(prompt, 32, Greedy());
+  ASSERT_EQ(plain.size(), 32u);
+  auto strategy = NgramStrategy::Create(NgramParams{});
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  auto spec = GenerateSpeculative(*engine_, prompt, Greedy(), 1, strategy->get(), 32);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->tokens, plain);
+  EXPECT_GT(spec->metrics.drafted, 0);  // verification passes of several tokens did run
+}
+
+TEST_F(SpecDecodeDeepseek2Test, ChainAndTreeCommitsGiveBitwisePlainCacheAndLogits) {
+  const std::vector<int32_t> prompt = Prompt();
+  const auto plain = PlainGreedy(prompt, 24, Greedy());
+  ASSERT_EQ(plain.size(), 24u);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  const int32_t n_vocab = static_cast<int32_t>(model_->hparams().n_vocab);
+  for (auto shape :
+       {OracleTreeStrategy::Shape::kChainEndingWrong, OracleTreeStrategy::Shape::kWrongFirst,
+        OracleTreeStrategy::Shape::kRightChainPlusLeaf}) {
+    SCOPED_TRACE(static_cast<int>(shape));
+    OracleTreeStrategy oracle(full, 4, n_vocab, shape);
+    SpecMetrics metrics;
+    KvDiff diff;
+    float logit_diff = -1.0f;
+    SeqId seq = 0;
+    RunAndCompare(*engine_, prompt, full, &oracle, &metrics, &diff, &logit_diff, &seq, Greedy());
+    FreeSeq(*engine_, seq);
+    EXPECT_GT(oracle.accepted(), static_cast<int64_t>(plain.size()) / 2);
+    // MLA attention computes each (token, head) in one fixed order over the rows it sees, so a
+    // tree node equals its causal path bit for bit and the compacted cache equals a plain run's.
+    EXPECT_EQ(diff.differing_rows, 0) << "max |diff| " << diff.max_abs;
+    EXPECT_EQ(logit_diff, 0.0f);
+  }
 }
 
 TEST(NgramStrategyTest, FindsMostRecentMatchAndProposesWhatFollowed) {

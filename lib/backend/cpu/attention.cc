@@ -450,4 +450,162 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   return absl::OkStatus();
 }
 
+absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
+                               const MlaAttentionWeights& w, const float* q, int32_t n_heads,
+                               float* out, float scale, Scratch& scratch, CpuLevel level) {
+  if (kv.n_kv_heads != 1 || kv.k.base != kv.v.base || kv.k.type != kv.v.type) {
+    return absl::InvalidArgumentError(
+        "MlaAttention: the latent view must be one kv head with k and v the same rows");
+  }
+  // A q8_0 view is a q8_0 latent cache: c as block_q8_0, then the RoPE part in f16
+  // (KvLayout); the batch is validated as for an f16 row of the same width.
+  const bool q8_latent = kv.k.type == GgmlType::kQ8_0;
+  PagedKvView checked = kv;
+  if (q8_latent) checked.k.type = checked.v.type = GgmlType::kF16;
+  KvElem elem, v_elem;
+  const absl::Status valid = ValidateAttention(checked, b, n_heads, &elem, &v_elem);
+  if (!valid.ok())
+    return absl::Status(valid.code(), absl::StrCat("MlaAttention: ", valid.message()));
+  if (q8_latent && w.kv_lora_rank % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaAttention: a q8_0 latent cache needs kv_lora_rank a multiple of 32, got %d",
+        w.kv_lora_rank));
+  }
+  const int64_t kvl = w.kv_lora_rank, nope = w.nope_dim, vd = w.v_head_dim, row = kv.head_dim;
+  const int64_t rd = row - kvl, qk = nope + rd;
+  if (w.w_uk == nullptr || w.w_uv == nullptr || kvl <= 0 || nope <= 0 || vd <= 0 || rd < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaAttention: weights w_uk %s, w_uv %s, kv_lora_rank %d (row %d), nope_dim %d, "
+        "v_head_dim %d: need both weights and positive sizes with kv_lora_rank <= row",
+        w.w_uk == nullptr ? "null" : "set", w.w_uv == nullptr ? "null" : "set", kvl, row, nope,
+        vd));
+  }
+  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
+  if (n_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("MlaAttention: q or out is null");
+  }
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const OpKernels& k = GetOpKernels(level);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  // The SIMD score kernels cover whole 16-element steps; other lengths use the definition.
+  const auto row_scores = row % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  const auto latent_dots = kvl % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  const bool has_extra = !b.extra_indptr.empty();
+  const bool has_first = !b.first_visible.empty();
+  int64_t max_visible = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
+    max_visible = std::max<int64_t>(max_visible,
+                                    b.n_visible[t] - (has_first ? b.first_visible[t] : 0) + extra);
+  }
+  // Head groups: enough (token, group) tasks for about two per thread.
+  const int64_t want_groups = (2 * pool.n_threads() + n_tokens - 1) / n_tokens;
+  const int64_t heads_per_group = (n_heads + std::clamp<int64_t>(want_groups, 1, n_heads) - 1) /
+                                  std::clamp<int64_t>(want_groups, 1, n_heads);
+  const int64_t n_groups = (n_heads + heads_per_group - 1) / heads_per_group;
+  const int64_t hg = heads_per_group;
+
+  // Shared: the rows of W_UK and W_UV as kernel row lists, [n_heads * nope] and [n_heads * vd].
+  // Per thread: visible row pointers [max_visible], scores [hg, max_visible], q_abs [hg, row],
+  // latent output [hg, kvl].
+  const size_t shared = Align64((n_heads * nope + n_heads * vd) * sizeof(void*));
+  // A q8_0 latent scores c and the RoPE part apart: their row pointers [max_visible] and scores
+  // [hg, max_visible] again, and q_abs split into [hg, kvl] and [hg, rd].
+  const size_t per_thread = 2 * Align64(max_visible * sizeof(void*)) +
+                            2 * Align64(hg * max_visible * sizeof(float)) +
+                            Align64(hg * row * sizeof(float)) + Align64(hg * kvl * sizeof(float)) +
+                            Align64(hg * kvl * sizeof(float)) + Align64(hg * rd * sizeof(float));
+  uint8_t* ws = static_cast<uint8_t*>(scratch.Get(shared + per_thread * pool.n_threads()));
+  if (ws == nullptr) return absl::ResourceExhaustedError("MlaAttention: scratch allocation failed");
+  const void** uk_rows = reinterpret_cast<const void**>(ws);
+  const void** uv_rows = uk_rows + n_heads * nope;
+  for (int64_t r = 0; r < n_heads * nope; ++r) uk_rows[r] = w.w_uk + r * kvl;
+  for (int64_t r = 0; r < n_heads * vd; ++r) uv_rows[r] = w.w_uv + r * kvl;
+
+  const uint8_t* base = static_cast<const uint8_t*>(kv.k.base);
+  // c's element type, and where a row's RoPE part starts (q8_0: after the c blocks, in f16).
+  const KvElem c_elem = q8_latent ? KvElem::kQ8_0 : elem;
+  const size_t rope_offset = RowBytes(c_elem, kvl);
+  const size_t row_bytes = rope_offset + RowBytes(elem, rd);
+  const int64_t bs = kv.block_size;
+  const auto c_scores = kvl % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  const auto rope_scores = rd % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  pool.ParallelFor(n_tokens * n_groups, [&](int64_t task0, int64_t task1, int thread) {
+    uint8_t* mine = ws + shared + per_thread * thread;
+    const void** rows = reinterpret_cast<const void**>(mine);
+    mine += Align64(max_visible * sizeof(void*));
+    float* scores = reinterpret_cast<float*>(mine);  // [hg, max_visible]
+    mine += Align64(hg * max_visible * sizeof(float));
+    float* q_abs = reinterpret_cast<float*>(mine);  // [hg, row]
+    mine += Align64(hg * row * sizeof(float));
+    float* latent_out = reinterpret_cast<float*>(mine);  // [hg, kvl]
+    mine += Align64(hg * kvl * sizeof(float));
+    const void** rope_rows = reinterpret_cast<const void**>(mine);  // q8_0 only from here
+    mine += Align64(max_visible * sizeof(void*));
+    float* rope_part = reinterpret_cast<float*>(mine);  // [hg, max_visible]
+    mine += Align64(hg * max_visible * sizeof(float));
+    float* q_c = reinterpret_cast<float*>(mine);  // [hg, kvl]
+    mine += Align64(hg * kvl * sizeof(float));
+    float* q_r = reinterpret_cast<float*>(mine);  // [hg, rd]
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t t = task / n_groups, h0 = task % n_groups * hg;
+      const int64_t nh = std::min(hg, n_heads - h0);
+      const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[t]];
+      auto row_at = [&](int64_t pos) -> const void* {
+        return base + blocks[pos / bs] * kv.k.block_stride_bytes + (pos % bs) * row_bytes;
+      };
+      int64_t n_vis = 0;
+      for (int64_t p = has_first ? b.first_visible[t] : 0; p < b.n_visible[t]; ++p) {
+        rows[n_vis++] = row_at(p);
+      }
+      if (has_extra) {
+        for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
+          rows[n_vis++] = row_at(b.extra_positions[i]);
+        }
+      }
+      // q_abs_h = [W_UK_hᵀ q_nope | q_rope]: one FMA chain per latent element over nope_dim.
+      for (int64_t g = 0; g < nh; ++g) {
+        const float* qh = q + (t * n_heads + h0 + g) * qk;
+        float* qa = q_abs + g * row;
+        std::fill(qa, qa + kvl, 0.0f);
+        k.kv_accumulate_rows(qa, qh, 0, 1, uk_rows + (h0 + g) * nope, nope, KvElem::kF32, kvl);
+        std::copy(qh + nope, qh + qk, qa + kvl);
+      }
+      if (!q8_latent) {
+        row_scores(q_abs, nh, rows, n_vis, elem, row, scores, max_visible);
+      } else {
+        // score = (q_c . c) + (q_r . rope): the q8_0 blocks and the f16 part in their kernels.
+        for (int64_t g = 0; g < nh; ++g) {
+          std::copy(q_abs + g * row, q_abs + g * row + kvl, q_c + g * kvl);
+          std::copy(q_abs + g * row + kvl, q_abs + (g + 1) * row, q_r + g * rd);
+        }
+        for (int64_t j = 0; j < n_vis; ++j) {
+          rope_rows[j] = static_cast<const uint8_t*>(rows[j]) + rope_offset;
+        }
+        c_scores(q_c, nh, rows, n_vis, KvElem::kQ8_0, kvl, scores, max_visible);
+        rope_scores(q_r, nh, rope_rows, n_vis, KvElem::kF16, rd, rope_part, max_visible);
+        for (int64_t g = 0; g < nh; ++g) {
+          k.add(scores + g * max_visible, rope_part + g * max_visible, n_vis,
+                scores + g * max_visible);
+        }
+      }
+      for (int64_t g = 0; g < nh; ++g) {
+        float* sg = scores + g * max_visible;
+        k.scale(sg, scale, n_vis);
+        const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
+        k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+      }
+      // Σ_j p_j c_j over the rows' first kv_lora_rank elements, all the group's heads at once.
+      std::fill(latent_out, latent_out + nh * kvl, 0.0f);
+      k.kv_accumulate_rows(latent_out, scores, max_visible, nh, rows, n_vis, c_elem, kvl);
+      for (int64_t g = 0; g < nh; ++g) {
+        latent_dots(latent_out + g * kvl, 1, uv_rows + (h0 + g) * vd, vd, KvElem::kF32, kvl,
+                    out + (t * n_heads + h0 + g) * vd, vd);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 }  // namespace kiln::cpu

@@ -225,6 +225,59 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   return PagedAttention(pool_, kv, ab, q, n_heads, out, scale, scratch_, order);
 }
 
+absl::Status CpuBackend::WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                     const float* latent) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  const int64_t kvl = layout.kv_lora_rank(), row = layout.row_elems();
+  const OpKernels& kernels = GetOpKernels(BestCpuLevel());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::byte* dst = cache.LatentRow(slots[i], layer);
+    StoreRow(kernels, latent + i * row, kvl, layout.elem_type(), dst);
+    StoreRow(kernels, latent + i * row + kvl, row - kvl, layout.rope_elem_type(),
+             dst + layout.rope_offset_bytes());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MlaAttention(const KvCache& cache, int32_t layer,
+                                      const AttentionMask& mask, const float* q, int32_t n_heads,
+                                      const MlaAttentionWeights& w, float* out, float scale) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MlaAttention: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  if (mask.tables == nullptr) return absl::InvalidArgumentError("MlaAttention: no block tables");
+  if (w.kv_lora_rank != layout.kv_lora_rank()) {
+    return absl::InvalidArgumentError(absl::StrCat("MlaAttention: kv_lora_rank ", w.kv_lora_rank,
+                                                   " differs from the cache's ",
+                                                   layout.kv_lora_rank()));
+  }
+  // The latent rows as one kv head whose K is the whole row and V its first kv_lora_rank.
+  PagedKvView kv;
+  kv.block_size = layout.block_size();
+  kv.n_kv_heads = 1;
+  kv.head_dim = static_cast<int32_t>(layout.row_elems());
+  kv.n_blocks = cache.NumBlocks();
+  kv.k.type = kv.v.type = layout.elem_type();
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+  kv.k.base = kv.v.base = cache.BlockData(0) + layout.LatentTileOffset(layer);
+  AttentionBatch ab;
+  ab.seq = mask.seq;
+  ab.kv_indptr = mask.tables->indptr;
+  ab.kv_indices = mask.tables->indices;
+  ab.n_visible = mask.n_visible;
+  ab.first_visible = mask.first_visible;
+  ab.extra_indptr = mask.extra_indptr;
+  ab.extra_positions = mask.extra_positions;
+  return MlaPagedAttention(pool_, kv, ab, w, q, n_heads, out, scale, scratch_);
+}
+
 void CpuBackend::CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) {
   const KvLayout& layout = cache.layout();
   const size_t row_bytes = layout.row_bytes();

@@ -47,6 +47,11 @@ class CpuBackend final : public Backend {
                        const float* v) override;
   absl::Status Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                          const float* q, int32_t n_heads, float* out, float scale) override;
+  absl::Status WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                           const float* latent) override;
+  absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                            const float* q, int32_t n_heads, const MlaAttentionWeights& w,
+                            float* out, float scale) override;
   void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) override;
 
  private:

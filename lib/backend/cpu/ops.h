@@ -26,6 +26,7 @@
 
 #include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/thread_pool.h"
+#include "lib/backend/mla_attention.h"
 #include "lib/backend/rope_config.h"
 #include "lib/backend/weight_view.h"
 #include "lib/common/ggml_type.h"
@@ -257,6 +258,26 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
                             Scratch& scratch,
                             AttentionOrder order = AttentionOrder::kBatchInvariant,
                             CpuLevel level = BestCpuLevel());
+
+// MLA's absorbed attention over a latent cache (Backend::MlaAttention). `kv` views the latent
+// rows [c | rope(k_r)] (head_dim = kv_lora_rank + rope_dim) as one kv head with k = v; the batch
+// is PagedAttention's (causal, sliding window, tree). Per token t and head h:
+//   q_abs = [W_UK_hᵀ q[t, h, :nope_dim] | q[t, h, nope_dim:]]       (kv_accumulate_rows over
+//   W_UK_h) p_j   = softmax_j(q_abs . row_j * scale)                          (kv_scores_rows,
+//   softmax_exp) o     = Σ_j p_j c_j (kv_accumulate_rows) out[t, h, e] = W_UV_h[e, :] . o
+//   (kv_scores_rows over W_UV_h) q: [n_tokens, n_heads, nope_dim + rope_dim]   out: [n_tokens,
+//   n_heads, v_head_dim]
+// scale <= 0: 1 / sqrt(nope_dim + rope_dim). Every value is one fixed chain per (token, head),
+// so the result is the same for any batch, head grouping and thread count; tasks are (token,
+// group of heads), the groups sized so that a one-token decode still fills the pool. A latent
+// row is widened once per task for all the group's heads. Latent types: f32, f16, bf16, and
+// q8_0 (KvLayout's q8_0 latent row: c as block_q8_0, then the RoPE part in f16; kv_lora_rank a
+// multiple of 32): its score is (q_c . c) + (q_r . rope), each part through kv_scores_rows.
+// Errors: PagedAttention's, plus weights missing or shapes that do not fit the rows.
+absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
+                               const MlaAttentionWeights& w, const float* q, int32_t n_heads,
+                               float* out, float scale, Scratch& scratch,
+                               CpuLevel level = BestCpuLevel());
 
 // The tree-visibility builder (lib/backend/attention_mask.h).
 using kiln::BuildTreeVisibility;

@@ -176,4 +176,41 @@ void Attention(const float* q, int32_t n_heads, int32_t n_kv_heads, int32_t d, c
   }
 }
 
+void MlaAttention(const float* q, int32_t n_heads, const MlaAttentionWeights& w, int32_t rope_dim,
+                  const float* latent, std::span<const int32_t> visible, float scale, float* out) {
+  const int64_t kvl = w.kv_lora_rank, nope = w.nope_dim, vd = w.v_head_dim, rd = rope_dim;
+  const int64_t row = kvl + rd, qk = nope + rd;
+  const size_t n = visible.size();
+  std::vector<double> s(n), value(n * vd);
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* uk = w.w_uk + h * nope * kvl;  // [nope, kvl]
+    const float* uv = w.w_uv + h * vd * kvl;    // [vd, kvl]
+    double mx = -INFINITY;
+    for (size_t j = 0; j < n; ++j) {
+      const float* c = latent + static_cast<int64_t>(visible[j]) * row;
+      double dot = 0.0;
+      for (int64_t d = 0; d < nope; ++d) {
+        double key = 0.0;  // (W_UK_h c)[d]
+        for (int64_t r = 0; r < kvl; ++r) key += double{uk[d * kvl + r]} * c[r];
+        dot += double{q[h * qk + d]} * key;
+      }
+      for (int64_t d = 0; d < rd; ++d) dot += double{q[h * qk + nope + d]} * c[kvl + d];
+      for (int64_t e = 0; e < vd; ++e) {
+        double v = 0.0;  // (W_UV_h c)[e]
+        for (int64_t r = 0; r < kvl; ++r) v += double{uv[e * kvl + r]} * c[r];
+        value[j * vd + e] = v;
+      }
+      s[j] = dot * scale;
+      mx = std::max(mx, s[j]);
+    }
+    double sum = 0.0;
+    for (double& e : s) sum += e = std::exp(e - mx);
+    for (int64_t e = 0; e < vd; ++e) {
+      double o = 0.0;
+      for (size_t j = 0; j < n; ++j) o += s[j] / sum * value[j * vd + e];
+      out[h * vd + e] = static_cast<float>(o);
+    }
+  }
+}
+
 }  // namespace kiln::cpu::ref

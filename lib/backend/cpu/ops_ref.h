@@ -39,4 +39,12 @@ void Attention(const float* q, int32_t n_heads, int32_t n_kv_heads, int32_t d, c
                const float* v, std::span<const int32_t> visible, float scale, float* out,
                bool round_to_f16 = false);
 
+// MLA attention of one token over a contiguous (unpaged) f32 latent cache of one sequence, in the
+// decompressed form (no absorption), in double: head h's keys [W_UK_h c_j | r_j] and values
+// W_UV_h c_j are built for every visible row, then plain softmax attention.
+//   q: [n_heads, nope_dim + rope_dim]   latent: [n_ctx, kv_lora_rank + rope_dim] rows [c_j | r_j]
+//   out: [n_heads, v_head_dim]
+void MlaAttention(const float* q, int32_t n_heads, const MlaAttentionWeights& w, int32_t rope_dim,
+                  const float* latent, std::span<const int32_t> visible, float scale, float* out);
+
 }  // namespace kiln::cpu::ref
