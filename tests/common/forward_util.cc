@@ -1,5 +1,11 @@
 #include "tests/common/forward_util.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <span>
+#include <utility>
+
 namespace kiln {
 
 CpuForward::CpuForward(const Model& model, int n_threads)
@@ -17,4 +23,34 @@ absl::Status CpuForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
   return (*pass_)->Forward(batch, cache, out);
 }
 
+namespace testing {
+
+std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t blocks) {
+  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16);
+  EXPECT_TRUE(layout.ok());
+  if (!layout.ok()) return nullptr;
+  KvCacheOptions options;
+  options.num_blocks = blocks;
+  auto cache = KvCache::Create(*layout, options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
+                           const std::vector<int32_t>& tokens, int chunk, int start) {
+  std::vector<float> logits;
+  for (int begin = start; begin < static_cast<int>(tokens.size()); begin += chunk) {
+    const int end = std::min<int>(begin + chunk, static_cast<int>(tokens.size()));
+    EXPECT_TRUE(cache.AppendSlots(seq, std::span(tokens).subspan(begin, end - begin)).ok());
+    ForwardBatch batch;
+    for (int i = begin; i < end; ++i) batch.Add(tokens[i], seq, i, true);
+    ForwardOutput out;
+    const absl::Status s = fwd.Forward(batch, cache, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+  }
+  return logits;
+}
+
+}  // namespace testing
 }  // namespace kiln

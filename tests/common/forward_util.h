@@ -2,7 +2,9 @@
 // pass itself below the engine (batch invariance, llama.cpp goldens, malformed batches).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/model/architecture.h"
@@ -27,4 +29,15 @@ class CpuForward {
   absl::StatusOr<std::unique_ptr<ForwardPass>> pass_;
 };
 
+namespace testing {
+
+// A cache of `blocks` blocks of 16 tokens with KV entries of kv_type; a failure fails the test.
+std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t blocks = 64);
+
+// Prefills `tokens` [start, n) as one sequence in chunks of `chunk`; returns the logits of all
+// of them, [n - start][n_vocab]. A failing step fails the test.
+std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
+                           const std::vector<int32_t>& tokens, int chunk, int start = 0);
+
+}  // namespace testing
 }  // namespace kiln

@@ -8,9 +8,11 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "lib/common/ggml_type.h"
 #include "lib/common/strings.h"
+#include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf.h"
 #include "lib/model/random_model.h"
 
@@ -101,6 +103,39 @@ std::string WriteEditedModel(const std::string& shape_name, const std::string& d
   const std::string path = StrCat(TempDir(), "/", shape_name, "-edited.gguf");
   EXPECT_TRUE(copy.WriteToFile(path).ok());
   return path;
+}
+
+std::unique_ptr<Model> LoadRandomModel(const std::string& shape_name, const std::string& type_name,
+                                       uint64_t seed, const std::string& file_name) {
+  auto shape = RandomModelShapeByName(shape_name);
+  EXPECT_TRUE(shape.ok());
+  auto type = gguf::WeightTypeByName(type_name);
+  EXPECT_TRUE(type.ok());
+  if (!shape.ok() || !type.ok()) return nullptr;
+  RandomModelOptions options;
+  options.shape = *shape;
+  options.type = *type;
+  options.seed = seed;
+  gguf::GgufWriter writer;
+  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
+  const std::string path = TempDir() + "/" + file_name;
+  EXPECT_TRUE(writer.WriteToFile(path).ok());
+  ModelLoadOptions load;
+  load.path = path;
+  auto model = Model::Load(load);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(lo + rng() % (hi - lo));
+  return t;
+}
+
+std::vector<int32_t> RandomTokens(int n, int64_t n_vocab, uint32_t seed) {
+  return RandomTokens(n, 0, n_vocab, seed);
 }
 
 }  // namespace kiln::testing

@@ -1,10 +1,14 @@
 // Helpers shared by the tests: where the default model and test data live.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "lib/gguf/gguf_writer.h"
+#include "lib/model/model.h"
 
 namespace kiln::testing {
 
@@ -29,5 +33,15 @@ std::string TempDir();
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor = "",
                              const std::string& drop_key = "",
                              const std::function<void(gguf::GgufWriter&)>& edit = nullptr);
+
+// Writes the kiln-mkmodel shape `shape_name` with `type_name` weights (e.g. "q8_0") and weight
+// seed `seed` to TempDir()/file_name and loads it; nullptr, with a test failure, when a step fails.
+std::unique_ptr<Model> LoadRandomModel(const std::string& shape_name, const std::string& type_name,
+                                       uint64_t seed, const std::string& file_name);
+
+// `n` token ids uniform in [lo, hi) ([0, n_vocab) for the second form), the same for the same
+// seed (std::mt19937).
+std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed);
+std::vector<int32_t> RandomTokens(int n, int64_t n_vocab, uint32_t seed);
 
 }  // namespace kiln::testing

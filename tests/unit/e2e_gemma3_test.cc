@@ -27,31 +27,15 @@
 #include "lib/model/model.h"
 #include "lib/tokenizer/chat_template.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/e2e_fixture.h"
 #include "tests/common/forward_util.h"
 #include "tests/common/golden.h"
 #include "tests/common/test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN_E2E_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define KILN_E2E_SANITIZED 1
-#endif
-#endif
-#ifndef KILN_E2E_SANITIZED
-#define KILN_E2E_SANITIZED 0
-#endif
-
 namespace kiln {
 namespace {
 
-constexpr int kThreads = 2;
-
-bool QuickMode() {
-  const char* env = std::getenv("KILN_E2E_QUICK");
-  return KILN_E2E_SANITIZED || (env != nullptr && std::string(env) == "1");
-}
-
+using testing::E2eQuickMode;
 using testing::Json;
 using testing::ReadFile;
 using testing::Top2;
@@ -61,49 +45,12 @@ Json LoadGolden(const std::string& relative) {
   return testing::LoadGolden(relative, "scripts/gen_gemma3_goldens.py");
 }
 
-class E2eGemma3 : public ::testing::Test {
+class E2eGemma3 : public testing::E2eModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = testing::Gemma3ModelPath();
-    if (path.empty()) return;
-    ModelLoadOptions options;
-    options.path = path;
-    auto model = Model::Load(options);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "Gemma 3 270M did not load";
-    forward_ = std::make_unique<CpuForward>(*model_, kThreads);
-  }
+  static void SetUpTestSuite() { LoadModel(testing::Gemma3ModelPath(), "Gemma 3 270M"); }
 
   // 80 blocks of 16 = 1280 tokens: one perplexity chunk or one greedy case at a time.
-  void MakeCache(GgmlType kv_type) {
-    auto layout = CpuForward::CacheLayout(model_->hparams(), kv_type, 16);
-    ASSERT_TRUE(layout.ok()) << layout.status();
-    KvCacheOptions options;
-    options.num_blocks = 80;
-    auto cache = KvCache::Create(*layout, options);
-    ASSERT_TRUE(cache.ok()) << cache.status();
-    cache_ = std::move(*cache);
-  }
-
-  // Appends `tokens` to `seq` at positions [start, start + n) in one batch; logits of the tokens
-  // whose position is >= `logits_from` go to *out.
-  absl::Status Run(SeqId seq, std::span<const int32_t> tokens, int32_t start, int32_t logits_from,
-                   ForwardOutput* out) {
-    KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq, tokens));
-    ForwardBatch batch;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const int32_t pos = start + static_cast<int32_t>(i);
-      batch.Add(tokens[i], seq, pos, pos >= logits_from);
-    }
-    return forward_->Forward(batch, *cache_, out);
-  }
+  void MakeCache(GgmlType kv_type) { E2eModelTest::MakeCache(kv_type, 80); }
 
   // Perplexity by llama-perplexity's method over the golden's first `max_chunks` chunks (all
   // when 0); returns kiln's value and llama.cpp's over the same chunks. The golden's cache is
@@ -122,7 +69,7 @@ class E2eGemma3 : public ::testing::Test {
     const int32_t n_chunk_all = static_cast<int32_t>(tokens->size()) / n_ctx;
     ASSERT_EQ(n_chunk_all, static_cast<int32_t>(golden["n_chunks"].number));
     int32_t n_chunk = max_chunks > 0 ? std::min(max_chunks, n_chunk_all) : n_chunk_all;
-    if (QuickMode()) n_chunk = 1;
+    if (E2eQuickMode()) n_chunk = 1;
     const int32_t first = n_ctx / 2;
     const int64_t n_vocab = model_->hparams().n_vocab;
     double nll = 0;
@@ -162,12 +109,7 @@ class E2eGemma3 : public ::testing::Test {
         GgmlTypeName(static_cast<uint32_t>(kv_type)).c_str(), *kiln_ppl, *llama_ppl,
         *kiln_ppl / *llama_ppl);
   }
-
-  static Model* model_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<CpuForward> forward_;
 };
-Model* E2eGemma3::model_ = nullptr;
 
 TEST_F(E2eGemma3, HyperParametersAndTensorTypes) {
   const ModelHparams& hp = model_->hparams();
@@ -241,7 +183,7 @@ TEST_F(E2eGemma3, GreedyMatchesLlamaCppBitForBit) {
   const Json& cases = golden["cases"];
   ASSERT_GE(cases.items.size(), 12u);
   const int64_t n_vocab = model_->hparams().n_vocab;
-  const size_t max_compare = QuickMode() ? 8 : SIZE_MAX;
+  const size_t max_compare = E2eQuickMode() ? 8 : SIZE_MAX;
   int fully_matched = 0;
   size_t compared = 0, logits_equal = 0;
   for (size_t c = 0; c < cases.items.size(); ++c) {
@@ -283,7 +225,7 @@ TEST_F(E2eGemma3, GreedyMatchesLlamaCppBitForBit) {
       "greedy, llama.cpp order, KV f16: %d of %zu prompts identical to llama.cpp (%zu "
       "tokens%s); top-2 logits bitwise equal at %zu of %zu steps\n",
       fully_matched, cases.items.size(), compared,
-      QuickMode() ? ", quick mode: first 8 per prompt" : "", logits_equal, compared);
+      E2eQuickMode() ? ", quick mode: first 8 per prompt" : "", logits_equal, compared);
   EXPECT_EQ(fully_matched, static_cast<int>(cases.items.size()));
   EXPECT_EQ(logits_equal, compared);
 }
@@ -296,7 +238,7 @@ TEST_F(E2eGemma3, GreedyMatchesLlamaCppBitForBit) {
 TEST_F(E2eGemma3, PerplexityKilnOrderWithinHalfAPercent) {
   double kiln_ppl = 0, llama_ppl = 0;
   ASSERT_NO_FATAL_FAILURE(Perplexity(0, &kiln_ppl, &llama_ppl));
-  EXPECT_NEAR(kiln_ppl / llama_ppl, 1.0, QuickMode() ? 0.02 : 0.005);
+  EXPECT_NEAR(kiln_ppl / llama_ppl, 1.0, E2eQuickMode() ? 0.02 : 0.005);
 }
 
 // A q8_0 K/V cache against the f16 one, both in kiln's order, on the first chunk (1,024
@@ -304,7 +246,7 @@ TEST_F(E2eGemma3, PerplexityKilnOrderWithinHalfAPercent) {
 // (sanitizers): two more chunks of the 270M model there cost minutes, and the q8_0 kernels and
 // batch invariance have their sanitized runs in cpu_ops_test and llama_forward_test.
 TEST_F(E2eGemma3, Q8_0KvCachePerplexityWithinHalfAPercentOfF16) {
-  if (QuickMode()) GTEST_SKIP() << "quick mode: q8_0 perplexity runs in the release tests";
+  if (E2eQuickMode()) GTEST_SKIP() << "quick mode: q8_0 perplexity runs in the release tests";
   double f16_ppl = 0, q8_0_ppl = 0, llama_ppl = 0;
   ASSERT_NO_FATAL_FAILURE(Perplexity(1, &f16_ppl, &llama_ppl, GgmlType::kF16));
   ASSERT_NO_FATAL_FAILURE(Perplexity(1, &q8_0_ppl, &llama_ppl, GgmlType::kQ8_0));
@@ -321,7 +263,7 @@ TEST_F(E2eGemma3, Q8_0KvCachePerplexityWithinHalfAPercentOfF16) {
 // Not in quick mode: under ASan one chunk alone takes 3.5 minutes of the suite's budget, and
 // the greedy test there already compares llama.cpp-order logits bit for bit.
 TEST_F(E2eGemma3, PerplexityLlamaCppOrderEqualsLlamaCpp) {
-  if (QuickMode()) GTEST_SKIP() << "quick mode (sanitizers): run by the release build";
+  if (E2eQuickMode()) GTEST_SKIP() << "quick mode (sanitizers): run by the release build";
   forward_->set_llama_cpp_order(true);
   double kiln_ppl = 0, llama_ppl = 0;
   ASSERT_NO_FATAL_FAILURE(Perplexity(3, &kiln_ppl, &llama_ppl));

@@ -34,32 +34,17 @@
 #include "lib/quant/requantize.h"
 #include "lib/tokenizer/chat_template.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/e2e_fixture.h"
 #include "tests/common/forward_util.h"
 #include "tests/common/golden.h"
 #include "tests/common/test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN_E2E_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define KILN_E2E_SANITIZED 1
-#endif
-#endif
-#ifndef KILN_E2E_SANITIZED
-#define KILN_E2E_SANITIZED 0
-#endif
-
 namespace kiln {
 namespace {
 
-constexpr int kThreads = 2;
 constexpr double kNearTie = 1e-3;
 
-bool QuickMode() {
-  const char* env = std::getenv("KILN_E2E_QUICK");
-  return KILN_E2E_SANITIZED || (env != nullptr && std::string(env) == "1");
-}
-
+using testing::E2eQuickMode;
 using testing::Json;
 using testing::ReadFile;
 using testing::Top2;
@@ -69,49 +54,12 @@ Json LoadGolden(const std::string& relative) {
   return testing::LoadGolden(relative, "scripts/gen_llama_goldens.py");
 }
 
-class E2eSmolLm2 : public ::testing::Test {
+class E2eSmolLm2 : public testing::E2eModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = testing::DefaultModelPath();
-    if (path.empty()) return;
-    ModelLoadOptions options;
-    options.path = path;
-    auto model = Model::Load(options);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "the default model did not load";
-    forward_ = std::make_unique<CpuForward>(*model_, kThreads);
-  }
+  static void SetUpTestSuite() { LoadModel(testing::DefaultModelPath(), "the default model"); }
 
   // 64 blocks of 16 = 1024 tokens: one perplexity chunk or one greedy case at a time.
-  void MakeCache(GgmlType kv_type) {
-    auto layout = CpuForward::CacheLayout(model_->hparams(), kv_type, 16);
-    ASSERT_TRUE(layout.ok()) << layout.status();
-    KvCacheOptions options;
-    options.num_blocks = 64;
-    auto cache = KvCache::Create(*layout, options);
-    ASSERT_TRUE(cache.ok()) << cache.status();
-    cache_ = std::move(*cache);
-  }
-
-  // Appends `tokens` to `seq` at positions [start, start + n) in one batch; logits of the tokens
-  // whose position is >= `logits_from` go to *out.
-  absl::Status Run(SeqId seq, std::span<const int32_t> tokens, int32_t start, int32_t logits_from,
-                   ForwardOutput* out) {
-    KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq, tokens));
-    ForwardBatch batch;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const int32_t pos = start + static_cast<int32_t>(i);
-      batch.Add(tokens[i], seq, pos, pos >= logits_from);
-    }
-    return forward_->Forward(batch, *cache_, out);
-  }
+  void MakeCache(GgmlType kv_type) { E2eModelTest::MakeCache(kv_type, 64); }
 
   // Perplexity by llama-perplexity's method (scripts/gen_llama_goldens.py docstring) over the
   // golden text's first n_chunk chunks, with a cache of kv_type.
@@ -171,7 +119,7 @@ class E2eSmolLm2 : public ::testing::Test {
     const Json& cases = golden["cases"];
     ASSERT_GE(cases.items.size(), 10u);
     const int64_t n_vocab = model_->hparams().n_vocab;
-    const size_t max_compare = QuickMode() ? 16 : SIZE_MAX;
+    const size_t max_compare = E2eQuickMode() ? 16 : SIZE_MAX;
 
     int fully_matched = 0, diverged = 0;
     size_t compared_tokens = 0;
@@ -225,15 +173,10 @@ class E2eSmolLm2 : public ::testing::Test {
         "compared%s), %d diverged; max "
         "|kiln - llama.cpp| of the chosen logit %.4f\n",
         golden["kv_type"].str.c_str(), fully_matched, cases.items.size(), compared_tokens,
-        QuickMode() ? ", quick mode: first 16 per prompt" : "", diverged, max_top1_diff);
+        E2eQuickMode() ? ", quick mode: first 16 per prompt" : "", diverged, max_top1_diff);
     EXPECT_LE(diverged, 1) << "at most one prompt may diverge (at a near-tie)";
   }
-
-  static Model* model_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<CpuForward> forward_;
 };
-Model* E2eSmolLm2::model_ = nullptr;
 
 TEST_F(E2eSmolLm2, PromptsTokenizeAndTemplateLikeLlamaCpp) {
   const Json golden = LoadGolden("tests/data/golden/smollm2_greedy.json");
@@ -338,7 +281,7 @@ TEST_F(E2eSmolLm2, F32CopyLogitsMatchLlamaCpp) {
   auto cache = KvCache::Create(*layout, cache_options);
   ASSERT_TRUE(cache.ok()) << cache.status();
 
-  const size_t n_cases = QuickMode() ? 1 : golden["cases"].items.size();
+  const size_t n_cases = E2eQuickMode() ? 1 : golden["cases"].items.size();
   double max_diff = 0;
   size_t positions = 0;
   for (size_t c = 0; c < n_cases; ++c) {
@@ -373,7 +316,7 @@ TEST_F(E2eSmolLm2, F32CopyLogitsMatchLlamaCpp) {
 TEST_F(E2eSmolLm2, PerplexityWithinOnePercentOfLlamaCpp) {
   const Json golden = LoadGolden("tests/data/golden/smollm2_perplexity.json");
   const int32_t n_chunk_all = static_cast<int32_t>(golden["n_chunks"].number);
-  const int32_t n_chunk = QuickMode() ? std::min(n_chunk_all, 3) : n_chunk_all;
+  const int32_t n_chunk = E2eQuickMode() ? std::min(n_chunk_all, 3) : n_chunk_all;
   double kiln_ppl = 0;
   // llama-perplexity's default cache type.
   ASSERT_NO_FATAL_FAILURE(Perplexity(GgmlType::kF16, n_chunk, &kiln_ppl));
@@ -391,7 +334,7 @@ TEST_F(E2eSmolLm2, PerplexityWithinOnePercentOfLlamaCpp) {
 // within 0.5% (the target; measured +0.27% on these chunks). Not in quick mode
 // (sanitizers), as e2e_gemma3_test's.
 TEST_F(E2eSmolLm2, Q8_0KvCachePerplexityWithinHalfAPercentOfF16) {
-  if (QuickMode()) GTEST_SKIP() << "quick mode: q8_0 perplexity runs in the release tests";
+  if (E2eQuickMode()) GTEST_SKIP() << "quick mode: q8_0 perplexity runs in the release tests";
   double f16_ppl = 0, q8_0_ppl = 0;
   ASSERT_NO_FATAL_FAILURE(Perplexity(GgmlType::kF16, 2, &f16_ppl));
   ASSERT_NO_FATAL_FAILURE(Perplexity(GgmlType::kQ8_0, 2, &q8_0_ppl));

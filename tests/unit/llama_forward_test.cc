@@ -32,39 +32,9 @@ std::string MakeTinyModel(const std::string& shape_name, const std::string& type
   return path;
 }
 
-std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t blocks = 64) {
-  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16);
-  EXPECT_TRUE(layout.ok());
-  KvCacheOptions options;
-  options.num_blocks = blocks;
-  auto cache = KvCache::Create(*layout, options);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::move(*cache);
-}
-
-std::vector<int32_t> RandomTokens(int n, int64_t n_vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % n_vocab);
-  return t;
-}
-
-// Prefills `tokens` as one sequence in chunks of `chunk`, returning all logits [n, n_vocab].
-std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
-                           const std::vector<int32_t>& tokens, int chunk, int start = 0) {
-  std::vector<float> logits;
-  for (int begin = start; begin < static_cast<int>(tokens.size()); begin += chunk) {
-    const int end = std::min<int>(begin + chunk, tokens.size());
-    EXPECT_TRUE(cache.AppendSlots(seq, std::span(tokens).subspan(begin, end - begin)).ok());
-    ForwardBatch batch;
-    for (int i = begin; i < end; ++i) batch.Add(tokens[i], seq, i, true);
-    ForwardOutput out;
-    absl::Status s = fwd.Forward(batch, cache, &out);
-    EXPECT_TRUE(s.ok()) << s;
-    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
-  }
-  return logits;
-}
+using testing::MakeCache;
+using testing::Prefill;
+using testing::RandomTokens;
 
 struct TypeBound {
   const char* type;

@@ -28,6 +28,7 @@
 #include "lib/session/session.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/session_util.h"
 #include "tests/common/spec_test_util.h"
 #include "tests/common/test_util.h"
 
@@ -45,23 +46,7 @@ constexpr int32_t kRealTokens = 12;
 constexpr int kSessions = 33;  // one session and 32 others
 
 std::unique_ptr<Model> LoadTinyModel() {
-  auto shape = RandomModelShapeByName("tiny-llama-gqa");
-  EXPECT_TRUE(shape.ok());
-  auto type = gguf::WeightTypeByName("q8_0");
-  EXPECT_TRUE(type.ok());
-  RandomModelOptions options;
-  options.shape = *shape;
-  options.type = *type;
-  options.seed = 23;
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path = testing::TempDir() + "/scheduler-tiny.gguf";
-  EXPECT_TRUE(writer.WriteToFile(path).ok());
-  ModelLoadOptions load;
-  load.path = path;
-  auto model = Model::Load(load);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::LoadRandomModel("tiny-llama-gqa", "q8_0", 23, "scheduler-tiny.gguf");
 }
 
 // Engines hold many sessions at once here: unless a test sizes the pool itself, room for 64
@@ -77,17 +62,10 @@ std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options = {
     options.pool_bytes =
         static_cast<size_t>(64) * (n_ctx / options.block_size + 2) * layout->block_bytes();
   }
-  auto engine = Engine::Create(model, options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
+  return testing::MakeEngine(model, options);
 }
 
-std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(lo + rng() % (hi - lo));
-  return t;
-}
+using testing::RandomTokens;
 
 // One request of a test: its prompt, sampling and whether it speculates.
 struct Request {

@@ -22,6 +22,7 @@
 #include "lib/session/session.h"
 #include "lib/spec/draft_model_strategy.h"
 #include "lib/spec/ngram_strategy.h"
+#include "tests/common/session_util.h"
 #include "tests/common/spec_test_util.h"
 #include "tests/common/test_util.h"
 
@@ -29,32 +30,13 @@ namespace kiln {
 namespace {
 
 std::unique_ptr<Model> LoadTinyModel(uint64_t seed, const std::string& shape_name) {
-  auto shape = RandomModelShapeByName(shape_name);
-  EXPECT_TRUE(shape.ok());
-  auto type = gguf::WeightTypeByName("q8_0");
-  EXPECT_TRUE(type.ok());
-  RandomModelOptions options;
-  options.shape = *shape;
-  options.type = *type;
-  options.seed = seed;
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path =
-      kiln::StrCat(testing::TempDir(), "/state-", shape_name, "-", seed, ".gguf");
-  EXPECT_TRUE(writer.WriteToFile(path).ok());
-  ModelLoadOptions load;
-  load.path = path;
-  auto model = Model::Load(load);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::LoadRandomModel(shape_name, "q8_0", seed,
+                                  kiln::StrCat("state-", shape_name, "-", seed, ".gguf"));
 }
 
-std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options = {}) {
-  if (options.n_threads == 0) options.n_threads = 2;
-  auto engine = Engine::Create(model, options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
-}
+using testing::MakeEngine;
+using testing::NewSession;
+using testing::RandomTokens;
 
 // Control tokens (ids 0-2) banned so that random logits never end generation early.
 sample::SamplerParams Greedy() {
@@ -75,20 +57,6 @@ sample::SamplerParams Sampled() {
   p.repeat_penalty = 1.1f;
   p.n_logprobs = 3;
   return p;
-}
-
-std::unique_ptr<Session> NewSession(Engine& engine, const sample::SamplerParams& params,
-                                    uint64_t seed = 1) {
-  auto s = Session::Create(engine, params, seed);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? std::move(*s) : nullptr;
-}
-
-std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(lo + rng() % (hi - lo));
-  return t;
 }
 
 void Generate(Session& s, int32_t n) {

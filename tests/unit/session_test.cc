@@ -15,37 +15,19 @@
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/random_model.h"
 #include "lib/tokenizer/tokenizer.h"
+#include "tests/common/session_util.h"
 #include "tests/common/test_util.h"
 
 namespace kiln {
 namespace {
 
 std::unique_ptr<Model> LoadTinyModel(const std::string& shape_name = "tiny-llama-gqa") {
-  auto shape = RandomModelShapeByName(shape_name);
-  EXPECT_TRUE(shape.ok());
-  auto type = gguf::WeightTypeByName("q8_0");
-  EXPECT_TRUE(type.ok());
-  RandomModelOptions options;
-  options.shape = *shape;
-  options.type = *type;
-  options.seed = 11;
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path = testing::TempDir() + "/session-" + shape_name + ".gguf";
-  EXPECT_TRUE(writer.WriteToFile(path).ok());
-  ModelLoadOptions load;
-  load.path = path;
-  auto model = Model::Load(load);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::LoadRandomModel(shape_name, "q8_0", 11, "session-" + shape_name + ".gguf");
 }
 
-std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options = {}) {
-  if (options.n_threads == 0) options.n_threads = 2;
-  auto engine = Engine::Create(model, options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
-}
+using testing::MakeEngine;
+using testing::NewSession;
+using testing::RandomTokens;
 
 // Greedy parameters that ban the tiny vocabulary's control tokens (ids 0-2), so random logits
 // never end generation early.
@@ -56,20 +38,6 @@ sample::SamplerParams Greedy(bool ban_control = true) {
     for (int32_t t = 0; t < 3; ++t) p.logit_bias.push_back({t, -INFINITY});
   }
   return p;
-}
-
-std::unique_ptr<Session> NewSession(Engine& engine, const sample::SamplerParams& params,
-                                    uint64_t seed = 1) {
-  auto s = Session::Create(engine, params, seed);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? std::move(*s) : nullptr;
-}
-
-std::vector<int32_t> RandomTokens(int n, int64_t lo, int64_t hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(lo + rng() % (hi - lo));
-  return t;
 }
 
 std::vector<int32_t> Generated(const Session& s, size_t prompt_len) {

@@ -1,0 +1,67 @@
+// The fixture the end-to-end tests of real models (tests/unit/e2e_*_test.cc) share: the model
+// loaded once per suite, a CPU forward pass of its own per test, a KV cache, and one batch run;
+// plus the quick mode in which they run a documented subset (under sanitizers, or with
+// KILN_E2E_QUICK=1).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/model.h"
+#include "tests/common/forward_util.h"
+
+// Detected in each test's own translation unit, which the sanitizer build compiles with its flags.
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_E2E_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define KILN_E2E_SANITIZED 1
+#endif
+#endif
+#ifndef KILN_E2E_SANITIZED
+#define KILN_E2E_SANITIZED 0
+#endif
+
+namespace kiln::testing {
+
+// True under sanitizers or with KILN_E2E_QUICK=1: the e2e tests then run their documented subset.
+inline bool E2eQuickMode() {
+  const char* env = std::getenv("KILN_E2E_QUICK");
+  return KILN_E2E_SANITIZED || (env != nullptr && std::string(env) == "1");
+}
+
+// A suite derives from this and calls LoadModel from its own SetUpTestSuite. Each e2e test is
+// its own executable with one such suite, so the one static model is that suite's.
+class E2eModelTest : public ::testing::Test {
+ protected:
+  static constexpr int kThreads = 2;
+
+  // Loads the model at `path` (empty: not fetched; SetUp then fails naming `name`).
+  static void LoadModel(const std::string& path, const std::string& name);
+  static void TearDownTestSuite();
+
+  // Fails unless the model loaded; gives the test a forward pass of its own.
+  void SetUp() override;
+
+  // A cache of `num_blocks` blocks of 16 tokens with KV entries of kv_type.
+  void MakeCache(GgmlType kv_type, int32_t num_blocks);
+
+  // Appends `tokens` to `seq` at positions [start, start + n) in one batch; logits of the tokens
+  // whose position is >= `logits_from` go to *out.
+  absl::Status Run(SeqId seq, std::span<const int32_t> tokens, int32_t start, int32_t logits_from,
+                   ForwardOutput* out);
+
+  static Model* model_;
+  static std::string model_name_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<CpuForward> forward_;
+};
+
+}  // namespace kiln::testing

@@ -1,0 +1,23 @@
+#include "tests/common/session_util.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+
+namespace kiln::testing {
+
+std::unique_ptr<Engine> MakeEngine(const Model& model, EngineOptions options) {
+  if (options.n_threads == 0) options.n_threads = 2;
+  auto engine = Engine::Create(model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::unique_ptr<Session> NewSession(Engine& engine, const sample::SamplerParams& params,
+                                    uint64_t seed) {
+  auto s = Session::Create(engine, params, seed);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+}  // namespace kiln::testing
