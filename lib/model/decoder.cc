@@ -359,6 +359,13 @@ absl::Status DecoderForward::FinishState(PassState& s) {
     KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h_.data(), n_logits,
                                          out->logits.data()));  // [n_logits, n_vocab]
   }
+  // The features (h_: the normed rows the head read) only when asked: most passes skip the copy.
+  out->n_embd = s.batch->want_hidden ? d : 0;
+  if (s.batch->want_hidden && n_logits > 0) {
+    out->hidden.assign(h_.begin(), h_.begin() + n_logits * d);
+  } else {
+    out->hidden.clear();
+  }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
   const ForwardBatch& batch = *s.batch;
   for (size_t q = 0; q < s.seqs.size(); ++q) {
