@@ -110,8 +110,9 @@ int main(int argc, char** argv) {
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
     }
-    if (a == "--only-medusa") {
+    if (a == "--only-medusa") {  // the one flag without a value
       only_medusa = true;
+      --i;
       continue;
     }
     if (i + 1 >= argc) {

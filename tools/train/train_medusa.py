@@ -2,7 +2,7 @@
 file that `kiln --strategy medusa:PATH` loads (lib/spec/medusa_strategy.h has the format).
 
   python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR [--heads 3]
-      [--minutes 30] [--batch 256] [--lr 1e-3] [--seed 0]
+      [--minutes 30] [--max-steps N] [--batch 256] [--lr 1e-3] [--seed 0] [--negatives N]
   python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR --export HEAD.gguf
       [--tree-size 12] [--pass-cost-beta 0.1]
 
@@ -101,14 +101,16 @@ def train(args):
     print(f"data: {n_samples} samples, {len(rows)} positions ({len(train_idx)} for training), "
           f"d {d}, vocab {E.shape[0]}", flush=True)
 
-    def save():
-        np.savez(ck, W=W, b=b, mW=mW, vW=vW, mb=mb, vb=vb, step=step, spent=spent,
+    def save():  # atomic: a reader (or a crash) never sees half a checkpoint
+        tmp = ck + ".tmp.npz"
+        np.savez(tmp, W=W, b=b, mW=mW, vW=vW, mb=mb, vb=vb, step=step, spent=spent,
                  rng=np.array(rng.bit_generator.state, dtype=object))
+        os.replace(tmp, ck)
 
     b1, b2, eps = 0.9, 0.999, 1e-8
     losses = []
     t_last = time.time()
-    while spent < args.minutes * 60:
+    while spent < args.minutes * 60 and (args.max_steps == 0 or step < args.max_steps):
         batch = rng.choice(train_idx, size=args.batch, replace=False)
         X = feats[rows[batch]].astype(np.float32)  # [B, d]
         step += 1
@@ -166,7 +168,9 @@ def acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples, 
         for j in range(K):
             Z, _, _ = head_forward(W[j], b[j], X)
             logits = Z @ E.T
-            top = np.argsort(-logits, axis=1, kind="stable")[:, :max_rank]
+            part = np.argpartition(-logits, max_rank, axis=1)[:, :max_rank]
+            order = np.argsort(-np.take_along_axis(logits, part, axis=1), axis=1, kind="stable")
+            top = np.take_along_axis(part, order, axis=1)
             acc[j] += (top == targets[idx, j][:, None]).sum(axis=0)
     return acc / max(1, len(val)), len(val)
 
@@ -195,7 +199,8 @@ def choose_tree(acc, tree_size, beta):
 
 def export(args):
     E, fp = load_lm_head(args.model)
-    z = np.load(os.path.join(args.out, "checkpoint.npz"), allow_pickle=True)
+    with np.load(os.path.join(args.out, "checkpoint.npz"), allow_pickle=True) as f:
+        z = {k: f[k] for k in ("W", "b", "step", "spent")}
     W, b = z["W"], z["b"]
     K, d = W.shape[0], W.shape[1]
     feats, rows, targets, sample_of, n_samples = load_data(args.data, K)
@@ -240,6 +245,8 @@ def main():
     ap.add_argument("--out", required=True, help="checkpoint directory")
     ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after this many steps in total (0: only --minutes); for reproducing")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
