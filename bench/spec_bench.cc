@@ -18,6 +18,8 @@
 //   spec_bench [--model PATH] [--threads N] [--tokens N] [--reps N] [--draft-layers K]
 //              [--draft-max K] [--ngram-max K] [--ngram-min N] [--prompts N (per set, at most 4)]
 //              [--temp T (only this temperature)] [--set chat|copy (only this set)]
+//              [--medusa HEAD.gguf (adds the Medusa strategy with this head file)]
+//              [--only-medusa (plain and medusa only)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +32,7 @@
 #include "lib/session/session.h"
 #include "lib/spec/draft_model_strategy.h"
 #include "lib/spec/make_draft.h"
+#include "lib/spec/medusa_strategy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/spec/spec_generate.h"
 #include "lib/tokenizer/tokenizer.h"
@@ -92,6 +95,8 @@ int main(int argc, char** argv) {
       n_prompts = 4, ngram_min = NgramParams().min_ngram;
   std::vector<float> temps = {0.0f, 0.8f};
   std::vector<int> sets = {0, 1};  // chat, copy
+  std::string medusa_path;
+  bool only_medusa = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -100,9 +105,15 @@ int main(int argc, char** argv) {
           "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
           "                  [--ngram-min N (shortest suffix, 1)]\n"
           "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
+          "                  [--medusa HEAD.gguf] [--only-medusa]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
+    }
+    if (a == "--only-medusa") {  // the one flag without a value
+      only_medusa = true;
+      --i;
+      continue;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "flag %s needs a value\n", argv[i]);
@@ -125,6 +136,8 @@ int main(int argc, char** argv) {
       ngram_max = std::atoi(v);
     else if (a == "--ngram-min")
       ngram_min = std::atoi(v);
+    else if (a == "--medusa")
+      medusa_path = v;
     else if (a == "--prompts")
       n_prompts = std::atoi(v);
     else if (a == "--temp")
@@ -181,10 +194,23 @@ int main(int argc, char** argv) {
     const char* name;
     Strategy* strategy;
   };
-  const Named strategies[] = {{"plain", nullptr},
-                              {"ngram", ngram->get()},
-                              {"ngram-max", ngram_always->get()},
-                              {"draft", draft->get()}};
+  std::vector<Named> strategies = {{"plain", nullptr}};
+  if (!only_medusa) {
+    strategies.push_back({"ngram", ngram->get()});
+    strategies.push_back({"ngram-max", ngram_always->get()});
+    strategies.push_back({"draft", draft->get()});
+  }
+  std::unique_ptr<MedusaStrategy> medusa;
+  if (!medusa_path.empty()) {
+    MedusaParams mp;
+    auto loaded = MedusaStrategy::Load(medusa_path, **model, mp);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "medusa: %s\n", std::string(loaded.status().message()).c_str());
+      return 1;
+    }
+    medusa = std::move(*loaded);
+    strategies.push_back({"medusa", medusa.get()});
+  }
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",
       model_path.c_str(), threads, tokens, reps, ngram_max, draft_layers, draft_max);
@@ -205,9 +231,9 @@ int main(int argc, char** argv) {
       std::vector<PromptTotals> plain_prompts(prompts.size()), ngram_prompts(prompts.size());
       // Repetitions outer, strategies inner: a drift in the machine's speed (a loaded
       // neighbour, frequency) then touches every strategy alike instead of whichever ran last.
-      constexpr size_t kStrategies = std::size(strategies);
-      Row rows[kStrategies];
-      std::vector<double> betas[kStrategies];
+      const size_t kStrategies = strategies.size();
+      std::vector<Row> rows(kStrategies);
+      std::vector<std::vector<double>> betas(kStrategies);
       for (int r = 0; r < reps; ++r) {
         for (size_t si = 0; si < kStrategies; ++si) {
           const Named& s = strategies[si];

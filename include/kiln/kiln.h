@@ -837,6 +837,28 @@ KILN_API kiln_status kiln_strategy_create_draft(const kiln_model* target, const 
                                                 const kiln_draft_params* params,
                                                 kiln_strategy** out_strategy);
 
+/* Medusa heads (added in 0.2.0 after the ABI 1 baseline: new struct and functions only). */
+typedef struct kiln_medusa_params {
+  uint32_t struct_size; /* set by kiln_medusa_params_init */
+  int32_t max_draft;    /* most tree nodes verified per step (the head file's tree, cut); 0
+                         * (default): the whole tree */
+  int32_t n_threads;    /* threads of the heads' LM-head matmul; default 1; <= 0: physical cores */
+} kiln_medusa_params;
+
+/* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_medusa_params_init(kiln_medusa_params* params, size_t struct_size);
+
+/* Medusa heads for `target` from the head file `head_path` (GGUF, architecture "medusa";
+ * tools/train/ makes them; docs/speculative.md): they draft a static tree from the target's
+ * final hidden state, verified exactly (greedy output identical to plain decoding, sampling
+ * distributed as plain sampling). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too
+ * small, a bad field, a head trained for another model: the message names what differs, or a
+ * file that is not a medusa head), KILN_ERR_FORMAT (a malformed head file), KILN_ERR_IO,
+ * KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* head_path,
+                                                 const kiln_medusa_params* params,
+                                                 kiln_strategy** out_strategy);
+
 /* NULL is a no-op. Must not be attached to a live session. */
 KILN_API void kiln_strategy_destroy(kiln_strategy* strategy);
 

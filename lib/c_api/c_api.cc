@@ -22,6 +22,7 @@
 #include "lib/model/model.h"
 #include "lib/quant/quant.h"
 #include "lib/spec/draft_model_strategy.h"
+#include "lib/spec/medusa_strategy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/tokenizer/chat_template.h"
 #include "lib/tokenizer/tokenizer.h"
@@ -183,6 +184,15 @@ kiln_draft_params Defaults() {
   p.n_threads = d.n_threads;
   p.n_ctx = d.n_ctx;
   p.fixed_pass_cost_beta = d.fixed_pass_cost_beta;
+  return p;
+}
+
+template <>
+kiln_medusa_params Defaults() {
+  kiln_medusa_params p = VersionedStruct<kiln_medusa_params>::Zeroed();
+  const kiln::spec::MedusaParams d;
+  p.max_draft = d.max_draft;
+  p.n_threads = d.n_threads;
   return p;
 }
 
@@ -1240,6 +1250,38 @@ kiln_status kiln_strategy_create_draft(const kiln_model* target, const char* dra
     if (!s.ok()) {
       return FromAbsl(absl::Status(
           s.status().code(), kiln::StrCat("kiln_strategy_create_draft: ", s.status().message())));
+    }
+    auto handle = std::make_unique<kiln_strategy>();
+    handle->strategy = std::move(*s);
+    *out_strategy = handle.release();
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_medusa_params_init(kiln_medusa_params* params, size_t struct_size) {
+  return InitParams("kiln_medusa_params_init", params, struct_size);
+}
+
+kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* head_path,
+                                        const kiln_medusa_params* caller_params,
+                                        kiln_strategy** out_strategy) {
+  return Guard("kiln_strategy_create_medusa", [&]() -> kiln_status {
+    if (target == nullptr || head_path == nullptr || caller_params == nullptr ||
+        out_strategy == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_medusa: target, head_path, params and out_strategy are "
+                  "required");
+    }
+    kiln_medusa_params read;
+    const kiln_status status = ReadParams("kiln_strategy_create_medusa", caller_params, &read);
+    if (status != KILN_OK) return status;
+    kiln::spec::MedusaParams p;
+    p.max_draft = read.max_draft;
+    p.n_threads = read.n_threads;
+    auto s = kiln::spec::MedusaStrategy::Load(head_path, *target->model, p);
+    if (!s.ok()) {
+      return FromAbsl(absl::Status(
+          s.status().code(), kiln::StrCat("kiln_strategy_create_medusa: ", s.status().message())));
     }
     auto handle = std::make_unique<kiln_strategy>();
     handle->strategy = std::move(*s);

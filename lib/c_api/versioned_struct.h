@@ -95,6 +95,12 @@ struct StructReleases<kiln_draft_params> {
       KILN_FIELD_END(kiln_draft_params, fixed_pass_cost_beta)};  // 0.2
 };
 template <>
+struct StructReleases<kiln_medusa_params> {
+  static constexpr const char* kName = "kiln_medusa_params";
+  static constexpr const char* kInit = "kiln_medusa_params_init";
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_medusa_params, n_threads)};  // 0.2
+};
+template <>
 struct StructReleases<kiln_spec_metrics> {
   static constexpr const char* kName = "kiln_spec_metrics";
   static constexpr const char* kInit = nullptr;

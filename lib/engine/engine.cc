@@ -88,6 +88,7 @@ absl::Status Engine::Prefill(const PrefillRequest& request, int32_t* n_done) {
         const bool want = i >= request.logits_from || (request.last_logits && i == n - 1);
         batch_.Add(request.tokens[i], request.seq, start + (i - begin), want);
       }
+      batch_.want_hidden = static_cast<bool>(request.on_hidden);
       KILN_RETURN_IF_ERROR(
           cache.AppendSlots(request.seq, request.tokens.subspan(begin, end - begin)));
       absl::Status st = pass.Forward(batch_, cache, &out_);
@@ -99,6 +100,11 @@ absl::Status Engine::Prefill(const PrefillRequest& request, int32_t* n_done) {
         // Rows of out_.logits are the tokens that asked, in batch order.
         for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
           request.on_logits(begin + out_.logit_tokens[r], out_.LogitsRow(r));
+        }
+      }
+      if (request.on_hidden && out_.has_hidden()) {
+        for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
+          request.on_hidden(begin + out_.logit_tokens[r], out_.HiddenRow(r));
         }
       }
       return absl::OkStatus();

@@ -64,6 +64,10 @@ struct PrefillRequest {
   int32_t logits_from = INT32_MAX;
   bool last_logits = true;
   std::function<void(int32_t index, const float* logits)> on_logits;
+  // When set, the same tokens also return their target features (ForwardOutput::hidden: the
+  // normed final hidden state the LM head reads) to on_hidden(index in tokens, row [n_embd]),
+  // after on_logits; used to capture training data for draft heads (tools/train/).
+  std::function<void(int32_t index, const float* hidden)> on_hidden;
   // Checked before each chunk; true stops with Cancelled (the chunks done stay computed).
   std::function<bool()> cancelled;
 };

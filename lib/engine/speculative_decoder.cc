@@ -89,6 +89,7 @@ void SpeculativeDecoder::AddToBatch(int32_t root_index, int32_t root_token, Forw
   bool is_chain = true;
   for (int32_t i = 0; i < n_nodes; ++i) is_chain = is_chain && draft_.parents[i] == i - 1;
   depth_.resize(n_nodes);
+  if (strategy_ != nullptr && strategy_->wants_target_features()) batch->want_hidden = true;
   batch->Add(root_token, seq_, root_index, /*want_logits=*/true);
   for (int32_t i = 0; i < n_nodes; ++i) {
     const int32_t parent = draft_.parents[i];
@@ -128,6 +129,7 @@ absl::Status SpeculativeDecoder::Verify(const std::vector<int32_t>& tokens,
 
 absl::Status SpeculativeDecoder::Complete(std::vector<int32_t>* tokens, int32_t max_emit,
                                           int32_t root_index, KvCache& cache, Backend& backend,
+                                          const ForwardOutput& pass_out, size_t row_begin,
                                           SpecStepResult* out) {
   const int32_t n_nodes = draft_.size();
   // Cut after the first end-of-generation token and at max_emit.
@@ -163,6 +165,19 @@ absl::Status SpeculativeDecoder::Complete(std::vector<int32_t>* tokens, int32_t 
   tokens->insert(tokens->end(), out->emitted.begin(), out->emitted.end());
   if (strategy_ != nullptr) {
     strategy_->Accepted(n_nodes, std::span(verify_.tokens).first(m));
+  }
+  if (strategy_ != nullptr && strategy_->wants_target_features() && pass_out.has_hidden()) {
+    // The rows that produced the emitted tokens: the root's, then the accepted nodes' (as for
+    // the log-probabilities above), i.e. the features of text positions [root_index, + keep).
+    const int64_t d = pass_out.n_embd;
+    features_.resize(static_cast<size_t>(keep * d));
+    for (int32_t j = 0; j < keep; ++j) {
+      const int32_t row = j == 0 ? 0 : verify_.accepted_nodes[j - 1] + 1;
+      const float* src = pass_out.HiddenRow(row_begin + row);
+      std::copy(src, src + d, features_.begin() + j * d);
+    }
+    strategy_->ObserveTargetFeatures(root_index, static_cast<int32_t>(tokens->size()), features_,
+                                     d);
   }
   ++metrics_.steps;
   metrics_.drafted += n_nodes;
@@ -219,7 +234,7 @@ absl::Status SpeculativeDecoder::Step(std::vector<int32_t>* tokens, int32_t max_
 
   // 5. Commit the accepted path.
   st = engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
-    return Complete(tokens, max_emit, root_index, cache, pass.backend(), out);
+    return Complete(tokens, max_emit, root_index, cache, pass.backend(), out_, 0, out);
   });
   if (!st.ok()) {
     ClearResult(out);
@@ -261,7 +276,7 @@ absl::Status SpeculativeDecoder::Finish(std::vector<int32_t>* tokens, int32_t ma
     cost_.Observe(
         1 + draft_.size(),
         forward_seconds + std::chrono::duration<double>(Clock::now() - sampling_start).count());
-    st = Complete(tokens, max_emit, root_index, cache, backend, result);
+    st = Complete(tokens, max_emit, root_index, cache, backend, out, row_begin, result);
   }
   if (!st.ok()) {
     ClearResult(result);

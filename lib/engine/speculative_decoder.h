@@ -122,8 +122,10 @@ class SpeculativeDecoder {
   absl::Status Verify(const std::vector<int32_t>& tokens, const ForwardOutput& out,
                       size_t row_begin);
   // Commit and bookkeeping after Verify; cache access through `cache` (mutex held).
+  // pass_out rows [row_begin, ...) are this step's (their features go to the strategy).
   absl::Status Complete(std::vector<int32_t>* tokens, int32_t max_emit, int32_t root_index,
-                        KvCache& cache, Backend& backend, SpecStepResult* out);
+                        KvCache& cache, Backend& backend, const ForwardOutput& pass_out,
+                        size_t row_begin, SpecStepResult* out);
   absl::Status Commit(KvCache& cache, Backend& backend, int32_t root_index,
                       std::span<const int32_t> accepted_nodes,
                       std::span<const int32_t> accepted_tokens);
@@ -145,6 +147,7 @@ class SpeculativeDecoder {
   std::vector<sample::DraftNode> nodes_;  // [n_nodes]
   std::vector<int32_t> history_;          // scratch: tokens + a node's ancestors
   std::vector<int32_t> path_;             // scratch
+  std::vector<float> features_;           // [kept tokens, n_embd] for ObserveTargetFeatures
   sample::VerifyResult verify_;
 };
 

@@ -108,6 +108,20 @@ class Strategy {
   // Forgets all state (a new conversation, a rewind the strategy cannot follow).
   virtual void Reset() = 0;
 
+  // Strategies that draft from the target's features (Medusa and EAGLE heads) return true: the
+  // decoder then asks its passes for the final hidden states (ForwardBatch::want_hidden) and
+  // hands those of the accepted path to ObserveTargetFeatures after every step.
+  virtual bool wants_target_features() const { return false; }
+
+  // After a step (only when wants_target_features): `features` [n, n_embd] (row-major) are the
+  // target's final hidden states (after the output norm: what the LM head multiplies) of the
+  // tokens at text positions [first_position, first_position + n): the old root and the accepted
+  // drafts, each the row whose logits gave the token after it. `context_len` is the sequence
+  // length after the step, so the last row (position context_len - 2) is the feature that
+  // predicted the new root. Called after Accepted.
+  virtual void ObserveTargetFeatures(int32_t first_position, int32_t context_len,
+                                     std::span<const float> features, int64_t n_embd) {}
+
   // A strategy in the same state (adaptive estimates, and whatever it holds about the context it
   // last saw) that serves another session: Session::Fork gives the fork a clone so both continue
   // speculating. The clone is independent of this strategy (it may be used on another thread at

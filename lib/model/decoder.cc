@@ -428,6 +428,16 @@ absl::Status DecoderForward::FinishState(PassState& s) {
   const int64_t n = s.n;
   KvCache& cache = *s.cache;
   KILN_RETURN_IF_ERROR(HeadRows(s, hp_.n_vocab));
+  // The features (head_in: the normed rows the head read) only when asked: most passes skip the
+  // copy.
+  ForwardOutput* out = s.out;
+  const int64_t d = hp_.n_embd;
+  out->n_embd = s.batch->want_hidden ? d : 0;
+  if (s.batch->want_hidden && s.n_logits > 0) {
+    out->hidden.assign(s.head_in.begin(), s.head_in.begin() + s.n_logits * d);
+  } else {
+    out->hidden.clear();
+  }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
   const ForwardBatch& batch = *s.batch;
   for (size_t q = 0; q < s.seqs.size(); ++q) {

@@ -28,8 +28,15 @@ struct BatchToken {
 
 struct ForwardBatch {
   std::vector<BatchToken> tokens;
+  // true: the pass also returns the final hidden state of every logits row (ForwardOutput::hidden)
+  // for strategies that draft from the target's features (Medusa / EAGLE heads). Off by default:
+  // most passes need only the logits.
+  bool want_hidden = false;
 
-  void Clear() { tokens.clear(); }
+  void Clear() {
+    tokens.clear();
+    want_hidden = false;
+  }
   void Add(int32_t token, SeqId seq, int32_t pos, bool want_logits, int32_t parent = -1,
            int32_t cache_index = -1) {
     tokens.push_back({token, seq, pos, cache_index < 0 ? pos : cache_index, parent, want_logits});
@@ -40,8 +47,15 @@ struct ForwardOutput {
   int64_t n_vocab = 0;
   std::vector<int32_t> logit_tokens;  // batch index of each logits row, in batch order
   std::vector<float> logits;          // [logit_tokens.size(), n_vocab]
+  // When the batch asked (ForwardBatch::want_hidden): the target features, i.e. the final
+  // hidden state after the output norm, exactly what the LM head multiplies, of every logits
+  // row: [logit_tokens.size(), n_embd]. Otherwise empty (n_embd 0).
+  int64_t n_embd = 0;
+  std::vector<float> hidden;
 
   const float* LogitsRow(size_t i) const { return logits.data() + i * n_vocab; }
+  const float* HiddenRow(size_t i) const { return hidden.data() + i * n_embd; }
+  bool has_hidden() const { return n_embd > 0 && !hidden.empty(); }
 };
 
 }  // namespace kiln

@@ -276,6 +276,12 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     backend_.RmsNorm(x, model_.output_norm().AsF32(), n_logits, d, hp_.rms_eps, h);
     KILN_RETURN_IF_ERROR(backend_.MatMul(model_.output(), h, n_logits, out->logits.data()));
   }
+  out->n_embd = batch.want_hidden ? d : 0;
+  if (batch.want_hidden && n_logits > 0) {
+    out->hidden.assign(h, h + n_logits * d);
+  } else {
+    out->hidden.clear();
+  }
   // Causal tokens are final; tree nodes stay provisional until the caller commits a path.
   std::vector<SeqId> seqs;
   for (const BatchToken& t : batch.tokens) {

@@ -224,6 +224,19 @@ static void test_model(const char* path) {
   CHECK(kiln_chat_apply_template(model, "{{ not a known template }}", msgs, 1, 1, out, sizeof out,
                                  &len) != KILN_OK);
   CHECK(kiln_chat_apply_template(model, "llama3", msgs, 1, 1, out, sizeof out, &len) == KILN_OK);
+
+  /* Medusa heads: defaults, a missing file, and a file that is not a head (the model itself). */
+  kiln_medusa_params mp;
+  CHECK(kiln_medusa_params_init(&mp, sizeof mp) == KILN_OK);
+  CHECK(mp.struct_size == sizeof mp && mp.max_draft == 0 && mp.n_threads == 1);
+  kiln_strategy* medusa = NULL;
+  CHECK(kiln_strategy_create_medusa(model, "/nonexistent/head.gguf", &mp, &medusa) == KILN_ERR_IO);
+  CHECK(kiln_strategy_create_medusa(model, path, &mp, &medusa) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "not a medusa head") != NULL);
+  CHECK(kiln_strategy_create_medusa(model, path, NULL, &medusa) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(medusa == NULL);
+  mp.max_draft = -1;
+  CHECK(kiln_strategy_create_medusa(model, path, &mp, &medusa) == KILN_ERR_INVALID_ARGUMENT);
   kiln_model_destroy(model);
 }
 

@@ -1,0 +1,148 @@
+#include "lib/spec/draft_head.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/common/strings.h"
+
+namespace kiln::spec {
+
+uint64_t VocabularyHash(std::span<const std::string_view> tokens) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  for (std::string_view t : tokens) {
+    for (unsigned char c : t) h = (h ^ c) * kPrime;
+    h = (h ^ 0xffu) * kPrime;
+  }
+  return h;
+}
+
+absl::StatusOr<TargetFingerprint> FingerprintOf(const Model& model) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
+                        model.file().GetStringArray("tokenizer.ggml.tokens"));
+  TargetFingerprint fp;
+  fp.vocab_hash = VocabularyHash(tokens);
+  fp.n_vocab = model.hparams().n_vocab;
+  fp.n_embd = model.hparams().n_embd;
+  fp.n_layer = model.hparams().n_layer;
+  return fp;
+}
+
+absl::StatusOr<TargetFingerprint> ReadTargetFingerprint(const gguf::GgufFile& file,
+                                                        std::string_view arch) {
+  TargetFingerprint fp;
+  auto get = [&](std::string_view field) -> absl::StatusOr<uint64_t> {
+    const std::string key = kiln::StrCat(arch, ".target.", field);
+    absl::StatusOr<uint64_t> v = file.GetUint(key);
+    if (!v.ok()) {
+      return absl::DataLossError(kiln::StrCat("head file: key ", key,
+                                              " (the target fingerprint): ", v.status().message()));
+    }
+    return *v;
+  };
+  KILN_ASSIGN_OR_RETURN(fp.vocab_hash, get("vocab_hash"));
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_vocab, get("vocab_size"));
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_embd, get("embedding_length"));
+  KILN_ASSIGN_OR_RETURN(const uint64_t n_layer, get("block_count"));
+  fp.n_vocab = static_cast<int64_t>(n_vocab);
+  fp.n_embd = static_cast<int64_t>(n_embd);
+  fp.n_layer = static_cast<int64_t>(n_layer);
+  return fp;
+}
+
+void WriteTargetFingerprint(const TargetFingerprint& fp, std::string_view arch,
+                            gguf::GgufWriter& writer) {
+  writer.SetUint64(kiln::StrCat(arch, ".target.vocab_hash"), fp.vocab_hash);
+  writer.SetUint32(kiln::StrCat(arch, ".target.vocab_size"), static_cast<uint32_t>(fp.n_vocab));
+  writer.SetUint32(kiln::StrCat(arch, ".target.embedding_length"),
+                   static_cast<uint32_t>(fp.n_embd));
+  writer.SetUint32(kiln::StrCat(arch, ".target.block_count"), static_cast<uint32_t>(fp.n_layer));
+}
+
+absl::Status CheckTarget(const TargetFingerprint& head, const TargetFingerprint& target,
+                         std::string_view arch, std::string_view path) {
+  std::vector<std::string> diffs;
+  if (head.vocab_hash != target.vocab_hash) {
+    diffs.push_back(kiln::StrCat("vocabulary hash ", absl::Hex(head.vocab_hash), " != the model's ",
+                                 absl::Hex(target.vocab_hash)));
+  }
+  if (head.n_vocab != target.n_vocab) {
+    diffs.push_back(
+        kiln::StrCat("vocabulary size ", head.n_vocab, " != the model's ", target.n_vocab));
+  }
+  if (head.n_embd != target.n_embd) {
+    diffs.push_back(kiln::StrCat("hidden size ", head.n_embd, " != the model's ", target.n_embd));
+  }
+  if (head.n_layer != target.n_layer) {
+    diffs.push_back(kiln::StrCat("layer count ", head.n_layer, " != the model's ", target.n_layer));
+  }
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(kiln::StrCat(
+      path, ": this ", arch, " head was trained for another model: ", absl::StrJoin(diffs, ", ")));
+}
+
+int32_t StaticTree::MaxDepth(int32_t n) const {
+  int32_t d = 0;
+  for (int32_t i = 0; i < std::min(n, size()); ++i) d = std::max(d, depths[i]);
+  return d;
+}
+
+absl::StatusOr<StaticTree> MakeStaticTree(std::vector<int32_t> parents, std::vector<int32_t> ranks,
+                                          int32_t max_depth, int32_t max_rank) {
+  if (parents.size() != ranks.size()) {
+    return absl::InvalidArgumentError(
+        kiln::StrCat("draft tree: ", parents.size(), " parents but ", ranks.size(), " ranks"));
+  }
+  StaticTree t;
+  t.depths.resize(parents.size());
+  std::set<std::pair<int32_t, int32_t>> children;  // (parent, rank)
+  for (size_t i = 0; i < parents.size(); ++i) {
+    const int32_t p = parents[i];
+    if (p < -1 || p >= static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(
+          kiln::StrCat("draft tree: node ", i, " has parent ", p, " (must be -1 or < ", i, ")"));
+    }
+    if (ranks[i] < 0 || ranks[i] >= max_rank) {
+      return absl::InvalidArgumentError(kiln::StrCat("draft tree: node ", i, " has rank ", ranks[i],
+                                                     " (must be in [0, ", max_rank, "))"));
+    }
+    if (!children.insert({p, ranks[i]}).second) {
+      return absl::InvalidArgumentError(
+          kiln::StrCat("draft tree: node ", i, " repeats rank ", ranks[i], " under parent ", p));
+    }
+    t.depths[i] = p < 0 ? 1 : t.depths[p] + 1;
+    if (t.depths[i] > max_depth) {
+      return absl::InvalidArgumentError(kiln::StrCat("draft tree: node ", i, " is at depth ",
+                                                     t.depths[i], " but the file has ", max_depth,
+                                                     " heads"));
+    }
+  }
+  t.parents = std::move(parents);
+  t.ranks = std::move(ranks);
+  return t;
+}
+
+absl::StatusOr<StaticTree> ReadStaticTree(const gguf::GgufFile& file, std::string_view arch,
+                                          int32_t max_depth, int32_t max_rank) {
+  std::vector<std::vector<int32_t>> arrays;
+  for (std::string_view field : {"parents", "ranks"}) {
+    const std::string key = kiln::StrCat(arch, ".tree.", field);
+    absl::StatusOr<std::vector<int64_t>> v = file.GetIntArray(key);
+    if (!v.ok()) {
+      return absl::DataLossError(kiln::StrCat("head file: key ", key, ": ", v.status().message()));
+    }
+    std::vector<int32_t>& a = arrays.emplace_back();
+    for (int64_t x : *v) a.push_back(static_cast<int32_t>(std::clamp<int64_t>(x, -2, 1 << 30)));
+  }
+  return MakeStaticTree(std::move(arrays[0]), std::move(arrays[1]), max_depth, max_rank);
+}
+
+void WriteStaticTree(const StaticTree& tree, std::string_view arch, gguf::GgufWriter& writer) {
+  writer.SetArrayInt32(kiln::StrCat(arch, ".tree.parents"), tree.parents);
+  writer.SetArrayInt32(kiln::StrCat(arch, ".tree.ranks"), tree.ranks);
+}
+
+}  // namespace kiln::spec

@@ -1,0 +1,314 @@
+// Medusa heads (lib/spec/medusa_strategy.h) and the target features they read:
+//   - the features the engine returns are exactly what the LM head multiplies;
+//   - a head file made for another model is refused, naming what differs;
+//   - greedy output with the Medusa strategy is identical to plain greedy decoding (20 prompts,
+//     the committed head for the default model when present, else a random head);
+//   - at temperature 1 the first emitted token is distributed as the target's (tiny model, a
+//     random head whose tree has several children per node).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lib/backend/cpu/cpu_backend.h"
+#include "lib/engine/speculative_decoder.h"
+#include "lib/model/model.h"
+#include "lib/sample/sampler.h"
+#include "lib/spec/draft_head.h"
+#include "lib/spec/medusa_strategy.h"
+#include "lib/spec/spec_generate.h"
+#include "tests/common/spec_test_util.h"
+#include "tests/common/test_util.h"
+
+namespace kiln::spec {
+namespace {
+
+using kiln::testing::ChatPrompt;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int32_t kMaxTokens = 8;
+constexpr int kDistributionSamples = 2000;
+#else
+constexpr int32_t kMaxTokens = 16;
+constexpr int kDistributionSamples = 8000;
+#endif
+
+const char* const kPrompts[] = {
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "Give three tips for learning a new language.",
+    "Translate to French: Good morning.",
+    "What is 12 times 7?",
+    "Name the planets of the solar system.",
+    "Why is the sky blue?",
+    "Write a limerick about a cat.",
+    "How do I boil an egg?",
+    "What does a compiler do?",
+    "Suggest a name for a bakery.",
+    "Describe a rainy day in one sentence.",
+    "List three primary colors.",
+    "What is photosynthesis?",
+    "Tell me a fun fact about octopuses.",
+    "How many days are in a leap year?",
+    "What is the opposite of hot?",
+    "Write a short thank-you note.",
+    "Summarize the story of Cinderella.",
+};
+
+// The committed head for the default model (tools/train/, models/README.md).
+std::string TrainedHeadPath() {
+  return kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.medusa.gguf");
+}
+
+// A head with random residual blocks (N(0, scale^2 / n_embd) weights, zero biases) for `target`.
+MedusaHead RandomHead(const Model& target, int32_t n_heads, float scale, uint64_t seed,
+                      std::vector<int32_t> parents, std::vector<int32_t> ranks) {
+  MedusaHead head;
+  head.n_heads = n_heads;
+  head.n_embd = target.hparams().n_embd;
+  head.target = *FingerprintOf(target);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale / std::sqrt(static_cast<float>(head.n_embd)));
+  for (int32_t k = 0; k < n_heads; ++k) {
+    std::vector<float>& w = head.weights.emplace_back(head.n_embd * head.n_embd);
+    for (float& x : w) x = normal(gen);
+    head.biases.emplace_back(head.n_embd, 0.0f);
+  }
+  head.tree = *MakeStaticTree(std::move(parents), std::move(ranks), n_heads, kMedusaMaxRank);
+  return head;
+}
+
+class SpecMedusaTest : public kiln::testing::SpecModelTest {
+ protected:
+  static void SetUpTestSuite() {
+    LoadDefaultModel(1024);
+    tiny_path_ = new std::string(kiln::testing::WriteEditedModel("tiny-llama-gqa"));
+    ModelLoadOptions load;
+    load.path = *tiny_path_;
+    auto tiny = Model::Load(load);
+    ASSERT_TRUE(tiny.ok()) << tiny.status();
+    tiny_ = tiny->release();
+    EngineOptions options;
+    options.n_threads = 1;
+    options.n_ctx = 256;
+    auto engine = Engine::Create(*tiny_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    tiny_engine_ = engine->release();
+  }
+  static void TearDownTestSuite() {
+    delete tiny_engine_;
+    delete tiny_;
+    delete tiny_path_;
+    FreeDefaultModel();
+  }
+
+  static std::string* tiny_path_;
+  static Model* tiny_;
+  static Engine* tiny_engine_;
+};
+
+std::string* SpecMedusaTest::tiny_path_ = nullptr;
+Model* SpecMedusaTest::tiny_ = nullptr;
+Engine* SpecMedusaTest::tiny_engine_ = nullptr;
+
+TEST_F(SpecMedusaTest, FeaturesAreWhatTheLmHeadReads) {
+  const std::vector<int32_t> prompt = Encode(ChatPrompt("Name three rivers."));
+  const int64_t n_vocab = model_->hparams().n_vocab, d = model_->hparams().n_embd;
+  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> logits, hidden;
+  int32_t rows = 0;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = static_cast<int32_t>(prompt.size()) - 5;
+  request.on_logits = [&](int32_t, const float* row) {
+    logits.insert(logits.end(), row, row + n_vocab);
+    ++rows;
+  };
+  request.on_hidden = [&](int32_t, const float* row) { hidden.insert(hidden.end(), row, row + d); };
+  ASSERT_TRUE(engine_->Prefill(request).ok());
+  ASSERT_EQ(rows, 5);
+  ASSERT_EQ(hidden.size(), static_cast<size_t>(rows * d));
+  cpu::CpuBackend backend(1);
+  std::vector<float> again(rows * n_vocab);
+  ASSERT_TRUE(backend.MatMul(model_->output(), hidden.data(), rows, again.data()).ok());
+  EXPECT_EQ(std::memcmp(again.data(), logits.data(), again.size() * sizeof(float)), 0);
+
+  // A pass that does not ask returns no features.
+  ForwardOutput out;
+  ASSERT_TRUE(engine_
+                  ->Locked([&](KvCache& cache, ForwardPass& pass) -> absl::Status {
+                    ForwardBatch batch;
+                    const int32_t at = static_cast<int32_t>(prompt.size());
+                    const int32_t one[1] = {prompt[0]};
+                    KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, one));
+                    batch.Add(prompt[0], seq, at, /*want_logits=*/true);
+                    return pass.Forward(batch, cache, &out);
+                  })
+                  .ok());
+  EXPECT_FALSE(out.has_hidden());
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(n_vocab));
+  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+}
+
+TEST_F(SpecMedusaTest, RefusesAHeadForAnotherModel) {
+  const std::string for_tiny = kiln::testing::TempDir() + "/medusa-for-tiny.gguf";
+  ASSERT_TRUE(
+      WriteMedusaHead(RandomHead(*tiny_, 2, 1.0f, 1, {-1, 0}, {0, 0}), for_tiny, true).ok());
+  auto refused = MedusaStrategy::Load(for_tiny, *model_, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find("trained for another model"), std::string::npos) << message;
+  EXPECT_NE(message.find("vocabulary hash"), std::string::npos) << message;
+  EXPECT_NE(message.find("hidden size 256 != the model's 576"), std::string::npos) << message;
+  EXPECT_NE(message.find("layer count 2 != the model's 30"), std::string::npos) << message;
+  // The same file loads for the model it was made for.
+  EXPECT_TRUE(MedusaStrategy::Load(for_tiny, *tiny_, {}).ok());
+  // A model file is not a head.
+  auto not_head = MedusaStrategy::Load(*tiny_path_, *tiny_, {});
+  ASSERT_FALSE(not_head.ok());
+  EXPECT_NE(not_head.status().message().find("not a medusa head"), absl::string_view::npos)
+      << not_head.status();
+  // A tree naming a head the file lacks.
+  const std::string bad_tree = kiln::testing::TempDir() + "/medusa-bad-tree.gguf";
+  MedusaHead head = RandomHead(*tiny_, 2, 1.0f, 1, {-1, 0}, {0, 0});
+  head.tree.parents = {-1, 0, 1};
+  head.tree.ranks = {0, 0, 0};
+  ASSERT_TRUE(WriteMedusaHead(head, bad_tree, false).ok());
+  auto deep = MedusaStrategy::Load(bad_tree, *tiny_, {});
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("depth 3 but the file has 2 heads"),
+            absl::string_view::npos)
+      << deep.status();
+}
+
+TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
+  const bool trained = std::filesystem::exists(TrainedHeadPath());
+  std::unique_ptr<MedusaStrategy> strategy;
+  if (trained) {
+    auto s = MedusaStrategy::Load(TrainedHeadPath(), *model_, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    strategy = std::move(*s);
+  } else {
+    auto s =
+        MedusaStrategy::Create(std::make_shared<const MedusaHead>(RandomHead(
+                                   *model_, 3, 0.5f, 7, {-1, -1, 0, 0, 2, 1}, {0, 1, 0, 1, 0, 0})),
+                               *model_, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    strategy = std::move(*s);
+  }
+  SpecMetrics total;
+  for (const char* p : kPrompts) {
+    const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
+    const std::vector<int32_t> plain = PlainGreedy(prompt, kMaxTokens);
+    auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    strategy.get(), kMaxTokens);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->tokens, plain) << p;
+    total.steps += spec->metrics.steps;
+    total.drafted += spec->metrics.drafted;
+    total.accepted += spec->metrics.accepted;
+  }
+  EXPECT_GT(total.drafted, 0);
+  if (trained) {
+    EXPECT_GT(total.accepted, 0);
+  }
+  std::printf("medusa (%s head): %lld steps, %lld drafted, %lld accepted, %.2f per step\n",
+              trained ? "trained" : "random", static_cast<long long>(total.steps),
+              static_cast<long long>(total.drafted), static_cast<long long>(total.accepted),
+              total.MeanAcceptedPerStep());
+}
+
+// One speculative step from a fixed state, kDistributionSamples times: the first emitted token's
+// frequencies against the target's distribution at the root (temperature 1, top-k 8, so the
+// support is small and the bound tight). Expected total variation of the empirical distribution
+// of 8 outcomes is about 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.013 at N = 8000; the bound is four
+// times that. To make the tree's candidates likely (so that drafts are accepted
+// sometimes and rejected sometimes and both branches of the rejection sampler run), the heads
+// are zero (z = h) and read the root's own feature: depth-1 candidates are then the target's
+// top-4 at the root. Exactness must not depend on what the feature is.
+TEST_F(SpecMedusaTest, SampledFirstTokenHasTheTargetDistribution) {
+  const Model& model = *tiny_;
+  Engine& engine = *tiny_engine_;
+  const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
+  auto strategy = MedusaStrategy::Create(
+      std::make_shared<const MedusaHead>(
+          RandomHead(model, 2, 0.0f, 3, {-1, -1, -1, -1, 0, 0, 1}, {0, 1, 2, 3, 0, 1, 0})),
+      model, {});
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  sample::SamplerParams params;
+  params.temperature = 1.0f;
+  params.top_k = 8;
+  params.top_p = 1.0f;
+  params.min_p = 0.0f;
+
+  // The target's distribution at the root, and the feature before it.
+  const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> root_logits, feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 2;
+  request.on_logits = [&](int32_t i, const float* row) {
+    if (i == n - 1) root_logits.assign(row, row + n_vocab);
+  };
+  request.on_hidden = [&](int32_t i, const float* row) {
+    if (i == n - 1) feature.assign(row, row + d);
+  };
+  ASSERT_TRUE(engine.Prefill(request).ok());
+  sample::Sampler sampler(params);
+  sample::Distribution target;
+  ASSERT_TRUE(sampler.Apply(root_logits, prompt, &target).ok());
+  ASSERT_TRUE(engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+
+  sample::Rng rng(12345);
+  SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy->get());
+  std::map<int32_t, int> counts;
+  int64_t accepted = 0, rejected_at_root = 0;
+  for (int i = 0; i < kDistributionSamples; ++i) {
+    std::vector<int32_t> tokens = prompt;
+    (*strategy)->ObserveTargetFeatures(n - 2, n, feature, d);
+    SpecStepResult step;
+    ASSERT_TRUE(decoder.Step(&tokens, 8, &step).ok());
+    ASSERT_FALSE(step.emitted.empty());
+    ASSERT_EQ(step.drafted, 7);
+    ++counts[step.emitted[0]];
+    accepted += step.accepted;
+    rejected_at_root += step.accepted == 0;
+    ASSERT_TRUE(
+        engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+  }
+  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  double tv = 0.0;
+  std::map<int32_t, double> expected;
+  for (const auto& c : target.candidates) expected[c.token] = c.prob;
+  for (const auto& [token, count] : counts) expected.try_emplace(token, 0.0);
+  for (const auto& [token, p] : expected) {
+    const double seen = counts.count(token) ? counts[token] : 0;
+    tv += std::abs(seen / kDistributionSamples - p);
+  }
+  tv *= 0.5;
+  std::printf(
+      "first token: total variation %.4f over %d samples; %lld drafts accepted, %lld "
+      "steps rejected at the root\n",
+      tv, kDistributionSamples, static_cast<long long>(accepted),
+      static_cast<long long>(rejected_at_root));
+  // Four times the expected total variation's bound (0.05 at N = 8000).
+  const double bound = 4 * 0.5 * std::sqrt(2.0 / (M_PI * kDistributionSamples)) * std::sqrt(8.0);
+  EXPECT_LT(tv, bound);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected_at_root, 0);
+}
+
+}  // namespace
+}  // namespace kiln::spec

@@ -1,0 +1,269 @@
+"""Steps 3 and 4: train Medusa heads on features captured by kiln-features, then export the head
+file that `kiln --strategy medusa:PATH` loads (lib/spec/medusa_strategy.h has the format).
+
+  python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR [--heads 3]
+      [--minutes 30] [--max-steps N] [--batch 256] [--lr 1e-3] [--seed 0] [--negatives N]
+  python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR --export HEAD.gguf
+      [--tree-size 12] [--pass-cost-beta 0.1]
+
+Numpy only, with hand-written gradients (no PyTorch needed). Head j (0-based) reads the target's
+final hidden state h at position p and predicts the token at p + 2 + j (the target's LM head
+predicts p + 1): z = h + SiLU(W h + b), logits = E z with E the target's LM head (here the tied
+embeddings), frozen. W and b start at zero (each head starts as the LM head itself), Adam,
+cross-entropy over the full vocabulary or (--negatives N) over the data's target tokens plus N
+random others per step. The last 10% of the samples (in index order) are held
+out: the acceptance table (how often the target's token is the head's r-th candidate, per head
+and rank) is measured there and chooses the static tree.
+
+Resumable: DIR/checkpoint.npz holds weights, Adam state, the step and the RNG state, written
+every --checkpoint-every steps and at the end; a rerun continues from it until --minutes of
+training time in total have been spent.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import gguf
+
+
+def load_lm_head(model_path):
+    r = gguf.GGUFReader(model_path)
+    tensors = {t.name: t for t in r.tensors}
+    t = tensors.get("output.weight", tensors["token_embd.weight"])
+    E = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)  # [V, d]
+    f = r.fields["tokenizer.ggml.tokens"]
+    h = 0xCBF29CE484222325
+    for i in f.data:
+        for c in bytes(f.parts[i]):
+            h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ 0xFF) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n_layer = int(r.fields[f"{arch}.block_count"].parts[-1][0])
+    return E, {"vocab_hash": h, "vocab_size": E.shape[0], "n_embd": E.shape[1], "n_layer": n_layer}
+
+
+def load_data(prefix, n_heads):
+    counts = [int(x) for x in open(prefix + ".index").read().split()]
+    tokens = np.fromfile(prefix + ".tokens", dtype=np.int32)
+    feats = np.fromfile(prefix + ".features", dtype=np.float16)
+    d = feats.size // tokens.size
+    feats = feats.reshape(tokens.size, d)
+    # (row of the feature, target tokens of every head) for rows with all targets inside the sample
+    rows, targets, sample_of = [], [], []
+    start = 0
+    for s, n in enumerate(counts):
+        for i in range(n - 1 - n_heads):
+            rows.append(start + i)
+            targets.append(tokens[start + i + 2: start + i + 2 + n_heads])
+            sample_of.append(s)
+        start += n
+    return feats, np.array(rows), np.array(targets, dtype=np.int64), np.array(sample_of), len(counts)
+
+
+def silu(a):
+    return a / (1.0 + np.exp(-a))
+
+
+def head_forward(W, b, X):
+    a = X @ W.T + b
+    sig = 1.0 / (1.0 + np.exp(-a))
+    return X + a * sig, a, sig
+
+
+def train(args):
+    E, fp = load_lm_head(args.model)
+    feats, rows, targets, sample_of, n_samples = load_data(args.data, args.heads)
+    n_train_samples = int(n_samples * 0.9)
+    train_idx = np.nonzero(sample_of < n_train_samples)[0]
+    d = E.shape[1]
+    K = args.heads
+    os.makedirs(args.out, exist_ok=True)
+    ck = os.path.join(args.out, "checkpoint.npz")
+    rng = np.random.default_rng(args.seed)
+    if os.path.exists(ck):
+        z = np.load(ck, allow_pickle=True)
+        W, b, mW, vW, mb, vb = (z[k] for k in ("W", "b", "mW", "vW", "mb", "vb"))
+        step, spent = int(z["step"]), float(z["spent"])
+        rng.bit_generator.state = z["rng"].item()
+        print(f"resumed at step {step}, {spent / 60:.1f} min spent", flush=True)
+    else:
+        W = np.zeros((K, d, d), np.float32)
+        b = np.zeros((K, d), np.float32)
+        mW, vW, mb, vb = (np.zeros_like(x) for x in (W, b, W, b))
+        mW, vW = np.zeros_like(W), np.zeros_like(W)
+        mb, vb = np.zeros_like(b), np.zeros_like(b)
+        step, spent = 0, 0.0
+    data_vocab = np.unique(targets)
+    print(f"data: {n_samples} samples, {len(rows)} positions ({len(train_idx)} for training), "
+          f"d {d}, vocab {E.shape[0]}", flush=True)
+
+    def save():  # atomic: a reader (or a crash) never sees half a checkpoint
+        tmp = ck + ".tmp.npz"
+        np.savez(tmp, W=W, b=b, mW=mW, vW=vW, mb=mb, vb=vb, step=step, spent=spent,
+                 rng=np.array(rng.bit_generator.state, dtype=object))
+        os.replace(tmp, ck)
+
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    losses = []
+    t_last = time.time()
+    while spent < args.minutes * 60 and (args.max_steps == 0 or step < args.max_steps):
+        batch = rng.choice(train_idx, size=args.batch, replace=False)
+        X = feats[rows[batch]].astype(np.float32)  # [B, d]
+        step += 1
+        if args.negatives > 0:
+            # Sampled softmax: the tokens the data has as targets plus `negatives` uniform others
+            # (drawn afresh each step), instead of all 49k: ~10x cheaper on 2 cores.
+            cand = np.unique(np.concatenate([data_vocab, rng.integers(0, E.shape[0],
+                                                                      args.negatives)]))
+            E_step = E[cand]
+            y_all = np.searchsorted(cand, targets[batch])
+        else:
+            E_step, y_all = E, targets[batch]
+        for j in range(K):
+            Z, a, sig = head_forward(W[j], b[j], X)
+            logits = Z @ E_step.T  # [B, V or candidates]
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            y = y_all[:, j]
+            losses.append(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+            p[np.arange(len(y)), y] -= 1.0
+            p /= len(y)
+            dZ = p @ E_step  # [B, d]
+            da = dZ * (sig * (1.0 + a * (1.0 - sig)))  # d silu(a) / da
+            gW = da.T @ X
+            gb = da.sum(axis=0)
+            lr = args.lr
+            for param, g, m, v in ((W[j], gW, mW[j], vW[j]), (b[j], gb, mb[j], vb[j])):
+                m *= b1
+                m += (1 - b1) * g
+                v *= b2
+                v += (1 - b2) * g * g
+                param -= lr * (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps)
+        now = time.time()
+        spent += now - t_last
+        t_last = now
+        if step % 20 == 0:
+            tail = np.array(losses[-20 * K:]).reshape(-1, K).mean(axis=0)
+            print(f"step {step} {spent / 60:.1f} min loss per head " +
+                  " ".join(f"{x:.3f}" for x in tail), flush=True)
+        if step % args.checkpoint_every == 0:
+            save()
+    save()
+    print(f"done: {step} steps of {args.batch}, {spent / 60:.1f} min", flush=True)
+
+
+def acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples, max_rank=8):
+    """acc[j][r]: held-out fraction where the target token is head j's r-th candidate."""
+    val = np.nonzero(sample_of >= int(n_samples * 0.9))[0]
+    K = W.shape[0]
+    acc = np.zeros((K, max_rank))
+    for s in range(0, len(val), 256):
+        idx = val[s:s + 256]
+        X = feats[rows[idx]].astype(np.float32)
+        for j in range(K):
+            Z, _, _ = head_forward(W[j], b[j], X)
+            logits = Z @ E.T
+            part = np.argpartition(-logits, max_rank, axis=1)[:, :max_rank]
+            order = np.argsort(-np.take_along_axis(logits, part, axis=1), axis=1, kind="stable")
+            top = np.take_along_axis(part, order, axis=1)
+            acc[j] += (top == targets[idx, j][:, None]).sum(axis=0)
+    return acc / max(1, len(val)), len(val)
+
+
+def choose_tree(acc, tree_size, beta):
+    """Best-first tree by path probability (product of acc along the path, as Medusa does), cut at
+    the size maximising (1 + expected accepted) / (1 + beta * nodes), at most tree_size."""
+    K, R = acc.shape
+    nodes = []  # (prob, parent, rank, depth)
+    frontier = [(acc[0][r], -1, r, 1) for r in range(R)]
+    while frontier and len(nodes) < tree_size:
+        frontier.sort(key=lambda x: -x[0])
+        prob, parent, rank, depth = frontier.pop(0)
+        nodes.append((prob, parent, rank, depth))
+        me = len(nodes) - 1
+        if depth < K:
+            frontier += [(prob * acc[depth][r], me, r, depth + 1) for r in range(R)]
+    best, best_n, expected = 0.0, 0, 0.0
+    for n in range(1, len(nodes) + 1):
+        expected += nodes[n - 1][0]
+        gain = (1 + expected) / (1 + beta * n)
+        if gain > best:
+            best, best_n = gain, n
+    return nodes[:best_n], best
+
+
+def export(args):
+    E, fp = load_lm_head(args.model)
+    with np.load(os.path.join(args.out, "checkpoint.npz"), allow_pickle=True) as f:
+        z = {k: f[k] for k in ("W", "b", "step", "spent")}
+    W, b = z["W"], z["b"]
+    K, d = W.shape[0], W.shape[1]
+    feats, rows, targets, sample_of, n_samples = load_data(args.data, K)
+    acc, n_val = acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples)
+    nodes, gain = choose_tree(acc, args.tree_size, args.pass_cost_beta)
+    report = {
+        "held_out_positions": n_val,
+        "acceptance_per_head_rank": [[round(float(x), 4) for x in row] for row in acc],
+        "tree_parents": [n[1] for n in nodes],
+        "tree_ranks": [n[2] for n in nodes],
+        "tree_expected_accepted": round(float(sum(n[0] for n in nodes)), 3),
+        "tree_expected_speedup_at_beta": round(float(gain), 3),
+        "steps": int(z["step"]),
+        "train_minutes": round(float(z["spent"]) / 60, 1),
+    }
+    print(json.dumps(report, indent=1))
+    with open(os.path.join(args.out, "export_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    w = gguf.GGUFWriter(args.export, "medusa")
+    w.add_uint32("medusa.head_count", K)
+    w.add_uint32("medusa.embedding_length", d)
+    w.add_uint64("medusa.target.vocab_hash", fp["vocab_hash"])
+    w.add_uint32("medusa.target.vocab_size", fp["vocab_size"])
+    w.add_uint32("medusa.target.embedding_length", fp["n_embd"])
+    w.add_uint32("medusa.target.block_count", fp["n_layer"])
+    w.add_array("medusa.tree.parents", [int(n[1]) for n in nodes])
+    w.add_array("medusa.tree.ranks", [int(n[2]) for n in nodes])
+    for j in range(K):
+        w.add_tensor(f"medusa.{j}.weight", W[j].astype(np.float16))
+        w.add_tensor(f"medusa.{j}.bias", b[j].astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {args.export} ({os.path.getsize(args.export)} bytes)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True, help="kiln-features output prefix")
+    ap.add_argument("--out", required=True, help="checkpoint directory")
+    ap.add_argument("--heads", type=int, default=3)
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after this many steps in total (0: only --minutes); for reproducing")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--negatives", type=int, default=0,
+                    help="0: full-vocabulary softmax; N: the data's target tokens plus N random "
+                         "others per step (sampled softmax)")
+    ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument("--export", help="write the head file here instead of training")
+    ap.add_argument("--tree-size", type=int, default=16)
+    ap.add_argument("--pass-cost-beta", type=float, default=0.1,
+                    help="relative cost of each extra token in a target pass (draft_policy.h)")
+    args = ap.parse_args()
+    if args.export:
+        export(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
