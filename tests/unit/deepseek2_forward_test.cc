@@ -26,19 +26,7 @@ namespace {
 constexpr int kThreads = 2;
 
 std::unique_ptr<Model> WriteAndLoad(const std::string& shape_name, uint64_t seed) {
-  RandomModelOptions options;
-  options.shape = *RandomModelShapeByName(shape_name);
-  options.type = static_cast<uint32_t>(GgmlType::kF32);
-  options.seed = seed;
-  gguf::GgufWriter writer;
-  EXPECT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path = StrCat(testing::TempDir(), "/", shape_name, "-fwd.gguf");
-  EXPECT_TRUE(writer.WriteToFile(path).ok());
-  ModelLoadOptions load;
-  load.path = path;
-  auto model = Model::Load(load);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::LoadRandomModel(shape_name, "f32", seed, shape_name + "-fwd.gguf");
 }
 
 // y = W x for an f32 matrix of the model (n_out rows of n_in).

@@ -47,6 +47,19 @@ void StoreRow(const OpKernels& k, const float* src, int64_t n, GgmlType type, st
   }
 }
 
+// The kernels' view of a mask: which cached rows and in-batch rows each token sees.
+AttentionBatch AttentionBatchOf(const AttentionMask& mask) {
+  AttentionBatch ab;
+  ab.seq = mask.seq;
+  ab.kv_indptr = mask.tables->indptr;
+  ab.kv_indices = mask.tables->indices;
+  ab.n_visible = mask.n_visible;
+  ab.first_visible = mask.first_visible;
+  ab.extra_indptr = mask.extra_indptr;
+  ab.extra_positions = mask.extra_positions;
+  return ab;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
@@ -210,14 +223,7 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
   kv.k.base = pool_base + layout.KeyTileOffset(layer, 0);
   kv.v.base = pool_base + layout.ValueTileOffset(layer, 0);
-  AttentionBatch ab;
-  ab.seq = mask.seq;
-  ab.kv_indptr = mask.tables->indptr;
-  ab.kv_indices = mask.tables->indices;
-  ab.n_visible = mask.n_visible;
-  ab.first_visible = mask.first_visible;
-  ab.extra_indptr = mask.extra_indptr;
-  ab.extra_positions = mask.extra_positions;
+  const AttentionBatch ab = AttentionBatchOf(mask);
   // llama.cpp's order changes with the batch: one token decodes, two or more are a prompt.
   const AttentionOrder order = !llama_cpp_order_      ? AttentionOrder::kBatchInvariant
                                : mask.seq.size() >= 2 ? AttentionOrder::kLlamaCppPrompt
@@ -267,14 +273,7 @@ absl::Status CpuBackend::MlaAttention(const KvCache& cache, int32_t layer,
   kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
   kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
   kv.k.base = kv.v.base = cache.BlockData(0) + layout.LatentTileOffset(layer);
-  AttentionBatch ab;
-  ab.seq = mask.seq;
-  ab.kv_indptr = mask.tables->indptr;
-  ab.kv_indices = mask.tables->indices;
-  ab.n_visible = mask.n_visible;
-  ab.first_visible = mask.first_visible;
-  ab.extra_indptr = mask.extra_indptr;
-  ab.extra_positions = mask.extra_positions;
+  const AttentionBatch ab = AttentionBatchOf(mask);
   return MlaPagedAttention(pool_, kv, ab, w, q, n_heads, out, scale, scratch_);
 }
 
