@@ -43,11 +43,13 @@ if [ "${KILN_SKIP_PORTABILITY:-0}" != 1 ]; then
 fi
 
 if [ "${KILN_WINDOWS:-0}" = 1 ]; then
-  # Not on by default yet: on a clean clone kiln_logits_dump.exe once crashed under wine at exit
-  # (a heap check in _aligned_free of a thread's scratch, as its thread ended), which six reruns
-  # did not repeat; and the stage costs minutes the suite's budget does not have (dependencies
-  # cold about 16 minutes on loaded cores). Its dependencies are cross-built once into
-  # ~/.cache/kiln (see the script for the cost).
+  # Not on by default yet: on a clean clone kiln_logits_dump.exe once crashed under wine as a
+  # thread ended (the heap check in _aligned_free of kernels/cpu/scratch.cc's thread_local
+  # scratch, freed by its destructor), which twelve reruns did not repeat. mingw-w64's emulated
+  # TLS with a shared libwinpthread can free a thread_local's storage before its destructor runs
+  # at thread exit: the scratch must become trivially destructible on Windows, freed by the
+  # thread pool's workers before they end. And the stage costs minutes the suite's budget does
+  # not have (dependencies cold about 16 minutes on loaded cores, cached into ~/.cache/kiln).
   stage "Windows (mingw-w64 cross build, C API tests and kiln.exe under wine)"
   scripts/test_windows.sh build
 fi
