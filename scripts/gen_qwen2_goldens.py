@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp goldens for kiln's qwen2 architecture (tests/unit/qwen2_golden_test.cc).
+"""Generates the llama.cpp goldens for kiln's qwen2 architecture (tests/unit/arch_golden_test.cc).
 
 Writes tests/data/golden/qwen2_greedy.json from llama-cpp-python (an independent engine) on
 random-weight qwen2 models that kiln-mkmodel writes (lib/model/random_model.h):
@@ -158,6 +158,7 @@ def main():
         "generator": f"scripts/gen_qwen2_goldens.py: llama-cpp-python {llama_cpp.__version__}, "
                      f"n_threads={N_THREADS}, n_ctx={N_CTX}, n_batch=512, seed={SEED}, logits_all "
                      f"off, flash_attn off, greedy argmax (ties: lowest id)",
+        "family": "qwen2",
         "n_new": N_NEW,
         "models": models,
     }

@@ -3,7 +3,7 @@
 // out here), ggml's batch rule for the float types (tinyBLAS for two or more tokens when
 // n_out % 4 == 0), Q8_0's batch invariance, f16 rounding of the activations, the CPU backend's
 // routing in the llama.cpp order, and the errors. The bit-for-bit agreement with llama.cpp itself
-// is qwen2_golden_test's.
+// is arch_golden_test's (qwen2).
 #include "lib/backend/cpu/matmul_llama_cpp.h"
 
 #include <gtest/gtest.h>
