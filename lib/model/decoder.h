@@ -79,4 +79,26 @@ absl::StatusOr<KvLayout> GqaCacheLayout(const ModelHparams& hp, GgmlType kv_type
 absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& model, Backend& backend,
                                                                const DecoderGraph& graph = {});
 
+// The Architecture of a family that runs this decoder: a GQA cache and the decoder's forward pass
+// with the family's Graph. A family writes its own keys after WriteDecoderHparams's when it has
+// more.
+class DecoderArchitecture : public Architecture {
+ public:
+  void WriteHparams(const ModelHparams& hp, gguf::GgufWriter* writer) const override {
+    WriteDecoderHparams(hp, writer);
+  }
+  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
+                                       int32_t block_size) const final {
+    return GqaCacheLayout(hp, kv_type, block_size);
+  }
+  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
+                                                          Backend& backend) const final {
+    return NewDecoderForward(model, backend, Graph(model.hparams()));
+  }
+
+ protected:
+  // How the family's graph departs from the llama block (none by default).
+  virtual DecoderGraph Graph(const ModelHparams& /*hp*/) const { return {}; }
+};
+
 }  // namespace kiln

@@ -20,7 +20,7 @@ namespace {
 constexpr uint32_t kDefaultSwaPattern = 6;  // llama.cpp's for gemma3
 constexpr float kDefaultSwaFreqBase = 10000.0f;
 
-class Gemma3Architecture final : public Architecture {
+class Gemma3Architecture final : public DecoderArchitecture {
  public:
   std::string_view name() const override { return "gemma3"; }
 
@@ -88,14 +88,7 @@ class Gemma3Architecture final : public Architecture {
     return DecoderTensors(hp, {.qk_norm = true, .post_norms = true});
   }
 
-  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                       int32_t block_size) const override {
-    return GqaCacheLayout(hp, kv_type, block_size);
-  }
-
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
-                                                          Backend& backend) const override {
-    const ModelHparams& hp = model.hparams();
+  DecoderGraph Graph(const ModelHparams& hp) const override {
     DecoderGraph graph;
     graph.ffn = FfnActivation::kGeGlu;
     graph.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
@@ -104,7 +97,7 @@ class Gemma3Architecture final : public Architecture {
     graph.query_scale = 1.0f / std::sqrt(static_cast<float>(attn_dim));
     graph.qk_norm = true;
     graph.post_norms = true;
-    return NewDecoderForward(model, backend, graph);
+    return graph;
   }
 
   // Gemma 3's turns ("<start_of_turn>user\n...<end_of_turn>\n", the system prompt prepended to

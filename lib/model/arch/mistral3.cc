@@ -15,7 +15,7 @@
 namespace kiln::arch {
 namespace {
 
-class Mistral3Architecture final : public Architecture {
+class Mistral3Architecture final : public DecoderArchitecture {
  public:
   std::string_view name() const override { return "mistral3"; }
 
@@ -64,18 +64,11 @@ class Mistral3Architecture final : public Architecture {
     return DecoderTensors(hp, {.output_bias = Presence::kOptional});
   }
 
-  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                       int32_t block_size) const override {
-    return GqaCacheLayout(hp, kv_type, block_size);
-  }
-
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
-                                                          Backend& backend) const override {
-    const ModelHparams& hp = model.hparams();
+  DecoderGraph Graph(const ModelHparams& hp) const override {
     DecoderGraph graph;
     graph.attn_temperature_scale = hp.attn_temperature_scale;
     graph.attn_temperature_floor = hp.rope.orig_ctx;
-    return NewDecoderForward(model, backend, graph);
+    return graph;
   }
 };
 

@@ -17,7 +17,7 @@
 namespace kiln::arch {
 namespace {
 
-class Phi3Architecture final : public Architecture {
+class Phi3Architecture final : public DecoderArchitecture {
  public:
   std::string_view name() const override { return "phi3"; }
 
@@ -49,18 +49,12 @@ class Phi3Architecture final : public Architecture {
     return DecoderTensors(hp, {.fused_qkv = true, .fused_gate_up = true});
   }
 
-  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                       int32_t block_size) const override {
-    return GqaCacheLayout(hp, kv_type, block_size);
-  }
-
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
-                                                          Backend& backend) const override {
+  DecoderGraph Graph(const ModelHparams& hp) const override {
     DecoderGraph graph;
-    graph.query_scale = 1.0f / std::sqrt(static_cast<float>(model.hparams().head_dim));
+    graph.query_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
     graph.fused_qkv = true;
     graph.fused_gate_up = true;
-    return NewDecoderForward(model, backend, graph);
+    return graph;
   }
 };
 

@@ -7,25 +7,14 @@
 namespace kiln::arch {
 namespace {
 
-class Qwen2Architecture final : public Architecture {
+class Qwen2Architecture final : public DecoderArchitecture {
  public:
   std::string_view name() const override { return "qwen2"; }
   absl::StatusOr<ModelHparams> ReadHparams(const gguf::GgufFile& file) const override {
     return ReadDecoderHparams(file, RopeMode::kNeox);
   }
-  void WriteHparams(const ModelHparams& hp, gguf::GgufWriter* writer) const override {
-    WriteDecoderHparams(hp, writer);
-  }
   std::vector<TensorSpec> Tensors(const ModelHparams& hp) const override {
     return DecoderTensors(hp, {.qkv_bias = Presence::kRequired});
-  }
-  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                       int32_t block_size) const override {
-    return GqaCacheLayout(hp, kv_type, block_size);
-  }
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
-                                                          Backend& backend) const override {
-    return NewDecoderForward(model, backend);
   }
 };
 

@@ -9,7 +9,7 @@
 namespace kiln::arch {
 namespace {
 
-class Qwen3Architecture final : public Architecture {
+class Qwen3Architecture final : public DecoderArchitecture {
  public:
   std::string_view name() const override { return "qwen3"; }
   absl::StatusOr<ModelHparams> ReadHparams(const gguf::GgufFile& file) const override {
@@ -24,13 +24,8 @@ class Qwen3Architecture final : public Architecture {
   std::vector<TensorSpec> Tensors(const ModelHparams& hp) const override {
     return DecoderTensors(hp, {.qk_norm = true});
   }
-  absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                       int32_t block_size) const override {
-    return GqaCacheLayout(hp, kv_type, block_size);
-  }
-  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
-                                                          Backend& backend) const override {
-    return NewDecoderForward(model, backend, {.qk_norm = true});
+  DecoderGraph Graph(const ModelHparams& /*hp*/) const override {
+    return DecoderGraph{.qk_norm = true};
   }
 };
 
