@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp goldens for kiln's architectures beyond llama, qwen2 and gemma3
-(tests/unit/arch_golden_test.cc).
+"""Generates the llama.cpp goldens for kiln's architectures on tiny random-weight models
+(tests/unit/arch_golden_test.cc, tests/unit/deepseek2_forward_test.cc).
 
 Writes tests/data/golden/<family>_greedy.json for each family below from llama-cpp-python (an
-independent engine) on the random-weight model kiln-mkmodel writes for its shape
+independent engine) on the random-weight models kiln-mkmodel writes for its shapes
 (lib/model/random_model.h):
 
+  qwen2     tiny-qwen2     "qwen2": Q/K/V biases, NEOX RoPE, tied output (like the small Qwen2
+                           models); tiny-qwen2-untied: its own output.weight
   qwen3     tiny-qwen3     general.architecture "qwen3": Q/K norms, NEOX RoPE, head_dim 128
   llama3    tiny-llama3    "llama" with Llama 3.1's RoPE scaling (rope_freqs.weight) and the
                            "llama-bpe" pre-tokenizer (BOS added)
@@ -22,41 +24,63 @@ independent engine) on the random-weight model kiln-mkmodel writes for its shape
   deepseek2_yarn  tiny-deepseek2-yarn  YaRN factor 40 from an original context of 64, with
                                        yarn_log_multiplier 0.0707 (the attention scale's mscale)
 
-Each at f32, f16 and q8_0 (deepseek2_moe: f32 and f16 only, see TYPES_BY_FAMILY; one seed per
-family, so the files hold the same weights at each precision), each with llama.cpp's KV cache in f32 and in f16. The record per model and the
-decoding are those of scripts/gen_qwen2_goldens.py: file size and FNV-1a 64 hash, and per KV
-type and raw prompt llama.cpp's prompt ids (add_special=True, parse_special off), N_NEW greedy
-tokens and the top-2 logits at each step; the prompt in one batch, then one token per call, the
-last batch token's logits only, flash attention off.
+Each at f32, f16 and q8_0 (deepseek2_moe: f32 and f16 only, see TYPES_BY_FAMILY), one seed per
+shape, so a shape's files hold the same weights at each precision, each with llama.cpp's KV cache
+in f32 and in f16. For each model: the shape, type and seed it was made from, its size and FNV-1a
+64 hash (so the test can tell that the library regenerates the very file llama.cpp saw), and for
+each KV type and raw prompt: llama.cpp's prompt token ids (add_special=True, parse_special off),
+the family's n_new greedily decoded ids (argmax, ties to the lowest id; stops early only at an
+end-of-generation token, recorded in "stopped_at_eog") and for every generated position the top-2
+logits (ids and values) llama.cpp chose from. The prompt is evaluated in one batch, then one token
+per call, flash attention off, the last batch token's logits only (logits_all off, llama.cpp's
+default: its last layer then runs the feed-forward block for that token alone, which for f32 and
+f16 weights decides the summation order of those matmuls).
+
+With --cli-text it prints instead the text tests/c_api/kiln_cli_test.sh expects from
+`kiln generate --raw --temp 0 --llama-cpp-order`: llama.cpp's greedy continuation (KV f16, the
+default of both) of CLI_PROMPT on CLI_MODEL, CLI_TOKENS tokens.
 
 Usage: python3 scripts/gen_arch_goldens.py [--mkmodel build/tools/kiln-mkmodel/kiln-mkmodel]
-                                           [--family qwen3 ...]
-       (needs kiln-mkmodel built, and pip install llama-cpp-python==0.3.36 numpy)
+                                           [--family qwen3 ...] [--cli-text]
+       (needs kiln-mkmodel built, and pip install llama-cpp-python==0.3.36 jinja2 numpy)
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_llama_goldens import GOLDEN_DIR, N_THREADS, ROOT, SEED, llama_cpp  # noqa: E402
-from gen_qwen2_goldens import N_CTX, gen_model, make_model  # noqa: E402
-import gen_qwen2_goldens  # noqa: E402
+from llama_goldens import (MKMODEL, N_THREADS, SEED, greedy, greedy_case, llama_cpp,  # noqa: E402
+                           load, make_model, write_golden)
 
-N_NEW = 24
-# family -> (shape, seed)
+N_CTX = 512  # the shapes' context length
+
+# Digit runs, contractions, punctuation and repeated spaces: where the llama-bpe pre-tokenizer
+# splits differently from the default one.
+PROMPTS = [
+    "The capital of France is",
+    "Numbers like 2024 and 1234567 don't split the same way; it's 3.14159!",
+    "Once upon a time there was a little girl   who lived\n\nin a village near the forest.",
+]
+QWEN2_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time there was a little girl who lived in a village near the forest.",
+    "Count from one to ten: one, two, three,",
+]
+
+# family -> ([(shape, seed)], prompts, greedy tokens per prompt)
 FAMILIES = {
-    "qwen3": ("tiny-qwen3", 3),
-    "llama3": ("tiny-llama3", 4),
-    "phi3": ("tiny-phi", 5),
-    "mistral3": ("tiny-mistral3", 6),
-    "deepseek2": ("tiny-deepseek2", 7),
-    "deepseek2_lite": ("tiny-deepseek2-lite", 8),
-    "deepseek2_kvb": ("tiny-deepseek2-kvb", 9),
-    "deepseek2_moe": ("tiny-deepseek2-moe", 10),
-    "deepseek2_yarn": ("tiny-deepseek2-yarn", 11),
+    "qwen2": ([("tiny-qwen2", 1), ("tiny-qwen2-untied", 2)], QWEN2_PROMPTS, 32),
+    "qwen3": ([("tiny-qwen3", 3)], PROMPTS, 24),
+    "llama3": ([("tiny-llama3", 4)], PROMPTS, 24),
+    "phi3": ([("tiny-phi", 5)], PROMPTS, 24),
+    "mistral3": ([("tiny-mistral3", 6)], PROMPTS, 24),
+    "deepseek2": ([("tiny-deepseek2", 7)], PROMPTS, 24),
+    "deepseek2_lite": ([("tiny-deepseek2-lite", 8)], PROMPTS, 24),
+    "deepseek2_kvb": ([("tiny-deepseek2-kvb", 9)], PROMPTS, 24),
+    "deepseek2_moe": ([("tiny-deepseek2-moe", 10)], PROMPTS, 24),
+    "deepseek2_yarn": ([("tiny-deepseek2-yarn", 11)], PROMPTS, 24),
 }
 TYPES = ["f32", "f16", "q8_0"]
 # Mixture-of-experts routing is discontinuous: q8_0's activation rounding (~1e-2) moves router
@@ -66,49 +90,67 @@ TYPES = ["f32", "f16", "q8_0"]
 TYPES_BY_FAMILY = {"deepseek2_moe": ["f32", "f16"]}
 KV_CACHE_TYPES = ["f32", "f16"]
 
-# Digit runs, contractions, punctuation and repeated spaces: where the llama-bpe pre-tokenizer
-# splits differently from the default one.
-PROMPTS = [
-    "The capital of France is",
-    "Numbers like 2024 and 1234567 don't split the same way; it's 3.14159!",
-    "Once upon a time there was a little girl   who lived\n\nin a village near the forest.",
-]
+# kiln_cli_test.sh: (shape, type, seed), prompt, tokens (an ASCII continuation).
+CLI_MODEL = ("tiny-qwen2-untied", "f16", 1)
+CLI_PROMPT = "The capital of France is"
+CLI_TOKENS = 15
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mkmodel",
-                        default=os.path.join(ROOT, "build", "tools", "kiln-mkmodel", "kiln-mkmodel"))
-    parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
-    args = parser.parse_args()
-    # gen_qwen2_goldens.gen_model decodes its module's PROMPTS, N_NEW tokens each.
-    gen_qwen2_goldens.PROMPTS = PROMPTS
-    gen_qwen2_goldens.N_NEW = N_NEW
-    for family in args.family or list(FAMILIES):
-        shape, seed = FAMILIES[family]
-        models = []
-        with tempfile.TemporaryDirectory() as tmp:
+def gen_model(path, kv_type, prompts, n_new):
+    llm = load(path, N_CTX, kv_type)
+    cases = []
+    for text in prompts:
+        prompt_ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        cases.append({"prompt": text, **greedy_case(llm, prompt_ids, n_new)})
+    return {"kv_type": kv_type, "cases": cases}
+
+
+def gen_family(mkmodel, family):
+    shapes, prompts, n_new = FAMILIES[family]
+    models = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape, seed in shapes:
             for type_name in TYPES_BY_FAMILY.get(family, TYPES):
                 path = os.path.join(tmp, f"{shape}-{type_name}.gguf")
-                size, digest = make_model(args.mkmodel, shape, type_name, seed, path)
-                runs = [gen_model(path, kv_type) for kv_type in KV_CACHE_TYPES]
+                size, digest = make_model(mkmodel, shape, type_name, seed, path)
+                runs = [gen_model(path, kv_type, prompts, n_new) for kv_type in KV_CACHE_TYPES]
                 models.append({"shape": shape, "type": type_name, "seed": seed,
                                "file_bytes": size, "file_fnv1a64": digest, "runs": runs})
                 lens = [len(c["generated_ids"]) for r in runs for c in r["cases"]]
                 print(f"{family} {shape} {type_name}: {size} bytes, fnv1a64 {digest}, "
                       f"generated {lens}", file=sys.stderr)
-        out = {
-            "generator": f"scripts/gen_arch_goldens.py: llama-cpp-python {llama_cpp.__version__}, "
-                         f"n_threads={N_THREADS}, n_ctx={N_CTX}, n_batch=512, seed={SEED}, "
-                         f"logits_all off, flash_attn off, greedy argmax (ties: lowest id)",
-            "family": family,
-            "n_new": N_NEW,
-            "models": models,
-        }
-        os.makedirs(GOLDEN_DIR, exist_ok=True)
-        with open(os.path.join(GOLDEN_DIR, f"{family}_greedy.json"), "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    return {
+        "generator": f"scripts/gen_arch_goldens.py: llama-cpp-python {llama_cpp.__version__}, "
+                     f"n_threads={N_THREADS}, n_ctx={N_CTX}, n_batch=512, seed={SEED}, "
+                     f"logits_all off, flash_attn off, greedy argmax (ties: lowest id)",
+        "family": family,
+        "n_new": n_new,
+        "models": models,
+    }
+
+
+def cli_text(mkmodel):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "cli.gguf")
+        shape, type_name, seed = CLI_MODEL
+        make_model(mkmodel, shape, type_name, seed, path)
+        llm = load(path, N_CTX)
+        ids = llm.tokenize(CLI_PROMPT.encode("utf-8"), add_bos=True, special=False)
+        generated, _, _, _ = greedy(llm, ids, CLI_TOKENS)
+        return llm.detokenize(generated).decode("utf-8")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mkmodel", default=MKMODEL)
+    parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+    parser.add_argument("--cli-text", action="store_true")
+    args = parser.parse_args()
+    if args.cli_text:
+        print(cli_text(args.mkmodel))
+        return
+    for family in args.family or list(FAMILIES):
+        write_golden(f"{family}_greedy.json", gen_family(args.mkmodel, family))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ From llama-cpp-python (an independent engine) on Gemma 3 270M Q4_K_M (scripts/fe
       logits (ids and values) llama.cpp chose from. The prompt is evaluated in one batch, then
       one token per call, flash attention off, KV cache f16 (llama.cpp's default), logits of the
       last token of each batch only (logits_all off, read with llama_get_logits_ith, as
-      scripts/gen_qwen2_goldens.py). Raw prompts: tokenize(add_special=True, parse_special=False)
+      scripts/gen_arch_goldens.py). Raw prompts: tokenize(add_special=True, parse_special=False)
       (Gemma's vocab adds BOS). Chat prompts: the file has no tokenizer.chat_template, so they are
       rendered from Gemma 3's own Hugging Face template (tests/data/chat/templates/gemma3.jinja)
       with jinja2 as transformers' apply_chat_template does (bos_token "<bos>", which the
@@ -29,22 +29,15 @@ Usage: python3 scripts/gen_gemma3_goldens.py [--model PATH] [--text PATH] [--ski
 """
 
 import argparse
-import json
-import math
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_llama_goldens import (CHAT_PROMPTS, DEFAULT_TEXT, GOLDEN_DIR, KV_TYPES, N_THREADS,  # noqa: E402
-                               RAW_PROMPTS, ROOT, SEED, llama_cpp, top2)
-from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
-import jinja2.ext  # noqa: E402
+from gen_llama_goldens import CHAT_PROMPTS, RAW_PROMPTS  # noqa: E402
+from llama_goldens import (DEFAULT_TEXT, MODEL_DIR, N_THREADS, ROOT, SEED,  # noqa: E402
+                           chat_cases, llama_cpp, load, perplexity, render_chat, write_golden)
 
-DEFAULT_MODEL = os.path.join(
-    os.environ.get("KILN_MODEL_DIR", os.path.expanduser("~/.cache/kiln")),
-    "gemma-3-270m-q4_k_m.gguf")
+DEFAULT_MODEL = os.path.join(MODEL_DIR, "gemma-3-270m-q4_k_m.gguf")
 TEMPLATE = os.path.join(ROOT, "tests", "data", "chat", "templates", "gemma3.jinja")
 
 N_NEW = 32
@@ -77,73 +70,14 @@ TOKENIZER_CASES = [
 ]
 
 
-def render_chat(user_text):
-    """Renders one user message like transformers' apply_chat_template."""
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    with open(TEMPLATE) as f:
-        template = env.from_string(f.read())
-    return template.render(messages=[{"role": "user", "content": user_text}],
-                           add_generation_prompt=True, bos_token="<bos>", eos_token="<eos>")
-
-
-def load(path, n_ctx, logits_all=False):
-    return llama_cpp.Llama(model_path=path, n_threads=N_THREADS, n_threads_batch=N_THREADS,
-                           n_ctx=n_ctx, n_batch=512, seed=SEED, logits_all=logits_all,
-                           flash_attn=False, type_k=KV_TYPES["f16"], type_v=KV_TYPES["f16"],
-                           verbose=False)
-
-
-def last_logits(llm):
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float32)
-
-
-def greedy(llm, prompt_ids, n_new):
-    llm.reset()
-    llm.eval(prompt_ids)
-    generated, top_ids, top_logits = [], [], []
-    stopped_at_eog = None
-    for step in range(n_new):
-        ids, vals = top2(last_logits(llm))
-        token = ids[0]
-        generated.append(token)
-        top_ids.append(ids)
-        top_logits.append(vals)
-        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
-            stopped_at_eog = step
-            break
-        llm.eval([token])
-    return generated, top_ids, top_logits, stopped_at_eog
-
-
 def gen_greedy(model_path):
     llm = load(model_path, N_CTX)
-    cases = []
-    for templated, prompts in ((False, RAW_PROMPTS), (True, CHAT_PROMPTS)):
-        for user_text in prompts:
-            text = render_chat(user_text) if templated else user_text
-            prompt_ids = llm.tokenize(text.encode("utf-8"), add_bos=not templated,
-                                      special=templated)
-            generated, top_ids, top_logits, stop = greedy(llm, prompt_ids, N_NEW)
-            cases.append({
-                "user_text": user_text,
-                "templated": templated,
-                "prompt": text,
-                "prompt_ids": prompt_ids,
-                "generated_ids": generated,
-                "stopped_at_eog": stop,
-                "top2_ids": top_ids,
-                "top2_logits": top_logits,
-                "text": llm.detokenize(generated, special=True).decode("utf-8", "replace"),
-            })
-            print(f"{'chat' if templated else 'raw '} {len(prompt_ids):3d}+{len(generated):2d} "
-                  f"{cases[-1]['text'][:60]!r}", file=sys.stderr)
+    with open(TEMPLATE) as f:
+        template = f.read()
+    # The template writes <bos> itself: chat prompts are tokenized without add_special.
+    cases = chat_cases(llm, RAW_PROMPTS, CHAT_PROMPTS,
+                       lambda text: render_chat(template, text, "<bos>", "<eos>"), N_NEW,
+                       bos_on_chat=False)
     tokenizer = []
     for text in TOKENIZER_CASES:
         raw = text.encode("utf-8")
@@ -163,45 +97,11 @@ def gen_greedy(model_path):
 
 
 def gen_perplexity(model_path, text_path, n_ctx):
-    llm = load(model_path, n_ctx, logits_all=True)
-    with open(text_path, "rb") as f:
-        text = f.read()
-    tokens = llm.tokenize(text, add_bos=True, special=False)
-    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llm._model.vocab))
-    bos = llm.token_bos()
-    n_chunk = len(tokens) // n_ctx
-    first = n_ctx // 2
-    nll, count, running = 0.0, 0, []
-    for i in range(n_chunk):
-        chunk = list(tokens[i * n_ctx:(i + 1) * n_ctx])
-        targets = list(chunk)
-        if add_bos:
-            chunk[0] = bos
-        llm.reset()
-        llm.eval(chunk)
-        logits = np.array(llm.scores[:n_ctx], dtype=np.float64)
-        for j in range(first, n_ctx - 1):
-            row = logits[j]
-            m = row.max()
-            nll += m + math.log(np.exp(row - m).sum()) - row[targets[j + 1]]
-            count += 1
-        running.append(math.exp(nll / count))
-        print(f"[{i + 1}] {running[-1]:.4f}", file=sys.stderr)
-    return {
-        "model": os.path.basename(model_path),
-        "text": os.path.relpath(text_path, ROOT),
-        "n_text_tokens": len(tokens),
-        "n_ctx": n_ctx,
-        "n_chunks": n_chunk,
-        "n_scored": count,
-        "add_bos": add_bos,
-        "kv_type": "f16",
-        "perplexity": math.exp(nll / count),
-        "running_perplexity": running,
-        "method": "llama-perplexity (scripts/gen_llama_goldens.py gen_perplexity)",
-        "generator": f"scripts/gen_gemma3_goldens.py: llama-cpp-python {llama_cpp.__version__}, "
-                     f"n_threads={N_THREADS}, n_batch=512, flash_attn off",
-    }
+    return perplexity(
+        model_path, text_path, n_ctx,
+        method="llama-perplexity (scripts/gen_llama_goldens.py gen_perplexity)",
+        generator=f"scripts/gen_gemma3_goldens.py: llama-cpp-python {llama_cpp.__version__}, "
+                  f"n_threads={N_THREADS}, n_batch=512, flash_attn off")
 
 
 def main():
@@ -211,16 +111,11 @@ def main():
     parser.add_argument("--skip-greedy", action="store_true")
     parser.add_argument("--skip-perplexity", action="store_true")
     args = parser.parse_args()
-    os.makedirs(GOLDEN_DIR, exist_ok=True)
     if not args.skip_greedy:
-        with open(os.path.join(GOLDEN_DIR, "gemma3_greedy.json"), "w") as f:
-            json.dump(gen_greedy(args.model), f, indent=1)
-            f.write("\n")
+        write_golden("gemma3_greedy.json", gen_greedy(args.model))
     if not args.skip_perplexity:
         ppl = gen_perplexity(args.model, args.text, PPL_CTX)
-        with open(os.path.join(GOLDEN_DIR, "gemma3_perplexity.json"), "w") as f:
-            json.dump(ppl, f, indent=1)
-            f.write("\n")
+        write_golden("gemma3_perplexity.json", ppl)
         print(f"perplexity: {ppl['perplexity']:.4f} over {ppl['n_scored']} tokens", file=sys.stderr)
 
 

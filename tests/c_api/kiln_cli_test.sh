@@ -12,7 +12,7 @@
 # and on a random-weight qwen2 model written by kiln-mkmodel:
 #   info: names the architecture;
 #   generate --raw --temp 0 --llama-cpp-order: stdout is llama.cpp's greedy text for that file
-#   (scripts/gen_qwen2_goldens.py --cli-text).
+#   (scripts/gen_arch_goldens.py --cli-text).
 set -euo pipefail
 kiln="$1"
 src="$2"

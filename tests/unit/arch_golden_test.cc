@@ -1,11 +1,11 @@
 // kiln's architectures (the families instantiated below; llama and gemma3 have tests of their own
 // on real models) against llama.cpp on the random-weight models kiln-mkmodel writes for them, each
 // at f32, f16 and q8_0, each with llama.cpp's KV cache in f32 and in f16. The goldens
-// (tests/data/golden/<family>_greedy.json, written by scripts/gen_arch_goldens.py, qwen2's by
-// scripts/gen_qwen2_goldens.py, with llama-cpp-python from kiln-mkmodel's files) hold llama.cpp's
-// prompt ids, greedy tokens and the top-2 logits at each step. The files are regenerated through
-// the library (their size and FNV-1a hash must equal what llama.cpp loaded) and, feeding
-// llama.cpp's tokens back after the prompt's single batch:
+// (tests/data/golden/<family>_greedy.json, written by scripts/gen_arch_goldens.py with
+// llama-cpp-python from kiln-mkmodel's files) hold llama.cpp's prompt ids, greedy tokens and the
+// top-2 logits at each step. The files are regenerated through the library (their size and FNV-1a
+// hash must equal what llama.cpp loaded) and, feeding llama.cpp's tokens back after the prompt's
+// single batch:
 //   - kiln's tokenizer gives llama.cpp's prompt ids;
 //   - in llama.cpp's order kiln's logits of llama.cpp's top two tokens equal llama.cpp's bit
 //     for bit at every step, and kiln's greedy token is llama.cpp's;
@@ -70,11 +70,12 @@ constexpr KilnOrderBounds kArchBounds = {5e-3, 1e-2, 0.1};
 // Measured maxima on qwen2: f32 5.4e-4 (f16 KV), f16 1.9e-3, q8_0 4.1e-2.
 constexpr KilnOrderBounds kQwen2Bounds = {2e-3, 5e-3, 0.1};
 
+constexpr char kGenerator[] = "scripts/gen_arch_goldens.py";
+
 struct Family {
-  const char* name;       // the golden's family: tests/data/golden/<name>_greedy.json
-  const char* arch;       // the general.architecture its models carry
-  const char* generator;  // the script that writes the golden
-  int shapes;             // model shapes in the golden, each at f32, f16 and q8_0
+  const char* name;  // the golden's family: tests/data/golden/<name>_greedy.json
+  const char* arch;  // the general.architecture its models carry
+  int shapes;        // model shapes in the golden, each at f32, f16 and q8_0
   KilnOrderBounds bounds;
 };
 
@@ -97,7 +98,7 @@ class ArchGolden : public ::testing::TestWithParam<Family> {
   void SetUp() override {
     const Family& family = GetParam();
     const std::string golden_path = StrCat("tests/data/golden/", family.name, "_greedy.json");
-    golden_ = testing::LoadGolden(golden_path, family.generator);
+    golden_ = testing::LoadGolden(golden_path, kGenerator);
     ASSERT_EQ(golden_["family"].str, family.name);
     for (const Json& entry : golden_["models"].items) {
       GoldenModel m;
@@ -121,9 +122,9 @@ class ArchGolden : public ::testing::TestWithParam<Family> {
       std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(Fnv1a64(bytes)));
       // The generator must still write the file llama.cpp saw; otherwise the golden is stale.
       ASSERT_EQ(static_cast<double>(bytes.size()), entry["file_bytes"].number)
-          << m.label << ": kiln-mkmodel's output changed; rerun " << family.generator;
+          << m.label << ": kiln-mkmodel's output changed; rerun " << kGenerator;
       ASSERT_EQ(std::string(hash), entry["file_fnv1a64"].str)
-          << m.label << ": kiln-mkmodel's output changed; rerun " << family.generator;
+          << m.label << ": kiln-mkmodel's output changed; rerun " << kGenerator;
       ModelLoadOptions load;
       load.path = path;
       auto model = Model::Load(load);
@@ -280,20 +281,21 @@ TEST_P(ArchGolden, GreedyMatchesLlamaCppInLlamaCppOrder) { CheckAll(/*llama_cpp_
 TEST_P(ArchGolden, KilnOrderAgreesWithLlamaCpp) { CheckAll(/*llama_cpp_order=*/false); }
 
 // family (golden name), general.architecture
-INSTANTIATE_TEST_SUITE_P(
-    Families, ArchGolden,
-    ::testing::Values(
-        // Q/K/V biases, NEOX RoPE; tied and untied output
-        Family{"qwen2", "qwen2", "scripts/gen_qwen2_goldens.py", 2, kQwen2Bounds},
-        // Q/K norms, NEOX RoPE, head_dim 128 > n_embd / n_head
-        Family{"qwen3", "qwen3", "scripts/gen_arch_goldens.py", 1, kArchBounds},
-        // Llama 3.1 RoPE scaling (rope_freqs.weight), llama-bpe, BOS
-        Family{"llama3", "llama", "scripts/gen_arch_goldens.py", 1, kArchBounds},
-        // fused attn_qkv and gate+up, an ignored sliding window
-        Family{"phi3", "phi3", "scripts/gen_arch_goldens.py", 1, kArchBounds},
-        // head_dim 128, attention temperature scaling past position 8
-        Family{"mistral3", "mistral3", "scripts/gen_arch_goldens.py", 1, kArchBounds}),
-    [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Families, ArchGolden,
+                         ::testing::Values(
+                             // Q/K/V biases, NEOX RoPE; tied and untied output
+                             Family{"qwen2", "qwen2", 2, kQwen2Bounds},
+                             // Q/K norms, NEOX RoPE, head_dim 128 > n_embd / n_head
+                             Family{"qwen3", "qwen3", 1, kArchBounds},
+                             // Llama 3.1 RoPE scaling (rope_freqs.weight), llama-bpe, BOS
+                             Family{"llama3", "llama", 1, kArchBounds},
+                             // fused attn_qkv and gate+up, an ignored sliding window
+                             Family{"phi3", "phi3", 1, kArchBounds},
+                             // head_dim 128, attention temperature scaling past position 8
+                             Family{"mistral3", "mistral3", 1, kArchBounds}),
+                         [](const ::testing::TestParamInfo<Family>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // --- What each family reads, and what it refuses.
 
