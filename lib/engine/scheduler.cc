@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "lib/common/platform.h"
 #include "lib/engine/engine.h"
 
 namespace kiln {
@@ -36,6 +37,10 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double ClockSeconds(Clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
 }  // namespace
@@ -120,6 +125,11 @@ void Scheduler::Remove(ScheduledTask* task) {
     }
     return 0;
   });
+}
+
+void Scheduler::TraceUnits(std::vector<UnitRecord>* sink) {
+  std::lock_guard<std::mutex> step_lock(step_mu_);
+  trace_ = sink;
 }
 
 SchedulerCounters Scheduler::Counters() const {
@@ -227,6 +237,14 @@ int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
 StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress,
                                 double frame_seconds) {
   const Clock::time_point call_start = Clock::now();
+  const double call_cpu = trace_ != nullptr ? platform::ThreadCpuSeconds() : 0.0;
+  // Appends a trace record of a piece that began at `start` (with `cpu` thread CPU seconds).
+  auto trace = [&](UnitRecord::Kind kind, bool forced, double predicted, Clock::time_point start,
+                   double cpu) {
+    if (trace_ == nullptr) return;
+    trace_->push_back({kind, forced, pass_tokens_, predicted, ClockSeconds(start),
+                       SecondsSince(start), platform::ThreadCpuSeconds() - cpu});
+  };
   const bool timed = seconds > 0.0;
   if (budget <= 0) budget = step_tokens_;
   if (!timed && !suspended_) {
@@ -237,6 +255,8 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
   }
   StepStats stats;
   bool completed = false;  // no pass is left suspended: drop finished tasks, deliver
+  Clock::time_point deliver_start;
+  double deliver_cpu = 0.0;
   engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
     bool begun_now = false;
     if (!suspended_) {
@@ -267,6 +287,9 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           pass_calls_ = 0;
           pass_seconds_ = 0.0;
           const double begin_seconds = SecondsSince(call_start);
+          trace(UnitRecord::Kind::kBegin, must_progress,
+                trace_ != nullptr ? Predict(&UnitCost::begin, pass_tokens_) : -1.0, call_start,
+                call_cpu);
           Record(&UnitCost::begin, pass_tokens_, begin_seconds);
           pass_seconds_ += begin_seconds;
         }
@@ -306,8 +329,10 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           stats.out_of_time = true;
           break;
         }
+        const bool ran_forced = forced && timed;
         forced = !timed;
         const Clock::time_point unit_start = Clock::now();
+        const double unit_cpu = trace_ != nullptr ? platform::ThreadCpuSeconds() : 0.0;
         if (layer) {
           st = pass.RunLayers(pass.next_layer() + 1);
         } else if (head_part) {
@@ -330,6 +355,10 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           counters_.actual_seconds += actual;
         }
         if (!st.ok()) break;
+        trace(layer       ? UnitRecord::Kind::kLayer
+              : head_part ? UnitRecord::Kind::kHead
+                          : UnitRecord::Kind::kFinish,
+              ran_forced, predicted, unit_start, unit_cpu);
         Record(unit, pass_tokens_, actual);
         if (finish) head_done_ = true;
       }
@@ -350,6 +379,8 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
     }
     stats.suspended = suspended_;
     if (!completed) return 0;
+    deliver_start = Clock::now();
+    if (trace_ != nullptr) deliver_cpu = platform::ThreadCpuSeconds();
     // Drop the tasks that ended; every task of the step gets its Deliver.
     deliver_.assign(tasks_.begin(), tasks_.end());
     const size_t before = tasks_.size();
@@ -377,6 +408,7 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
     if (deliver_[i] != nullptr) deliver_[i]->Deliver();
   }
   deliver_.clear();
+  trace(UnitRecord::Kind::kDeliver, false, -1.0, deliver_start, deliver_cpu);
   return stats;
 }
 

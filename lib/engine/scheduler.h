@@ -155,6 +155,25 @@ struct SchedulerCounters {
   double actual_seconds = 0.0;
 };
 
+// One timed piece of a step, for benches that look where a budgeted frame's time goes
+// (Scheduler::TraceUnits).
+struct UnitRecord {
+  enum class Kind : uint8_t {
+    kBegin,    // planning, Begin (checks, mask, embeddings)
+    kLayer,    // one layer
+    kHead,     // one part of the output head
+    kFinish,   // the pass's Finish and the tasks' Finish (sampling)
+    kDeliver,  // after a pass: dropping finished tasks, the tasks' Deliver
+  };
+  Kind kind = Kind::kLayer;
+  bool forced = false;       // ran without being predicted to fit (a call must progress)
+  int32_t tokens = 0;        // the pass's batch tokens
+  double predicted = -1.0;   // seconds (< 0: nothing measured yet)
+  double start = 0.0;        // steady_clock seconds at its start
+  double seconds = 0.0;      // wall time
+  double cpu_seconds = 0.0;  // the stepping thread's CPU time in it
+};
+
 class Scheduler {
  public:
   Scheduler(Engine& engine, int32_t step_tokens, bool one_task_per_step);
@@ -198,6 +217,9 @@ class Scheduler {
   }
   int32_t active_tasks() const { return n_active_.load(std::memory_order_acquire); }
   SchedulerCounters Counters() const;
+  // Appends a UnitRecord for every unit that steps run from now on to `*sink` (nullptr: stop);
+  // the caller reads it between steps. Costs two clock reads per unit while on.
+  void TraceUnits(std::vector<UnitRecord>* sink);
 
   // True on a thread inside a Step (also during its Deliver callbacks).
   static bool InStep();
@@ -261,6 +283,7 @@ class Scheduler {
   double pass_seconds_ = 0.0;     // time of its units so far
   int32_t last_pass_tokens_ = 0;  // the last pass begun (predicts the next one before planning)
   std::vector<std::pair<int32_t, UnitCost>> unit_costs_;  // sorted by key
+  std::vector<UnitRecord>* trace_ = nullptr;              // TraceUnits
 
   // queue_mu_ guards incoming_, step_count_, n_held_ waits, stop_.
   std::mutex queue_mu_;
