@@ -170,7 +170,6 @@ class FrameTrace {
 
   // One frame: its step's wall time and the records of its units (consumed).
   void Frame(int frame, double step_ms, std::vector<kiln::UnitRecord>& records, bool verbose) {
-    using Kind = kiln::UnitRecord::Kind;
     double in_units_ms = 0, cpu_ms = 0;
     for (size_t i = 0; i < records.size(); ++i) {
       const kiln::UnitRecord& r = records[i];
@@ -199,7 +198,6 @@ class FrameTrace {
     double worst = -1e9;
     for (const kiln::UnitRecord& r : records) {
       const double over = r.predicted >= 0 ? 1e3 * (r.seconds - r.predicted) : 1e3 * r.seconds;
-      if (r.kind == Kind::kDeliver) o.deliver_ms += 1e3 * r.seconds;
       if (r.forced) o.forced_ms += 1e3 * r.seconds;
       if (over > worst) {
         worst = over;
@@ -247,20 +245,19 @@ class FrameTrace {
     std::printf("  step time outside the units per frame: p50 %.3f, p99 %.3f ms\n",
                 pct(outside_ms_, 0.5), pct(outside_ms_, 0.99));
     if (over_.empty()) return;
-    std::vector<double> excess, outside, deliver, forced, desched;
+    std::vector<double> excess, outside, forced, desched;
     int worst[kKinds] = {};
     for (const OverBudget& o : over_) {
       excess.push_back(o.excess_ms);
       outside.push_back(o.outside_ms);
-      deliver.push_back(o.deliver_ms);
       forced.push_back(o.forced_ms);
       desched.push_back(o.descheduled_ms);
       ++worst[static_cast<int>(o.worst_kind)];
     }
     std::printf(
-        "  over-budget frames (%zu), means: excess %.3f ms, outside units %.3f, deliver "
-        "%.3f, forced units %.3f, units' wall minus CPU %.3f; most overrun unit:",
-        over_.size(), mean(excess), mean(outside), mean(deliver), mean(forced), mean(desched));
+        "  over-budget frames (%zu), means: excess %.3f ms, outside units %.3f, "
+        "forced units %.3f, units' wall minus CPU %.3f; most overrun unit:",
+        over_.size(), mean(excess), mean(outside), mean(forced), mean(desched));
     for (int i = 0; i < kKinds; ++i) {
       if (worst[i] > 0) {
         std::printf(" %s %d", KindName(static_cast<kiln::UnitRecord::Kind>(i)), worst[i]);
@@ -270,16 +267,16 @@ class FrameTrace {
   }
 
  private:
-  static constexpr int kKinds = 5;
+  static constexpr int kKinds = 4;
   static const char* KindName(kiln::UnitRecord::Kind kind) {
-    static const char* const kNames[kKinds] = {"begin", "layer", "head", "finish", "deliver"};
+    static const char* const kNames[kKinds] = {"begin", "layer", "head", "finish"};
     return kNames[static_cast<int>(kind)];
   }
   struct KindStats {
     std::vector<double> ms, cpu_ms, over_prediction_ms, first_ratio, later_ratio;
   };
   struct OverBudget {
-    double excess_ms = 0, outside_ms = 0, deliver_ms = 0, forced_ms = 0, descheduled_ms = 0;
+    double excess_ms = 0, outside_ms = 0, forced_ms = 0, descheduled_ms = 0;
     kiln::UnitRecord::Kind worst_kind = kiln::UnitRecord::Kind::kLayer;
     double worst_over_ms = 0;
   };

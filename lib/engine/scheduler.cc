@@ -221,6 +221,29 @@ void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) 
   a.mean += kCostAlpha * (seconds - a.mean);
 }
 
+int32_t Scheduler::PassTokensAtMost(int32_t budget) {
+  int32_t decoding = 0;
+  bool prefill = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    prefill = !incoming_.empty();
+  }
+  for (const ScheduledTask* t : tasks_) {
+    if (t->finished() || t->held()) continue;
+    if (t->decoding()) {
+      ++decoding;
+    } else {
+      prefill = true;
+    }
+  }
+  // A decoding task adds one token, or its draft tree (as many as last time, at most).
+  decoding = std::max(decoding, last_decode_tokens_);
+  // PlanLocked: the first prompt chunk gets what decoding left of the budget, and at least
+  // kMinPrefill of it.
+  return prefill ? std::max(budget, decoding + std::min(budget, kMinPrefill))
+                 : std::max(decoding, 1);
+}
+
 int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
   // Nothing measured yet: a small pass first, to measure.
   if (Predict(&UnitCost::layer, budget) < 0.0) return std::min(budget, kMinPrefill);
@@ -255,23 +278,34 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
   }
   StepStats stats;
   bool completed = false;  // no pass is left suspended: drop finished tasks, deliver
-  Clock::time_point deliver_start;
-  double deliver_cpu = 0.0;
+  // A unit's time runs from the end of the piece before it in this call (the call's start for
+  // the first), so the scheduler's own work between units is part of what it predicts.
+  Clock::time_point mark = call_start;
+  double mark_cpu = call_cpu;
+  // The finish unit ran in this call: it is recorded after the tasks' Deliver, whose time
+  // (and the dropping of finished tasks) it includes.
+  bool finish_ran = false;
+  bool finish_forced = false;
+  double finish_predicted = -1.0;
+  Clock::time_point finish_start;
+  double finish_cpu = 0.0;
   engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
     bool begun_now = false;
     if (!suspended_) {
+      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
+      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (timed && !must_progress) {
         // Planning changes the tasks (slots, sampling): only begin a pass whose first unit is
-        // expected to fit.
-        const double first_unit = Predict(&UnitCost::begin, last_pass_tokens_) +
-                                  Predict(&UnitCost::layer, last_pass_tokens_);
+        // expected to fit. A prompt chunk sized for a whole frame does not fit the rest of
+        // one: the pass waits for the next call, where it comes first.
+        const int32_t tokens = PassTokensAtMost(budget);
+        const double first_unit =
+            Predict(&UnitCost::begin, tokens) + Predict(&UnitCost::layer, tokens);
         if (last_pass_tokens_ > 0 && first_unit > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
           return 0;
         }
       }
-      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
-      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (!PlanLocked(cache, budget, stats)) {
         completed = true;
       } else {
@@ -292,6 +326,9 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
                 call_cpu);
           Record(&UnitCost::begin, pass_tokens_, begin_seconds);
           pass_seconds_ += begin_seconds;
+          mark = call_start + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(begin_seconds));
+          if (trace_ != nullptr) mark_cpu = platform::ThreadCpuSeconds();
         }
       }
     }
@@ -332,7 +369,6 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         const bool ran_forced = forced && timed;
         forced = !timed;
         const Clock::time_point unit_start = Clock::now();
-        const double unit_cpu = trace_ != nullptr ? platform::ThreadCpuSeconds() : 0.0;
         if (layer) {
           st = pass.RunLayers(pass.next_layer() + 1);
         } else if (head_part) {
@@ -344,23 +380,31 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
             finish_tasks();
           }
         }
-        const double actual = SecondsSince(unit_start);
-        if (!finish) pass_seconds_ += actual;
+        if (!finish) pass_seconds_ += SecondsSince(unit_start);
         ++stats.units;
         ++counters_.units;
         if (head_part) ++counters_.head_units;
+        if (!st.ok()) break;
+        if (finish) {
+          head_done_ = true;
+          finish_ran = true;
+          finish_forced = ran_forced;
+          finish_predicted = predicted;
+          finish_start = mark;
+          finish_cpu = mark_cpu;
+          break;
+        }
+        const double actual = SecondsSince(mark);
         if (predicted >= 0.0) {
           ++counters_.predicted_units;
           counters_.predicted_seconds += predicted;
           counters_.actual_seconds += actual;
         }
-        if (!st.ok()) break;
-        trace(layer       ? UnitRecord::Kind::kLayer
-              : head_part ? UnitRecord::Kind::kHead
-                          : UnitRecord::Kind::kFinish,
-              ran_forced, predicted, unit_start, unit_cpu);
+        trace(layer ? UnitRecord::Kind::kLayer : UnitRecord::Kind::kHead, ran_forced, predicted,
+              mark, mark_cpu);
         Record(unit, pass_tokens_, actual);
-        if (finish) head_done_ = true;
+        mark += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(actual));
+        if (trace_ != nullptr) mark_cpu = platform::ThreadCpuSeconds();
       }
       if (!st.ok()) {
         for (const Planned& p : planned_) {
@@ -379,8 +423,6 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
     }
     stats.suspended = suspended_;
     if (!completed) return 0;
-    deliver_start = Clock::now();
-    if (trace_ != nullptr) deliver_cpu = platform::ThreadCpuSeconds();
     // Drop the tasks that ended; every task of the step gets its Deliver.
     deliver_.assign(tasks_.begin(), tasks_.end());
     const size_t before = tasks_.size();
@@ -408,7 +450,21 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
     if (deliver_[i] != nullptr) deliver_[i]->Deliver();
   }
   deliver_.clear();
-  trace(UnitRecord::Kind::kDeliver, false, -1.0, deliver_start, deliver_cpu);
+  if (finish_ran) {
+    // Unit costs are the stepping thread's (step_mu_ held); the counters are read under the
+    // engine mutex.
+    const double actual = SecondsSince(finish_start);
+    trace(UnitRecord::Kind::kFinish, finish_forced, finish_predicted, finish_start, finish_cpu);
+    Record(&UnitCost::finish, pass_tokens_, actual);
+    if (finish_predicted >= 0.0) {
+      engine_.Locked([&](KvCache&, ForwardPass&) {
+        ++counters_.predicted_units;
+        counters_.predicted_seconds += finish_predicted;
+        counters_.actual_seconds += actual;
+        return 0;
+      });
+    }
+  }
   return stats;
 }
 
@@ -492,6 +548,7 @@ bool Scheduler::PlanLocked(KvCache& cache, int32_t budget, StepStats& stats) {
       ScheduledTask* t = tasks_[i];
       if (runnable(t) && t->decoding()) place(t, INT32_MAX);
     }
+    last_decode_tokens_ = used;
     // A new task whose prompt starts with a full block that a task planned in this step
     // completes: next step it attaches the block instead.
     auto shares_block_in_flight = [&](const ScheduledTask* t) {

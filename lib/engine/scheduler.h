@@ -159,18 +159,17 @@ struct SchedulerCounters {
 // (Scheduler::TraceUnits).
 struct UnitRecord {
   enum class Kind : uint8_t {
-    kBegin,    // planning, Begin (checks, mask, embeddings)
-    kLayer,    // one layer
-    kHead,     // one part of the output head
-    kFinish,   // the pass's Finish and the tasks' Finish (sampling)
-    kDeliver,  // after a pass: dropping finished tasks, the tasks' Deliver
+    kBegin,   // planning, Begin (checks, mask, embeddings)
+    kLayer,   // one layer
+    kHead,    // one part of the output head
+    kFinish,  // the pass's Finish, the tasks' Finish (sampling) and Deliver
   };
   Kind kind = Kind::kLayer;
   bool forced = false;       // ran without being predicted to fit (a call must progress)
   int32_t tokens = 0;        // the pass's batch tokens
   double predicted = -1.0;   // seconds (< 0: nothing measured yet)
   double start = 0.0;        // steady_clock seconds at its start
-  double seconds = 0.0;      // wall time
+  double seconds = 0.0;      // wall time, from the end of the piece before it in the call
   double cpu_seconds = 0.0;  // the stepping thread's CPU time in it
 };
 
@@ -257,6 +256,9 @@ class Scheduler {
   // measured: kMinPrefill). A unit always runs whole, so a prompt chunk whose layer is longer
   // than a frame's budget would overrun every frame that runs it.
   int32_t TokensWithin(int32_t budget, double seconds) const;
+  // At most the tokens a pass planned now with `budget` takes (PlanLocked's rules, before it
+  // runs): the decoding tasks' tokens, and a prompt chunk's when a task waits to prefill.
+  int32_t PassTokensAtMost(int32_t budget);
 
   Engine& engine_;
   const int32_t step_tokens_;
@@ -281,7 +283,8 @@ class Scheduler {
   int32_t pass_tokens_ = 0;       // its batch tokens
   int32_t pass_calls_ = 0;        // Step calls that ran its units
   double pass_seconds_ = 0.0;     // time of its units so far
-  int32_t last_pass_tokens_ = 0;  // the last pass begun (predicts the next one before planning)
+  int32_t last_pass_tokens_ = 0;  // the last pass begun (0: none yet)
+  int32_t last_decode_tokens_ = 0;  // of them, decode tokens (a decode step's, draft trees)
   std::vector<std::pair<int32_t, UnitCost>> unit_costs_;  // sorted by key
   std::vector<UnitRecord>* trace_ = nullptr;              // TraceUnits
 
