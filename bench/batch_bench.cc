@@ -182,7 +182,7 @@ class FrameTrace {
       if (r.predicted >= 0) {
         k.over_prediction_ms.push_back(ms - 1e3 * r.predicted);
         // The first unit of a frame (cold caches, threads waking) against the later ones.
-        (i == 0 ? k.first_ratio : k.later_ratio).push_back(r.seconds / r.predicted);
+        (r.first ? k.first_ratio : k.later_ratio).push_back(r.seconds / r.predicted);
       }
     }
     outside_ms_.push_back(step_ms - in_units_ms);
@@ -237,8 +237,8 @@ class FrameTrace {
       std::printf(
           "  %-7s %5zu: %.3f/%.3f, CPU %.3f/%.3f; over %+.3f/%+.3f; ratio first %.2f (%zu), "
           "later %.2f (%zu)\n",
-          KindName(static_cast<kiln::UnitRecord::Kind>(i)), k.ms.size(), pct(k.ms, 0.5),
-          pct(k.ms, 0.99), pct(k.cpu_ms, 0.5), pct(k.cpu_ms, 0.99), pct(k.over_prediction_ms, 0.5),
+          KindName(static_cast<kiln::UnitKind>(i)), k.ms.size(), pct(k.ms, 0.5), pct(k.ms, 0.99),
+          pct(k.cpu_ms, 0.5), pct(k.cpu_ms, 0.99), pct(k.over_prediction_ms, 0.5),
           pct(k.over_prediction_ms, 0.99), mean(k.first_ratio), k.first_ratio.size(),
           mean(k.later_ratio), k.later_ratio.size());
     }
@@ -260,7 +260,7 @@ class FrameTrace {
         over_.size(), mean(excess), mean(outside), mean(forced), mean(desched));
     for (int i = 0; i < kKinds; ++i) {
       if (worst[i] > 0) {
-        std::printf(" %s %d", KindName(static_cast<kiln::UnitRecord::Kind>(i)), worst[i]);
+        std::printf(" %s %d", KindName(static_cast<kiln::UnitKind>(i)), worst[i]);
       }
     }
     std::printf("\n");
@@ -268,7 +268,7 @@ class FrameTrace {
 
  private:
   static constexpr int kKinds = 4;
-  static const char* KindName(kiln::UnitRecord::Kind kind) {
+  static const char* KindName(kiln::UnitKind kind) {
     static const char* const kNames[kKinds] = {"begin", "layer", "head", "finish"};
     return kNames[static_cast<int>(kind)];
   }
@@ -277,7 +277,7 @@ class FrameTrace {
   };
   struct OverBudget {
     double excess_ms = 0, outside_ms = 0, forced_ms = 0, descheduled_ms = 0;
-    kiln::UnitRecord::Kind worst_kind = kiln::UnitRecord::Kind::kLayer;
+    kiln::UnitKind worst_kind = kiln::UnitKind::kLayer;
     double worst_over_ms = 0;
   };
   double budget_ms_;
@@ -342,8 +342,9 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
   auto pct = [&](double p) { return pct_of(step_ms, p); };
   std::printf("game loop: %d frames at 60 fps, %d NPCs, step budget %.1f ms\n", frames, npcs,
               budget_ms);
-  std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
-              pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+  std::printf(
+      "time in step per frame: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
+      pct(0.5), pct(0.95), pct(0.99), step_ms.back(), tokens / seconds);
   std::printf("stepping thread's CPU time per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
               pct_of(step_cpu_ms, 0.5), pct_of(step_cpu_ms, 0.99), step_cpu_ms.back());
   std::printf("frames over budget: %d (%.1f%%), of them running a single unit: %d\n", over_budget,
