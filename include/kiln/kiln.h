@@ -658,8 +658,9 @@ typedef struct kiln_step_params {
    * layer of a pass, one part of its output head (vocabulary rows whose weights weigh about a
    * layer's), or its finish (sampling); a pass is the next token of every generating session
    * plus prompt chunks) and runs only the units predicted to end within this many milliseconds
-   * of the call's start (predictions: running averages of measured unit times for the pass's
-   * token count, plus their running mean deviation), but always at least one unit when there
+   * of the call's start, less a 3% reserve for the call's own work (predictions: running
+   * averages of measured unit times for the pass's token count, times a 99th percentile of how
+   * far recent units of the kind strayed above theirs), but always at least one unit when there
    * is work, so every call makes progress. A pass that does not fit is suspended after its
    * last unit run and the next kiln_cache_step continues it; its bits are those of an unsplit
    * pass. Between calls kiln holds no lock: any call may be made from other threads (a session
