@@ -34,6 +34,10 @@ constexpr double kSpreadQuantile = 0.99;
 // straying beyond its spread. Measured (batch_bench --game, 2 ms, 3 runs each at 1 and 2
 // threads): p99 1.96-2.05 ms without it, 1.88-1.96 with 3%, 1.87-1.94 with 5%.
 constexpr double kCallReserve = 0.03;
+// The largest spread: beyond it a unit's overrun comes from the OS running other processes in
+// the middle of it (a descheduled unit takes 5-10 times its mean at load average 25), which no
+// prediction avoids; following it there cut tokens/s by half with frames still over budget.
+constexpr double kMaxSpread = 2.0;
 // The spread's quantile is recomputed every this many measurements.
 constexpr size_t kSpreadRefresh = 16;
 
@@ -204,7 +208,7 @@ void Scheduler::Spread::Add(double ratio) {
       std::min(n - 1, static_cast<size_t>(std::ceil(kSpreadQuantile * static_cast<double>(n))) - 1);
   std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(index),
                    sorted.begin() + static_cast<std::ptrdiff_t>(n));
-  quantile_ = sorted[index];
+  quantile_ = std::min<double>(sorted[index], kMaxSpread);
 }
 
 double Scheduler::MeanCost(UnitKind kind, int32_t tokens) const {
