@@ -661,9 +661,9 @@ typedef struct kiln_step_params {
    * of the call's start, less a 3% reserve for the call's own work (predictions: running
    * averages of measured unit times for the pass's token count, times a 99th percentile of how
    * far recent units of the kind strayed above theirs, at most twice), but always at least one
-   * unit when there is work, so every call makes progress. A pass that does not fit is suspended after its
-   * last unit run and the next kiln_cache_step continues it; its bits are those of an unsplit
-   * pass. Between calls kiln holds no lock: any call may be made from other threads (a session
+   * unit when there is work, so every call makes progress. A pass that does not fit is
+   * suspended after its last unit run and the next kiln_cache_step continues it; its bits are
+   * those of an unsplit pass. Between calls kiln holds no lock: any call may be made from other threads (a session
    * whose tokens are in the suspended pass may be cancelled or destroyed: destroying it first
    * runs the rest of the pass on the destroying thread; its results for the other sessions wait
    * for the next step). A pass begun under a budget takes only the prompt tokens whose first
