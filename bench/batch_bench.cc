@@ -22,7 +22,9 @@
 //     the cost without the OS's other processes; all of it with --threads 1), the tokens
 //     generated per second, and how many frames went over the budget (of them, how many ran a
 //     single unit: the one a step runs even when none is predicted to fit). --step-tokens: the
-//     scheduler's tokens per step (EngineOptions).
+//     scheduler's tokens per step (EngineOptions). --trace: where the time goes, per unit kind
+//     (wall and thread CPU time, measured against predicted, a frame's first unit against the
+//     later ones) and in the frames over budget (KILN_GAME_TRACE=1 also prints each of them).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -161,9 +163,136 @@ struct Bench {
   }
 };
 
+// --trace: where the frames' time goes, from the scheduler's unit records.
+class FrameTrace {
+ public:
+  explicit FrameTrace(double budget_ms) : budget_ms_(budget_ms) {}
+
+  // One frame: its step's wall time and the records of its units (consumed).
+  void Frame(int frame, double step_ms, std::vector<kiln::UnitRecord>& records, bool verbose) {
+    double in_units_ms = 0, cpu_ms = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const kiln::UnitRecord& r = records[i];
+      KindStats& k = kinds_[static_cast<int>(r.kind)];
+      const double ms = 1e3 * r.seconds;
+      in_units_ms += ms;
+      cpu_ms += 1e3 * r.cpu_seconds;
+      k.ms.push_back(ms);
+      k.cpu_ms.push_back(1e3 * r.cpu_seconds);
+      if (r.predicted >= 0) {
+        k.over_prediction_ms.push_back(ms - 1e3 * r.predicted);
+        // The first unit of a frame (cold caches, threads waking) against the later ones.
+        (r.first ? k.first_ratio : k.later_ratio).push_back(r.seconds / r.predicted);
+      }
+    }
+    outside_ms_.push_back(step_ms - in_units_ms);
+    if (step_ms <= budget_ms_) {
+      records.clear();
+      return;
+    }
+    // An over-budget frame: how much over, and which piece overran its prediction most.
+    OverBudget o;
+    o.excess_ms = step_ms - budget_ms_;
+    o.outside_ms = step_ms - in_units_ms;
+    o.descheduled_ms = std::max(0.0, in_units_ms - cpu_ms);
+    double worst = -1e9;
+    for (const kiln::UnitRecord& r : records) {
+      const double over = r.predicted >= 0 ? 1e3 * (r.seconds - r.predicted) : 1e3 * r.seconds;
+      if (r.forced) o.forced_ms += 1e3 * r.seconds;
+      if (over > worst) {
+        worst = over;
+        o.worst_kind = r.kind;
+        o.worst_over_ms = over;
+      }
+    }
+    over_.push_back(o);
+    if (verbose) {
+      std::printf("frame %d: %.3f ms (units %.3f, CPU %.3f):", frame, step_ms, in_units_ms, cpu_ms);
+      for (const kiln::UnitRecord& r : records) {
+        std::printf(" %s%s %.3f/%.3f", KindName(r.kind), r.forced ? "!" : "", 1e3 * r.seconds,
+                    1e3 * r.predicted);
+      }
+      std::printf("\n");
+    }
+    records.clear();
+  }
+
+  void Print() const {
+    auto pct = [](std::vector<double> v, double p) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+    };
+    auto mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return v.empty() ? 0.0 : sum / v.size();
+    };
+    std::printf(
+        "trace: per unit kind, ms (wall p50/p99, thread CPU p50/p99; measured minus "
+        "predicted p50/p99; measured/predicted mean as a frame's first unit, later)\n");
+    for (int i = 0; i < kKinds; ++i) {
+      const KindStats& k = kinds_[i];
+      if (k.ms.empty()) continue;
+      std::printf(
+          "  %-7s %5zu: %.3f/%.3f, CPU %.3f/%.3f; over %+.3f/%+.3f; ratio first %.2f (%zu), "
+          "later %.2f (%zu)\n",
+          KindName(static_cast<kiln::UnitKind>(i)), k.ms.size(), pct(k.ms, 0.5), pct(k.ms, 0.99),
+          pct(k.cpu_ms, 0.5), pct(k.cpu_ms, 0.99), pct(k.over_prediction_ms, 0.5),
+          pct(k.over_prediction_ms, 0.99), mean(k.first_ratio), k.first_ratio.size(),
+          mean(k.later_ratio), k.later_ratio.size());
+    }
+    std::printf("  step time outside the units per frame: p50 %.3f, p99 %.3f ms\n",
+                pct(outside_ms_, 0.5), pct(outside_ms_, 0.99));
+    if (over_.empty()) return;
+    std::vector<double> excess, outside, forced, desched;
+    int worst[kKinds] = {};
+    for (const OverBudget& o : over_) {
+      excess.push_back(o.excess_ms);
+      outside.push_back(o.outside_ms);
+      forced.push_back(o.forced_ms);
+      desched.push_back(o.descheduled_ms);
+      ++worst[static_cast<int>(o.worst_kind)];
+    }
+    std::printf(
+        "  over-budget frames (%zu), means: excess %.3f ms, outside units %.3f, "
+        "forced units %.3f, units' wall minus CPU %.3f; most overrun unit:",
+        over_.size(), mean(excess), mean(outside), mean(forced), mean(desched));
+    for (int i = 0; i < kKinds; ++i) {
+      if (worst[i] > 0) {
+        std::printf(" %s %d", KindName(static_cast<kiln::UnitKind>(i)), worst[i]);
+      }
+    }
+    std::printf("\n");
+  }
+
+ private:
+  static constexpr int kKinds = 4;
+  static const char* KindName(kiln::UnitKind kind) {
+    static const char* const kNames[kKinds] = {"begin", "layer", "head", "finish"};
+    return kNames[static_cast<int>(kind)];
+  }
+  struct KindStats {
+    std::vector<double> ms, cpu_ms, over_prediction_ms, first_ratio, later_ratio;
+  };
+  struct OverBudget {
+    double excess_ms = 0, outside_ms = 0, forced_ms = 0, descheduled_ms = 0;
+    kiln::UnitKind worst_kind = kiln::UnitKind::kLayer;
+    double worst_over_ms = 0;
+  };
+  double budget_ms_;
+  KindStats kinds_[kKinds];
+  std::vector<double> outside_ms_;
+  std::vector<OverBudget> over_;
+};
+
 // The game loop of --game (see the header comment).
-void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
+void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
   kiln::Scheduler& scheduler = b.engine->scheduler();
+  std::vector<kiln::UnitRecord> records;
+  FrameTrace frame_trace(budget_ms);
+  const bool verbose = std::getenv("KILN_GAME_TRACE") != nullptr;
+  if (trace) scheduler.TraceUnits(&records);
   std::vector<std::unique_ptr<kiln::Session>> sessions;
   for (int i = 0; i < npcs; ++i) sessions.push_back(b.Submit(b.prompt_len, b.decode));
   const auto frame = std::chrono::microseconds(16667);
@@ -184,10 +313,7 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
       ++over_budget;
       if (st.units == 1) ++over_budget_single_unit;
     }
-    if (std::getenv("KILN_GAME_TRACE") != nullptr && step_ms.back() > budget_ms) {
-      std::printf("frame %d: %.2f ms (CPU %.2f ms), %d units, %d passes, %d tokens, tasks %d\n", f,
-                  step_ms.back(), step_cpu_ms.back(), st.units, st.passes, st.tokens, st.tasks);
-    }
+    if (trace) frame_trace.Frame(f, step_ms.back(), records, verbose);
     for (auto& s : sessions) {
       kiln::PollResult poll;
       Check(s->Poll(0, 0, &poll), "Poll");
@@ -206,6 +332,7 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
     tokens += poll.n_tokens;
     s->Cancel();
   }
+  scheduler.TraceUnits(nullptr);
   while (scheduler.active_tasks() > 0) scheduler.Step();
   std::sort(step_ms.begin(), step_ms.end());
   std::sort(step_cpu_ms.begin(), step_cpu_ms.end());
@@ -215,8 +342,9 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
   auto pct = [&](double p) { return pct_of(step_ms, p); };
   std::printf("game loop: %d frames at 60 fps, %d NPCs, step budget %.1f ms\n", frames, npcs,
               budget_ms);
-  std::printf("time in step per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
-              pct(0.5), pct(0.99), step_ms.back(), tokens / seconds);
+  std::printf(
+      "time in step per frame: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms; %.1f tokens/s\n",
+      pct(0.5), pct(0.95), pct(0.99), step_ms.back(), tokens / seconds);
   std::printf("stepping thread's CPU time per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
               pct_of(step_cpu_ms, 0.5), pct_of(step_cpu_ms, 0.99), step_cpu_ms.back());
   std::printf("frames over budget: %d (%.1f%%), of them running a single unit: %d\n", over_budget,
@@ -229,6 +357,7 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs) {
       static_cast<long long>(c.steps), static_cast<long long>(c.split_steps),
       static_cast<long long>(c.units), 1e3 * c.predicted_seconds / n_units,
       1e3 * c.actual_seconds / n_units);
+  if (trace) frame_trace.Print();
 }
 
 std::vector<int> ParseList(const std::string& s) {
@@ -250,7 +379,7 @@ int main(int argc, char** argv) {
     model_path = std::string(home ? home : "") + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   int threads = 2, repeats = 3, ttft_prompt = 128, frames = 600, npcs = 4, step_tokens = 0;
-  bool game = false;
+  bool game = false, trace = false;
   double budget_ms = 2.0;
   std::vector<int> counts = {1, 2, 4, 8, 16, 32};
   Bench b;
@@ -274,6 +403,8 @@ int main(int argc, char** argv) {
       counts = ParseList(next());
     } else if (a == "--game") {
       game = true;
+    } else if (a == "--trace") {
+      trace = true;
     } else if (a == "--frames") {
       frames = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--budget-ms") {
@@ -307,7 +438,7 @@ int main(int argc, char** argv) {
               model_path.c_str(), threads, b.prompt_len, b.decode, repeats,
               kiln::CpuLevelName(kiln::BestCpuLevel()));
   if (game) {
-    GameLoop(b, frames, budget_ms, npcs);
+    GameLoop(b, frames, budget_ms, npcs, trace);
     return 0;
   }
   std::printf("%-9s %12s %19s %10s %9s\n", "sessions", "tok/s median", "min-max", "per sess",

@@ -654,22 +654,23 @@ KILN_API kiln_status kiln_session_poll(kiln_session* session, char* text, size_t
 
 typedef struct kiln_step_params {
   uint32_t struct_size; /* set by kiln_step_params_init */
-  /* > 0: a per-frame budget. The call works on forward passes unit by unit (a unit is one
-   * layer of a pass, one part of its output head (vocabulary rows whose weights weigh about a
-   * layer's), or its finish (sampling); a pass is the next token of every generating session
-   * plus prompt chunks) and runs only the units predicted to end within this many milliseconds
-   * of the call's start (predictions: running averages of measured unit times for the pass's
-   * token count, plus their running mean deviation), but always at least one unit when there
-   * is work, so every call makes progress. A pass that does not fit is suspended after its
-   * last unit run and the next kiln_cache_step continues it; its bits are those of an unsplit
-   * pass. Between calls kiln holds no lock: any call may be made from other threads (a session
-   * whose tokens are in the suspended pass may be cancelled or destroyed: destroying it first
-   * runs the rest of the pass on the destroying thread; its results for the other sessions wait
-   * for the next step). A pass begun under a budget takes only the prompt tokens whose first
-   * layer is predicted to fit it (decoding sessions always join). The time spent passes the
-   * budget by a unit forced to run, a misprediction, or a thread the OS deschedules (a
-   * SmolLM2-135M layer for 4 decoding sessions on 2 threads takes about 0.5 ms, as does each of
-   * the 14 parts of its output head over the 49k-token vocabulary).
+  /* > 0: a per-frame budget. The call works on forward passes unit by unit (a unit is one layer of
+   * a pass, one part of its output head (vocabulary rows whose weights weigh about a layer's), or
+   * its finish (sampling); a pass is the next token of every generating session plus prompt chunks)
+   * and runs only the units predicted to end within this many milliseconds of the call's start,
+   * less a 3% reserve for the call's own work (predictions: running averages of measured unit times
+   * for the pass's token count, times a 99th percentile of how far recent units of the kind strayed
+   * above theirs, at most twice), but always at least one unit when there is work, so every call
+   * makes progress. A pass that does not fit is suspended after its last unit run and the next
+   * kiln_cache_step continues it; its bits are those of an unsplit pass. Between calls kiln holds
+   * no lock: any call may be made from other threads (a session whose tokens are in the suspended
+   * pass may be cancelled or destroyed: destroying it first runs the rest of the pass on the
+   * destroying thread; its results for the other sessions wait for the next step). A pass begun
+   * under a budget takes only the prompt tokens whose first layer is predicted to fit it (decoding
+   * sessions always join). The time spent passes the budget by a unit forced to run, a
+   * misprediction, or a thread the OS deschedules (a SmolLM2-135M layer for 4 decoding sessions on
+   * 2 threads takes about 0.5 ms, as does each of the 14 parts of its output head over the
+   * 49k-token vocabulary).
    * 0 (default): one whole step (a suspended pass is finished). Blocking calls and the worker
    * always run whole passes. */
   double time_budget_ms;

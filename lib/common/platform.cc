@@ -136,6 +136,23 @@ double ProcessCpuSeconds() {
 #endif
 }
 
+double ThreadCpuSeconds() {
+#ifdef KILN_PLATFORM_POSIX
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+#elif defined(KILN_PLATFORM_WINDOWS)
+  FILETIME created, exited, kernel, user;  // the last two in 100 ns units
+  if (!GetThreadTimes(GetCurrentThread(), &created, &exited, &kernel, &user)) return 0.0;
+  auto ticks = [](const FILETIME& t) {
+    return (static_cast<uint64_t>(t.dwHighDateTime) << 32) | t.dwLowDateTime;
+  };
+  return 1e-7 * static_cast<double>(ticks(kernel) + ticks(user));
+#else
+  return ProcessCpuSeconds();
+#endif
+}
+
 // ---- Memory ---------------------------------------------------------------------------------
 
 void* AlignedAlloc(size_t alignment, size_t bytes) {

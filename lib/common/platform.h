@@ -55,6 +55,8 @@ int PhysicalCoreCount();
 
 // CPU time this process has used (all threads, user + system), in seconds.
 double ProcessCpuSeconds();
+// CPU time the calling thread has used (user + system), in seconds.
+double ThreadCpuSeconds();
 
 // ---- Memory ---------------------------------------------------------------------------------
 

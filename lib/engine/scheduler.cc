@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "lib/common/platform.h"
 #include "lib/engine/engine.h"
 
 namespace kiln {
@@ -23,19 +24,31 @@ constexpr auto kHeldWait = std::chrono::milliseconds(2);
 // already use the whole budget.
 constexpr int32_t kMinPrefill = 32;
 
-// The weight of a new measurement in a unit's running average cost.
+// The weight of a new measurement in a unit's running mean cost.
 constexpr double kCostAlpha = 0.25;
-// A unit is predicted to take its mean time plus this many mean deviations: on a shared machine
-// a unit's time varies, and a budget is a bound, not an average. One, not two: in batch_bench
-// --game most frames over budget ran a single unit (the one a step runs even when none is
-// predicted to fit), which no margin prevents, and two deviations cut tokens/s by about a third
-// without lowering p99.
-constexpr double kDeviations = 1.0;
+// The quantile of measured / mean a unit's prediction covers (Scheduler::Spread): a call ends
+// past its budget only when its last unit strays further, about one frame in a hundred at most.
+constexpr double kSpreadQuantile = 0.99;
+// The share of a budgeted call's time (StepWithin) kept back from its units: for the call's own
+// work outside them (10-35 us of a 2 ms budget in batch_bench --game --trace) and a last unit
+// straying beyond its spread. Measured (batch_bench --game, 2 ms, 3 runs each at 1 and 2
+// threads): p99 1.96-2.05 ms without it, 1.88-1.96 with 3%, 1.87-1.94 with 5%.
+constexpr double kCallReserve = 0.03;
+// The largest spread: beyond it a unit's overrun comes from the OS running other processes in
+// the middle of it (a descheduled unit takes 5-10 times its mean at load average 25), which no
+// prediction avoids; following it there cut tokens/s by half with frames still over budget.
+constexpr double kMaxSpread = 2.0;
+// The spread's quantile is recomputed every this many measurements.
+constexpr size_t kSpreadRefresh = 16;
 
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double ClockSeconds(Clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
 }  // namespace
@@ -122,6 +135,11 @@ void Scheduler::Remove(ScheduledTask* task) {
   });
 }
 
+void Scheduler::TraceUnits(std::vector<UnitRecord>* sink) {
+  std::lock_guard<std::mutex> step_lock(step_mu_);
+  trace_ = sink;
+}
+
 SchedulerCounters Scheduler::Counters() const {
   return engine_.Locked([&](KvCache&, ForwardPass&) { return counters_; });
 }
@@ -149,6 +167,7 @@ StepStats Scheduler::StepTimed(int32_t budget, double seconds, bool must_progres
 
 StepStats Scheduler::StepWithin(int32_t budget, double seconds) {
   if (seconds <= 0.0) return Step(budget);
+  seconds *= 1.0 - kCallReserve;
   const Clock::time_point start = Clock::now();
   StepStats total;
   bool first = true;
@@ -179,45 +198,86 @@ int32_t Scheduler::CostKey(int32_t tokens) {
   return static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(tokens)));
 }
 
-double Scheduler::Predict(Average UnitCost::*unit, int32_t tokens) const {
+void Scheduler::Spread::Add(double ratio) {
+  window_[n_ % kWindow] = static_cast<float>(ratio);
+  ++n_;
+  if (n_ % kSpreadRefresh != 0) return;
+  const size_t n = std::min(n_, kWindow);
+  std::array<float, kWindow> sorted = window_;
+  const size_t index =
+      std::min(n - 1, static_cast<size_t>(std::ceil(kSpreadQuantile * static_cast<double>(n))) - 1);
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(index),
+                   sorted.begin() + static_cast<std::ptrdiff_t>(n));
+  quantile_ = std::min<double>(sorted[index], kMaxSpread);
+}
+
+double Scheduler::MeanCost(UnitKind kind, int32_t tokens) const {
   const int32_t key = CostKey(tokens);
+  const int k_index = static_cast<int>(kind);
   double best = -1.0;
   double best_distance = 0.0;
   for (const auto& [k, cost] : unit_costs_) {
-    const Average& a = cost.*unit;
-    if (a.mean < 0.0) continue;
-    const double predicted = a.mean + kDeviations * a.deviation;
-    if (k == key) return predicted;
+    const double mean = cost.mean[k_index];
+    if (mean < 0.0) continue;
+    if (k == key) return mean;
     const double distance = std::abs(std::log(static_cast<double>(k) / key));
     if (best < 0.0 || distance < best_distance) {
-      best = predicted * std::max(1.0, static_cast<double>(key) / k);
+      best = mean * std::max(1.0, static_cast<double>(key) / k);
       best_distance = distance;
     }
   }
   return best;
 }
 
-void Scheduler::Record(Average UnitCost::*unit, int32_t tokens, double seconds) {
+double Scheduler::Predict(UnitKind kind, int32_t tokens, bool first) const {
+  const double mean = MeanCost(kind, tokens);
+  if (mean < 0.0) return mean;
+  return mean * spreads_[static_cast<int>(kind)][first ? 1 : 0].quantile();
+}
+
+void Scheduler::Record(UnitKind kind, int32_t tokens, double seconds, bool first) {
+  const double predicted_mean = MeanCost(kind, tokens);
+  if (predicted_mean > 0.0) {
+    spreads_[static_cast<int>(kind)][first ? 1 : 0].Add(seconds / predicted_mean);
+  }
   const int32_t key = CostKey(tokens);
   auto it = std::lower_bound(unit_costs_.begin(), unit_costs_.end(), key,
                              [](const auto& entry, int32_t k) { return entry.first < k; });
   if (it == unit_costs_.end() || it->first != key) it = unit_costs_.insert(it, {key, UnitCost{}});
-  Average& a = it->second.*unit;
-  if (a.mean < 0.0) {
-    a.mean = seconds;
-    return;
+  double& mean = it->second.mean[static_cast<int>(kind)];
+  mean = mean < 0.0 ? seconds : mean + kCostAlpha * (seconds - mean);
+}
+
+int32_t Scheduler::PassTokensAtMost(int32_t budget) {
+  int32_t decoding = 0;
+  bool prefill = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    prefill = !incoming_.empty();
   }
-  a.deviation += kCostAlpha * (std::abs(seconds - a.mean) - a.deviation);
-  a.mean += kCostAlpha * (seconds - a.mean);
+  for (const ScheduledTask* t : tasks_) {
+    if (t->finished() || t->held()) continue;
+    if (t->decoding()) {
+      ++decoding;
+    } else {
+      prefill = true;
+    }
+  }
+  // A decoding task adds one token, or its draft tree (as many as last time, at most).
+  decoding = std::max(decoding, last_decode_tokens_);
+  // PlanLocked: the first prompt chunk gets what decoding left of the budget, and at least
+  // kMinPrefill of it.
+  return prefill ? std::max(budget, decoding + std::min(budget, kMinPrefill))
+                 : std::max(decoding, 1);
 }
 
 int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
   // Nothing measured yet: a small pass first, to measure.
-  if (Predict(&UnitCost::layer, budget) < 0.0) return std::min(budget, kMinPrefill);
+  if (MeanCost(UnitKind::kLayer, budget) < 0.0) return std::min(budget, kMinPrefill);
   int32_t tokens = budget;
   while (tokens > 1) {
-    const double first_unit = std::max(0.0, Predict(&UnitCost::begin, tokens)) +
-                              std::max(0.0, Predict(&UnitCost::layer, tokens));
+    const double first_unit = std::max(0.0, Predict(UnitKind::kBegin, tokens, true)) +
+                              std::max(0.0, Predict(UnitKind::kLayer, tokens, true));
     if (first_unit <= seconds) break;
     tokens /= 2;
   }
@@ -227,7 +287,17 @@ int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
 StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progress,
                                 double frame_seconds) {
   const Clock::time_point call_start = Clock::now();
+  const double call_cpu = trace_ != nullptr ? platform::ThreadCpuSeconds() : 0.0;
+  // Appends a trace record of a piece that began at `start` (with `cpu` thread CPU seconds).
+  auto trace = [&](UnitKind kind, bool first, bool forced, double predicted,
+                   Clock::time_point start, double cpu) {
+    if (trace_ == nullptr) return;
+    trace_->push_back({kind, first, forced, pass_tokens_, predicted, ClockSeconds(start),
+                       SecondsSince(start), platform::ThreadCpuSeconds() - cpu});
+  };
   const bool timed = seconds > 0.0;
+  // The next unit is the first of a budgeted call that must progress (its spread is its own).
+  bool first = timed && must_progress;
   if (budget <= 0) budget = step_tokens_;
   if (!timed && !suspended_) {
     // Give the owners of held tasks a moment to pass on their tokens, so that they join this
@@ -237,21 +307,35 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
   }
   StepStats stats;
   bool completed = false;  // no pass is left suspended: drop finished tasks, deliver
+  // A unit's time runs from the end of the piece before it in this call (the call's start for
+  // the first), so the scheduler's own work between units is part of what it predicts.
+  Clock::time_point mark = call_start;
+  double mark_cpu = call_cpu;
+  // The finish unit ran in this call: it is recorded after the tasks' Deliver, whose time
+  // (and the dropping of finished tasks) it includes.
+  bool finish_ran = false;
+  bool finish_first = false;
+  bool finish_forced = false;
+  double finish_predicted = -1.0;
+  Clock::time_point finish_start;
+  double finish_cpu = 0.0;
   engine_.Locked([&](KvCache& cache, ForwardPass& pass) {
     bool begun_now = false;
     if (!suspended_) {
+      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
+      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (timed && !must_progress) {
         // Planning changes the tasks (slots, sampling): only begin a pass whose first unit is
-        // expected to fit.
-        const double first_unit = Predict(&UnitCost::begin, last_pass_tokens_) +
-                                  Predict(&UnitCost::layer, last_pass_tokens_);
+        // expected to fit. A prompt chunk sized for a whole frame does not fit the rest of
+        // one: the pass waits for the next call, where it comes first.
+        const int32_t tokens = PassTokensAtMost(budget);
+        const double first_unit =
+            Predict(UnitKind::kBegin, tokens, false) + Predict(UnitKind::kLayer, tokens, false);
         if (last_pass_tokens_ > 0 && first_unit > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
           return 0;
         }
       }
-      // Decode tokens join whatever this allows; prompt chunks get what is left of it.
-      if (timed) budget = TokensWithin(budget, frame_seconds);
       if (!PlanLocked(cache, budget, stats)) {
         completed = true;
       } else {
@@ -267,8 +351,14 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
           pass_calls_ = 0;
           pass_seconds_ = 0.0;
           const double begin_seconds = SecondsSince(call_start);
-          Record(&UnitCost::begin, pass_tokens_, begin_seconds);
+          trace(UnitKind::kBegin, first, must_progress,
+                trace_ != nullptr ? Predict(UnitKind::kBegin, pass_tokens_, first) : -1.0,
+                call_start, call_cpu);
+          Record(UnitKind::kBegin, pass_tokens_, begin_seconds, first);
           pass_seconds_ += begin_seconds;
+          mark = call_start + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(begin_seconds));
+          if (trace_ != nullptr) mark_cpu = platform::ThreadCpuSeconds();
         }
       }
     }
@@ -298,15 +388,18 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
         const bool layer = pass.next_layer() < n_layers;
         const bool head_part = !layer && pass.next_head_row() < pass.head_rows();
         const bool finish = !layer && !head_part;
-        Average UnitCost::*unit = layer       ? &UnitCost::layer
-                                  : head_part ? &UnitCost::head
-                                              : &UnitCost::finish;
-        const double predicted = Predict(unit, pass_tokens_);
+        const UnitKind kind = layer       ? UnitKind::kLayer
+                              : head_part ? UnitKind::kHead
+                                          : UnitKind::kFinish;
+        const double predicted = Predict(kind, pass_tokens_, first);
         if (timed && !forced && predicted > seconds - SecondsSince(call_start)) {
           stats.out_of_time = true;
           break;
         }
+        const bool ran_forced = forced && timed;
+        const bool ran_first = first;
         forced = !timed;
+        first = false;
         const Clock::time_point unit_start = Clock::now();
         if (layer) {
           st = pass.RunLayers(pass.next_layer() + 1);
@@ -319,19 +412,31 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
             finish_tasks();
           }
         }
-        const double actual = SecondsSince(unit_start);
-        if (!finish) pass_seconds_ += actual;
+        if (!finish) pass_seconds_ += SecondsSince(unit_start);
         ++stats.units;
         ++counters_.units;
         if (head_part) ++counters_.head_units;
+        if (!st.ok()) break;
+        if (finish) {
+          head_done_ = true;
+          finish_ran = true;
+          finish_first = ran_first;
+          finish_forced = ran_forced;
+          finish_predicted = predicted;
+          finish_start = mark;
+          finish_cpu = mark_cpu;
+          break;
+        }
+        const double actual = SecondsSince(mark);
         if (predicted >= 0.0) {
           ++counters_.predicted_units;
           counters_.predicted_seconds += predicted;
           counters_.actual_seconds += actual;
         }
-        if (!st.ok()) break;
-        Record(unit, pass_tokens_, actual);
-        if (finish) head_done_ = true;
+        trace(kind, ran_first, ran_forced, predicted, mark, mark_cpu);
+        Record(kind, pass_tokens_, actual, ran_first);
+        mark += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(actual));
+        if (trace_ != nullptr) mark_cpu = platform::ThreadCpuSeconds();
       }
       if (!st.ok()) {
         for (const Planned& p : planned_) {
@@ -377,6 +482,22 @@ StepStats Scheduler::StepLocked(int32_t budget, double seconds, bool must_progre
     if (deliver_[i] != nullptr) deliver_[i]->Deliver();
   }
   deliver_.clear();
+  if (finish_ran) {
+    // Unit costs are the stepping thread's (step_mu_ held); the counters are read under the
+    // engine mutex.
+    const double actual = SecondsSince(finish_start);
+    trace(UnitKind::kFinish, finish_first, finish_forced, finish_predicted, finish_start,
+          finish_cpu);
+    Record(UnitKind::kFinish, pass_tokens_, actual, finish_first);
+    if (finish_predicted >= 0.0) {
+      engine_.Locked([&](KvCache&, ForwardPass&) {
+        ++counters_.predicted_units;
+        counters_.predicted_seconds += finish_predicted;
+        counters_.actual_seconds += actual;
+        return 0;
+      });
+    }
+  }
   return stats;
 }
 
@@ -460,6 +581,7 @@ bool Scheduler::PlanLocked(KvCache& cache, int32_t budget, StepStats& stats) {
       ScheduledTask* t = tasks_[i];
       if (runnable(t) && t->decoding()) place(t, INT32_MAX);
     }
+    last_decode_tokens_ = used;
     // A new task whose prompt starts with a full block that a task planned in this step
     // completes: next step it attaches the block instead.
     auto shares_block_in_flight = [&](const ScheduledTask* t) {

@@ -28,12 +28,14 @@
 // head (ForwardPass::head_unit_rows of its vocabulary rows, a layer's weight bytes: the head of
 // a 49152-token vocabulary is eight layers' worth), then the finish (marking tokens computed and
 // the tasks' Finish: sampling). The step predicts each unit's cost (running averages of measured
-// times keyed by the pass's token count), runs the units that fit and returns; the next step
+// times keyed by the pass's token count, times a high quantile of how far units of the kind
+// stray above them; see Spread), runs the units that fit and returns; the next step
 // continues the same pass where it stopped (ForwardPass::Begin / RunLayers / RunHead / Finish,
 // the bits of an unsplit pass). A unit always runs whole, so a budgeted pass takes only as many
 // tokens as its first unit is predicted to fit the call's whole budget with (decode tokens
 // always; prompt chunks shrink): a layer over a 128-token prompt chunk alone is longer than a
-// frame's 2 ms. Between those calls the engine mutex is free: sessions may be
+// frame's 2 ms. StepWithin keeps a small share of its budget back (kCallReserve) for its own
+// work outside the units. Between those calls the engine mutex is free: sessions may be
 // created, submitted, polled, cancelled and destroyed. Removing a task whose tokens are in the
 // suspended pass first runs the pass's remaining layers on the removing thread (so that no later
 // layer writes K/V into blocks its session frees); the tasks' results wait for the next step.
@@ -53,6 +55,7 @@
 // finishes fails).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -155,6 +158,28 @@ struct SchedulerCounters {
   double actual_seconds = 0.0;
 };
 
+// The pieces a budgeted step runs a pass in.
+enum class UnitKind : uint8_t {
+  kBegin,   // planning, Begin (checks, mask, embeddings)
+  kLayer,   // one layer
+  kHead,    // one part of the output head (ForwardPass::head_unit_rows rows)
+  kFinish,  // the rest of the head, the pass's Finish, the tasks' Finish (sampling) and Deliver
+};
+inline constexpr int kUnitKinds = 4;
+
+// One timed piece of a step, for benches that look where a budgeted frame's time goes
+// (Scheduler::TraceUnits).
+struct UnitRecord {
+  UnitKind kind = UnitKind::kLayer;
+  bool first = false;        // the first unit of a call that must progress
+  bool forced = false;       // ran without being predicted to fit (a call must progress)
+  int32_t tokens = 0;        // the pass's batch tokens
+  double predicted = -1.0;   // seconds (< 0: nothing measured yet)
+  double start = 0.0;        // steady_clock seconds at its start
+  double seconds = 0.0;      // wall time, from the end of the piece before it in the call
+  double cpu_seconds = 0.0;  // the stepping thread's CPU time in it
+};
+
 class Scheduler {
  public:
   Scheduler(Engine& engine, int32_t step_tokens, bool one_task_per_step);
@@ -198,6 +223,9 @@ class Scheduler {
   }
   int32_t active_tasks() const { return n_active_.load(std::memory_order_acquire); }
   SchedulerCounters Counters() const;
+  // Appends a UnitRecord for every unit that steps run from now on to `*sink` (nullptr: stop);
+  // the caller reads it between steps. Costs two clock reads per unit while on.
+  void TraceUnits(std::vector<UnitRecord>* sink);
 
   // True on a thread inside a Step (also during its Deliver callbacks).
   static bool InStep();
@@ -213,28 +241,44 @@ class Scheduler {
   bool PlanLocked(KvCache& cache, int32_t budget, StepStats& stats);
   void WorkerLoop();
 
-  // Measured unit costs (seconds), keyed by CostKey(the pass's tokens): running averages of
-  // the time and of its deviation from them (mean < 0: not measured yet).
-  struct Average {
-    double mean = -1.0;
-    double deviation = 0.0;
+  // A unit's predicted time: the running mean time of its kind for the pass's CostKey, times
+  // its kind's spread, a high quantile of how far units stray above their means (measured /
+  // mean) over the last Spread::kWindow units of the kind. A budgeted call runs a unit only
+  // when it fits the rest of the budget by that prediction, so the quantile bounds how often a
+  // call overruns (a mean with a deviation did so in ~3% of frames: unit times are skewed, a
+  // layer sometimes takes twice its mean). The first unit of a call has a spread of its own:
+  // after the host's frame, caches are cold and the pool's threads asleep.
+  class Spread {
+   public:
+    static constexpr size_t kWindow = 256;
+    void Add(double ratio);
+    double quantile() const { return quantile_; }
+
+   private:
+    std::array<float, kWindow> window_{};
+    size_t n_ = 0;  // ratios added (the window holds the last min(n_, kWindow))
+    // Before the first measurements: a margin of half the mean, about what a busy machine
+    // needs (it settles within the first frames).
+    double quantile_ = 1.5;
   };
   struct UnitCost {
-    Average begin;   // planning, Begin (checks, mask, embeddings)
-    Average layer;   // one layer
-    Average head;    // one part of the output head (ForwardPass::head_unit_rows rows)
-    Average finish;  // the rest of the head (when not split), marking computed, the tasks' Finish
+    double mean[kUnitKinds] = {-1.0, -1.0, -1.0, -1.0};  // seconds; < 0: not measured yet
   };
   static int32_t CostKey(int32_t tokens);
-  // The cost for `tokens`: its mean plus kDeviations deviations (from the nearest measured key,
-  // scaled up when it is smaller); < 0 when nothing was measured.
-  double Predict(Average UnitCost::*unit, int32_t tokens) const;
-  void Record(Average UnitCost::*unit, int32_t tokens, double seconds);
+  // The running mean time of a unit over `tokens` (from the nearest measured key, scaled up
+  // when it is smaller); < 0 when nothing was measured.
+  double MeanCost(UnitKind kind, int32_t tokens) const;
+  // MeanCost times the spread of the kind (of a call's `first` unit, or of a later one).
+  double Predict(UnitKind kind, int32_t tokens, bool first) const;
+  void Record(UnitKind kind, int32_t tokens, double seconds, bool first);
   // The most tokens, up to `budget`, whose first unit (planning + embeddings + a layer) is
-  // predicted to end within `seconds`, halving from `budget`; at least 1 (before any unit was
-  // measured: kMinPrefill). A unit always runs whole, so a prompt chunk whose layer is longer
-  // than a frame's budget would overrun every frame that runs it.
+  // predicted to end within `seconds` as the first unit of a call, halving from `budget`; at
+  // least 1 (before any unit was measured: kMinPrefill). A unit always runs whole, so a prompt
+  // chunk whose layer is longer than a frame's budget would overrun every frame that runs it.
   int32_t TokensWithin(int32_t budget, double seconds) const;
+  // At most the tokens a pass planned now with `budget` takes (PlanLocked's rules, before it
+  // runs): the decoding tasks' tokens, and a prompt chunk's when a task waits to prefill.
+  int32_t PassTokensAtMost(int32_t budget);
 
   Engine& engine_;
   const int32_t step_tokens_;
@@ -259,8 +303,11 @@ class Scheduler {
   int32_t pass_tokens_ = 0;       // its batch tokens
   int32_t pass_calls_ = 0;        // Step calls that ran its units
   double pass_seconds_ = 0.0;     // time of its units so far
-  int32_t last_pass_tokens_ = 0;  // the last pass begun (predicts the next one before planning)
+  int32_t last_pass_tokens_ = 0;  // the last pass begun (0: none yet)
+  int32_t last_decode_tokens_ = 0;  // of them, decode tokens (a decode step's, draft trees)
   std::vector<std::pair<int32_t, UnitCost>> unit_costs_;  // sorted by key
+  Spread spreads_[kUnitKinds][2];                         // [kind][a call's first unit]
+  std::vector<UnitRecord>* trace_ = nullptr;              // TraceUnits
 
   // queue_mu_ guards incoming_, step_count_, n_held_ waits, stop_.
   std::mutex queue_mu_;

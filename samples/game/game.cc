@@ -16,6 +16,7 @@
 #include <SDL.h>
 #include <SDL_ttf.h>
 #include <kiln/kiln.h>
+#include <time.h>  // clock_gettime(CLOCK_THREAD_CPUTIME_ID)
 
 #include <algorithm>
 #include <chrono>
@@ -76,6 +77,10 @@ struct Options {
   // does not cost one long frame.
   int step_tokens = 16;
   double max_p99_ms = -1;  // headless: fail when kiln's p99 per frame exceeds it; < 0: budget
+  // headless: which time of kiln's per frame the check uses: "wall" (kiln_step_result's
+  // elapsed_ms, what the frame loses) or "cpu" (the game thread's CPU time in kiln_cache_step:
+  // the same without the time the OS gave other processes).
+  std::string check_clock = "wall";
   int threads = 0;
   std::string save_dir;    // --save: where to save (F5 in the window; headless: at save_frame)
   int save_frame = -1;     // headless: ask for a save at this frame
@@ -277,11 +282,28 @@ void LoadGame(Game& game, const std::string& dir) {
 struct FrameTimes {
   std::vector<double> frame_ms;
   std::vector<double> kiln_ms;
+  std::vector<double> kiln_cpu_ms;
+};
+
+// CPU time of the calling thread, in ms.
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
+
+// Kiln's share of one frame: the wall time of kiln_cache_step and this thread's CPU time in it.
+// The call runs on this thread with the cache's pool threads, which work in parallel with it
+// and are waited for inside the call, so its wall time is the frame's cost; its CPU time is
+// that cost less the time the OS ran other processes instead of this thread.
+struct KilnTime {
+  double wall_ms = 0;
+  double cpu_ms = 0;
 };
 
 // One frame of game logic: poll, submit, save when asked and idle, then step kiln within the
-// budget. Returns kiln's time in this frame.
-double GameTick(Game& game) {
+// budget. Returns kiln's time in this frame (0 when it had nothing to run).
+KilnTime GameTick(Game& game) {
   for (int i = 0; i < kNumNpcs; ++i) Poll(game, i);
   if (game.save_pending && !AnyInFlight(game)) {
     // Sessions take no calls while a request is in flight, so a save waits for the turns in
@@ -297,8 +319,11 @@ double GameTick(Game& game) {
   kiln_step_result result;
   std::memset(&result, 0, sizeof result);
   result.struct_size = sizeof result;
+  const double cpu_start = ThreadCpuMs();
   Check("kiln_cache_step", kiln_cache_step(game.cache, &step, &result));
-  return result.n_steps > 0 ? result.elapsed_ms : 0.0;
+  const double cpu_ms = ThreadCpuMs() - cpu_start;
+  if (result.n_steps == 0) return {};
+  return {result.elapsed_ms, cpu_ms};
 }
 
 double Percentile(std::vector<double> values, double p) {
@@ -322,10 +347,11 @@ int RunHeadless(Game& game) {
   for (int frame = 0; frame < game.opt.frames; ++frame) {
     if (frame == game.opt.save_frame && !game.opt.save_dir.empty()) game.save_pending = true;
     auto start = std::chrono::steady_clock::now();
-    double kiln_ms = GameTick(game);
+    const KilnTime kiln = GameTick(game);
     auto end = std::chrono::steady_clock::now();
     times.frame_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
-    times.kiln_ms.push_back(kiln_ms);
+    times.kiln_ms.push_back(kiln.wall_ms);
+    times.kiln_cpu_ms.push_back(kiln.cpu_ms);
   }
   // The transcript must not depend on how many tokens fit in the frames, so the rest of the
   // dialogue is finished off the clock (a pending save still happens first).
@@ -338,18 +364,23 @@ int RunHeadless(Game& game) {
     }
   }
   double max_p99 = game.opt.max_p99_ms >= 0 ? game.opt.max_p99_ms : game.opt.budget_ms;
-  double kiln_p99 = Percentile(times.kiln_ms, 0.99);
+  const bool check_cpu = game.opt.check_clock == "cpu";
+  double kiln_p99 = Percentile(check_cpu ? times.kiln_cpu_ms : times.kiln_ms, 0.99);
   std::printf("frames %d  budget %.2f ms\n", game.opt.frames, game.opt.budget_ms);
   std::printf("frame ms: p50 %.3f  p99 %.3f  max %.3f\n", Percentile(times.frame_ms, 0.5),
               Percentile(times.frame_ms, 0.99),
               *std::max_element(times.frame_ms.begin(), times.frame_ms.end()));
   std::printf("kiln ms per frame: p50 %.3f  p99 %.3f  max %.3f\n", Percentile(times.kiln_ms, 0.5),
-              kiln_p99, *std::max_element(times.kiln_ms.begin(), times.kiln_ms.end()));
+              Percentile(times.kiln_ms, 0.99),
+              *std::max_element(times.kiln_ms.begin(), times.kiln_ms.end()));
+  std::printf("kiln CPU ms per frame (game thread): p50 %.3f  p99 %.3f  max %.3f\n",
+              Percentile(times.kiln_cpu_ms, 0.5), Percentile(times.kiln_cpu_ms, 0.99),
+              *std::max_element(times.kiln_cpu_ms.begin(), times.kiln_cpu_ms.end()));
   std::printf("untimed steps after the frames: %d\n", drain_steps);
   PrintTranscript(game);
   bool within = kiln_p99 <= max_p99;
-  std::printf("budget check: kiln p99 %.3f ms %s %.3f ms: %s\n", kiln_p99, within ? "<=" : ">",
-              max_p99, within ? "PASS" : "FAIL");
+  std::printf("budget check: kiln %s p99 %.3f ms %s %.3f ms: %s\n", check_cpu ? "CPU" : "wall",
+              kiln_p99, within ? "<=" : ">", max_p99, within ? "PASS" : "FAIL");
   return within ? 0 : 2;
 }
 
@@ -434,7 +465,7 @@ int RunWindow(Game& game) {
       }
     }
     if (game.save_pending && game.opt.save_dir.empty()) game.opt.save_dir = "kiln-game-save";
-    double kiln_frame_ms = GameTick(game);
+    double kiln_frame_ms = GameTick(game).wall_ms;
     kiln_ms.push_back(kiln_frame_ms);
     double now_s = std::chrono::duration<double>(frame_start - t0).count();
     SDL_SetRenderDrawColor(renderer, 52, 76, 52, 255);
@@ -475,6 +506,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: kiln-game [--model PATH] [--headless] [--frames N] [--seed S] [--rounds R]\n"
                "  [--max-reply-tokens N] [--budget-ms MS] [--step-tokens N] [--max-p99-ms MS]\n"
+               "  [--check-clock wall|cpu]\n"
                "  [--threads N] [--save DIR] [--save-frame K] [--load DIR] [--font TTF]\n"
                "  [--screenshot FILE.bmp]\n");
 }
@@ -538,6 +570,13 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
     } else if (arg == "--max-p99-ms") {
       if (!number("--max-p99-ms", 0, 1e9, &d)) return false;
       opt->max_p99_ms = d;
+    } else if (arg == "--check-clock") {
+      if ((v = value("--check-clock")) == nullptr) return false;
+      opt->check_clock = v;
+      if (opt->check_clock != "wall" && opt->check_clock != "cpu") {
+        std::fprintf(stderr, "kiln-game: --check-clock: '%s' is not wall or cpu\n", v);
+        return false;
+      }
     } else if (arg == "--step-tokens") {
       if (!number("--step-tokens", 0, 65536, &d)) return false;
       opt->step_tokens = static_cast<int>(d);
