@@ -193,24 +193,26 @@ float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
       });
 }
 
-// vpshufb controls giving, for the 64 elements of chunk c (sub-blocks 2c | 2c+1), the int16
-// scale of each lane from a register holding [sc0..sc7, ...] in every 128-bit lane: in-lane byte
-// shuffles instead of the cross-lane vpermw (the one-token loop is bound by shuffle ports).
-struct ChunkScaleControls {
-  alignas(64) int8_t ctl[4][64];
-  constexpr ChunkScaleControls() : ctl() {
-    for (int c = 0; c < 4; ++c) {
+// vpshufb controls for the one-token Q4_K/Q5_K dot: int16 lane scales, picked from a register
+// holding [sc0..sc7, ...] in every 128-bit lane (in-lane byte shuffles, no vpermw), that line up
+// with packs_epi32(P_c, P_c+1) of the per-chunk vpdpbusd sums P (dword l of P_c: sub-block 2c
+// for l < 8, 2c+1 otherwise). packs puts in 128-bit lane k: words 0..3 = P_c dwords 4k..4k+3,
+// words 4..7 = P_c+1 dwords 4k..4k+3. Row p of the table serves chunks 2p, 2p+1.
+struct PackedScaleControls {
+  alignas(64) int8_t ctl[2][64];
+  constexpr PackedScaleControls() : ctl() {
+    for (int p = 0; p < 2; ++p) {
       for (int b = 0; b < 64; ++b) {
-        ctl[c][b] = static_cast<int8_t>(b % 2 == 1 ? -128 : (b < 32 ? 2 * c : 2 * c + 1));
+        const int lane = b / 16, word = (b % 16) / 2;
+        const int chunk = 2 * p + (word < 4 ? 0 : 1);
+        const int sub_block = 2 * chunk + (lane < 2 ? 0 : 1);
+        ctl[p][b] = static_cast<int8_t>(b % 2 == 1 ? -128 : sub_block);
       }
     }
   }
 };
-constexpr ChunkScaleControls kChunkScale;
+constexpr PackedScaleControls kPackedScale;
 
-// One-token Q4_K/Q5_K dot. Chunk c (elements 64c..64c+63) is the 32 bytes qs[32c..32c+31]
-// broadcast to both halves and shifted by 0 | 4 bits per half: low nibbles in bytes 0..31, high
-// nibbles in bytes 32..63, already in activation order (no cross-lane shuffle).
 template <bool kHasHighBit, typename Block>
 static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* a) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -229,7 +231,8 @@ static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* 
           const __m256i hb = Load256(b.qh);
           hbx = Concat(hb, _mm256_srli_epi16(hb, 1));  // lanes 32..63 see bit t+1
         }
-        __m512i isum_v = _mm512_setzero_si512();
+        // P_c: int32 sums of 4 products (|P| <= 4 * 31 * 128: packs to int16 exactly).
+        __m512i p[4];
         for (int c = 0; c < 4; ++c) {
           const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * c));
           __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(q, nibble_shift), m4);
@@ -237,9 +240,13 @@ static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* 
             const __mmask64 h = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (2 * c)));
             codes = _mm512_mask_add_epi8(codes, h, codes, v16);
           }
-          const __m512i scales = _mm512_shuffle_epi8(sc, _mm512_load_si512(kChunkScale.ctl[c]));
-          isum_v = Dot64(isum_v, codes, y.qs + 64 * c, scales);
+          p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, Load512(y.qs + 64 * c));
         }
+        const __m512i s01 = _mm512_shuffle_epi8(sc, _mm512_load_si512(kPackedScale.ctl[0]));
+        const __m512i s23 = _mm512_shuffle_epi8(sc, _mm512_load_si512(kPackedScale.ctl[1]));
+        const __m512i isum_v =
+            _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), s01),
+                                _mm512_packs_epi32(p[2], p[3]), s23);
         isum_out = Fold512(isum_v);
         msum_out = msum_v;
       });
