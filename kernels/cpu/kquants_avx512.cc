@@ -5,8 +5,9 @@
 //
 // Shape of every vec_dot: 64 weight codes (unsigned bytes) line up with 64 contiguous
 // activation bytes; vpmaddubsw gives 32 int16 pair sums (no saturation: codes <= 63), and
-// vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes.
-// One horizontal sum per super-block gives the exact isum of the contract.
+// vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes
+// (Q4_K/Q5_K: vpdpbusd sums of 4 first, scaled after packing to int16). One horizontal sum per
+// super-block gives the exact isum of the contract.
 // GCC 12's AVX-512 headers initialise "undefined" vectors from themselves, which trips
 // -W(maybe-)uninitialized after inlining (GCC bug 105593); the warning is a false positive.
 #if defined(__GNUC__) && !defined(__clang__)
