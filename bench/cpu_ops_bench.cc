@@ -156,8 +156,8 @@ void BenchTile(GgmlType type) {
       "tile (vec_dot_tile)\n",
       name.c_str(), CpuLevelName(BestCpuLevel()));
   if (k->vec_dot_tile == nullptr) {
-    printf("(no vec_dot_tile for %s at this level)\n", name.c_str());
-    return;
+    printf("(no vec_dot_tile for %s at this level: the tile columns time the old path)\n",
+           name.c_str());
   }
   printf("%-8s %-6s %7s %12s %12s %8s %15s %12s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
          "tile GFLOP/s", "speedup", "integer GFLOP/s", "tile w GB/s");
@@ -216,6 +216,7 @@ void BenchTile(GgmlType type) {
         }
       };
       auto tile_path = [&] {
+        if (k->vec_dot_tile == nullptr) return old_path();
         for (int64_t tb = 0; tb < n_tok; tb += 64) {
           const int64_t te = std::min(n_tok, tb + 64);
           k->vec_dot_tile(sh.n_in, w.data(), w_row, static_cast<int>(sh.n_out),
@@ -337,7 +338,7 @@ void BenchSmallOps() {
 int main(int argc, char** argv) {
   using namespace kiln;
   std::string type_filter;
-  bool tile_only = false;       // --tile: only the Q8_0 tile-kernel comparison
+  bool tile_only = false;       // --tile: only the matmul kernel comparison
   bool attention_only = false;  // --attention: only the paged-attention table
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--types=", 8) == 0)
@@ -364,7 +365,8 @@ int main(int argc, char** argv) {
   }
   if (tile_only) {
     for (GgmlType t : types) {
-      if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);
+      const QuantKernels* k = GetQuantKernels(t);
+      if (k->vec_dot_tile != nullptr || k->vec_dot_rows != nullptr) cpu::BenchTile(t);
     }
     return 0;
   }

@@ -138,26 +138,28 @@ float VecDotQ2KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ2K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m256i m3 = _mm256_set1_epi8(3);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ2K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i sc8 = Load128(b.scales);
-    const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
-    const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
-    const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
-    const Scales16 scb = MakeScales16(scales);
-    __m256i isum_v = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-      const __m256i q = Load256(b.qs + 32 * half);  // 4 x 2 bits per byte
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
-        const __m256i p = _mm256_maddubs_epi16(q2, Load256(y.qs + 128 * half + 32 * j));
-        const int g = 8 * half + 2 * j;
-        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
-      }
-    }
-    out = {isum_v, msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
-  });
+  return ReduceSuperBlocksF16<true>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ2K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i sc8 = Load128(b.scales);
+        const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+        const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+        const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
+        const Scales16 scb = MakeScales16(scales);
+        __m256i isum_v = _mm256_setzero_si256();
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = Load256(b.qs + 32 * half);  // 4 x 2 bits per byte
+          for (int j = 0; j < 4; ++j) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+            const __m256i p = _mm256_maddubs_epi16(q2, Load256(y.qs + 128 * half + 32 * j));
+            const int g = 8 * half + 2 * j;
+            isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+          }
+        }
+        isum_out = isum_v;
+        msum_out = msum_v;
+      });
 }
 
 float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
@@ -165,64 +167,68 @@ float VecDotQ3KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i m4 = _mm256_set1_epi8(4);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ3K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i s8 = UnpackQ3KScalesVec(b.scales);  // 16 x (s-32)
-    // sum_g s_g * bs_g, subtracted 4 times (q3 = u - 4).
-    const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
-    const Scales16 scb = MakeScales16(s8);
-    __m256i hbits = Load256(b.hmask);  // bit t of each byte -> shifted to bit 0 at step t
-    __m256i isum_v = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-      const __m256i q = Load256(b.qs + 32 * half);
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
-        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(hbits, 2), m4);
-        hbits = _mm256_srli_epi16(hbits, 1);
-        const __m256i u = _mm256_or_si256(q2, h);  // q3 + 4, 0..7
-        const __m256i p = _mm256_maddubs_epi16(u, Load256(y.qs + 128 * half + 32 * j));
-        const int g = 8 * half + 2 * j;
-        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
-      }
-    }
-    isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 2));
-    out = {isum_v, _mm256_setzero_si256(), y.d * F16(b.d), 0.0f};
-  });
+  return ReduceSuperBlocksF16<false>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ3K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i s8 = UnpackQ3KScalesVec(b.scales);  // 16 x (s-32)
+        // sum_g s_g * bs_g, subtracted 4 times (q3 = u - 4).
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
+        const Scales16 scb = MakeScales16(s8);
+        __m256i hbits = Load256(b.hmask);  // bit t of each byte -> shifted to bit 0 at step t
+        __m256i isum_v = _mm256_setzero_si256();
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = Load256(b.qs + 32 * half);
+          for (int j = 0; j < 4; ++j) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+            const __m256i h = _mm256_and_si256(_mm256_slli_epi16(hbits, 2), m4);
+            hbits = _mm256_srli_epi16(hbits, 1);
+            const __m256i u = _mm256_or_si256(q2, h);  // q3 + 4, 0..7
+            const __m256i p = _mm256_maddubs_epi16(u, Load256(y.qs + 128 * half + 32 * j));
+            const int g = 8 * half + 2 * j;
+            isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+          }
+        }
+        isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 2));
+        isum_out = isum_v;
+        msum_out = _mm256_setzero_si256();
+      });
 }
 
 template <bool kHasHighBit, typename Block>
 static inline float VecDotQ45KAvx2(int64_t n, const Block* w, const BlockQ8K* a) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i bit4 = _mm256_set1_epi8(0x10);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const Block& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
-    // msum: m_j pairs with bsums 2j and 2j+1.
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
-    const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
-    const Scales16 scb = MakeScales16(scm);
-    __m256i hbits;
-    if constexpr (kHasHighBit) hbits = Load256(b.qh);
-    __m256i isum_v = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
-      const __m256i q = Load256(b.qs + 32 * c);
-      __m256i lo = _mm256_and_si256(q, m4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      if constexpr (kHasHighBit) {
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
-        hbits = _mm256_srli_epi16(hbits, 2);
-      }
-      const __m256i p_lo = _mm256_maddubs_epi16(lo, Load256(y.qs + 64 * c));
-      const __m256i p_hi = _mm256_maddubs_epi16(hi, Load256(y.qs + 64 * c + 32));
-      isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_lo, ScalePair(scb, 2 * c, 2 * c)));
-      isum_v =
-          _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_hi, ScalePair(scb, 2 * c + 1, 2 * c + 1)));
-    }
-    out = {isum_v, msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
-  });
+  return ReduceSuperBlocksF16<true>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const Block& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+        // msum: m_j pairs with bsums 2j and 2j+1.
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+        const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
+        const Scales16 scb = MakeScales16(scm);
+        __m256i hbits;
+        if constexpr (kHasHighBit) hbits = Load256(b.qh);
+        __m256i isum_v = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
+          const __m256i q = Load256(b.qs + 32 * c);
+          __m256i lo = _mm256_and_si256(q, m4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (kHasHighBit) {
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), bit4));
+            hbits = _mm256_srli_epi16(hbits, 2);
+          }
+          const __m256i p_lo = _mm256_maddubs_epi16(lo, Load256(y.qs + 64 * c));
+          const __m256i p_hi = _mm256_maddubs_epi16(hi, Load256(y.qs + 64 * c + 32));
+          isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p_lo, ScalePair(scb, 2 * c, 2 * c)));
+          isum_v = _mm256_add_epi32(isum_v,
+                                    _mm256_madd_epi16(p_hi, ScalePair(scb, 2 * c + 1, 2 * c + 1)));
+        }
+        isum_out = isum_v;
+        msum_out = msum_v;
+      });
 }
 
 float VecDotQ4KAvx2(int64_t n, const void* w, const void* a) {
@@ -252,25 +258,27 @@ inline void Q6KQuarters(const BlockQ6K& b, int half, __m256i out[4]) {
 float VecDotQ6KAvx2(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ6K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ6K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i s8 = Load128(b.scales);
-    const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
-    const Scales16 scb = MakeScales16(s8);
-    __m256i isum_v = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-      __m256i q[4];
-      Q6KQuarters(b, half, q);
-      for (int k = 0; k < 4; ++k) {
-        const __m256i p = _mm256_maddubs_epi16(q[k], Load256(y.qs + 128 * half + 32 * k));
-        const int g = 8 * half + 2 * k;
-        isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
-      }
-    }
-    isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 5));  // q6 - 32
-    out = {isum_v, _mm256_setzero_si256(), y.d * F16(b.d), 0.0f};
-  });
+  return ReduceSuperBlocksF16<false>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ6K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i s8 = Load128(b.scales);
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), Load256(y.bsums));
+        const Scales16 scb = MakeScales16(s8);
+        __m256i isum_v = _mm256_setzero_si256();
+        for (int half = 0; half < 2; ++half) {
+          __m256i q[4];
+          Q6KQuarters(b, half, q);
+          for (int k = 0; k < 4; ++k) {
+            const __m256i p = _mm256_maddubs_epi16(q[k], Load256(y.qs + 128 * half + 32 * k));
+            const int g = 8 * half + 2 * k;
+            isum_v = _mm256_add_epi32(isum_v, _mm256_madd_epi16(p, ScalePair(scb, g, g + 1)));
+          }
+        }
+        isum_v = _mm256_sub_epi32(isum_v, _mm256_slli_epi32(corr, 5));  // q6 - 32
+        isum_out = isum_v;
+        msum_out = _mm256_setzero_si256();
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -549,16 +557,19 @@ inline void VecDotTileK256(int64_t n, const void* vw, size_t w_stride, int n_row
 
 void VecDotTileQ4KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                        size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ4KAvx2, n, w, w_stride, n_rows, a, out);
   VecDotTileK256<Q45KTile256<false, BlockQ4K>>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
                                                out_stride, VecDotQ4KAvx2);
 }
 void VecDotTileQ5KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                        size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ5KAvx2, n, w, w_stride, n_rows, a, out);
   VecDotTileK256<Q45KTile256<true, BlockQ5K>>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
                                               out_stride, VecDotQ5KAvx2);
 }
 void VecDotTileQ6KAvx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                        size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ6KAvx2, n, w, w_stride, n_rows, a, out);
   VecDotTileK256<Q6KTile256>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
                              VecDotQ6KAvx2);
 }

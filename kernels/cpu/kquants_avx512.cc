@@ -5,8 +5,9 @@
 //
 // Shape of every vec_dot: 64 weight codes (unsigned bytes) line up with 64 contiguous
 // activation bytes; vpmaddubsw gives 32 int16 pair sums (no saturation: codes <= 63), and
-// vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes.
-// One horizontal sum per super-block gives the exact isum of the contract.
+// vpdpwssd multiplies them by the per-lane sub-block scale and adds pairs into 16 int32 lanes
+// (Q4_K/Q5_K: vpdpbusd sums of 4 first, scaled after packing to int16). One horizontal sum per
+// super-block gives the exact isum of the contract.
 // GCC 12's AVX-512 headers initialise "undefined" vectors from themselves, which trips
 // -W(maybe-)uninitialized after inlining (GCC bug 105593); the warning is a false positive.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -137,25 +138,27 @@ float VecDotQ2KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ2K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m3 = _mm512_set1_epi8(3);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ2K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i sc8 = Load128(b.scales);
-    const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
-    const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
-    const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
-    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scales));
-    __m512i isum_v = _mm512_setzero_si512();
-    for (int half = 0; half < 2; ++half) {
-      const __m256i q = Load256(b.qs + 32 * half);
-      const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));               // shifts 0 | 2
-      const __m512i w01 = _mm512_and_si512(qx, m3);                        // j = 0, 1
-      const __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);  // j = 2, 3
-      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
-      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
-    }
-    out = {Fold512(isum_v), msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
-  });
+  return ReduceSuperBlocksF16<true>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ2K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i sc8 = Load128(b.scales);
+        const __m128i scales = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+        const __m128i mins = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+        const __m256i msum_v = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), Load256(y.bsums));
+        const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scales));
+        __m512i isum_v = _mm512_setzero_si512();
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = Load256(b.qs + 32 * half);
+          const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));               // shifts 0 | 2
+          const __m512i w01 = _mm512_and_si512(qx, m3);                        // j = 0, 1
+          const __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);  // j = 2, 3
+          isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+          isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+        }
+        isum_out = Fold512(isum_v);
+        msum_out = msum_v;
+      });
 }
 
 float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
@@ -163,68 +166,91 @@ float VecDotQ3KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i v4 = _mm512_set1_epi8(4);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ3K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i s8 = UnpackQ3KScalesVec(b.scales);
-    const __m256i s16_256 = _mm256_cvtepi8_epi16(s8);
-    const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));  // sum_g s_g * bs_g
-    const __m512i s16 = _mm512_castsi256_si512(s16_256);
-    const __m256i hm = Load256(b.hmask);
-    const __m512i hmx = Concat(hm, _mm256_srli_epi16(hm, 1));  // lanes 32..63 see bit t+1
-    __m512i isum_v = _mm512_setzero_si512();
-    for (int half = 0; half < 2; ++half) {
-      const __m256i q = Load256(b.qs + 32 * half);
-      const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));
-      __m512i w01 = _mm512_and_si512(qx, m3);
-      __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);
-      const __mmask64 h01 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half)));
-      const __mmask64 h23 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half + 2)));
-      w01 = _mm512_mask_add_epi8(w01, h01, w01, v4);  // u = q3 + 4
-      w23 = _mm512_mask_add_epi8(w23, h23, w23, v4);
-      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
-      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
-    }
-    out = {_mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 2)), _mm256_setzero_si256(),
-           y.d * F16(b.d), 0.0f};
-  });
+  return ReduceSuperBlocksF16<false>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ3K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i s8 = UnpackQ3KScalesVec(b.scales);
+        const __m256i s16_256 = _mm256_cvtepi8_epi16(s8);
+        const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));  // sum_g s_g * bs_g
+        const __m512i s16 = _mm512_castsi256_si512(s16_256);
+        const __m256i hm = Load256(b.hmask);
+        const __m512i hmx = Concat(hm, _mm256_srli_epi16(hm, 1));  // lanes 32..63 see bit t+1
+        __m512i isum_v = _mm512_setzero_si512();
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = Load256(b.qs + 32 * half);
+          const __m512i qx = Concat(q, _mm256_srli_epi16(q, 2));
+          __m512i w01 = _mm512_and_si512(qx, m3);
+          __m512i w23 = _mm512_and_si512(_mm512_srli_epi16(qx, 4), m3);
+          const __mmask64 h01 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half)));
+          const __mmask64 h23 = _mm512_test_epi8_mask(hmx, _mm512_set1_epi8(1 << (4 * half + 2)));
+          w01 = _mm512_mask_add_epi8(w01, h01, w01, v4);  // u = q3 + 4
+          w23 = _mm512_mask_add_epi8(w23, h23, w23, v4);
+          isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+          isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+        }
+        isum_out = _mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 2));
+        msum_out = _mm256_setzero_si256();
+      });
 }
+
+// vpshufb controls for the one-token Q4_K/Q5_K dot: int16 lane scales, picked from a register
+// holding [sc0..sc7, ...] in every 128-bit lane (in-lane byte shuffles, no vpermw), that line up
+// with packs_epi32(P_c, P_c+1) of the per-chunk vpdpbusd sums P (dword l of P_c: sub-block 2c
+// for l < 8, 2c+1 otherwise). packs puts in 128-bit lane k: words 0..3 = P_c dwords 4k..4k+3,
+// words 4..7 = P_c+1 dwords 4k..4k+3. Row p of the table serves chunks 2p, 2p+1.
+struct PackedScaleControls {
+  alignas(64) int8_t ctl[2][64];
+  constexpr PackedScaleControls() : ctl() {
+    for (int p = 0; p < 2; ++p) {
+      for (int b = 0; b < 64; ++b) {
+        const int lane = b / 16, word = (b % 16) / 2;
+        const int chunk = 2 * p + (word < 4 ? 0 : 1);
+        const int sub_block = 2 * chunk + (lane < 2 ? 0 : 1);
+        ctl[p][b] = static_cast<int8_t>(b % 2 == 1 ? -128 : sub_block);
+      }
+    }
+  }
+};
+constexpr PackedScaleControls kPackedScale;
 
 template <bool kHasHighBit, typename Block>
 static inline float VecDotQ45KAvx512(int64_t n, const Block* w, const BlockQ8K* a) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i v16 = _mm512_set1_epi8(0x10);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const Block& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
-    const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
-    const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scm));
-    __m512i hbx;
-    if constexpr (kHasHighBit) {
-      const __m256i hb = Load256(b.qh);
-      hbx = Concat(hb, _mm256_srli_epi16(hb, 1));  // lanes 32..63 see bit t+1
-    }
-    __m512i isum_v = _mm512_setzero_si512();
-    for (int h = 0; h < 2; ++h) {  // chunks 2h and 2h+1 = sub-blocks 4h..4h+3
-      const __m512i q = Load512(b.qs + 64 * h);
-      const __m512i lo = _mm512_and_si512(q, m4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-      // Elements 128h..128h+63 = [low nibbles of bytes 0..31, high nibbles of bytes 0..31].
-      __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-      __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-      if constexpr (kHasHighBit) {
-        const __mmask64 h0 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
-        const __mmask64 h1 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h + 2)));
-        w0 = _mm512_mask_add_epi8(w0, h0, w0, v16);
-        w1 = _mm512_mask_add_epi8(w1, h1, w1, v16);
-      }
-      isum_v = Dot64(isum_v, w0, y.qs + 128 * h, SubBlockScales(s16, 4 * h));
-      isum_v = Dot64(isum_v, w1, y.qs + 128 * h + 64, SubBlockScales(s16, 4 * h + 2));
-    }
-    out = {Fold512(isum_v), msum_v, y.d * F16(b.d), y.d * F16(b.dmin)};
-  });
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  return ReduceSuperBlocksF16<true>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const Block& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+        const __m256i msum_v = _mm256_madd_epi16(mins, Load256(y.bsums));
+        const __m512i sc = _mm512_broadcast_i32x4(scm);
+        __m512i hbx;
+        if constexpr (kHasHighBit) {
+          const __m256i hb = Load256(b.qh);
+          hbx = Concat(hb, _mm256_srli_epi16(hb, 1));  // lanes 32..63 see bit t+1
+        }
+        // P_c: int32 sums of 4 products (|P| <= 4 * 31 * 128: packs to int16 exactly).
+        __m512i p[4];
+        for (int c = 0; c < 4; ++c) {
+          const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * c));
+          __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(q, nibble_shift), m4);
+          if constexpr (kHasHighBit) {  // bit 2c (bytes 0..31) | 2c+1 (bytes 32..63) of qh
+            const __mmask64 h = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (2 * c)));
+            codes = _mm512_mask_add_epi8(codes, h, codes, v16);
+          }
+          p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, Load512(y.qs + 64 * c));
+        }
+        const __m512i s01 = _mm512_shuffle_epi8(sc, _mm512_load_si512(kPackedScale.ctl[0]));
+        const __m512i s23 = _mm512_shuffle_epi8(sc, _mm512_load_si512(kPackedScale.ctl[1]));
+        const __m512i isum_v =
+            _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), s01),
+                                _mm512_packs_epi32(p[2], p[3]), s23);
+        isum_out = Fold512(isum_v);
+        msum_out = msum_v;
+      });
 }
 
 float VecDotQ4KAvx512(int64_t n, const void* w, const void* a) {
@@ -241,29 +267,30 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m30 = _mm512_set1_epi8(0x30);
-  return ReduceSuperBlocks(n / kQK, [&](int64_t i, SuperBlockSums& out) {
-    const BlockQ6K& b = w[i];
-    const BlockQ8K& y = a[i];
-    const __m256i s16_256 = _mm256_cvtepi8_epi16(Load128(b.scales));
-    const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));
-    const __m512i s16 = _mm512_castsi256_si512(s16_256);
-    __m512i isum_v = _mm512_setzero_si512();
-    for (int half = 0; half < 2; ++half) {
-      const __m512i ql = Load512(b.ql + 64 * half);
-      const __m256i qh = Load256(b.qh + 32 * half);
-      const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
-      // Elements 0..63 of the half: low nibbles + qh bits 0-1 | 2-3.
-      const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                          _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
-      // Elements 64..127: high nibbles + qh bits 4-5 | 6-7.
-      const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                          _mm512_and_si512(qhx, m30));
-      isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
-      isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
-    }
-    out = {_mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 5)), _mm256_setzero_si256(),
-           y.d * F16(b.d), 0.0f};
-  });
+  return ReduceSuperBlocksF16<false>(
+      n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
+        const BlockQ6K& b = w[i];
+        const BlockQ8K& y = a[i];
+        const __m256i s16_256 = _mm256_cvtepi8_epi16(Load128(b.scales));
+        const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));
+        const __m512i s16 = _mm512_castsi256_si512(s16_256);
+        __m512i isum_v = _mm512_setzero_si512();
+        for (int half = 0; half < 2; ++half) {
+          const __m512i ql = Load512(b.ql + 64 * half);
+          const __m256i qh = Load256(b.qh + 32 * half);
+          const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
+          // Elements 0..63 of the half: low nibbles + qh bits 0-1 | 2-3.
+          const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                              _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
+          // Elements 64..127: high nibbles + qh bits 4-5 | 6-7.
+          const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                              _mm512_and_si512(qhx, m30));
+          isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
+          isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+        }
+        isum_out = _mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 5));
+        msum_out = _mm256_setzero_si256();
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,18 +454,21 @@ inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_row
 
 void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ4KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ4K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); });
 }
 void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ5KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ5K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); });
 }
 void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ6KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ6K, true>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); });

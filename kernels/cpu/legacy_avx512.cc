@@ -86,12 +86,12 @@ inline Perm LoadIndex(const PermIndex& p) {
   return {p.dword, p.dword ? _mm512_loadu_si512(p.d) : _mm512_loadu_si512(p.w)};
 }
 
-// 128 bytes from p; the second 64 only up to `bytes` (masked: no read past the group).
-inline __m512i WindowLow(const uint8_t* p) { return _mm512_loadu_si512(p); }
-inline __m512i WindowHigh(const uint8_t* p, int bytes) {
-  const int rest = bytes - 64;
-  const __mmask64 m = rest >= 64 ? ~__mmask64{0} : ((__mmask64{1} << rest) - 1);
-  return _mm512_maskz_loadu_epi8(m, p + 64);
+// 64 bytes from p, the ones at and past `avail` read as zeros (not read at all; avail <= 0: all
+// zeros). With a constant avail >= 64 after inlining this is a plain load.
+inline __m512i LoadUpTo(const uint8_t* p, int avail) {
+  if (avail >= 64) return _mm512_loadu_si512(p);
+  const __mmask64 m = avail <= 0 ? __mmask64{0} : ((__mmask64{1} << avail) - 1);
+  return _mm512_maskz_loadu_epi8(m, p);
 }
 
 // 8-bit activation rows (Q8_0 / Q8_1): per group the lo and hi halves of the 4
@@ -112,13 +112,15 @@ struct ActGroup {
     return {LoadIndex(lo), LoadIndex(hi), LoadIndex(hdr)};
   }
   __m512i lo, hi, header;  // header: words in the low 128 bits
-  ActGroup(const uint8_t* p, const Indices& idx) {
-    const __m512i a0 = WindowLow(p);
-    const __m512i a1 = WindowHigh(p, 128);
+  // `valid`: the bytes of p that hold blocks (a last partial group reads the missing blocks as
+  // zero blocks, without touching memory past them).
+  ActGroup(const uint8_t* p, const Indices& idx, int valid = kGroup * kStride) {
+    const __m512i a0 = LoadUpTo(p, valid);
+    const __m512i a1 = LoadUpTo(p + 64, (valid < 128 ? valid : 128) - 64);
     lo = idx.lo(a0, a1);
     header = idx.header(a0, a1);
-    const __m512i b0 = WindowLow(p + kHiWindow);
-    const __m512i b1 = WindowHigh(p + kHiWindow, kGroup * kStride - kHiWindow);
+    const __m512i b0 = LoadUpTo(p + kHiWindow, valid - kHiWindow);
+    const __m512i b1 = LoadUpTo(p + kHiWindow + 64, valid - kHiWindow - 64);
     hi = idx.hi(b0, b1);
   }
 };
@@ -152,7 +154,8 @@ inline float Finish(__m512 acc, __m256 mins) {
 }
 
 // Generic group loop. `Weights` knows the weight layout: Weights::Indices Load(), and
-// Weights::Dot(w_ptr, idx, act_group, &p, &header_words).
+// Weights::OffsetDot(act_group), Weights::Dot(w_ptr, idx, act_group, offset_dot, &p,
+// &header_words).
 template <typename Weights, typename ActBlock>
 inline float DotGroups(int64_t n, const void* vw, const void* va) {
   constexpr int kWs = Weights::kStride;
@@ -166,10 +169,10 @@ inline float DotGroups(int64_t n, const void* vw, const void* va) {
   const typename Act::Indices aidx = Act::Load();
   __m512 acc = _mm512_setzero_ps();
   __m256 mins = _mm256_setzero_ps();
-  auto group = [&](const uint8_t* wg, const uint8_t* ag) {
-    const Act act(ag, aidx);
+  auto group = [&](const uint8_t* wg, const uint8_t* ag, int blocks) {
+    const Act act(ag, aidx, blocks * kAs);
     __m512i p, wheader;
-    Weights::Dot(wg, widx, act, &p, &wheader);
+    Weights::Dot(wg, widx, act, Weights::OffsetDot(act), &p, &wheader, blocks * kWs);
     __m512 products;
     if constexpr (kHasMin) {
       const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(wheader)),
@@ -185,14 +188,9 @@ inline float DotGroups(int64_t n, const void* vw, const void* va) {
     acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc);
   };
   int64_t b = 0;
-  for (; b + kGroup <= nb; b += kGroup) group(w + b * kWs, a + b * kAs);
-  if (b < nb) {
-    alignas(64) uint8_t wpad[kGroup * kWs] = {};
-    alignas(64) uint8_t apad[kGroup * kAs] = {};
-    std::memcpy(wpad, w + b * kWs, static_cast<size_t>(nb - b) * kWs);
-    std::memcpy(apad, a + b * kAs, static_cast<size_t>(nb - b) * kAs);
-    group(wpad, apad);
-  }
+  for (; b + kGroup <= nb; b += kGroup) group(w + b * kWs, a + b * kAs, kGroup);
+  // A last partial group: masked loads read the missing blocks as zero blocks.
+  if (b < nb) group(w + b * kWs, a + b * kAs, static_cast<int>(nb - b));
   return Finish<kHasMin>(acc, mins);
 }
 
@@ -218,12 +216,13 @@ inline void DotGroupsRows(int64_t n, const void* vw, size_t w_stride, const void
     mins[r] = _mm256_setzero_ps();
   }
   // wg(r): the group's first byte in row r.
-  auto group = [&](auto wg, const uint8_t* ag) {
-    const Act act(ag, aidx);
+  auto group = [&](auto wg, const uint8_t* ag, int blocks) {
+    const Act act(ag, aidx, blocks * kAs);
+    const __m512i offset_dot = Weights::OffsetDot(act);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       __m512i p, wheader;
-      Weights::Dot(wg(r), widx, act, &p, &wheader);
+      Weights::Dot(wg(r), widx, act, offset_dot, &p, &wheader, blocks * kWs);
       __m512 products;
       if constexpr (kHasMin) {
         const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(wheader)),
@@ -242,16 +241,12 @@ inline void DotGroupsRows(int64_t n, const void* vw, size_t w_stride, const void
   int64_t b = 0;
   for (; b + kGroup <= nb; b += kGroup) {
     const uint8_t* wb = w + b * kWs;
-    group([wb, w_stride](int r) { return wb + r * w_stride; }, a + b * kAs);
+    group([wb, w_stride](int r) { return wb + r * w_stride; }, a + b * kAs, kGroup);
   }
   if (b < nb) {
-    alignas(64) uint8_t wpad[kRows][kGroup * kWs] = {};
-    alignas(64) uint8_t apad[kGroup * kAs] = {};
-    for (int r = 0; r < kRows; ++r) {
-      std::memcpy(wpad[r], w + r * w_stride + b * kWs, static_cast<size_t>(nb - b) * kWs);
-    }
-    std::memcpy(apad, a + b * kAs, static_cast<size_t>(nb - b) * kAs);
-    group([&wpad](int r) { return static_cast<const uint8_t*>(wpad[r]); }, apad);
+    const uint8_t* wb = w + b * kWs;
+    group([wb, w_stride](int r) { return wb + r * w_stride; }, a + b * kAs,
+          static_cast<int>(nb - b));
   }
   for (int r = 0; r < kRows; ++r) out[r] = Finish<kHasMin>(acc[r], mins[r]);
 }
@@ -298,11 +293,23 @@ struct NibbleWeights {
     static constexpr PermIndex qh = QhIndex(kStride, kFiveBit ? kQs - 4 : 0);
     return {LoadIndex(qs), LoadIndex(hdr), LoadIndex(qh)};
   }
+  // The activation-only term Σ kOffset * a of the _0 types (zero otherwise): one per activation
+  // group, shared by every row that group meets (DotGroupsRows).
   template <typename Act>
-  static void Dot(const uint8_t* p, const Indices& idx, const Act& act, __m512i* dot,
-                  __m512i* header) {
-    const __m512i w0 = WindowLow(p);
-    const __m512i w1 = WindowHigh(p, kGroup * kStride);
+  static __m512i OffsetDot(const Act& act) {
+    if constexpr (kOffset != 0) {
+      const __m512i off = _mm512_set1_epi8(kOffset);
+      return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Zero(), off, act.lo), off, act.hi);
+    } else {
+      return Zero();
+    }
+  }
+  // dot: Σ q * a - offset_dot (exact int32 lanes); header: the weight header words.
+  template <typename Act>
+  static void Dot(const uint8_t* p, const Indices& idx, const Act& act, const __m512i& offset_dot,
+                  __m512i* dot, __m512i* header, int valid = kGroup * kStride) {
+    const __m512i w0 = LoadUpTo(p, valid);
+    const __m512i w1 = LoadUpTo(p + 64, valid - 64);
     const __m512i packed = idx.qs(w0, w1);
     const __m512i mask = _mm512_set1_epi8(0x0F);
     __m512i lo = _mm512_and_si512(packed, mask);
@@ -317,11 +324,7 @@ struct NibbleWeights {
     }
     *header = idx.header(w0, w1);
     *dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Zero(), lo, act.lo), hi, act.hi);
-    if constexpr (kOffset != 0) {
-      const __m512i off = _mm512_set1_epi8(kOffset);
-      *dot = _mm512_sub_epi32(
-          *dot, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Zero(), off, act.lo), off, act.hi));
-    }
+    if constexpr (kOffset != 0) *dot = _mm512_sub_epi32(*dot, offset_dot);
   }
 };
 
