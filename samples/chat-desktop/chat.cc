@@ -406,9 +406,11 @@ struct App {
     NewConversation();
   }
 
-  // The picker offers Medusa when a head file exists for the model; one that does not fit it is
-  // offered too, and choosing it shows why.
-  bool MedusaOffered() const { return model != nullptr && !medusa_head.empty(); }
+  // The picker offers Medusa when a head file exists for the model and fits it (the load tried
+  // it); for one that does not fit, the bar shows kiln's error instead.
+  bool MedusaOffered() const {
+    return model != nullptr && !medusa_head.empty() && medusa_error.empty();
+  }
 
   Conversation* AddConversation(std::unique_ptr<Conversation> conv) {
     conversations.push_back(std::move(conv));
@@ -576,6 +578,10 @@ struct App {
         return false;
       }
     } else if (kind == StrategyKind::kMedusa) {
+      if (!medusa_error.empty()) {
+        conv->error = medusa_error;
+        return false;
+      }
       if (!MedusaOffered()) {
         conv->error = "medusa strategy: no head file for " + opt.model_path +
                       " (--medusa FILE, or " + fs::path(opt.model_path).filename().string() +
@@ -787,8 +793,10 @@ void DrawTopBar(App& app) {
     app.SetStrategy(conv, static_cast<StrategyKind>(kind));
   }
   ImGui::EndDisabled();
-  if (app.MedusaOffered() && !app.medusa_error.empty() && ImGui::IsItemHovered()) {
-    ImGui::SetTooltip("medusa does not fit this model: %s", app.medusa_error.c_str());
+  if (!app.medusa_error.empty()) {
+    ImGui::SameLine();
+    ImGui::TextColored(kErrorColor, "(no medusa)");
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", app.medusa_error.c_str());
   }
   ImGui::Text("%.1f tokens/s  |  %d tokens", conv->tokens_per_s, conv->n_generated);
   ImGui::SameLine();

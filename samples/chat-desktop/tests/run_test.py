@@ -207,6 +207,15 @@ def main():
         bad = run([xvfb_run, "-a", chat, "--model", missing, "--script", script], env=window_env)
         if bad.returncode != 1 or missing not in bad.stderr:
             failures.append("a missing model did not fail with a message naming the file")
+        # A head that does not fit the model (here the model itself: not a head at all) is not
+        # offered; asking for it fails with kiln's reason.
+        with open(script, "w") as f:
+            f.write("strategy medusa\n")
+        unfit = run([xvfb_run, "-a", chat, "--model", MODEL, "--medusa", MODEL, "--script", script],
+                    env=window_env)
+        if (unfit.returncode != 1 or "medusa=unfit" not in unfit.stdout or
+                "not a medusa head" not in unfit.stderr):
+            failures.append("a head that does not fit the model was not refused with kiln's reason")
 
     for failure in failures:
         print("FAIL:", failure)
