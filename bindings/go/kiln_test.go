@@ -416,6 +416,46 @@ func TestDraftStrategy(t *testing.T) {
 	wantStatus(t, err, ErrIO)
 }
 
+func TestMedusaStrategy(t *testing.T) {
+	// The repository's trained head for the default model: greedy output is plain decoding's.
+	head := filepath.Join("..", "..", "models", "SmolLM2-135M-Instruct.medusa.gguf")
+	plain := chatSession(t, nil)
+	expected := mustGenerate(t, plain, maxTokens)
+	plain.Close()
+	medusa, err := NewMedusaStrategy(model, head, MedusaOptions{NThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer medusa.Close()
+	s := chatSession(t, nil)
+	defer s.Close()
+	s.SetStrategy(medusa)
+	defer s.SetStrategy(nil)
+	if got := mustGenerate(t, s, maxTokens); !equal(got.Tokens, expected.Tokens) {
+		t.Fatalf("with medusa %v, plain %v", got.Tokens, expected.Tokens)
+	}
+	m, err := s.SpecMetrics()
+	if err != nil || m.Steps <= 0 || m.Drafted <= 0 || m.Accepted > m.Drafted ||
+		math.Abs(m.MeanAcceptedPerStep-float64(m.Accepted)/float64(m.Steps)) > 1e-9 ||
+		m.TargetPassesPerToken <= 0 || m.TargetPassesPerToken > 1 {
+		t.Fatalf("metrics %+v (%v)", m, err)
+	}
+	// A model is not a head trained for it; a missing file names itself.
+	_, err = NewMedusaStrategy(model, modelPath, MedusaOptions{})
+	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "not a medusa head") {
+		t.Fatalf("message %q", e.Message)
+	}
+	missing := filepath.Join(t.TempDir(), "missing.medusa.gguf")
+	_, err = NewMedusaStrategy(model, missing, MedusaOptions{})
+	if e := wantStatus(t, err, ErrIO); !strings.Contains(e.Message, missing) {
+		t.Fatalf("message %q", e.Message)
+	}
+	_, err = NewMedusaStrategy(model, head, MedusaOptions{MaxDraft: -1})
+	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "max_draft") {
+		t.Fatalf("message %q", e.Message)
+	}
+}
+
 func TestStreamCancelledByContext(t *testing.T) {
 	s := chatSession(t, nil)
 	defer s.Close()

@@ -67,6 +67,35 @@ func NewDraftStrategy(target *Model, draftPath string, maxDraft, nThreads int32)
 	return &Strategy{ptr: ptr}, nil
 }
 
+// MedusaOptions are Medusa-head parameters (kiln_medusa_params); zero values keep kiln's
+// defaults (the head file's whole tree, one thread).
+type MedusaOptions struct {
+	MaxDraft int32 // most tree nodes verified per step (the head file's tree, cut)
+	NThreads int32 // threads of the heads' LM-head matmul
+}
+
+// NewMedusaStrategy creates a strategy from the trained Medusa heads in headPath (tools/train/
+// makes them; the repository's models/ holds one for the default model). A head trained for
+// another model, or a file that is not a head, fails with ErrInvalidArgument saying what
+// differs; a missing file with ErrIO. target must outlive the strategy.
+func NewMedusaStrategy(target *Model, headPath string, opts MedusaOptions) (*Strategy, error) {
+	var p C.kiln_medusa_params
+	C.kiln_medusa_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	if opts.MaxDraft != 0 {
+		p.max_draft = C.int32_t(opts.MaxDraft)
+	}
+	if opts.NThreads != 0 {
+		p.n_threads = C.int32_t(opts.NThreads)
+	}
+	cpath := C.CString(headPath)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.kiln_strategy
+	if err := call(func() C.kiln_status { return C.kiln_strategy_create_medusa(target.ptr, cpath, &p, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &Strategy{ptr: ptr}, nil
+}
+
 // Close frees the strategy; it must not be attached to a live session.
 func (st *Strategy) Close() {
 	C.kiln_strategy_destroy(st.ptr)

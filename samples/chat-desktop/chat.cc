@@ -5,10 +5,11 @@
 // send renders the conversation with the model's chat template (kiln_chat_apply_template),
 // submits the part of its tokens the session does not hold yet (kiln_session_submit), and every
 // frame polls the session for new text (kiln_session_poll). Stop is kiln_session_cancel, "branch
-// from here" is kiln_session_fork, the strategy picker attaches an n-gram strategy
+// from here" is kiln_session_fork, the strategy picker attaches an n-gram or Medusa strategy
 // (kiln_session_set_strategy) whose metrics give the acceptance rate, and conversations are saved
 // and reopened through the session-state API (kiln_session_save_state_file/load_state_file) next
-// to a small text file with their messages.
+// to a small text file with their messages. Models load on a background thread (ModelLoad) whose
+// progress callback feeds a progress bar and carries the cancel button's request.
 //
 // --script FILE drives the same actions the buttons do (samples/chat-desktop/tests/run_test.py
 // uses it under Xvfb); --reference FILE recomputes every answer of a transcript with the blocking
@@ -21,6 +22,7 @@
 #include <kiln/kiln.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -46,7 +49,8 @@ struct Options {
   std::string model_path = HomeCacheDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string model_dir = HomeCacheDir();            // where the model picker lists .gguf files
   std::string save_dir = HomeCacheDir() + "/chats";  // saved conversations
-  int max_tokens = 256;                              // per answer
+  std::string medusa_head;  // --medusa FILE; empty: MedusaHeadFor(the model) when it exists
+  int max_tokens = 256;     // per answer
   int n_ctx = 2048;
   int threads = 0;  // 0: kiln's default (physical cores)
   int width = 1000;
@@ -173,8 +177,24 @@ const char* StopReasonName(kiln_stop_reason reason) {
 
 // ---------------------------------------------------------------- conversations
 
-enum class StrategyKind { kNone = 0, kNgram = 1 };
-const char* const kStrategyNames[] = {"none", "n-gram"};
+enum class StrategyKind { kNone = 0, kNgram = 1, kMedusa = 2 };
+const char* const kStrategyNames[] = {"none", "n-gram", "medusa"};
+
+// The trained Medusa head that goes with a model: "<dir>/<name up to its first dot>.medusa.gguf"
+// (SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct.medusa.gguf), in the model's
+// directory or else in the repository's models/ (KILN_CHAT_HEAD_DIR, set by the build).
+std::string MedusaHeadFor(const std::string& model_path) {
+  const std::string stem = fs::path(model_path).filename().string();
+  const std::string name = stem.substr(0, stem.find('.')) + ".medusa.gguf";
+  std::error_code ec;
+  fs::path beside = fs::path(model_path).parent_path() / name;
+  if (fs::exists(beside, ec)) return beside.string();
+#ifdef KILN_CHAT_HEAD_DIR
+  fs::path in_repo = fs::path(KILN_CHAT_HEAD_DIR) / name;
+  if (fs::exists(in_repo, ec)) return in_repo.string();
+#endif
+  return "";
+}
 
 struct Conversation {
   std::string title;
@@ -196,11 +216,107 @@ struct Conversation {
   }
 };
 
+// What a load takes off the UI thread to destroy: the old model with its cache and sessions.
+struct RetiredModel {
+  std::vector<std::unique_ptr<Conversation>> conversations;
+  kiln_cache* cache = nullptr;
+  kiln_model* model = nullptr;
+
+  void Destroy() {
+    conversations.clear();  // sessions before their cache, the cache before its model
+    kiln_cache_destroy(cache);
+    kiln_model_destroy(model);
+    cache = nullptr;
+    model = nullptr;
+  }
+};
+
+// A model load on its own thread, so that the UI thread never waits on one: it retires the
+// previous model (its conversations, cache and model, whose destruction waits for the cache's
+// worker), loads the file with a progress callback that feeds the progress bar and carries the
+// cancel request, creates the cache and starts its worker, and tries the Medusa head on the new
+// model. The UI thread reads `progress` every frame and takes the result once `done` is set.
+struct ModelLoad {
+  // Set before the thread starts, then read only.
+  std::string path;
+  std::string medusa_head;  // "" when there is none to try
+  int n_ctx = 0;
+  int threads = 0;
+
+  std::atomic<float> progress{0};  // the last value kiln_model_load reported, in [0, 1]
+  std::atomic<int> progress_calls{0};
+  std::atomic<bool> cancel{false};  // set by the UI; the next progress call returns non-zero
+  std::atomic<bool> done{false};    // set last by the thread (release)
+
+  // The result: written by the thread before `done`, read by the UI thread after it.
+  kiln_model* model = nullptr;
+  kiln_cache* cache = nullptr;
+  kiln_status status = KILN_OK;
+  std::string error;         // names the file on failure
+  std::string medusa_error;  // why the head does not fit this model ("" when it does)
+
+  // UI thread only.
+  Clock::time_point start = Clock::now();
+  int frames = 0;  // frames that found the load still running
+  std::thread thread;
+
+  static int OnProgress(float value, void* user_data) {
+    auto* load = static_cast<ModelLoad*>(user_data);
+    load->progress.store(value, std::memory_order_relaxed);
+    load->progress_calls.fetch_add(1, std::memory_order_relaxed);
+    return load->cancel.load(std::memory_order_relaxed) ? 1 : 0;
+  }
+
+  void Run(RetiredModel retired) {
+    retired.Destroy();
+    kiln_model_params mp;
+    kiln_model_params_init(&mp, sizeof mp);
+    mp.path = path.c_str();
+    mp.progress = &ModelLoad::OnProgress;
+    mp.progress_user_data = this;
+    status = kiln_model_load(&mp, &model);
+    if (status != KILN_OK) {
+      error = KilnError(("load " + path).c_str(), status);
+    } else if (cancel.load()) {  // after the last progress call: nothing else to wait for
+      status = KILN_ERR_CANCELLED;
+      error = "load " + path + ": cancelled";
+    } else {
+      kiln_cache_params cp;
+      kiln_cache_params_init(&cp, sizeof cp);
+      cp.n_ctx = n_ctx;
+      cp.n_threads = threads;
+      if ((status = kiln_cache_create(model, &cp, &cache)) != KILN_OK ||
+          (status = kiln_cache_start_worker(cache)) != KILN_OK) {
+        error = KilnError(("create the cache for " + path).c_str(), status);
+      }
+    }
+    if (status == KILN_OK && !medusa_head.empty()) {
+      // Tried once here (it reads the head file); a conversation that picks it creates its own.
+      kiln_medusa_params params;
+      kiln_medusa_params_init(&params, sizeof params);
+      kiln_strategy* probe = nullptr;
+      kiln_status s = kiln_strategy_create_medusa(model, medusa_head.c_str(), &params, &probe);
+      if (s != KILN_OK) medusa_error = KilnError(("medusa head " + medusa_head).c_str(), s);
+      kiln_strategy_destroy(probe);
+    }
+    if (status != KILN_OK) {
+      kiln_cache_destroy(cache);
+      kiln_model_destroy(model);
+      cache = nullptr;
+      model = nullptr;
+    }
+    done.store(true, std::memory_order_release);
+  }
+};
+
 struct App {
   Options opt;
   kiln_model* model = nullptr;
   kiln_cache* cache = nullptr;
   std::string model_error;
+  std::unique_ptr<ModelLoad> load;  // the load in flight, if any
+  std::string medusa_head;          // the head file tried on the model ("" when none)
+  std::string medusa_error;         // why it does not fit the model ("" when it does)
   std::vector<std::unique_ptr<Conversation>> conversations;
   size_t current = 0;
   std::string input;
@@ -209,49 +325,91 @@ struct App {
   int next_chat_number = 1;
   bool request_scroll = false;
 
-  ~App() { CloseModel(); }
+  ~App() {
+    // Closing the window during a load: the load stops at its next progress call (or after the
+    // cache it is creating) and is waited for here, at exit only.
+    if (load != nullptr) {
+      load->cancel = true;
+      load->thread.join();
+      kiln_cache_destroy(load->cache);
+      kiln_model_destroy(load->model);
+    }
+    RetiredModel{std::move(conversations), cache, model}.Destroy();
+  }
 
   Conversation* Current() {
     return current < conversations.size() ? conversations[current].get() : nullptr;
   }
 
-  void CloseModel() {
-    conversations.clear();  // sessions before their cache, the cache before its model
-    kiln_cache_destroy(cache);
-    kiln_model_destroy(model);
-    cache = nullptr;
-    model = nullptr;
-  }
+  bool Loading() const { return load != nullptr; }
 
-  // Loads `path` on the calling thread (a 135M model maps in well under a second); every open
-  // conversation belongs to the old model's cache, so they are closed (saved ones stay on disk).
-  bool LoadModel(const std::string& path) {
-    CloseModel();
+  // Starts loading `path` on a background thread and returns at once. Every open conversation
+  // belongs to the old model's cache, so they close now (saved ones stay on disk) and the load's
+  // thread destroys them with the old model. Until the load ends there is no model.
+  bool StartLoad(const std::string& path) {
+    if (Loading()) {
+      model_error = "load " + path + ": another load is in progress";
+      return false;
+    }
     model_error.clear();
+    medusa_error.clear();
     opt.model_path = path;
     model_path_field = path;
-    kiln_model_params mp;
-    kiln_model_params_init(&mp, sizeof mp);
-    mp.path = path.c_str();
-    kiln_status s = kiln_model_load(&mp, &model);
-    if (s != KILN_OK) {
-      model_error = KilnError("load model", s);
-      return false;
+    load = std::make_unique<ModelLoad>();
+    load->path = path;
+    load->medusa_head = !opt.medusa_head.empty() ? opt.medusa_head : MedusaHeadFor(path);
+    load->n_ctx = opt.n_ctx;
+    load->threads = opt.threads;
+    medusa_head = load->medusa_head;
+    RetiredModel retired{std::move(conversations), cache, model};
+    conversations.clear();
+    current = 0;
+    cache = nullptr;
+    model = nullptr;
+    load->thread =
+        std::thread([l = load.get(), r = std::move(retired)]() mutable { l->Run(std::move(r)); });
+    return true;
+  }
+
+  void CancelLoad() {
+    if (load != nullptr) load->cancel = true;
+  }
+
+  // Called every frame: counts the frame, and takes the model once the load is done (the join
+  // then waits only for the thread to return).
+  void PollLoad() {
+    if (load == nullptr) return;
+    if (!load->done.load(std::memory_order_acquire)) {
+      ++load->frames;
+      return;
     }
-    kiln_cache_params cp;
-    kiln_cache_params_init(&cp, sizeof cp);
-    cp.n_ctx = opt.n_ctx;
-    cp.n_threads = opt.threads;
-    if ((s = kiln_cache_create(model, &cp, &cache)) != KILN_OK ||
-        (s = kiln_cache_start_worker(cache)) != KILN_OK) {
-      model_error = KilnError("create cache", s);
-      kiln_cache_destroy(cache);
-      kiln_model_destroy(model);
-      cache = nullptr;
-      model = nullptr;
-      return false;
+    load->thread.join();
+    std::unique_ptr<ModelLoad> finished = std::move(load);
+    const double seconds = std::chrono::duration<double>(Clock::now() - finished->start).count();
+    std::printf("--- load status=%s frames=%d progress_calls=%d seconds=%.2f medusa=%s\n",
+                kiln_status_name(finished->status), finished->frames,
+                finished->progress_calls.load(), seconds,
+                finished->medusa_head.empty()    ? "none"
+                : finished->status != KILN_OK    ? "untried"
+                : finished->medusa_error.empty() ? "ok"
+                                                 : "unfit");
+    std::fflush(stdout);
+    if (finished->status != KILN_OK) {
+      model_error = finished->error;
+      std::printf("--- load error: %s\n", model_error.c_str());
+      std::fflush(stdout);
+      return;
     }
-    return NewConversation() != nullptr;
+    model = finished->model;
+    cache = finished->cache;
+    medusa_error = finished->medusa_error;
+    NewConversation();
+  }
+
+  // The picker offers Medusa when a head file exists for the model and fits it (the load tried
+  // it); for one that does not fit, the bar shows kiln's error instead.
+  bool MedusaOffered() const {
+    return model != nullptr && !medusa_head.empty() && medusa_error.empty();
   }
 
   Conversation* AddConversation(std::unique_ptr<Conversation> conv) {
@@ -419,6 +577,24 @@ struct App {
         conv->error = KilnError("n-gram strategy", s);
         return false;
       }
+    } else if (kind == StrategyKind::kMedusa) {
+      if (!medusa_error.empty()) {
+        conv->error = medusa_error;
+        return false;
+      }
+      if (!MedusaOffered()) {
+        conv->error = "medusa strategy: no head file for " + opt.model_path +
+                      " (--medusa FILE, or " + fs::path(opt.model_path).filename().string() +
+                      "'s name up to its first dot + .medusa.gguf next to it)";
+        return false;
+      }
+      kiln_medusa_params mp;
+      kiln_medusa_params_init(&mp, sizeof mp);
+      kiln_status s = kiln_strategy_create_medusa(model, medusa_head.c_str(), &mp, &strategy);
+      if (s != KILN_OK) {
+        conv->error = KilnError(("medusa head " + medusa_head).c_str(), s);
+        return false;
+      }
     }
     kiln_status s = kiln_session_set_strategy(conv->session, strategy);
     if (s != KILN_OK) {
@@ -578,11 +754,12 @@ void DrawSidebar(App& app) {
 }
 
 void DrawTopBar(App& app) {
+  ImGui::BeginDisabled(app.Loading());
   ImGui::SetNextItemWidth(250);
   if (ImGui::BeginCombo("##models", fs::path(app.opt.model_path).filename().c_str())) {
     for (const std::string& file : app.ModelFiles()) {
       if (ImGui::Selectable(fs::path(file).filename().c_str(), file == app.opt.model_path)) {
-        app.LoadModel(file);
+        app.StartLoad(file);
       }
     }
     ImGui::EndCombo();
@@ -591,7 +768,20 @@ void DrawTopBar(App& app) {
   ImGui::SetNextItemWidth(220);
   ImGui::InputText("##modelpath", &app.model_path_field);
   ImGui::SameLine();
-  if (ImGui::Button("Load")) app.LoadModel(app.model_path_field);
+  if (ImGui::Button("Load")) app.StartLoad(app.model_path_field);
+  ImGui::EndDisabled();
+
+  if (app.Loading()) {
+    const float progress = app.load->progress.load(std::memory_order_relaxed);
+    const std::string label = "loading " + fs::path(app.load->path).filename().string() + "  " +
+                              std::to_string(static_cast<int>(progress * 100)) + "%";
+    ImGui::ProgressBar(progress, ImVec2(-80, 0), label.c_str());
+    ImGui::SameLine();
+    ImGui::BeginDisabled(app.load->cancel.load());
+    if (ImGui::Button("Cancel", ImVec2(-1, 0))) app.CancelLoad();
+    ImGui::EndDisabled();
+    return;
+  }
 
   Conversation* conv = app.Current();
   if (conv == nullptr) return;
@@ -599,18 +789,24 @@ void DrawTopBar(App& app) {
   ImGui::SetNextItemWidth(90);
   int kind = static_cast<int>(conv->strategy_kind);
   ImGui::BeginDisabled(conv->generating);
-  if (ImGui::Combo("strategy", &kind, kStrategyNames, 2)) {
+  if (ImGui::Combo("strategy", &kind, kStrategyNames, app.MedusaOffered() ? 3 : 2)) {
     app.SetStrategy(conv, static_cast<StrategyKind>(kind));
   }
   ImGui::EndDisabled();
+  if (!app.medusa_error.empty()) {
+    ImGui::SameLine();
+    ImGui::TextColored(kErrorColor, "(no medusa)");
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", app.medusa_error.c_str());
+  }
   ImGui::Text("%.1f tokens/s  |  %d tokens", conv->tokens_per_s, conv->n_generated);
   ImGui::SameLine();
   if (conv->metrics.drafted > 0) {
-    ImGui::Text("|  acceptance %.0f%% (%lld of %lld drafted, %.2f passes/token)",
-                100.0 * conv->metrics.accepted / conv->metrics.drafted,
-                static_cast<long long>(conv->metrics.accepted),
-                static_cast<long long>(conv->metrics.drafted),
-                conv->metrics.target_passes_per_token);
+    ImGui::Text(
+        "|  acceptance %.0f%% (%lld of %lld drafted, %.2f accepted/step, %.2f passes/token)",
+        100.0 * conv->metrics.accepted / conv->metrics.drafted,
+        static_cast<long long>(conv->metrics.accepted),
+        static_cast<long long>(conv->metrics.drafted), conv->metrics.mean_accepted_per_step,
+        conv->metrics.target_passes_per_token);
   } else {
     ImGui::TextDisabled("|  acceptance: no drafts yet");
   }
@@ -676,9 +872,12 @@ void DrawFrame(App& app) {
 
 // One action per line, run one per frame through the same App calls the buttons make:
 //   type TEXT | send | wait | stop | new | branch N (1-based message) | save NAME | open NAME |
-//   strategy none|ngram | model PATH | screenshot FILE.bmp | print | quit
-// `wait` holds the script (not the UI) until the current answer ends. A failed action is
-// reported and makes the program exit with status 1.
+//   strategy none|ngram|medusa | model PATH | wait-load | cancel-load | screenshot FILE.bmp |
+//   print | quit
+// `wait` holds the script (not the UI) until the current answer ends. `model` starts a load and
+// returns; while a load is in flight every action but cancel-load, screenshot and quit holds
+// (wait-load does nothing else), so the frames keep coming. A failed action is reported and
+// makes the program exit with status 1.
 struct Script {
   std::vector<std::string> lines;
   size_t next = 0;
@@ -701,9 +900,16 @@ struct Script {
     size_t space = line.find(' ');
     std::string verb = line.substr(0, space);
     std::string arg = space == std::string::npos ? "" : line.substr(space + 1);
+    if (app.Loading() && verb != "cancel-load" && verb != "screenshot" && verb != "quit") {
+      return true;  // again next frame
+    }
     Conversation* conv = app.Current();
     bool ok = true;
-    if (verb == "wait") {
+    if (verb == "wait-load") {
+      // The load's outcome is on stdout ("--- load ..."); a failed one fails what needs a model.
+    } else if (verb == "cancel-load") {
+      app.CancelLoad();
+    } else if (verb == "wait") {
       if (conv != nullptr && conv->generating) return true;  // again next frame
       ok = conv != nullptr && conv->answer_finished && conv->error.empty();
     } else if (verb == "type") {
@@ -722,10 +928,12 @@ struct Script {
     } else if (verb == "open") {
       ok = app.Open(arg) != nullptr;
     } else if (verb == "strategy") {
-      ok = (arg == "none" || arg == "ngram") &&
-           app.SetStrategy(conv, arg == "ngram" ? StrategyKind::kNgram : StrategyKind::kNone);
+      ok = (arg == "none" || arg == "ngram" || arg == "medusa") &&
+           app.SetStrategy(conv, arg == "ngram"    ? StrategyKind::kNgram
+                                 : arg == "medusa" ? StrategyKind::kMedusa
+                                                   : StrategyKind::kNone);
     } else if (verb == "model") {
-      ok = app.LoadModel(arg);
+      ok = app.StartLoad(arg);
     } else if (verb == "screenshot") {
       screenshot = arg;
     } else if (verb == "print") {
@@ -825,7 +1033,8 @@ int RunReference(const Options& opt) {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: kiln-chat [--model FILE.gguf] [--model-dir DIR] [--save-dir DIR]\n"
+               "usage: kiln-chat [--model FILE.gguf] [--medusa HEAD.gguf] [--model-dir DIR]\n"
+               "  [--save-dir DIR]\n"
                "  [--max-tokens N] [--ctx N] [--threads N] [--size WxH]\n"
                "  [--script FILE] [--reference TRANSCRIPT]\n");
 }
@@ -843,6 +1052,8 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
     bool is_number = !value.empty() && *end == '\0' && number >= 0 && number < (1l << 30);
     if (arg == "--model") {
       opt->model_path = value;
+    } else if (arg == "--medusa") {
+      opt->medusa_head = value;
     } else if (arg == "--model-dir") {
       opt->model_dir = value;
     } else if (arg == "--save-dir") {
@@ -901,6 +1112,8 @@ int RunWindow(App& app, Script* script) {
   ImGui_ImplSDL2_InitForOpenGL(window, context);
   ImGui_ImplOpenGL3_Init("#version 150");
 
+  // The first load starts with the window up, so that its progress is drawn.
+  app.StartLoad(app.opt.model_path);
   int status = 0;
   constexpr auto kFrameTime = std::chrono::microseconds(16667);
   for (bool running = true; running;) {
@@ -912,6 +1125,7 @@ int RunWindow(App& app, Script* script) {
       ImGui_ImplSDL2_ProcessEvent(&event);
       if (event.type == SDL_QUIT) running = false;
     }
+    app.PollLoad();
     for (auto& conv : app.conversations) app.Poll(conv.get());
     if (script != nullptr && running) running = script->Step(app);
 
@@ -966,13 +1180,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot read script %s\n", opt.script.c_str());
     return 2;
   }
+  // A failed load is shown in the window, where another model can be picked; a script's next
+  // action that needs the model fails with the load's error.
   App app;
   app.opt = opt;
   app.model_path_field = opt.model_path;
-  // A failed load is shown in the window, where another model can be picked; a script stops.
-  if (!app.LoadModel(opt.model_path) && !opt.script.empty()) {
-    std::fprintf(stderr, "%s\n", app.model_error.c_str());
-    return 1;
-  }
   return RunWindow(app, opt.script.empty() ? nullptr : &script);
 }

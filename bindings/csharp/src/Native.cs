@@ -169,6 +169,13 @@ namespace Kiln
         }
 
         [StructLayout(LayoutKind.Sequential)]
+        internal struct MedusaParams
+        {
+            public uint StructSize;
+            public int MaxDraft, NThreads;
+        }
+
+        [StructLayout(LayoutKind.Sequential)]
         internal struct SpecMetrics
         {
             public uint StructSize;
@@ -244,6 +251,8 @@ namespace Kiln
         [DllImport(Lib)] internal static extern int kiln_strategy_create_ngram(ref NgramParams p, out IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_draft_params_init(ref DraftParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_strategy_create_draft(ModelHandle target, byte[] path, ref DraftParams p, out IntPtr strategy);
+        [DllImport(Lib)] internal static extern int kiln_medusa_params_init(ref MedusaParams p, UIntPtr size);
+        [DllImport(Lib)] internal static extern int kiln_strategy_create_medusa(ModelHandle target, byte[] path, ref MedusaParams p, out IntPtr strategy);
         [DllImport(Lib)] internal static extern void kiln_strategy_destroy(IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_session_set_strategy(SessionHandle s, IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_session_get_spec_metrics(SessionHandle s, ref SpecMetrics m);

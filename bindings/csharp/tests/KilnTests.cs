@@ -7,6 +7,7 @@ using System.Diagnostics;
 using System.IO;
 using System.Linq;
 using System.Reflection;
+using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 using System.Threading;
 using Kiln;
@@ -112,6 +113,7 @@ public static class Tests
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
             { typeof(Native.StepResult), 32 }, { typeof(Native.StateParams), 12 },
             { typeof(Native.NgramParams), 40 }, { typeof(Native.DraftParams), 32 },
+            { typeof(Native.MedusaParams), 12 },
             { typeof(Native.SpecMetrics), 56 }, { typeof(Native.ChatMessage), 16 },
             { typeof(Native.TokenLogprob), 8 },
         };
@@ -384,6 +386,40 @@ public static class Tests
             s.SetStrategy(null);
         }
         Throws(Status.IO, () => Strategy.Draft(_model, Path.Combine(Path.GetTempPath(), "kiln-missing-draft.gguf")));
+    }
+
+    // The repository's models/, found from this file's path at compile time (the runner runs from
+    // the build directory).
+    private static string ModelsDir([CallerFilePath] string source = "")
+    {
+        return Path.Combine(Path.GetDirectoryName(source), "..", "..", "..", "models");
+    }
+
+    public static void TestMedusaStrategy()
+    {
+        // The repository's trained head for the default model: greedy output is plain decoding's.
+        string head = Path.Combine(ModelsDir(), "SmolLM2-135M-Instruct.medusa.gguf");
+        int[] expected;
+        using (Session plain = ChatSession()) expected = plain.Generate(Max).Tokens;
+        using (Strategy medusa = Strategy.Medusa(_model, head, nThreads: 1))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(medusa);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+            SpecMetrics m = s.SpecMetrics;
+            Check(m.Steps > 0 && m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
+            Check(Math.Abs(m.MeanAcceptedPerStep - (double)m.Accepted / m.Steps) < 1e-9, "mean accepted per step");
+            Check(m.TargetPassesPerToken > 0 && m.TargetPassesPerToken <= 1, "passes per token");
+            s.SetStrategy(null);
+        }
+        // A model is not a head trained for it; a missing file names itself.
+        var e = Throws(Status.InvalidArgument, () => Strategy.Medusa(_model, _modelPath));
+        Check(e.KilnMessage.Contains("not a medusa head"), e.KilnMessage);
+        string missing = Path.Combine(Path.GetTempPath(), "kiln-missing.medusa.gguf");
+        e = Throws(Status.IO, () => Strategy.Medusa(_model, missing));
+        Check(e.KilnMessage.Contains(missing), e.KilnMessage);
+        e = Throws(Status.InvalidArgument, () => Strategy.Medusa(_model, head, maxDraft: -1));
+        Check(e.KilnMessage.Contains("max_draft"), e.KilnMessage);
     }
 
     public static void TestSubmitPollStepMatchesBlocking()

@@ -34,6 +34,7 @@ __all__ = [
     "GenerateResult",
     "KVType",
     "KilnError",
+    "MedusaStrategy",
     "Model",
     "ModelInfo",
     "NgramStrategy",
@@ -575,6 +576,27 @@ class DraftStrategy(Strategy):
         _check(
             _lib.kiln_strategy_create_draft(target._handle(), os.fsencode(draft_path), byref(p), byref(h)),
             "kiln_strategy_create_draft",
+        )
+        self._h = h.value
+
+
+class MedusaStrategy(Strategy):
+    """Trained Medusa heads for `target` (a head file made by tools/train/, such as the repository's
+    models/SmolLM2-135M-Instruct.medusa.gguf) draft a token tree from the target's hidden state."""
+
+    def __init__(
+        self, target: Model, head_path: Union[str, os.PathLike[str]], **params: Union[int, float, bool]
+    ) -> None:
+        """Keywords: max_draft (tree nodes verified per step; 0: the head's whole tree), n_threads
+        (kiln_medusa_params). A head trained for another model, or a file that is not a head,
+        raises KilnError(INVALID_ARGUMENT) saying what differs; a missing file KilnError(IO)."""
+        super().__init__()
+        p = _init(_ffi.MedusaParams, "kiln_medusa_params_init")
+        _set_fields(p, params, "MedusaStrategy")
+        h = c_void_p()
+        _check(
+            _lib.kiln_strategy_create_medusa(target._handle(), os.fsencode(head_path), byref(p), byref(h)),
+            "kiln_strategy_create_medusa",
         )
         self._h = h.value
 

@@ -262,6 +262,10 @@ class DraftParams(Structure):
     ]
 
 
+class MedusaParams(Structure):
+    _fields_ = [("struct_size", c_uint32), ("max_draft", c_int32), ("n_threads", c_int32)]
+
+
 class SpecMetrics(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -337,6 +341,8 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "kiln_strategy_create_ngram": (_status, [P(NgramParams), P(H)]),
     "kiln_draft_params_init": (_status, [P(DraftParams), c_size_t]),
     "kiln_strategy_create_draft": (_status, [H, c_char_p, P(DraftParams), P(H)]),
+    "kiln_medusa_params_init": (_status, [P(MedusaParams), c_size_t]),
+    "kiln_strategy_create_medusa": (_status, [H, c_char_p, P(MedusaParams), P(H)]),
     "kiln_strategy_destroy": (None, [H]),
     "kiln_session_set_strategy": (_status, [H, H]),
     "kiln_session_get_spec_metrics": (_status, [H, P(SpecMetrics)]),

@@ -3,6 +3,7 @@ are exact), with few tokens so the whole file runs in seconds."""
 
 import math
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -283,6 +284,33 @@ def test_draft_strategy(model, model_path, cache, tmp_path):
     assert e.value.status == Status.IO
 
 
+HEAD_PATH = Path(__file__).resolve().parents[3] / "models" / "SmolLM2-135M-Instruct.medusa.gguf"
+
+
+def test_medusa_strategy(model, model_path, cache, tmp_path):
+    # The repository's trained head for the default model: greedy output is plain decoding's.
+    with cache.session() as plain:
+        plain.append(CHAT_PROMPT, parse_special=True)
+        expected = plain.generate(MAX).tokens
+    with kiln.MedusaStrategy(model, HEAD_PATH, n_threads=1) as medusa, chat_session(cache) as s:
+        s.set_strategy(medusa)
+        assert s.generate(MAX).tokens == expected
+        m = s.spec_metrics
+        assert m.steps > 0 and m.drafted > 0 and 0 <= m.accepted <= m.drafted, m
+        assert m.mean_accepted_per_step == pytest.approx(m.accepted / m.steps)
+        assert 0 < m.target_passes_per_token <= 1.0
+    with pytest.raises(KilnError) as e:
+        kiln.MedusaStrategy(model, model_path)  # a model, not a head trained for it
+    assert e.value.status == Status.INVALID_ARGUMENT and "not a medusa head" in e.value.message
+    missing = tmp_path / "missing.medusa.gguf"
+    with pytest.raises(KilnError) as e:
+        kiln.MedusaStrategy(model, missing)
+    assert e.value.status == Status.IO and str(missing) in e.value.message
+    with pytest.raises(KilnError) as e:
+        kiln.MedusaStrategy(model, HEAD_PATH, max_draft=-1)
+    assert e.value.status == Status.INVALID_ARGUMENT and "max_draft" in e.value.message
+
+
 def test_submit_poll_step_matches_blocking(cache):
     with chat_session(cache) as ref:
         expected = ref.generate(MAX)
@@ -402,7 +430,7 @@ def test_struct_layouts_match_the_header():
         "ModelParams": 56, "ModelInfo": 88, "CacheParams": 40, "CacheStats": 80,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
-        "NgramParams": 40, "DraftParams": 32, "SpecMetrics": 56,
+        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "SpecMetrics": 56,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
 

@@ -3,14 +3,18 @@
 
 usage: run_test.py KILN_CHAT
 
-Drives the app through its --script mode (the actions its buttons take): ask, take a screenshot
-once the answer is shown, switch to the n-gram strategy and ask again, branch from the first
-answer and ask something else, save the branch, open it as a new conversation and ask once more,
-then load the model again from the model picker (a fresh chat) and send and stop at once. Checks that every answer is non-empty and equal, text for text, to
-what the blocking C API gives for the same conversation in a fresh session (kiln-chat
---reference; greedy, so exact), that the reopened conversation holds the saved messages, that the
-stopped request ended cancelled, and that the screenshot is a real rendered frame. Exit 77
-(skipped) without the model or Xvfb.
+Drives the app through its --script mode (the actions its buttons take): wait for the first
+model load (on its own thread, frames rendering meanwhile), ask, take a screenshot once the answer
+is shown, switch to the n-gram strategy and ask again, branch from the first answer and ask
+something else, save the branch, open it as a new conversation and ask once more, switch it to the
+trained Medusa head and ask again, then load a missing model from the model picker (the error
+names the file), start a load and cancel it, load the model again (a fresh chat), send and stop at
+once, and quit while one more load is in flight. Checks that every answer is non-empty and equal,
+text for text, to what the blocking C API gives for the same conversation in a fresh session
+(kiln-chat --reference; greedy, so exact: the n-gram and Medusa answers too), that frames were
+rendered while the first load ran, that the Medusa answer drafted tokens, that the reopened
+conversation holds the saved messages, that the stopped request ended cancelled, and that the
+screenshot is a real rendered frame. Exit 77 (skipped) without the model or Xvfb.
 """
 import os
 import re
@@ -22,10 +26,13 @@ import tempfile
 import time
 
 MODEL = os.path.expanduser("~/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf")
+HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models",
+                    "SmolLM2-135M-Instruct.medusa.gguf")
 MAX_TOKENS = 12
 WIDTH, HEIGHT = 1000, 680
 
 SCRIPT = """\
+wait-load
 type What is the capital of France?
 send
 wait
@@ -44,11 +51,22 @@ print
 type And a small one?
 send
 wait
+strategy medusa
+type Which one is longer?
+send
+wait
+model {missing}
+wait-load
 model {model}
+cancel-load
+wait-load
+model {model}
+wait-load
 type Write a long poem about the sea.
 send
 stop
 wait
+model {model}
 quit
 """
 
@@ -101,7 +119,8 @@ def main():
         shot = os.path.join(tmp, "shot.bmp")
         script = os.path.join(tmp, "script.txt")
         with open(script, "w") as f:
-            f.write(SCRIPT.format(shot=shot, model=MODEL))
+            missing = os.path.join(tmp, "missing.gguf")
+            f.write(SCRIPT.format(shot=shot, model=MODEL, missing=missing))
         common = ["--model", MODEL, "--max-tokens", str(MAX_TOKENS), "--threads", "2"]
         # Under ASan (scripts/test.sh's sanitizer stage) the window's run leaves leak detection
         # off: D-Bus (through SDL) and Mesa's GL driver leave allocations at exit that LeakSanitizer
@@ -112,18 +131,39 @@ def main():
             filter(None, [os.environ.get("ASAN_OPTIONS"), "detect_leaks=0"]))
         app = run([xvfb_run, "-a", "-s", f"-screen 0 {WIDTH + 24}x{HEIGHT + 88}x24", chat,
                    "--script", script, "--save-dir", os.path.join(tmp, "saves"),
-                   "--size", f"{WIDTH}x{HEIGHT}"] + common, env=window_env)
+                   "--size", f"{WIDTH}x{HEIGHT}", "--medusa", HEAD] + common, env=window_env)
         if app.returncode != 0:
             failures.append(f"kiln-chat exited with {app.returncode}")
         check_screenshot(shot, failures)
 
+        # Loads in script order: the first one, the missing file, the cancelled one (it may have
+        # ended before the cancel came), the one the last answers use; the load in flight at
+        # `quit` never ends.
+        loads = re.findall(r"--- load status=(\w+) frames=(\d+) progress_calls=(\d+) "
+                           r"seconds=([\d.]+) medusa=(\w+)", app.stdout)
+        print("loads:", loads)
+        if [status for status, *_ in loads] not in (
+                ["KILN_OK", "KILN_ERR_IO", "KILN_ERR_CANCELLED", "KILN_OK"],
+                ["KILN_OK", "KILN_ERR_IO", "KILN_OK", "KILN_OK"]):
+            failures.append(f"unexpected load outcomes {loads}")
+        else:
+            # The first load starts with the window up; loaded on the UI thread, it would be
+            # over before the next frame.
+            if int(loads[0][1]) < 1:
+                failures.append("no frame was rendered while the first model loaded")
+            if int(loads[0][2]) < 3 or loads[0][4] != "ok":
+                failures.append(f"the first load reported no progress or no fitting Medusa head: "
+                                f"{loads[0]}")
+        if f"--- load error: load {missing}: KILN_ERR_IO" not in app.stdout:
+            failures.append("the missing model's error does not name the file")
+
         # Blocks printed when an answer ends, in script order; the `print` after `open` is the
         # fourth one, and the stopped answer (a block only when it stopped after its prompt)
-        # the sixth: it cannot be reproduced, it ended when the stop came.
+        # the seventh: it cannot be reproduced, it ended when the stop came.
         found = blocks(app.stdout)
-        answers = found[:3] + found[4:5]
-        if len(found) not in (5, 6):
-            failures.append(f"expected 5 or 6 transcript blocks (answers and a print), got "
+        answers = found[:3] + found[4:6]
+        if len(found) not in (6, 7):
+            failures.append(f"expected 6 or 7 transcript blocks (answers and a print), got "
                             f"{len(found)}")
         else:
             branch_title, branch_lines = found[2]
@@ -137,11 +177,14 @@ def main():
         for title, lines in answers:
             if not lines or not lines[-1].startswith("assistant: ") or lines[-1] == "assistant: ":
                 failures.append(f"an empty answer in '{title}'")
-        stats = re.findall(r"--- stats stop=(\w+) tokens=(\d+) tokens_per_s=([\d.]+)", app.stdout)
-        # An answer whose tokens all arrive in one frame has no measured speed; not all four can.
-        if not any(int(n) > 1 and float(speed) > 0 for _, n, speed in stats[:4]):
+        stats = re.findall(r"--- stats stop=(\w+) tokens=(\d+) tokens_per_s=([\d.]+) drafted=(\d+)",
+                           app.stdout)
+        # An answer whose tokens all arrive in one frame has no measured speed; not all five can.
+        if not any(int(n) > 1 and float(speed) > 0 for _, n, speed, _ in stats[:5]):
             failures.append("no answer reported its tokens/s")
-        stopped = stats[4:] or re.findall(r"--- stopped before the answer: (\w+)", app.stdout)
+        if len(stats) < 5 or int(stats[4][3]) <= 0:
+            failures.append(f"the Medusa answer drafted nothing: {stats[4:5]}")
+        stopped = stats[5:] or re.findall(r"--- stopped before the answer: (\w+)", app.stdout)
         if len(stopped) != 1 or (stopped[0] != "KILN_ERR_CANCELLED" and
                                  stopped[0][0] != "cancelled"):
             failures.append(f"the stopped request did not end cancelled: {stopped}")
@@ -159,10 +202,20 @@ def main():
                             "conversations")
 
         # Bad input: a missing model ends a scripted run with a message naming the file.
-        missing = os.path.join(tmp, "missing.gguf")
-        bad = run([chat, "--model", missing, "--script", script])
+        with open(script, "w") as f:
+            f.write("type Hello\nsend\n")
+        bad = run([xvfb_run, "-a", chat, "--model", missing, "--script", script], env=window_env)
         if bad.returncode != 1 or missing not in bad.stderr:
             failures.append("a missing model did not fail with a message naming the file")
+        # A head that does not fit the model (here the model itself: not a head at all) is not
+        # offered; asking for it fails with kiln's reason.
+        with open(script, "w") as f:
+            f.write("strategy medusa\n")
+        unfit = run([xvfb_run, "-a", chat, "--model", MODEL, "--medusa", MODEL, "--script", script],
+                    env=window_env)
+        if (unfit.returncode != 1 or "medusa=unfit" not in unfit.stdout or
+                "not a medusa head" not in unfit.stderr):
+            failures.append("a head that does not fit the model was not refused with kiln's reason")
 
     for failure in failures:
         print("FAIL:", failure)

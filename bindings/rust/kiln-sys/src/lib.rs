@@ -296,6 +296,14 @@ pub struct kiln_draft_params {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
+pub struct kiln_medusa_params {
+    pub struct_size: u32,
+    pub max_draft: i32,
+    pub n_threads: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct kiln_spec_metrics {
     pub struct_size: u32,
     pub steps: i64,
@@ -492,6 +500,13 @@ extern "C" {
         params: *const kiln_draft_params,
         out_strategy: *mut *mut kiln_strategy,
     ) -> kiln_status;
+    pub fn kiln_medusa_params_init(params: *mut kiln_medusa_params, struct_size: usize) -> kiln_status;
+    pub fn kiln_strategy_create_medusa(
+        target: *const kiln_model,
+        head_path: *const c_char,
+        params: *const kiln_medusa_params,
+        out_strategy: *mut *mut kiln_strategy,
+    ) -> kiln_status;
     pub fn kiln_strategy_destroy(strategy: *mut kiln_strategy);
     pub fn kiln_session_set_strategy(session: *mut kiln_session, strategy: *mut kiln_strategy)
         -> kiln_status;
@@ -533,6 +548,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<kiln_state_params>(), 12);
         assert_eq!(core::mem::size_of::<kiln_ngram_params>(), 40);
         assert_eq!(core::mem::size_of::<kiln_draft_params>(), 32);
+        assert_eq!(core::mem::size_of::<kiln_medusa_params>(), 12);
         assert_eq!(core::mem::size_of::<kiln_spec_metrics>(), 56);
     }
 }

@@ -857,6 +857,22 @@ impl Default for DraftOptions {
     }
 }
 
+/// kiln_medusa_params; `Default` is kiln's defaults.
+#[derive(Debug, Clone)]
+pub struct MedusaOptions {
+    /// Most tree nodes verified per step (the head file's tree, cut); 0: the whole tree.
+    pub max_draft: i32,
+    /// Threads of the heads' LM-head matmul; <= 0: physical cores.
+    pub n_threads: i32,
+}
+
+impl Default for MedusaOptions {
+    fn default() -> Self {
+        let p = init_params::<sys::kiln_medusa_params>(sys::kiln_medusa_params_init);
+        MedusaOptions { max_draft: p.max_draft, n_threads: p.n_threads }
+    }
+}
+
 /// A speculative-decoding strategy. It serves one session at a time: [`Session::set_strategy`]
 /// moves it into the session, which gives it back when replaced.
 pub struct Strategy {
@@ -895,6 +911,21 @@ impl Strategy {
         p.fixed_pass_cost_beta = options.fixed_pass_cost_beta;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_strategy_create_draft(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
+        Ok(Strategy { ptr: raw, _target: Some(target.clone()) })
+    }
+
+    /// Trained Medusa heads for `target` from the head file `head_path` (tools/train/ makes them;
+    /// the repository's models/ holds one for the default model). A head trained for another
+    /// model, or a file that is not a head, fails with `Status::InvalidArgument` saying what
+    /// differs; a missing file with `Status::Io`.
+    pub fn medusa(target: &Model, head_path: impl AsRef<Path>, options: &MedusaOptions) -> Result<Strategy> {
+        let path = c_path(head_path.as_ref())?;
+        let mut p = init_params::<sys::kiln_medusa_params>(sys::kiln_medusa_params_init);
+        p.max_draft = options.max_draft;
+        p.n_threads = options.n_threads;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::kiln_strategy_create_medusa(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
+        // The heads share the target's output matrix: the strategy keeps the model alive.
         Ok(Strategy { ptr: raw, _target: Some(target.clone()) })
     }
 }

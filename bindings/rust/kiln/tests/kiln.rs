@@ -368,6 +368,36 @@ fn draft_strategy() {
 }
 
 #[test]
+fn medusa_strategy() {
+    // The repository's trained head for the default model: greedy output is plain decoding's.
+    let head =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../models/SmolLM2-135M-Instruct.medusa.gguf");
+    let expected = chat_session().generate(&max(MAX)).unwrap().tokens;
+    let options = kiln::MedusaOptions { n_threads: 1, ..Default::default() };
+    let medusa = Strategy::medusa(model(), &head, &options).unwrap();
+    let mut s = chat_session();
+    s.set_strategy(Some(medusa)).unwrap();
+    assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
+    let m = s.spec_metrics().unwrap();
+    assert!(m.steps > 0 && m.drafted > 0 && m.accepted <= m.drafted, "{m:?}");
+    assert!((m.mean_accepted_per_step - m.accepted as f64 / m.steps as f64).abs() < 1e-9, "{m:?}");
+    assert!(m.target_passes_per_token > 0.0 && m.target_passes_per_token <= 1.0, "{m:?}");
+
+    // A model is not a head trained for it; a missing file names itself.
+    let e = Strategy::medusa(model(), model_path(), &options).err().unwrap();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("not a medusa head"), "{e}");
+    let missing = "/nonexistent/missing.medusa.gguf";
+    let e = Strategy::medusa(model(), missing, &options).err().unwrap();
+    assert_eq!(e.status(), Status::Io);
+    assert!(e.message().contains(missing), "{e}");
+    let e =
+        Strategy::medusa(model(), &head, &kiln::MedusaOptions { max_draft: -1, ..options }).err().unwrap();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("max_draft"), "{e}");
+}
+
+#[test]
 fn submit_poll_step_matches_blocking() {
     let expected = chat_session().generate(&max(MAX)).unwrap();
     let cache = cache();
