@@ -374,7 +374,8 @@ TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
   Engine& engine = *tiny_engine_;
   const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
   EagleParams eagle_params;
-  eagle_params.tree_tokens = 7;
+  eagle_params.tree_tokens = 7;  // the root's 4 best children and 3 grandchildren
+  eagle_params.top_k = 4;
   eagle_params.max_depth = 2;
   auto strategy =
       MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-identity.gguf", eagle_params);
@@ -441,6 +442,54 @@ TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
   EXPECT_LT(tv, bound);
   EXPECT_GT(accepted, 0);
   EXPECT_GT(rejected_at_root, 0);
+}
+
+// With tree_tokens 0 the tree's size follows the pass cost: free passes take every node worth
+// 2% more expected tokens, a pass that costs 100 one-token passes per extra token takes none. A
+// second proposal for the same context reuses the root's output and gives the same tree.
+TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
+  const Model& model = *tiny_;
+  const int64_t d = model.hparams().n_embd;
+  EagleParams params;
+  params.top_k = 4;
+  params.max_depth = 3;
+  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-budget.gguf", params);
+  ASSERT_NE(strategy, nullptr);
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const SeqId seq =
+      tiny_engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 1;
+  request.on_logits = [](int32_t, const float*) {};
+  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+  ASSERT_TRUE(tiny_engine_->Prefill(request).ok());
+  tiny_engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+
+  PassCostModel free_passes, dear_passes;
+  free_passes.Pin(0.0);
+  dear_passes.Pin(100.0);
+  DraftTree cheap, again, dear;
+  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &cheap).ok());
+  EXPECT_EQ(strategy->last_candidates(), 4 + 16 + 16);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &again).ok());
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &dear_passes}, &dear).ok());
+  EXPECT_GT(cheap.size(), 1);
+  EXPECT_EQ(again.tokens, cheap.tokens);
+  EXPECT_EQ(again.parents, cheap.parents);
+  EXPECT_EQ(dear.size(), 0);
+  // Nodes come parents first, and siblings are distinct tokens.
+  for (int32_t i = 0; i < cheap.size(); ++i) {
+    EXPECT_LT(cheap.parents[i], i);
+    for (int32_t j = 0; j < i; ++j) {
+      EXPECT_FALSE(cheap.parents[j] == cheap.parents[i] && cheap.tokens[j] == cheap.tokens[i]);
+    }
+  }
+  std::printf("tree with free passes: %d nodes\n", cheap.size());
 }
 
 }  // namespace
