@@ -19,7 +19,9 @@
 //              [--draft-max K] [--ngram-max K] [--ngram-min N] [--prompts N (per set, at most 4)]
 //              [--temp T (only this temperature)] [--set chat|copy (only this set)]
 //              [--medusa HEAD.gguf (adds the Medusa strategy with this head file)]
-//              [--only-medusa (plain and medusa only)]
+//              [--eagle HEAD.gguf (adds the EAGLE strategy with this head file; its tree size
+//              chosen per step from the measured pass cost)]
+//              [--only-medusa (plain and the head strategies, medusa and eagle, only)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +33,7 @@
 #include "lib/model/model.h"
 #include "lib/session/session.h"
 #include "lib/spec/draft_model_strategy.h"
+#include "lib/spec/eagle_strategy.h"
 #include "lib/spec/make_draft.h"
 #include "lib/spec/medusa_strategy.h"
 #include "lib/spec/ngram_strategy.h"
@@ -95,7 +98,7 @@ int main(int argc, char** argv) {
       n_prompts = 4, ngram_min = NgramParams().min_ngram;
   std::vector<float> temps = {0.0f, 0.8f};
   std::vector<int> sets = {0, 1};  // chat, copy
-  std::string medusa_path;
+  std::string medusa_path, eagle_path;
   bool only_medusa = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
           "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
           "                  [--ngram-min N (shortest suffix, 1)]\n"
           "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
-          "                  [--medusa HEAD.gguf] [--only-medusa]\n"
+          "                  [--medusa HEAD.gguf] [--eagle HEAD.gguf] [--only-medusa]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
@@ -138,6 +141,8 @@ int main(int argc, char** argv) {
       ngram_min = std::atoi(v);
     else if (a == "--medusa")
       medusa_path = v;
+    else if (a == "--eagle")
+      eagle_path = v;
     else if (a == "--prompts")
       n_prompts = std::atoi(v);
     else if (a == "--temp")
@@ -210,6 +215,18 @@ int main(int argc, char** argv) {
     }
     medusa = std::move(*loaded);
     strategies.push_back({"medusa", medusa.get()});
+  }
+  std::unique_ptr<EagleStrategy> eagle;
+  if (!eagle_path.empty()) {
+    EagleParams ep;
+    ep.n_threads = threads;
+    auto loaded = EagleStrategy::Load(eagle_path, **model, ep);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "eagle: %s\n", std::string(loaded.status().message()).c_str());
+      return 1;
+    }
+    eagle = std::move(*loaded);
+    strategies.push_back({"eagle", eagle.get()});
   }
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",

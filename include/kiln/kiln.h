@@ -860,6 +860,32 @@ KILN_API kiln_status kiln_strategy_create_medusa(const kiln_model* target, const
                                                  const kiln_medusa_params* params,
                                                  kiln_strategy** out_strategy);
 
+/* EAGLE heads (added in 0.2.0 after the ABI 1 baseline: new struct and functions only). */
+typedef struct kiln_eagle_params {
+  uint32_t struct_size; /* set by kiln_eagle_params_init */
+  int32_t top_k;        /* children per expanded node and nodes expanded per depth; default 8,
+                         * 1..64 */
+  int32_t max_depth;    /* deepest draft node; default 5, 1..16 */
+  int32_t tree_tokens;  /* nodes verified per step; 0 (default): chosen each step from the
+                         * drafts' path probabilities and the measured pass cost */
+  int32_t n_threads;    /* threads of the head's matmuls; default 1; <= 0: physical cores */
+} kiln_eagle_params;
+
+/* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
+KILN_API kiln_status kiln_eagle_params_init(kiln_eagle_params* params, size_t struct_size);
+
+/* An EAGLE head for `target` from the head file `head_path` (GGUF, architecture "eagle";
+ * docs/speculative.md lists its keys and tensors): one decoder layer over the target's features
+ * with its own K/V cache, drafting EAGLE-2 dynamic trees, verified exactly (greedy output
+ * identical to plain decoding, sampling distributed as plain sampling). Statuses:
+ * KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too small, a bad field, a head trained for
+ * another model: the message names what differs, or a file that is not an eagle head),
+ * KILN_ERR_FORMAT (a malformed head file: the message names the key or tensor), KILN_ERR_IO,
+ * KILN_ERR_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_strategy_create_eagle(const kiln_model* target, const char* head_path,
+                                                const kiln_eagle_params* params,
+                                                kiln_strategy** out_strategy);
+
 /* NULL is a no-op. Must not be attached to a live session. */
 KILN_API void kiln_strategy_destroy(kiln_strategy* strategy);
 

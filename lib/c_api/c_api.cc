@@ -22,6 +22,7 @@
 #include "lib/model/model.h"
 #include "lib/quant/quant.h"
 #include "lib/spec/draft_model_strategy.h"
+#include "lib/spec/eagle_strategy.h"
 #include "lib/spec/medusa_strategy.h"
 #include "lib/spec/ngram_strategy.h"
 #include "lib/tokenizer/chat_template.h"
@@ -192,6 +193,17 @@ kiln_medusa_params Defaults() {
   kiln_medusa_params p = VersionedStruct<kiln_medusa_params>::Zeroed();
   const kiln::spec::MedusaParams d;
   p.max_draft = d.max_draft;
+  p.n_threads = d.n_threads;
+  return p;
+}
+
+template <>
+kiln_eagle_params Defaults() {
+  kiln_eagle_params p = VersionedStruct<kiln_eagle_params>::Zeroed();
+  const kiln::spec::EagleParams d;
+  p.top_k = d.top_k;
+  p.max_depth = d.max_depth;
+  p.tree_tokens = d.tree_tokens;
   p.n_threads = d.n_threads;
   return p;
 }
@@ -1282,6 +1294,40 @@ kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* he
     if (!s.ok()) {
       return FromAbsl(absl::Status(
           s.status().code(), kiln::StrCat("kiln_strategy_create_medusa: ", s.status().message())));
+    }
+    auto handle = std::make_unique<kiln_strategy>();
+    handle->strategy = std::move(*s);
+    *out_strategy = handle.release();
+    return KILN_OK;
+  });
+}
+
+kiln_status kiln_eagle_params_init(kiln_eagle_params* params, size_t struct_size) {
+  return InitParams("kiln_eagle_params_init", params, struct_size);
+}
+
+kiln_status kiln_strategy_create_eagle(const kiln_model* target, const char* head_path,
+                                       const kiln_eagle_params* caller_params,
+                                       kiln_strategy** out_strategy) {
+  return Guard("kiln_strategy_create_eagle", [&]() -> kiln_status {
+    if (target == nullptr || head_path == nullptr || caller_params == nullptr ||
+        out_strategy == nullptr) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  "kiln_strategy_create_eagle: target, head_path, params and out_strategy are "
+                  "required");
+    }
+    kiln_eagle_params read;
+    const kiln_status status = ReadParams("kiln_strategy_create_eagle", caller_params, &read);
+    if (status != KILN_OK) return status;
+    kiln::spec::EagleParams p;
+    p.top_k = read.top_k;
+    p.max_depth = read.max_depth;
+    p.tree_tokens = read.tree_tokens;
+    p.n_threads = read.n_threads;
+    auto s = kiln::spec::EagleStrategy::Load(head_path, *target->model, p);
+    if (!s.ok()) {
+      return FromAbsl(absl::Status(
+          s.status().code(), kiln::StrCat("kiln_strategy_create_eagle: ", s.status().message())));
     }
     auto handle = std::make_unique<kiln_strategy>();
     handle->strategy = std::move(*s);

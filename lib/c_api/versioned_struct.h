@@ -101,6 +101,12 @@ struct StructReleases<kiln_medusa_params> {
   static constexpr std::array kEnds = {KILN_FIELD_END(kiln_medusa_params, n_threads)};  // 0.2
 };
 template <>
+struct StructReleases<kiln_eagle_params> {
+  static constexpr const char* kName = "kiln_eagle_params";
+  static constexpr const char* kInit = "kiln_eagle_params_init";
+  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_eagle_params, n_threads)};  // 0.2
+};
+template <>
 struct StructReleases<kiln_spec_metrics> {
   static constexpr const char* kName = "kiln_spec_metrics";
   static constexpr const char* kInit = nullptr;

@@ -237,6 +237,23 @@ static void test_model(const char* path) {
   CHECK(medusa == NULL);
   mp.max_draft = -1;
   CHECK(kiln_strategy_create_medusa(model, path, &mp, &medusa) == KILN_ERR_INVALID_ARGUMENT);
+
+  /* EAGLE heads: defaults, a missing file, a file that is not a head, bad fields. */
+  kiln_eagle_params ep;
+  CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
+  CHECK(ep.struct_size == sizeof ep && ep.top_k == 8 && ep.max_depth == 5 && ep.tree_tokens == 0 &&
+        ep.n_threads == 1);
+  CHECK(kiln_eagle_params_init(&ep, 2) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
+  kiln_strategy* eagle = NULL;
+  CHECK(kiln_strategy_create_eagle(model, "/nonexistent/head.gguf", &ep, &eagle) == KILN_ERR_IO);
+  CHECK(kiln_strategy_create_eagle(model, path, &ep, &eagle) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "not an eagle head") != NULL);
+  CHECK(kiln_strategy_create_eagle(model, path, NULL, &eagle) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(eagle == NULL);
+  ep.top_k = 0;
+  CHECK(kiln_strategy_create_eagle(model, path, &ep, &eagle) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(eagle == NULL);
   kiln_model_destroy(model);
 }
 

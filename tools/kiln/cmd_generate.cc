@@ -1,6 +1,6 @@
 // kiln generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //               [--seed S] [--threads N] [--ctx N] [--raw] [--quiet]
-//               [--strategy none|ngram|draft:PATH|medusa:PATH] [--draft-max K]
+//               [--strategy none|ngram|draft:PATH|medusa:PATH|eagle:PATH] [--draft-max K]
 //               [--load-state FILE] [--save-state FILE]
 // Streams the continuation to stdout; statistics go to stderr. --load-state continues a saved
 // session with its sampler settings and random state (the sampling flags do not apply then; the
@@ -27,9 +27,11 @@ void GenerateUsage() {
                "  -q, --quiet         stdout carries only the generated text\n"
                "  --strategy S        speculative decoding: none (default), ngram (prompt\n"
                "                      lookup), draft:PATH (a draft GGUF, see kiln-mkdraft)\n"
-               "                      or medusa:PATH (Medusa heads, see tools/train/)\n"
+               "                      medusa:PATH (Medusa heads, see tools/train/) or\n"
+               "                      eagle:PATH (an EAGLE head, docs/speculative.md)\n"
                "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5,\n"
-               "                      medusa: the head file's whole tree)\n"
+               "                      medusa: the head file's whole tree, eagle: chosen per\n"
+               "                      step from the measured pass cost)\n"
                "  --load-state FILE   continue a saved session, with its sampler settings and\n"
                "                      random state (-p then adds the next turn)\n"
                "  --save-state FILE   save the session after generating\n%s",
@@ -62,8 +64,10 @@ int RunGenerate(const std::vector<std::string>& args) {
     } else if (a == "--strategy") {
       if (!TakeFlagValue(args, &i, &strategy_name)) return 2;
       if (strategy_name != "none" && strategy_name != "ngram" &&
-          strategy_name.rfind("draft:", 0) != 0 && strategy_name.rfind("medusa:", 0) != 0) {
-        BadFlagValue(a, strategy_name, "must be none, ngram, draft:PATH or medusa:PATH");
+          strategy_name.rfind("draft:", 0) != 0 && strategy_name.rfind("medusa:", 0) != 0 &&
+          strategy_name.rfind("eagle:", 0) != 0) {
+        BadFlagValue(a, strategy_name,
+                     "must be none, ngram, draft:PATH, medusa:PATH or eagle:PATH");
         return 2;
       }
     } else if (a == "--draft-max") {
@@ -136,6 +140,12 @@ int RunGenerate(const std::vector<std::string>& args) {
       kiln_medusa_params_init(&mp, sizeof mp);
       if (draft_max > 0) mp.max_draft = static_cast<int32_t>(draft_max);
       s = kiln_strategy_create_medusa(model, strategy_name.c_str() + 7, &mp, &strategy);
+    } else if (strategy_name.rfind("eagle:", 0) == 0) {
+      kiln_eagle_params ep;
+      kiln_eagle_params_init(&ep, sizeof ep);
+      if (draft_max > 0) ep.tree_tokens = static_cast<int32_t>(draft_max);
+      ep.n_threads = flags.threads;
+      s = kiln_strategy_create_eagle(model, strategy_name.c_str() + 6, &ep, &strategy);
     }
     if (s != KILN_OK) {
       ReportError("creating the strategy", s);

@@ -1,0 +1,551 @@
+#include "lib/spec/eagle_strategy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/backend/cpu/cpu_backend.h"
+#include "lib/common/strings.h"
+#include "lib/gguf/gguf_writer.h"
+
+namespace kiln::spec {
+namespace {
+
+constexpr std::string_view kArch = "eagle";
+
+template <typename T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+// Binds tensor `name` with ggml ne `ne` ({n_in, n_out} for a matrix, {n} for a vector). Vectors
+// must be f32; matrices any type the GGUF reader knows (the backend's matmul reports the rest).
+absl::StatusOr<WeightView> Bind(const gguf::GgufFile& file, const std::string& path,
+                                std::string_view name, std::vector<uint64_t> ne) {
+  const gguf::TensorInfo* t = file.FindTensor(name);
+  if (t == nullptr) {
+    return absl::DataLossError(kiln::StrCat(path, ": eagle head: tensor ", name, " missing"));
+  }
+  if (t->ne != ne) {
+    return absl::DataLossError(kiln::StrCat(path, ": eagle head: tensor ", name, " has shape [",
+                                            absl::StrJoin(t->ne, ", "), "], expected [",
+                                            absl::StrJoin(ne, ", "), "]"));
+  }
+  const bool vector = ne.size() == 1;
+  if (vector && t->type != static_cast<uint32_t>(GgmlType::kF32)) {
+    return absl::DataLossError(kiln::StrCat(path, ": eagle head: tensor ", name, " has type ",
+                                            t->type, " (vectors are f32)"));
+  }
+  if (!GgmlTypeInfoOf(t->type).has_value()) {
+    return absl::DataLossError(
+        kiln::StrCat(path, ": eagle head: tensor ", name, " has unknown type ", t->type));
+  }
+  if (t->type == static_cast<uint32_t>(GgmlType::kF32)) {
+    const float* f = reinterpret_cast<const float*>(t->data);
+    for (uint64_t i = 0; i < t->n_elements; ++i) {
+      if (!std::isfinite(f[i])) {
+        return absl::DataLossError(
+            kiln::StrCat(path, ": eagle head: tensor ", name, " is not finite at ", i));
+      }
+    }
+  }
+  WeightView w;
+  w.type = static_cast<GgmlType>(t->type);
+  w.data = t->data;
+  w.n_in = static_cast<int64_t>(ne[0]);
+  w.n_out = vector ? 1 : static_cast<int64_t>(ne[1]);
+  w.name = t->name;
+  return w;
+}
+
+absl::Status AddF32(gguf::GgufWriter& w, std::string_view name, std::vector<uint64_t> ne,
+                    const std::vector<float>& data) {
+  return w.AddTensor(
+      name, static_cast<uint32_t>(GgmlType::kF32), std::move(ne),
+      std::span(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float)));
+}
+
+// Appends the k best tokens of row (highest first, ties to the lower id) to *top (cleared).
+void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {
+  top->clear();
+  for (int32_t v = 0; v < static_cast<int32_t>(row.size()); ++v) {
+    const float x = row[v];
+    if (static_cast<int32_t>(top->size()) == k && !(x > row[top->back()])) continue;
+    auto at = std::upper_bound(top->begin(), top->end(), x,
+                               [&](float value, int32_t t) { return value > row[t]; });
+    top->insert(at, v);
+    if (static_cast<int32_t>(top->size()) > k) top->pop_back();
+  }
+}
+
+// log(sum(exp(row))), stable.
+float LogSumExp(std::span<const float> row) {
+  float m = -INFINITY;
+  for (float x : row) m = std::max(m, x);
+  double s = 0.0;
+  for (float x : row) s += std::exp(static_cast<double>(x - m));
+  return m + static_cast<float>(std::log(s));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path,
+                                                         const Model& target) {
+  auto head = std::make_unique<EagleHead>();
+  KILN_ASSIGN_OR_RETURN(head->file, gguf::GgufFile::Open(path));
+  const gguf::GgufFile& file = *head->file;
+  absl::StatusOr<std::string_view> arch = file.GetString("general.architecture");
+  if (!arch.ok() || *arch != kArch) {
+    return absl::InvalidArgumentError(
+        kiln::StrCat(path, ": not an eagle head file (general.architecture is '",
+                     arch.ok() ? *arch : "absent", "', expected 'eagle')"));
+  }
+  KILN_ASSIGN_OR_RETURN(head->target, ReadTargetFingerprint(file, kArch));
+  KILN_ASSIGN_OR_RETURN(const TargetFingerprint model_fp, FingerprintOf(target));
+  KILN_RETURN_IF_ERROR(CheckTarget(head->target, model_fp, kArch, path));
+  const ModelHparams& hp = target.hparams();
+  if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 || hp.n_ff <= 0 ||
+      hp.n_head % hp.n_head_kv != 0) {
+    return absl::InvalidArgumentError(kiln::StrCat(
+        path, ": eagle heads need a target with GQA attention and a feed-forward (", hp.arch,
+        " has n_head ", hp.n_head, ", n_head_kv ", hp.n_head_kv, ", n_ff ", hp.n_ff, ")"));
+  }
+  // The layer's shapes are the target's: each key must say so.
+  const std::pair<const char*, int64_t> shapes[] = {{"eagle.embedding_length", hp.n_embd},
+                                                    {"eagle.attention.head_count", hp.n_head},
+                                                    {"eagle.attention.head_count_kv", hp.n_head_kv},
+                                                    {"eagle.attention.key_length", hp.head_dim},
+                                                    {"eagle.feed_forward_length", hp.n_ff}};
+  for (const auto& [key, want] : shapes) {
+    absl::StatusOr<uint64_t> v = file.GetUint(key);
+    if (!v.ok()) {
+      return absl::DataLossError(
+          kiln::StrCat(path, ": eagle head: key ", key, ": ", v.status().message()));
+    }
+    if (*v != static_cast<uint64_t>(want)) {
+      return absl::DataLossError(
+          kiln::StrCat(path, ": eagle head: ", key, " is ", *v, ", the target's is ", want));
+    }
+  }
+  head->n_embd = hp.n_embd;
+  head->n_head = hp.n_head;
+  head->n_head_kv = hp.n_head_kv;
+  head->head_dim = hp.head_dim;
+  head->n_ff = hp.n_ff;
+  head->rms_eps = hp.rms_eps;  // the target's: the layer is one of its shape
+  const uint64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
+                 kv_dim = hp.n_head_kv * hp.head_dim, ff = hp.n_ff;
+  KILN_ASSIGN_OR_RETURN(head->fc, Bind(file, path, "eagle.fc.weight", {2 * d, d}));
+  KILN_ASSIGN_OR_RETURN(head->fc_bias, Bind(file, path, "eagle.fc.bias", {d}));
+  KILN_ASSIGN_OR_RETURN(head->attn_norm, Bind(file, path, "eagle.attn_norm.weight", {d}));
+  KILN_ASSIGN_OR_RETURN(head->wq, Bind(file, path, "eagle.attn_q.weight", {d, q_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wk, Bind(file, path, "eagle.attn_k.weight", {d, kv_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wv, Bind(file, path, "eagle.attn_v.weight", {d, kv_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wo, Bind(file, path, "eagle.attn_output.weight", {q_dim, d}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_norm, Bind(file, path, "eagle.ffn_norm.weight", {d}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_gate, Bind(file, path, "eagle.ffn_gate.weight", {d, ff}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_up, Bind(file, path, "eagle.ffn_up.weight", {d, ff}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_down, Bind(file, path, "eagle.ffn_down.weight", {ff, d}));
+  return head;
+}
+
+absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
+                                   const std::string& path) {
+  const ModelHparams& hp = target.hparams();
+  const uint64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
+                 kv_dim = hp.n_head_kv * hp.head_dim, ff = hp.n_ff;
+  KILN_ASSIGN_OR_RETURN(const TargetFingerprint fp, FingerprintOf(target));
+  gguf::GgufWriter w;
+  w.SetString("general.architecture", kArch);
+  WriteTargetFingerprint(fp, kArch, w);
+  w.SetUint32("eagle.embedding_length", static_cast<uint32_t>(d));
+  w.SetUint32("eagle.attention.head_count", static_cast<uint32_t>(hp.n_head));
+  w.SetUint32("eagle.attention.head_count_kv", static_cast<uint32_t>(hp.n_head_kv));
+  w.SetUint32("eagle.attention.key_length", static_cast<uint32_t>(hp.head_dim));
+  w.SetUint32("eagle.feed_forward_length", static_cast<uint32_t>(ff));
+
+  std::mt19937_64 gen(seed);
+  auto random = [&](uint64_t n_in, uint64_t n_out) {
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(n_in)));
+    std::vector<float> m(n_in * n_out);
+    for (float& x : m) x = normal(gen);
+    return m;
+  };
+  // fc rows: [embedding part (d) | feature part (d)] per output.
+  std::vector<float> fc(2 * d * d, 0.0f);
+  if (init == EagleHeadInit::kRandom) {
+    fc = random(2 * d, d);
+  } else {
+    for (uint64_t o = 0; o < d; ++o) {
+      fc[o * 2 * d + d + o] = 1.0f;                                     // feature
+      if (init == EagleHeadInit::kLastLayer) fc[o * 2 * d + o] = 1.0f;  // embedding
+    }
+  }
+  KILN_RETURN_IF_ERROR(AddF32(w, "eagle.fc.weight", {2 * d, d}, fc));
+  KILN_RETURN_IF_ERROR(AddF32(w, "eagle.fc.bias", {d}, std::vector<float>(d, 0.0f)));
+
+  struct Matrix {
+    const char* name;   // the head's tensor
+    const char* layer;  // the target layer's tensor it copies (kLastLayer)
+    uint64_t n_in, n_out;
+  };
+  const Matrix matrices[] = {
+      {"eagle.attn_q.weight", "attn_q.weight", d, q_dim},
+      {"eagle.attn_k.weight", "attn_k.weight", d, kv_dim},
+      {"eagle.attn_v.weight", "attn_v.weight", d, kv_dim},
+      {"eagle.attn_output.weight", "attn_output.weight", q_dim, d},
+      {"eagle.ffn_gate.weight", "ffn_gate.weight", d, ff},
+      {"eagle.ffn_up.weight", "ffn_up.weight", d, ff},
+      {"eagle.ffn_down.weight", "ffn_down.weight", ff, d},
+  };
+  const std::string last = kiln::StrCat("blk.", hp.n_layer - 1, ".");
+  for (const Matrix& m : matrices) {
+    if (init == EagleHeadInit::kLastLayer) {
+      const WeightView* t = target.Tensor(kiln::StrCat(last, m.layer));
+      if (t == nullptr || t->data == nullptr || t->n_in != static_cast<int64_t>(m.n_in) ||
+          t->n_out != static_cast<int64_t>(m.n_out)) {
+        return absl::InvalidArgumentError(kiln::StrCat("WriteDerivedEagleHead: the target has no ",
+                                                       last, m.layer, " of shape [", m.n_in, ", ",
+                                                       m.n_out, "] to copy"));
+      }
+      KILN_RETURN_IF_ERROR(
+          w.AddTensor(m.name, static_cast<uint32_t>(t->type), {m.n_in, m.n_out},
+                      std::span(static_cast<const uint8_t*>(t->data), t->row_bytes() * t->n_out)));
+      continue;
+    }
+    std::vector<float> data = random(m.n_in, m.n_out);
+    // The identity head's attention and feed-forward add nothing (their outputs are zero).
+    const bool output = std::string_view(m.layer) == "attn_output.weight" ||
+                        std::string_view(m.layer) == "ffn_down.weight";
+    if (init == EagleHeadInit::kIdentity && output) std::fill(data.begin(), data.end(), 0.0f);
+    KILN_RETURN_IF_ERROR(AddF32(w, m.name, {m.n_in, m.n_out}, data));
+  }
+  for (const char* norm : {"attn_norm.weight", "ffn_norm.weight"}) {
+    std::vector<float> ones(d, 1.0f);
+    if (init == EagleHeadInit::kLastLayer) {
+      const WeightView* t = target.Tensor(kiln::StrCat(last, norm));
+      if (t != nullptr && t->data != nullptr && t->type == GgmlType::kF32 &&
+          t->n_in == static_cast<int64_t>(d)) {
+        std::memcpy(ones.data(), t->data, d * sizeof(float));
+      }
+    }
+    KILN_RETURN_IF_ERROR(AddF32(w, kiln::StrCat("eagle.", norm), {d}, ones));
+  }
+  return w.WriteToFile(path);
+}
+
+EagleStrategy::EagleStrategy(std::shared_ptr<const EagleHead> head, const Model& target,
+                             const EagleParams& params, std::unique_ptr<KvCache> cache)
+    : head_(std::move(head)),
+      target_(&target),
+      params_(params),
+      backend_(std::make_unique<cpu::CpuBackend>(params.n_threads)),
+      cache_(std::move(cache)) {
+  seq_ = cache_->CreateSequence();
+}
+
+absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Load(const std::string& path,
+                                                                   const Model& target,
+                                                                   const EagleParams& params) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<EagleHead> head, LoadEagleHead(path, target));
+  return Create(std::shared_ptr<const EagleHead>(std::move(head)), target, params);
+}
+
+absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Create(
+    std::shared_ptr<const EagleHead> head, const Model& target, const EagleParams& params) {
+  if (params.top_k < 1 || params.top_k > 64 || params.max_depth < 1 || params.max_depth > 16 ||
+      params.tree_tokens < 0 || params.max_tree_tokens < 1 || params.n_ctx < 16) {
+    return absl::InvalidArgumentError(
+        kiln::StrCat("EagleParams: top_k ", params.top_k, " (1..64), max_depth ", params.max_depth,
+                     " (1..16), tree_tokens ", params.tree_tokens, " (>= 0), max_tree_tokens ",
+                     params.max_tree_tokens, " (>= 1), n_ctx ", params.n_ctx, " (>= 16)"));
+  }
+  if (head == nullptr || head->n_embd != target.hparams().n_embd) {
+    return absl::InvalidArgumentError("EagleStrategy: the head's hidden size is not the target's");
+  }
+  KILN_ASSIGN_OR_RETURN(KvLayout layout,
+                        KvLayout::Gqa(1, static_cast<int32_t>(head->n_head_kv),
+                                      static_cast<int32_t>(head->head_dim), GgmlType::kF32));
+  // Room for n_ctx committed entries plus the largest tree's expanded nodes.
+  const int32_t tree_nodes = params.top_k * params.max_depth;
+  KvCacheOptions options;
+  options.num_blocks = (params.n_ctx + tree_nodes) / layout.block_size() + 3;
+  options.enable_prefix_caching = false;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(layout, options));
+  return std::unique_ptr<EagleStrategy>(
+      new EagleStrategy(std::move(head), target, params, std::move(cache)));
+}
+
+void EagleStrategy::Reset() {
+  cache_->Truncate(seq_, 0).IgnoreError();
+  base_ = -1;
+  committed_ = 0;
+  committed_tokens_.clear();
+  pending_.clear();
+  root_context_len_ = -1;
+}
+
+int32_t EagleStrategy::head_cache_length() const { return cache_->Length(seq_).value_or(-1); }
+
+absl::StatusOr<std::unique_ptr<Strategy>> EagleStrategy::Clone() const {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<EagleStrategy> c, Create(head_, *target_, params_));
+  return std::unique_ptr<Strategy>(std::move(c));
+}
+
+void EagleStrategy::ObserveTargetFeatures(int32_t first_position, int32_t context_len,
+                                          std::span<const float> features, int64_t n_embd) {
+  const int64_t d = head_->n_embd;
+  if (n_embd != d || features.empty() || features.size() % d != 0) {
+    Reset();
+    return;
+  }
+  const int32_t rows = static_cast<int32_t>(features.size() / d);
+  const int32_t next = base_ + committed_ + static_cast<int32_t>(pending_.size() / d);
+  if (base_ < 0 || first_position != next || first_position + rows + 1 != context_len) {
+    Reset();  // not the continuation of what the head holds: start over from here
+    base_ = first_position;
+  }
+  pending_.insert(pending_.end(), features.begin(), features.end());
+}
+
+absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_from) {
+  const EagleHead& H = *head_;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t d = H.n_embd, hd = H.head_dim, q_dim = H.n_head * hd, kv_dim = H.n_head_kv * hd,
+                ff = H.n_ff;
+  const float eps = H.rms_eps;
+  Grow(in2_, n * 2 * d);
+  Grow(x_, n * d);
+  Grow(h_, n * d);
+  Grow(q_, n * q_dim);
+  Grow(k_, n * kv_dim);
+  Grow(v_, n * kv_dim);
+  Grow(attn_, n * q_dim);
+  Grow(proj_, n * d);
+  Grow(gate_, n * ff);
+  Grow(up_, n * ff);
+  Grow(g_, n * d);
+  ids_.resize(n);
+  positions_.resize(n);
+  n_visible_.resize(n);
+  slots_.resize(n);
+  seq_index_.assign(n, 0);
+  extra_indptr_.assign(1, 0);
+  extra_positions_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& r = rows[i];
+    ids_[i] = r.token;
+    positions_[i] = r.pos;
+    KILN_ASSIGN_OR_RETURN(slots_[i], cache_->SlotOf(seq_, r.cache_index));
+    if (r.tree_node < 0) {
+      n_visible_[i] = r.cache_index + 1;
+    } else {
+      // The committed entries, then the node's expanded ancestors and itself (increasing slots:
+      // an ancestor is expanded before its descendants).
+      n_visible_[i] = committed_;
+      const size_t at = extra_positions_.size();
+      for (int32_t a = r.tree_node; a >= 0; a = nodes_[a].parent) {
+        extra_positions_.push_back(nodes_[a].cache_index);
+      }
+      std::reverse(extra_positions_.begin() + static_cast<std::ptrdiff_t>(at),
+                   extra_positions_.end());
+    }
+    extra_indptr_.push_back(static_cast<int32_t>(extra_positions_.size()));
+  }
+  const SeqId seqs[1] = {seq_};
+  KILN_RETURN_IF_ERROR(cache_->BuildTables(seqs, &tables_));
+  // x = fc [embedding; feature] + b.                          in2: [n, 2 d]   x: [n, d]
+  KILN_RETURN_IF_ERROR(backend_->EmbeddingGather(target_->token_embd(), ids_, h_.data()));
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(in2_.data() + i * 2 * d, h_.data() + i * d, d * sizeof(float));
+    std::memcpy(in2_.data() + i * 2 * d + d, rows[i].feature, d * sizeof(float));
+  }
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.fc, in2_.data(), n, x_.data()));
+  backend_->AddRowBias(x_.data(), H.fc_bias.AsF32(), n, d);
+  // The decoder layer (llama block) over the head's own cache.
+  float* x = x_.data();
+  float* h = h_.data();
+  backend_->RmsNorm(x, H.attn_norm.AsF32(), n, d, eps, h);
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wq, h, n, q_.data()));
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wk, h, n, k_.data()));
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wv, h, n, v_.data()));
+  KILN_RETURN_IF_ERROR(
+      backend_->PrepareRope(target_->hparams().rope, static_cast<int32_t>(hd), positions_));
+  backend_->RotateRope(q_.data(), H.n_head);
+  backend_->RotateRope(k_.data(), H.n_head_kv);
+  KILN_RETURN_IF_ERROR(backend_->WriteKv(*cache_, 0, slots_, k_.data(), v_.data()));
+  AttentionMask mask;
+  mask.seq = seq_index_;
+  mask.tables = &tables_;
+  mask.n_visible = n_visible_;
+  mask.extra_indptr = extra_indptr_;
+  mask.extra_positions = extra_positions_;
+  KILN_RETURN_IF_ERROR(backend_->Attention(*cache_, 0, mask, q_.data(),
+                                           static_cast<int32_t>(H.n_head), attn_.data(), 0.0f));
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wo, attn_.data(), n, proj_.data()));
+  backend_->Add(x, proj_.data(), n * d, x);
+  backend_->RmsNorm(x, H.ffn_norm.AsF32(), n, d, eps, h);
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_gate, h, n, gate_.data()));
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_up, h, n, up_.data()));
+  backend_->SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_down, gate_.data(), n, proj_.data()));
+  backend_->Add(x, proj_.data(), n * d, g_.data());  // g: [n, d]
+  // Draft logits through the target's LM head (no norm: g is in the features' space).
+  const int64_t n_logits = n - logits_from;
+  const int64_t n_vocab = target_->hparams().n_vocab;
+  Grow(logits_, n_logits * n_vocab);
+  if (n_logits > 0) {
+    KILN_RETURN_IF_ERROR(
+        backend_->MatMul(target_->output(), g_.data() + logits_from * d, n_logits, logits_.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EagleStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
+                                    const ProposeContext& ctx, DraftTree* out) {
+  out->Clear();
+  absl::Status st = ProposeTree(context, max_draft, ctx, out);
+  // Whatever happened, the drafted entries leave the head's cache: it holds the committed ones.
+  if (cache_->Truncate(seq_, committed_).ok() && st.ok()) return absl::OkStatus();
+  out->Clear();
+  Reset();
+  // A head that cannot run (its cache full) makes the step plain decoding, not an error.
+  if (absl::IsResourceExhausted(st)) return absl::OkStatus();
+  return st;
+}
+
+absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_t max_draft,
+                                        const ProposeContext& ctx, DraftTree* out) {
+  const int64_t d = head_->n_embd;
+  const int64_t n_vocab = target_->hparams().n_vocab;
+  const int32_t len = static_cast<int32_t>(context.size());
+  const int32_t n_pending = static_cast<int32_t>(pending_.size() / d);
+  // A second proposal for the same context (a batched step planned again after its pass
+  // failed, or a caller that proposes twice) reuses the root's output.
+  const bool reuse =
+      n_pending == 0 && base_ >= 0 && root_context_len_ == len && base_ + committed_ == len - 1;
+  // The head must hold the context up to the root's feature (position len - 2).
+  if (!reuse && (base_ < 0 || n_pending == 0 || base_ + committed_ + n_pending != len - 1)) {
+    if (base_ >= 0 && base_ + committed_ + n_pending != len - 1) Reset();
+    return absl::OkStatus();
+  }
+  for (int32_t j = 0; j < committed_; ++j) {
+    if (committed_tokens_[j] != context[base_ + 1 + j]) {
+      Reset();  // the text changed under the head
+      return absl::OkStatus();
+    }
+  }
+  if (committed_ + n_pending + params_.top_k * params_.max_depth > params_.n_ctx) {
+    Reset();  // beyond the head's capacity: plain decoding from here
+    return absl::OkStatus();
+  }
+
+  // 1. The pending entries, causally; the last one's logits are the root children's.
+  std::vector<Row> rows;
+  std::vector<int32_t> ids;
+  if (!reuse) {
+    for (int32_t j = 0; j < n_pending; ++j) {
+      const int32_t pos = base_ + committed_ + j;
+      rows.push_back({context[pos + 1], pending_.data() + j * d, pos, committed_ + j, -1});
+      ids.push_back(context[pos + 1]);
+    }
+    KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq_, ids));
+    KILN_RETURN_IF_ERROR(RunHead(rows, n_pending - 1));
+    committed_ += n_pending;
+    committed_tokens_.insert(committed_tokens_.end(), ids.begin(), ids.end());
+    KILN_RETURN_IF_ERROR(cache_->MarkComputed(seq_, committed_));
+    pending_.clear();
+    root_logits_.assign(logits_.begin(), logits_.begin() + n_vocab);
+    root_g_.assign(g_.begin() + (n_pending - 1) * d, g_.begin() + n_pending * d);
+    root_context_len_ = len;
+  }
+  features_.assign(root_g_.begin(), root_g_.end());  // row 0: the root's output
+
+  // 2. EAGLE-2 expansion.
+  nodes_.clear();
+  std::vector<int32_t> top;
+  auto add_children = [&](std::span<const float> logits, int32_t parent, float parent_logp,
+                          int32_t depth, int32_t feature_row) {
+    const float lse = LogSumExp(logits);
+    TopK(logits, params_.top_k, &top);
+    for (int32_t t : top) {
+      nodes_.push_back({t, parent, depth, parent_logp + (logits[t] - lse), -1, feature_row});
+    }
+  };
+  add_children(root_logits_, -1, 0.0f, 1, 0);
+  size_t frontier_begin = 0;
+  std::vector<int32_t> frontier;
+  for (int32_t depth = 1; depth < params_.max_depth; ++depth) {
+    frontier.resize(nodes_.size() - frontier_begin);
+    std::iota(frontier.begin(), frontier.end(), static_cast<int32_t>(frontier_begin));
+    std::stable_sort(frontier.begin(), frontier.end(),
+                     [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
+    if (static_cast<int32_t>(frontier.size()) > params_.top_k) frontier.resize(params_.top_k);
+    std::sort(frontier.begin(), frontier.end());  // expansion (slot) order = creation order
+    rows.clear();
+    ids.clear();
+    const int32_t first_slot = committed_ + static_cast<int32_t>(features_.size() / d) - 1;
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      Node& node = nodes_[frontier[i]];
+      node.cache_index = first_slot + static_cast<int32_t>(i);
+      ids.push_back(node.token);
+    }
+    KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq_, ids));
+    for (int32_t f : frontier) {
+      const Node& node = nodes_[f];
+      rows.push_back({node.token, features_.data() + node.feature_row * d, len - 2 + node.depth,
+                      node.cache_index, f});
+    }
+    KILN_RETURN_IF_ERROR(RunHead(rows, 0));
+    frontier_begin = nodes_.size();
+    const int32_t first_row = static_cast<int32_t>(features_.size() / d);
+    features_.insert(features_.end(), g_.begin(), g_.begin() + rows.size() * d);
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      const Node parent = nodes_[frontier[i]];
+      add_children(std::span<const float>(logits_).subspan(i * n_vocab, n_vocab), frontier[i],
+                   parent.logp, parent.depth + 1, first_row + static_cast<int32_t>(i));
+    }
+  }
+
+  // 3. Global rerank and the budget.
+  std::vector<int32_t> order(nodes_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
+  const int32_t cap = std::min<int32_t>(max_draft, static_cast<int32_t>(order.size()));
+  int32_t budget = 0;
+  if (params_.tree_tokens > 0) {
+    budget = std::min(cap, params_.tree_tokens);
+  } else {
+    // Expected accepted length of the n best nodes: the sum of their path probabilities.
+    const int32_t limit = std::min(cap, params_.max_tree_tokens);
+    double expected = 0.0, best = 1.0;
+    for (int32_t k = 1; k <= limit; ++k) {
+      expected += std::exp(static_cast<double>(nodes_[order[k - 1]].logp));
+      const double cost =
+          ctx.cost != nullptr ? ctx.cost->RelativeCost(k + 1) : 1.0 + PassCostModel::kPriorBeta * k;
+      const double value = (1.0 + expected) / cost;
+      if (value > best * 1.02) {
+        best = value;
+        budget = k;
+      }
+    }
+  }
+  order.resize(budget);
+  std::sort(order.begin(), order.end());  // creation order: parents first
+  std::vector<int32_t> index_of(nodes_.size(), -1);
+  out->deterministic = true;
+  for (int32_t i : order) {
+    const int32_t parent = nodes_[i].parent;
+    if (parent >= 0 && index_of[parent] < 0) continue;  // cannot happen: logp never rises
+    index_of[i] = out->Add(nodes_[i].token, parent < 0 ? -1 : index_of[parent]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::spec

@@ -1,0 +1,185 @@
+// EAGLE draft heads (EAGLE-1 head, EAGLE-2 dynamic trees): a one-layer transformer that drafts
+// from the target's features. Entry i of the head's sequence reads [token embedding of token
+// i + 1; target feature f_i] (f_i: the target's feature at text position i, which predicted
+// token i + 1), fc maps it to n_embd, one decoder layer (its own norms, attention over the
+// head's own K/V) turns it into g_i, the head's guess of f_{i + 1}; the target's LM head turns
+// g_i into the draft distribution of token i + 2.
+//
+// Features: the target's final hidden state after the output norm, exactly what the LM head
+// multiplies (ForwardBatch::want_hidden). That is also what the reference EAGLE code feeds its
+// head (the output of the base model's decoder stack, which ends with the final norm), and the
+// head's output g goes to the LM head with no norm of its own, so g lives in the same space as
+// the features and is fed back as the next depth's feature.
+//
+// Per step (Propose):
+//   1. the entries whose target features arrived since the last step (the accepted path of the
+//      last step: ObserveTargetFeatures) run causally through the head and are committed to the
+//      head's cache (its own paged KvCache); the last one's output g_root gives the draft
+//      distribution of the root's children;
+//   2. EAGLE-2 expansion, max_depth - 1 times: the top_k frontier nodes by cumulative
+//      log-probability run through the head in one batch (a tree mask over the committed
+//      entries plus each node's ancestors), and each gets its top_k children;
+//   3. every node made is reranked by cumulative log-probability and the best `budget` kept
+//      (a child's log-probability never exceeds its parent's, so the kept set is a tree). The
+//      budget is EagleParams::tree_tokens when set, else the n maximising
+//      (1 + sum of the n best path probabilities) / c(n + 1), c the decoder's measured relative
+//      pass cost (draft_policy.h): the path probabilities estimate the accepted length;
+//   4. the head's cache is truncated back to the committed entries: the drafted entries never
+//      stay; the entries of the accepted path are recomputed from the target's true features at
+//      the next step. So the head's cache always holds exactly the accepted text.
+// The head's context starts at the first position the decoder gave it a feature for (the
+// prompt's last one): prompt positions have no features (prefill does not compute them).
+//
+// Exactness: the tree's tokens are deterministic (top-k of the head's logits, ties to the lower
+// token id), so the decoder's tree verification is exact under any sampler chain: greedy output
+// equals plain decoding, sampled output is distributed as plain sampling (recursive rejection
+// with one-hot drafts).
+//
+// Head file: GGUF, general.architecture "eagle", docs/eagle.md lists the keys and tensors.
+//
+// Thread-safety: as every strategy (strategy.h); clones share the read-only head.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/backend/backend.h"
+#include "lib/engine/strategy.h"
+#include "lib/gguf/gguf.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/model/model.h"
+#include "lib/spec/draft_head.h"
+
+namespace kiln::spec {
+
+struct EagleParams {
+  int32_t top_k = 8;      // children per expanded node and frontier nodes expanded per depth
+  int32_t max_depth = 5;  // deepest draft node (1: only the root's children)
+  // Nodes per tree: > 0 always this many (at most the decoder's max_draft); 0: chosen per step
+  // from the path probabilities and the measured pass cost (see the header comment).
+  int32_t tree_tokens = 0;
+  int32_t max_tree_tokens = 64;  // upper bound of the chosen budget
+  int32_t n_ctx = 4096;          // head cache capacity in entries (the head resets beyond it)
+  int n_threads = 1;             // threads of the head's matmuls; <= 0: physical cores
+};
+
+// A loaded head file: views into the mapped file (kept open) and the shapes it was checked
+// against.
+struct EagleHead {
+  std::unique_ptr<gguf::GgufFile> file;
+  TargetFingerprint target;
+  int64_t n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+  float rms_eps = 1e-5f;
+  // Matrices (any type the backend multiplies) and f32 vectors.
+  WeightView fc, fc_bias, attn_norm, wq, wk, wv, wo, ffn_norm, ffn_gate, ffn_up, ffn_down;
+};
+
+// Loads and checks a head file against `target`: InvalidArgument for a head made for another
+// model (naming each field that differs) or a file that is not an eagle head; DataLoss naming the
+// key or tensor for a malformed file (missing, wrong shape or type, not finite).
+absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path,
+                                                         const Model& target);
+
+// How WriteDerivedEagleHead fills a head (tests, tools/kiln-mkeagle):
+enum class EagleHeadInit {
+  // fc = [0 | I], the attention and feed-forward outputs zero: g = the feature it reads, so the
+  // root's children are the target's own top-k at the root's feature (acceptance is high when the
+  // head is given the right feature; used to exercise accept and reject paths).
+  kIdentity,
+  // fc = [I | I] (embedding + feature), the decoder layer copied from the target's last layer
+  // (its tensor types kept): a head whose drafts are related to the target's.
+  kLastLayer,
+  // N(0, 1 / n_in) f32 matrices, unit norms, zero bias: random drafts.
+  kRandom,
+};
+// Writes a head for `target` (f32 fc and vectors). Errors: the target's last layer lacks a
+// tensor kLastLayer copies (fused projections), the writer's errors.
+absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
+                                   const std::string& path);
+
+class EagleStrategy final : public Strategy {
+ public:
+  // `target` is borrowed (its embeddings and LM head are used; it must outlive the strategy and
+  // its clones).
+  static absl::StatusOr<std::unique_ptr<EagleStrategy>> Load(const std::string& path,
+                                                             const Model& target,
+                                                             const EagleParams& params);
+  static absl::StatusOr<std::unique_ptr<EagleStrategy>> Create(
+      std::shared_ptr<const EagleHead> head, const Model& target, const EagleParams& params);
+
+  std::string_view name() const override { return "eagle"; }
+  absl::Status Propose(std::span<const int32_t> context, int32_t max_draft,
+                       const ProposeContext& ctx, DraftTree* out) override;
+  void Accepted(int32_t drafted, std::span<const int32_t> accepted) override {}
+  void Reset() override;
+  // The clone shares the head and starts without head context (its first step after a fork is
+  // plain decoding, which gives it the feature to continue from).
+  absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
+  bool wants_target_features() const override { return true; }
+  void ObserveTargetFeatures(int32_t first_position, int32_t context_len,
+                             std::span<const float> features, int64_t n_embd) override;
+
+  const EagleHead& head() const { return *head_; }
+  // Committed head entries (each one text position from base_position()) and the text position
+  // of the first; -1 when the head has no context.
+  int32_t committed_entries() const { return committed_; }
+  int32_t base_position() const { return base_; }
+  // Length of the head's cache sequence (equals committed_entries() between steps).
+  int32_t head_cache_length() const;
+  // The draft logits of the root's children at the last proposal: [n_vocab] (tests).
+  const std::vector<float>& last_root_logits() const { return root_logits_; }
+  // Nodes made (expanded or not) at the last proposal, before the budget cut.
+  int32_t last_candidates() const { return static_cast<int32_t>(nodes_.size()); }
+
+ private:
+  EagleStrategy(std::shared_ptr<const EagleHead> head, const Model& target,
+                const EagleParams& params, std::unique_ptr<KvCache> cache);
+
+  // One row of a head pass.
+  struct Row {
+    int32_t token;           // the entry's token (i + 1)
+    const float* feature;    // [n_embd] the entry's feature
+    int32_t pos;             // RoPE position
+    int32_t cache_index;     // slot in the head's sequence
+    int32_t tree_node = -1;  // -1: causal; else index into nodes_ (its ancestors are visible)
+  };
+  // Runs rows through the head: g_ [rows, n_embd] and, for the rows from logits_from on, logits_
+  // [rows - logits_from, n_vocab]. The rows' slots must have been appended.
+  absl::Status RunHead(std::span<const Row> rows, int32_t logits_from);
+  absl::Status ProposeTree(std::span<const int32_t> context, int32_t max_draft,
+                           const ProposeContext& ctx, DraftTree* out);
+
+  struct Node {
+    int32_t token;
+    int32_t parent;  // index into nodes_, -1: a child of the root
+    int32_t depth;
+    float logp;           // cumulative log-probability under the head
+    int32_t cache_index;  // head slot once expanded, else -1
+    int32_t feature_row;  // row of the feature it reads (-1: the root's g) in features_
+  };
+
+  std::shared_ptr<const EagleHead> head_;
+  const Model* target_;
+  EagleParams params_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvCache> cache_;
+  SeqId seq_ = -1;
+  int32_t base_ = -1;                      // text position of head entry 0
+  int32_t committed_ = 0;                  // committed entries in the head's cache
+  std::vector<int32_t> committed_tokens_;  // [committed_] token of each entry
+  std::vector<float> pending_;             // [rows, n_embd] features not yet run
+  std::vector<Node> nodes_;
+  std::vector<float> root_logits_;  // [n_vocab] draft logits of the root's children
+  std::vector<float> root_g_;       // [n_embd] the head's output at the root
+  int32_t root_context_len_ = -1;   // the context length the two above belong to
+  // Scratch.
+  std::vector<float> features_;  // [expanded nodes + 1, n_embd] g of the root, then nodes
+  std::vector<float> in2_, x_, h_, q_, k_, v_, attn_, proj_, gate_, up_, g_, logits_;
+  std::vector<int32_t> ids_, positions_, n_visible_, extra_indptr_, extra_positions_, seq_index_;
+  std::vector<KvSlot> slots_;
+  KvTables tables_;
+};
+
+}  // namespace kiln::spec

@@ -1,0 +1,496 @@
+// EAGLE heads (lib/spec/eagle_strategy.h), with heads written by WriteDerivedEagleHead:
+//   - a head file made for another model is refused naming what differs; malformed files
+//     (missing tensor, wrong shape or type, non-finite values, wrong layer keys) are refused
+//     naming the tensor or key;
+//   - greedy output with the EAGLE strategy is identical to plain greedy decoding (20 prompts on
+//     the default model, a head whose layer is the target's last layer; and a tiny model);
+//   - the head's cache holds exactly the accepted text after every step (its entries equal a
+//     head that saw that text in one go);
+//   - at temperature 1 the first emitted token is distributed as the target's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/engine/speculative_decoder.h"
+#include "lib/gguf/gguf_writer.h"
+#include "lib/model/model.h"
+#include "lib/sample/sampler.h"
+#include "lib/spec/eagle_strategy.h"
+#include "lib/spec/spec_generate.h"
+#include "tests/common/spec_test_util.h"
+#include "tests/common/test_util.h"
+
+namespace kiln::spec {
+namespace {
+
+using kiln::testing::ChatPrompt;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int32_t kMaxTokens = 8;
+constexpr int kDistributionSamples = 2000;
+#else
+constexpr int32_t kMaxTokens = 16;
+constexpr int kDistributionSamples = 8000;
+#endif
+
+const char* const kPrompts[] = {
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "Give three tips for learning a new language.",
+    "Translate to French: Good morning.",
+    "What is 12 times 7?",
+    "Name the planets of the solar system.",
+    "Why is the sky blue?",
+    "Write a limerick about a cat.",
+    "How do I boil an egg?",
+    "What does a compiler do?",
+    "Suggest a name for a bakery.",
+    "Describe a rainy day in one sentence.",
+    "List three primary colors.",
+    "What is photosynthesis?",
+    "Tell me a fun fact about octopuses.",
+    "How many days are in a leap year?",
+    "What is the opposite of hot?",
+    "Write a short thank-you note.",
+    "Summarize the story of Cinderella.",
+};
+
+// Forwards to an EagleStrategy and records every feature row the decoder hands it.
+class Recording final : public Strategy {
+ public:
+  explicit Recording(EagleStrategy* inner) : inner_(inner) {}
+  std::string_view name() const override { return "recording"; }
+  absl::Status Propose(std::span<const int32_t> context, int32_t max_draft,
+                       const ProposeContext& ctx, DraftTree* out) override {
+    return inner_->Propose(context, max_draft, ctx, out);
+  }
+  void Accepted(int32_t drafted, std::span<const int32_t> accepted) override {
+    inner_->Accepted(drafted, accepted);
+  }
+  void Reset() override { inner_->Reset(); }
+  bool wants_target_features() const override { return true; }
+  void ObserveTargetFeatures(int32_t first_position, int32_t context_len,
+                             std::span<const float> features, int64_t n_embd) override {
+    if (first_position_ < 0) first_position_ = first_position;
+    features_.insert(features_.end(), features.begin(), features.end());
+    inner_->ObserveTargetFeatures(first_position, context_len, features, n_embd);
+  }
+  int32_t first_position_ = -1;
+  std::vector<float> features_;
+
+ private:
+  EagleStrategy* inner_;
+};
+
+class SpecEagleTest : public kiln::testing::SpecModelTest {
+ protected:
+  static void SetUpTestSuite() {
+    LoadDefaultModel(1024);
+    tiny_path_ = new std::string(kiln::testing::WriteEditedModel("tiny-llama-gqa"));
+    ModelLoadOptions load;
+    load.path = *tiny_path_;
+    auto tiny = Model::Load(load);
+    ASSERT_TRUE(tiny.ok()) << tiny.status();
+    tiny_ = tiny->release();
+    EngineOptions options;
+    options.n_threads = 1;
+    options.n_ctx = 256;
+    auto engine = Engine::Create(*tiny_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    tiny_engine_ = engine->release();
+  }
+  static void TearDownTestSuite() {
+    delete tiny_engine_;
+    delete tiny_;
+    delete tiny_path_;
+    FreeDefaultModel();
+  }
+
+  // Writes a head for `model` into the temp dir and loads it as a strategy.
+  static std::unique_ptr<EagleStrategy> MakeStrategy(const Model& model, EagleHeadInit init,
+                                                     const std::string& file,
+                                                     const EagleParams& params = {}) {
+    const std::string path = kiln::testing::TempDir() + "/" + file;
+    absl::Status written = WriteDerivedEagleHead(model, init, 5, path);
+    EXPECT_TRUE(written.ok()) << written;
+    auto s = EagleStrategy::Load(path, model, params);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  static std::string* tiny_path_;
+  static Model* tiny_;
+  static Engine* tiny_engine_;
+};
+
+std::string* SpecEagleTest::tiny_path_ = nullptr;
+Model* SpecEagleTest::tiny_ = nullptr;
+Engine* SpecEagleTest::tiny_engine_ = nullptr;
+
+// Rewrites the head file at `from` into `to`, letting `edit` change each tensor (name, type, ne,
+// bytes; returning false drops it) and each key.
+absl::Status Rewrite(const std::string& from, const std::string& to,
+                     const std::function<bool(std::string&, uint32_t&, std::vector<uint64_t>&,
+                                              std::vector<uint8_t>&)>& edit,
+                     const std::function<void(gguf::GgufWriter&)>& keys = {}) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> f, gguf::GgufFile::Open(from));
+  gguf::GgufWriter w;
+  for (const gguf::KeyValue& kv : f->metadata()) w.CopyKeyValue(kv);
+  if (keys) keys(w);
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    std::string name = t.name;
+    uint32_t type = t.type;
+    std::vector<uint64_t> ne = t.ne;
+    std::vector<uint8_t> bytes(t.data, t.data + t.nbytes);
+    if (!edit(name, type, ne, bytes)) continue;
+    KILN_RETURN_IF_ERROR(w.AddTensor(name, type, ne, std::move(bytes)));
+  }
+  return w.WriteToFile(to);
+}
+
+TEST_F(SpecEagleTest, RefusesHeadsForAnotherModelAndMalformedFiles) {
+  const std::string dir = kiln::testing::TempDir();
+  const std::string for_tiny = dir + "/eagle-for-tiny.gguf";
+  ASSERT_TRUE(WriteDerivedEagleHead(*tiny_, EagleHeadInit::kRandom, 1, for_tiny).ok());
+  auto refused = EagleStrategy::Load(for_tiny, *model_, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find("this eagle head was trained for another model"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("vocabulary hash"), std::string::npos) << message;
+  EXPECT_NE(message.find("hidden size 256 != the model's 576"), std::string::npos) << message;
+  EXPECT_NE(message.find("layer count 2 != the model's 30"), std::string::npos) << message;
+  EXPECT_TRUE(EagleStrategy::Load(for_tiny, *tiny_, {}).ok());
+
+  auto not_head = EagleStrategy::Load(*tiny_path_, *tiny_, {});
+  ASSERT_FALSE(not_head.ok());
+  EXPECT_NE(not_head.status().message().find("not an eagle head"), absl::string_view::npos)
+      << not_head.status();
+
+  struct Case {
+    const char* what;
+    std::function<bool(std::string&, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&)>
+        edit;
+    std::function<void(gguf::GgufWriter&)> keys;
+    const char* expected;
+  };
+  auto keep = [](std::string&, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&) {
+    return true;
+  };
+  const Case cases[] = {
+      {"missing tensor",
+       [](std::string& n, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&) {
+         return n != "eagle.attn_k.weight";
+       },
+       {},
+       "tensor eagle.attn_k.weight missing"},
+      {"wrong shape",
+       [](std::string& n, uint32_t&, std::vector<uint64_t>& ne, std::vector<uint8_t>& b) {
+         if (n == "eagle.fc.weight") {  // [2d, d] -> [d, d]: half the rows' bytes
+           ne[0] /= 2;
+           b.resize(b.size() / 2);
+         }
+         return true;
+       },
+       {},
+       "tensor eagle.fc.weight has shape [256, 256], expected [512, 256]"},
+      {"f16 vector",
+       [](std::string& n, uint32_t& type, std::vector<uint64_t>&, std::vector<uint8_t>& b) {
+         if (n == "eagle.ffn_norm.weight") {
+           type = static_cast<uint32_t>(GgmlType::kF16);
+           b.resize(b.size() / 2);
+         }
+         return true;
+       },
+       {},
+       "tensor eagle.ffn_norm.weight has type 1 (vectors are f32)"},
+      {"not finite",
+       [](std::string& n, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>& b) {
+         if (n == "eagle.fc.bias") {
+           const float nan = std::nanf("");
+           std::memcpy(b.data() + 8, &nan, 4);
+         }
+         return true;
+       },
+       {},
+       "tensor eagle.fc.bias is not finite at 2"},
+      {"wrong layer key", keep,
+       [](gguf::GgufWriter& w) { w.SetUint32("eagle.feed_forward_length", 7); },
+       "eagle.feed_forward_length is 7, the target's is"},
+      {"missing fingerprint key", keep,
+       [](gguf::GgufWriter& w) { w.SetString("eagle.target.block_count", "two"); },
+       "key eagle.target.block_count"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = dir + "/eagle-bad.gguf";
+    ASSERT_TRUE(Rewrite(for_tiny, bad, c.edit, c.keys).ok()) << c.what;
+    auto loaded = EagleStrategy::Load(bad, *tiny_, {});
+    ASSERT_FALSE(loaded.ok()) << c.what;
+    EXPECT_NE(loaded.status().message().find(c.expected), absl::string_view::npos)
+        << c.what << ": " << loaded.status();
+  }
+  EagleParams bad_params;
+  bad_params.top_k = 0;
+  auto bad = EagleStrategy::Load(for_tiny, *tiny_, bad_params);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("top_k 0"), absl::string_view::npos) << bad.status();
+}
+
+TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
+  EagleParams params;
+  params.tree_tokens = 8;  // a fixed tree: exactness must not depend on the measured cost
+  params.top_k = 4;        // a small tree keeps the head's LM-head products (its cost) few
+  params.max_depth = 3;
+  auto strategy = MakeStrategy(*model_, EagleHeadInit::kLastLayer, "eagle-default.gguf", params);
+  ASSERT_NE(strategy, nullptr);
+  SpecMetrics total;
+  for (const char* p : kPrompts) {
+    const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
+    const std::vector<int32_t> plain = PlainGreedy(prompt, kMaxTokens);
+    auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    strategy.get(), kMaxTokens);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->tokens, plain) << p;
+    total.steps += spec->metrics.steps;
+    total.drafted += spec->metrics.drafted;
+    total.accepted += spec->metrics.accepted;
+  }
+  EXPECT_GT(total.drafted, 0);
+  std::printf("eagle (last-layer head): %lld steps, %lld drafted, %lld accepted, %.2f per step\n",
+              static_cast<long long>(total.steps), static_cast<long long>(total.drafted),
+              static_cast<long long>(total.accepted), total.MeanAcceptedPerStep());
+}
+
+TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOnTheTinyModel) {
+  EagleParams params;
+  params.tree_tokens = 10;
+  auto strategy = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-tiny.gguf", params);
+  ASSERT_NE(strategy, nullptr);
+  SpecMetrics total;
+  for (int p = 0; p < 20; ++p) {
+    const std::vector<int32_t> prompt = {1, 72 + p, 101, 108 + p % 3, 108, 111, 44, 32, 119 - p};
+    auto plain = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                     nullptr, kMaxTokens);
+    auto spec = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    strategy.get(), kMaxTokens);
+    ASSERT_TRUE(plain.ok() && spec.ok()) << plain.status() << spec.status();
+    EXPECT_EQ(spec->tokens, plain->tokens) << p;
+    total.steps += spec->metrics.steps;
+    total.drafted += spec->metrics.drafted;
+    total.accepted += spec->metrics.accepted;
+  }
+  EXPECT_GT(total.drafted, 0);
+  std::printf("eagle on tiny (last-layer head): %lld steps, %lld drafted, %lld accepted\n",
+              static_cast<long long>(total.steps), static_cast<long long>(total.drafted),
+              static_cast<long long>(total.accepted));
+}
+
+// After every step the head's cache holds the accepted text only: its committed entries cover
+// positions [base, len - 1) and their K/V give the same draft logits as a head that read the
+// same features in one pass (drafted entries of rejected branches left nothing behind).
+TEST_F(SpecEagleTest, HeadCacheRollsBackToTheAcceptedPath) {
+  const int64_t d = tiny_->hparams().n_embd;
+  EagleParams params;
+  params.tree_tokens = 10;
+  auto eagle = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
+  auto fresh = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
+  ASSERT_TRUE(eagle != nullptr && fresh != nullptr);
+  int64_t steps_with_accepts = 0, rejected = 0;
+  for (int p = 0; p < 6; ++p) {
+    const std::vector<int32_t> prompt = {1, 80 + p, 101, 108, 108, 111, 44, 32, 119};
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    Recording recording(eagle.get());
+    sample::Sampler sampler(kiln::testing::GreedyParams());
+    sample::Rng rng(1);
+    const SeqId seq =
+        tiny_engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+    std::vector<float> feature;
+    PrefillRequest prefill;
+    prefill.seq = seq;
+    prefill.tokens = std::span<const int32_t>(prompt).first(n - 1);
+    prefill.on_logits = [](int32_t, const float*) {};
+    prefill.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+    ASSERT_TRUE(tiny_engine_->Prefill(prefill).ok());
+    recording.Reset();
+    recording.ObserveTargetFeatures(n - 2, n, feature, d);
+    SpeculativeDecoder decoder(*tiny_engine_, seq, sampler, rng, &recording);
+    std::vector<int32_t> tokens = prompt;
+    for (int step_index = 0; step_index < 6; ++step_index) {
+      SpecStepResult step;
+      ASSERT_TRUE(decoder.Step(&tokens, 8, &step).ok());
+      // The proposal's drafted entries are gone; the step's features wait for the next one.
+      EXPECT_EQ(eagle->head_cache_length(), eagle->committed_entries());
+      rejected += step.drafted > step.accepted;
+      if (step.accepted == 0) continue;
+      ++steps_with_accepts;
+      // Commit the accepted path into the head (as the next step would) and compare with a
+      // head that reads the whole text at once.
+      DraftTree tree, fresh_tree;
+      ASSERT_TRUE(eagle->Propose(tokens, 10, {}, &tree).ok());
+      const int32_t len = static_cast<int32_t>(tokens.size());
+      ASSERT_EQ(eagle->base_position(), n - 2);
+      ASSERT_EQ(eagle->committed_entries(), len - 1 - (n - 2));
+      ASSERT_EQ(eagle->head_cache_length(), eagle->committed_entries());
+      ASSERT_EQ(recording.features_.size(), static_cast<size_t>((len - 1 - (n - 2)) * d));
+      fresh->Reset();
+      fresh->ObserveTargetFeatures(n - 2, len, recording.features_, d);
+      ASSERT_TRUE(fresh->Propose(tokens, 10, {}, &fresh_tree).ok());
+      ASSERT_EQ(fresh->committed_entries(), eagle->committed_entries());
+      const std::vector<float>& a = eagle->last_root_logits();
+      const std::vector<float>& b = fresh->last_root_logits();
+      ASSERT_EQ(a.size(), b.size());
+      double max_diff = 0.0;
+      for (size_t i = 0; i < a.size(); ++i)
+        max_diff = std::max<double>(max_diff, std::abs(a[i] - b[i]));
+      EXPECT_LT(max_diff, 1e-4) << "prompt " << p << " step " << step_index;
+      EXPECT_EQ(tree.tokens, fresh_tree.tokens);
+      EXPECT_EQ(tree.parents, fresh_tree.parents);
+    }
+    tiny_engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  }
+  std::printf("rollback: %lld steps accepted drafts, %lld rejected some\n",
+              static_cast<long long>(steps_with_accepts), static_cast<long long>(rejected));
+  EXPECT_GT(steps_with_accepts, 0);
+  EXPECT_GT(rejected, 0);
+}
+
+// One speculative step from a fixed state, kDistributionSamples times: the first emitted token's
+// frequencies against the target's distribution at the root (temperature 1, top-k 8). The
+// expected total variation of the empirical distribution of 8 outcomes is about
+// 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.013 at N = 8000; the bound is four times that (0.05).
+// The identity head is given the root's own feature, so its candidates are the target's top-k
+// at the root: drafts are accepted sometimes and rejected sometimes, and both branches of the
+// rejection sampler run. Exactness must not depend on what the feature is.
+TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
+  const Model& model = *tiny_;
+  Engine& engine = *tiny_engine_;
+  const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
+  EagleParams eagle_params;
+  eagle_params.tree_tokens = 7;  // the root's 4 best children and 3 grandchildren
+  eagle_params.top_k = 4;
+  eagle_params.max_depth = 2;
+  auto strategy =
+      MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-identity.gguf", eagle_params);
+  ASSERT_NE(strategy, nullptr);
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  sample::SamplerParams params;
+  params.temperature = 1.0f;
+  params.top_k = 8;
+  params.top_p = 1.0f;
+  params.min_p = 0.0f;
+
+  const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> root_logits, feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 2;
+  request.on_logits = [&](int32_t i, const float* row) {
+    if (i == n - 1) root_logits.assign(row, row + n_vocab);
+  };
+  request.on_hidden = [&](int32_t i, const float* row) {
+    if (i == n - 1) feature.assign(row, row + d);
+  };
+  ASSERT_TRUE(engine.Prefill(request).ok());
+  sample::Sampler sampler(params);
+  sample::Distribution target;
+  ASSERT_TRUE(sampler.Apply(root_logits, prompt, &target).ok());
+  ASSERT_TRUE(engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+
+  sample::Rng rng(12345);
+  SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy.get());
+  std::map<int32_t, int> counts;
+  int64_t accepted = 0, rejected_at_root = 0;
+  for (int i = 0; i < kDistributionSamples; ++i) {
+    std::vector<int32_t> tokens = prompt;
+    strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+    SpecStepResult step;
+    ASSERT_TRUE(decoder.Step(&tokens, 8, &step).ok());
+    ASSERT_FALSE(step.emitted.empty());
+    ASSERT_EQ(step.drafted, 7);
+    ++counts[step.emitted[0]];
+    accepted += step.accepted;
+    rejected_at_root += step.accepted == 0;
+    ASSERT_TRUE(
+        engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+  }
+  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  double tv = 0.0;
+  std::map<int32_t, double> expected;
+  for (const auto& c : target.candidates) expected[c.token] = c.prob;
+  for (const auto& [token, count] : counts) expected.try_emplace(token, 0.0);
+  for (const auto& [token, p] : expected) {
+    const double seen = counts.count(token) ? counts[token] : 0;
+    tv += std::abs(seen / kDistributionSamples - p);
+  }
+  tv *= 0.5;
+  std::printf(
+      "first token: total variation %.4f over %d samples; %lld drafts accepted, %lld "
+      "steps rejected at the root\n",
+      tv, kDistributionSamples, static_cast<long long>(accepted),
+      static_cast<long long>(rejected_at_root));
+  const double bound = 4 * 0.5 * std::sqrt(2.0 / (M_PI * kDistributionSamples)) * std::sqrt(8.0);
+  EXPECT_LT(tv, bound);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected_at_root, 0);
+}
+
+// With tree_tokens 0 the tree's size follows the pass cost: free passes take every node worth
+// 2% more expected tokens, a pass that costs 100 one-token passes per extra token takes none. A
+// second proposal for the same context reuses the root's output and gives the same tree.
+TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
+  const Model& model = *tiny_;
+  const int64_t d = model.hparams().n_embd;
+  EagleParams params;
+  params.top_k = 4;
+  params.max_depth = 3;
+  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-budget.gguf", params);
+  ASSERT_NE(strategy, nullptr);
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const SeqId seq =
+      tiny_engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 1;
+  request.on_logits = [](int32_t, const float*) {};
+  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+  ASSERT_TRUE(tiny_engine_->Prefill(request).ok());
+  tiny_engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+
+  PassCostModel free_passes, dear_passes;
+  free_passes.Pin(0.0);
+  dear_passes.Pin(100.0);
+  DraftTree cheap, again, dear;
+  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &cheap).ok());
+  EXPECT_EQ(strategy->last_candidates(), 4 + 16 + 16);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &again).ok());
+  ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &dear_passes}, &dear).ok());
+  EXPECT_GT(cheap.size(), 1);
+  EXPECT_EQ(again.tokens, cheap.tokens);
+  EXPECT_EQ(again.parents, cheap.parents);
+  EXPECT_EQ(dear.size(), 0);
+  // Nodes come parents first, and siblings are distinct tokens.
+  for (int32_t i = 0; i < cheap.size(); ++i) {
+    EXPECT_LT(cheap.parents[i], i);
+    for (int32_t j = 0; j < i; ++j) {
+      EXPECT_FALSE(cheap.parents[j] == cheap.parents[i] && cheap.tokens[j] == cheap.tokens[i]);
+    }
+  }
+  std::printf("tree with free passes: %d nodes\n", cheap.size());
+}
+
+}  // namespace
+}  // namespace kiln::spec
