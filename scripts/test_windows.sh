@@ -2,10 +2,15 @@
 # The Windows build: kiln cross-built with mingw-w64 (cmake/mingw-w64-x86_64.cmake) into kiln.dll
 # and its import library libkiln.dll.a, its exports checked against kiln.map, and the C API test
 # programs, platform_test and `kiln generate` run under wine on the default model. The greedy
-# logits under wine must be bitwise those of the native build (the same kernels run).
+# logits under wine must be bitwise those of the native build (the same kernels run). The thread
+# tests (c_thread_exit_test: threads that end after using kiln; c_stress_test) run on a tiny model
+# written by the native kiln-mkmodel. A program that crashes under wine can still exit with status
+# 0 (a thread's crash while the main thread exits), so every program's output is also searched
+# for wine's "Unhandled exception" report.
 #
 # Usage: scripts/test_windows.sh [NATIVE_BUILD_DIR [WINDOWS_BUILD_DIR]]   (defaults build,
-#        build-windows). NATIVE_BUILD_DIR: a release build with kiln_logits_dump and kiln built.
+#        build-windows). NATIVE_BUILD_DIR: a release build with kiln_logits_dump, kiln and
+#        kiln-mkmodel built.
 # Abseil, Protobuf lite and GoogleTest are cross-built once into ~/.cache/kiln
 # (scripts/build_mingw_deps.sh); wine's prefix lives there too (KILN_WINEPREFIX).
 # Measured on two loaded shared cores: 812 s with the dependencies cached (the kiln cross build
@@ -36,7 +41,8 @@ cmake -S . -B "$out" -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake \
   >/dev/null
 echo "$prefix" >"$out/deps-prefix.txt"
 tests=(c_api_test c_session_test c_scheduler_test c_abi_test platform_test)
-cmake --build "$out" -j"$jobs" --target kiln kiln_cli kiln_logits_dump "${tests[@]}"
+thread_tests=(c_thread_exit_test c_stress_test)
+cmake --build "$out" -j"$jobs" --target kiln kiln_cli kiln_logits_dump "${tests[@]}" "${thread_tests[@]}"
 # The one mingw DLL kiln.dll needs (see the toolchain file), shipped beside it.
 cp /usr/x86_64-w64-mingw32/lib/libwinpthread-1.dll "$out/bin/"
 echo "test_windows: cross build in $((SECONDS - start)) s"
@@ -60,20 +66,45 @@ export WINEPREFIX=${KILN_WINEPREFIX:-$HOME/.cache/kiln/wine-prefix} WINEARCH=win
 export KILN_MODEL_DIR="${KILN_MODEL_DIR:-$HOME/.cache/kiln}"
 [[ -d $WINEPREFIX ]] || wineboot --init >/dev/null 2>&1
 
+# Fails if a program's output (FILE) has wine's report of an unhandled exception.
+no_crash_report() {
+  if grep -q "Unhandled exception" "$1"; then
+    echo "test_windows: a program crashed under wine (its exit status may not say so):" >&2
+    grep -B2 -A30 -m1 "Unhandled exception" "$1" >&2
+    exit 1
+  fi
+}
+
 start=$SECONDS
-(cd "$out" && ctest -j"$jobs" --output-on-failure -R "^($(IFS='|'; echo "${tests[*]}"))\$")
+(cd "$out" && ctest -j"$jobs" --output-on-failure --output-log wine-tests.log \
+   -R "^($(IFS='|'; echo "${tests[*]}"))\$")
+no_crash_report "$out/wine-tests.log"
+"$native/tools/kiln-mkmodel/kiln-mkmodel" --shape tiny-llama-gqa --type q8_0 --seed 23 \
+  --out "$out/tiny.gguf" >/dev/null
+# 256 threads that end after tokenizing, failing a call and generating on a pool of their own.
+wine "$out/bin/c_thread_exit_test.exe" "$out/tiny.gguf" 64 >"$out/thread_exit.log" 2>&1 ||
+  { cat "$out/thread_exit.log" >&2; exit 1; }
+no_crash_report "$out/thread_exit.log"
+grep -q "ended, 0 failures" "$out/thread_exit.log" || { cat "$out/thread_exit.log" >&2; exit 1; }
+wine "$out/bin/c_stress_test.exe" "$out/tiny.gguf" 5 >"$out/stress.log" 2>&1 ||
+  { cat "$out/stress.log" >&2; exit 1; }
+no_crash_report "$out/stress.log"
+grep -q "c_stress_test: ok" "$out/stress.log" || { cat "$out/stress.log" >&2; exit 1; }
 echo "test_windows: tests under wine in $((SECONDS - start)) s"
 
 # Greedy decoding: the same logits, bit for bit, and the same text as the native build.
 start=$SECONDS
 prompt="What is the capital of France? Answer in one sentence."
-wine "$out/bin/kiln_logits_dump.exe" "$model" "$prompt" 6 2>/dev/null | tr -d '\r' >"$out/logits.wine"
+wine "$out/bin/kiln_logits_dump.exe" "$model" "$prompt" 6 2>"$out/logits.wine.err" |
+  tr -d '\r' >"$out/logits.wine"
+no_crash_report "$out/logits.wine.err"
 "$native/tests/c_api/kiln_logits_dump" "$model" "$prompt" 6 2>/dev/null >"$out/logits.native"
 [[ $(wc -l <"$out/logits.native") == 7 ]] || { echo "kiln_logits_dump printed no steps" >&2; exit 1; }
 diff "$out/logits.native" "$out/logits.wine" ||
   { echo "test_windows: logits under wine differ from the native build's" >&2; exit 1; }
 generate=(generate -m "$model" --temp 0 -n 32 --threads 2 --quiet -p "$prompt")
-wine "$out/bin/kiln.exe" "${generate[@]}" 2>/dev/null | tr -d '\r' >"$out/generate.wine"
+wine "$out/bin/kiln.exe" "${generate[@]}" 2>"$out/generate.wine.err" | tr -d '\r' >"$out/generate.wine"
+no_crash_report "$out/generate.wine.err"
 "$native/tools/kiln/kiln" "${generate[@]}" 2>/dev/null >"$out/generate.native"
 echo "test_windows: kiln.exe generate: $(cat "$out/generate.wine")"
 diff "$out/generate.native" "$out/generate.wine" ||

@@ -1,6 +1,8 @@
 #include "kernels/cpu/scratch.h"
 
 #include <cstdlib>
+
+#include "kernels/cpu/per_thread.h"
 #if defined(_WIN32)
 #include <malloc.h>  // _aligned_malloc: Windows' C runtime has no aligned_alloc
 #endif
@@ -35,7 +37,7 @@ struct Slots {
 }  // namespace
 
 void* ThreadScratch(int slot, size_t bytes) {
-  thread_local Slots slots;
+  Slots& slots = PerThread<Slots>();
   if (bytes > slots.size[slot]) {
     // Grow by at least half, in whole cache lines, so a slowly growing request reallocates rarely.
     size_t grown = slots.size[slot] + slots.size[slot] / 2;

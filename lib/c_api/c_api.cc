@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "include/kiln/kiln.h"
+#include "kernels/cpu/per_thread.h"
 #include "lib/backend/backend.h"
 #include "lib/c_api/handles.h"
 #include "lib/c_api/versioned_struct.h"
@@ -29,11 +30,15 @@
 #include "lib/tokenizer/tokenizer.h"
 
 namespace {
-thread_local std::string g_last_error;
+// The message of this thread's last failed call (a type of its own for PerThread).
+struct LastError {
+  std::string message;
+};
+std::string& ThreadLastError() { return kiln::kernels::PerThread<LastError>().message; }
 }  // namespace
 
 kiln_status kiln::c_api::SetLastError(kiln_status status, std::string message) {
-  g_last_error = std::move(message);
+  ThreadLastError() = std::move(message);
   return status;
 }
 
@@ -292,7 +297,7 @@ const char* kiln_status_name(kiln_status status) {
   return "KILN_ERR_UNKNOWN";
 }
 
-const char* kiln_last_error_message(void) { return g_last_error.c_str(); }
+const char* kiln_last_error_message(void) { return ThreadLastError().c_str(); }
 
 // ------------------------------------------------------------------ model
 
@@ -333,7 +338,7 @@ kiln_status kiln_model_load(const kiln_model_params* caller_params, kiln_model**
       kiln_status s = FromAbsl(model.status());
       if (s == KILN_ERR_INVALID_ARGUMENT) s = KILN_ERR_FORMAT;
       if (params->log) {
-        params->log(KILN_LOG_ERROR, g_last_error.c_str(), params->log_user_data);
+        params->log(KILN_LOG_ERROR, ThreadLastError().c_str(), params->log_user_data);
       }
       return s;
     }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "kernels/cpu/per_thread.h"
 #include "lib/common/status.h"
 #include "lib/tokenizer/pre_tokenizer.h"
 #include "lib/tokenizer/unicode.h"
@@ -72,10 +73,7 @@ struct Tokenizer::Scratch {
 
 namespace {
 
-Tokenizer::Scratch& ThreadScratch() {
-  thread_local Tokenizer::Scratch scratch;
-  return scratch;
-}
+Tokenizer::Scratch& ThreadScratch() { return kernels::PerThread<Tokenizer::Scratch>(); }
 
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";     // U+2581 "▁"
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
@@ -353,7 +351,7 @@ void Tokenizer::Partition(std::string_view text, bool parse_special, Scratch& s)
     uint32_t special_index;
     uint32_t pos;
   };
-  thread_local std::vector<Hit> hits;
+  std::vector<Hit>& hits = kernels::PerThread<std::vector<Hit>>();
   hits.clear();
   if (!specials_.empty() && (parse_special || has_user_defined_)) {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
@@ -384,7 +382,7 @@ void Tokenizer::Partition(std::string_view text, bool parse_special, Scratch& s)
     size_t len;
     int32_t token;
   };
-  thread_local std::vector<Claim> claims;
+  std::vector<Claim>& claims = kernels::PerThread<std::vector<Claim>>();
   claims.clear();
   uint32_t current = UINT32_MAX;
   size_t last_end = 0;
