@@ -54,6 +54,8 @@ def speed(args, engine, model):
             sides = [('kiln', lb.run_kiln, engine), ('llama', lb.run_llama, args.llama_bench)]
             for name, fn, exe in (sides if rep % 2 == 0 else sides[::-1]):
                 res[t][name].append(fn(exe, model, t, args.decode))
+                print(f'# repeat {rep}, {t} thread(s), {name}: {json.dumps(res[t][name][-1])}',
+                      flush=True)
     print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} '
           'steps; LOADED machine')
     hdr = (f'{"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama-bench tok/s":>22} '
