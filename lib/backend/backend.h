@@ -120,6 +120,26 @@ class Backend {
   virtual absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                                     const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                                     float* out, float scale) = 0;
+  // Reads back the latent rows of `slots` of `layer` as f32: c (the first kv_lora_rank elements)
+  // and rope(k_r), exactly the values MlaAttention reads (a q8_0 c as scale x int8).
+  //   c: [slots.size(), kv_lora_rank]   k_rope: [slots.size(), rope_dim]
+  virtual absl::Status ReadLatent(const KvCache& cache, int32_t layer,
+                                  std::span<const KvSlot> slots, float* c, float* k_rope) = 0;
+  // Ordinary causal attention of one sequence's tokens over its decompressed MLA keys and values
+  // (MLA's prefill form; MlaAttention is the absorbed one). Context row j of head h has the key
+  // [k_nope[j, h, :] | k_rope[j, :]] (the RoPE key shared by the heads) and the value v[j, h, :];
+  // token t sees rows [0, n_visible[t]):
+  //   out[t, h, :] = softmax_j(q[t, h, :] . key_j,h * scale) . v[j, h, :]
+  //   q: [n_tokens, n_heads, nope_dim + rope_dim] (rope part rotated)
+  //   k_nope: [n_ctx, n_heads, nope_dim]   k_rope: [n_ctx, rope_dim]   v: [n_ctx, n_heads, v_dim]
+  //   n_visible: [n_tokens], each in [1, n_ctx]   out: [n_tokens, n_heads, v_dim]
+  // Every output is one fixed chain per (token, head): a token's result does not depend on the
+  // other tokens of the call or the thread count. scale <= 0: 1 / sqrt(nope_dim + rope_dim).
+  virtual absl::Status MlaDecompressedAttention(const float* q, std::span<const int32_t> n_visible,
+                                                const float* k_nope, const float* k_rope,
+                                                const float* v, int64_t n_ctx, int32_t n_heads,
+                                                int32_t nope_dim, int32_t rope_dim, int32_t v_dim,
+                                                float* out, float scale) = 0;
   // Copies every layer's K/V rows of slot `from` into slot `to` (speculative commits).
   virtual void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) = 0;
 };

@@ -17,6 +17,28 @@ void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// ChooseDecompressed's calibration: seconds per multiply-add of each kernel relative to the
+// absorbed attention's, measured with bench/mla_prefill_bench on kiln-mkmodel's deepseek2-bench
+// (kv_lora_rank 512, 16 heads of 128 + 64, values 128; q8_0 weights, f16 latent cache; 2
+// threads, loaded machine; median ms of one Forward of NEW tokens after CTX cached ones):
+//     CTX  NEW  absorbed  decompressed      CTX  NEW  absorbed  decompressed
+//       0    4     121.3          72.6      512    1      84.6        2878.1
+//       0   16     282.0         176.7      512    8     354.2        3179.1
+//       0   64     588.0         413.9      512   32    1031.3        3191.5
+//       0  512   13613.4        8223.5     1024   32    1503.3        5757.7
+// Fitted: the absorbed form and the f32 decompression matmul both ~0.33 ns per multiply-add,
+// the dense attention ~0.13 ns (it scores 8 tokens per row read). A fresh chunk is then always
+// cheaper decompressed (decompressing a row costs what absorbing a query does, and the dense
+// scores are cheaper); after 512 cached tokens the crossover is about 120 new tokens.
+constexpr double kDecompressCost = 1.0;
+constexpr double kDenseAttentionCost = 0.4;
+// Chunks shorter than this stay absorbed. Measured above, they gain at most ~0.2 s a chunk; and
+// absorbed they keep the decode steps' form, so that a short prompt computed after a prefix-cache
+// hit, in chunks, or cold gives the same bits (a form switch changes the last bits, not tokens).
+constexpr int64_t kMinDecompressedChunk = 128;
+// The most memory one sequence's decompressed context may take; longer contexts stay absorbed.
+constexpr double kMaxDecompressedBytes = 512.0 * 1024 * 1024;
+
 std::string Blk(int64_t layer, const char* tensor) { return StrCat("blk.", layer, ".", tensor); }
 
 // All rows of `w` as f32: [w.n_out, w.n_in].
@@ -30,6 +52,36 @@ absl::StatusOr<std::vector<float>> DequantizeAll(const WeightView& w) {
   for (int64_t r = 0; r < w.n_out; ++r) k->dequantize(w.Row(r), out.data() + r * w.n_in, w.n_in);
   return out;
 }
+
+}  // namespace
+
+// Whether a causal chunk of n_new tokens of one sequence, the last of which sees n_ctx cache
+// rows, runs decompressed. Costs in multiply-adds per head, weighted by what each form's kernels
+// take per multiply-add on a CPU (kDecompressCost, kDenseAttentionCost: measured, below):
+//   absorbed:     n_new · (kvl · (nope + vd)  +  n̄ · (row + kvl))       q_abs, W_UV, scores, Σ p c
+//   decompressed: n_ctx · kvl · (nope + vd) · kDecompressCost  +  n_new · n̄ · (qk + vd) · kDense
+// with n̄ = n_ctx - (n_new - 1) / 2 the rows a chunk's token sees on average. The decompressed
+// K and V (f32, [n_ctx, n_head, nope + vd]) must also fit kMaxDecompressedBytes, and the chunk
+// be at least kMinDecompressedChunk tokens.
+bool ChooseDecompressed(const ModelHparams& hp, int64_t n_new, int64_t n_ctx) {
+  if (n_new < kMinDecompressedChunk) return false;
+  const MlaHparams& m = hp.mla;
+  const double kvl = static_cast<double>(m.kv_lora_rank), nope = static_cast<double>(m.nope_dim),
+               vd = static_cast<double>(m.v_head_dim), rd = static_cast<double>(m.rope_dim);
+  const double row = kvl + rd, qk = nope + rd;
+  const double bytes =
+      static_cast<double>(n_ctx) * static_cast<double>(hp.n_head) * (nope + vd) * sizeof(float) +
+      static_cast<double>(n_ctx) * row * sizeof(float);
+  if (bytes > kMaxDecompressedBytes) return false;
+  const double n = static_cast<double>(n_new);
+  const double mean_rows = static_cast<double>(n_ctx) - (n - 1) / 2;
+  const double absorbed = n * (kvl * (nope + vd) + mean_rows * (row + kvl));
+  const double decompressed = static_cast<double>(n_ctx) * kvl * (nope + vd) * kDecompressCost +
+                              n * mean_rows * (qk + vd) * kDenseAttentionCost;
+  return decompressed < absorbed;
+}
+
+namespace {
 
 struct MlaLayer {
   const WeightView* attn_norm;  // [n_embd] f32
@@ -51,12 +103,13 @@ struct MlaLayer {
 class MlaForward final : public ForwardPass {
  public:
   MlaForward(const Model& model, Backend& backend, std::vector<MlaLayer> layers,
-             std::optional<MoeFeedForward> moe)
+             std::optional<MoeFeedForward> moe, MlaPrefillMode mode)
       : model_(model),
         hp_(model.hparams()),
         backend_(backend),
         layers_(std::move(layers)),
-        moe_(std::move(moe)) {}
+        moe_(std::move(moe)),
+        mode_(mode) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override;
   // Not split yet: Begin keeps the batch, RunLayers only counts, RunHead has no rows, Finish
@@ -97,12 +150,18 @@ class MlaForward final : public ForwardPass {
   // What each token sees (mask_): the first n_visible_[i] cache positions of its sequence and
   // then its tree ancestors' and its own positions (CSR: extra_indptr_, extra_positions_).
   absl::Status BuildVisibility(const ForwardBatch& batch, const KvCache& cache);
+  // Chooses each sequence's attention form (PlanAttention's rule) and builds the absorbed
+  // tokens' mask (abs_mask_) and the decompressed sequences' context slots.
+  absl::Status PlanAttention(const ForwardBatch& batch, const KvCache& cache);
+  // One layer's attention of the whole batch: q_ [n, n_head, qk] -> attn_ [n, n_head, v_head_dim].
+  absl::Status RunAttention(const KvCache& cache, int32_t il, float scale);
 
   const Model& model_;
   const ModelHparams& hp_;
   Backend& backend_;
   std::vector<MlaLayer> layers_;
   std::optional<MoeFeedForward> moe_;  // the layers from n_layer_dense_lead on, if any
+  MlaPrefillMode mode_;
   struct SplitPass {
     const ForwardBatch* batch = nullptr;
     KvCache* cache = nullptr;
@@ -115,6 +174,19 @@ class MlaForward final : public ForwardPass {
   std::vector<SeqId> seqs_;  // the batch's sequences, in first-seen order
   KvTables tables_;          // [seqs_] their block tables
   AttentionMask mask_;
+  // The absorbed tokens (indices into the batch) and their mask; all of the batch when no
+  // sequence runs decompressed (abs_all_).
+  bool abs_all_ = true;
+  std::vector<int32_t> abs_tokens_, abs_seq_, abs_visible_, abs_extra_indptr_, abs_extra_positions_;
+  AttentionMask abs_mask_;
+  // A sequence that runs decompressed: its batch tokens, what each sees, its context's slots.
+  struct DecompressedSeq {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> n_visible;
+    std::vector<KvSlot> context;  // cache positions [0, n_ctx)
+  };
+  std::vector<DecompressedSeq> decompressed_;
+  std::vector<float> ctx_c_, ctx_kr_, ctx_k_, ctx_v_, seq_q_, seq_out_, abs_q_, abs_out_;
   std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, attn_, proj_, gate_, up_;
 };
 
@@ -172,9 +244,133 @@ absl::Status MlaForward::BuildVisibility(const ForwardBatch& batch, const KvCach
   return absl::OkStatus();
 }
 
+absl::Status MlaForward::PlanAttention(const ForwardBatch& batch, const KvCache& cache) {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  decompressed_.clear();
+  abs_tokens_.clear();
+  // Per sequence: its tokens, whether any is a tree node, the rows its last token sees. The
+  // choice depends only on the sequence's own chunk, never on the rest of the batch.
+  std::vector<std::vector<int32_t>> by_seq(seqs_.size());
+  std::vector<char> has_tree(seqs_.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    by_seq[token_seq_[i]].push_back(static_cast<int32_t>(i));
+    if (batch.tokens[i].parent >= 0) has_tree[token_seq_[i]] = 1;
+  }
+  std::vector<char> decompress(seqs_.size(), 0);
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    if (has_tree[s] || mode_ == MlaPrefillMode::kAbsorbed || backend_.llama_cpp_order()) continue;
+    int32_t n_ctx = 0;
+    for (int32_t i : by_seq[s]) n_ctx = std::max(n_ctx, n_visible_[i]);
+    const int64_t n_new = static_cast<int64_t>(by_seq[s].size());
+    if (mode_ == MlaPrefillMode::kMeasured && !ChooseDecompressed(hp_, n_new, n_ctx)) continue;
+    decompress[s] = 1;
+    DecompressedSeq& d = decompressed_.emplace_back();
+    d.tokens = by_seq[s];
+    for (int32_t i : d.tokens) d.n_visible.push_back(n_visible_[i]);
+    d.context.resize(static_cast<size_t>(n_ctx));
+    for (int32_t j = 0; j < n_ctx; ++j) {
+      KILN_ASSIGN_OR_RETURN(d.context[j], cache.SlotOf(seqs_[s], j));
+    }
+  }
+  abs_all_ = decompressed_.empty();
+  if (abs_all_) return absl::OkStatus();
+  // The absorbed tokens' own mask (the same block tables; tree extras carried over).
+  abs_seq_.clear();
+  abs_visible_.clear();
+  abs_extra_positions_.clear();
+  abs_extra_indptr_.assign(1, 0);
+  const bool tree = !extra_indptr_.empty();
+  for (int64_t i = 0; i < n; ++i) {
+    if (decompress[token_seq_[i]]) continue;
+    abs_tokens_.push_back(static_cast<int32_t>(i));
+    abs_seq_.push_back(token_seq_[i]);
+    abs_visible_.push_back(n_visible_[i]);
+    if (tree) {
+      abs_extra_positions_.insert(abs_extra_positions_.end(),
+                                  extra_positions_.begin() + extra_indptr_[i],
+                                  extra_positions_.begin() + extra_indptr_[i + 1]);
+      abs_extra_indptr_.push_back(static_cast<int32_t>(abs_extra_positions_.size()));
+    }
+  }
+  if (!tree) abs_extra_indptr_.clear();
+  abs_mask_ = AttentionMask{};
+  abs_mask_.seq = abs_seq_;
+  abs_mask_.tables = &tables_;
+  abs_mask_.n_visible = abs_visible_;
+  abs_mask_.extra_indptr = abs_extra_indptr_;
+  abs_mask_.extra_positions = abs_extra_positions_;
+  return absl::OkStatus();
+}
+
+absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float scale) {
+  const MlaHparams& m = hp_.mla;
+  const MlaLayer& L = layers_[il];
+  const int64_t n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim, nope = m.nope_dim,
+                vd = m.v_head_dim, qk = m.qk_head_dim();
+  const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
+                                      static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
+  if (abs_all_) {
+    return backend_.MlaAttention(cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb,
+                                 attn_.data(), scale);
+  }
+  // Absorbed: the other sequences' tokens (tree nodes, decode steps, short chunks), gathered.
+  const int64_t n_abs = static_cast<int64_t>(abs_tokens_.size());
+  if (n_abs > 0) {
+    Grow(abs_q_, n_abs * n_head * qk);
+    Grow(abs_out_, n_abs * n_head * vd);
+    for (int64_t a = 0; a < n_abs; ++a) {
+      std::memcpy(abs_q_.data() + a * n_head * qk, q_.data() + abs_tokens_[a] * n_head * qk,
+                  n_head * qk * sizeof(float));
+    }
+    KILN_RETURN_IF_ERROR(backend_.MlaAttention(cache, il, abs_mask_, abs_q_.data(),
+                                               static_cast<int32_t>(n_head), absorb,
+                                               abs_out_.data(), scale));
+    for (int64_t a = 0; a < n_abs; ++a) {
+      std::memcpy(attn_.data() + abs_tokens_[a] * n_head * vd, abs_out_.data() + a * n_head * vd,
+                  n_head * vd * sizeof(float));
+    }
+  }
+  // Decompressed: per sequence, K_nope = C W_UKᵀ and V = C W_UV over its whole context (two
+  // matmuls over the f32 per-head products), then ordinary causal attention.
+  WeightView w_uk, w_uv;  // [n_head · nope, kvl], [n_head · vd, kvl]
+  w_uk.type = w_uv.type = GgmlType::kF32;
+  w_uk.data = L.w_uk.data();
+  w_uv.data = L.w_uv.data();
+  w_uk.n_in = w_uv.n_in = kvl;
+  w_uk.n_out = n_head * nope;
+  w_uv.n_out = n_head * vd;
+  for (const DecompressedSeq& d : decompressed_) {
+    const int64_t n_ctx = static_cast<int64_t>(d.context.size());
+    const int64_t n_s = static_cast<int64_t>(d.tokens.size());
+    Grow(ctx_c_, n_ctx * kvl);
+    Grow(ctx_kr_, n_ctx * std::max<int64_t>(rd, 1));
+    Grow(ctx_k_, n_ctx * n_head * nope);
+    Grow(ctx_v_, n_ctx * n_head * vd);
+    Grow(seq_q_, n_s * n_head * qk);
+    Grow(seq_out_, n_s * n_head * vd);
+    KILN_RETURN_IF_ERROR(backend_.ReadLatent(cache, il, d.context, ctx_c_.data(), ctx_kr_.data()));
+    KILN_RETURN_IF_ERROR(backend_.MatMul(w_uk, ctx_c_.data(), n_ctx, ctx_k_.data()));
+    KILN_RETURN_IF_ERROR(backend_.MatMul(w_uv, ctx_c_.data(), n_ctx, ctx_v_.data()));
+    for (int64_t a = 0; a < n_s; ++a) {
+      std::memcpy(seq_q_.data() + a * n_head * qk, q_.data() + d.tokens[a] * n_head * qk,
+                  n_head * qk * sizeof(float));
+    }
+    KILN_RETURN_IF_ERROR(backend_.MlaDecompressedAttention(
+        seq_q_.data(), d.n_visible, ctx_k_.data(), ctx_kr_.data(), ctx_v_.data(), n_ctx,
+        static_cast<int32_t>(n_head), static_cast<int32_t>(nope), static_cast<int32_t>(rd),
+        static_cast<int32_t>(vd), seq_out_.data(), scale));
+    for (int64_t a = 0; a < n_s; ++a) {
+      std::memcpy(attn_.data() + d.tokens[a] * n_head * vd, seq_out_.data() + a * n_head * vd,
+                  n_head * vd * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) {
   KILN_RETURN_IF_ERROR(Validate(batch, cache));
   KILN_RETURN_IF_ERROR(BuildVisibility(batch, cache));
+  KILN_RETURN_IF_ERROR(PlanAttention(batch, cache));
   const MlaHparams& m = hp_.mla;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   const int64_t d = hp_.n_embd, n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim,
@@ -240,12 +436,8 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     }
     KILN_RETURN_IF_ERROR(
         backend_.WriteLatent(cache, il, std::span<const KvSlot>(slots_.data(), n), latent_.data()));
-    // Absorbed attention over the latent rows.                  attn_: [n, n_head, v_head_dim]
-    const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
-                                        static_cast<int32_t>(nope),
-                                        static_cast<int32_t>(m.v_head_dim)};
-    KILN_RETURN_IF_ERROR(backend_.MlaAttention(
-        cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb, attn_.data(), scale));
+    // Attention over the latent rows, absorbed or decompressed.  attn_: [n, n_head, v_head_dim]
+    KILN_RETURN_IF_ERROR(RunAttention(cache, il, scale));
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wo, attn_.data(), n, proj_.data()));  // [n, n_embd]
     backend_.Add(x, proj_.data(), n * d, x);
     // The last layer's feed-forward runs only for the logit tokens (as the decoder's does).
@@ -300,7 +492,8 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend) {
+absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend,
+                                                           MlaPrefillMode mode) {
   const ModelHparams& hp = model.hparams();
   const MlaHparams& m = hp.mla;
   if (hp.rope.scaling != RopeScaling::kNone && hp.rope.scaling != RopeScaling::kYarn) {
@@ -370,7 +563,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
     }
   }
   return std::unique_ptr<ForwardPass>(
-      new MlaForward(model, backend, std::move(layers), std::move(moe)));
+      new MlaForward(model, backend, std::move(layers), std::move(moe), mode));
 }
 
 }  // namespace kiln

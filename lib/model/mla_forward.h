@@ -2,13 +2,19 @@
 // tensors and formulas) on a latent paged cache (KvLayout::Mla: one row [c | rope(kr)] of
 // kv_lora_rank + rope_dim elements per token per layer).
 //
-// Attention runs absorbed for every token: W_UK is folded into each head's query
-// (q_abs = W_UKᵀ q_nope, kv_lora_rank long) and W_UV applied to the attention-weighted latent,
-// so keys and values are never decompressed:
+// Decode steps run absorbed: W_UK is folded into each head's query (q_abs = W_UKᵀ q_nope,
+// kv_lora_rank long) and W_UV applied to the attention-weighted latent, so keys and values are
+// never decompressed:
 //   score_j = (q_abs · c_j + q_rope · kr_j) · scale,  out_h = W_UV_h Σ_j softmax(score)_j c_j.
-// This equals the decompressed form (k_j = [W_UK c_j | kr_j], v_j = W_UV c_j) up to float
-// rounding. The per-head W_UK/W_UV products run in f32 over the dequantized attn_k_b/attn_v_b
-// (or attn_kv_b) rows; the projections use the backend's matmuls.
+// A long prompt chunk runs decompressed instead (ChooseDecompressed: by that sequence's own chunk
+// and context sizes, measured): its context's latents are read back, K_nope = C W_UKᵀ and
+// V = C W_UV computed by two matmuls over all its rows, then ordinary causal attention
+// (Backend::MlaDecompressedAttention). The two forms agree up to float rounding; each is
+// batch invariant on its own (a token's bits do not depend on the rest of the batch or the thread
+// count), but a token's bits depend on which form its chunk took, so on MLA models a prompt's
+// chunking or a prefix-cache hit can change the last bits of its logits once a chunk reaches the
+// rule's minimum (docs/numerics.md). The per-head W_UK/W_UV products run in f32 over the
+// dequantized attn_k_b/attn_v_b (or attn_kv_b) rows; the projections use the backend's matmuls.
 //
 // Visibility is the decoder's: causal tokens see cache indices [0, cache_index]; a tree node sees
 // its causal root's prefix plus its tree ancestors and itself.
@@ -21,8 +27,23 @@
 
 namespace kiln {
 
+// Which form a sequence's causal tokens take (tree nodes, and the llama.cpp numeric order, are
+// always absorbed).
+enum class MlaPrefillMode {
+  kMeasured,      // by the sequence's own chunk and context sizes (ChooseDecompressed)
+  kAbsorbed,      // every token absorbed
+  kDecompressed,  // every causal sequence decompressed, a one-token decode step too
+};
+
+// kMeasured's rule: whether a causal chunk of n_new tokens of one sequence, whose last token sees
+// n_ctx cache rows (the chunk's own included), runs decompressed. It depends on that sequence's
+// chunk alone, never on the rest of the batch (mla_forward.cc has the measured figures).
+bool ChooseDecompressed(const ModelHparams& hp, int64_t n_new, int64_t n_ctx);
+
 // Unimplemented for rope scaling other than YaRN. Layers from n_layer_dense_lead on run their
-// feed-forward as mixture-of-experts (moe_ffn.h).
-absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend);
+// feed-forward as mixture-of-experts (moe_ffn.h). `mode` other than kMeasured is for tests and
+// benchmarks.
+absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(
+    const Model& model, Backend& backend, MlaPrefillMode mode = MlaPrefillMode::kMeasured);
 
 }  // namespace kiln

@@ -192,10 +192,10 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa",     "tiny-llama-mha",     "tiny-llama-mqa",     "smollm2-135m",
-          "tiny-qwen2",         "tiny-qwen2-untied",  "tiny-qwen3",         "tiny-llama3",
-          "tiny-phi",           "tiny-mistral3",      "tiny-deepseek2",     "tiny-deepseek2-lite",
-          "tiny-deepseek2-kvb", "tiny-deepseek2-moe", "tiny-deepseek2-yarn"};
+  return {"tiny-llama-gqa",     "tiny-llama-mha",     "tiny-llama-mqa",      "smollm2-135m",
+          "tiny-qwen2",         "tiny-qwen2-untied",  "tiny-qwen3",          "tiny-llama3",
+          "tiny-phi",           "tiny-mistral3",      "tiny-deepseek2",      "tiny-deepseek2-lite",
+          "tiny-deepseek2-kvb", "tiny-deepseek2-moe", "tiny-deepseek2-yarn", "deepseek2-bench"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -241,6 +241,26 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_freq_base = 1000000.0f;  // Qwen2's
     s.rms_eps = 1e-6f;              // Qwen2's
     s.tied_output = name == "tiny-qwen2";
+    return s;
+  }
+  if (name == "deepseek2-bench") {  // DeepSeek-V2-Lite's attention, scaled down in width
+    s.arch = "deepseek2";
+    s.n_embd = 1024;
+    s.n_ff = 2816;
+    s.n_head = 16;
+    s.n_head_kv = 16;  // MLA has no KV heads of its own
+    s.n_layer = 8;
+    s.n_ctx = 4096;
+    s.n_head_dim = 192;
+    s.mla_rope_dim = 64;
+    s.mla_v_head_dim = 128;
+    s.kv_lora_rank = 512;
+    s.q_lora_rank = 0;
+    s.mla_dense_layers = 1;
+    s.n_expert = 16;
+    s.n_expert_used = 4;
+    s.n_expert_shared = 2;
+    s.n_ff_exp = 704;
     return s;
   }
   // The shapes of the other families: n_embd 256, n_ff 512, 4 heads, 2 KV heads, 2 layers,

@@ -54,6 +54,11 @@
 //                           and scaled by 2.5 (DeepSeek-V3's routing); the router stays f32;
 //   tiny-deepseek2-yarn:    tiny-deepseek2 with YaRN: factor 40, original context 64,
 //                           yarn_log_multiplier 0.0707 (DeepSeek-V2's mscale_all_dim 0.707).
+//   deepseek2-bench:        DeepSeek-V2-Lite's attention at a smaller width, for benchmarks
+//                           (bench/bench_deepseek2.py; ~350 MB at q8_0): n_embd 1024, 8 layers
+//                           (the first dense, n_ff 2816), 16 heads of 128 unrotated + 64 rotated,
+//                           value heads 128, kv_lora_rank 512, no q-LoRA; MoE: 16 experts of
+//                           n_ff 704, top-4 by softmax, 2 shared experts; context 4096, no YaRN.
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its

@@ -1276,6 +1276,100 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
   }
 }
 
+// MLA's decompressed attention against a float64 evaluation of its formula (rope_dim 16 and 0,
+// nope_dim 32 (SIMD scores) and 20 (the definition)); every token's output is bitwise the same
+// alone, in a batch with others, and on one or two threads.
+TEST(MlaDecompressedAttentionTest, MatchesFloat64AndIsBatchInvariant) {
+  struct Shape {
+    int32_t heads, nope, rope, vd, ctx;
+  };
+  for (const Shape sh : {Shape{3, 32, 16, 24, 37}, Shape{2, 20, 0, 16, 19}}) {
+    SCOPED_TRACE(sh.nope * 100 + sh.rope);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto fill = [&](size_t n) {
+      std::vector<float> v(n);
+      for (float& x : v) x = nd(rng);
+      return v;
+    };
+    const int64_t qk = sh.nope + sh.rope, n_tokens = 11;
+    const std::vector<float> q = fill(n_tokens * sh.heads * qk);
+    const std::vector<float> k_nope = fill(sh.ctx * sh.heads * sh.nope);
+    const std::vector<float> k_rope = fill(sh.ctx * std::max(sh.rope, 1));
+    const std::vector<float> v = fill(sh.ctx * sh.heads * sh.vd);
+    std::vector<int32_t> n_visible;
+    for (int64_t t = 0; t < n_tokens; ++t) n_visible.push_back(sh.ctx - 10 + t);
+    MlaDecompressedKv kv{k_nope.data(), k_rope.data(), v.data(), sh.ctx,
+                         sh.heads,      sh.nope,       sh.rope,  sh.vd};
+    const float scale = 0.2f;
+    std::vector<float> all(n_tokens * sh.heads * sh.vd);
+    ThreadPool pool2(2), pool1(1);
+    Scratch scratch;
+    ASSERT_TRUE(
+        MlaDecompressedAttention(pool2, kv, q.data(), n_visible, all.data(), scale, scratch).ok());
+    double max_err = 0;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t h = 0; h < sh.heads; ++h) {
+        const float* qh = q.data() + (t * sh.heads + h) * qk;
+        std::vector<double> s(n_visible[t]);
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < n_visible[t]; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < sh.nope; ++e) {
+            dot += double{qh[e]} * k_nope[(j * sh.heads + h) * sh.nope + e];
+          }
+          for (int64_t e = 0; e < sh.rope; ++e)
+            dot += double{qh[sh.nope + e]} * k_rope[j * sh.rope + e];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < sh.vd; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j < n_visible[t]; ++j) {
+            o += s[j] / sum * v[(j * sh.heads + h) * sh.vd + e];
+          }
+          max_err = std::max(max_err, std::abs(o - all[(t * sh.heads + h) * sh.vd + e]));
+        }
+      }
+    }
+    EXPECT_LT(max_err, 1e-5);
+    // One token alone on one thread: the same bits as in the batch.
+    for (int64_t t : {0, 5, 10}) {
+      std::vector<float> one(sh.heads * sh.vd);
+      ASSERT_TRUE(MlaDecompressedAttention(pool1, kv, q.data() + t * sh.heads * qk,
+                                           std::span(&n_visible[t], 1), one.data(), scale, scratch)
+                      .ok());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + t * sh.heads * sh.vd))
+          << "token " << t;
+    }
+  }
+}
+
+TEST(MlaDecompressedAttentionTest, RejectsBadInputNamingIt) {
+  ThreadPool pool(1);
+  Scratch scratch;
+  const std::vector<float> k(4 * 2 * 16, 0.1f), r(4 * 16, 0.1f), v(4 * 2 * 16, 0.1f);
+  const std::vector<float> q(2 * 32, 0.1f);
+  std::vector<float> out(2 * 16);
+  MlaDecompressedKv kv{k.data(), r.data(), v.data(), 4, 2, 16, 16, 16};
+  const std::vector<int32_t> ok = {4}, zero = {0}, past = {5};
+  EXPECT_TRUE(MlaDecompressedAttention(pool, kv, q.data(), ok, out.data(), 0, scratch).ok());
+  absl::Status s = MlaDecompressedAttention(pool, kv, q.data(), zero, out.data(), 0, scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("n_visible[0] = 0 is outside [1, 4]"), std::string::npos) << s;
+  s = MlaDecompressedAttention(pool, kv, q.data(), past, out.data(), 0, scratch);
+  EXPECT_NE(s.message().find("n_visible[0] = 5"), std::string::npos) << s;
+  MlaDecompressedKv no_v = kv;
+  no_v.v = nullptr;
+  s = MlaDecompressedAttention(pool, no_v, q.data(), ok, out.data(), 0, scratch);
+  EXPECT_NE(s.message().find("is null"), std::string::npos) << s;
+  MlaDecompressedKv no_heads = kv;
+  no_heads.n_heads = 0;
+  s = MlaDecompressedAttention(pool, no_heads, q.data(), ok, out.data(), 0, scratch);
+  EXPECT_NE(s.message().find("n_heads 0"), std::string::npos) << s;
+}
+
 TEST(MlaAttentionTest, RejectsBadInputNamingIt) {
   ThreadPool pool(1);
   Scratch scratch;

@@ -608,4 +608,108 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
   return absl::OkStatus();
 }
 
+absl::Status MlaDecompressedAttention(ThreadPool& pool, const MlaDecompressedKv& kv, const float* q,
+                                      std::span<const int32_t> n_visible, float* out, float scale,
+                                      Scratch& scratch, CpuLevel level) {
+  const int64_t n_tokens = static_cast<int64_t>(n_visible.size());
+  const int64_t n_heads = kv.n_heads, nope = kv.nope_dim, rd = kv.rope_dim, vd = kv.v_dim,
+                n_ctx = kv.n_ctx, qk = nope + rd;
+  if (n_ctx <= 0 || n_heads <= 0 || nope <= 0 || rd < 0 || vd <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaDecompressedAttention: n_ctx %d, n_heads %d, nope_dim %d, rope_dim %d, v_dim %d: "
+        "need positive sizes (rope_dim >= 0)",
+        n_ctx, n_heads, nope, rd, vd));
+  }
+  if (n_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || out == nullptr || kv.k_nope == nullptr || kv.v == nullptr ||
+      (rd > 0 && kv.k_rope == nullptr)) {
+    return absl::InvalidArgumentError(
+        "MlaDecompressedAttention: q, out, k_nope, k_rope or v is null");
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (n_visible[t] < 1 || n_visible[t] > n_ctx) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("MlaDecompressedAttention: n_visible[%d] = %d is outside [1, %d]", t,
+                          n_visible[t], n_ctx));
+    }
+  }
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const OpKernels& k = GetOpKernels(level);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  // The SIMD score kernels cover whole 16-element steps; other lengths use the definition.
+  const auto nope_scores = nope % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  const auto rope_scores = rd % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
+  constexpr int64_t kBlock = 8;
+  const int64_t n_blocks = (n_tokens + kBlock - 1) / kBlock;
+  // Per thread: row pointers [3, n_ctx], scores and rope scores [kBlock, n_ctx], q parts
+  // [kBlock, nope] and [kBlock, rd], the output accumulator [kBlock, vd].
+  const size_t per_thread = 3 * Align64(n_ctx * sizeof(void*)) +
+                            2 * Align64(kBlock * n_ctx * sizeof(float)) +
+                            Align64(kBlock * (nope + rd + vd) * sizeof(float));
+  uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
+  if (ws == nullptr) {
+    return absl::ResourceExhaustedError("MlaDecompressedAttention: scratch allocation failed");
+  }
+  pool.ParallelFor(n_heads * n_blocks, [&](int64_t task0, int64_t task1, int thread) {
+    uint8_t* mine = ws + per_thread * thread;
+    const void** k_rows = reinterpret_cast<const void**>(mine);
+    mine += Align64(n_ctx * sizeof(void*));
+    const void** r_rows = reinterpret_cast<const void**>(mine);
+    mine += Align64(n_ctx * sizeof(void*));
+    const void** v_rows = reinterpret_cast<const void**>(mine);
+    mine += Align64(n_ctx * sizeof(void*));
+    float* scores = reinterpret_cast<float*>(mine);  // [kBlock, n_ctx]
+    mine += Align64(kBlock * n_ctx * sizeof(float));
+    float* rope_part = reinterpret_cast<float*>(mine);  // [kBlock, n_ctx]
+    mine += Align64(kBlock * n_ctx * sizeof(float));
+    float* q_nope = reinterpret_cast<float*>(mine);  // [kBlock, nope]
+    float* q_rope = q_nope + kBlock * nope;          // [kBlock, rd]
+    float* acc = q_rope + kBlock * rd;               // [kBlock, vd]
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t h = task / n_blocks, t0 = task % n_blocks * kBlock;
+      const int64_t nq = std::min(kBlock, n_tokens - t0);
+      int64_t max_vis = 0, min_vis = n_ctx;
+      for (int64_t g = 0; g < nq; ++g) {
+        max_vis = std::max<int64_t>(max_vis, n_visible[t0 + g]);
+        min_vis = std::min<int64_t>(min_vis, n_visible[t0 + g]);
+      }
+      for (int64_t j = 0; j < max_vis; ++j) {
+        k_rows[j] = kv.k_nope + (j * n_heads + h) * nope;
+        r_rows[j] = kv.k_rope + j * rd;
+        v_rows[j] = kv.v + (j * n_heads + h) * vd;
+      }
+      for (int64_t g = 0; g < nq; ++g) {
+        const float* qh = q + ((t0 + g) * n_heads + h) * qk;
+        std::copy(qh, qh + nope, q_nope + g * nope);
+        std::copy(qh + nope, qh + qk, q_rope + g * rd);
+      }
+      // Scores of every row any token of the block sees (each score is its own dot, so the
+      // rows a token does not see change nothing of its values).
+      nope_scores(q_nope, nq, k_rows, max_vis, KvElem::kF32, nope, scores, n_ctx);
+      if (rd > 0) rope_scores(q_rope, nq, r_rows, max_vis, KvElem::kF32, rd, rope_part, n_ctx);
+      for (int64_t g = 0; g < nq; ++g) {
+        float* sg = scores + g * n_ctx;
+        const int64_t nv = n_visible[t0 + g];
+        if (rd > 0) k.add(sg, rope_part + g * n_ctx, nv, sg);
+        k.scale(sg, scale, nv);
+        const double sum = k.softmax_exp(sg, k.max(sg, nv), nv, sg);
+        k.scale(sg, static_cast<float>(1.0 / sum), nv);
+      }
+      // Σ_j p_j v_j: the rows every token sees in one call, then each token's own tail, one
+      // chain per output element in row order either way.
+      std::fill(acc, acc + nq * vd, 0.0f);
+      k.kv_accumulate_rows(acc, scores, n_ctx, nq, v_rows, min_vis, KvElem::kF32, vd);
+      for (int64_t g = 0; g < nq; ++g) {
+        const int64_t nv = n_visible[t0 + g];
+        if (nv > min_vis) {
+          k.kv_accumulate_rows(acc + g * vd, scores + g * n_ctx + min_vis, n_ctx, 1,
+                               v_rows + min_vis, nv - min_vis, KvElem::kF32, vd);
+        }
+        std::copy(acc + g * vd, acc + (g + 1) * vd, out + ((t0 + g) * n_heads + h) * vd);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 }  // namespace kiln::cpu

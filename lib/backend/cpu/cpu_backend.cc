@@ -277,6 +277,57 @@ absl::Status CpuBackend::MlaAttention(const KvCache& cache, int32_t layer,
   return MlaPagedAttention(pool_, kv, ab, w, q, n_heads, out, scale, scratch_);
 }
 
+absl::Status CpuBackend::ReadLatent(const KvCache& cache, int32_t layer,
+                                    std::span<const KvSlot> slots, float* c, float* k_rope) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  if (slots.empty()) return absl::OkStatus();
+  if (c == nullptr || k_rope == nullptr) {
+    return absl::InvalidArgumentError("ReadLatent: c or k_rope is null");
+  }
+  // The exact decoders (f16/bf16 widening, q8_0 as f16 scale x int8).
+  const QuantKernels* c_type = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
+  const QuantKernels* r_type = GetQuantKernels(layout.rope_elem_type(), CpuLevel::kScalar);
+  if (c_type == nullptr || c_type->dequantize == nullptr || r_type == nullptr ||
+      r_type->dequantize == nullptr) {
+    return absl::UnimplementedError("ReadLatent: the latent cache's element type has no decoder");
+  }
+  const int64_t kvl = layout.kv_lora_rank(), rd = layout.row_elems() - kvl;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
+        slots[i].offset >= layout.block_size()) {
+      return absl::OutOfRangeError(absl::StrCat("ReadLatent: slots[", i, "] (block ",
+                                                slots[i].block, ", row ", slots[i].offset,
+                                                ") is outside the cache"));
+    }
+    const std::byte* row = cache.LatentRow(slots[i], layer);
+    c_type->dequantize(row, c + i * kvl, kvl);
+    if (rd > 0) r_type->dequantize(row + layout.rope_offset_bytes(), k_rope + i * rd, rd);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MlaDecompressedAttention(const float* q,
+                                                  std::span<const int32_t> n_visible,
+                                                  const float* k_nope, const float* k_rope,
+                                                  const float* v, int64_t n_ctx, int32_t n_heads,
+                                                  int32_t nope_dim, int32_t rope_dim, int32_t v_dim,
+                                                  float* out, float scale) {
+  MlaDecompressedKv kv;
+  kv.k_nope = k_nope;
+  kv.k_rope = k_rope;
+  kv.v = v;
+  kv.n_ctx = n_ctx;
+  kv.n_heads = n_heads;
+  kv.nope_dim = nope_dim;
+  kv.rope_dim = rope_dim;
+  kv.v_dim = v_dim;
+  return cpu::MlaDecompressedAttention(pool_, kv, q, n_visible, out, scale, scratch_);
+}
+
 void CpuBackend::CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) {
   const KvLayout& layout = cache.layout();
   const size_t row_bytes = layout.row_bytes();

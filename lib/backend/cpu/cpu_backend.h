@@ -52,6 +52,13 @@ class CpuBackend final : public Backend {
   absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                             const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                             float* out, float scale) override;
+  absl::Status ReadLatent(const KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                          float* c, float* k_rope) override;
+  absl::Status MlaDecompressedAttention(const float* q, std::span<const int32_t> n_visible,
+                                        const float* k_nope, const float* k_rope, const float* v,
+                                        int64_t n_ctx, int32_t n_heads, int32_t nope_dim,
+                                        int32_t rope_dim, int32_t v_dim, float* out,
+                                        float scale) override;
   void CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) override;
 
  private:

@@ -279,6 +279,33 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
                                float* out, float scale, Scratch& scratch,
                                CpuLevel level = BestCpuLevel());
 
+// MLA's decompressed attention (Backend::MlaDecompressedAttention): one sequence's tokens over
+// keys [k_nope[j, h, :] | k_rope[j, :]] and values v[j, h, :] in f32, rows [0, n_visible[t]).
+struct MlaDecompressedKv {
+  const float* k_nope = nullptr;  // [n_ctx, n_heads, nope_dim]
+  const float* k_rope = nullptr;  // [n_ctx, rope_dim] (null when rope_dim is 0)
+  const float* v = nullptr;       // [n_ctx, n_heads, v_dim]
+  int64_t n_ctx = 0;
+  int32_t n_heads = 0;
+  int32_t nope_dim = 0;
+  int32_t rope_dim = 0;
+  int32_t v_dim = 0;
+};
+
+// Per token t and head h, in kiln's batch-invariant kernels:
+//   s_j = (q_nope . k_nope[j, h]) + (q_rope . k_rope[j])        (kv_scores_rows, each part)
+//   p   = softmax_j(s_j * scale) over j < n_visible[t]            (as MlaPagedAttention)
+//   out[t, h, :] = Σ_j p_j v[j, h, :]                              (kv_accumulate_rows)
+//   q: [n_tokens, n_heads, nope_dim + rope_dim]   out: [n_tokens, n_heads, v_dim]
+// Each value is one fixed chain per (token, head), so a token's output is the same in any
+// call and on any thread count. Tasks: (head, block of up to 8 tokens); a block scores the rows
+// any of its tokens sees once and accumulates the rows all of them see in one call.
+// scale <= 0: 1 / sqrt(nope_dim + rope_dim). Errors: null pointers, non-positive sizes, a
+// negative rope_dim, n_visible[t] outside [1, n_ctx] (naming t).
+absl::Status MlaDecompressedAttention(ThreadPool& pool, const MlaDecompressedKv& kv, const float* q,
+                                      std::span<const int32_t> n_visible, float* out, float scale,
+                                      Scratch& scratch, CpuLevel level = BestCpuLevel());
+
 // The tree-visibility builder (lib/backend/attention_mask.h).
 using kiln::BuildTreeVisibility;
 
