@@ -156,7 +156,11 @@ def main():
     ap.add_argument('--decode', type=int, default=16)
     ap.add_argument('--skip-speed', action='store_true')
     ap.add_argument('--skip-greedy', action='store_true')
+    ap.add_argument('--mla-prefill', default='measured', choices=['measured', 'absorbed'],
+                    help="kiln's MLA prefill form (KILN_MLA_PREFILL; the library's default is "
+                         "absorbed, which keeps the bitwise chunking guarantees)")
     args = ap.parse_args()
+    os.environ['KILN_MLA_PREFILL'] = args.mla_prefill
     model = ensure_model(args.build, args.type)
     engine = os.path.join(args.build, 'bench', 'engine_bench')
     if not args.skip_greedy:

@@ -6,8 +6,9 @@
 // kv_lora_rank long) and W_UV applied to the attention-weighted latent, so keys and values are
 // never decompressed:
 //   score_j = (q_abs · c_j + q_rope · kr_j) · scale,  out_h = W_UV_h Σ_j softmax(score)_j c_j.
-// A long prompt chunk runs decompressed instead (ChooseDecompressed: by that sequence's own chunk
-// and context sizes, measured): its context's latents are read back, K_nope = C W_UKᵀ and
+// With MlaPrefillMode::kMeasured (the engine: KILN_MLA_PREFILL=measured) a long prompt chunk runs
+// decompressed instead (ChooseDecompressed: by that sequence's own chunk and context sizes,
+// measured): its context's latents are read back, K_nope = C W_UKᵀ and
 // V = C W_UV computed by two matmuls over all its rows, then ordinary causal attention
 // (Backend::MlaDecompressedAttention). The two forms agree up to float rounding; each is
 // batch invariant on its own (a token's bits do not depend on the rest of the batch or the thread
@@ -41,9 +42,9 @@ enum class MlaPrefillMode {
 bool ChooseDecompressed(const ModelHparams& hp, int64_t n_new, int64_t n_ctx);
 
 // Unimplemented for rope scaling other than YaRN. Layers from n_layer_dense_lead on run their
-// feed-forward as mixture-of-experts (moe_ffn.h). `mode` other than kMeasured is for tests and
-// benchmarks.
+// feed-forward as mixture-of-experts (moe_ffn.h). The default keeps every bitwise guarantee of
+// docs/numerics.md; kMeasured trades the chunking ones for speed on long prompts.
 absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(
-    const Model& model, Backend& backend, MlaPrefillMode mode = MlaPrefillMode::kMeasured);
+    const Model& model, Backend& backend, MlaPrefillMode mode = MlaPrefillMode::kAbsorbed);
 
 }  // namespace kiln

@@ -22,6 +22,7 @@
 // scaling other than YaRN, gating functions other than softmax and sigmoid, fused
 // ffn_gate_up_exps.
 #include <cmath>
+#include <cstdlib>
 
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
@@ -280,9 +281,14 @@ class Deepseek2Architecture final : public Architecture {
                          static_cast<int32_t>(hp.mla.rope_dim), kv_type, block_size);
   }
 
+  // Absorbed everywhere unless KILN_MLA_PREFILL=measured: the measured choice is faster for long
+  // prompt chunks but gives up the bitwise chunking guarantees (docs/numerics.md).
   absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
                                                           Backend& backend) const override {
-    return NewMlaForward(model, backend);
+    const char* env = std::getenv("KILN_MLA_PREFILL");
+    const bool measured = env != nullptr && std::string_view(env) == "measured";
+    return NewMlaForward(model, backend,
+                         measured ? MlaPrefillMode::kMeasured : MlaPrefillMode::kAbsorbed);
   }
 };
 
