@@ -22,7 +22,10 @@
 //              [--eagle HEAD.gguf (adds the EAGLE strategy with this head file; its tree size
 //              chosen per step from the measured pass cost)]
 //              [--only-medusa (plain and the head strategies, medusa and eagle, only)]
+// With --medusa it first prints the cost of one Medusa proposal (the heads and their LM head,
+// full tree, median of 200 calls on a fixed feature) against one plain decoding step.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -215,6 +218,35 @@ int main(int argc, char** argv) {
     }
     medusa = std::move(*loaded);
     strategies.push_back({"medusa", medusa.get()});
+    // Proposal cost: the full tree from a fixed feature (the heads' cost does not depend on it).
+    const int64_t d = (*model)->hparams().n_embd;
+    const std::vector<float> feature(d, 0.5f);
+    const std::vector<int32_t> context(8, 1);
+    std::vector<double> ms;
+    DraftTree tree;
+    for (int i = 0; i < 200; ++i) {
+      medusa->ObserveTargetFeatures(7, 8, feature, d);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!medusa->Propose(context, 64, {}, &tree).ok()) return 1;
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    medusa->Reset();
+    const std::vector<int32_t> warm =
+        *(*model)->tokenizer().Encode(ChatPrompt(kChatPrompts[0]), true, true);
+    auto plain = GenerateSpeculative(**engine, warm, sample::SamplerParams{}, 1, nullptr, 16);
+    const double step_ms =
+        plain.ok() && plain->metrics.generated > 0
+            ? 1000.0 * plain->decode_seconds / static_cast<double>(plain->metrics.generated)
+            : 0.0;
+    const MedusaHead& h = medusa->head();
+    std::printf(
+        "medusa proposal: %.2f ms (median of 200; %d nodes, %d heads, vocabulary %lld), plain "
+        "step %.2f ms: %.2f of a step\n",
+        Median(ms), tree.size(), h.tree.MaxDepth(tree.size()),
+        static_cast<long long>(h.vocab_ids.empty() ? (*model)->hparams().n_vocab
+                                                   : static_cast<int64_t>(h.vocab_ids.size())),
+        step_ms, step_ms > 0 ? Median(ms) / step_ms : 0.0);
   }
   std::unique_ptr<EagleStrategy> eagle;
   if (!eagle_path.empty()) {

@@ -853,8 +853,10 @@ KILN_API kiln_status kiln_medusa_params_init(kiln_medusa_params* params, size_t 
  * tools/train/ makes them; docs/speculative.md): they draft a static tree from the target's
  * final hidden state, verified exactly (greedy output identical to plain decoding, sampling
  * distributed as plain sampling). Statuses: KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too
- * small, a bad field, a head trained for another model: the message names what differs, or a
- * file that is not a medusa head), KILN_ERR_FORMAT (a malformed head file), KILN_ERR_IO,
+ * small, a bad field, a head trained for another model: the message names what differs, a
+ * file that is not a medusa head, a head format version newer than this library reads, or a
+ * reduced vocabulary with ids outside the target's), KILN_ERR_FORMAT (a malformed head file),
+ * KILN_ERR_IO,
  * KILN_ERR_OUT_OF_MEMORY. */
 KILN_API kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* head_path,
                                                  const kiln_medusa_params* params,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,61 @@ void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {
   }
 }
 
+// Format version 2's optional reduced vocabulary: medusa.vocab.ids and medusa.lm_head.weight.
+absl::Status ReadReducedVocabulary(const gguf::GgufFile& file, const std::string& path,
+                                   const TargetFingerprint& target, MedusaHead* head) {
+  const bool has_ids = file.FindKey("medusa.vocab.ids") != nullptr;
+  const gguf::TensorInfo* t = file.FindTensor("medusa.lm_head.weight");
+  if (!has_ids && t == nullptr) return absl::OkStatus();
+  if (!has_ids || t == nullptr) {
+    return absl::DataLossError(
+        kiln::StrCat(path,
+                     ": a reduced-vocabulary medusa head needs both medusa.vocab.ids and "
+                     "the tensor medusa.lm_head.weight; the file has only ",
+                     has_ids ? "medusa.vocab.ids" : "medusa.lm_head.weight"));
+  }
+  absl::StatusOr<std::vector<int64_t>> ids = file.GetIntArray("medusa.vocab.ids");
+  if (!ids.ok()) {
+    return absl::DataLossError(
+        kiln::StrCat(path, ": key medusa.vocab.ids: ", ids.status().message()));
+  }
+  if (ids->empty()) return absl::DataLossError(kiln::StrCat(path, ": medusa.vocab.ids is empty"));
+  for (size_t j = 0; j < ids->size(); ++j) {
+    const int64_t id = (*ids)[j];
+    if (id < 0 || id >= target.n_vocab) {
+      return absl::InvalidArgumentError(kiln::StrCat(path, ": medusa.vocab.ids[", j, "] = ", id,
+                                                     " is outside the target's vocabulary [0, ",
+                                                     target.n_vocab, ")"));
+    }
+    if (j > 0 && id <= (*ids)[j - 1]) {
+      return absl::DataLossError(kiln::StrCat(path,
+                                              ": medusa.vocab.ids is not strictly ascending at ", j,
+                                              " (", (*ids)[j - 1], ", then ", id, ")"));
+    }
+    head->vocab_ids.push_back(static_cast<int32_t>(id));
+  }
+  const uint64_t rows = head->vocab_ids.size(), n = static_cast<uint64_t>(head->n_embd);
+  if (t->ne != std::vector<uint64_t>{n, rows}) {
+    return absl::DataLossError(kiln::StrCat(path, ": tensor medusa.lm_head.weight has shape [",
+                                            absl::StrJoin(t->ne, ", "), "], expected [", n, ", ",
+                                            rows, "] (n_embd, the ids' count)"));
+  }
+  const std::optional<GgmlTypeInfo> info = GgmlTypeInfoOf(t->type);
+  if (!info || t->nbytes != GgmlRowBytes(*info, n) * rows) {
+    return absl::DataLossError(kiln::StrCat(path, ": tensor medusa.lm_head.weight has type ",
+                                            GgmlTypeName(t->type), " and ", t->nbytes,
+                                            " bytes, which do not make ", rows, " rows of ", n));
+  }
+  head->lm_head_type = static_cast<GgmlType>(t->type);
+  head->lm_head.assign(t->data, t->data + t->nbytes);
+  if (head->lm_head_type == GgmlType::kF32 || head->lm_head_type == GgmlType::kF16) {
+    KILN_ASSIGN_OR_RETURN(std::vector<float> values,
+                          ReadF32(file, "medusa.lm_head.weight", {n, rows}));
+    (void)values;  // read only to refuse non-finite rows
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<MedusaHead> LoadMedusaHead(const std::string& path, const Model& target) {
@@ -70,6 +126,20 @@ absl::StatusOr<MedusaHead> LoadMedusaHead(const std::string& path, const Model& 
     return absl::InvalidArgumentError(
         kiln::StrCat(path, ": not a medusa head file (general.architecture is '",
                      arch.ok() ? *arch : "absent", "', expected 'medusa')"));
+  }
+  uint64_t version = 1;
+  if (file->FindKey("medusa.format_version") != nullptr) {
+    absl::StatusOr<uint64_t> v = file->GetUint("medusa.format_version");
+    if (!v.ok()) {
+      return absl::DataLossError(
+          kiln::StrCat(path, ": key medusa.format_version: ", v.status().message()));
+    }
+    version = *v;
+  }
+  if (version < 1 || version > kMedusaFormatVersion) {
+    return absl::InvalidArgumentError(kiln::StrCat(path, ": medusa head format version ", version,
+                                                   "; this kiln reads 1 to ", kMedusaFormatVersion,
+                                                   " (a newer kiln may read it)"));
   }
   MedusaHead head;
   KILN_ASSIGN_OR_RETURN(head.target, ReadTargetFingerprint(*file, kArch));
@@ -92,12 +162,14 @@ absl::StatusOr<MedusaHead> LoadMedusaHead(const std::string& path, const Model& 
                           ReadF32(*file, kiln::StrCat("medusa.", h, ".bias"), {n}));
   }
   KILN_ASSIGN_OR_RETURN(head.tree, ReadStaticTree(*file, kArch, head.n_heads, kMedusaMaxRank));
+  if (version >= 2) KILN_RETURN_IF_ERROR(ReadReducedVocabulary(*file, path, model_fp, &head));
   return head;
 }
 
 absl::Status WriteMedusaHead(const MedusaHead& head, const std::string& path, bool f16) {
   gguf::GgufWriter w;
   w.SetString("general.architecture", kArch);
+  w.SetUint32("medusa.format_version", kMedusaFormatVersion);
   w.SetUint32("medusa.head_count", static_cast<uint32_t>(head.n_heads));
   w.SetUint32("medusa.embedding_length", static_cast<uint32_t>(head.n_embd));
   WriteTargetFingerprint(head.target, kArch, w);
@@ -124,15 +196,30 @@ absl::Status WriteMedusaHead(const MedusaHead& head, const std::string& path, bo
         kiln::StrCat("medusa.", h, ".bias"), static_cast<uint32_t>(GgmlType::kF32), {n},
         std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size() * sizeof(float))));
   }
+  if (!head.vocab_ids.empty()) {
+    w.SetArrayInt32("medusa.vocab.ids", head.vocab_ids);
+    KILN_RETURN_IF_ERROR(w.AddTensor("medusa.lm_head.weight",
+                                     static_cast<uint32_t>(head.lm_head_type),
+                                     {n, static_cast<uint64_t>(head.vocab_ids.size())},
+                                     std::span(head.lm_head.data(), head.lm_head.size())));
+  }
   return w.WriteToFile(path);
 }
 
+// The head file's own LM-head rows as a matrix the backend multiplies (with its prepared copy).
+struct MedusaStrategy::ReducedLmHead {
+  WeightView view;
+  std::unique_ptr<WeightStore> prepared;
+};
+
 MedusaStrategy::MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Model& target,
-                               const MedusaParams& params)
+                               const MedusaParams& params,
+                               std::shared_ptr<const ReducedLmHead> reduced)
     : head_(std::move(head)),
       target_(&target),
       params_(params),
-      backend_(std::make_unique<cpu::CpuBackend>(params.n_threads)) {}
+      backend_(std::make_unique<cpu::CpuBackend>(params.n_threads)),
+      reduced_(std::move(reduced)) {}
 
 absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Load(const std::string& path,
                                                                      const Model& target,
@@ -150,7 +237,41 @@ absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Create(
   if (head == nullptr || head->n_embd != target.hparams().n_embd) {
     return absl::InvalidArgumentError("MedusaStrategy: the head's hidden size is not the target's");
   }
-  return std::unique_ptr<MedusaStrategy>(new MedusaStrategy(std::move(head), target, params));
+  std::shared_ptr<ReducedLmHead> reduced;
+  if (!head->vocab_ids.empty()) {
+    const int64_t rows = static_cast<int64_t>(head->vocab_ids.size());
+    for (int32_t id : head->vocab_ids) {
+      if (id < 0 || id >= target.hparams().n_vocab) {
+        return absl::InvalidArgumentError(kiln::StrCat("MedusaStrategy: reduced-vocabulary id ", id,
+                                                       " is outside the target's vocabulary [0, ",
+                                                       target.hparams().n_vocab, ")"));
+      }
+    }
+    reduced = std::make_shared<ReducedLmHead>();
+    WeightView& v = reduced->view;
+    v.type = head->lm_head_type;
+    v.data = head->lm_head.data();
+    v.n_in = head->n_embd;
+    v.n_out = rows;
+    v.name = "medusa.lm_head.weight";
+    if (v.row_bytes() == 0 || v.row_bytes() * rows != head->lm_head.size()) {
+      return absl::InvalidArgumentError(kiln::StrCat(
+          "MedusaStrategy: the reduced LM head holds ", head->lm_head.size(), " bytes, not ", rows,
+          " rows of ", head->n_embd, " ", GgmlTypeName(static_cast<uint32_t>(v.type))));
+    }
+    cpu::CpuBackend probe(1);
+    WeightView* one[1] = {&v};
+    KILN_ASSIGN_OR_RETURN(reduced->prepared, probe.PrepareWeights(one, false));
+    // A type the matmul cannot read is refused here, not at the first proposal.
+    std::vector<float> x(head->n_embd, 0.0f), y(rows);
+    if (absl::Status s = probe.MatMul(v, x.data(), 1, y.data()); !s.ok()) {
+      return absl::InvalidArgumentError(kiln::StrCat("MedusaStrategy: the reduced LM head (type ",
+                                                     GgmlTypeName(static_cast<uint32_t>(v.type)),
+                                                     ") cannot be multiplied: ", s.message()));
+    }
+  }
+  return std::unique_ptr<MedusaStrategy>(
+      new MedusaStrategy(std::move(head), target, params, std::move(reduced)));
 }
 
 void MedusaStrategy::Reset() {
@@ -159,7 +280,7 @@ void MedusaStrategy::Reset() {
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MedusaStrategy::Clone() const {
-  std::unique_ptr<MedusaStrategy> c(new MedusaStrategy(head_, *target_, params_));
+  std::unique_ptr<MedusaStrategy> c(new MedusaStrategy(head_, *target_, params_, reduced_));
   c->feature_ = feature_;
   c->feature_context_len_ = feature_context_len_;
   return std::unique_ptr<Strategy>(std::move(c));
@@ -188,7 +309,8 @@ absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t m
   if (n_nodes <= 0) return absl::OkStatus();
   const int32_t depth = tree.MaxDepth(n_nodes);
   const int64_t d = head_->n_embd;
-  const int64_t n_vocab = target_->hparams().n_vocab;
+  const WeightView& lm_head = reduced_ ? reduced_->view : target_->output();
+  const int64_t n_vocab = lm_head.n_out;  // the reduced vocabulary's size when there is one
   // z_k = h + SiLU(W_k h + b_k) for the heads the tree uses.            z: [depth, n_embd]
   z_.resize(depth * d);
   for (int32_t k = 0; k < depth; ++k) {
@@ -203,8 +325,8 @@ absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t m
       z[o] = feature_[o] + pre / (1.0f + std::exp(-pre));
     }
   }
-  logits_.resize(depth * n_vocab);  // [depth, n_vocab] through the target's LM head
-  KILN_RETURN_IF_ERROR(backend_->MatMul(target_->output(), z_.data(), depth, logits_.data()));
+  logits_.resize(depth * n_vocab);  // [depth, n_vocab]
+  KILN_RETURN_IF_ERROR(backend_->MatMul(lm_head, z_.data(), depth, logits_.data()));
   // Candidates per depth: as many as the tree's highest rank there needs.
   std::vector<int32_t> need(depth, 0);
   for (int32_t i = 0; i < n_nodes; ++i) {
@@ -218,7 +340,8 @@ absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t m
   for (int32_t i = 0; i < n_nodes; ++i) {
     const std::vector<int32_t>& top = top_[tree.depths[i] - 1];
     if (tree.ranks[i] >= static_cast<int32_t>(top.size())) break;  // vocabulary smaller than rank
-    out->Add(top[tree.ranks[i]], tree.parents[i]);
+    const int32_t token = top[tree.ranks[i]];
+    out->Add(reduced_ ? head_->vocab_ids[token] : token, tree.parents[i]);
   }
   return absl::OkStatus();
 }

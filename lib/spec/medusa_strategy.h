@@ -20,22 +20,33 @@
 //
 // Head file (GGUF, general.architecture "medusa", lib/spec/draft_head.h for the fingerprint and
 // tree keys):
+//   medusa.format_version    uint32  1 or 2 (absent: 1); a newer version is refused, naming it
 //   medusa.head_count        uint32  K
 //   medusa.embedding_length  uint32  n_embd of the target
 //   medusa.N.weight          [n_embd, n_embd] f32 or f16 (W_N, N = 0 .. K - 1; head N drafts
 //                                              depth N + 1)
 //   medusa.N.bias            [n_embd] f32
-// Cost per proposal: K (n_embd x n_embd) mat-vecs plus the LM head over the heads the tree uses
-// (one batched matmul of max depth rows).
+// Version 2 may add a reduced vocabulary (both or neither):
+//   medusa.vocab.ids         int32[] V' target token ids, strictly ascending, each < n_vocab
+//   medusa.lm_head.weight    [n_embd, V'] any type the CPU matmul reads (the exporter copies the
+//                                         target's LM-head rows for those ids in its own type)
+// With it the heads score only those V' tokens (logits_k = LM_head'(z_k), candidates mapped back
+// through the ids): proposing costs K mat-vecs plus V'/n_vocab of the target's LM head. Tokens
+// outside the subset are never proposed; the target still verifies every candidate, so output
+// is unchanged.
+// Cost per proposal: K (n_embd x n_embd) mat-vecs plus the LM head (the target's or the file's)
+// over the heads the tree uses (one batched matmul of max depth rows).
 //
 // Thread-safety: as every strategy (strategy.h); clones share the read-only head.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "lib/backend/backend.h"
+#include "lib/common/ggml_type.h"
 #include "lib/engine/strategy.h"
 #include "lib/model/model.h"
 #include "lib/spec/draft_head.h"
@@ -56,7 +67,16 @@ struct MedusaHead {
   std::vector<std::vector<float>> biases;   // [K][n_embd]
   StaticTree tree;
   TargetFingerprint target;
+  // Reduced vocabulary (format version 2; empty: the target's full LM head). vocab_ids[j] is the
+  // target token of row j of lm_head: vocab_ids.size() rows of n_embd elements of lm_head_type,
+  // back to back (the GGUF layout).
+  std::vector<int32_t> vocab_ids;
+  GgmlType lm_head_type = GgmlType::kF32;
+  std::vector<uint8_t> lm_head;
 };
+
+// The newest head-file format this build reads (medusa.format_version).
+inline constexpr uint32_t kMedusaFormatVersion = 2;
 
 // The highest rank a tree may name (candidates per head).
 inline constexpr int32_t kMedusaMaxRank = 64;
@@ -65,7 +85,7 @@ inline constexpr int32_t kMedusaMaxRank = 64;
 // made for another model; DataLoss for a malformed file naming the key or tensor; the GGUF
 // reader's errors for the file).
 absl::StatusOr<MedusaHead> LoadMedusaHead(const std::string& path, const Model& target);
-// Writes `head` as a head file (tests, kiln-medusa-head); f16 weights when `f16`.
+// Writes `head` as a head file (format version 2; tests); f16 residual weights when `f16`.
 absl::Status WriteMedusaHead(const MedusaHead& head, const std::string& path, bool f16);
 
 class MedusaStrategy final : public Strategy {
@@ -88,17 +108,22 @@ class MedusaStrategy final : public Strategy {
                              std::span<const float> features, int64_t n_embd) override;
 
   const MedusaHead& head() const { return *head_; }
-  // The heads' logits of the last proposal: [heads used, n_vocab] (tests and tools).
+  // The heads' logits of the last proposal: [heads used, vocabulary] where the vocabulary is
+  // the head's reduced one when it has one (head().vocab_ids), else the target's (tests, tools).
   const std::vector<float>& last_logits() const { return logits_; }
 
  private:
+  struct ReducedLmHead;
   MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Model& target,
-                 const MedusaParams& params);
+                 const MedusaParams& params, std::shared_ptr<const ReducedLmHead> reduced);
 
   std::shared_ptr<const MedusaHead> head_;
   const Model* target_;
   MedusaParams params_;
-  std::unique_ptr<Backend> backend_;       // the LM-head matmul (the target engine's is locked)
+  std::unique_ptr<Backend> backend_;  // the LM-head matmul (the target engine's is locked)
+  // The head file's reduced LM head when it has one (prepared once, shared by clones); else the
+  // heads score with the target's output.
+  std::shared_ptr<const ReducedLmHead> reduced_;
   std::vector<float> feature_;             // [n_embd] the feature that predicted the root
   int32_t feature_context_len_ = -1;       // the context length feature_ is valid for
   std::vector<float> z_;                   // [heads, n_embd]

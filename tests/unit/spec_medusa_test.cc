@@ -1,15 +1,21 @@
 // Medusa heads (lib/spec/medusa_strategy.h) and the target features they read:
 //   - the features the engine returns are exactly what the LM head multiplies;
 //   - a head file made for another model is refused, naming what differs;
+//   - reduced-vocabulary heads (format version 2) draft only their tokens, score them with the
+//     target's own rows, keep greedy output, and malformed ones (ids out of range or unordered,
+//     a missing or misshapen LM head, a newer format version) are refused naming what is wrong;
+//     a version-1 file (no format_version key) still loads;
 //   - greedy output with the Medusa strategy is identical to plain greedy decoding (20 prompts,
 //     the committed head for the default model when present, else a random head);
 //   - at temperature 1 the first emitted token is distributed as the target's (tiny model, a
 //     random head whose tree has several children per node).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -17,7 +23,10 @@
 #include <vector>
 
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/common/strings.h"
 #include "lib/engine/speculative_decoder.h"
+#include "lib/gguf/gguf.h"
+#include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
 #include "lib/sample/sampler.h"
 #include "lib/spec/draft_head.h"
@@ -83,6 +92,41 @@ MedusaHead RandomHead(const Model& target, int32_t n_heads, float scale, uint64_
   }
   head.tree = *MakeStaticTree(std::move(parents), std::move(ranks), n_heads, kMedusaMaxRank);
   return head;
+}
+
+// `head` with the reduced vocabulary `ids`: the target's own LM-head rows for them, bytes as is.
+MedusaHead WithReducedVocabulary(const Model& target, MedusaHead head, std::vector<int32_t> ids) {
+  const WeightView& out = target.output();
+  head.lm_head_type = out.type;
+  head.lm_head.clear();
+  for (int32_t id : ids) {
+    const uint8_t* row = out.Row(id);
+    head.lm_head.insert(head.lm_head.end(), row, row + out.row_bytes());
+  }
+  head.vocab_ids = std::move(ids);
+  return head;
+}
+
+// Copies the head file `from` to `to` without the keys and tensors named in `drop`, then lets
+// `edit` add records: the malformed files of the refusal tests.
+void RewriteHead(const std::string& from, const std::string& to,
+                 const std::vector<std::string>& drop,
+                 const std::function<void(gguf::GgufWriter&)>& edit) {
+  auto file = gguf::GgufFile::Open(from);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto dropped = [&](const std::string& name) {
+    return std::find(drop.begin(), drop.end(), name) != drop.end();
+  };
+  gguf::GgufWriter w;
+  for (const gguf::KeyValue& kv : (*file)->metadata()) {
+    if (!dropped(kv.key)) w.CopyKeyValue(kv);
+  }
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    if (dropped(t.name)) continue;
+    ASSERT_TRUE(w.AddTensor(t.name, t.type, t.ne, std::span(t.data, t.nbytes)).ok());
+  }
+  edit(w);
+  ASSERT_TRUE(w.WriteToFile(to).ok());
 }
 
 class SpecMedusaTest : public kiln::testing::SpecModelTest {
@@ -188,6 +232,143 @@ TEST_F(SpecMedusaTest, RefusesAHeadForAnotherModel) {
   EXPECT_NE(deep.status().message().find("depth 3 but the file has 2 heads"),
             absl::string_view::npos)
       << deep.status();
+}
+
+TEST_F(SpecMedusaTest, ReducedVocabularyHeadDraftsItsTokensAndKeepsGreedyOutput) {
+  const Model& model = *tiny_;
+  const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
+  std::vector<int32_t> ids;  // two thirds of the vocabulary
+  for (int32_t v = 0; v < n_vocab; ++v) {
+    if (v % 3 != 1) ids.push_back(v);
+  }
+  // Zero residual blocks (z = h): head 1's logits are the target's own at the subset's rows.
+  const std::string path = kiln::testing::TempDir() + "/medusa-reduced.gguf";
+  ASSERT_TRUE(
+      WriteMedusaHead(WithReducedVocabulary(
+                          model, RandomHead(model, 2, 0.0f, 5, {-1, -1, 0, 0}, {0, 1, 0, 1}), ids),
+                      path, true)
+          .ok());
+  auto strategy = MedusaStrategy::Load(path, model, {});
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  ASSERT_EQ((*strategy)->head().vocab_ids, ids);
+
+  std::vector<float> feature(d);
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : feature) x = normal(gen);
+  const std::vector<int32_t> context = {1, 72, 101, 108};
+  (*strategy)->ObserveTargetFeatures(3, 4, feature, d);
+  DraftTree tree;
+  ASSERT_TRUE((*strategy)->Propose(context, 8, {}, &tree).ok());
+  ASSERT_EQ(tree.size(), 4);
+  for (int32_t t : tree.tokens) {
+    EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), t)) << "drafted token " << t;
+  }
+  const std::vector<float>& logits = (*strategy)->last_logits();
+  ASSERT_EQ(logits.size(), 2 * ids.size());  // [depth 2, the subset]
+  cpu::CpuBackend backend(1);
+  std::vector<float> full(n_vocab);
+  ASSERT_TRUE(backend.MatMul(model.output(), feature.data(), 1, full.data()).ok());
+  for (size_t j = 0; j < ids.size(); ++j) {
+    ASSERT_NEAR(logits[j], full[ids[j]], 1e-3f * (1.0f + std::abs(full[ids[j]]))) << ids[j];
+  }
+  // Depth 1's best candidate is the best subset token of the target's own logits.
+  int32_t best = ids[0];
+  for (int32_t id : ids) best = full[id] > full[best] ? id : best;
+  EXPECT_EQ(tree.tokens[0], best);
+
+  for (const std::vector<int32_t>& prompt :
+       {std::vector<int32_t>{1, 72, 101, 108, 108, 111}, std::vector<int32_t>{1, 84, 104, 101}}) {
+    auto plain =
+        GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0, nullptr, 24);
+    auto spec = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    strategy->get(), 24);
+    ASSERT_TRUE(plain.ok() && spec.ok());
+    EXPECT_EQ(spec->tokens, plain->tokens);
+    EXPECT_GT(spec->metrics.drafted, 0);
+  }
+}
+
+TEST_F(SpecMedusaTest, RefusesMalformedReducedVocabularyHeads) {
+  const Model& model = *tiny_;
+  const int32_t n_vocab = static_cast<int32_t>(model.hparams().n_vocab);
+  const std::string dir = kiln::testing::TempDir();
+  const std::string good = dir + "/medusa-reduced-good.gguf";
+  const MedusaHead head =
+      WithReducedVocabulary(model, RandomHead(model, 2, 1.0f, 2, {-1, 0}, {0, 0}), {3, 7, 9, 20});
+  ASSERT_TRUE(WriteMedusaHead(head, good, true).ok());
+  ASSERT_TRUE(MedusaStrategy::Load(good, model, {}).ok());
+
+  auto expect_refused = [&](const std::string& file, absl::StatusCode code,
+                            const std::string& needle) {
+    auto s = MedusaStrategy::Load(file, model, {});
+    ASSERT_FALSE(s.ok()) << file;
+    EXPECT_EQ(s.status().code(), code) << s.status();
+    EXPECT_NE(s.status().message().find(needle), absl::string_view::npos) << s.status();
+  };
+  const std::string bad = dir + "/medusa-reduced-bad.gguf";
+  auto ids = [](std::vector<int32_t> v) {
+    return [v](gguf::GgufWriter& w) { w.SetArrayInt32("medusa.vocab.ids", v); };
+  };
+  // An id past the target's vocabulary, and a negative one.
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({3, 7, 9, n_vocab}));
+  expect_refused(bad, absl::StatusCode::kInvalidArgument,
+                 kiln::StrCat("medusa.vocab.ids[3] = ", n_vocab,
+                              " is outside the target's vocabulary [0, ", n_vocab, ")"));
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({-1, 7, 9, 20}));
+  expect_refused(bad, absl::StatusCode::kInvalidArgument, "medusa.vocab.ids[0] = -1 is outside");
+  // Unordered or repeated ids.
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({3, 9, 7, 20}));
+  expect_refused(bad, absl::StatusCode::kDataLoss, "not strictly ascending at 2");
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({3, 7, 7, 20}));
+  expect_refused(bad, absl::StatusCode::kDataLoss, "not strictly ascending at 2");
+  // More ids than LM-head rows; an empty list; ids of the wrong type.
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({3, 7, 9, 20, 21}));
+  expect_refused(bad, absl::StatusCode::kDataLoss, "tensor medusa.lm_head.weight has shape");
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, ids({}));
+  expect_refused(bad, absl::StatusCode::kDataLoss, "medusa.vocab.ids");
+  RewriteHead(good, bad, {"medusa.vocab.ids"},
+              [](gguf::GgufWriter& w) { w.SetString("medusa.vocab.ids", "3 7 9 20"); });
+  expect_refused(bad, absl::StatusCode::kDataLoss, "key medusa.vocab.ids");
+  // Half a reduced vocabulary.
+  RewriteHead(good, bad, {"medusa.lm_head.weight"}, [](gguf::GgufWriter&) {});
+  expect_refused(bad, absl::StatusCode::kDataLoss, "the file has only medusa.vocab.ids");
+  RewriteHead(good, bad, {"medusa.vocab.ids"}, [](gguf::GgufWriter&) {});
+  expect_refused(bad, absl::StatusCode::kDataLoss, "the file has only medusa.lm_head.weight");
+  // A non-finite LM-head row (f32 rows).
+  RewriteHead(good, bad, {"medusa.lm_head.weight"}, [&](gguf::GgufWriter& w) {
+    std::vector<float> rows(4 * model.hparams().n_embd, 0.5f);
+    rows[17] = std::nanf("");
+    ASSERT_TRUE(w.AddTensor("medusa.lm_head.weight", static_cast<uint32_t>(GgmlType::kF32),
+                            {static_cast<uint64_t>(model.hparams().n_embd), 4},
+                            std::span(reinterpret_cast<const uint8_t*>(rows.data()),
+                                      rows.size() * sizeof(float)))
+                    .ok());
+  });
+  expect_refused(bad, absl::StatusCode::kDataLoss, "medusa.lm_head.weight is not finite");
+  // A newer format version is refused by number; version 1 (no key) loads, ignoring nothing it
+  // knows: its heads score the target's full vocabulary.
+  RewriteHead(good, bad, {"medusa.format_version"},
+              [](gguf::GgufWriter& w) { w.SetUint32("medusa.format_version", 3); });
+  expect_refused(bad, absl::StatusCode::kInvalidArgument,
+                 "medusa head format version 3; this kiln reads 1 to 2");
+  RewriteHead(good, bad, {"medusa.format_version"},
+              [](gguf::GgufWriter& w) { w.SetString("medusa.format_version", "2"); });
+  expect_refused(bad, absl::StatusCode::kDataLoss, "key medusa.format_version");
+  const std::string v1 = dir + "/medusa-v1.gguf";
+  RewriteHead(good, v1, {"medusa.format_version", "medusa.vocab.ids", "medusa.lm_head.weight"},
+              [](gguf::GgufWriter&) {});
+  auto old = MedusaStrategy::Load(v1, model, {});
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_TRUE((*old)->head().vocab_ids.empty());
+  // Ids checked again when a head is handed over in memory.
+  MedusaHead in_memory = head;
+  in_memory.vocab_ids[1] = n_vocab + 5;
+  auto created = MedusaStrategy::Create(std::make_shared<const MedusaHead>(in_memory), model, {});
+  ASSERT_FALSE(created.ok());
+  EXPECT_NE(created.status().message().find("outside the target's vocabulary"),
+            absl::string_view::npos)
+      << created.status();
 }
 
 TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {

@@ -3,8 +3,9 @@ file that `kiln --strategy medusa:PATH` loads (lib/spec/medusa_strategy.h has th
 
   python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR [--heads 3]
       [--minutes 30] [--max-steps N] [--batch 256] [--lr 1e-3] [--seed 0] [--negatives N]
+      [--vocab V]
   python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR --export HEAD.gguf
-      [--tree-size 12] [--pass-cost-beta 0.1]
+      [--tree-size 12] [--pass-cost-beta 0.1] [--vocab V] [--eval-data PREFIX]
 
 Numpy only, with hand-written gradients (no PyTorch needed). Head j (0-based) reads the target's
 final hidden state h at position p and predicts the token at p + 2 + j (the target's LM head
@@ -14,6 +15,14 @@ cross-entropy over the full vocabulary or (--negatives N) over the data's target
 random others per step. The last 10% of the samples (in index order) are held
 out: the acceptance table (how often the target's token is the head's r-th candidate, per head
 and rank) is measured there and chooses the static tree.
+
+--vocab V (reduced-vocabulary heads, head-file format version 2): the heads score only the V
+tokens most frequent in the training samples (ties to the lower id; kept in the checkpoint), with
+their own copy of the target's LM-head rows for them in the target's own type, so proposing costs
+V / n_vocab of the full LM head. Training then uses the full softmax over those V tokens, and
+positions whose target is outside them do not count. --vocab at export with a checkpoint trained
+without it cuts that checkpoint's heads to the subset. --eval-data measures the acceptance table
+(and so the tree) on all samples of another kiln-features output instead of the held-out 10%.
 
 Resumable: DIR/checkpoint.npz holds weights, Adam state, the step and the RNG state, written
 every --checkpoint-every steps and at the end; a rerun continues from it until --minutes of
@@ -30,10 +39,14 @@ import numpy as np
 import gguf
 
 
+def lm_head_tensor(reader):
+    tensors = {t.name: t for t in reader.tensors}
+    return tensors.get("output.weight", tensors["token_embd.weight"])
+
+
 def load_lm_head(model_path):
     r = gguf.GGUFReader(model_path)
-    tensors = {t.name: t for t in r.tensors}
-    t = tensors.get("output.weight", tensors["token_embd.weight"])
+    t = lm_head_tensor(r)
     E = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)  # [V, d]
     f = r.fields["tokenizer.ggml.tokens"]
     h = 0xCBF29CE484222325
@@ -64,6 +77,16 @@ def load_data(prefix, n_heads):
     return feats, np.array(rows), np.array(targets, dtype=np.int64), np.array(sample_of), len(counts)
 
 
+def vocab_subset(prefix, n_samples_used, size):
+    """The `size` tokens most frequent in the first n_samples_used samples (ties to the lower id),
+    ascending: the reduced vocabulary of --vocab."""
+    counts = [int(x) for x in open(prefix + ".index").read().split()]
+    tokens = np.fromfile(prefix + ".tokens", dtype=np.int32)[: sum(counts[:n_samples_used])]
+    freq = np.bincount(tokens)
+    order = np.lexsort((np.arange(len(freq)), -freq))  # by count descending, then id
+    return np.sort(order[: min(size, int((freq > 0).sum()))]).astype(np.int64)
+
+
 def silu(a):
     return a / (1.0 + np.exp(-a))
 
@@ -89,6 +112,7 @@ def train(args):
         W, b, mW, vW, mb, vb = (z[k] for k in ("W", "b", "mW", "vW", "mb", "vb"))
         step, spent = int(z["step"]), float(z["spent"])
         rng.bit_generator.state = z["rng"].item()
+        vocab = z["vocab"] if "vocab" in z and z["vocab"].size else None
         print(f"resumed at step {step}, {spent / 60:.1f} min spent", flush=True)
     else:
         W = np.zeros((K, d, d), np.float32)
@@ -97,6 +121,7 @@ def train(args):
         mW, vW = np.zeros_like(W), np.zeros_like(W)
         mb, vb = np.zeros_like(b), np.zeros_like(b)
         step, spent = 0, 0.0
+        vocab = vocab_subset(args.data, n_train_samples, args.vocab) if args.vocab else None
     data_vocab = np.unique(targets)
     print(f"data: {n_samples} samples, {len(rows)} positions ({len(train_idx)} for training), "
           f"d {d}, vocab {E.shape[0]}", flush=True)
@@ -104,7 +129,8 @@ def train(args):
     def save():  # atomic: a reader (or a crash) never sees half a checkpoint
         tmp = ck + ".tmp.npz"
         np.savez(tmp, W=W, b=b, mW=mW, vW=vW, mb=mb, vb=vb, step=step, spent=spent,
-                 rng=np.array(rng.bit_generator.state, dtype=object))
+                 rng=np.array(rng.bit_generator.state, dtype=object),
+                 vocab=vocab if vocab is not None else np.zeros(0, np.int64))
         os.replace(tmp, ck)
 
     b1, b2, eps = 0.9, 0.999, 1e-8
@@ -114,7 +140,13 @@ def train(args):
         batch = rng.choice(train_idx, size=args.batch, replace=False)
         X = feats[rows[batch]].astype(np.float32)  # [B, d]
         step += 1
-        if args.negatives > 0:
+        if vocab is not None:
+            # Full softmax over the reduced vocabulary; targets outside it are masked below.
+            E_step = E[vocab]
+            pos = np.minimum(np.searchsorted(vocab, targets[batch]), len(vocab) - 1)
+            inside = vocab[pos] == targets[batch]  # [B, K]
+            y_all = np.where(inside, pos, 0)
+        elif args.negatives > 0:
             # Sampled softmax: the tokens the data has as targets plus `negatives` uniform others
             # (drawn afresh each step), instead of all 49k: ~10x cheaper on 2 cores.
             cand = np.unique(np.concatenate([data_vocab, rng.integers(0, E.shape[0],
@@ -130,9 +162,11 @@ def train(args):
             p = np.exp(logits)
             p /= p.sum(axis=1, keepdims=True)
             y = y_all[:, j]
-            losses.append(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+            mask = inside[:, j] if vocab is not None else np.ones(len(y), bool)
+            losses.append(-np.log(p[np.arange(len(y)), y] + 1e-12)[mask].mean())
             p[np.arange(len(y)), y] -= 1.0
-            p /= len(y)
+            p[~mask] = 0.0
+            p /= max(1, mask.sum())
             dZ = p @ E_step  # [B, d]
             da = dZ * (sig * (1.0 + a * (1.0 - sig)))  # d silu(a) / da
             gW = da.T @ X
@@ -157,9 +191,11 @@ def train(args):
     print(f"done: {step} steps of {args.batch}, {spent / 60:.1f} min", flush=True)
 
 
-def acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples, max_rank=8):
-    """acc[j][r]: held-out fraction where the target token is head j's r-th candidate."""
-    val = np.nonzero(sample_of >= int(n_samples * 0.9))[0]
+def acceptance_table(W, b, E, vocab, feats, rows, targets, val, max_rank=8):
+    """acc[j][r]: fraction of positions `val` where the target token is head j's r-th candidate
+    (scored over `vocab` only when given)."""
+    if vocab is not None:
+        E = E[vocab]
     K = W.shape[0]
     acc = np.zeros((K, max_rank))
     for s in range(0, len(val), 256):
@@ -171,6 +207,8 @@ def acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples, 
             part = np.argpartition(-logits, max_rank, axis=1)[:, :max_rank]
             order = np.argsort(-np.take_along_axis(logits, part, axis=1), axis=1, kind="stable")
             top = np.take_along_axis(part, order, axis=1)
+            if vocab is not None:
+                top = vocab[top]
             acc[j] += (top == targets[idx, j][:, None]).sum(axis=0)
     return acc / max(1, len(val)), len(val)
 
@@ -201,13 +239,23 @@ def export(args):
     E, fp = load_lm_head(args.model)
     with np.load(os.path.join(args.out, "checkpoint.npz"), allow_pickle=True) as f:
         z = {k: f[k] for k in ("W", "b", "step", "spent")}
+        vocab = f["vocab"] if "vocab" in f and f["vocab"].size else None
     W, b = z["W"], z["b"]
     K, d = W.shape[0], W.shape[1]
     feats, rows, targets, sample_of, n_samples = load_data(args.data, K)
-    acc, n_val = acceptance_table(args, W, b, E, feats, rows, targets, sample_of, n_samples)
+    if vocab is None and args.vocab:
+        vocab = vocab_subset(args.data, int(n_samples * 0.9), args.vocab)
+    if args.eval_data:
+        feats, rows, targets, sample_of, n_samples = load_data(args.eval_data, K)
+        val = np.arange(len(rows))
+    else:
+        val = np.nonzero(sample_of >= int(n_samples * 0.9))[0]
+    acc, n_val = acceptance_table(W, b, E, vocab, feats, rows, targets, val)
     nodes, gain = choose_tree(acc, args.tree_size, args.pass_cost_beta)
     report = {
         "held_out_positions": n_val,
+        "eval_data": args.eval_data or "the held-out 10% of --data",
+        "vocab_size": int(len(vocab)) if vocab is not None else int(E.shape[0]),
         "acceptance_per_head_rank": [[round(float(x), 4) for x in row] for row in acc],
         "tree_parents": [n[1] for n in nodes],
         "tree_ranks": [n[2] for n in nodes],
@@ -220,6 +268,7 @@ def export(args):
     with open(os.path.join(args.out, "export_report.json"), "w") as f:
         json.dump(report, f, indent=1)
     w = gguf.GGUFWriter(args.export, "medusa")
+    w.add_uint32("medusa.format_version", 2)
     w.add_uint32("medusa.head_count", K)
     w.add_uint32("medusa.embedding_length", d)
     w.add_uint64("medusa.target.vocab_hash", fp["vocab_hash"])
@@ -231,6 +280,12 @@ def export(args):
     for j in range(K):
         w.add_tensor(f"medusa.{j}.weight", W[j].astype(np.float16))
         w.add_tensor(f"medusa.{j}.bias", b[j].astype(np.float32))
+    if vocab is not None:
+        # The target's own LM-head rows for the subset, bytes unchanged (its quant type).
+        t = lm_head_tensor(gguf.GGUFReader(args.model))
+        w.add_array("medusa.vocab.ids", [int(x) for x in vocab])
+        w.add_tensor("medusa.lm_head.weight", np.ascontiguousarray(t.data[vocab]),
+                     raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -253,6 +308,9 @@ def main():
     ap.add_argument("--negatives", type=int, default=0,
                     help="0: full-vocabulary softmax; N: the data's target tokens plus N random "
                          "others per step (sampled softmax)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="reduced-vocabulary heads over the V most frequent training tokens")
+    ap.add_argument("--eval-data", help="kiln-features output to measure acceptance on (export)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--export", help="write the head file here instead of training")
     ap.add_argument("--tree-size", type=int, default=16)
