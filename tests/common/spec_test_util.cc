@@ -1,7 +1,13 @@
 #include "tests/common/spec_test_util.h"
 
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "lib/engine/speculative_decoder.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/random_model.h"
+#include "lib/sample/sampler.h"
 #include "lib/tokenizer/tokenizer.h"
 #include "tests/common/test_util.h"
 
@@ -82,6 +88,95 @@ std::vector<int32_t> SpecModelTest::PlainGreedy(std::span<const int32_t> prompt,
   EXPECT_TRUE(result.ok()) << result.status();
   const auto& all = (*session)->tokens();
   return std::vector<int32_t>(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end());
+}
+
+const char* const kHeldOutChatPrompts[20] = {
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "Give three tips for learning a new language.",
+    "Translate to French: Good morning.",
+    "What is 12 times 7?",
+    "Name the planets of the solar system.",
+    "Why is the sky blue?",
+    "Write a limerick about a cat.",
+    "How do I boil an egg?",
+    "What does a compiler do?",
+    "Suggest a name for a bakery.",
+    "Describe a rainy day in one sentence.",
+    "List three primary colors.",
+    "What is photosynthesis?",
+    "Tell me a fun fact about octopuses.",
+    "How many days are in a leap year?",
+    "What is the opposite of hot?",
+    "Write a short thank-you note.",
+    "Summarize the story of Cinderella.",
+};
+
+void ExpectFirstTokenHasTargetDistribution(Engine& engine, const Model& model,
+                                           spec::Strategy* strategy, int32_t drafted, int samples) {
+  const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  sample::SamplerParams params;
+  params.temperature = 1.0f;
+  params.top_k = 8;
+  params.top_p = 1.0f;
+  params.min_p = 0.0f;
+
+  const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> root_logits, feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 2;
+  request.on_logits = [&](int32_t i, const float* row) {
+    if (i == n - 1) root_logits.assign(row, row + n_vocab);
+  };
+  request.on_hidden = [&](int32_t i, const float* row) {
+    if (i == n - 1) feature.assign(row, row + d);
+  };
+  ASSERT_TRUE(engine.Prefill(request).ok());
+  sample::Sampler sampler(params);
+  sample::Distribution target;
+  ASSERT_TRUE(sampler.Apply(root_logits, prompt, &target).ok());
+  ASSERT_TRUE(engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+
+  sample::Rng rng(12345);
+  spec::SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy);
+  std::map<int32_t, int> counts;
+  int64_t accepted = 0, rejected_at_root = 0;
+  for (int i = 0; i < samples; ++i) {
+    std::vector<int32_t> tokens = prompt;
+    strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+    spec::SpecStepResult step;
+    ASSERT_TRUE(decoder.Step(&tokens, 8, &step).ok());
+    ASSERT_FALSE(step.emitted.empty());
+    ASSERT_EQ(step.drafted, drafted);
+    ++counts[step.emitted[0]];
+    accepted += step.accepted;
+    rejected_at_root += step.accepted == 0;
+    ASSERT_TRUE(
+        engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
+  }
+  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  double tv = 0.0;
+  std::map<int32_t, double> expected;
+  for (const auto& c : target.candidates) expected[c.token] = c.prob;
+  for (const auto& [token, count] : counts) expected.try_emplace(token, 0.0);
+  for (const auto& [token, p] : expected) {
+    const double seen = counts.count(token) ? counts[token] : 0;
+    tv += std::abs(seen / samples - p);
+  }
+  tv *= 0.5;
+  std::printf(
+      "first token: total variation %.4f over %d samples; %lld drafts accepted, %lld "
+      "steps rejected at the root\n",
+      tv, samples, static_cast<long long>(accepted), static_cast<long long>(rejected_at_root));
+  const double bound = 4 * 0.5 * std::sqrt(2.0 / (M_PI * samples)) * std::sqrt(8.0);
+  EXPECT_LT(tv, bound);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected_at_root, 0);
 }
 
 }  // namespace kiln::testing

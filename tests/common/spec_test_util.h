@@ -1,6 +1,7 @@
-// Helpers shared by the speculative-decoding tests (spec_decode, spec_draft, spec_session): the
-// default model and an Engine on it, loaded once per test binary, the ChatML prompt wrapper and
-// plain greedy decoding through a Session (the reference every speculative run is compared to).
+// Helpers shared by the speculative-decoding tests (spec_decode, spec_draft, spec_session,
+// spec_medusa, spec_eagle): the default model and an Engine on it, loaded once per test binary,
+// the ChatML prompt wrapper, plain greedy decoding through a Session (the reference every
+// speculative run is compared to), held-out chat prompts and the sampled-distribution check.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/engine/strategy.h"
 #include "lib/model/model.h"
 #include "lib/sample/sampler.h"
 #include "lib/session/session.h"
@@ -22,6 +24,20 @@ std::string ChatPrompt(std::string_view user);
 
 // Sampler parameters for greedy decoding (temperature 0, the other defaults unchanged).
 sample::SamplerParams GreedyParams();
+
+// Twenty chat prompts none of the trained heads saw in training (tools/train/).
+extern const char* const kHeldOutChatPrompts[20];
+
+// Sampled-distribution check of a feature-reading strategy (Medusa, EAGLE) on `engine`: one
+// speculative step from a fixed state on a fixed prompt, `samples` times, the first emitted
+// token's frequencies against the target's distribution at the root (temperature 1, top-k 8, so
+// the support is small and the bound tight). The strategy is given the root's own feature before
+// each step, and every step must draft `drafted` tokens. Expected total variation of the
+// empirical distribution of 8 outcomes is about 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.013 at
+// N = 8000; the test fails above four times that (0.05), or when no draft was ever accepted or
+// none rejected at the root (both branches of the rejection sampler must run).
+void ExpectFirstTokenHasTargetDistribution(Engine& engine, const Model& model,
+                                           spec::Strategy* strategy, int32_t drafted, int samples);
 
 // A fixture base holding the default model and an Engine on it (2 threads) for the whole test
 // suite. Call LoadDefaultModel from SetUpTestSuite and FreeDefaultModel from TearDownTestSuite.

@@ -31,6 +31,8 @@ namespace {
 
 using kiln::testing::ChatPrompt;
 
+using kiln::testing::kHeldOutChatPrompts;
+
 #if defined(__SANITIZE_ADDRESS__)
 constexpr int32_t kMaxTokens = 8;
 constexpr int kDistributionSamples = 2000;
@@ -38,29 +40,6 @@ constexpr int kDistributionSamples = 2000;
 constexpr int32_t kMaxTokens = 16;
 constexpr int kDistributionSamples = 8000;
 #endif
-
-const char* const kPrompts[] = {
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a hash table is in two sentences.",
-    "Give three tips for learning a new language.",
-    "Translate to French: Good morning.",
-    "What is 12 times 7?",
-    "Name the planets of the solar system.",
-    "Why is the sky blue?",
-    "Write a limerick about a cat.",
-    "How do I boil an egg?",
-    "What does a compiler do?",
-    "Suggest a name for a bakery.",
-    "Describe a rainy day in one sentence.",
-    "List three primary colors.",
-    "What is photosynthesis?",
-    "Tell me a fun fact about octopuses.",
-    "How many days are in a leap year?",
-    "What is the opposite of hot?",
-    "Write a short thank-you note.",
-    "Summarize the story of Cinderella.",
-};
 
 // Forwards to an EagleStrategy and records every feature row the decoder hands it.
 class Recording final : public Strategy {
@@ -252,7 +231,7 @@ TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
   auto strategy = MakeStrategy(*model_, EagleHeadInit::kLastLayer, "eagle-default.gguf", params);
   ASSERT_NE(strategy, nullptr);
   SpecMetrics total;
-  for (const char* p : kPrompts) {
+  for (const char* p : kHeldOutChatPrompts) {
     const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
     const std::vector<int32_t> plain = PlainGreedy(prompt, kMaxTokens);
     auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
@@ -362,17 +341,14 @@ TEST_F(SpecEagleTest, HeadCacheRollsBackToTheAcceptedPath) {
   EXPECT_GT(rejected, 0);
 }
 
-// One speculative step from a fixed state, kDistributionSamples times: the first emitted token's
-// frequencies against the target's distribution at the root (temperature 1, top-k 8). The
-// expected total variation of the empirical distribution of 8 outcomes is about
-// 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.013 at N = 8000; the bound is four times that (0.05).
-// The identity head is given the root's own feature, so its candidates are the target's top-k
-// at the root: drafts are accepted sometimes and rejected sometimes, and both branches of the
-// rejection sampler run. Exactness must not depend on what the feature is.
+// The first emitted token is distributed as plain sampling's (ExpectFirstTokenHasTargetDistribution
+// says how and with what bound). The identity head is given the root's own feature, so its
+// candidates are the target's top-k at the root: drafts are accepted sometimes and rejected
+// sometimes, and both branches of the rejection sampler run. Exactness must not depend on what the
+// feature is.
 TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
   const Model& model = *tiny_;
   Engine& engine = *tiny_engine_;
-  const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
   EagleParams eagle_params;
   eagle_params.tree_tokens = 7;  // the root's 4 best children and 3 grandchildren
   eagle_params.top_k = 4;
@@ -380,68 +356,8 @@ TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
   auto strategy =
       MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-identity.gguf", eagle_params);
   ASSERT_NE(strategy, nullptr);
-  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
-  const int32_t n = static_cast<int32_t>(prompt.size());
-  sample::SamplerParams params;
-  params.temperature = 1.0f;
-  params.top_k = 8;
-  params.top_p = 1.0f;
-  params.min_p = 0.0f;
-
-  const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
-  std::vector<float> root_logits, feature;
-  PrefillRequest request;
-  request.seq = seq;
-  request.tokens = prompt;
-  request.logits_from = n - 2;
-  request.on_logits = [&](int32_t i, const float* row) {
-    if (i == n - 1) root_logits.assign(row, row + n_vocab);
-  };
-  request.on_hidden = [&](int32_t i, const float* row) {
-    if (i == n - 1) feature.assign(row, row + d);
-  };
-  ASSERT_TRUE(engine.Prefill(request).ok());
-  sample::Sampler sampler(params);
-  sample::Distribution target;
-  ASSERT_TRUE(sampler.Apply(root_logits, prompt, &target).ok());
-  ASSERT_TRUE(engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
-
-  sample::Rng rng(12345);
-  SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy.get());
-  std::map<int32_t, int> counts;
-  int64_t accepted = 0, rejected_at_root = 0;
-  for (int i = 0; i < kDistributionSamples; ++i) {
-    std::vector<int32_t> tokens = prompt;
-    strategy->ObserveTargetFeatures(n - 2, n, feature, d);
-    SpecStepResult step;
-    ASSERT_TRUE(decoder.Step(&tokens, 8, &step).ok());
-    ASSERT_FALSE(step.emitted.empty());
-    ASSERT_EQ(step.drafted, 7);
-    ++counts[step.emitted[0]];
-    accepted += step.accepted;
-    rejected_at_root += step.accepted == 0;
-    ASSERT_TRUE(
-        engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
-  }
-  engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
-  double tv = 0.0;
-  std::map<int32_t, double> expected;
-  for (const auto& c : target.candidates) expected[c.token] = c.prob;
-  for (const auto& [token, count] : counts) expected.try_emplace(token, 0.0);
-  for (const auto& [token, p] : expected) {
-    const double seen = counts.count(token) ? counts[token] : 0;
-    tv += std::abs(seen / kDistributionSamples - p);
-  }
-  tv *= 0.5;
-  std::printf(
-      "first token: total variation %.4f over %d samples; %lld drafts accepted, %lld "
-      "steps rejected at the root\n",
-      tv, kDistributionSamples, static_cast<long long>(accepted),
-      static_cast<long long>(rejected_at_root));
-  const double bound = 4 * 0.5 * std::sqrt(2.0 / (M_PI * kDistributionSamples)) * std::sqrt(8.0);
-  EXPECT_LT(tv, bound);
-  EXPECT_GT(accepted, 0);
-  EXPECT_GT(rejected_at_root, 0);
+  kiln::testing::ExpectFirstTokenHasTargetDistribution(engine, model, strategy.get(), 7,
+                                                       kDistributionSamples);
 }
 
 // With tree_tokens 0 the tree's size follows the pass cost: free passes take every node worth
