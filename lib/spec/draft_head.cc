@@ -145,4 +145,16 @@ void WriteStaticTree(const StaticTree& tree, std::string_view arch, gguf::GgufWr
   writer.SetArrayInt32(kiln::StrCat(arch, ".tree.ranks"), tree.ranks);
 }
 
+void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {
+  top->clear();
+  for (int32_t v = 0; v < static_cast<int32_t>(row.size()); ++v) {
+    const float x = row[v];
+    if (static_cast<int32_t>(top->size()) == k && !(x > row[top->back()])) continue;
+    auto at = std::upper_bound(top->begin(), top->end(), x,
+                               [&](float value, int32_t t) { return value > row[t]; });
+    top->insert(at, v);
+    if (static_cast<int32_t>(top->size()) > k) top->pop_back();
+  }
+}
+
 }  // namespace kiln::spec

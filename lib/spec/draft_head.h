@@ -1,5 +1,5 @@
-// What trained draft heads (Medusa today, EAGLE later) share: the fingerprint of the target model
-// a head was trained for, and the static draft tree a head file carries.
+// What trained draft heads (Medusa, EAGLE) share: the fingerprint of the target model a head was
+// trained for, the static draft tree a head file carries, and how a head picks its candidates.
 //
 // Head files are GGUF with their own general.architecture ("medusa"; "eagle" later) and these
 // keys, `<arch>` being that architecture name:
@@ -74,5 +74,9 @@ absl::StatusOr<StaticTree> MakeStaticTree(std::vector<int32_t> parents, std::vec
 absl::StatusOr<StaticTree> ReadStaticTree(const gguf::GgufFile& file, std::string_view arch,
                                           int32_t max_depth, int32_t max_rank);
 void WriteStaticTree(const StaticTree& tree, std::string_view arch, gguf::GgufWriter& writer);
+
+// The k best tokens of `row` into *top (cleared first): highest logit first, ties to the lower id,
+// so a head's candidates are deterministic, as exact tree verification needs.
+void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top);
 
 }  // namespace kiln::spec

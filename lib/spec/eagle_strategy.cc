@@ -70,19 +70,6 @@ absl::Status AddF32(gguf::GgufWriter& w, std::string_view name, std::vector<uint
       std::span(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float)));
 }
 
-// Appends the k best tokens of row (highest first, ties to the lower id) to *top (cleared).
-void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {
-  top->clear();
-  for (int32_t v = 0; v < static_cast<int32_t>(row.size()); ++v) {
-    const float x = row[v];
-    if (static_cast<int32_t>(top->size()) == k && !(x > row[top->back()])) continue;
-    auto at = std::upper_bound(top->begin(), top->end(), x,
-                               [&](float value, int32_t t) { return value > row[t]; });
-    top->insert(at, v);
-    if (static_cast<int32_t>(top->size()) > k) top->pop_back();
-  }
-}
-
 // log(sum(exp(row))), stable.
 float LogSumExp(std::span<const float> row) {
   float m = -INFINITY;

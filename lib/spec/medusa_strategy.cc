@@ -49,19 +49,6 @@ absl::StatusOr<std::vector<float>> ReadF32(const gguf::GgufFile& file, const std
   return out;
 }
 
-// Appends to top (cleared) the k best tokens of row (highest logit first, ties to the lower id).
-void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {
-  top->clear();
-  for (int32_t v = 0; v < static_cast<int32_t>(row.size()); ++v) {
-    const float x = row[v];
-    if (static_cast<int32_t>(top->size()) == k && !(x > row[top->back()])) continue;
-    auto at = std::upper_bound(top->begin(), top->end(), x,
-                               [&](float value, int32_t t) { return value > row[t]; });
-    top->insert(at, v);
-    if (static_cast<int32_t>(top->size()) > k) top->pop_back();
-  }
-}
-
 // Format version 2's optional reduced vocabulary: medusa.vocab.ids and medusa.lm_head.weight.
 absl::Status ReadReducedVocabulary(const gguf::GgufFile& file, const std::string& path,
                                    const TargetFingerprint& target, MedusaHead* head) {
