@@ -45,6 +45,36 @@ void LoadModelAndEngine(const std::string& path, int32_t n_ctx, Model** model_ou
 
 }  // namespace
 
+std::string* SpecHeadTest::tiny_path_ = nullptr;
+Model* SpecHeadTest::tiny_ = nullptr;
+Engine* SpecHeadTest::tiny_engine_ = nullptr;
+
+void SpecHeadTest::SetUpTestSuite() {
+  LoadDefaultModel(1024);
+  tiny_path_ = new std::string(WriteEditedModel("tiny-llama-gqa"));
+  ModelLoadOptions load;
+  load.path = *tiny_path_;
+  auto tiny = Model::Load(load);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  tiny_ = tiny->release();
+  EngineOptions options;
+  options.n_threads = 1;
+  options.n_ctx = 256;
+  auto engine = Engine::Create(*tiny_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  tiny_engine_ = engine->release();
+}
+
+void SpecHeadTest::TearDownTestSuite() {
+  delete tiny_engine_;
+  delete tiny_;
+  delete tiny_path_;
+  tiny_engine_ = nullptr;
+  tiny_ = nullptr;
+  tiny_path_ = nullptr;
+  FreeDefaultModel();
+}
+
 void SpecModelTest::LoadTinyModel(const std::string& shape, int32_t n_ctx) {
   auto model_shape = RandomModelShapeByName(shape);
   ASSERT_TRUE(model_shape.ok()) << model_shape.status();

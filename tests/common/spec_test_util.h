@@ -60,4 +60,17 @@ class SpecModelTest : public ::testing::Test {
   static Engine* engine_;
 };
 
+// The draft-head tests' fixture (spec_medusa, spec_eagle): the default model (n_ctx 1024) and,
+// beside it, kiln-mkmodel's tiny-llama-gqa with a 1-thread Engine (n_ctx 256) for tests that need
+// many cheap steps.
+class SpecHeadTest : public SpecModelTest {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+
+  static std::string* tiny_path_;
+  static Model* tiny_;
+  static Engine* tiny_engine_;
+};
+
 }  // namespace kiln::testing

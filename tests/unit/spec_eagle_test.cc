@@ -68,30 +68,8 @@ class Recording final : public Strategy {
   EagleStrategy* inner_;
 };
 
-class SpecEagleTest : public kiln::testing::SpecModelTest {
+class SpecEagleTest : public kiln::testing::SpecHeadTest {
  protected:
-  static void SetUpTestSuite() {
-    LoadDefaultModel(1024);
-    tiny_path_ = new std::string(kiln::testing::WriteEditedModel("tiny-llama-gqa"));
-    ModelLoadOptions load;
-    load.path = *tiny_path_;
-    auto tiny = Model::Load(load);
-    ASSERT_TRUE(tiny.ok()) << tiny.status();
-    tiny_ = tiny->release();
-    EngineOptions options;
-    options.n_threads = 1;
-    options.n_ctx = 256;
-    auto engine = Engine::Create(*tiny_, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    tiny_engine_ = engine->release();
-  }
-  static void TearDownTestSuite() {
-    delete tiny_engine_;
-    delete tiny_;
-    delete tiny_path_;
-    FreeDefaultModel();
-  }
-
   // Writes a head for `model` into the temp dir and loads it as a strategy.
   static std::unique_ptr<EagleStrategy> MakeStrategy(const Model& model, EagleHeadInit init,
                                                      const std::string& file,
@@ -103,15 +81,7 @@ class SpecEagleTest : public kiln::testing::SpecModelTest {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
   }
-
-  static std::string* tiny_path_;
-  static Model* tiny_;
-  static Engine* tiny_engine_;
 };
-
-std::string* SpecEagleTest::tiny_path_ = nullptr;
-Model* SpecEagleTest::tiny_ = nullptr;
-Engine* SpecEagleTest::tiny_engine_ = nullptr;
 
 // Rewrites the head file at `from` into `to`, letting `edit` change each tensor (name, type, ne,
 // bytes; returning false drops it) and each key.

@@ -108,38 +108,7 @@ void RewriteHead(const std::string& from, const std::string& to,
   ASSERT_TRUE(w.WriteToFile(to).ok());
 }
 
-class SpecMedusaTest : public kiln::testing::SpecModelTest {
- protected:
-  static void SetUpTestSuite() {
-    LoadDefaultModel(1024);
-    tiny_path_ = new std::string(kiln::testing::WriteEditedModel("tiny-llama-gqa"));
-    ModelLoadOptions load;
-    load.path = *tiny_path_;
-    auto tiny = Model::Load(load);
-    ASSERT_TRUE(tiny.ok()) << tiny.status();
-    tiny_ = tiny->release();
-    EngineOptions options;
-    options.n_threads = 1;
-    options.n_ctx = 256;
-    auto engine = Engine::Create(*tiny_, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    tiny_engine_ = engine->release();
-  }
-  static void TearDownTestSuite() {
-    delete tiny_engine_;
-    delete tiny_;
-    delete tiny_path_;
-    FreeDefaultModel();
-  }
-
-  static std::string* tiny_path_;
-  static Model* tiny_;
-  static Engine* tiny_engine_;
-};
-
-std::string* SpecMedusaTest::tiny_path_ = nullptr;
-Model* SpecMedusaTest::tiny_ = nullptr;
-Engine* SpecMedusaTest::tiny_engine_ = nullptr;
+using SpecMedusaTest = kiln::testing::SpecHeadTest;
 
 TEST_F(SpecMedusaTest, FeaturesAreWhatTheLmHeadReads) {
   const std::vector<int32_t> prompt = Encode(ChatPrompt("Name three rivers."));
