@@ -41,15 +41,6 @@ enum {
 
 static atomic_int g_thread_failures;
 
-#define TCHECK(cond)                                                                           \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              kiln_last_error_message());                                                      \
-      atomic_fetch_add(&g_thread_failures, 1);                                                 \
-    }                                                                                          \
-  } while (0)
-
 /* Operation counts, printed at the end. */
 enum op_kind {
   kOpCreate,

@@ -24,15 +24,6 @@ enum { kThreadsPerRound = 4, kGenerated = 3, kMaxTokens = 64 };
 
 static atomic_int g_thread_failures;
 
-#define TCHECK(cond)                                                                           \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              kiln_last_error_message());                                                      \
-      atomic_fetch_add(&g_thread_failures, 1);                                                 \
-    }                                                                                          \
-  } while (0)
-
 static const char kPrompt[] = "The quick brown fox jumps over the lazy dog, then naps.";
 
 typedef struct {
