@@ -25,6 +25,16 @@ std::string ChatPrompt(std::string_view user);
 // Sampler parameters for greedy decoding (temperature 0, the other defaults unchanged).
 sample::SamplerParams GreedyParams();
 
+// The draft-head tests' sizes: tokens generated per prompt, samples of the distribution check
+// (fewer under AddressSanitizer, detected in each test's own translation unit).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr int32_t kHeadTestMaxTokens = 8;
+inline constexpr int kDistributionSamples = 2000;
+#else
+inline constexpr int32_t kHeadTestMaxTokens = 16;
+inline constexpr int kDistributionSamples = 8000;
+#endif
+
 // Twenty chat prompts none of the trained heads saw in training (tools/train/).
 extern const char* const kHeldOutChatPrompts[20];
 

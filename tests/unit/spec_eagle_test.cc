@@ -33,13 +33,8 @@ using kiln::testing::ChatPrompt;
 
 using kiln::testing::kHeldOutChatPrompts;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int32_t kMaxTokens = 8;
-constexpr int kDistributionSamples = 2000;
-#else
-constexpr int32_t kMaxTokens = 16;
-constexpr int kDistributionSamples = 8000;
-#endif
+using kiln::testing::kDistributionSamples;
+using kiln::testing::kHeadTestMaxTokens;
 
 // Forwards to an EagleStrategy and records every feature row the decoder hands it.
 class Recording final : public Strategy {
@@ -203,9 +198,9 @@ TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
   SpecMetrics total;
   for (const char* p : kHeldOutChatPrompts) {
     const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
-    const std::vector<int32_t> plain = PlainGreedy(prompt, kMaxTokens);
+    const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
     auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
-                                    strategy.get(), kMaxTokens);
+                                    strategy.get(), kHeadTestMaxTokens);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->tokens, plain) << p;
     total.steps += spec->metrics.steps;
@@ -227,9 +222,9 @@ TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOnTheTinyModel) {
   for (int p = 0; p < 20; ++p) {
     const std::vector<int32_t> prompt = {1, 72 + p, 101, 108 + p % 3, 108, 111, 44, 32, 119 - p};
     auto plain = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
-                                     nullptr, kMaxTokens);
+                                     nullptr, kHeadTestMaxTokens);
     auto spec = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
-                                    strategy.get(), kMaxTokens);
+                                    strategy.get(), kHeadTestMaxTokens);
     ASSERT_TRUE(plain.ok() && spec.ok()) << plain.status() << spec.status();
     EXPECT_EQ(spec->tokens, plain->tokens) << p;
     total.steps += spec->metrics.steps;

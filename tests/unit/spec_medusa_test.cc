@@ -42,13 +42,8 @@ using kiln::testing::ChatPrompt;
 
 using kiln::testing::kHeldOutChatPrompts;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int32_t kMaxTokens = 8;
-constexpr int kDistributionSamples = 2000;
-#else
-constexpr int32_t kMaxTokens = 16;
-constexpr int kDistributionSamples = 8000;
-#endif
+using kiln::testing::kDistributionSamples;
+using kiln::testing::kHeadTestMaxTokens;
 
 // The committed head for the default model (tools/train/, models/README.md).
 std::string TrainedHeadPath() {
@@ -337,9 +332,9 @@ TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
   SpecMetrics total;
   for (const char* p : kHeldOutChatPrompts) {
     const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
-    const std::vector<int32_t> plain = PlainGreedy(prompt, kMaxTokens);
+    const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
     auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
-                                    strategy.get(), kMaxTokens);
+                                    strategy.get(), kHeadTestMaxTokens);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->tokens, plain) << p;
     total.steps += spec->metrics.steps;
