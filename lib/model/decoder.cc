@@ -14,27 +14,6 @@ void Grow(std::vector<T>& v, size_t n) {
 
 std::string Blk(int64_t layer, const char* tensor) { return StrCat("blk.", layer, ".", tensor); }
 
-struct DecoderLayer {
-  const WeightView* attn_norm;  // [n_embd] f32
-  const WeightView* wq;         // [n_embd -> n_head * head_dim], null when fused
-  const WeightView* wk;         // [n_embd -> n_head_kv * head_dim], null when fused
-  const WeightView* wv;         // [n_embd -> n_head_kv * head_dim], null when fused
-  const WeightView* wqkv;       // [n_embd -> q_dim + 2 kv_dim] (DecoderGraph::fused_qkv), or null
-  const WeightView* wo;         // [n_head * head_dim -> n_embd]
-  const WeightView* bq;         // biases, null when the file has none
-  const WeightView* bk;
-  const WeightView* bv;
-  const WeightView* bo;
-  const WeightView* ffn_norm;  // [n_embd] f32
-  const WeightView* ffn_gate;  // [n_embd -> n_ff], null when fused into ffn_up
-  const WeightView* ffn_up;    // [n_embd -> n_ff], or [n_embd -> 2 n_ff] (gate rows first) fused
-  const WeightView* ffn_down;  // [n_ff -> n_embd]
-  const WeightView* q_norm;    // [head_dim] f32, or null (DecoderGraph::qk_norm)
-  const WeightView* k_norm;
-  const WeightView* post_attn_norm;  // [n_embd] f32, or null (DecoderGraph::post_norms)
-  const WeightView* post_ffn_norm;
-};
-
 // One pass's batch state, kept from Begin to Finish.
 struct PassState {
   const ForwardBatch* batch = nullptr;
@@ -68,6 +47,8 @@ class DecoderForward final : public ForwardPass {
         backend_(backend),
         layers_(std::move(layers)),
         graph_(graph),
+        block_(backend, graph,
+               {hp_.n_embd, hp_.n_head, hp_.n_head_kv, hp_.head_dim, hp_.n_ff, hp_.rms_eps}),
         head_unit_rows_(HeadUnitRows()) {}
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) override {
@@ -100,23 +81,18 @@ class DecoderForward final : public ForwardPass {
   absl::Status HeadRows(PassState& s, int64_t end);
   absl::Status FinishState(PassState& s);
   int64_t HeadUnitRows() const;
-  // y = W x (+ bias)                                      x: [n, w.n_in]   y: [n, w.n_out]
-  absl::Status Linear(const WeightView& w, const WeightView* bias, const float* x, int64_t n,
-                      float* y);
 
   const Model& model_;
   const ModelHparams& hp_;
   Backend& backend_;
   std::vector<DecoderLayer> layers_;
   const DecoderGraph graph_;
+  DecoderBlock block_;  // the layers' arithmetic and its scratch (shared by both pass states)
   const int64_t head_unit_rows_;
 
   // Forward's state and the split pass's (so that a Forward may run between the split pass's
   // calls); both reused across calls (they grow, never shrink).
   PassState whole_, split_;
-  // Scratch of one layer, shared (nothing in it lives from one RunLayers call to the next).
-  std::vector<float> h_, q_, k_, v_, attn_, proj_, gate_, up_;
-  std::vector<float> fused_;  // [n, q_dim + 2 kv_dim] or [rows, 2 n_ff]: a fused matmul's output
 };
 
 absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
@@ -199,13 +175,6 @@ absl::Status DecoderForward::BuildMask(PassState& s) {
   return absl::OkStatus();
 }
 
-absl::Status DecoderForward::Linear(const WeightView& w, const WeightView* bias, const float* x,
-                                    int64_t n, float* y) {
-  KILN_RETURN_IF_ERROR(backend_.MatMul(w, x, n, y));
-  if (bias != nullptr) backend_.AddRowBias(y, bias->AsF32(), n, w.n_out);
-  return absl::OkStatus();
-}
-
 absl::Status DecoderForward::BeginState(PassState& s, const ForwardBatch& batch, KvCache& cache,
                                         ForwardOutput* out) {
   s.begun = false;
@@ -241,19 +210,7 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
   if (!s.begun) return absl::FailedPreconditionError("forward: RunLayers without a Begin");
   until = std::min<int32_t>(until, static_cast<int32_t>(hp_.n_layer));
   const int64_t n = s.n;
-  const int64_t d = hp_.n_embd, hd = hp_.head_dim, q_dim = hp_.n_head * hd,
-                kv_dim = hp_.n_head_kv * hd, ff = hp_.n_ff;
-  Grow(h_, n * d);
-  Grow(q_, n * q_dim);
-  Grow(k_, n * kv_dim);
-  Grow(v_, n * kv_dim);
-  Grow(attn_, n * q_dim);
-  Grow(proj_, n * d);
-  Grow(gate_, n * ff);
-  Grow(up_, n * ff);
-  if (graph_.fused_qkv) Grow(fused_, n * (q_dim + 2 * kv_dim));
-  if (graph_.fused_gate_up) Grow(fused_, n * 2 * ff);
-
+  const int64_t d = hp_.n_embd;
   KvCache& cache = *s.cache;
   const ForwardOutput& out = *s.out;
   AttentionMask mask;
@@ -263,13 +220,13 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
   mask.extra_indptr = s.extra_indptr;
   mask.extra_positions = s.extra_positions;
   const std::span<const KvSlot> slots(s.slots.data(), n);
+  const std::span<const int32_t> positions(s.positions.data(), n);
 
   // Sliding-window layers see [first_visible, n_visible) of their prefix (plus tree extras).
   AttentionMask swa_mask = mask;
   swa_mask.first_visible = std::span<const int32_t>(s.first_visible.data(), s.first_visible.size());
 
   float* x = s.x.data();
-  float* h = h_.data();
   // The rotation PrepareRope last built in this call (the backend's rotation state is shared
   // with passes run between two calls of a split pass, so each call prepares its own).
   const RopeConfig* prepared_rope = nullptr;
@@ -279,52 +236,12 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
     const bool swa = hp_.is_swa(il);
     const RopeConfig& rope = swa ? hp_.rope_swa : hp_.rope;
     if (&rope != prepared_rope) {
-      KILN_RETURN_IF_ERROR(backend_.PrepareRope(rope, static_cast<int32_t>(hd),
-                                                std::span<const int32_t>(s.positions.data(), n)));
+      KILN_RETURN_IF_ERROR(
+          backend_.PrepareRope(rope, static_cast<int32_t>(hp_.head_dim), positions));
       prepared_rope = &rope;
     }
-    // Attention block.                                         x, h: [n, n_embd]
-    backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, hp_.rms_eps, h);
-    if (L.wqkv != nullptr) {
-      const int64_t qkv_dim = q_dim + 2 * kv_dim;
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wqkv, h, n, fused_.data()));  // [n, qkv_dim]
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = fused_.data() + i * qkv_dim;
-        std::memcpy(q_.data() + i * q_dim, row, q_dim * sizeof(float));
-        std::memcpy(k_.data() + i * kv_dim, row + q_dim, kv_dim * sizeof(float));
-        std::memcpy(v_.data() + i * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
-      }
-    } else {
-      KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
-      KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
-      KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
-    }
-    if (graph_.qk_norm) {  // each head's row of head_dim
-      backend_.RmsNorm(q_.data(), L.q_norm->AsF32(), n * hp_.n_head, hd, hp_.rms_eps, q_.data());
-      backend_.RmsNorm(k_.data(), L.k_norm->AsF32(), n * hp_.n_head_kv, hd, hp_.rms_eps, k_.data());
-    }
-    backend_.RotateRope(q_.data(), hp_.n_head);
-    backend_.RotateRope(k_.data(), hp_.n_head_kv);
-    if (graph_.query_scale > 0.0f) backend_.Scale(q_.data(), n * q_dim, graph_.query_scale);
-    if (graph_.attn_temperature_scale > 0.0f) {
-      for (int64_t i = 0; i < n; ++i) {
-        // llama.cpp's llm_graph_input_attn_temp: a float position, the log in double.
-        const float pos = static_cast<float>(s.positions[i]);
-        const float floor_scale = static_cast<float>(graph_.attn_temperature_floor);
-        const float scale = static_cast<float>(
-            std::log(std::floor(pos / floor_scale) + 1.0) * graph_.attn_temperature_scale + 1.0);
-        if (scale != 1.0f) backend_.Scale(q_.data() + i * q_dim, q_dim, scale);
-      }
-    }
-    KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, slots, k_.data(), v_.data()));
-    KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, swa ? swa_mask : mask, q_.data(),
-                                            static_cast<int32_t>(hp_.n_head), attn_.data(),
-                                            graph_.query_scale > 0.0f ? 1.0f : 0.0f));
-    KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));  // [n, n_embd]
-    if (graph_.post_norms) {
-      backend_.RmsNorm(proj_.data(), L.post_attn_norm->AsF32(), n, d, hp_.rms_eps, proj_.data());
-    }
-    backend_.Add(x, proj_.data(), n * d, x);
+    KILN_RETURN_IF_ERROR(
+        block_.Attention(L, cache, il, swa ? swa_mask : mask, slots, positions, x, n));
     // The last layer's feed-forward block runs only for the tokens whose logits are wanted, as
     // llama.cpp's graph does (inp_out_ids): no one reads the others' outputs, and llama.cpp's
     // F32/F16 matmuls sum in an order that depends on the rows they get. Those tokens' rows move
@@ -338,29 +255,7 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
       }
       if (rows == 0) continue;
     }
-    // Feed-forward block (SwiGLU or GeGLU).                 x, h: [rows, n_embd]
-    backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, hp_.rms_eps, h);
-    if (L.ffn_gate == nullptr) {  // fused: each output row is [gate (n_ff), up (n_ff)]
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, fused_.data()));
-      for (int64_t i = 0; i < rows; ++i) {
-        const float* row = fused_.data() + i * 2 * ff;
-        std::memcpy(gate_.data() + i * ff, row, ff * sizeof(float));
-        std::memcpy(up_.data() + i * ff, row + ff, ff * sizeof(float));
-      }
-    } else {
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
-    }
-    if (graph_.ffn == FfnActivation::kGeGlu) {
-      backend_.GeGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
-    } else {
-      backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
-    }
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
-    if (graph_.post_norms) {
-      backend_.RmsNorm(proj_.data(), L.post_ffn_norm->AsF32(), rows, d, hp_.rms_eps, proj_.data());
-    }
-    backend_.Add(x, proj_.data(), rows * d, x);
+    KILN_RETURN_IF_ERROR(block_.FeedForward(L, x, rows));
   }
   return absl::OkStatus();
 }
@@ -463,6 +358,105 @@ void AddBiases(std::vector<TensorSpec>& t, int64_t layer, Presence presence,
 
 }  // namespace
 
+absl::Status DecoderBlock::Linear(const WeightView& w, const WeightView* bias, const float* x,
+                                  int64_t n, float* y) {
+  KILN_RETURN_IF_ERROR(backend_.MatMul(w, x, n, y));
+  if (bias != nullptr) backend_.AddRowBias(y, bias->AsF32(), n, w.n_out);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderBlock::Attention(const DecoderLayer& L, KvCache& cache, int32_t layer,
+                                     const AttentionMask& mask, std::span<const KvSlot> slots,
+                                     std::span<const int32_t> positions, float* x, int64_t n) {
+  const int64_t d = shape_.n_embd, hd = shape_.head_dim, q_dim = shape_.n_head * hd,
+                kv_dim = shape_.n_head_kv * hd;
+  const float eps = shape_.rms_eps;
+  Grow(h_, n * d);
+  Grow(q_, n * q_dim);
+  Grow(k_, n * kv_dim);
+  Grow(v_, n * kv_dim);
+  Grow(attn_, n * q_dim);
+  Grow(proj_, n * d);
+  float* h = h_.data();
+  backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, eps, h);  // x, h: [n, n_embd]
+  if (L.wqkv != nullptr) {
+    const int64_t qkv_dim = q_dim + 2 * kv_dim;
+    Grow(fused_, n * qkv_dim);
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wqkv, h, n, fused_.data()));  // [n, qkv_dim]
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = fused_.data() + i * qkv_dim;
+      std::memcpy(q_.data() + i * q_dim, row, q_dim * sizeof(float));
+      std::memcpy(k_.data() + i * kv_dim, row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(v_.data() + i * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+  } else {
+    KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
+    KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
+    KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
+  }
+  if (graph_.qk_norm) {  // each head's row of head_dim
+    backend_.RmsNorm(q_.data(), L.q_norm->AsF32(), n * shape_.n_head, hd, eps, q_.data());
+    backend_.RmsNorm(k_.data(), L.k_norm->AsF32(), n * shape_.n_head_kv, hd, eps, k_.data());
+  }
+  backend_.RotateRope(q_.data(), shape_.n_head);
+  backend_.RotateRope(k_.data(), shape_.n_head_kv);
+  if (graph_.query_scale > 0.0f) backend_.Scale(q_.data(), n * q_dim, graph_.query_scale);
+  if (graph_.attn_temperature_scale > 0.0f) {
+    for (int64_t i = 0; i < n; ++i) {
+      // llama.cpp's llm_graph_input_attn_temp: a float position, the log in double.
+      const float pos = static_cast<float>(positions[i]);
+      const float floor_scale = static_cast<float>(graph_.attn_temperature_floor);
+      const float scale = static_cast<float>(
+          std::log(std::floor(pos / floor_scale) + 1.0) * graph_.attn_temperature_scale + 1.0);
+      if (scale != 1.0f) backend_.Scale(q_.data() + i * q_dim, q_dim, scale);
+    }
+  }
+  KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, layer, slots, k_.data(), v_.data()));
+  KILN_RETURN_IF_ERROR(backend_.Attention(cache, layer, mask, q_.data(),
+                                          static_cast<int32_t>(shape_.n_head), attn_.data(),
+                                          graph_.query_scale > 0.0f ? 1.0f : 0.0f));
+  KILN_RETURN_IF_ERROR(Linear(*L.wo, L.bo, attn_.data(), n, proj_.data()));  // [n, n_embd]
+  if (graph_.post_norms) {
+    backend_.RmsNorm(proj_.data(), L.post_attn_norm->AsF32(), n, d, eps, proj_.data());
+  }
+  backend_.Add(x, proj_.data(), n * d, x);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderBlock::FeedForward(const DecoderLayer& L, float* x, int64_t rows) {
+  const int64_t d = shape_.n_embd, ff = shape_.n_ff;
+  const float eps = shape_.rms_eps;
+  Grow(h_, rows * d);
+  Grow(gate_, rows * ff);
+  Grow(up_, rows * ff);
+  Grow(proj_, rows * d);
+  float* h = h_.data();
+  backend_.RmsNorm(x, L.ffn_norm->AsF32(), rows, d, eps, h);  // x, h: [rows, n_embd]
+  if (L.ffn_gate == nullptr) {  // fused: each output row is [gate (n_ff), up (n_ff)]
+    Grow(fused_, rows * 2 * ff);
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, fused_.data()));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = fused_.data() + i * 2 * ff;
+      std::memcpy(gate_.data() + i * ff, row, ff * sizeof(float));
+      std::memcpy(up_.data() + i * ff, row + ff, ff * sizeof(float));
+    }
+  } else {
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
+    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+  }
+  if (graph_.ffn == FfnActivation::kGeGlu) {
+    backend_.GeGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+  } else {
+    backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]
+  }
+  KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
+  if (graph_.post_norms) {
+    backend_.RmsNorm(proj_.data(), L.post_ffn_norm->AsF32(), rows, d, eps, proj_.data());
+  }
+  backend_.Add(x, proj_.data(), rows * d, x);
+  return absl::OkStatus();
+}
+
 std::vector<TensorSpec> DecoderTensors(const ModelHparams& hp,
                                        const DecoderTensorOptions& options) {
   const int64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
@@ -532,7 +526,6 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     DecoderLayer& L = layers[l];
     KILN_ASSIGN_OR_RETURN(L.attn_norm, required(l, "attn_norm.weight"));
-    L.wq = L.wk = L.wv = L.wqkv = nullptr;
     if (graph.fused_qkv) {
       KILN_ASSIGN_OR_RETURN(L.wqkv, required(l, "attn_qkv.weight"));
     } else {
@@ -546,13 +539,11 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewDecoderForward(const Model& mode
     L.bv = model.Tensor(Blk(l, "attn_v.bias"));
     L.bo = model.Tensor(Blk(l, "attn_output.bias"));
     KILN_ASSIGN_OR_RETURN(L.ffn_norm, required(l, "ffn_norm.weight"));
-    L.ffn_gate = nullptr;
     if (!graph.fused_gate_up) {
       KILN_ASSIGN_OR_RETURN(L.ffn_gate, required(l, "ffn_gate.weight"));
     }
     KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
     KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
-    L.q_norm = L.k_norm = L.post_attn_norm = L.post_ffn_norm = nullptr;
     if (graph.qk_norm) {
       KILN_ASSIGN_OR_RETURN(L.q_norm, required(l, "attn_q_norm.weight"));
       KILN_ASSIGN_OR_RETURN(L.k_norm, required(l, "attn_k_norm.weight"));

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "lib/backend/backend.h"
 #include "lib/model/architecture.h"
 #include "lib/model/model.h"
 
@@ -61,6 +63,63 @@ struct DecoderGraph {
   // attn_temperature_floor) + 1), which is 1 below the floor.
   float attn_temperature_scale = 0.0f;
   int64_t attn_temperature_floor = 0;
+};
+
+// One pre-norm decoder block's tensors (views into a model file or a draft head's file).
+struct DecoderLayer {
+  const WeightView* attn_norm = nullptr;  // [n_embd] f32
+  const WeightView* wq = nullptr;         // [n_embd -> n_head * head_dim], null when fused
+  const WeightView* wk = nullptr;         // [n_embd -> n_head_kv * head_dim], null when fused
+  const WeightView* wv = nullptr;         // [n_embd -> n_head_kv * head_dim], null when fused
+  const WeightView* wqkv = nullptr;       // [n_embd -> q_dim + 2 kv_dim] (DecoderGraph::fused_qkv)
+  const WeightView* wo = nullptr;         // [n_head * head_dim -> n_embd]
+  const WeightView* bq = nullptr;         // biases, null when the file has none
+  const WeightView* bk = nullptr;
+  const WeightView* bv = nullptr;
+  const WeightView* bo = nullptr;
+  const WeightView* ffn_norm = nullptr;  // [n_embd] f32
+  const WeightView* ffn_gate = nullptr;  // [n_embd -> n_ff], null when fused into ffn_up
+  const WeightView* ffn_up = nullptr;  // [n_embd -> n_ff], or [n_embd -> 2 n_ff] (gate rows first)
+  const WeightView* ffn_down = nullptr;  // [n_ff -> n_embd]
+  const WeightView* q_norm = nullptr;    // [head_dim] f32, or null (DecoderGraph::qk_norm)
+  const WeightView* k_norm = nullptr;
+  const WeightView* post_attn_norm = nullptr;  // [n_embd] f32, or null (DecoderGraph::post_norms)
+  const WeightView* post_ffn_norm = nullptr;
+};
+
+struct DecoderBlockShape {
+  int64_t n_embd, n_head, n_head_kv, head_dim, n_ff;
+  float rms_eps;
+};
+
+// The arithmetic of one decoder block on `backend`, in place on the residual stream
+// x: [n, n_embd], with its scratch (grown as needed, reused). The decoder's forward pass runs its
+// layers through it, and so does a draft head with a decoder layer of its own (EAGLE).
+class DecoderBlock {
+ public:
+  DecoderBlock(Backend& backend, const DecoderGraph& graph, const DecoderBlockShape& shape)
+      : backend_(backend), graph_(graph), shape_(shape) {}
+
+  // x += attention block: norm, Q/K/V (+ q/k norms), rotation (Backend::PrepareRope must have
+  // been called for `positions`), the K/V rows written to `slots` of `layer`, attention under
+  // `mask`, the output projection (+ post-norm).   slots, positions: [n]
+  absl::Status Attention(const DecoderLayer& L, KvCache& cache, int32_t layer,
+                         const AttentionMask& mask, std::span<const KvSlot> slots,
+                         std::span<const int32_t> positions, float* x, int64_t n);
+  // x += feed-forward block over the first `rows` rows of x (norm, gated activation, down
+  // projection, post-norm).
+  absl::Status FeedForward(const DecoderLayer& L, float* x, int64_t rows);
+
+ private:
+  // y = W x (+ bias)                                      x: [n, w.n_in]   y: [n, w.n_out]
+  absl::Status Linear(const WeightView& w, const WeightView* bias, const float* x, int64_t n,
+                      float* y);
+
+  Backend& backend_;
+  const DecoderGraph graph_;
+  const DecoderBlockShape shape_;
+  std::vector<float> h_, q_, k_, v_, attn_, proj_, gate_, up_;
+  std::vector<float> fused_;  // [n, q_dim + 2 kv_dim] or [rows, 2 n_ff]: a fused matmul's output
 };
 
 // The cache layout of GQA attention: K and V rows per KV head per layer.

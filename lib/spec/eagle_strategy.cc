@@ -79,6 +79,21 @@ float LogSumExp(std::span<const float> row) {
   return m + static_cast<float>(std::log(s));
 }
 
+// The head's decoder layer: a llama block without biases.
+DecoderLayer HeadLayer(const EagleHead& h) {
+  DecoderLayer L;
+  L.attn_norm = &h.attn_norm;
+  L.wq = &h.wq;
+  L.wk = &h.wk;
+  L.wv = &h.wv;
+  L.wo = &h.wo;
+  L.ffn_norm = &h.ffn_norm;
+  L.ffn_gate = &h.ffn_gate;
+  L.ffn_up = &h.ffn_up;
+  L.ffn_down = &h.ffn_down;
+  return L;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path,
@@ -232,6 +247,10 @@ EagleStrategy::EagleStrategy(std::shared_ptr<const EagleHead> head, const Model&
       target_(&target),
       params_(params),
       backend_(std::make_unique<cpu::CpuBackend>(params.n_threads)),
+      layer_(HeadLayer(*head_)),
+      block_(*backend_, DecoderGraph{},
+             {head_->n_embd, head_->n_head, head_->n_head_kv, head_->head_dim, head_->n_ff,
+              head_->rms_eps}),
       cache_(std::move(cache)) {
   seq_ = cache_->CreateSequence();
 }
@@ -303,19 +322,8 @@ void EagleStrategy::ObserveTargetFeatures(int32_t first_position, int32_t contex
 absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_from) {
   const EagleHead& H = *head_;
   const int64_t n = static_cast<int64_t>(rows.size());
-  const int64_t d = H.n_embd, hd = H.head_dim, q_dim = H.n_head * hd, kv_dim = H.n_head_kv * hd,
-                ff = H.n_ff;
-  const float eps = H.rms_eps;
+  const int64_t d = H.n_embd;
   Grow(in2_, n * 2 * d);
-  Grow(x_, n * d);
-  Grow(h_, n * d);
-  Grow(q_, n * q_dim);
-  Grow(k_, n * kv_dim);
-  Grow(v_, n * kv_dim);
-  Grow(attn_, n * q_dim);
-  Grow(proj_, n * d);
-  Grow(gate_, n * ff);
-  Grow(up_, n * ff);
   Grow(g_, n * d);
   ids_.resize(n);
   positions_.resize(n);
@@ -346,42 +354,26 @@ absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_fr
   }
   const SeqId seqs[1] = {seq_};
   KILN_RETURN_IF_ERROR(cache_->BuildTables(seqs, &tables_));
-  // x = fc [embedding; feature] + b.                          in2: [n, 2 d]   x: [n, d]
-  KILN_RETURN_IF_ERROR(backend_->EmbeddingGather(target_->token_embd(), ids_, h_.data()));
+  // x = fc [embedding; feature] + b.                          in2: [n, 2 d]   x: [n, d] in g_
+  KILN_RETURN_IF_ERROR(backend_->EmbeddingGather(target_->token_embd(), ids_, g_.data()));
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(in2_.data() + i * 2 * d, h_.data() + i * d, d * sizeof(float));
+    std::memcpy(in2_.data() + i * 2 * d, g_.data() + i * d, d * sizeof(float));
     std::memcpy(in2_.data() + i * 2 * d + d, rows[i].feature, d * sizeof(float));
   }
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.fc, in2_.data(), n, x_.data()));
-  backend_->AddRowBias(x_.data(), H.fc_bias.AsF32(), n, d);
-  // The decoder layer (llama block) over the head's own cache.
-  float* x = x_.data();
-  float* h = h_.data();
-  backend_->RmsNorm(x, H.attn_norm.AsF32(), n, d, eps, h);
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wq, h, n, q_.data()));
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wk, h, n, k_.data()));
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wv, h, n, v_.data()));
+  KILN_RETURN_IF_ERROR(backend_->MatMul(H.fc, in2_.data(), n, g_.data()));
+  backend_->AddRowBias(g_.data(), H.fc_bias.AsF32(), n, d);
+  // The decoder layer (llama block) over the head's own cache turns x into g.     g: [n, d]
   KILN_RETURN_IF_ERROR(
-      backend_->PrepareRope(target_->hparams().rope, static_cast<int32_t>(hd), positions_));
-  backend_->RotateRope(q_.data(), H.n_head);
-  backend_->RotateRope(k_.data(), H.n_head_kv);
-  KILN_RETURN_IF_ERROR(backend_->WriteKv(*cache_, 0, slots_, k_.data(), v_.data()));
+      backend_->PrepareRope(target_->hparams().rope, static_cast<int32_t>(H.head_dim), positions_));
   AttentionMask mask;
   mask.seq = seq_index_;
   mask.tables = &tables_;
   mask.n_visible = n_visible_;
   mask.extra_indptr = extra_indptr_;
   mask.extra_positions = extra_positions_;
-  KILN_RETURN_IF_ERROR(backend_->Attention(*cache_, 0, mask, q_.data(),
-                                           static_cast<int32_t>(H.n_head), attn_.data(), 0.0f));
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.wo, attn_.data(), n, proj_.data()));
-  backend_->Add(x, proj_.data(), n * d, x);
-  backend_->RmsNorm(x, H.ffn_norm.AsF32(), n, d, eps, h);
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_gate, h, n, gate_.data()));
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_up, h, n, up_.data()));
-  backend_->SwiGlu(gate_.data(), up_.data(), n * ff, gate_.data());
-  KILN_RETURN_IF_ERROR(backend_->MatMul(H.ffn_down, gate_.data(), n, proj_.data()));
-  backend_->Add(x, proj_.data(), n * d, g_.data());  // g: [n, d]
+  KILN_RETURN_IF_ERROR(
+      block_.Attention(layer_, *cache_, 0, mask, slots_, positions_, g_.data(), n));
+  KILN_RETURN_IF_ERROR(block_.FeedForward(layer_, g_.data(), n));
   // Draft logits through the target's LM head (no norm: g is in the features' space).
   const int64_t n_logits = n - logits_from;
   const int64_t n_vocab = target_->hparams().n_vocab;

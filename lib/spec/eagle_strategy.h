@@ -49,6 +49,7 @@
 #include "lib/engine/strategy.h"
 #include "lib/gguf/gguf.h"
 #include "lib/kv/kv_cache.h"
+#include "lib/model/decoder.h"
 #include "lib/model/model.h"
 #include "lib/spec/draft_head.h"
 
@@ -164,6 +165,8 @@ class EagleStrategy final : public Strategy {
   const Model* target_;
   EagleParams params_;
   std::unique_ptr<Backend> backend_;
+  DecoderLayer layer_;  // the head's decoder layer (views into head_)
+  DecoderBlock block_;  // its arithmetic on backend_
   std::unique_ptr<KvCache> cache_;
   SeqId seq_ = -1;
   int32_t base_ = -1;                      // text position of head entry 0
@@ -176,7 +179,9 @@ class EagleStrategy final : public Strategy {
   int32_t root_context_len_ = -1;   // the context length the two above belong to
   // Scratch.
   std::vector<float> features_;  // [expanded nodes + 1, n_embd] g of the root, then nodes
-  std::vector<float> in2_, x_, h_, q_, k_, v_, attn_, proj_, gate_, up_, g_, logits_;
+  std::vector<float> in2_;       // [rows, 2 n_embd] [embedding; feature]
+  std::vector<float> g_;         // [rows, n_embd] fc's output, then the block's: g
+  std::vector<float> logits_;    // [rows - logits_from, n_vocab]
   std::vector<int32_t> ids_, positions_, n_visible_, extra_indptr_, extra_positions_, seq_index_;
   std::vector<KvSlot> slots_;
   KvTables tables_;
