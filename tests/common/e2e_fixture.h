@@ -16,6 +16,7 @@
 #include "lib/kv/kv_cache.h"
 #include "lib/model/model.h"
 #include "tests/common/forward_util.h"
+#include "tests/common/golden.h"
 
 // Detected in each test's own translation unit, which the sanitizer build compiles with its flags.
 #if defined(__SANITIZE_ADDRESS__)
@@ -57,6 +58,12 @@ class E2eModelTest : public ::testing::Test {
   // whose position is >= `logits_from` go to *out.
   absl::Status Run(SeqId seq, std::span<const int32_t> tokens, int32_t start, int32_t logits_from,
                    ForwardOutput* out);
+
+  // Perplexity by llama-perplexity's method over the first n_chunk chunks of a perplexity
+  // golden's text (keys text, n_ctx, n_text_tokens, n_chunks, add_bos; checked): each chunk of
+  // n_ctx tokens in a fresh sequence of cache_ (made by the caller), evaluated in batches of 512
+  // as llama.cpp does, its second half scored. Prints and returns the perplexity.
+  void ChunkPerplexity(const Json& golden, int32_t n_chunk, double* ppl);
 
   static Model* model_;
   static std::string model_name_;

@@ -64,48 +64,10 @@ class E2eSmolLm2 : public testing::E2eModelTest {
   // Perplexity by llama-perplexity's method (scripts/gen_llama_goldens.py docstring) over the
   // golden text's first n_chunk chunks, with a cache of kv_type.
   void Perplexity(GgmlType kv_type, int32_t n_chunk, double* ppl) {
-    ASSERT_NO_FATAL_FAILURE(MakeCache(kv_type));
     const Json golden = LoadGolden("tests/data/golden/smollm2_perplexity.json");
-    const std::string text = ReadFile(testing::SourcePath(golden["text"].str));
-    ASSERT_FALSE(text.empty()) << golden["text"].str;
-    const int32_t n_ctx = static_cast<int32_t>(golden["n_ctx"].number);
-    ASSERT_GT(n_ctx, 0);
-    auto tokens = model_->tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/false);
-    ASSERT_TRUE(tokens.ok()) << tokens.status();
-    ASSERT_EQ(static_cast<double>(tokens->size()), golden["n_text_tokens"].number);
-    ASSERT_GE(tokens->size(), 4096u);
-    const bool add_bos = golden["add_bos"].boolean;
-    const int32_t n_chunk_all = static_cast<int32_t>(tokens->size()) / n_ctx;
-    ASSERT_EQ(n_chunk_all, static_cast<int32_t>(golden["n_chunks"].number));
-    ASSERT_LE(n_chunk, n_chunk_all);
-    const int32_t first = n_ctx / 2;
-    const int64_t n_vocab = model_->hparams().n_vocab;
-    double nll = 0;
-    int64_t count = 0;
-    for (int32_t i = 0; i < n_chunk; ++i) {
-      std::vector<int32_t> chunk(tokens->begin() + i * n_ctx, tokens->begin() + (i + 1) * n_ctx);
-      const std::vector<int32_t> targets = chunk;
-      if (add_bos) chunk[0] = model_->tokenizer().bos();
-      const SeqId seq = cache_->CreateSequence();
-      ForwardOutput out;
-      ASSERT_TRUE(Run(seq, chunk, 0, first, &out).ok());
-      ASSERT_EQ(out.logit_tokens.size(), static_cast<size_t>(n_ctx - first));
-      for (int32_t j = first; j < n_ctx - 1; ++j) {
-        const float* row = out.LogitsRow(static_cast<size_t>(j - first));  // [n_vocab]
-        double max_logit = row[0];
-        for (int64_t v = 1; v < n_vocab; ++v) max_logit = std::max<double>(max_logit, row[v]);
-        double sum = 0;
-        for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(row[v] - max_logit);
-        nll += max_logit + std::log(sum) - row[targets[j + 1]];
-        ++count;
-      }
-      ASSERT_TRUE(cache_->Free(seq).ok());
-    }
-    ASSERT_EQ(count, static_cast<int64_t>(n_chunk) * (n_ctx - 1 - first));
-    *ppl = std::exp(nll / static_cast<double>(count));
-    std::printf("perplexity over %d chunks of %d (%lld tokens scored), %s cache: %.4f\n", n_chunk,
-                n_ctx, static_cast<long long>(count),
-                GgmlTypeName(static_cast<uint32_t>(kv_type)).c_str(), *ppl);
+    ASSERT_GE(golden["n_text_tokens"].number, 4096);
+    ASSERT_NO_FATAL_FAILURE(MakeCache(kv_type));
+    ASSERT_NO_FATAL_FAILURE(ChunkPerplexity(golden, n_chunk, ppl));
   }
 
   // Greedy decoding of every golden prompt, compared token by token (the rule).
