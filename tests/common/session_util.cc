@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <utility>
 
 namespace kiln::testing {
@@ -18,6 +19,15 @@ std::unique_ptr<Session> NewSession(Engine& engine, const sample::SamplerParams&
   auto s = Session::Create(engine, params, seed);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
+}
+
+sample::SamplerParams Greedy(bool ban_control) {
+  sample::SamplerParams p;
+  p.temperature = 0.0f;
+  if (ban_control) {
+    for (int32_t t = 0; t < 3; ++t) p.logit_bias.push_back({t, -INFINITY});
+  }
+  return p;
 }
 
 }  // namespace kiln::testing

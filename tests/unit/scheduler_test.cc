@@ -191,20 +191,14 @@ std::vector<Request> MixedRequests(int n, int64_t vocab_lo, int64_t vocab_hi, in
   return requests;
 }
 
-class TinyScheduler : public ::testing::Test {
+class TinyScheduler : public testing::SuiteModelTest<TinyScheduler> {
  protected:
   static void SetUpTestSuite() { model_ = LoadTinyModel().release(); }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
   // The tiny vocabulary's control tokens are banned so random logits never end generation.
   static std::vector<Request> Requests(int n, int32_t max_tokens) {
     return MixedRequests(n, 3, model_->hparams().n_vocab, max_tokens, {0, 1, 2});
   }
-  static Model* model_;
 };
-Model* TinyScheduler::model_ = nullptr;
 
 TEST_F(TinyScheduler, BatchedEqualsAloneWith32OtherSessions) {
   const std::vector<Request> requests = Requests(kSessions, kTinyTokens);
@@ -761,22 +755,10 @@ TEST_F(TinyScheduler, SamePromptInOneStepIsComputedOnce) {
             100 + 2 * 4 + 3 * static_cast<int64_t>(kTinyTokens - 1));
 }
 
-class RealScheduler : public ::testing::Test {
+class RealScheduler : public testing::SuiteModelTest<RealScheduler> {
  protected:
-  static void SetUpTestSuite() {
-    ModelLoadOptions load;
-    load.path = testing::DefaultModelPath();
-    auto model = Model::Load(load);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
+  static void SetUpTestSuite() { LoadDefaultModel(); }
 };
-Model* RealScheduler::model_ = nullptr;
 
 TEST_F(RealScheduler, BatchedEqualsAloneWith32OtherSessions) {
   ASSERT_NE(model_, nullptr);

@@ -38,13 +38,7 @@ using testing::MakeEngine;
 using testing::NewSession;
 using testing::RandomTokens;
 
-// Control tokens (ids 0-2) banned so that random logits never end generation early.
-sample::SamplerParams Greedy() {
-  sample::SamplerParams p;
-  p.temperature = 0.0f;
-  for (int32_t t = 0; t < 3; ++t) p.logit_bias.push_back({t, -INFINITY});
-  return p;
-}
+using testing::Greedy;
 
 // Seeded sampling through the whole chain, with a repetition penalty (reads the history) and
 // logprobs.

@@ -29,16 +29,7 @@ using testing::MakeEngine;
 using testing::NewSession;
 using testing::RandomTokens;
 
-// Greedy parameters that ban the tiny vocabulary's control tokens (ids 0-2), so random logits
-// never end generation early.
-sample::SamplerParams Greedy(bool ban_control = true) {
-  sample::SamplerParams p;
-  p.temperature = 0.0f;
-  if (ban_control) {
-    for (int32_t t = 0; t < 3; ++t) p.logit_bias.push_back({t, -INFINITY});
-  }
-  return p;
-}
+using testing::Greedy;
 
 std::vector<int32_t> Generated(const Session& s, size_t prompt_len) {
   return std::vector<int32_t>(s.tokens().begin() + prompt_len, s.tokens().end());
@@ -115,16 +106,10 @@ void CheckPrefixCacheSkipsSharedSystemPrompt(const Model& model) {
       << "a prefix-cache hit must give the cold prefill's logits bit for bit";
 }
 
-class TinySession : public ::testing::Test {
+class TinySession : public testing::SuiteModelTest<TinySession> {
  protected:
   static void SetUpTestSuite() { model_ = LoadTinyModel().release(); }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
 };
-Model* TinySession::model_ = nullptr;
 
 TEST_F(TinySession, GreedyFollowsTheEngineArgmax) {
   auto engine = MakeEngine(*model_);
@@ -257,16 +242,10 @@ TEST_F(TinySession, PrefixCacheSkipsSharedSystemPrompt) {
 
 // The same on a deepseek2 model: its cache holds MLA latent rows (forks share and copy them on
 // write, rewinds and prefix hits reuse them).
-class TinyDeepseek2Session : public ::testing::Test {
+class TinyDeepseek2Session : public testing::SuiteModelTest<TinyDeepseek2Session> {
  protected:
   static void SetUpTestSuite() { model_ = LoadTinyModel("tiny-deepseek2").release(); }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
 };
-Model* TinyDeepseek2Session::model_ = nullptr;
 
 TEST_F(TinyDeepseek2Session, ForkAndRewind) { CheckForkAndRewind(*model_); }
 
@@ -381,22 +360,10 @@ TEST_F(TinySession, MutatingFromOwnCallbackIsBusyReadingIsFine) {
 
 // ---------------------------------------------------------------- the real model
 
-class RealSession : public ::testing::Test {
+class RealSession : public testing::SuiteModelTest<RealSession> {
  protected:
-  static void SetUpTestSuite() {
-    ModelLoadOptions load;
-    load.path = testing::DefaultModelPath();
-    auto model = Model::Load(load);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static Model* model_;
+  static void SetUpTestSuite() { LoadDefaultModel(); }
 };
-Model* RealSession::model_ = nullptr;
 
 TEST_F(RealSession, GreedyTextAndStopStringSplitAcrossTokens) {
   ASSERT_NE(model_, nullptr);
