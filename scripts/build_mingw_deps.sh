@@ -7,6 +7,8 @@
 # file and the compiler: a second run with the same key does nothing.
 #
 # Usage: scripts/build_mingw_deps.sh   (prints the prefix on stdout, progress on stderr)
+#        scripts/build_mingw_deps.sh --cached   (builds nothing: prints the prefix and exits 0 if
+#        it is already built, exits 1 if not)
 # then:  cmake -S . -B build-windows -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake \
 #          -DCMAKE_PREFIX_PATH=<prefix>
 # protoc stays the host's (Debian's protobuf-compiler, the same 3.21.12).
@@ -31,6 +33,7 @@ if [[ -f $prefix/.complete ]]; then
   echo "$prefix"
   exit 0
 fi
+[[ ${1:-} == --cached ]] && exit 1
 debian_sources_check_installed
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kiln-mingw-deps.XXXXXX")

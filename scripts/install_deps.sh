@@ -15,7 +15,8 @@ packages=(build-essential cmake pkg-config git python3 python3-pip
           libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core  # samples/game (window, text, its font)
           libimgui-dev  # samples/chat-desktop (Dear ImGui with its SDL2 and OpenGL 3 backends)
           xvfb  # samples/game and samples/chat-desktop: a window without a display
-          g++-mingw-w64-x86-64-posix wine wine64)  # scripts/test_windows.sh: kiln.dll under wine
+          g++-mingw-w64-x86-64-posix wine wine64  # scripts/test_windows.sh: kiln.dll under wine
+          ccache)  # scripts/test_windows.sh: the cross build's objects kept between runs
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

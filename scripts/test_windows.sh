@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
 # The Windows build: kiln cross-built with mingw-w64 (cmake/mingw-w64-x86_64.cmake) into kiln.dll
 # and its import library libkiln.dll.a, its exports checked against kiln.map, and the C API test
-# programs, platform_test and `kiln generate` run under wine on the default model. The greedy
-# logits under wine must be bitwise those of the native build (the same kernels run). The thread
-# tests (c_thread_exit_test: threads that end after using kiln; c_stress_test) run on a tiny model
-# written by the native kiln-mkmodel. A program that crashes under wine can still exit with status
-# 0 (a thread's crash while the main thread exits), so every program's output is also searched
-# for wine's "Unhandled exception" report.
+# programs, platform_test and kiln_cli_test (kiln.exe and kiln-mkmodel.exe) run under wine on the
+# default model. The greedy logits under wine must be bitwise those of the native build (the same
+# kernels run). The thread tests (c_thread_exit_test: threads that end after using kiln;
+# c_stress_test) run on a tiny model written by the native kiln-mkmodel. A program that crashes
+# under wine can still exit with status 0 (a thread's crash while the main thread exits), so every
+# program's output is also searched for wine's "Unhandled exception" report. The Python binding's
+# Windows lookup must find the DLL built here.
 #
 # Usage: scripts/test_windows.sh [NATIVE_BUILD_DIR [WINDOWS_BUILD_DIR]]   (defaults build,
 #        build-windows). NATIVE_BUILD_DIR: a release build with kiln_logits_dump, kiln and
 #        kiln-mkmodel built.
 # Abseil, Protobuf lite and GoogleTest are cross-built once into ~/.cache/kiln
-# (scripts/build_mingw_deps.sh); wine's prefix lives there too (KILN_WINEPREFIX).
-# Measured on two loaded shared cores: 812 s with the dependencies cached (the kiln cross build
-# 787 s, the tests under wine 21 s, the greedy comparison 4 s), about 16 minutes more without.
+# (scripts/build_mingw_deps.sh); wine's prefix lives there too (KILN_WINEPREFIX), and ccache's
+# objects (KILN_MINGW_CCACHE, default ~/.cache/kiln/ccache-mingw).
+# Measured on a fresh clone, two shared cores at a load average of 19-21: 186 s with the
+# dependencies and ccache's objects cached (cross build 47 s, all 104 compilations ccache hits;
+# tests under wine 129 s, kiln_cli_test 69 s of them; greedy comparison 6 s). With an empty
+# ccache the cross build took 1212 s; the dependencies add about 27 minutes where not cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 native=${1:-build}
 out=${2:-build-windows}
 jobs=$(nproc)
 model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# ccache (when installed) keeps the cross-compiled objects in ~/.cache/kiln too, so a clean clone
+# recompiles only what changed since the last run on this machine. Its base directory is the
+# repository, so that clones in other folders share the objects.
+if command -v ccache >/dev/null; then
+  export CCACHE_DIR=${KILN_MINGW_CCACHE:-$HOME/.cache/kiln/ccache-mingw} CCACHE_BASEDIR=$PWD
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  ccache --zero-stats >/dev/null
+else
+  launcher=()
+fi
 
 start=$SECONDS
 prefix=$(scripts/build_mingw_deps.sh)
@@ -38,14 +54,19 @@ cmake -S . -B "$out" -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64-x86_64.cmake \
   -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=ON -DKILN_CUDA=OFF \
   -DKILN_STATIC_DEPS=OFF -DKILN_BUILD_SAMPLES=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$PWD/$out/bin" \
   -DProtobuf_LIBRARY="$prefix/lib/libprotobuf-lite.a" -DProtobuf_INCLUDE_DIR="$prefix/include" \
-  >/dev/null
+  "${launcher[@]}" >/dev/null
 echo "$prefix" >"$out/deps-prefix.txt"
-tests=(c_api_test c_session_test c_scheduler_test c_abi_test platform_test)
+tests=(c_api_test c_session_test c_scheduler_test c_abi_test platform_test kiln_cli_test)
 thread_tests=(c_thread_exit_test c_stress_test)
-cmake --build "$out" -j"$jobs" --target kiln kiln_cli kiln_logits_dump "${tests[@]}" "${thread_tests[@]}"
+# kiln_cli_test runs kiln.exe and kiln-mkmodel.exe (the targets kiln_cli and kiln-mkmodel).
+cmake --build "$out" -j"$jobs" --target kiln kiln_cli kiln-mkmodel kiln_logits_dump \
+  c_api_test c_session_test c_scheduler_test c_abi_test platform_test "${thread_tests[@]}"
 # The one mingw DLL kiln.dll needs (see the toolchain file), shipped beside it.
 cp /usr/x86_64-w64-mingw32/lib/libwinpthread-1.dll "$out/bin/"
 echo "test_windows: cross build in $((SECONDS - start)) s"
+if [[ ${#launcher[@]} -gt 0 ]]; then
+  echo "test_windows: ccache: $(ccache --print-stats | awk -F'\t' '$1 ~ /^(direct|preprocessed)_cache_hit$|^cache_miss$/ {printf "%s %s ", $1, $2}')"
+fi
 
 # kiln.dll exports exactly the C API: every kiln_* function of the native libkiln.so, nothing else.
 dll=$out/bin/kiln.dll
@@ -60,6 +81,18 @@ if ! diff "$out/so_exports.txt" "$out/dll_exports.txt"; then
   exit 1
 fi
 echo "test_windows: kiln.dll exports the $(wc -l <"$out/dll_exports.txt") functions libkiln.so does"
+
+# The Python binding's lookup on Windows (no Windows Python here to run it): from this checkout its
+# first candidate must be the DLL just built (build-windows/bin, the default WINDOWS_BUILD_DIR).
+if [[ $(realpath "$out") == "$PWD/build-windows" ]]; then
+  first=$(python3 -c 'import importlib.util as u, sys
+spec = u.spec_from_file_location("libpath", "bindings/python/kiln/_libpath.py")
+libpath = u.module_from_spec(spec); spec.loader.exec_module(libpath)
+print(libpath.candidates("win32", {})[0])')
+  [[ $(realpath "$first") == $(realpath "$dll") ]] ||
+    { echo "test_windows: the Python binding looks for kiln.dll at $first, not $dll" >&2; exit 1; }
+  echo "test_windows: the Python binding finds $first"
+fi
 
 # wine passes the environment on except HOME: the tests find the model through KILN_MODEL_DIR.
 export WINEPREFIX=${KILN_WINEPREFIX:-$HOME/.cache/kiln/wine-prefix} WINEARCH=win64 WINEDEBUG=-all
@@ -102,11 +135,4 @@ no_crash_report "$out/logits.wine.err"
 [[ $(wc -l <"$out/logits.native") == 7 ]] || { echo "kiln_logits_dump printed no steps" >&2; exit 1; }
 diff "$out/logits.native" "$out/logits.wine" ||
   { echo "test_windows: logits under wine differ from the native build's" >&2; exit 1; }
-generate=(generate -m "$model" --temp 0 -n 32 --threads 2 --quiet -p "$prompt")
-wine "$out/bin/kiln.exe" "${generate[@]}" 2>"$out/generate.wine.err" | tr -d '\r' >"$out/generate.wine"
-no_crash_report "$out/generate.wine.err"
-"$native/tools/kiln/kiln" "${generate[@]}" 2>/dev/null >"$out/generate.native"
-echo "test_windows: kiln.exe generate: $(cat "$out/generate.wine")"
-diff "$out/generate.native" "$out/generate.wine" ||
-  { echo "test_windows: kiln.exe's greedy text differs from the native kiln's" >&2; exit 1; }
-echo "test_windows: greedy logits and text under wine equal the native build's ($((SECONDS - start)) s)"
+echo "test_windows: greedy logits under wine equal the native build's ($((SECONDS - start)) s)"

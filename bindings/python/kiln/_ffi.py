@@ -7,8 +7,6 @@ only user. Keep both in step with kiln.h when it grows (versioned structs only g
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import os
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -25,44 +23,19 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from pathlib import Path
 
-ABI_VERSION = 1
-_SONAME = f"libkiln.so.{ABI_VERSION}"
-
-
-def _candidates() -> list[str]:
-    """Where libkiln is looked for, in order (the README's "Finding libkiln")."""
-    found: list[str] = []
-    env = os.environ.get("KILN_LIBRARY")
-    if env:
-        # An explicit choice: only this file, so a wrong path is an error, not a silent fallback.
-        return [env]
-    here = Path(__file__).resolve().parent
-    # Bundled into the installed package (pip install copies a built libkiln next to it).
-    for name in (_SONAME, "libkiln.so"):
-        if (here / name).exists():
-            found.append(str(here / name))
-    # Run from a source checkout: the build trees of the repository this package lies in.
-    repo = here.parent.parent.parent
-    for build in ("build", "build-release"):
-        lib = repo / build / "lib" / "c_api" / _SONAME
-        if lib.exists():
-            found.append(str(lib))
-    # Installed system-wide (cmake --install): the dynamic loader's search path.
-    found.append(ctypes.util.find_library("kiln") or _SONAME)
-    return found
+from ._libpath import ABI_VERSION, candidates
 
 
 def _load() -> ctypes.CDLL:
     errors = []
-    for path in _candidates():
+    for path in candidates():
         try:
             return ctypes.CDLL(path)
         except OSError as e:
             errors.append(f"{path}: {e}")
     raise ImportError(
-        "kiln: cannot load libkiln (set KILN_LIBRARY to the path of libkiln.so); tried:\n  "
+        "kiln: cannot load libkiln (set KILN_LIBRARY to the path of libkiln.so or kiln.dll); tried:\n  "
         + "\n  ".join(errors)
     )
 
