@@ -31,10 +31,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 # The tools and tests are needed (the tests use kiln-mkmodel models); the samples and bindings
 # are not.
 t0=$SECONDS
+mkdir -p "$dir"
 if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=ON \
-     -DKILN_CUDA_ARCHITECTURES="$archs" -DKILN_BUILD_SAMPLES=OFF >"$dir.configure.log" 2>&1; then
-  tail -30 "$dir.configure.log"
-  echo "cuda_check: FAILED: configure (log: $dir.configure.log)" >&2
+     -DKILN_CUDA_ARCHITECTURES="$archs" -DKILN_BUILD_SAMPLES=OFF >"$dir/configure.log" 2>&1; then
+  tail -30 "$dir/configure.log"
+  echo "cuda_check: FAILED: configure (log: $dir/configure.log)" >&2
   exit 1
 fi
 tests=(cuda_ops_test cuda_backend_test backend_select_test)
