@@ -11,12 +11,14 @@
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
 //     repeat instead (for the driver).
-//   engine_bench --widths [--model PATH] [--threads T] [--repeats R] [--context N]
+//   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
-//     truncated back), R x 20 times per width; prints the median ms per pass and its ratio to w = 1
-//     (the c(w) of docs/speculative.md), so kernel work on multi-token passes can be judged in
-//     isolation.
+//     truncated back), R x 20 times per width (the widths in turn within each round); prints the
+//     median ms per pass and its ratio to w = 1 (the c(w) of docs/speculative.md), so kernel work
+//     on multi-token passes can be judged in isolation, and the c(w) list that
+//     tools/train/train_medusa.py --pass-costs takes. --tree: the pass of a Medusa tree instead
+//     (the w - 1 extra tokens children of the first, tree-masked, with hidden states).
 //   engine_bench --bandwidth [--threads T] [--repeats R]
 //     Streams a 1 GiB buffer with T threads (each reads a contiguous 1/T of it with 256-bit
 //     loads) R times; prints the median and min-max GB/s (1 GB = 1e9 bytes).
@@ -197,35 +199,57 @@ struct Bench {
 };
 
 // See --widths in the header comment.
-int RunWidths(Bench& e, const std::vector<int32_t>& prompt, int threads, int repeats, int context) {
+int RunWidths(Bench& e, const std::vector<int32_t>& prompt, int threads, int repeats, int context,
+              bool tree) {
   constexpr int kMaxWidth = 9, kPassesPerRepeat = 20;
   const kiln::SeqId seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
   e.Prefill(seq, prompt, 0, context);
-  std::printf("verification pass cost after %d tokens, %d thread(s), logits for every row\n",
-              context, threads);
-  double one_token_ms = 0;
-  for (int w = 1; w <= kMaxWidth; ++w) {
-    std::span<const int32_t> tokens(prompt.data() + context, w);
-    std::vector<double> ms;
-    for (int i = 0; i < repeats * kPassesPerRepeat; ++i) {
+  std::printf(
+      "verification pass cost after %d tokens, %d thread(s), logits for every row%s; widths "
+      "interleaved within each of %d rounds\n",
+      context, threads,
+      tree ? ", the w - 1 extra tokens children of the first (tree mask) with hidden states" : "",
+      repeats * kPassesPerRepeat);
+  // ms[w - 1]: one sample per round. The widths take turns within a round, so a drift in the
+  // machine's speed (a loaded neighbour) touches every width alike.
+  std::vector<std::vector<double>> ms(kMaxWidth);
+  for (int i = 0; i < repeats * kPassesPerRepeat; ++i) {
+    for (int w = 1; w <= kMaxWidth; ++w) {
+      std::span<const int32_t> tokens(prompt.data() + context, w);
       e.batch.Clear();
-      for (int j = 0; j < w; ++j) e.batch.Add(tokens[j], seq, context + j, true);
+      e.batch.want_hidden = tree;
+      for (int j = 0; j < w; ++j) {
+        if (tree && j > 0) {
+          // A depth-1 node of a Medusa tree: position after the root, its own cache slot.
+          e.batch.Add(tokens[j], seq, context + 1, true, /*parent=*/0, /*cache_index=*/context + j);
+        } else {
+          e.batch.Add(tokens[j], seq, context + j, true);
+        }
+      }
       e.Check(e.engine->Locked([&](kiln::KvCache& cache, kiln::ForwardPass& pass) -> absl::Status {
         KILN_RETURN_IF_ERROR(cache.AppendSlots(seq, tokens));
         const auto t0 = Clock::now();
         absl::Status st = pass.Forward(e.batch, cache, &e.out);
-        ms.push_back(1e3 * Seconds(t0, Clock::now()));
+        ms[w - 1].push_back(1e3 * Seconds(t0, Clock::now()));
         return st;
       }),
               "Forward (width)");
       e.Check(e.Cache([&](kiln::KvCache& c) { return c.Truncate(seq, context); }), "Truncate");
     }
-    const Stats s = Summarize(ms);
-    if (w == 1) one_token_ms = s.median;
+  }
+  const double one_token_ms = Summarize(ms[0]).median;
+  std::string costs;
+  for (int w = 1; w <= kMaxWidth; ++w) {
+    const Stats s = Summarize(ms[w - 1]);
     std::printf("  w=%d  median %6.3f ms (min %.3f, max %.3f)  c(w) %.3f  per extra token %.3f\n",
                 w, s.median, s.min, s.max, s.median / one_token_ms,
                 w > 1 ? (s.median / one_token_ms - 1) / (w - 1) : 0.0);
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), w > 1 ? ",%.3f" : "%.3f", s.median / one_token_ms);
+    costs += buf;
   }
+  // The measured curve, as tools/train/train_medusa.py --pass-costs takes it.
+  std::printf("c(w) for w = 1..%d: %s\n", kMaxWidth, costs.c_str());
   return 0;
 }
 
@@ -245,7 +269,7 @@ int main(int argc, char** argv) {
   std::string model_path, tokens_path;
   int threads = 1, repeats = 5, n_decode = 64;
   int widths_context = 256;
-  bool json = false, bandwidth = false, widths = false;
+  bool json = false, bandwidth = false, widths = false, widths_tree = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -268,6 +292,8 @@ int main(int argc, char** argv) {
       bandwidth = true;
     } else if (a == "--widths") {
       widths = true;
+    } else if (a == "--tree") {
+      widths_tree = true;
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
     } else {
@@ -332,7 +358,7 @@ int main(int argc, char** argv) {
     weight_bytes -= te.row_bytes() * te.n_out;
   }
 
-  if (widths) return RunWidths(e, prompt, threads, repeats, widths_context);
+  if (widths) return RunWidths(e, prompt, threads, repeats, widths_context, widths_tree);
 
   std::vector<double> prefill_tps, d128_tps, d1024_tps;
   std::vector<int32_t> gen128, gen1024;

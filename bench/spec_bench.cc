@@ -21,6 +21,8 @@
 //              [--medusa HEAD.gguf (adds the Medusa strategy with this head file)]
 //              [--eagle HEAD.gguf (adds the EAGLE strategy with this head file; its tree size
 //              chosen per step from the measured pass cost)]
+//              [--medusa-nodes N,M,.. (one Medusa strategy per count, each verifying the first
+//              N nodes of the file's tree, side by side: does a smaller tree win?)]
 //              [--only-medusa (plain and the head strategies, medusa and eagle, only)]
 // With --medusa it first prints the cost of one Medusa proposal (the heads and their LM head,
 // full tree, median of 200 calls on a fixed feature) against one plain decoding step.
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
   std::vector<float> temps = {0.0f, 0.8f};
   std::vector<int> sets = {0, 1};  // chat, copy
   std::string medusa_path, eagle_path;
+  std::vector<int32_t> medusa_nodes;  // empty: one Medusa strategy with the file's whole tree
   bool only_medusa = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
@@ -111,7 +114,8 @@ int main(int argc, char** argv) {
           "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
           "                  [--ngram-min N (shortest suffix, 1)]\n"
           "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
-          "                  [--medusa HEAD.gguf] [--eagle HEAD.gguf] [--only-medusa]\n"
+          "                  [--medusa HEAD.gguf] [--medusa-nodes N,M,..] [--eagle HEAD.gguf]\n"
+          "                  [--only-medusa]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
@@ -146,7 +150,18 @@ int main(int argc, char** argv) {
       medusa_path = v;
     else if (a == "--eagle")
       eagle_path = v;
-    else if (a == "--prompts")
+    else if (a == "--medusa-nodes") {
+      for (const char* c = v; *c != '\0';) {
+        char* end = nullptr;
+        const long n = std::strtol(c, &end, 10);
+        if (end == c || n < 1 || n > 64 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--medusa-nodes: node counts in [1, 64], comma-separated: %s\n", v);
+          return 2;
+        }
+        medusa_nodes.push_back(static_cast<int32_t>(n));
+        c = *end == ',' ? end + 1 : end;
+      }
+    } else if (a == "--prompts")
       n_prompts = std::atoi(v);
     else if (a == "--temp")
       temps = {static_cast<float>(std::atof(v))};
@@ -209,6 +224,8 @@ int main(int argc, char** argv) {
     strategies.push_back({"draft", draft->get()});
   }
   std::unique_ptr<MedusaStrategy> medusa;
+  std::vector<std::unique_ptr<MedusaStrategy>> medusa_cut;  // --medusa-nodes
+  std::vector<std::string> medusa_names;                    // their row names, "medusa/N"
   if (!medusa_path.empty()) {
     MedusaParams mp;
     auto loaded = MedusaStrategy::Load(medusa_path, **model, mp);
@@ -217,7 +234,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     medusa = std::move(*loaded);
-    strategies.push_back({"medusa", medusa.get()});
+    medusa_names.reserve(medusa_nodes.size());  // the rows keep pointers to the names
+    for (int32_t n : medusa_nodes) {
+      MedusaParams cut;
+      cut.max_draft = n;
+      auto s =
+          MedusaStrategy::Create(std::make_shared<const MedusaHead>(medusa->head()), **model, cut);
+      if (!s.ok()) {
+        std::fprintf(stderr, "medusa: %s\n", std::string(s.status().message()).c_str());
+        return 1;
+      }
+      medusa_cut.push_back(std::move(*s));
+      medusa_names.push_back("medusa/" + std::to_string(n));
+      strategies.push_back({medusa_names.back().c_str(), medusa_cut.back().get()});
+    }
+    if (medusa_nodes.empty()) strategies.push_back({"medusa", medusa.get()});
     // Proposal cost: the full tree from a fixed feature (the heads' cost does not depend on it).
     const int64_t d = (*model)->hparams().n_embd;
     const std::vector<float> feature(d, 0.5f);

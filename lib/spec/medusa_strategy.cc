@@ -17,6 +17,23 @@ namespace {
 
 constexpr std::string_view kArch = "medusa";
 
+// sum_i a[i] b[i] in kLanes independent partial sums: a float reduction in one accumulator is a
+// serial chain the compiler may not reorder (no vectorization); lanes it can put in SIMD
+// registers. With one chain the heads' 576 x 576 mat-vec is a few percent of the default model's
+// decoding step.
+float Dot(const float* a, const float* b, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += a[i + j] * b[i + j];
+  }
+  float acc = 0.0f;
+  for (; i < n; ++i) acc += a[i] * b[i];
+  for (float x : lanes) acc += x;
+  return acc;
+}
+
 // Reads tensor `name` with ne {n_in, n_out} of type f32 or f16 as f32.
 absl::StatusOr<std::vector<float>> ReadF32(const gguf::GgufFile& file, const std::string& name,
                                            std::vector<uint64_t> ne) {
@@ -305,10 +322,7 @@ absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t m
     const float* b = head_->biases[k].data();
     float* z = z_.data() + k * d;
     for (int64_t o = 0; o < d; ++o) {
-      const float* row = w + o * d;
-      float acc = 0.0f;
-      for (int64_t i = 0; i < d; ++i) acc += row[i] * feature_[i];
-      const float pre = acc + b[o];
+      const float pre = Dot(w + o * d, feature_.data(), d) + b[o];
       z[o] = feature_[o] + pre / (1.0f + std::exp(-pre));
     }
   }

@@ -1,10 +1,11 @@
-// kiln-features -m MODEL -i SAMPLES.tsv -o OUT_PREFIX [-t THREADS] [--max-samples N]
+// kiln-features -m MODEL -i SAMPLES.tsv -o OUT_PREFIX [-t THREADS] [--max-samples N] [--raw]
 //
 // For every line `prompt<TAB>answer` of SAMPLES.tsv (backslash escapes \\, \t, \n; what
 // tools/train/gen_data.py writes), renders the model's chat template around the prompt, appends
 // the answer, tokenizes, and runs the target over it with Engine::Prefill, capturing the final
 // hidden state (after the output norm: what the LM head reads) of every position from the last
-// prompt token on. Writes:
+// prompt token on. --raw: the prompt is the model's whole input as is (its special tokens spelled
+// out, as `kiln generate --raw` takes it), without the chat template. Writes:
 //   OUT_PREFIX.tokens    int32 little-endian: the tokens of those positions, per sample
 //   OUT_PREFIX.features  f16 [rows, n_embd]: the feature of each of those positions
 //   OUT_PREFIX.index     text: one line per sample, its row count
@@ -41,7 +42,7 @@ std::string Unescape(const std::string& s) {
 int Usage() {
   std::fprintf(stderr,
                "usage: kiln-features -m MODEL -i SAMPLES.tsv -o OUT_PREFIX [-t THREADS] "
-               "[--max-samples N]\n");
+               "[--max-samples N] [--raw]\n");
   return 2;
 }
 
@@ -51,8 +52,13 @@ int main(int argc, char** argv) {
   std::string model_path, input, prefix;
   int threads = 1;
   long max_samples = -1;
+  bool raw = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--raw") {
+      raw = true;
+      continue;
+    }
     if (i + 1 >= argc) return Usage();
     if (a == "-m") {
       model_path = argv[++i];
@@ -102,8 +108,9 @@ int main(int argc, char** argv) {
     const size_t tab = line.find('\t');
     if (tab == std::string::npos) continue;
     const kiln::ChatMessage user{"user", Unescape(line.substr(0, tab))};
-    auto rendered = kiln::ApplyChatTemplate((*model)->chat_template(), std::span(&user, 1),
-                                            /*add_generation_prompt=*/true, chat_tokens);
+    auto rendered = raw ? absl::StatusOr<std::string>(user.content)
+                        : kiln::ApplyChatTemplate((*model)->chat_template(), std::span(&user, 1),
+                                                  /*add_generation_prompt=*/true, chat_tokens);
     if (!rendered.ok()) {
       std::fprintf(stderr, "kiln-features: %s\n", std::string(rendered.status().message()).c_str());
       return 1;

@@ -53,10 +53,33 @@ TEMPLATES = [
 ]
 
 
-def prompts():
-    pairs = [(t, k) for t in TOPICS for k in TEMPLATES]
+# Evaluation prompts (--source chat-eval): topics and templates that share nothing with the lists
+# above, so acceptance measured on them is what a new chat prompt gets, not what a new pairing of
+# seen topics and seen questions gets (the held-out 10% of the training samples are such pairs).
+EVAL_TOPICS = [
+    "octopuses", "the French Revolution", "knitting", "thunderstorms", "coral reefs",
+    "spreadsheets", "the human heart", "origami",
+]
+
+EVAL_TEMPLATES = [
+    "I want to learn about {t}. Where should I start?",
+    "Tell me something surprising about {t}.",
+    "Describe {t} in a few sentences.",
+]
+
+
+def _hash_ordered(topics, templates):
+    pairs = [(t, k) for t in topics for k in templates]
     pairs.sort(key=lambda p: hashlib.sha256((p[0] + "|" + p[1]).encode()).hexdigest())
     return [k.format(t=t) for t, k in pairs]
+
+
+def prompts():
+    return _hash_ordered(TOPICS, TEMPLATES)
+
+
+def eval_prompts():
+    return _hash_ordered(EVAL_TOPICS, EVAL_TEMPLATES)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
       [--source stdlib|chat] [--count N] [--n-predict 128] [--temp 0] \
       [--sample-every N --sample-temp 0.8]
 
---source: prompts.py (standard-library docstrings) or chat_prompts.py (seed topics times question
-templates). --sample-every N: every N-th prompt is answered with sampling at --sample-temp (seeded
+--source: prompts.py (standard-library docstrings), chat_prompts.py (seed topics times question
+templates) or chat-eval (chat_prompts.py's evaluation prompts: topics and templates the chat set
+does not have, for train_medusa.py --eval-data). --sample-every N: every N-th prompt is answered with sampling at --sample-temp (seeded
 by its index) instead of --temp, so the heads also see the model's sampled continuations.
 
 Writes DIR/samples.tsv: one line per prompt, `prompt<TAB>answer` with backslash, tab and newline
@@ -35,7 +36,7 @@ def main():
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--source", choices=["stdlib", "chat"], default="stdlib")
+    ap.add_argument("--source", choices=["stdlib", "chat", "chat-eval"], default="stdlib")
     ap.add_argument("--sample-every", type=int, default=0)
     ap.add_argument("--sample-temp", type=float, default=0.8)
     args = ap.parse_args()
@@ -45,8 +46,8 @@ def main():
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             done = sum(1 for _ in f)
-    source = chat_prompts if args.source == "chat" else stdlib_prompts
-    todo = source.prompts()[: args.count]
+    todo = {"stdlib": stdlib_prompts.prompts, "chat": chat_prompts.prompts,
+            "chat-eval": chat_prompts.eval_prompts}[args.source]()[: args.count]
     start = time.time()
     with open(path, "a", encoding="utf-8") as f:
         for i, p in enumerate(todo[done:], start=done):

@@ -5,7 +5,8 @@ file that `kiln --strategy medusa:PATH` loads (lib/spec/medusa_strategy.h has th
       [--minutes 30] [--max-steps N] [--batch 256] [--lr 1e-3] [--seed 0] [--negatives N]
       [--vocab V]
   python3 tools/train/train_medusa.py --model MODEL --data PREFIX --out DIR --export HEAD.gguf
-      [--tree-size 12] [--pass-cost-beta 0.1] [--vocab V] [--eval-data PREFIX]
+      [--tree-size 12] [--pass-costs C1,C2,.. | --pass-cost-beta 0.1] [--vocab V]
+      [--eval-data PREFIX]
 
 Numpy only, with hand-written gradients (no PyTorch needed). Head j (0-based) reads the target's
 final hidden state h at position p and predicts the token at p + 2 + j (the target's LM head
@@ -213,9 +214,22 @@ def acceptance_table(W, b, E, vocab, feats, rows, targets, val, max_rank=8):
     return acc / max(1, len(val)), len(val)
 
 
-def choose_tree(acc, tree_size, beta):
+def pass_cost(costs, beta, width):
+    """c(width): what a target pass over `width` tokens costs relative to a one-token pass. From
+    the measured curve `costs` (costs[w - 1] = c(w), engine_bench --widths --tree) when given,
+    continued past its end with its last slope; else the line 1 + beta (width - 1)."""
+    if not costs:
+        return 1.0 + beta * (width - 1)
+    if width <= len(costs):
+        return costs[width - 1]
+    slope = costs[-1] - costs[-2] if len(costs) > 1 else beta
+    return costs[-1] + slope * (width - len(costs))
+
+
+def choose_tree(acc, tree_size, beta, costs=None):
     """Best-first tree by path probability (product of acc along the path, as Medusa does), cut at
-    the size maximising (1 + expected accepted) / (1 + beta * nodes), at most tree_size."""
+    the size n maximising (1 + expected accepted) / c(1 + n) (pass_cost), at most tree_size. n = 0
+    (no tree: plain decoding) wins when no tree pays for its pass."""
     K, R = acc.shape
     nodes = []  # (prob, parent, rank, depth)
     frontier = [(acc[0][r], -1, r, 1) for r in range(R)]
@@ -226,10 +240,10 @@ def choose_tree(acc, tree_size, beta):
         me = len(nodes) - 1
         if depth < K:
             frontier += [(prob * acc[depth][r], me, r, depth + 1) for r in range(R)]
-    best, best_n, expected = 0.0, 0, 0.0
+    best, best_n, expected = 1.0, 0, 0.0
     for n in range(1, len(nodes) + 1):
         expected += nodes[n - 1][0]
-        gain = (1 + expected) / (1 + beta * n)
+        gain = (1 + expected) / pass_cost(costs, beta, 1 + n)
         if gain > best:
             best, best_n = gain, n
     return nodes[:best_n], best
@@ -251,7 +265,13 @@ def export(args):
     else:
         val = np.nonzero(sample_of >= int(n_samples * 0.9))[0]
     acc, n_val = acceptance_table(W, b, E, vocab, feats, rows, targets, val)
-    nodes, gain = choose_tree(acc, args.tree_size, args.pass_cost_beta)
+    costs = [float(x) for x in args.pass_costs.split(",")] if args.pass_costs else None
+    if costs and (len(costs) < 2 or abs(costs[0] - 1.0) > 1e-6):
+        sys.exit("--pass-costs: c(1), c(2), ... with c(1) = 1 (engine_bench --widths --tree)")
+    nodes, gain = choose_tree(acc, args.tree_size, args.pass_cost_beta, costs)
+    if not nodes:
+        sys.exit(f"no tree pays for its pass (best expected speedup with one node or more is "
+                 f"below 1 at these pass costs); acceptance per head and rank: {acc.tolist()}")
     report = {
         "held_out_positions": n_val,
         "eval_data": args.eval_data or "the held-out 10% of --data",
@@ -260,7 +280,8 @@ def export(args):
         "tree_parents": [n[1] for n in nodes],
         "tree_ranks": [n[2] for n in nodes],
         "tree_expected_accepted": round(float(sum(n[0] for n in nodes)), 3),
-        "tree_expected_speedup_at_beta": round(float(gain), 3),
+        "tree_expected_speedup": round(float(gain), 3),
+        "pass_costs": costs if costs else f"1 + {args.pass_cost_beta} (w - 1)",
         "steps": int(z["step"]),
         "train_minutes": round(float(z["spent"]) / 60, 1),
     }
@@ -315,7 +336,11 @@ def main():
     ap.add_argument("--export", help="write the head file here instead of training")
     ap.add_argument("--tree-size", type=int, default=16)
     ap.add_argument("--pass-cost-beta", type=float, default=0.1,
-                    help="relative cost of each extra token in a target pass (draft_policy.h)")
+                    help="relative cost of each extra token in a target pass (draft_policy.h); "
+                         "used when --pass-costs is not given")
+    ap.add_argument("--pass-costs",
+                    help="the measured c(w), w = 1, 2, ..: a pass over w tokens relative to one "
+                         "token, comma-separated, as `engine_bench --widths --tree` prints it")
     args = ap.parse_args()
     if args.export:
         export(args)
