@@ -53,6 +53,10 @@ struct EngineOptions {
   // on how a prompt is split into batches, so this also prefills in chunks of kLlamaCppUbatch
   // tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
   bool llama_cpp_order = false;
+  // MLA models only: absorbed everywhere (every bitwise guarantee) or the measured choice of
+  // decompressed prefill for long chunks (faster; a token's last bits then depend on how its
+  // prompt was chunked). architecture.h has the modes.
+  MlaPrefillMode mla_prefill = MlaPrefillMode::kAbsorbed;
 };
 
 // A run of new tokens for Engine::Prefill.
