@@ -304,7 +304,7 @@ typedef enum kiln_mla_prefill {
   KILN_MLA_PREFILL_ABSORBED = 0,
   /* A prompt chunk of a sequence long enough that a measured cost rule says decompressing its
    * context's keys and values is faster runs decompressed (from about 128 tokens; a 512-token
-   * prompt about 1.65x faster on CPU). Still batch and thread-count invariant (the choice depends
+   * prompt about 1.7x faster on CPU). Still batch and thread-count invariant (the choice depends
    * only on that sequence's own chunk and context sizes), but the two forms agree only to float
    * rounding, so a token's last logit bits can depend on how its prompt was chunked: a cold
    * prefill against a prefix-cache hit, another step_tokens, a chunk shortened by other
