@@ -18,7 +18,7 @@ Greedy: llama.cpp's llama-server (greedy, temperature 0) and `kiln generate --ll
 --temp 0` continue the same raw prompts; the texts must be equal.
 
 Usage: python3 bench/bench_deepseek2.py [--build build] [--type q8_0] [--threads 1,2] [--repeats 3]
-           [--decode 16] [--skip-speed] [--skip-greedy]
+           [--decode 16] [--skip-speed] [--skip-greedy] [--mla-prefill measured|absorbed]
 """
 import argparse
 import json
@@ -47,17 +47,20 @@ def ensure_model(build, weight_type):
 
 
 def speed(args, engine, model):
+    def run_kiln(exe, model, t, n_decode):
+        return lb.run_kiln(exe, model, t, n_decode, ['--mla-prefill', args.mla_prefill])
+
     threads = [int(t) for t in args.threads.split(',')]
     res = {t: {'kiln': [], 'llama': []} for t in threads}
     for rep in range(args.repeats):
         for t in threads:
-            sides = [('kiln', lb.run_kiln, engine), ('llama', lb.run_llama, args.llama_bench)]
+            sides = [('kiln', run_kiln, engine), ('llama', lb.run_llama, args.llama_bench)]
             for name, fn, exe in (sides if rep % 2 == 0 else sides[::-1]):
                 res[t][name].append(fn(exe, model, t, args.decode))
                 print(f'# repeat {rep}, {t} thread(s), {name}: {json.dumps(res[t][name][-1])}',
                       flush=True)
     print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} '
-          'steps; LOADED machine')
+          f'steps; kiln --mla-prefill {args.mla_prefill}; LOADED machine')
     hdr = (f'{"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama-bench tok/s":>22} '
            f'{"kiln/llama":>17}')
     print(hdr)
@@ -157,10 +160,10 @@ def main():
     ap.add_argument('--skip-speed', action='store_true')
     ap.add_argument('--skip-greedy', action='store_true')
     ap.add_argument('--mla-prefill', default='measured', choices=['measured', 'absorbed'],
-                    help="kiln's MLA prefill form (KILN_MLA_PREFILL; the library's default is "
-                         "absorbed, which keeps the bitwise chunking guarantees)")
+                    help="kiln's MLA prefill form (engine_bench --mla-prefill, "
+                         "kiln_cache_params.mla_prefill; the library's default is absorbed, which "
+                         "keeps the bitwise chunking guarantees)")
     args = ap.parse_args()
-    os.environ['KILN_MLA_PREFILL'] = args.mla_prefill
     model = ensure_model(args.build, args.type)
     engine = os.path.join(args.build, 'bench', 'engine_bench')
     if not args.skip_greedy:

@@ -30,9 +30,9 @@ def fmt(xs, prec=1):
     return f'{statistics.median(xs):.{prec}f} ({min(xs):.{prec}f}-{max(xs):.{prec}f})'
 
 
-def run_kiln(exe, model, threads, n_decode):
+def run_kiln(exe, model, threads, n_decode, extra_args=()):
     out = subprocess.run([exe, '--model', model, '--threads', str(threads), '--repeats', '1',
-                          '--decode', str(n_decode), '--json'],
+                          '--decode', str(n_decode), '--json', *extra_args],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

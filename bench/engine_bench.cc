@@ -5,12 +5,13 @@
 //
 // Usage:
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
-//                [--json]
+//                [--json] [--mla-prefill absorbed|measured]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
-//     repeat instead (for the driver).
+//     repeat instead (for the driver). --mla-prefill: EngineOptions::mla_prefill for MLA models
+//     (default absorbed, the library's).
 //   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
@@ -270,6 +271,7 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 5, n_decode = 64;
   int widths_context = 256;
   bool json = false, bandwidth = false, widths = false, widths_tree = false;
+  kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -296,6 +298,15 @@ int main(int argc, char** argv) {
       widths_tree = true;
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
+    } else if (a == "--mla-prefill") {
+      const std::string v = next();
+      if (v == "absorbed") {
+        mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
+      } else if (v == "measured") {
+        mla_prefill = kiln::MlaPrefillMode::kMeasured;
+      } else {
+        Die("--mla-prefill must be absorbed or measured, not " + v);
+      }
     } else {
       Die("unknown argument " + a);
     }
@@ -345,6 +356,7 @@ int main(int argc, char** argv) {
   eo.prefix_caching = false;
   eo.n_threads = threads;
   eo.kv_type = kiln::GgmlType::kF16;
+  eo.mla_prefill = mla_prefill;
   auto engine = kiln::Engine::Create(*e.model, eo);
   if (!engine.ok()) Die(std::string(engine.status().message()));
   e.engine = std::move(*engine);

@@ -230,11 +230,12 @@ KILN_API const char* kiln_backends(void);
 #define KILN_TOKENIZE_ADD_SPECIAL 1u   /* add BOS/EOS as the model's vocabulary asks */
 #define KILN_TOKENIZE_PARSE_SPECIAL 2u /* "<|im_start|>" in the text becomes the control token */
 
-/* Tokenizes text[0, text_len) (UTF-8; each byte that is not valid UTF-8 becomes U+FFFD as in llama.cpp, or stays a byte token with a SentencePiece vocabulary that has them; never dropped, never rejected) into
- * tokens[0, capacity). *n_tokens receives the count, also on KILN_ERR_BUFFER_TOO_SMALL (then it
- * is the required capacity and tokens is untouched). text may be NULL when text_len is 0.
- * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL model/n_tokens, NULL text with text_len > 0, NULL
- * tokens with capacity > 0), KILN_ERR_BUFFER_TOO_SMALL. */
+/* Tokenizes text[0, text_len) (UTF-8; each byte that is not valid UTF-8 becomes U+FFFD as in
+ * llama.cpp, or stays a byte token with a SentencePiece vocabulary that has them; never dropped,
+ * never rejected) into tokens[0, capacity). *n_tokens receives the count, also on
+ * KILN_ERR_BUFFER_TOO_SMALL (then it is the required capacity and tokens is untouched). text may be
+ * NULL when text_len is 0. Statuses: KILN_ERR_INVALID_ARGUMENT (NULL model/n_tokens, NULL text with
+ * text_len > 0, NULL tokens with capacity > 0), KILN_ERR_BUFFER_TOO_SMALL. */
 KILN_API kiln_status kiln_tokenize(const kiln_model* model, const char* text, size_t text_len,
                                    uint32_t flags, int32_t* tokens, size_t capacity,
                                    size_t* n_tokens);
@@ -303,6 +304,23 @@ typedef enum kiln_backend_kind {
   KILN_BACKEND_AUTO = 2 /* CUDA when it can run the model, else the CPU */
 } kiln_backend_kind;
 
+/* How MLA models (deepseek2) compute attention for prompt chunks; other models ignore it. */
+typedef enum kiln_mla_prefill {
+  /* Every token absorbed (keys and values never decompressed), as decode steps always are:
+   * every bitwise guarantee holds, a token's logits never depend on how its prompt was chunked
+   * or batched (default). */
+  KILN_MLA_PREFILL_ABSORBED = 0,
+  /* A prompt chunk of a sequence long enough that a measured cost rule says decompressing its
+   * context's keys and values is faster runs decompressed (from about 128 tokens; a 512-token
+   * prompt about 1.7x faster on CPU). Still batch and thread-count invariant (the choice depends
+   * only on that sequence's own chunk and context sizes), but the two forms agree only to float
+   * rounding, so a token's last logit bits can depend on how its prompt was chunked: a cold
+   * prefill against a prefix-cache hit, another step_tokens, a chunk shortened by other
+   * sessions' work or a preemption. Greedy tokens change only at near-ties. Decode steps, draft
+   * trees and llama_cpp_order runs stay absorbed. */
+  KILN_MLA_PREFILL_MEASURED = 1
+} kiln_mla_prefill;
+
 typedef struct kiln_cache_params {
   uint32_t struct_size; /* set by kiln_cache_params_init */
   size_t pool_bytes;    /* KV pool size (rounded down to whole blocks); 0: one full context */
@@ -335,17 +353,21 @@ typedef struct kiln_cache_params {
    * Any other value fails with KILN_ERR_INVALID_ARGUMENT. */
   kiln_backend_kind backend;
   int32_t cuda_device; /* CUDA device index; default 0 */
+  /* Added in 0.2.0 after the ABI 1 baseline. MLA prompt attention (kiln_mla_prefill above);
+   * default KILN_MLA_PREFILL_ABSORBED. */
+  kiln_mla_prefill mla_prefill;
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
- * n_threads 0, llama_cpp_order 0, step_tokens 512) as kiln_model_params_init does. Statuses: as
- * kiln_model_params_init. */
+ * n_threads 0, llama_cpp_order 0, step_tokens 512, KILN_MLA_PREFILL_ABSORBED) as
+ * kiln_model_params_init does. Statuses: as kiln_model_params_init. */
 KILN_API kiln_status kiln_cache_params_init(kiln_cache_params* params, size_t struct_size);
 
 /* Creates a cache (and its engine) for `model`; the model must outlive it.
  * Statuses: KILN_ERR_INVALID_ARGUMENT (NULL pointer, struct_size too small, bad block_size,
- * kv_type, n_ctx < 0, n_threads < 0, step_tokens < 1, or pool_bytes non-zero but smaller than
- * two blocks: the message names the field), KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
+ * kv_type, n_ctx < 0, n_threads < 0, step_tokens < 1, mla_prefill not a kiln_mla_prefill, or
+ * pool_bytes non-zero but smaller than two blocks: the message names the field),
+ * KILN_ERR_OUT_OF_MEMORY. Thread-safe. */
 KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* params,
                                        kiln_cache** out_cache);
 

@@ -7,6 +7,8 @@
 // with zeros (w = a = 0 leaves an accumulator unchanged).
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -75,6 +77,85 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
     AccumulateChunk<Loader>(wpad, apad, acc);
   }
   return Reduce(acc);
+}
+
+// A register tile of kR weight rows x kT tokens, n % 64 == 0: every (row, token) pair runs Dot's
+// eight accumulator chains, one eighth of the chunk lanes at a time (eighth j: elements
+// 64 c + 8 j .. + 7 of every chunk c, Dot's acc[j]), so each load serves kT or kR FMAs and the
+// kR x kT chains of an eighth run side by side (2 x 4 chains, 2 weight registers and one
+// activation register fit AVX2's 16); the eighths then reduce as Dot's do.
+//   w: kR rows, w_stride bytes apart   a: kT rows of n floats, a_stride bytes apart
+template <typename Loader, int kR, int kT>
+inline void MicroTile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* a,
+                      size_t a_stride, float* out, size_t out_stride) {
+  __m256 eighths[kR][kT][8];
+  for (int j = 0; j < 8; ++j) {
+    __m256 acc[kR][kT];
+    for (int r = 0; r < kR; ++r) {
+      for (int t = 0; t < kT; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    for (int64_t e = 8 * j; e < n; e += kChunk) {
+      __m256 wv[kR];
+      for (int r = 0; r < kR; ++r) wv[r] = Loader::Load(w + r * w_stride + e * Loader::kBytes);
+      for (int t = 0; t < kT; ++t) {
+        const __m256 av = _mm256_loadu_ps(reinterpret_cast<const float*>(a + t * a_stride) + e);
+        for (int r = 0; r < kR; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      for (int t = 0; t < kT; ++t) eighths[r][t][j] = acc[r][t];
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int t = 0; t < kT; ++t) out[t * out_stride + r] = Reduce(eighths[r][t]);
+  }
+}
+
+// VecDotTileFn of the float types: out[t * out_stride + r] = Dot(n, w row r, a row t), bit for
+// bit. Blocks of 8 weight rows (they stay in L1 while every token block passes), 2 x 4
+// register tiles inside, smaller tiles at the edges. A row length that is not a whole number of
+// chunks takes Dot per pair.
+template <typename Loader>
+void Tile(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va, size_t a_stride,
+          int n_tokens, float* out, size_t out_stride) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  if (n % kChunk != 0) {
+    for (int t = 0; t < n_tokens; ++t) {
+      for (int r = 0; r < n_rows; ++r) {
+        out[t * out_stride + r] = Dot<Loader>(n, w + r * w_stride, a + t * a_stride);
+      }
+    }
+    return;
+  }
+  constexpr int kRowBlock = 8, kR = 2, kT = 4;
+  for (int rb = 0; rb < n_rows; rb += kRowBlock) {
+    const int re = std::min(n_rows, rb + kRowBlock);
+    for (int t = 0; t < n_tokens; t += kT) {
+      const int nt = std::min(kT, n_tokens - t);
+      const uint8_t* at = a + t * a_stride;
+      for (int r = rb; r < re; r += kR) {
+        const int nr = std::min(kR, re - r);
+        const uint8_t* wr = w + r * w_stride;
+        float* o = out + t * out_stride + r;
+        if (nr == kR && nt == kT) {
+          MicroTile<Loader, kR, kT>(n, wr, w_stride, at, a_stride, o, out_stride);
+        } else if (nr == kR) {
+          for (int j = 0; j < nt; ++j) {
+            MicroTile<Loader, kR, 1>(n, wr, w_stride, at + j * a_stride, a_stride,
+                                     o + j * out_stride, out_stride);
+          }
+        } else if (nt == kT) {
+          MicroTile<Loader, 1, kT>(n, wr, w_stride, at, a_stride, o, out_stride);
+        } else {
+          for (int j = 0; j < nt; ++j) {
+            MicroTile<Loader, 1, 1>(n, wr, w_stride, at + j * a_stride, a_stride,
+                                    o + j * out_stride, out_stride);
+          }
+        }
+      }
+    }
+  }
 }
 
 // bf16 round-to-nearest-even of 8 lanes, NaN kept quiet (same as Fp32ToBf16).
@@ -153,5 +234,14 @@ void DequantizeRowBf16Avx2(const void* vx, float* y, int64_t n) {
 float VecDotF32F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadF32>(n, w, a); }
 float VecDotF16F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadF16>(n, w, a); }
 float VecDotBf16F32Avx2(int64_t n, const void* w, const void* a) { return Dot<LoadBf16>(n, w, a); }
+
+void VecDotTileF32F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  Tile<LoadF32>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+void VecDotTileF16F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  Tile<LoadF16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
 
 }  // namespace kiln::quant

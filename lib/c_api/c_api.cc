@@ -622,6 +622,20 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                                  " is not a kiln_backend_kind"));
     }
     options.cuda_device = params->cuda_device;
+    std::underlying_type_t<kiln_mla_prefill> mla_prefill;
+    std::memcpy(&mla_prefill, &params->mla_prefill, sizeof mla_prefill);
+    switch (mla_prefill) {
+      case KILN_MLA_PREFILL_ABSORBED:
+        options.mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
+        break;
+      case KILN_MLA_PREFILL_MEASURED:
+        options.mla_prefill = kiln::MlaPrefillMode::kMeasured;
+        break;
+      default:
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_cache_create: params->mla_prefill ", mla_prefill,
+                                 " is not a kiln_mla_prefill (0 absorbed, 1 measured)"));
+    }
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),

@@ -55,7 +55,8 @@ struct StructReleases<kiln_cache_params> {
   static constexpr std::array kEnds = {
       KILN_FIELD_END(kiln_cache_params, llama_cpp_order),  // ABI 1 baseline
       KILN_FIELD_END(kiln_cache_params, step_tokens),      // 0.2.0 after the baseline
-      KILN_FIELD_END(kiln_cache_params, cuda_device)};     // 0.2.0: backend, cuda_device
+      KILN_FIELD_END(kiln_cache_params, cuda_device),      // 0.2.0: backend, cuda_device
+      KILN_FIELD_END(kiln_cache_params, mla_prefill)};     // 0.2.0: mla_prefill
 };
 template <>
 struct StructReleases<kiln_cache_stats> {

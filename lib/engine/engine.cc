@@ -81,8 +81,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     return backend->NewKvStorage(l, n_blocks);
   };
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
-  KILN_ASSIGN_OR_RETURN(engine->forward_,
-                        model.architecture().NewForward(model, *engine->backend_));
+  KILN_ASSIGN_OR_RETURN(engine->forward_, model.architecture().NewForwardWithOptions(
+                                              model, *engine->backend_,
+                                              ForwardOptions{.mla_prefill = opt.mla_prefill}));
   // llama.cpp's bits depend on the batch: one session's work per pass, in its prefill chunks.
   engine->scheduler_ = std::make_unique<Scheduler>(
       *engine, opt.llama_cpp_order ? opt.prefill_chunk : opt.step_tokens, opt.llama_cpp_order);

@@ -59,6 +59,10 @@ struct EngineOptions {
   // cuda_device when it can run the model, else the CPU with the reason in BackendDescription.
   BackendKind backend = BackendKind::kCpu;
   int32_t cuda_device = 0;
+  // MLA models only: absorbed everywhere (every bitwise guarantee) or the measured choice of
+  // decompressed prefill for long chunks (faster; a token's last bits then depend on how its
+  // prompt was chunked). architecture.h has the modes.
+  MlaPrefillMode mla_prefill = MlaPrefillMode::kAbsorbed;
 };
 
 // A run of new tokens for Engine::Prefill.

@@ -30,6 +30,24 @@ class GgufWriter;
 }  // namespace gguf
 class Model;
 
+// Which attention form an MLA model's (deepseek2's) causal tokens take; other families ignore it.
+// Tree nodes and the llama.cpp numeric order always run absorbed.
+enum class MlaPrefillMode {
+  // Every token absorbed (W_UK folded into the query, W_UV into the output): a token's bits never
+  // depend on its prompt's chunking or batch. The default.
+  kAbsorbed,
+  // By the sequence's own chunk and context sizes (ChooseDecompressed in mla_forward.h): long
+  // prompt chunks decompressed, faster, but a token's last bits then depend on its chunking.
+  kMeasured,
+  // Every causal sequence decompressed, a one-token decode step too (tests and benchmarks).
+  kDecompressed,
+};
+
+// Engine-level choices a forward pass is built with (EngineOptions carries them).
+struct ForwardOptions {
+  MlaPrefillMode mla_prefill = MlaPrefillMode::kAbsorbed;
+};
+
 enum class TensorRole {
   kEmbedding,  // gathered by row (any type with kernels), never multiplied in kiln's order
   kMatrix,     // multiplied (any type with kernels); prepared by the backend
@@ -127,6 +145,13 @@ class Architecture {
   // A forward pass of `model` on `backend` (both must outlive it).
   virtual absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
                                                                   Backend& backend) const = 0;
+  // The same with the engine's options (what the engine calls); families without such choices
+  // keep this default, NewForward.
+  virtual absl::StatusOr<std::unique_ptr<ForwardPass>> NewForwardWithOptions(
+      const Model& model, Backend& backend, const ForwardOptions& options) const {
+    (void)options;
+    return NewForward(model, backend);
+  }
 
   // The chat template (a family name ParseChatTemplate accepts) for files of this family that
   // carry none in tokenizer.chat_template; "" when there is no family default.

@@ -18,23 +18,26 @@ void Grow(std::vector<T>& v, size_t n) {
 }
 
 // ChooseDecompressed's calibration: seconds per multiply-add of each kernel relative to the
-// absorbed attention's, measured with bench/mla_prefill_bench on kiln-mkmodel's deepseek2-bench
-// (kv_lora_rank 512, 16 heads of 128 + 64, values 128; q8_0 weights, f16 latent cache; 2
-// threads, loaded machine; median ms of one Forward of NEW tokens after CTX cached ones):
+// absorbed attention's, measured with `bench/mla_prefill_bench --threads 1 --cpu-time` on
+// kiln-mkmodel's deepseek2-bench (kv_lora_rank 512, 16 heads of 128 + 64, values 128; q8_0
+// weights, f16 latent cache; process CPU ms of one Forward of NEW tokens after CTX cached ones,
+// so a loaded machine's time-sharing does not count; AVX-512, the float tile kernels):
 //     CTX  NEW  absorbed  decompressed      CTX  NEW  absorbed  decompressed
-//       0    4     121.3          72.6      512    1      84.6        2878.1
-//       0   16     282.0         176.7      512    8     354.2        3179.1
-//       0   64     588.0         413.9      512   32    1031.3        3191.5
-//       0  512   13613.4        8223.5     1024   32    1503.3        5757.7
-// Fitted: the absorbed form and the f32 decompression matmul both ~0.33 ns per multiply-add,
-// the dense attention ~0.13 ns (it scores 8 tokens per row read). A fresh chunk is then always
-// cheaper decompressed (decompressing a row costs what absorbing a query does, and the dense
-// scores are cheaper); after 512 cached tokens the crossover is about 120 new tokens.
-constexpr double kDecompressCost = 1.0;
-constexpr double kDenseAttentionCost = 0.4;
-// Chunks shorter than this stay absorbed. Measured above, they gain at most ~0.2 s a chunk; and
-// absorbed they keep the decode steps' form, so that a short prompt computed after a prefix-cache
-// hit, in chunks, or cold gives the same bits (a form switch changes the last bits, not tokens).
+//       0   16      80.0          54.8      512    1      24.6         355.9
+//       0  128     473.4         286.8      512   32     272.4         436.4
+//       0  512    2822.1        1617.7      512  128    1092.8         823.1
+// Least squares, with a common 15.7 ms + 1.95 ms per token outside attention: the absorbed form
+// 0.067 ns per multiply-add, the f32 decompression matmuls 0.037 ns (the tile kernels of
+// kernels/cpu/float_avx512.cc, ~27 G/s with the reads of the latents), the dense attention
+// 0.053 ns. A fresh chunk is then always cheaper decompressed (decompressing a row costs about
+// half of what absorbing a query does); after 512 cached tokens it is cheaper from about 70 new
+// tokens on, so there the 128-token minimum below decides.
+constexpr double kDecompressCost = 0.54;
+constexpr double kDenseAttentionCost = 0.8;
+// Chunks shorter than this stay absorbed. Measured above, they gain at most ~0.15 s of CPU a chunk;
+// and absorbed they keep the decode steps' form, so that a short prompt computed after a
+// prefix-cache hit, in chunks, or cold gives the same bits (a form switch changes the last bits,
+// not tokens).
 constexpr int64_t kMinDecompressedChunk = 128;
 // The most memory one sequence's decompressed context may take; longer contexts stay absorbed.
 constexpr double kMaxDecompressedBytes = 512.0 * 1024 * 1024;

@@ -6,10 +6,10 @@
 // kv_lora_rank long) and W_UV applied to the attention-weighted latent, so keys and values are
 // never decompressed:
 //   score_j = (q_abs · c_j + q_rope · kr_j) · scale,  out_h = W_UV_h Σ_j softmax(score)_j c_j.
-// With MlaPrefillMode::kMeasured (the engine: KILN_MLA_PREFILL=measured) a long prompt chunk runs
-// decompressed instead (ChooseDecompressed: by that sequence's own chunk and context sizes,
-// measured): its context's latents are read back, K_nope = C W_UKᵀ and
-// V = C W_UV computed by two matmuls over all its rows, then ordinary causal attention
+// With MlaPrefillMode::kMeasured (EngineOptions::mla_prefill; kiln_cache_params.mla_prefill) a long
+// prompt chunk runs decompressed instead (ChooseDecompressed: by that sequence's own chunk and
+// context sizes, measured): its context's latents are read back, K_nope = C W_UKᵀ and V = C W_UV
+// computed by two matmuls over all its rows, then ordinary causal attention
 // (Backend::MlaDecompressedAttention). The two forms agree up to float rounding; each is
 // batch invariant on its own (a token's bits do not depend on the rest of the batch or the thread
 // count), but a token's bits depend on which form its chunk took, so on MLA models a prompt's
@@ -28,13 +28,8 @@
 
 namespace kiln {
 
-// Which form a sequence's causal tokens take (tree nodes, and the llama.cpp numeric order, are
-// always absorbed).
-enum class MlaPrefillMode {
-  kMeasured,      // by the sequence's own chunk and context sizes (ChooseDecompressed)
-  kAbsorbed,      // every token absorbed
-  kDecompressed,  // every causal sequence decompressed, a one-token decode step too
-};
+// MlaPrefillMode (which form a sequence's causal tokens take) is in architecture.h: the engine
+// options carry it.
 
 // kMeasured's rule: whether a causal chunk of n_new tokens of one sequence, whose last token sees
 // n_ctx cache rows (the chunk's own included), runs decompressed. It depends on that sequence's

@@ -95,32 +95,63 @@ float VecDotBf16F32Ref(int64_t n, const void* vw, const void* va) {
   });
 }
 
+namespace {
+
+template <VecDotFn kDot>
+void TilePerPair(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+                 size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const uint8_t*>(va);
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int r = 0; r < n_rows; ++r)
+      out[t * out_stride + r] = kDot(n, w + r * w_stride, a + t * a_stride);
+  }
+}
+
+}  // namespace
+
+void VecDotTileF32F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  TilePerPair<VecDotF32F32Ref>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+void VecDotTileF16F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                         size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  TilePerPair<VecDotF16F32Ref>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
 }  // namespace quant
 
 void RegisterFloatTypes(QuantRegistry& r, CpuLevel level) {
   using namespace quant;
-  auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, VecDotFn dot) {
+  // MatMul runs the tiles (F32 and F16; BF16 keeps vec_dot) for two or more tokens: decode's one
+  // token streams each weight row once either way.
+  auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, VecDotFn dot,
+                  VecDotTileFn tile = nullptr) {
     QuantKernels& k = r[t];
     k.type = t;
     k.quantize = q;
     k.dequantize = dq;
     k.vec_dot_type = GgmlType::kF32;
     k.vec_dot = dot;
+    k.vec_dot_tile = tile;
   };
   switch (level) {
     case CpuLevel::kScalar:
-      set(GgmlType::kF32, QuantizeRowF32Ref, DequantizeRowF32Ref, VecDotF32F32Ref);
-      set(GgmlType::kF16, QuantizeRowF16Ref, DequantizeRowF16Ref, VecDotF16F32Ref);
+      set(GgmlType::kF32, QuantizeRowF32Ref, DequantizeRowF32Ref, VecDotF32F32Ref,
+          VecDotTileF32F32Ref);
+      set(GgmlType::kF16, QuantizeRowF16Ref, DequantizeRowF16Ref, VecDotF16F32Ref,
+          VecDotTileF16F32Ref);
       set(GgmlType::kBF16, QuantizeRowBf16Ref, DequantizeRowBf16Ref, VecDotBf16F32Ref);
       break;
     case CpuLevel::kAvx2:
-      set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx2);
-      set(GgmlType::kF16, QuantizeRowF16Avx2, DequantizeRowF16Avx2, VecDotF16F32Avx2);
+      set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx2, VecDotTileF32F32Avx2);
+      set(GgmlType::kF16, QuantizeRowF16Avx2, DequantizeRowF16Avx2, VecDotF16F32Avx2,
+          VecDotTileF16F32Avx2);
       set(GgmlType::kBF16, QuantizeRowBf16Avx2, DequantizeRowBf16Avx2, VecDotBf16F32Avx2);
       break;
     case CpuLevel::kAvx512:
-      set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx512);
-      set(GgmlType::kF16, nullptr, nullptr, VecDotF16F32Avx512);
+      set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx512, VecDotTileF32F32Avx512);
+      set(GgmlType::kF16, nullptr, nullptr, VecDotF16F32Avx512, VecDotTileF16F32Avx512);
       set(GgmlType::kBF16, nullptr, nullptr, VecDotBf16F32Avx512);
       break;
   }

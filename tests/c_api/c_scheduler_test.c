@@ -435,6 +435,47 @@ static void test_cache_step_tokens(kiln_model* model) {
   kiln_cache_destroy(cache);
 }
 
+/* kiln_cache_params.mla_prefill: default absorbed, a value outside kiln_mla_prefill rejected
+ * with a message naming the field, a struct from before the field gets the default, and measured
+ * is accepted on a model without MLA (where it changes nothing: the same logits bitwise). The
+ * effect on an MLA model: tests/c_api/mla_prefill_test.sh. */
+static void test_cache_mla_prefill(kiln_model* model) {
+  kiln_cache_params cp;
+  kiln_cache* cache = NULL;
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  CHECK(cp.mla_prefill == KILN_MLA_PREFILL_ABSORBED);
+  cp.n_threads = 2;
+  cp.n_ctx = 256;
+  cp.mla_prefill = (kiln_mla_prefill)7;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kiln_last_error_message(), "mla_prefill 7") != NULL);
+  cp.mla_prefill = (kiln_mla_prefill)-1;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, mla_prefill);
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK); /* the bad value past it: ignored */
+  kiln_cache_destroy(cache);
+  cache = NULL;
+  cp.struct_size = sizeof cp;
+  float last[2][8];
+  for (int measured = 0; measured < 2; ++measured) {
+    kiln_session* s = NULL;
+    const float* logits = NULL;
+    int32_t n_vocab = 0;
+    cp.mla_prefill = measured ? KILN_MLA_PREFILL_MEASURED : KILN_MLA_PREFILL_ABSORBED;
+    CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+    if (cache == NULL) return;
+    CHECK(kiln_session_create(model, cache, NULL, &s) == KILN_OK);
+    CHECK(kiln_session_append_text(s, "the quick brown fox", 19, 0) == KILN_OK);
+    CHECK(kiln_session_get_logits(s, &logits, &n_vocab) == KILN_OK && n_vocab >= 8);
+    if (logits != NULL) memcpy(last[measured], logits, sizeof last[measured]);
+    kiln_session_destroy(s);
+    kiln_cache_destroy(cache);
+    cache = NULL;
+  }
+  CHECK(memcmp(last[0], last[1], sizeof last[0]) == 0);
+}
+
 int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
@@ -462,6 +503,7 @@ int main(void) {
   for (int i = 0; i < kSessions; ++i) CHECK(expected[i].n_tokens > 0);
   test_bad_arguments(model, cache);
   test_cache_step_tokens(model);
+  test_cache_mla_prefill(model);
   test_host_steps(model, cache, expected);
   test_worker_and_callbacks(model, cache, expected);
   test_cancel(model, cache);

@@ -1,10 +1,12 @@
 /* kiln_logits_dump MODEL PROMPT STEPS [ORDER]: prints, for a prompt and then STEPS greedy tokens
  * fed back one at a time, the argmax token and a 64-bit FNV-1a hash of the raw bits of the whole
- * logits row after each step, one line per step. ORDER: "kiln" (default) or "llama.cpp"
- * (kiln_cache_params.llama_cpp_order). Two runs print the same lines exactly when every logit is
- * bitwise the same, which is what the CPU-level tests compare (tests/c_api/cpu_levels_test.sh,
- * scripts/test_cpu_portability.sh): the same program at KILN_CPU_LEVEL=scalar, avx2 and native,
- * and under qemu-x86_64 as CPUs without AVX-512 or AVX2. The CPU level goes to stderr. */
+ * logits row after each step, one line per step. ORDER: "kiln" (default), "llama.cpp"
+ * (kiln_cache_params.llama_cpp_order) or "mla-measured" (kiln's order with
+ * kiln_cache_params.mla_prefill = KILN_MLA_PREFILL_MEASURED; tests/c_api/mla_prefill_test.sh). Two
+ * runs print the same lines exactly when every logit is bitwise the same, which is what the
+ * CPU-level tests compare (tests/c_api/cpu_levels_test.sh, scripts/test_cpu_portability.sh): the
+ * same program at KILN_CPU_LEVEL=scalar, avx2 and native, and under qemu-x86_64 as CPUs without
+ * AVX-512 or AVX2. The CPU level goes to stderr. */
 #include <kiln/kiln.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,8 +31,9 @@ static int Fail(const char* what, kiln_status s) {
 
 int main(int argc, char** argv) {
   if (argc < 4 || argc > 5 ||
-      (argc == 5 && strcmp(argv[4], "kiln") != 0 && strcmp(argv[4], "llama.cpp") != 0)) {
-    fprintf(stderr, "usage: kiln_logits_dump MODEL PROMPT STEPS [kiln|llama.cpp]\n");
+      (argc == 5 && strcmp(argv[4], "kiln") != 0 && strcmp(argv[4], "llama.cpp") != 0 &&
+       strcmp(argv[4], "mla-measured") != 0)) {
+    fprintf(stderr, "usage: kiln_logits_dump MODEL PROMPT STEPS [kiln|llama.cpp|mla-measured]\n");
     return 2;
   }
   const int steps = atoi(argv[3]);
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   cp.n_threads = 2;
   cp.n_ctx = 1024;
   cp.llama_cpp_order = argc == 5 && strcmp(argv[4], "llama.cpp") == 0;
+  if (argc == 5 && strcmp(argv[4], "mla-measured") == 0) cp.mla_prefill = KILN_MLA_PREFILL_MEASURED;
   kiln_cache* cache = NULL;
   s = kiln_cache_create(model, &cp, &cache);
   if (s != KILN_OK) return Fail("cache", s);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "lib/engine/engine.h"
 #include "lib/gguf/file_type.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/mla_forward.h"
@@ -484,6 +485,52 @@ TEST(Deepseek2Forward, MeasuredChoiceKeepsGreedyTokens) {
   EXPECT_EQ(greedy(MlaPrefillMode::kMeasured, 16), want);
   EXPECT_EQ(greedy(MlaPrefillMode::kMeasured, 150), want);
   EXPECT_EQ(greedy(MlaPrefillMode::kDecompressed, prompt.size()), want);
+}
+
+// EngineOptions::mla_prefill (kiln_cache_params.mla_prefill) through the engine: a 300-token
+// prompt prefilled in chunks of 256 and of 64. Absorbed (the default): the last token's logits
+// are bitwise the same for both chunkings. Measured: the 256-token chunk runs decompressed, so
+// its logits differ from the absorbed ones (by float rounding only), while 64-token chunks stay
+// below the rule's minimum and equal the absorbed logits bitwise.
+TEST(Deepseek2Forward, EngineMlaPrefillOptionTradesChunkInvarianceForTheMeasuredForm) {
+  auto model = WriteAndLoad("tiny-deepseek2-moe", 16);
+  ASSERT_NE(model, nullptr);
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 300; ++i) prompt.push_back(3 + (i * 37 + i / 7) % 250);
+  auto last_logits = [&](MlaPrefillMode mode, int32_t chunk) {
+    EngineOptions options;
+    options.n_threads = kThreads;
+    options.n_ctx = 512;
+    options.prefix_caching = false;
+    options.prefill_chunk = chunk;
+    options.mla_prefill = mode;
+    std::vector<float> logits;
+    auto engine = Engine::Create(*model, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return logits;
+    const SeqId seq =
+        (*engine)->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+    PrefillRequest request;
+    request.seq = seq;
+    request.tokens = prompt;
+    request.on_logits = [&](int32_t, const float* row) {
+      logits.assign(row, row + model->hparams().n_vocab);
+    };
+    const absl::Status st = (*engine)->Prefill(request);
+    EXPECT_TRUE(st.ok()) << st;
+    return logits;
+  };
+  EXPECT_EQ(EngineOptions().mla_prefill, MlaPrefillMode::kAbsorbed);
+  const std::vector<float> absorbed = last_logits(MlaPrefillMode::kAbsorbed, 256);
+  ASSERT_EQ(absorbed.size(), static_cast<size_t>(model->hparams().n_vocab));
+  EXPECT_EQ(last_logits(MlaPrefillMode::kAbsorbed, 64), absorbed);
+  const std::vector<float> measured = last_logits(MlaPrefillMode::kMeasured, 256);
+  ASSERT_EQ(measured.size(), absorbed.size());
+  EXPECT_NE(measured, absorbed) << "the measured option did not take the decompressed form";
+  EXPECT_LT(MaxDiff({measured}, {absorbed}), 1e-3);
+  EXPECT_EQ(std::max_element(measured.begin(), measured.end()) - measured.begin(),
+            std::max_element(absorbed.begin(), absorbed.end()) - absorbed.begin());
+  EXPECT_EQ(last_logits(MlaPrefillMode::kMeasured, 64), absorbed);
 }
 
 // A prompt in one batch, then tokens one at a time: every token's logits within 1e-4 of the

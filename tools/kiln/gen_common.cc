@@ -55,9 +55,10 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
     flags->llama_cpp_order = true;
     return 1;
   }
-  static const char* kWithValue[] = {"-m",      "--model", "-n",      "--n-predict", "--temp",
-                                     "--top-k", "--top-p", "--min-p", "--seed",      "--threads",
-                                     "-t",      "--ctx",   "-c",      "--cache-type"};
+  static const char* kWithValue[] = {"-m",     "--model",      "-n",           "--n-predict",
+                                     "--temp", "--top-k",      "--top-p",      "--min-p",
+                                     "--seed", "--threads",    "-t",           "--ctx",
+                                     "-c",     "--cache-type", "--mla-prefill"};
   bool known = false;
   for (const char* f : kWithValue) known |= a == f;
   if (!known) return 0;
@@ -100,12 +101,21 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
       }
     }
     if (!ok) BadFlagValue(a, v, "f16, f32, bf16 or q8_0");
+  } else if (a == "--mla-prefill") {
+    ok = true;
+    if (v == "absorbed") {
+      flags->mla_prefill = KILN_MLA_PREFILL_ABSORBED;
+    } else if (v == "measured") {
+      flags->mla_prefill = KILN_MLA_PREFILL_MEASURED;
+    } else {
+      ok = BadFlagValue(a, v, "absorbed or measured");
+    }
   }
   return ok ? 1 : -1;
 }
 
 std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_what) {
-  char buf[1024];
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "  -m, --model MODEL   GGUF model file (required)\n"
                 "  -n, --n-predict N   most tokens %.*s (default %d)\n"
@@ -118,7 +128,10 @@ std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_wh
                 "  -c, --ctx N         context size in tokens (default %d; 0 = the model's)\n"
                 "  --cache-type T      K/V cache element type: f16 (default), f32, bf16 or q8_0\n"
                 "  --llama-cpp-order   compute exactly like llama.cpp (same greedy output and\n"
-                "                      logits); default: batch-invariant results\n",
+                "                      logits); default: batch-invariant results\n"
+                "  --mla-prefill M     MLA models' prompt attention: absorbed (default; logits\n"
+                "                      independent of prompt chunking) or measured (long chunks\n"
+                "                      decompressed: faster, last bits depend on chunking)\n",
                 static_cast<int>(n_predict_what.size()), n_predict_what.data(), defaults.n_predict,
                 defaults.temp, defaults.top_k, defaults.top_p, defaults.min_p, defaults.ctx);
   return buf;
@@ -132,6 +145,7 @@ bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** 
   cp.n_ctx = flags.ctx;
   cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
   cp.kv_type = flags.cache_type;
+  cp.mla_prefill = flags.mla_prefill;
   kiln_status s = kiln_cache_create(model, &cp, cache);
   if (s != KILN_OK) {
     ReportError("creating the cache", s);

@@ -31,13 +31,14 @@ struct GenFlags {
   int32_t ctx = 4096;
   bool llama_cpp_order = false;           // --llama-cpp-order: llama.cpp's exact arithmetic
   kiln_kv_type cache_type = KILN_KV_F16;  // --cache-type f16|f32|bf16|q8_0
+  kiln_mla_prefill mla_prefill = KILN_MLA_PREFILL_ABSORBED;  // --mla-prefill absorbed|measured
 };
 
 // If args[*i] is one of the shared flags, consumes it (and its value), stores it and returns 1;
 // returns 0 when it is not a shared flag; -1 (after printing why) for a missing or bad value.
 // Values: -n/--n-predict and --top-k integers in [0, 2^30]; --temp, --top-p, --min-p floats
 // (not NaN); --seed an integer in [0, 2^63 - 1]; -t/--threads in [0, 1024]; -c/--ctx in
-// [0, 2^24]; --cache-type one of f16, f32, bf16, q8_0.
+// [0, 2^24]; --cache-type one of f16, f32, bf16, q8_0; --mla-prefill absorbed or measured.
 int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flags);
 
 // The help lines of the shared flags, with the defaults taken from `defaults` (a command's

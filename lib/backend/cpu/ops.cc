@@ -161,6 +161,10 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   auto act_row = [&](int64_t r) -> const void* {
     return act ? static_cast<const void*>(act + r * plan.act_row_bytes) : x_row(r);
   };
+  // What the tile kernels read: the quantized activations, or x itself for f32 activations
+  // (float weights) when its rows are consecutive; null: no tile.
+  const uint8_t* tile_act = act;
+  if (act == nullptr && rows == nullptr) tile_act = reinterpret_cast<const uint8_t*>(x);
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = (row_end - row_begin + kRowChunk - 1) / kRowChunk;
@@ -174,7 +178,7 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
       const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
       for (int64_t tb = 0; tb < n_rows; tb += kTileTokenBlock) {
         const int64_t te = std::min(n_rows, tb + kTileTokenBlock);
-        call(r0, static_cast<int>(r1 - r0), act + tb * plan.act_row_bytes,
+        call(r0, static_cast<int>(r1 - r0), tile_act + tb * plan.act_row_bytes,
              static_cast<int>(te - tb), y + tb * n_out + r0);
       }
     });
@@ -191,7 +195,7 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
     });
     return absl::OkStatus();
   }
-  if (plan.k->vec_dot_tile != nullptr && act != nullptr &&
+  if (plan.k->vec_dot_tile != nullptr && tile_act != nullptr &&
       (n_rows >= 2 || plan.k->tile_for_one_token)) {
     // Rows x tokens tile kernel: the same bits as vec_dot for every output.
     const VecDotTileFn tile = plan.k->vec_dot_tile;

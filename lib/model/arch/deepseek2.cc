@@ -281,14 +281,16 @@ class Deepseek2Architecture final : public Architecture {
                          static_cast<int32_t>(hp.mla.rope_dim), kv_type, block_size);
   }
 
-  // Absorbed everywhere unless KILN_MLA_PREFILL=measured: the measured choice is faster for long
-  // prompt chunks but gives up the bitwise chunking guarantees (docs/numerics.md).
   absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
                                                           Backend& backend) const override {
-    const char* env = std::getenv("KILN_MLA_PREFILL");
-    const bool measured = env != nullptr && std::string_view(env) == "measured";
-    return NewMlaForward(model, backend,
-                         measured ? MlaPrefillMode::kMeasured : MlaPrefillMode::kAbsorbed);
+    return NewForwardWithOptions(model, backend, ForwardOptions{});
+  }
+
+  // Absorbed unless options.mla_prefill asks otherwise: the measured choice is faster for long
+  // prompt chunks but gives up the bitwise chunking guarantees (docs/numerics.md).
+  absl::StatusOr<std::unique_ptr<ForwardPass>> NewForwardWithOptions(
+      const Model& model, Backend& backend, const ForwardOptions& options) const override {
+    return NewMlaForward(model, backend, options.mla_prefill);
   }
 };
 
