@@ -66,9 +66,10 @@ double ThreadCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// How many times the OS took the CPU away from the calling thread while it could still run
-// (involuntary context switches; Linux, else 0): a step that counted one lost its core to
-// another thread for a time slice, whatever kiln did.
+// How many times the calling thread stopped running while it could still run (involuntary
+// context switches; Linux, else 0): the OS gave its core to another thread (also after a
+// sched_yield of the pool's waits, when another thread wanted the core), so the step's wall
+// time holds a slice of other threads' time.
 long InvoluntarySwitches() {
 #ifdef RUSAGE_THREAD
   rusage usage{};
