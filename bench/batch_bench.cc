@@ -24,7 +24,11 @@
 //     single unit: the one a step runs even when none is predicted to fit). --step-tokens: the
 //     scheduler's tokens per step (EngineOptions). --trace: where the time goes, per unit kind
 //     (wall and thread CPU time, measured against predicted, a frame's first unit against the
-//     later ones) and in the frames over budget (KILN_GAME_TRACE=1 also prints each of them).
+//     later ones), in the frames over budget (KILN_GAME_TRACE=1 also prints each of them), and
+//     in the thread pool (how long the stepping thread waited for workers' ranges, and the
+//     workers' wall minus CPU time in them: the time the OS did not run them).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "lib/backend/cpu/thread_pool.h"
 #include "lib/engine/engine.h"
 #include "lib/model/model.h"
 #include "lib/quant/quant.h"
@@ -59,6 +64,20 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// How many times the calling thread stopped running while it could still run (involuntary
+// context switches; Linux, else 0): the OS gave its core to another thread (also after a
+// sched_yield of the pool's waits, when another thread wanted the core), so the step's wall
+// time holds a slice of other threads' time.
+long InvoluntarySwitches() {
+#ifdef RUSAGE_THREAD
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_nivcsw;
+#else
+  return 0;
+#endif
 }
 
 struct Stats {
@@ -217,6 +236,20 @@ class FrameTrace {
     records.clear();
   }
 
+  // One frame's thread pool waits (ThreadPool::TakeWaitStats over its step): is a frame's wall
+  // time over its CPU time a caller waiting for a worker's range, and was that worker descheduled?
+  void PoolWaits(double step_ms, double cpu_ms, const kiln::cpu::ThreadPool::WaitStats& w) {
+    PoolFrame f;
+    f.gap_ms = step_ms - cpu_ms;
+    f.wait_ms = 1e3 * w.caller_wait_seconds;
+    f.max_wait_ms = 1e3 * w.max_caller_wait_seconds;
+    f.worker_desched_ms = 1e3 * (w.worker_range_seconds - w.worker_range_cpu_seconds);
+    f.caller_desched_ms = 1e3 * (w.caller_range_seconds - w.caller_range_cpu_seconds);
+    f.waits = w.caller_waits;
+    f.jobs = w.jobs;
+    (step_ms > budget_ms_ ? pool_over_ : pool_within_).push_back(f);
+  }
+
   void Print() const {
     auto pct = [](std::vector<double> v, double p) {
       if (v.empty()) return 0.0;
@@ -244,6 +277,28 @@ class FrameTrace {
     }
     std::printf("  step time outside the units per frame: p50 %.3f, p99 %.3f ms\n",
                 pct(outside_ms_, 0.5), pct(outside_ms_, 0.99));
+    auto print_pool = [&](const char* what, const std::vector<PoolFrame>& v) {
+      if (v.empty()) return;
+      double gap = 0, wait = 0, max_wait = 0, worker = 0, caller = 0, waits = 0, jobs = 0;
+      for (const PoolFrame& f : v) {
+        gap += f.gap_ms;
+        wait += f.wait_ms;
+        max_wait += f.max_wait_ms;
+        worker += f.worker_desched_ms;
+        caller += f.caller_desched_ms;
+        waits += static_cast<double>(f.waits);
+        jobs += static_cast<double>(f.jobs);
+      }
+      const double n = static_cast<double>(v.size());
+      std::printf(
+          "  pool, %s frames (%zu), means per frame: wall minus CPU %.3f ms; caller waited for "
+          "workers %.3f ms in %.0f of %.0f jobs (longest wait %.3f); ranges' wall minus CPU: "
+          "workers %.3f, caller %.3f\n",
+          what, v.size(), gap / n, wait / n, waits / n, jobs / n, max_wait / n, worker / n,
+          caller / n);
+    };
+    print_pool("within-budget", pool_within_);
+    print_pool("over-budget", pool_over_);
     if (over_.empty()) return;
     std::vector<double> excess, outside, forced, desched;
     int worst[kKinds] = {};
@@ -280,7 +335,12 @@ class FrameTrace {
     kiln::UnitKind worst_kind = kiln::UnitKind::kLayer;
     double worst_over_ms = 0;
   };
+  struct PoolFrame {
+    double gap_ms = 0, wait_ms = 0, max_wait_ms = 0, worker_desched_ms = 0, caller_desched_ms = 0;
+    int64_t waits = 0, jobs = 0;
+  };
   double budget_ms_;
+  std::vector<PoolFrame> pool_within_, pool_over_;
   KindStats kinds_[kKinds];
   std::vector<double> outside_ms_;
   std::vector<OverBudget> over_;
@@ -292,16 +352,21 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
   std::vector<kiln::UnitRecord> records;
   FrameTrace frame_trace(budget_ms);
   const bool verbose = std::getenv("KILN_GAME_TRACE") != nullptr;
-  if (trace) scheduler.TraceUnits(&records);
+  if (trace) {
+    scheduler.TraceUnits(&records);
+    kiln::cpu::ThreadPool::SetWaitTracing(true);
+  }
   std::vector<std::unique_ptr<kiln::Session>> sessions;
   for (int i = 0; i < npcs; ++i) sessions.push_back(b.Submit(b.prompt_len, b.decode));
   const auto frame = std::chrono::microseconds(16667);
   std::vector<double> step_ms, step_cpu_ms;
-  int over_budget = 0, over_budget_single_unit = 0;
+  std::vector<double> kept_core_ms;  // the steps during which the OS did not preempt this thread
+  int over_budget = 0, over_budget_single_unit = 0, preempted = 0, over_budget_preempted = 0;
   int64_t tokens = 0;
   const Clock::time_point begin = Clock::now();
   Clock::time_point next_frame = begin;
   for (int f = 0; f < frames; ++f) {
+    const long switches_start = InvoluntarySwitches();
     const Clock::time_point start = Clock::now();
     const double cpu_start = ThreadCpuSeconds();
     // kiln_cache_step's call: the units of passes predicted to fit the budget.
@@ -309,11 +374,22 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
     if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
     step_cpu_ms.push_back(1e3 * (ThreadCpuSeconds() - cpu_start));
+    const bool lost_core = InvoluntarySwitches() != switches_start;
+    if (lost_core) {
+      ++preempted;
+    } else {
+      kept_core_ms.push_back(step_ms.back());
+    }
     if (step_ms.back() > budget_ms) {
       ++over_budget;
       if (st.units == 1) ++over_budget_single_unit;
+      if (lost_core) ++over_budget_preempted;
     }
-    if (trace) frame_trace.Frame(f, step_ms.back(), records, verbose);
+    if (trace) {
+      frame_trace.Frame(f, step_ms.back(), records, verbose);
+      frame_trace.PoolWaits(step_ms.back(), step_cpu_ms.back(),
+                            kiln::cpu::ThreadPool::TakeWaitStats());
+    }
     for (auto& s : sessions) {
       kiln::PollResult poll;
       Check(s->Poll(0, 0, &poll), "Poll");
@@ -333,9 +409,11 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
     s->Cancel();
   }
   scheduler.TraceUnits(nullptr);
+  kiln::cpu::ThreadPool::SetWaitTracing(false);
   while (scheduler.active_tasks() > 0) scheduler.Step();
   std::sort(step_ms.begin(), step_ms.end());
   std::sort(step_cpu_ms.begin(), step_cpu_ms.end());
+  std::sort(kept_core_ms.begin(), kept_core_ms.end());
   auto pct_of = [](const std::vector<double>& v, double p) {
     return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
   };
@@ -347,8 +425,17 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
       pct(0.5), pct(0.95), pct(0.99), step_ms.back(), tokens / seconds);
   std::printf("stepping thread's CPU time per frame: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
               pct_of(step_cpu_ms, 0.5), pct_of(step_cpu_ms, 0.99), step_cpu_ms.back());
-  std::printf("frames over budget: %d (%.1f%%), of them running a single unit: %d\n", over_budget,
-              100.0 * over_budget / frames, over_budget_single_unit);
+  std::printf(
+      "frames over budget: %d (%.1f%%), of them running a single unit: %d, with the stepping "
+      "thread preempted by the OS: %d\n",
+      over_budget, 100.0 * over_budget / frames, over_budget_single_unit, over_budget_preempted);
+  if (!kept_core_ms.empty()) {
+    std::printf(
+        "frames whose stepping thread kept its core (%d of %d): time in step p50 %.2f ms, p99 "
+        "%.2f ms, max %.2f ms\n",
+        frames - preempted, frames, pct_of(kept_core_ms, 0.5), pct_of(kept_core_ms, 0.99),
+        kept_core_ms.back());
+  }
   const kiln::SchedulerCounters c = scheduler.Counters();
   const double n_units = static_cast<double>(std::max<int64_t>(1, c.predicted_units));
   std::printf(

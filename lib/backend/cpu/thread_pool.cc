@@ -35,7 +35,38 @@ bool SpinUntil(Done done, int spin_us) {
   }
 }
 
+// ThreadPool::WaitStats as nanoseconds, summed by every pool's threads while tracing is on.
+std::atomic<bool> g_trace_waits{false};
+std::atomic<int64_t> g_jobs{0}, g_caller_waits{0}, g_caller_wait_ns{0}, g_max_caller_wait_ns{0};
+std::atomic<int64_t> g_caller_range_ns{0}, g_caller_range_cpu_ns{0};
+std::atomic<int64_t> g_worker_range_ns{0}, g_worker_range_cpu_ns{0};
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t ThreadCpuNs() { return static_cast<int64_t>(1e9 * platform::ThreadCpuSeconds()); }
+
 }  // namespace
+
+void ThreadPool::SetWaitTracing(bool on) { g_trace_waits.store(on, std::memory_order_relaxed); }
+
+ThreadPool::WaitStats ThreadPool::TakeWaitStats() {
+  auto take = [](std::atomic<int64_t>& v) { return v.exchange(0, std::memory_order_relaxed); };
+  auto seconds = [&](std::atomic<int64_t>& v) { return 1e-9 * static_cast<double>(take(v)); };
+  WaitStats s;
+  s.jobs = take(g_jobs);
+  s.caller_waits = take(g_caller_waits);
+  s.caller_wait_seconds = seconds(g_caller_wait_ns);
+  s.max_caller_wait_seconds = seconds(g_max_caller_wait_ns);
+  s.caller_range_seconds = seconds(g_caller_range_ns);
+  s.caller_range_cpu_seconds = seconds(g_caller_range_cpu_ns);
+  s.worker_range_seconds = seconds(g_worker_range_ns);
+  s.worker_range_cpu_seconds = seconds(g_worker_range_cpu_ns);
+  return s;
+}
 
 ThreadPool::ThreadPool(int n_threads, int spin_us)
     : n_threads_(n_threads > 0 ? n_threads : PhysicalCoreCount()),
@@ -79,6 +110,9 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
   // Range 0, then whatever the workers have not started (a worker the OS is not running).
   RunRanges(generation, 0);
 
+  const bool trace = g_trace_waits.load(std::memory_order_relaxed);
+  if (trace) g_jobs.fetch_add(1, std::memory_order_relaxed);
+  const int64_t wait_start = trace && pending_.load(std::memory_order_acquire) != 0 ? NowNs() : 0;
   // Wait for the ranges that workers are still running: spin, then sleep on `pending_`.
   while (pending_.load(std::memory_order_acquire) != 0) {
     if (SpinUntil([this] { return pending_.load(std::memory_order_acquire) == 0; }, spin_us_)) {
@@ -88,6 +122,14 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
     const uint32_t p = pending_.load(std::memory_order_seq_cst);
     if (p != 0) platform::WaitWhileEqual(&pending_, p);
     caller_sleeping_.store(0, std::memory_order_relaxed);
+  }
+  if (wait_start != 0) {
+    const int64_t waited = NowNs() - wait_start;
+    g_caller_waits.fetch_add(1, std::memory_order_relaxed);
+    g_caller_wait_ns.fetch_add(waited, std::memory_order_relaxed);
+    int64_t longest = g_max_caller_wait_ns.load(std::memory_order_relaxed);
+    while (waited > longest && !g_max_caller_wait_ns.compare_exchange_weak(longest, waited)) {
+    }
   }
 }
 
@@ -102,9 +144,18 @@ void ThreadPool::RunRanges(uint32_t generation, int first_range) {
     int64_t b, e;
     StaticRange(job_tasks_, n_threads_, range, &b, &e);
     if (b < e) {
+      const bool trace = g_trace_waits.load(std::memory_order_relaxed);
+      const int64_t start = trace ? NowNs() : 0, start_cpu = trace ? ThreadCpuNs() : 0;
       t_inside_task = true;
       job_fn_(job_ctx_, b, e, range);
       t_inside_task = false;
+      if (trace) {
+        const bool caller = first_range == 0;
+        (caller ? g_caller_range_ns : g_worker_range_ns)
+            .fetch_add(NowNs() - start, std::memory_order_relaxed);
+        (caller ? g_caller_range_cpu_ns : g_worker_range_cpu_ns)
+            .fetch_add(ThreadCpuNs() - start_cpu, std::memory_order_relaxed);
+      }
     }
     if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
         caller_sleeping_.load(std::memory_order_seq_cst)) {

@@ -56,6 +56,25 @@ class ThreadPool {
     *end = n_tasks * (range_idx + 1) / n_threads;
   }
 
+  // Where the threads of the process's pools spend the jobs' time, for benches that compare a
+  // step's wall time with its CPU time (the gap: a caller waiting for a worker's range, a
+  // worker the OS stopped inside its range, or the caller stopped itself). Summed over every
+  // pool while tracing is on.
+  struct WaitStats {
+    int64_t jobs = 0;                // jobs run by the threads of several pool threads
+    int64_t caller_waits = 0;        // of them, jobs whose caller waited for a worker's range
+    double caller_wait_seconds = 0;  // wall time callers waited for those ranges
+    double max_caller_wait_seconds = 0;
+    double caller_range_seconds = 0;  // wall time of the ranges callers ran
+    double caller_range_cpu_seconds = 0;
+    double worker_range_seconds = 0;  // wall time of the ranges workers ran
+    double worker_range_cpu_seconds = 0;
+  };
+  // Tracing costs two clock reads and two thread CPU time reads per range; off by default.
+  static void SetWaitTracing(bool on);
+  // The sums since the last call (resets them).
+  static WaitStats TakeWaitStats();
+
   // fn(int64_t task_begin, int64_t task_end, int range_idx). Blocks until every range ran.
   template <typename Fn>
   void ParallelFor(int64_t n_tasks, Fn&& fn) {
