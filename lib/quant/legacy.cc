@@ -48,6 +48,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_1, nullptr, DequantizeRowQ5_1Avx2, kQ8_1, VecDotQ5_1Q8_1Avx2);
       set(kQ8_0, QuantizeRowQ8_0Avx2, DequantizeRowQ8_0Avx2, kQ8_0, VecDotQ8_0Q8_0Avx2);
       set(kQ8_1, QuantizeRowQ8_1Avx2, DequantizeRowQ8_1Avx2, kQ8_1, VecDotQ8_1Q8_1Avx2);
+      r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx2;  // rows x tokens, same bits
       set_interleaved(InterleavedTileQ4_1Q8_1Avx2, InterleavedTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
