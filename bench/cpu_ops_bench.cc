@@ -5,9 +5,9 @@
 //
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
-// integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q4_K, q5_K,
-// q6_K; --types filters them too). --attention runs only the paged-attention table (f16, q8_0 and
-// f32 caches at contexts 128, 1,024 and 4,096).
+// integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q4_K,
+// q5_K, q6_K; --types filters them too). --attention runs only the paged-attention table (f16, q8_0
+// and f32 caches at contexts 128, 1,024 and 4,096).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -139,8 +139,8 @@ double CpuTimePerCall(Fn&& fn) {
   return best;
 }
 
-// Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0, Q4_1) on the SmolLM2-135M shapes, one
-// thread, activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one
+// Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0, Q4_1, Q5_0) on the SmolLM2-135M shapes,
+// one thread, activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one
 // Q8_0 token, vec_dot_rows over 16-row chunks otherwise, 32-token tiles, as MatMul did) against
 // vec_dot_tile in MatMul's blocking (all rows per call, 64-token blocks), both in vec_dot's
 // (llama.cpp's) order, and the integer order on interleaved rows (interleaved_tile, the default

@@ -42,6 +42,11 @@ struct OpKernels {
   // y[i] = (g / (1 + ExpGgml(0 - g))) * up[i], g = gate[i] (ggml_vec_swiglu_f32). y may alias
   // gate or up. ExpGgml is ggml_v_expf's polynomial (ops_scalar.cc).
   void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);
+  // ggml_vec_geglu_f32 (GGML_GELU_FP16), g = gate[i]: y[i] = 0 for g <= -10, g * up[i] for
+  // g >= 10, else Fp16ToFp32(table[Fp32ToFp16(g)]) * up[i]. table: the 65536 f16 GELU values by
+  // f16 bits, plus one readable padding entry (a SIMD level may gather 32 bits at entry 65535).
+  // y may alias gate or up.
+  void (*geglu)(const float* gate, const float* up, const uint16_t* table, int64_t n, float* y);
   // y[i] = a[i] + b[i]. y may alias a or b.
   void (*add)(const float* a, const float* b, int64_t n, float* y);
   // max_i x[i] (n >= 1).

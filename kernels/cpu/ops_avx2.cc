@@ -304,6 +304,41 @@ float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
   return ((x[4] + x[0]) + (x[6] + x[2])) + ((x[5] + x[1]) + (x[7] + x[3]));
 }
 
+// ggml's f16-table GeGLU (op_kernels.h), 8 lanes: vcvtps2ph (nearest even, as Fp32ToFp16 on
+// every non-NaN) gives the table index, a 32-bit gather at 2-byte scale reads the entry (its high
+// half is the next entry or the padding entry, masked off). A chunk holding a NaN gate, and the
+// last n % 8 elements, take the scalar steps (Fp32ToFp16's NaN bits differ from vcvtps2ph's).
+void GeGluTail(const float* gate, const float* up, const uint16_t* table, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g <= -10.0f ? 0.0f : g >= 10.0f ? g * up[i] : Fp16ToFp32(table[Fp32ToFp16(g)]) * up[i];
+  }
+}
+
+void GeGlu(const float* gate, const float* up, const uint16_t* table, int64_t n, float* y) {
+  const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  const auto* base = reinterpret_cast<const int*>(table);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 u = _mm256_loadu_ps(up + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(g, g, _CMP_UNORD_Q)) != 0) {
+      GeGluTail(gate + i, up + i, table, 8, y + i);
+      continue;
+    }
+    const __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i entries = _mm256_and_si256(_mm256_i32gather_epi32(base, idx, 2), low16);
+    const __m128i h =
+        _mm_packus_epi32(_mm256_castsi256_si128(entries), _mm256_extracti128_si256(entries, 1));
+    __m256 r = _mm256_mul_ps(_mm256_cvtph_ps(h), u);
+    r = _mm256_blendv_ps(r, _mm256_mul_ps(g, u), _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
+    r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(g, lo, _CMP_LE_OQ));
+    _mm256_storeu_ps(y + i, r);
+  }
+  GeGluTail(gate + i, up + i, table, n - i, y + i);
+}
+
 }  // namespace
 
 void FillOpKernelsAvx2(OpKernels* k) {
@@ -312,6 +347,7 @@ void FillOpKernelsAvx2(OpKernels* k) {
   // ones. kiln's attention order is defined per lane, so 8-lane versions give its bits too.
   k->kv_scores_rows = KvScoresRows;
   k->kv_accumulate_rows = KvAccumulateRows;
+  k->geglu = GeGlu;  // element-wise: the same bits as the scalar definition
   k->add = Add;
   k->max = Max;
   k->exp_sum = ExpSum;

@@ -12,6 +12,7 @@
 #include "kernels/cpu/f16_avx512.h"
 #include "kernels/cpu/op_kernels.h"
 #include "kernels/cpu/unroll.h"
+#include "lib/common/half.h"
 
 namespace kiln::cpu {
 namespace {
@@ -505,10 +506,39 @@ void ReduceLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   }
 }
 
+// ggml's f16-table GeGLU (op_kernels.h), 16 lanes: vcvtps2ph (nearest even, as Fp32ToFp16 on
+// every non-NaN) gives the table index, a 32-bit gather at 2-byte scale reads the entry (its high
+// half is the next entry or the padding entry, dropped by vpmovdw). A chunk holding a NaN gate
+// takes the scalar steps (Fp32ToFp16's NaN bits differ from vcvtps2ph's).
+void GeGlu(const float* gate, const float* up, const uint16_t* table, int64_t n, float* y) {
+  const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 u = _mm512_maskz_loadu_ps(m, up + i);
+    if (_mm512_cmp_ps_mask(g, g, _CMP_UNORD_Q) != 0) {
+      for (int64_t j = i; j < n && j < i + 16; ++j) {
+        const float gj = gate[j];
+        y[j] = gj <= -10.0f  ? 0.0f
+               : gj >= 10.0f ? gj * up[j]
+                             : Fp16ToFp32(table[Fp32ToFp16(gj)]) * up[j];
+      }
+      continue;
+    }
+    const __m512i idx = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    const __m512i entries = _mm512_i32gather_epi32(idx, table, 2);
+    __m512 r = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(entries)), u);
+    r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(g, hi, _CMP_GE_OQ), g, u);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(g, lo, _CMP_LE_OQ), _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
 }  // namespace
 
 void FillOpKernelsAvx512(OpKernels* k) {
   k->swiglu = SwiGlu;
+  k->geglu = GeGlu;
   k->add = Add;
   k->max = Max;
   k->exp_sum = ExpSum;

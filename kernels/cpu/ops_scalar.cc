@@ -231,6 +231,19 @@ void ReduceAttnLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
   }
 }
 
+void GeGlu(const float* gate, const float* up, const uint16_t* table, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      y[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      y[i] = g * up[i];
+    } else {
+      y[i] = Fp16ToFp32(table[Fp32ToFp16(g)]) * up[i];
+    }
+  }
+}
+
 }  // namespace
 
 float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
@@ -257,6 +270,7 @@ float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
 void FillOpKernelsScalar(OpKernels* k) {
   k->rms_norm = RmsNorm;
   k->swiglu = SwiGlu;
+  k->geglu = GeGlu;
   k->add = Add;
   k->max = Max;
   k->exp_sum = ExpSum;

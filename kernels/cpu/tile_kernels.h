@@ -22,6 +22,15 @@ void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
 void VecDotTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
+// Q5_0 weights x Q8_0 activations; the same bits as VecDotQ5_0Q8_0Avx512 (same file).
+void VecDotTileQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// The same with AVX2 (no VNNI); the same bits as VecDotQ5_0Q8_0Avx2 (which equals the AVX-512
+// vec_dot). AVX2, FMA, F16C (kernels/cpu/tile_q5_0_avx2.cc).
+void VecDotTileQ5_0Q8_0Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                            size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
 // Q4_1 weights x Q8_1 activations; the same bits as VecDotQ4_1Q8_1Avx512 (ggml's x86 order:
 // one 8-lane chain and one mins chain per (row, token)). Activation rows as the Q8_1 quantizers
 // produce them (any int8 qs is exact here). AVX-512 F/BW/VL/VNNI, F16C

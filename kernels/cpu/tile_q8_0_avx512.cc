@@ -1,13 +1,13 @@
-// Rows x tokens tile kernels for Q8_0 activations (Q8_0 and Q4_0 weights) with 512-bit VNNI
+// Rows x tokens tile kernels for Q8_0 activations (Q8_0, Q4_0 and Q5_0 weights) with 512-bit VNNI
 // (vpdpbusd). Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt): every FMA is an
 // explicit _mm512_fmadd_ps.
 //
 // Bit-exactness with the vec_dot of the level (VecDotQ8_0Q8_0Avx2 for Q8_0 at AVX2 and AVX-512,
-// VecDotQ4_0Q8_0Avx512 for Q4_0; both follow the documented SIMD order of legacy.h): for
-// each (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as [acc0 | acc1 |
-// acc2 | acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that 128-bit lane
-// q holds block 4g+q: `lo` its elements 0..15, `hi` its elements 16..31, the weights as unsigned
-// bytes u = qw + kOffset (kOffset = 128 for Q8_0, 8 for Q4_0). Then
+// VecDotQ4_0Q8_0Avx512 / VecDotQ5_0Q8_0Avx512 for Q4_0 / Q5_0; all follow the documented SIMD order
+// of legacy.h): for each (row, token) pair the kernel keeps one __m512 holding acc[0..3][0..3] as
+// [acc0 | acc1 | acc2 | acc3] (4 lanes each). A group of 4 blocks b = 4g..4g+3 is repacked so that
+// 128-bit lane q holds block 4g+q: `lo` its elements 0..15, `hi` its elements 16..31, the weights
+// as unsigned bytes u = qw + kOffset (kOffset = 128 for Q8_0, 8 for Q4_0, 16 for Q5_0). Then
 //   dpbusd(dpbusd(corr, w_lo, a_lo), w_hi, a_hi)
 // gives in int32 lane 4q+l exactly P_b[l] = Σ qw*qa over j % 16 in 4l..4l+3 (exact integers:
 // Σ u * qa - kOffset * Σ qa, with corr = -kOffset * Σ qa per lane, precomputed per token),
@@ -102,6 +102,25 @@ inline void WeightGroupQs(const BlockQ4_0* blk, int64_t b, int64_t nb, __m512i* 
   const __m512i mask = _mm512_set1_epi8(0x0F);
   *lo = _mm512_and_si512(nibbles, mask);
   *hi = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), mask);
+}
+// Q5_0: the Q4_0 nibbles plus bit 4 from qh (bit j for element j): u = qw + 16 in 0..31. The
+// four blocks' qh words become two 64-bit byte masks, lane q's 16 bits from block 4g+q (its low
+// half for lo, its high half for hi); padding blocks keep zero bits.
+inline void WeightGroupQs(const BlockQ5_0* blk, int64_t b, int64_t nb, __m512i* lo, __m512i* hi) {
+  const __m512i nibbles = GroupQs16(blk, b, nb, 0);
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  uint64_t lo_bits = 0, hi_bits = 0;
+  for (int q = 0; q < kGroupBlocks && b + q < nb; ++q) {  // constant bound: fully unrolled
+    uint32_t qh;
+    std::memcpy(&qh, blk[b + q].qh, 4);
+    lo_bits |= static_cast<uint64_t>(qh & 0xFFFF) << (16 * q);
+    hi_bits |= static_cast<uint64_t>(qh >> 16) << (16 * q);
+  }
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  const __m512i lo4 = _mm512_and_si512(nibbles, mask);
+  const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), mask);
+  *lo = _mm512_mask_add_epi8(lo4, _cvtu64_mask64(lo_bits), lo4, bit4);
+  *hi = _mm512_mask_add_epi8(hi4, _cvtu64_mask64(hi_bits), hi4, bit4);
 }
 
 // One activation row [nb blocks] -> ceil(nb / 4) groups; corr = -kOffset * Σ qa per lane, the
@@ -272,6 +291,11 @@ void VecDotTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_r
 void VecDotTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   VecDotTile<BlockQ4_0, 8>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void VecDotTileQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                              size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  VecDotTile<BlockQ5_0, 16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 }  // namespace kiln::quant

@@ -48,6 +48,7 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_1, nullptr, DequantizeRowQ5_1Avx2, kQ8_1, VecDotQ5_1Q8_1Avx2);
       set(kQ8_0, QuantizeRowQ8_0Avx2, DequantizeRowQ8_0Avx2, kQ8_0, VecDotQ8_0Q8_0Avx2);
       set(kQ8_1, QuantizeRowQ8_1Avx2, DequantizeRowQ8_1Avx2, kQ8_1, VecDotQ8_1Q8_1Avx2);
+      r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx2;  // rows x tokens, same bits
       set_interleaved(InterleavedTileQ4_1Q8_1Avx2, InterleavedTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
@@ -64,9 +65,10 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[kQ8_0].vec_dot_tile = VecDotTileQ8_0Q8_0Avx512;
       r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
       r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
+      r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx512;
       set_interleaved(InterleavedTileQ4_1Q8_1Avx512, InterleavedTileQ8_0Q8_0Avx512);
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
-      // (cpu_ops_bench --tile). The Q8_0 / Q4_0 tiles repack weights per call: slower there.
+      // (cpu_ops_bench --tile). The Q8_0 / Q4_0 / Q5_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;
       // Single-row Q8 weight dots stay on the AVX2 kernels (faster on Zen 4, same bits); Q8_0
       // has a multi-row kernel (activation blocks shared by 4 rows).

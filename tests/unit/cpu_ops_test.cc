@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -550,6 +552,64 @@ TEST(ElementwiseTest, GeGluFollowsGgmlsF16Table) {
   std::vector<float> in_place = gate;
   GeGlu(in_place.data(), up.data(), n, in_place.data());
   EXPECT_EQ(0, std::memcmp(in_place.data(), y.data(), n * 4));
+}
+
+// Every level's GeGLU gives the scalar definition's bits: random gates over the table's range
+// and past +-10, every f16 value and the f16 rounding boundaries, the thresholds and their
+// neighbours, subnormals, -0, infinities and NaNs (a NaN in a SIMD chunk), at lengths with every
+// SIMD tail; in place too.
+TEST(ElementwiseTest, GeGluSameBitsAtEveryLevel) {
+  std::mt19937 rng(16);
+  const float specials[] = {-10.0f,
+                            std::nextafter(-10.0f, 0.0f),
+                            10.0f,
+                            std::nextafter(10.0f, 0.0f),
+                            -0.0f,
+                            0.0f,
+                            1.0f + 1.0f / 2048,  // an f16 rounding tie (to even)
+                            1.0f + 3.0f / 2048,  // a tie rounding up
+                            6e-8f,               // f16 subnormal range
+                            -3e-5f,
+                            1e-30f,  // below f16's smallest subnormal
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN()};
+  // Every f16 value as a gate, and the floats either side of each midpoint between neighbouring
+  // f16 values and on it (the rounding boundaries of the table index).
+  std::vector<float> sweep;
+  for (uint32_t h = 0; h < (1u << 16); ++h) {
+    const float f = Fp16ToFp32(static_cast<uint16_t>(h));
+    sweep.push_back(f);
+    const float next = Fp16ToFp32(static_cast<uint16_t>(h + 1));
+    if (std::isfinite(f) && std::isfinite(next) && (h & 0x7FFF) < 0x7BFF) {
+      const float mid = f + (next - f) / 2;
+      sweep.insert(sweep.end(), {std::nextafter(mid, f), mid, std::nextafter(mid, next)});
+    }
+  }
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{15}, int64_t{16}, int64_t{17},
+                    int64_t{40}, int64_t{2048 + 5}, static_cast<int64_t>(sweep.size())}) {
+    std::vector<float> gate = RandomVector(n, rng, -12, 12), up = RandomVector(n, rng, -2, 2);
+    if (n == static_cast<int64_t>(sweep.size())) gate = sweep;
+    for (int64_t i = 0; i < n; i += 3) {
+      gate[i] = specials[(i / 3) % std::size(specials)];
+    }
+    std::vector<float> expect(n);
+    GeGlu(gate.data(), up.data(), n, expect.data(), CpuLevel::kScalar);
+    for (CpuLevel level : Levels()) {
+      SCOPED_TRACE(CpuLevelName(level));
+      std::vector<float> y(n, 5.0f);
+      GeGlu(gate.data(), up.data(), n, y.data(), level);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(0, std::memcmp(&y[i], &expect[i], 4))
+            << "n " << n << " i " << i << " gate " << gate[i] << ": " << y[i] << " vs "
+            << expect[i];
+      }
+      std::vector<float> in_place = up;
+      GeGlu(gate.data(), in_place.data(), n, in_place.data(), level);
+      ASSERT_EQ(0, std::memcmp(in_place.data(), expect.data(), n * 4)) << "n " << n;
+    }
+  }
 }
 
 TEST(ElementwiseTest, ScaleMultipliesEveryElementAtEveryLevel) {

@@ -105,13 +105,14 @@ void SwiGlu(const float* gate, const float* up, int64_t n, float* y,
 //   g <= -10: 0;   g >= 10: g * up;   otherwise: f32(GeluF16Table()[f16 bits of g]) * up,
 // the table holding f16(gelu(f32 of each f16)) with gelu(x) = 0.5x(1 + tanh(sqrt(2/pi) x
 // (1 + 0.044715 x^2))) in ggml's float steps (GeluF32). y may alias gate or up. The same in
-// both numeric orders (every element on its own).
-void GeGlu(const float* gate, const float* up, int64_t n, float* y);
+// both numeric orders (every element on its own), and the same bits at every level.
+void GeGlu(const float* gate, const float* up, int64_t n, float* y,
+           CpuLevel level = BestCpuLevel());
 // ggml's float GELU (ggml_gelu_f32), the table's definition:
 //   ((0.5f * x) * (1 + tanhf((sqrt(2/pi) * x) * fma(0.044715f * x, x, 1)))),
 // with the one FMA GCC contracts in ggml's expression.
 float GeluF32(float x);
-// The 65536 f16 results by f16 input bits (built once, thread-safe).
+// The 65536 f16 results by f16 input bits (built once, thread-safe), then one padding entry.
 const uint16_t* GeluF16Table();
 
 // x *= s over n floats (ggml_scale).
