@@ -1,0 +1,232 @@
+// Paged GQA attention over kiln's block pool, for decode, causal prefill and tree-masked
+// verification alike (the mask says which rows each token sees; paged_index.h walks it).
+//
+// Pass 1 (AttentionSplitKernel): one thread block per (token, head, split). Its 4 warps take the
+// split's rows in turn; per row a warp forms q . k (lane l holds dims l, l + 32, ...; a shuffle
+// sum), and keeps an online softmax (running max m, sum l, unnormalized output acc). The warps'
+// states are merged in shared memory and written to the workspace as [m, l, acc[head_dim]]. Pass 2
+// (AttentionCombineKernel): one thread block per (token, head) merges its splits and divides by the
+// total sum. f32 throughout; K/V elements are decoded exactly as the CPU reads them.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_abi.h"
+#include "kernels/cuda/paged_index.h"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxHeadDim = 512;
+constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
+constexpr int kMaxSplits = 64;
+
+// Element d of a K/V row of `type` (F32, F16, BF16, Q8_0).
+__device__ __forceinline__ float LoadKv(const uint8_t* row, uint32_t type, int d) {
+  switch (type) {
+    case kTypeF32:
+      return reinterpret_cast<const float*>(row)[d];
+    case kTypeF16:
+      return LoadHalf(row + 2 * d);
+    case kTypeBF16:
+      return __uint_as_float(static_cast<uint32_t>(row[2 * d] | (row[2 * d + 1] << 8)) << 16);
+    default:
+      return Block<kTypeQ8_0>::Decode(row + (d / 32) * 34, d % 32);  // Q8_0
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct SplitArgs {
+  KilnCudaPagedKv kv;
+  VisibleRows rows;
+  BlockTables tables;
+  const float* q;
+  int32_t n_heads;
+  int32_t n_splits;
+  float scale;
+  float* workspace;
+  int32_t* error;
+};
+
+// grid: (n_tokens * n_heads, n_splits); block: 32 * kWarps threads;
+// dynamic shared memory: (head_dim + kWarps * (head_dim + 2)) floats.
+__global__ void AttentionSplitKernel(SplitArgs a) {
+  extern __shared__ float smem[];
+  const int hd = a.kv.head_dim;
+  float* q_s = smem;              // [hd]
+  float* warp_state = smem + hd;  // [kWarps][hd + 2]: m, l, acc
+  const int64_t t = blockIdx.x / a.n_heads;
+  const int h = static_cast<int>(blockIdx.x % a.n_heads);
+  const int split = static_cast<int>(blockIdx.y);
+  const int kv_head = h / (a.n_heads / a.kv.n_kv_heads);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  const float* q = a.q + (t * a.n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[d] = q[d];
+  __syncthreads();
+
+  int32_t begin = 0, end = 0;
+  SplitRange(VisibleCount(a.rows, static_cast<int32_t>(t)), a.n_splits, split, &begin, &end);
+  const int32_t seq = a.rows.seq[t];
+  const auto* k_base = static_cast<const uint8_t*>(a.kv.d_k_base);
+  const auto* v_base = static_cast<const uint8_t*>(a.kv.d_v_base);
+  const size_t head_offset = static_cast<size_t>(kv_head) * a.kv.head_stride_bytes;
+
+  float m = -CUDART_INF_F, l = 0.0f;
+  float acc[kMaxDimsPerLane] = {};
+  for (int32_t i = begin + warp; i < end; i += kWarps) {
+    int32_t block = -1, slot = -1;
+    const int32_t pos = VisiblePosition(a.rows, static_cast<int32_t>(t), i);
+    if (!LocatePosition(a.tables, seq, pos, &block, &slot)) {
+      if (a.error != nullptr && lane == 0) atomicExch(a.error, 1);
+      continue;
+    }
+    const size_t off =
+        RowByteOffset(block, slot, a.kv.block_stride_bytes, head_offset, a.kv.row_bytes);
+    const uint8_t* k_row = k_base + off;
+    const uint8_t* v_row = v_base + off;
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxDimsPerLane; ++k) {
+      const int d = lane + 32 * k;
+      if (d < hd) dot += q_s[d] * LoadKv(k_row, a.kv.elem_type, d);
+    }
+    const float s = WarpSum(dot) * a.scale;
+    const float m_new = fmaxf(m, s);
+    const float correction = expf(m - m_new);  // m = -inf on the first row: 0
+    const float p = expf(s - m_new);
+    l = l * correction + p;
+#pragma unroll
+    for (int k = 0; k < kMaxDimsPerLane; ++k) {
+      const int d = lane + 32 * k;
+      if (d < hd) acc[k] = acc[k] * correction + p * LoadKv(v_row, a.kv.elem_type, d);
+    }
+    m = m_new;
+  }
+
+  float* mine = warp_state + warp * (hd + 2);
+  if (lane == 0) {
+    mine[0] = m;
+    mine[1] = l;
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxDimsPerLane; ++k) {
+    const int d = lane + 32 * k;
+    if (d < hd) mine[2 + d] = acc[k];
+  }
+  __syncthreads();
+
+  // Merge the warps: weights exp(m_w - M); a warp without rows (m_w = -inf) weighs 0.
+  float big = -CUDART_INF_F;
+  for (int w = 0; w < kWarps; ++w) big = fmaxf(big, warp_state[w * (hd + 2)]);
+  float* out = a.workspace + ((t * a.n_heads + h) * a.n_splits + split) * (hd + 2);
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = warp_state[w * (hd + 2)];
+      if (mw != -CUDART_INF_F) sum += warp_state[w * (hd + 2) + 1] * expf(mw - big);
+    }
+    out[0] = big;
+    out[1] = sum;
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = warp_state[w * (hd + 2)];
+      if (mw != -CUDART_INF_F) v += warp_state[w * (hd + 2) + 2 + d] * expf(mw - big);
+    }
+    out[2 + d] = v;
+  }
+}
+
+// grid: n_tokens * n_heads; block: 128 threads.
+__global__ void AttentionCombineKernel(const float* workspace, int32_t n_splits, int32_t hd,
+                                       float* out, int32_t* error) {
+  const float* states = workspace + static_cast<int64_t>(blockIdx.x) * n_splits * (hd + 2);
+  float big = -CUDART_INF_F;
+  for (int s = 0; s < n_splits; ++s) big = fmaxf(big, states[s * (hd + 2)]);
+  float total = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float ms = states[s * (hd + 2)];
+    if (ms != -CUDART_INF_F) total += states[s * (hd + 2) + 1] * expf(ms - big);
+  }
+  if (total == 0.0f && threadIdx.x == 0 && error != nullptr) atomicExch(error, 1);
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // a token that sees nothing: 0
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float ms = states[s * (hd + 2)];
+      if (ms != -CUDART_INF_F) v += states[s * (hd + 2) + 2 + d] * expf(ms - big);
+    }
+    out[static_cast<int64_t>(blockIdx.x) * hd + d] = v * inv;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
+
+KILN_CUDA_EXPORT size_t kiln_cuda_paged_attention_workspace(int64_t n_tokens, int32_t n_heads,
+                                                            int32_t n_splits, int32_t head_dim) {
+  return kiln::cuda::AttentionWorkspaceFloats(n_tokens, n_heads, n_splits, head_dim);
+}
+
+KILN_CUDA_EXPORT int kiln_cuda_paged_attention(const KilnCudaPagedKv* kv,
+                                               const KilnCudaAttentionBatch* batch,
+                                               const float* d_q, int32_t n_heads, float scale,
+                                               int32_t n_splits, float* d_workspace,
+                                               size_t workspace_floats, float* d_out,
+                                               void* stream) {
+  using namespace kiln::cuda;
+  if (kv == nullptr || batch == nullptr || d_q == nullptr || d_out == nullptr ||
+      d_workspace == nullptr || kv->d_k_base == nullptr || kv->d_v_base == nullptr) {
+    return KILN_CUDA_EINVAL;
+  }
+  const int hd = kv->head_dim;
+  if (hd < 1 || hd > kMaxHeadDim || kv->n_kv_heads < 1 || n_heads < kv->n_kv_heads ||
+      n_heads % kv->n_kv_heads != 0 || kv->block_size < 1 || kv->n_blocks < 1 || n_splits < 1 ||
+      n_splits > kMaxSplits || batch->n_tokens < 0 || batch->d_seq == nullptr ||
+      batch->d_kv_indptr == nullptr || batch->d_kv_indices == nullptr ||
+      batch->d_n_visible == nullptr ||
+      (batch->d_extra_indptr != nullptr && batch->d_extra_positions == nullptr)) {
+    return KILN_CUDA_EINVAL;
+  }
+  const uint32_t type = kv->elem_type;
+  if (type != kTypeF32 && type != kTypeF16 && type != kTypeBF16 && type != kTypeQ8_0) {
+    return KILN_CUDA_EUNSUPPORTED;
+  }
+  if (type == kTypeQ8_0 && hd % 32 != 0) return KILN_CUDA_EINVAL;
+  if (workspace_floats < AttentionWorkspaceFloats(batch->n_tokens, n_heads, n_splits, hd)) {
+    return KILN_CUDA_EINVAL;
+  }
+  if (batch->n_tokens == 0) return 0;
+  const int64_t rows = batch->n_tokens * n_heads;
+  if (rows > 0x7fffffff) return KILN_CUDA_EINVAL;
+
+  SplitArgs a;
+  a.kv = *kv;
+  a.rows = VisibleRows{batch->d_seq, batch->d_n_visible, batch->d_first_visible,
+                       batch->d_extra_indptr, batch->d_extra_positions};
+  a.tables = BlockTables{batch->d_kv_indptr, batch->d_kv_indices, kv->block_size, kv->n_blocks};
+  a.q = d_q;
+  a.n_heads = n_heads;
+  a.n_splits = n_splits;
+  a.scale = scale > 0.0f ? scale : 1.0f / sqrtf(static_cast<float>(hd));
+  a.workspace = d_workspace;
+  a.error = batch->d_error;
+  auto s = static_cast<cudaStream_t>(stream);
+  const size_t smem = static_cast<size_t>(hd + kWarps * (hd + 2)) * sizeof(float);
+  AttentionSplitKernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n_splits)),
+                         32 * kWarps, smem, s>>>(a);
+  if (cudaGetLastError() != cudaSuccess) return KILN_CUDA_ELAUNCH;
+  AttentionCombineKernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(d_workspace, n_splits, hd,
+                                                                     d_out, batch->d_error);
+  return cudaGetLastError() == cudaSuccess ? 0 : KILN_CUDA_ELAUNCH;
+}

@@ -1,0 +1,308 @@
+// The CUDA compute kernels (kernels/cuda/gemv.cu, gemm.cu, paged_attention.cu) against the CPU
+// backend on the same inputs.
+//
+// Two kinds of test live here. CudaPagedIndex.* run everywhere: they check the index arithmetic
+// the attention kernel shares with the host (kernels/cuda/paged_index.h) against the KV cache,
+// and replay the kernel's algorithm (split-K ranges, 4 warps' online softmax, the two merges) on
+// the host against CpuBackend::Attention. CudaKernels.* run the kernels on a device and skip,
+// with the reason, when there is none.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/paged_index.h"
+#include "lib/backend/attention_mask.h"
+#include "lib/backend/cpu/cpu_backend.h"
+#include "lib/kv/kv_cache.h"
+#include "lib/quant/quant.h"
+
+namespace kiln {
+namespace {
+
+std::vector<float> RandomVector(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> Iota(int32_t n, int32_t start = 0) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = start + i;
+  return v;
+}
+
+// A batch over three sequences of one paged cache that exercises every part of the mask:
+//   seq 0 (37 tokens): a causal prefill chunk, positions 30..36 (crosses a block boundary);
+//   seq 1 (50 tokens): one decode token at 49 with a sliding window from position 20;
+//   seq 2 (20 committed + 5 tree nodes at 20..24, parents {-1, 0, 0, 1, -1}): tree verification,
+//     each node seeing the prefix and its ancestors (BuildTreeVisibility).
+// The cache has two layers with different contents; the batch reads layer kLayer.
+struct AttentionCase {
+  static constexpr int32_t kLayer = 1;
+  int32_t n_heads = 0;
+  std::unique_ptr<KvCache> cache;
+  std::vector<SeqId> ids;  // the cache's ids of sequences 0, 1, 2
+  KvTables tables;
+  std::vector<int32_t> seq, n_visible, first_visible, extra_indptr, extra_positions;
+  std::vector<float> q;        // [n_tokens, n_heads, head_dim]
+  std::vector<float> cpu_out;  // CpuBackend::Attention of the batch
+
+  int32_t n_tokens() const { return static_cast<int32_t>(seq.size()); }
+  AttentionMask Mask() const {
+    AttentionMask m;
+    m.seq = seq;
+    m.tables = &tables;
+    m.n_visible = n_visible;
+    m.extra_indptr = extra_indptr;
+    m.extra_positions = extra_positions;
+    m.first_visible = first_visible;
+    return m;
+  }
+  cuda::VisibleRows Rows() const {
+    return {seq.data(), n_visible.data(), first_visible.data(), extra_indptr.data(),
+            extra_positions.data()};
+  }
+  cuda::BlockTables Tables() const {
+    return {tables.indptr.data(), tables.indices.data(), cache->layout().block_size(),
+            cache->NumBlocks()};
+  }
+};
+
+AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t block_size, uint32_t seed) {
+  std::mt19937 rng(seed);
+  AttentionCase c;
+  c.n_heads = n_heads;
+  auto layout = KvLayout::Gqa(2, n_kv_heads, head_dim, type, block_size);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  auto cache = KvCache::Create(*layout, {.num_blocks = 64, .enable_prefix_caching = false});
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  c.cache = std::move(*cache);
+  cpu::CpuBackend cpu(1);
+  const int32_t lens[] = {37, 50, 25};
+  for (int32_t len : lens) {
+    const SeqId s = c.cache->CreateSequence();
+    c.ids.push_back(s);
+    std::vector<KvSlot> slots(len);
+    EXPECT_TRUE(
+        c.cache->AppendSlots(s, Iota(len, 1000 * static_cast<int32_t>(c.ids.size())), slots).ok());
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      const std::vector<float> k = RandomVector(size_t(len) * n_kv_heads * head_dim, rng);
+      const std::vector<float> v = RandomVector(k.size(), rng);
+      EXPECT_TRUE(cpu.WriteKv(*c.cache, layer, slots, k.data(), v.data()).ok());
+    }
+  }
+  EXPECT_TRUE(c.cache->BuildTables(c.ids, &c.tables).ok());
+  for (int32_t p = 30; p < 37; ++p) {
+    c.seq.push_back(0), c.n_visible.push_back(p + 1), c.first_visible.push_back(0);
+  }
+  c.seq.push_back(1), c.n_visible.push_back(50), c.first_visible.push_back(20);
+  c.extra_indptr.assign(c.seq.size() + 1, 0);  // the causal tokens see no extras
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, -1};
+  for (size_t i = 0; i < parent.size(); ++i) {
+    c.seq.push_back(2), c.n_visible.push_back(20), c.first_visible.push_back(0);
+  }
+  EXPECT_TRUE(BuildTreeVisibility(parent, Iota(5, 20), c.extra_indptr, c.extra_positions).ok());
+  c.q = RandomVector(size_t(c.n_tokens()) * n_heads * head_dim, rng, -2.0f, 2.0f);
+  c.cpu_out.resize(c.q.size());
+  EXPECT_TRUE(cpu.Attention(*c.cache, AttentionCase::kLayer, c.Mask(), c.q.data(), n_heads,
+                            c.cpu_out.data(), 0.0f)
+                  .ok());
+  return c;
+}
+
+// The attention kernels' algorithm on the host, step for step: per (token, head, split) four
+// "warps" take the split's rows in turn with an online softmax, the warps merge, then the splits.
+std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_splits) {
+  constexpr int kWarps = 4;
+  const KvLayout& layout = c.cache->layout();
+  const int32_t hd = layout.head_dim(), group = c.n_heads / layout.n_kv_heads();
+  const QuantKernels* decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
+  EXPECT_TRUE(decode != nullptr && decode->dequantize != nullptr);
+  const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
+  const cuda::VisibleRows rows = c.Rows();
+  const cuda::BlockTables tables = c.Tables();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  struct State {
+    float m, l;
+    std::vector<float> acc;
+  };
+  // Merges states with weights exp(m_i - max m); a state without rows (m = -inf) weighs 0.
+  auto merge = [&](const std::vector<State>& parts) {
+    State out{kNegInf, 0.0f, std::vector<float>(hd, 0.0f)};
+    for (const State& s : parts) out.m = std::max(out.m, s.m);
+    for (const State& s : parts) {
+      if (s.m == kNegInf) continue;
+      const float w = std::exp(s.m - out.m);
+      out.l += s.l * w;
+      for (int32_t d = 0; d < hd; ++d) out.acc[d] += s.acc[d] * w;
+    }
+    return out;
+  };
+  std::vector<float> out(c.q.size());
+  std::vector<float> k(hd), v(hd);
+  for (int32_t t = 0; t < c.n_tokens(); ++t) {
+    for (int32_t h = 0; h < c.n_heads; ++h) {
+      const float* q = c.q.data() + (size_t(t) * c.n_heads + h) * hd;
+      const size_t k_tile = layout.KeyTileOffset(AttentionCase::kLayer, h / group);
+      const size_t v_tile = layout.ValueTileOffset(AttentionCase::kLayer, h / group);
+      std::vector<State> splits;
+      for (int32_t split = 0; split < n_splits; ++split) {
+        int32_t begin = 0, end = 0;
+        cuda::SplitRange(cuda::VisibleCount(rows, t), n_splits, split, &begin, &end);
+        std::vector<State> warps;
+        for (int w = 0; w < kWarps; ++w) {
+          State s{kNegInf, 0.0f, std::vector<float>(hd, 0.0f)};
+          for (int32_t i = begin + w; i < end; i += kWarps) {
+            int32_t block = -1, slot = -1;
+            const int32_t pos = cuda::VisiblePosition(rows, t, i);
+            EXPECT_TRUE(cuda::LocatePosition(tables, c.seq[t], pos, &block, &slot));
+            const size_t bs = layout.block_bytes(), rb = layout.row_bytes();
+            decode->dequantize(pool + cuda::RowByteOffset(block, slot, bs, k_tile, rb), k.data(),
+                               hd);
+            decode->dequantize(pool + cuda::RowByteOffset(block, slot, bs, v_tile, rb), v.data(),
+                               hd);
+            float dot = 0.0f;
+            for (int32_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+            const float score = dot * scale, m_new = std::max(s.m, score);
+            const float correction = std::exp(s.m - m_new), p = std::exp(score - m_new);
+            s.l = s.l * correction + p;
+            for (int32_t d = 0; d < hd; ++d) s.acc[d] = s.acc[d] * correction + p * v[d];
+            s.m = m_new;
+          }
+          warps.push_back(std::move(s));
+        }
+        splits.push_back(merge(warps));
+      }
+      const State total = merge(splits);
+      for (int32_t d = 0; d < hd; ++d) {
+        out[(size_t(t) * c.n_heads + h) * hd + d] = total.l > 0 ? total.acc[d] / total.l : 0.0f;
+      }
+    }
+  }
+  return out;
+}
+
+// |got - want| <= tol * max(1, |want|) everywhere; reports the first miss.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - want[i]), tol * std::max(1.0f, std::fabs(want[i])))
+        << "element " << i << ": got " << got[i] << ", want " << want[i];
+  }
+}
+
+TEST(CudaPagedIndex, LocatePositionMatchesTheCacheSlots) {
+  AttentionCase c = MakeAttentionCase(GgmlType::kF16, 4, 2, 32, 8, 1);
+  const cuda::BlockTables tables = c.Tables();
+  const int32_t lens[] = {37, 50, 25};
+  for (int32_t s = 0; s < 3; ++s) {
+    const SeqId id = c.ids[s];
+    for (int32_t pos = 0; pos < lens[s]; ++pos) {
+      auto want = c.cache->SlotOf(id, pos);
+      ASSERT_TRUE(want.ok()) << want.status();
+      int32_t block = -1, slot = -1;
+      ASSERT_TRUE(cuda::LocatePosition(tables, s, pos, &block, &slot)) << s << " " << pos;
+      EXPECT_EQ(block, want->block) << "seq " << s << " pos " << pos;
+      EXPECT_EQ(slot, want->offset) << "seq " << s << " pos " << pos;
+      // The row address the kernel forms is the one the cache hands the CPU.
+      const KvLayout& layout = c.cache->layout();
+      EXPECT_EQ(c.cache->BlockData(0) + cuda::RowByteOffset(block, slot, layout.block_bytes(),
+                                                            layout.KeyTileOffset(1, 1),
+                                                            layout.row_bytes()),
+                c.cache->KeyRow(*want, 1, 1));
+    }
+    int32_t block = -1, slot = -1;
+    // Past the table (the last block's unused slots are still inside it), and negative.
+    const int32_t past = (c.tables.indptr[s + 1] - c.tables.indptr[s]) * 8;
+    EXPECT_FALSE(cuda::LocatePosition(tables, s, past, &block, &slot));
+    EXPECT_FALSE(cuda::LocatePosition(tables, s, -1, &block, &slot));
+  }
+  // A table naming a block outside the pool is refused, not read.
+  std::vector<int32_t> indices = c.tables.indices;
+  indices[0] = c.cache->NumBlocks();
+  cuda::BlockTables bad = tables;
+  bad.indices = indices.data();
+  int32_t block = -1, slot = -1;
+  EXPECT_FALSE(cuda::LocatePosition(bad, 0, 0, &block, &slot));
+}
+
+TEST(CudaPagedIndex, VisibleRowsFollowTheMask) {
+  AttentionCase c = MakeAttentionCase(GgmlType::kF16, 4, 2, 32, 8, 2);
+  const cuda::VisibleRows rows = c.Rows();
+  // Prefill token at position 30 sees 0..30; the windowed decode token 20..49.
+  EXPECT_EQ(cuda::VisibleCount(rows, 0), 31);
+  EXPECT_EQ(cuda::VisiblePosition(rows, 0, 30), 30);
+  EXPECT_EQ(cuda::VisibleCount(rows, 7), 30);
+  EXPECT_EQ(cuda::VisiblePosition(rows, 7, 0), 20);
+  EXPECT_EQ(cuda::VisiblePosition(rows, 7, 29), 49);
+  // Tree node 3 (parent 1, grandparent 0): the prefix 0..19, then slots 20, 21, 23.
+  const int32_t node3 = 8 + 3;
+  ASSERT_EQ(cuda::VisibleCount(rows, node3), 23);
+  EXPECT_EQ(cuda::VisiblePosition(rows, node3, 19), 19);
+  EXPECT_EQ(cuda::VisiblePosition(rows, node3, 20), 20);
+  EXPECT_EQ(cuda::VisiblePosition(rows, node3, 21), 21);
+  EXPECT_EQ(cuda::VisiblePosition(rows, node3, 22), 23);
+  // Node 4 (a root): the prefix and itself.
+  EXPECT_EQ(cuda::VisibleCount(rows, node3 + 1), 21);
+  EXPECT_EQ(cuda::VisiblePosition(rows, node3 + 1, 20), 24);
+  // Without first_visible and extras: [0, n_visible).
+  const int32_t seq0 = 0, n_vis = 5;
+  const cuda::VisibleRows plain{&seq0, &n_vis, nullptr, nullptr, nullptr};
+  EXPECT_EQ(cuda::VisibleCount(plain, 0), 5);
+  EXPECT_EQ(cuda::VisiblePosition(plain, 0, 4), 4);
+}
+
+TEST(CudaPagedIndex, SplitRangesPartitionTheRowsInOrder) {
+  for (int32_t n = 0; n <= 70; ++n) {
+    for (int32_t n_splits = 1; n_splits <= 64; ++n_splits) {
+      int32_t expected_begin = 0, smallest = n + 1, largest = -1;
+      for (int32_t s = 0; s < n_splits; ++s) {
+        int32_t begin = 0, end = 0;
+        cuda::SplitRange(n, n_splits, s, &begin, &end);
+        ASSERT_EQ(begin, expected_begin) << n << " rows, split " << s << "/" << n_splits;
+        ASSERT_LE(begin, end);
+        smallest = std::min(smallest, end - begin);
+        largest = std::max(largest, end - begin);
+        expected_begin = end;
+      }
+      ASSERT_EQ(expected_begin, n) << n << " rows in " << n_splits << " splits";
+      ASSERT_LE(largest - smallest, 1);
+    }
+  }
+  EXPECT_EQ(cuda::AttentionWorkspaceFloats(3, 4, 5, 64), size_t(3 * 4 * 5 * 66));
+}
+
+// The split-K algorithm agrees with the CPU within f32 rounding (different summation orders) for
+// each K/V element type, GQA grouping, and split counts from one to more splits than rows.
+TEST(CudaPagedIndex, KernelAlgorithmReplayMatchesCpuAttention) {
+  struct Shape {
+    GgmlType type;
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+  };
+  const Shape shapes[] = {{GgmlType::kF32, 4, 4, 40, 16},
+                          {GgmlType::kF16, 6, 2, 64, 7},
+                          {GgmlType::kBF16, 3, 1, 32, 16},
+                          {GgmlType::kQ8_0, 8, 2, 64, 5}};
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(sh.type) << " heads "
+                                      << sh.n_heads << "/" << sh.n_kv_heads);
+    const AttentionCase c =
+        MakeAttentionCase(sh.type, sh.n_heads, sh.n_kv_heads, sh.head_dim, sh.block_size, 3);
+    for (int32_t n_splits : {1, 3, 64}) {
+      SCOPED_TRACE(::testing::Message() << n_splits << " splits");
+      ExpectClose(ReplayAttentionKernel(c, n_splits), c.cpu_out, 2e-5f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
