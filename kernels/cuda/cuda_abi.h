@@ -1,55 +1,119 @@
 // The C interface between libkiln.so (lib/backend/cuda_loader.cc) and the libkiln_cuda.so module.
-// Plain C types only: the two sides are built by different compilers.
+// Plain C types only: the two sides are built by different compilers. The loader binds every
+// function below by its name (the typedef's name without `_fn`); a module missing one, or with
+// another KILN_CUDA_MODULE_ABI, is rejected and kiln runs on the CPU.
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define KILN_CUDA_MODULE_ABI 1
+// 2: memory and streams (device buffers, pinned host buffers, async copies, memset, streams,
+//    memory info) and the per-thread error message.
+#define KILN_CUDA_MODULE_ABI 2
 
 extern "C" {
 
+// ---- status codes ------------------------------------------------------------------------------
+// Every entry of the "memory and streams" section (and every later one) returns one of these; on
+// anything but KILN_CUDA_OK it also records a message naming the call and the cause, which
+// kiln_cuda_last_error returns. No entry aborts the process.
+enum {
+  KILN_CUDA_OK = 0,
+  KILN_CUDA_INVALID_ARGUMENT = -1,  // a null pointer, a negative size, an unknown type, ...
+  KILN_CUDA_OUT_OF_MEMORY = -2,     // device or pinned host memory exhausted
+  KILN_CUDA_DEVICE_ERROR = -3,      // any other CUDA runtime error (the message has its name)
+  KILN_CUDA_UNSUPPORTED = -4,       // valid request this module has no kernel for
+};
+
+// The message of the calling thread's last failed call into the module, copied NUL-terminated
+// into msg (truncated to msg_cap - 1 bytes); "" when no call has failed on this thread. The
+// message is per thread (two engines on two threads do not overwrite each other's) and stays
+// until the thread's next failure. Returns the full message length.
+typedef size_t (*kiln_cuda_last_error_fn)(char* msg, size_t msg_cap);
+
+// ---- devices -----------------------------------------------------------------------------------
 // Returns KILN_CUDA_MODULE_ABI; the loader rejects a module with another value.
 typedef int (*kiln_cuda_module_abi_fn)(void);
 // Number of usable devices (0 when the driver reports none); writes a message on error (<0).
 typedef int (*kiln_cuda_device_count_fn)(char* err, size_t err_cap);
 // Name and memory of device `index`. Returns 0 on success.
 typedef int (*kiln_cuda_device_info_fn)(int index, char* name, size_t name_cap, size_t* total_mem);
+// Free and total memory of device `device` now (cudaMemGetInfo), in bytes.
+typedef int (*kiln_cuda_mem_info_fn)(int device, size_t* free_bytes, size_t* total_bytes);
+
+// ---- memory and streams ------------------------------------------------------------------------
+// Device pointers are plain `void*` addresses in the device's memory: never dereferenced on the
+// host. A stream belongs to the device it was created on; every call taking a stream makes that
+// device current on the calling thread first, so a backend may be driven from any thread.
+typedef struct kiln_cuda_stream_s* kiln_cuda_stream;
+
+// *out = a new non-blocking stream on `device`.
+typedef int (*kiln_cuda_stream_create_fn)(int device, kiln_cuda_stream* out);
+// Waits for the stream's work, then destroys it. Null: no-op.
+typedef int (*kiln_cuda_stream_destroy_fn)(kiln_cuda_stream stream);
+// Blocks until all work queued on `stream` has finished; reports the first error of that work
+// (a failed kernel or copy) as KILN_CUDA_DEVICE_ERROR.
+typedef int (*kiln_cuda_stream_synchronize_fn)(kiln_cuda_stream stream);
+
+// *out = `bytes` of device memory on `device` (at least 256-byte aligned). bytes == 0 gives
+// *out = nullptr and KILN_CUDA_OK.
+typedef int (*kiln_cuda_device_alloc_fn)(int device, size_t bytes, void** out);
+// Frees device memory from kiln_cuda_device_alloc (synchronizes with the device). Null: no-op.
+typedef int (*kiln_cuda_device_free_fn)(void* ptr);
+// *out = `bytes` of page-locked host memory (what makes the async copies truly asynchronous).
+typedef int (*kiln_cuda_host_alloc_fn)(size_t bytes, void** out);
+typedef int (*kiln_cuda_host_free_fn)(void* ptr);
+
+// Queue a copy of `bytes` on `stream`: host -> device, device -> host, device -> device. The
+// host buffer must stay valid (and, for h2d, unchanged) until the stream is synchronized; with
+// pageable (not kiln_cuda_host_alloc) memory the runtime may finish the copy before returning.
+typedef int (*kiln_cuda_copy_h2d_async_fn)(void* dst_device, const void* src_host, size_t bytes,
+                                           kiln_cuda_stream stream);
+typedef int (*kiln_cuda_copy_d2h_async_fn)(void* dst_host, const void* src_device, size_t bytes,
+                                           kiln_cuda_stream stream);
+typedef int (*kiln_cuda_copy_d2d_async_fn)(void* dst_device, const void* src_device, size_t bytes,
+                                           kiln_cuda_stream stream);
+// Queue setting `bytes` of device memory to the byte `value` on `stream`.
+typedef int (*kiln_cuda_memset_async_fn)(void* dst_device, int value, size_t bytes,
+                                         kiln_cuda_stream stream);
+
+// ---- kernels -----------------------------------------------------------------------------------
 // Dequantizes `n_rows` rows of `n_cols` elements of ggml type `type` from host memory into host
 // floats using the device (a round trip used by the op tests). Returns 0 on success.
 typedef int (*kiln_cuda_dequantize_fn)(uint32_t type, const void* src, size_t src_bytes,
                                        int64_t n_rows, int64_t n_cols, float* dst);
 
 // --- Compute kernels (kernels/cuda/gemv.cu, gemm.cu, paged_attention.cu) ------------------------
-// Every pointer named d_* is DEVICE memory; `stream` is a cudaStream_t (null: the default stream).
-// The calls only enqueue work: they return 0 when it was launched, a negative KILN_CUDA_E* code
-// for bad arguments (nothing launched) or a failed launch. Types are ggml type ids (ggml_type.h).
-#define KILN_CUDA_EINVAL (-2)        // an argument out of range (the message names none: see docs)
-#define KILN_CUDA_EUNSUPPORTED (-3)  // a weight or cache element type without a kernel
-#define KILN_CUDA_ELAUNCH (-4)       // the launch (or a CUDA library call) failed
+// Every pointer named d_* is DEVICE memory on the stream's device. The calls only enqueue work
+// on `stream`: KILN_CUDA_OK when it was launched; INVALID_ARGUMENT (nothing launched) for a bad
+// shape or pointer, UNSUPPORTED for a type without a kernel, DEVICE_ERROR for a failed launch,
+// each with its message. Types are ggml type ids (lib/common/ggml_type.h).
 
 // y[t, o] = sum_i W[o, i] * x[t, i] for small n_tokens (decode), W quantized as `type` (F16,
 // Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), rows of n_in elements stored back to back (ggml blocks).
 //   d_w: [n_out, n_in] (n_in a multiple of the type's block)  d_x: [n_tokens, n_in] f32
 //   d_y: [n_tokens, n_out] f32; f32 activations, f32 accumulation. n_tokens in [1, 8].
 typedef int (*kiln_cuda_gemv_fn)(uint32_t type, const void* d_w, int64_t n_out, int64_t n_in,
-                                 const float* d_x, int64_t n_tokens, float* d_y, void* stream);
+                                 const float* d_x, int64_t n_tokens, float* d_y,
+                                 kiln_cuda_stream stream);
 
 // Dequantizes W (`type` as for gemv, or F32/BF16) into f16: d_out [n_rows, n_cols].
 typedef int (*kiln_cuda_dequantize_f16_fn)(uint32_t type, const void* d_w, int64_t n_rows,
-                                           int64_t n_cols, void* d_out_f16, void* stream);
+                                           int64_t n_cols, void* d_out_f16,
+                                           kiln_cuda_stream stream);
 
 // cuBLASLt GEMM for prefill and wide verification: y = x . W^T with W in f16, f32 accumulation.
 // The context owns the cuBLASLt handle, a workspace and the f16 copy of x (grown as needed);
-// one context per stream, not shared between threads.
+// one context per stream of `device`, not shared between threads.
 typedef struct KilnCudaGemmContext KilnCudaGemmContext;
-typedef int (*kiln_cuda_gemm_context_create_fn)(size_t workspace_bytes, KilnCudaGemmContext** out);
+typedef int (*kiln_cuda_gemm_context_create_fn)(int device, size_t workspace_bytes,
+                                                KilnCudaGemmContext** out);
 typedef void (*kiln_cuda_gemm_context_destroy_fn)(KilnCudaGemmContext* ctx);
 //   d_w_f16: [n_out, n_in] f16 (kiln_cuda_dequantize_f16 of the weight, cached by the caller)
 //   d_x: [n_tokens, n_in] f32   d_y: [n_tokens, n_out] f32. n_in, n_out multiples of 8.
 typedef int (*kiln_cuda_gemm_f16_fn)(KilnCudaGemmContext* ctx, const void* d_w_f16, int64_t n_out,
                                      int64_t n_in, const float* d_x, int64_t n_tokens, float* d_y,
-                                     void* stream);
+                                     kiln_cuda_stream stream);
 
 // Paged K/V of one layer (kv_layout.h): row (block, slot) of kv head h starts at
 //   k_base + block * block_stride_bytes + h * head_stride_bytes + slot * row_bytes
@@ -94,5 +158,5 @@ typedef int (*kiln_cuda_paged_attention_fn)(const KilnCudaPagedKv* kv,
                                             const KilnCudaAttentionBatch* batch, const float* d_q,
                                             int32_t n_heads, float scale, int32_t n_splits,
                                             float* d_workspace, size_t workspace_floats,
-                                            float* d_out, void* stream);
+                                            float* d_out, kiln_cuda_stream stream);
 }

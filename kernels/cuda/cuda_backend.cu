@@ -4,8 +4,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_abi.h"
-
-#define KILN_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+#include "kernels/cuda/module_util.h"
 
 KILN_CUDA_EXPORT int kiln_cuda_module_abi(void) { return KILN_CUDA_MODULE_ABI; }
 
@@ -14,7 +13,8 @@ KILN_CUDA_EXPORT int kiln_cuda_device_count(char* err, size_t err_cap) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return 0;
   if (e != cudaSuccess) {
-    if (err && err_cap) std::snprintf(err, err_cap, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    if (err && err_cap)
+      std::snprintf(err, err_cap, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
     return -1;
   }
   return count;

@@ -6,8 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_abi.h"
-
-#define KILN_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+#include "kernels/cuda/module_util.h"
 
 namespace {
 
@@ -49,35 +48,61 @@ __global__ void DequantQ4_1(const BlockQ4_1* src, float* dst, int64_t n_total) {
 
 KILN_CUDA_EXPORT int kiln_cuda_dequantize(uint32_t type, const void* src, size_t src_bytes,
                                           int64_t n_rows, int64_t n_cols, float* dst) {
-  const int64_t n_total = n_rows * n_cols;
-  void* d_src = nullptr;
-  float* d_dst = nullptr;
-  if (cudaMalloc(&d_src, src_bytes) != cudaSuccess) return -1;
-  if (cudaMalloc(&d_dst, n_total * sizeof(float)) != cudaSuccess) {
-    cudaFree(d_src);
-    return -1;
+  using kiln_cuda::Fail;
+  if (src == nullptr || dst == nullptr || n_rows < 0 || n_cols < 0) {
+    return Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_dequantize: null buffer or negative shape");
   }
-  int rc = 0;
-  cudaMemcpy(d_src, src, src_bytes, cudaMemcpyHostToDevice);
-  const int threads = 256;
-  const int64_t blocks = (n_total + threads - 1) / threads;
+  const int64_t n_total = n_rows * n_cols;
+  if (n_total == 0) return KILN_CUDA_OK;
+  // Bytes the type needs for n_total elements; quantized rows are whole 32-element blocks.
+  size_t need = 0;
   switch (type) {
     case 1:
-      DequantF16<<<blocks, threads>>>(static_cast<const __half*>(d_src), d_dst, n_total);
+      need = size_t(n_total) * 2;
       break;
     case 8:
-      DequantQ8_0<<<blocks, threads>>>(static_cast<const BlockQ8_0*>(d_src), d_dst, n_total);
-      break;
     case 3:
-      DequantQ4_1<<<blocks, threads>>>(static_cast<const BlockQ4_1*>(d_src), d_dst, n_total);
+      if (n_cols % 32 != 0) {
+        return Fail(KILN_CUDA_INVALID_ARGUMENT,
+                    "kiln_cuda_dequantize: n_cols %lld is not a multiple of 32",
+                    static_cast<long long>(n_cols));
+      }
+      need = size_t(n_total / 32) * (type == 8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_1));
       break;
     default:
-      rc = -2;
+      return Fail(KILN_CUDA_UNSUPPORTED, "kiln_cuda_dequantize: ggml type %u has no kernel", type);
   }
-  if (rc == 0 && cudaGetLastError() != cudaSuccess) rc = -1;
-  if (rc == 0 &&
-      cudaMemcpy(dst, d_dst, n_total * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
-    rc = -1;
+  if (src_bytes < need) {
+    return Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_dequantize: src has %zu bytes, needs %zu",
+                src_bytes, need);
+  }
+  void* d_src = nullptr;
+  float* d_dst = nullptr;
+  int rc = kiln_cuda::Check(cudaMalloc(&d_src, need), "kiln_cuda_dequantize: cudaMalloc");
+  if (rc == KILN_CUDA_OK) {
+    rc = kiln_cuda::Check(cudaMalloc(&d_dst, size_t(n_total) * sizeof(float)),
+                          "kiln_cuda_dequantize: cudaMalloc");
+  }
+  if (rc == KILN_CUDA_OK) {
+    rc = kiln_cuda::Check(cudaMemcpy(d_src, src, need, cudaMemcpyHostToDevice),
+                          "kiln_cuda_dequantize: upload");
+  }
+  if (rc == KILN_CUDA_OK) {
+    const int threads = 256;
+    const int64_t blocks = (n_total + threads - 1) / threads;
+    if (type == 1) {
+      DequantF16<<<blocks, threads>>>(static_cast<const __half*>(d_src), d_dst, n_total);
+    } else if (type == 8) {
+      DequantQ8_0<<<blocks, threads>>>(static_cast<const BlockQ8_0*>(d_src), d_dst, n_total);
+    } else {
+      DequantQ4_1<<<blocks, threads>>>(static_cast<const BlockQ4_1*>(d_src), d_dst, n_total);
+    }
+    rc = kiln_cuda::Check(cudaGetLastError(), "kiln_cuda_dequantize: launch");
+  }
+  if (rc == KILN_CUDA_OK) {
+    rc = kiln_cuda::Check(
+        cudaMemcpy(dst, d_dst, size_t(n_total) * sizeof(float), cudaMemcpyDeviceToHost),
+        "kiln_cuda_dequantize: download");
   }
   cudaFree(d_src);
   cudaFree(d_dst);

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_abi.h"
+#include "kernels/cuda/module_util.h"
 #include "kernels/cuda/quant_decode.cuh"
 
 namespace kiln::cuda {
@@ -64,25 +65,38 @@ __global__ void GemvKernel(const uint8_t* __restrict__ w, int64_t n_out, int64_t
 template <uint32_t kType>
 int LaunchGemv(const void* w, int64_t n_out, int64_t n_in, const float* x, int64_t n_tokens,
                float* y, cudaStream_t stream) {
-  if (n_in % Block<kType>::kElems != 0) return KILN_CUDA_EINVAL;
+  if (n_in % Block<kType>::kElems != 0) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_gemv: n_in %lld is not a multiple of the type's block (%d)",
+                           static_cast<long long>(n_in), Block<kType>::kElems);
+  }
   const int64_t blocks = (n_out + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > 0x7fffffff) return KILN_CUDA_EINVAL;
+  if (blocks > 0x7fffffff) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_gemv: n_out %lld too large",
+                           static_cast<long long>(n_out));
+  }
   GemvKernel<kType><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
       static_cast<const uint8_t*>(w), n_out, n_in, x, static_cast<int>(n_tokens), y);
-  return cudaGetLastError() == cudaSuccess ? 0 : KILN_CUDA_ELAUNCH;
+  return kiln_cuda::Check(cudaGetLastError(), "kiln_cuda_gemv: launch");
 }
 
 }  // namespace
 }  // namespace kiln::cuda
 
 KILN_CUDA_EXPORT int kiln_cuda_gemv(uint32_t type, const void* d_w, int64_t n_out, int64_t n_in,
-                                    const float* d_x, int64_t n_tokens, float* d_y, void* stream) {
+                                    const float* d_x, int64_t n_tokens, float* d_y,
+                                    kiln_cuda_stream stream) {
   using namespace kiln::cuda;
   if (d_w == nullptr || d_x == nullptr || d_y == nullptr || n_out <= 0 || n_in <= 0 ||
       n_tokens < 1 || n_tokens > kMaxTokens) {
-    return KILN_CUDA_EINVAL;
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_gemv: null pointer or shape out of range (n_out %lld, n_in "
+                           "%lld, n_tokens %lld; n_tokens must be 1..%d)",
+                           static_cast<long long>(n_out), static_cast<long long>(n_in),
+                           static_cast<long long>(n_tokens), kMaxTokens);
   }
-  auto s = static_cast<cudaStream_t>(stream);
+  if (const int rc = kiln_cuda::Enter(stream, "kiln_cuda_gemv"); rc != KILN_CUDA_OK) return rc;
+  cudaStream_t s = stream->stream;
   switch (type) {
     case kTypeF16:
       return LaunchGemv<kTypeF16>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
@@ -97,6 +111,7 @@ KILN_CUDA_EXPORT int kiln_cuda_gemv(uint32_t type, const void* d_w, int64_t n_ou
     case kTypeQ6_K:
       return LaunchGemv<kTypeQ6_K>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
     default:
-      return KILN_CUDA_EUNSUPPORTED;
+      return kiln_cuda::Fail(KILN_CUDA_UNSUPPORTED, "kiln_cuda_gemv: no kernel for ggml type %u",
+                             type);
   }
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_abi.h"
+#include "kernels/cuda/module_util.h"
 #include "kernels/cuda/paged_index.h"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -183,11 +184,11 @@ KILN_CUDA_EXPORT int kiln_cuda_paged_attention(const KilnCudaPagedKv* kv,
                                                const float* d_q, int32_t n_heads, float scale,
                                                int32_t n_splits, float* d_workspace,
                                                size_t workspace_floats, float* d_out,
-                                               void* stream) {
+                                               kiln_cuda_stream stream) {
   using namespace kiln::cuda;
   if (kv == nullptr || batch == nullptr || d_q == nullptr || d_out == nullptr ||
       d_workspace == nullptr || kv->d_k_base == nullptr || kv->d_v_base == nullptr) {
-    return KILN_CUDA_EINVAL;
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_paged_attention: null pointer");
   }
   const int hd = kv->head_dim;
   if (hd < 1 || hd > kMaxHeadDim || kv->n_kv_heads < 1 || n_heads < kv->n_kv_heads ||
@@ -196,19 +197,41 @@ KILN_CUDA_EXPORT int kiln_cuda_paged_attention(const KilnCudaPagedKv* kv,
       batch->d_kv_indptr == nullptr || batch->d_kv_indices == nullptr ||
       batch->d_n_visible == nullptr ||
       (batch->d_extra_indptr != nullptr && batch->d_extra_positions == nullptr)) {
-    return KILN_CUDA_EINVAL;
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_paged_attention: bad shape (head_dim %d <= %d, n_heads %d a "
+                           "multiple of n_kv_heads %d, block_size %d, n_blocks %d, n_splits %d "
+                           "in 1..%d, n_tokens %lld) or a null mask array",
+                           hd, kMaxHeadDim, n_heads, kv->n_kv_heads, kv->block_size, kv->n_blocks,
+                           n_splits, kMaxSplits, static_cast<long long>(batch->n_tokens));
   }
   const uint32_t type = kv->elem_type;
   if (type != kTypeF32 && type != kTypeF16 && type != kTypeBF16 && type != kTypeQ8_0) {
-    return KILN_CUDA_EUNSUPPORTED;
+    return kiln_cuda::Fail(KILN_CUDA_UNSUPPORTED,
+                           "kiln_cuda_paged_attention: K/V element type %u (F32, F16, BF16, Q8_0)",
+                           type);
   }
-  if (type == kTypeQ8_0 && hd % 32 != 0) return KILN_CUDA_EINVAL;
-  if (workspace_floats < AttentionWorkspaceFloats(batch->n_tokens, n_heads, n_splits, hd)) {
-    return KILN_CUDA_EINVAL;
+  if (type == kTypeQ8_0 && hd % 32 != 0) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_paged_attention: a Q8_0 cache needs head_dim %% 32 == 0, "
+                           "not %d",
+                           hd);
   }
-  if (batch->n_tokens == 0) return 0;
+  const size_t needed = AttentionWorkspaceFloats(batch->n_tokens, n_heads, n_splits, hd);
+  if (workspace_floats < needed) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_paged_attention: workspace of %zu floats, %zu needed",
+                           workspace_floats, needed);
+  }
+  if (batch->n_tokens == 0) return KILN_CUDA_OK;
   const int64_t rows = batch->n_tokens * n_heads;
-  if (rows > 0x7fffffff) return KILN_CUDA_EINVAL;
+  if (rows > 0x7fffffff) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_paged_attention: n_tokens x n_heads %lld too large",
+                           static_cast<long long>(rows));
+  }
+  if (const int rc = kiln_cuda::Enter(stream, "kiln_cuda_paged_attention"); rc != KILN_CUDA_OK) {
+    return rc;
+  }
 
   SplitArgs a;
   a.kv = *kv;
@@ -221,12 +244,12 @@ KILN_CUDA_EXPORT int kiln_cuda_paged_attention(const KilnCudaPagedKv* kv,
   a.scale = scale > 0.0f ? scale : 1.0f / sqrtf(static_cast<float>(hd));
   a.workspace = d_workspace;
   a.error = batch->d_error;
-  auto s = static_cast<cudaStream_t>(stream);
+  cudaStream_t s = stream->stream;
   const size_t smem = static_cast<size_t>(hd + kWarps * (hd + 2)) * sizeof(float);
   AttentionSplitKernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n_splits)),
                          32 * kWarps, smem, s>>>(a);
-  if (cudaGetLastError() != cudaSuccess) return KILN_CUDA_ELAUNCH;
+  KILN_CUDA_CHECK(cudaGetLastError());
   AttentionCombineKernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(d_workspace, n_splits, hd,
                                                                      d_out, batch->d_error);
-  return cudaGetLastError() == cudaSuccess ? 0 : KILN_CUDA_ELAUNCH;
+  return kiln_cuda::Check(cudaGetLastError(), "kiln_cuda_paged_attention: combine launch");
 }

@@ -8,8 +8,6 @@
 
 #include <cstdint>
 
-#define KILN_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
-
 namespace kiln::cuda {
 
 // ggml type ids (lib/common/ggml_type.h).

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "lib/common/platform.h"
@@ -30,33 +30,64 @@ std::vector<std::string> CandidatePaths() {
   return paths;
 }
 
+absl::StatusOr<CudaModule> BindEntryPoints(const platform::SharedLibrary& library) {
+  auto abi = reinterpret_cast<kiln_cuda_module_abi_fn>(library.Symbol("kiln_cuda_module_abi"));
+  if (abi == nullptr || abi() != KILN_CUDA_MODULE_ABI) {
+    return absl::FailedPreconditionError(
+        StrCat("libkiln_cuda.so has an incompatible interface (ABI ", abi == nullptr ? -1 : abi(),
+               ", kiln needs ", KILN_CUDA_MODULE_ABI, ")"));
+  }
+  // Every entry point is bound by its cuda_abi.h name; a missing one rejects the module.
+  CudaModule m;
+  std::string missing;
+  auto bind = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(library.Symbol(name));
+    if (fn == nullptr) missing += StrCat(missing.empty() ? "" : ", ", name);
+  };
+  bind(m.last_error, "kiln_cuda_last_error");
+  bind(m.device_count, "kiln_cuda_device_count");
+  bind(m.device_info, "kiln_cuda_device_info");
+  bind(m.mem_info, "kiln_cuda_mem_info");
+  bind(m.stream_create, "kiln_cuda_stream_create");
+  bind(m.stream_destroy, "kiln_cuda_stream_destroy");
+  bind(m.stream_synchronize, "kiln_cuda_stream_synchronize");
+  bind(m.device_alloc, "kiln_cuda_device_alloc");
+  bind(m.device_free, "kiln_cuda_device_free");
+  bind(m.host_alloc, "kiln_cuda_host_alloc");
+  bind(m.host_free, "kiln_cuda_host_free");
+  bind(m.copy_h2d_async, "kiln_cuda_copy_h2d_async");
+  bind(m.copy_d2h_async, "kiln_cuda_copy_d2h_async");
+  bind(m.copy_d2d_async, "kiln_cuda_copy_d2d_async");
+  bind(m.memset_async, "kiln_cuda_memset_async");
+  bind(m.dequantize, "kiln_cuda_dequantize");
+  bind(m.gemv, "kiln_cuda_gemv");
+  bind(m.dequantize_f16, "kiln_cuda_dequantize_f16");
+  bind(m.gemm_context_create, "kiln_cuda_gemm_context_create");
+  bind(m.gemm_context_destroy, "kiln_cuda_gemm_context_destroy");
+  bind(m.gemm_f16, "kiln_cuda_gemm_f16");
+  bind(m.paged_attention_workspace, "kiln_cuda_paged_attention_workspace");
+  bind(m.paged_attention, "kiln_cuda_paged_attention");
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(StrCat("libkiln_cuda.so lacks entry points: ", missing));
+  }
+  return m;
+}
+
 LoadResult Load() {
   LoadResult r;
-  std::optional<platform::SharedLibrary> library;
   std::string errors;
   for (const std::string& path : CandidatePaths()) {
     if (!std::filesystem::exists(path)) continue;
-    absl::StatusOr<platform::SharedLibrary> loaded = platform::SharedLibrary::Load(path);
-    if (loaded.ok()) {
-      library = *loaded;
+    absl::StatusOr<CudaModule> opened = OpenCudaModule(path);
+    if (opened.ok()) {
+      r.module = *opened;
+      errors.clear();
       break;
     }
-    errors += std::string(loaded.status().message()) + "; ";
+    errors += StrCat(path, ": ", opened.status().message(), "; ");
   }
-  if (!library) {
+  if (r.module.device_count == nullptr) {
     r.why_not = errors.empty() ? "libkiln_cuda.so not built or not found" : errors;
-    return r;
-  }
-  auto abi = reinterpret_cast<kiln_cuda_module_abi_fn>(library->Symbol("kiln_cuda_module_abi"));
-  r.module.device_count =
-      reinterpret_cast<kiln_cuda_device_count_fn>(library->Symbol("kiln_cuda_device_count"));
-  r.module.device_info =
-      reinterpret_cast<kiln_cuda_device_info_fn>(library->Symbol("kiln_cuda_device_info"));
-  r.module.dequantize =
-      reinterpret_cast<kiln_cuda_dequantize_fn>(library->Symbol("kiln_cuda_dequantize"));
-  if (!abi || abi() != KILN_CUDA_MODULE_ABI || !r.module.device_count || !r.module.device_info ||
-      !r.module.dequantize) {
-    r.why_not = "libkiln_cuda.so has an incompatible interface";
     return r;
   }
   char err[256] = {0};
@@ -71,6 +102,35 @@ LoadResult Load() {
 }
 
 }  // namespace
+
+absl::StatusOr<CudaModule> OpenCudaModule(const std::string& path) {
+  absl::StatusOr<platform::SharedLibrary> library = platform::SharedLibrary::Load(path);
+  if (!library.ok()) return library.status();
+  return BindEntryPoints(*library);
+}
+
+absl::StatusCode CudaStatusCode(int rc) {
+  switch (rc) {
+    case KILN_CUDA_OK:
+      return absl::StatusCode::kOk;
+    case KILN_CUDA_INVALID_ARGUMENT:
+      return absl::StatusCode::kInvalidArgument;
+    case KILN_CUDA_OUT_OF_MEMORY:
+      return absl::StatusCode::kResourceExhausted;
+    case KILN_CUDA_UNSUPPORTED:
+      return absl::StatusCode::kUnimplemented;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status CudaModule::ToStatus(int rc, std::string_view what) const {
+  if (rc == KILN_CUDA_OK) return absl::OkStatus();
+  char message[512] = {0};
+  if (last_error != nullptr) last_error(message, sizeof message);
+  return absl::Status(CudaStatusCode(rc), StrCat(what, ": ", message[0] ? message : "CUDA error",
+                                                 " (status ", rc, ")"));
+}
 
 const CudaModule* GetCudaModule(std::string* why_not) {
   static const LoadResult result = Load();

@@ -6,6 +6,7 @@
 // and replay the kernel's algorithm (split-K ranges, 4 warps' online softmax, the two merges) on
 // the host against CpuBackend::Attention. CudaKernels.* run the kernels on a device and skip,
 // with the reason, when there is none.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,12 +14,16 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/paged_index.h"
 #include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/backend/cuda_loader.h"
+#include "lib/common/half.h"
 #include "lib/kv/kv_cache.h"
 #include "lib/quant/quant.h"
 
@@ -301,6 +306,285 @@ TEST(CudaPagedIndex, KernelAlgorithmReplayMatchesCpuAttention) {
       SCOPED_TRACE(::testing::Message() << n_splits << " splits");
       ExpectClose(ReplayAttentionKernel(c, n_splits), c.cpu_out, 2e-5f);
     }
+  }
+}
+
+// ---- On a device
+// ---------------------------------------------------------------------------------
+
+using ::testing::HasSubstr;
+
+std::string LastError(const CudaModule& m) {
+  char msg[512] = {0};
+  m.last_error(msg, sizeof msg);
+  return msg;
+}
+
+// The module this test was built with, bound without a device (nullopt: built without CUDA).
+std::optional<CudaModule> BuiltModule(std::string* why) {
+#ifdef KILN_CUDA_TEST_MODULE
+  absl::StatusOr<CudaModule> m = OpenCudaModule(KILN_CUDA_TEST_MODULE);
+  if (!m.ok()) {
+    *why = std::string(m.status().message());
+    return std::nullopt;
+  }
+  return *m;
+#else
+  *why = "kiln was built without CUDA (KILN_CUDA=OFF or no toolkit)";
+  return std::nullopt;
+#endif
+}
+
+// Bad arguments are refused before anything is launched, with or without a device.
+TEST(CudaKernelsAbi, BadArgumentsReturnStatusAndMessage) {
+  std::string why;
+  std::optional<CudaModule> m = BuiltModule(&why);
+  if (!m) GTEST_SKIP() << why;
+  float fake[4];  // never dereferenced: the calls fail their checks first
+  EXPECT_EQ(m->gemv(8, fake, 4, 32, fake, 9, fake, nullptr), KILN_CUDA_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(*m), HasSubstr("n_tokens must be 1..8"));
+  EXPECT_EQ(m->gemm_f16(nullptr, fake, 8, 8, fake, 1, fake, nullptr), KILN_CUDA_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(*m), HasSubstr("kiln_cuda_gemm_f16"));
+  KilnCudaPagedKv kv = {fake, fake, 1024, 256, 128, 4, 16, 2, 64, 1};
+  int32_t ints[4] = {0};
+  KilnCudaAttentionBatch batch = {1, ints, ints, ints, ints, nullptr, nullptr, nullptr, nullptr};
+  EXPECT_EQ(m->paged_attention(&kv, &batch, fake, 4, 0.0f, 0, fake, 1 << 20, fake, nullptr),
+            KILN_CUDA_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(*m), HasSubstr("n_splits 0"));
+  EXPECT_EQ(m->paged_attention(&kv, &batch, fake, 4, 0.0f, 2, fake, 10, fake, nullptr),
+            KILN_CUDA_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(*m), HasSubstr("workspace of 10 floats, 528 needed"));
+  kv.elem_type = 12;  // Q4_K is no cache type
+  EXPECT_EQ(m->paged_attention(&kv, &batch, fake, 4, 0.0f, 2, fake, 1 << 20, fake, nullptr),
+            KILN_CUDA_UNSUPPORTED);
+  EXPECT_EQ(m->paged_attention_workspace(1, 4, 2, 64), size_t{528});
+}
+
+// Device memory and a stream for one test; every call checked.
+class DeviceFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    m_ = GetCudaModule(&why);
+    if (m_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+    ASSERT_EQ(m_->stream_create(0, &stream_), KILN_CUDA_OK) << LastError(*m_);
+  }
+  void TearDown() override {
+    if (m_ == nullptr) return;
+    for (void* p : buffers_) m_->device_free(p);
+    m_->stream_destroy(stream_);
+  }
+  template <typename T>
+  T* Upload(const T* host, size_t n) {
+    void* d = Alloc(n * sizeof(T));
+    EXPECT_EQ(m_->copy_h2d_async(d, host, n * sizeof(T), stream_), KILN_CUDA_OK) << LastError(*m_);
+    EXPECT_EQ(m_->stream_synchronize(stream_), KILN_CUDA_OK) << LastError(*m_);
+    return static_cast<T*>(d);
+  }
+  template <typename T>
+  T* Upload(const std::vector<T>& v) {
+    return v.empty() ? nullptr : Upload(v.data(), v.size());
+  }
+  void* Alloc(size_t bytes) {
+    void* d = nullptr;
+    EXPECT_EQ(m_->device_alloc(0, bytes, &d), KILN_CUDA_OK) << LastError(*m_);
+    buffers_.push_back(d);
+    return d;
+  }
+  template <typename T>
+  std::vector<T> Download(const T* d, size_t n) {
+    std::vector<T> v(n);
+    EXPECT_EQ(m_->stream_synchronize(stream_), KILN_CUDA_OK) << LastError(*m_);
+    EXPECT_EQ(m_->copy_d2h_async(v.data(), d, n * sizeof(T), stream_), KILN_CUDA_OK);
+    EXPECT_EQ(m_->stream_synchronize(stream_), KILN_CUDA_OK) << LastError(*m_);
+    return v;
+  }
+
+  const CudaModule* m_ = nullptr;
+  kiln_cuda_stream stream_ = nullptr;
+  std::vector<void*> buffers_;
+};
+
+// A random [n_out, n_in] weight quantized with the CPU's reference quantizer, and its exact f32
+// decoding by the CPU's reference dequantizer.
+struct QuantizedWeight {
+  std::vector<uint8_t> bytes;
+  std::vector<float> decoded;
+};
+
+QuantizedWeight MakeWeight(GgmlType type, int64_t n_out, int64_t n_in, std::mt19937& rng) {
+  const QuantKernels* k = GetQuantKernels(type, CpuLevel::kScalar);
+  EXPECT_TRUE(k != nullptr && k->quantize != nullptr && k->dequantize != nullptr);
+  const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(type));
+  EXPECT_TRUE(info.has_value());
+  const size_t row_bytes = GgmlRowBytes(*info, static_cast<uint64_t>(n_in));
+  QuantizedWeight w;
+  w.bytes.resize(row_bytes * n_out);
+  w.decoded.resize(size_t(n_out) * n_in);
+  const std::vector<float> f = RandomVector(w.decoded.size(), rng);
+  for (int64_t r = 0; r < n_out; ++r) {
+    k->quantize(f.data() + r * n_in, w.bytes.data() + r * row_bytes, n_in);
+    k->dequantize(w.bytes.data() + r * row_bytes, w.decoded.data() + r * n_in, n_in);
+  }
+  return w;
+}
+
+using CudaKernels = DeviceFixture;
+
+// GEMV: each output within f32 accumulation error of the exact product of the CPU-decoded weight
+// with x (|err| <= 1e-5 * sum |w||x|, n_in 512: ~60x the f32 rounding bound n_in * 2^-24), and
+// within the CPU backend's own activation-quantization error of CpuBackend::MatMul.
+TEST_F(CudaKernels, GemvMatchesCpuForEveryWeightType) {
+  std::mt19937 rng(11);
+  const int64_t n_out = 67, n_in = 512;  // n_out not a multiple of the 4 rows of a thread block
+  cpu::CpuBackend cpu(1);
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type));
+    const QuantizedWeight w = MakeWeight(type, n_out, n_in, rng);
+    for (int64_t n_tokens : {1, 3}) {
+      const std::vector<float> x = RandomVector(size_t(n_tokens) * n_in, rng);
+      const uint8_t* d_w = Upload(w.bytes);
+      const float* d_x = Upload(x);
+      auto* d_y = static_cast<float*>(Alloc(size_t(n_tokens) * n_out * sizeof(float)));
+      ASSERT_EQ(
+          m_->gemv(static_cast<uint32_t>(type), d_w, n_out, n_in, d_x, n_tokens, d_y, stream_),
+          KILN_CUDA_OK)
+          << LastError(*m_);
+      const std::vector<float> got = Download(d_y, size_t(n_tokens) * n_out);
+      std::vector<float> cpu_y(got.size());
+      WeightView view;
+      view.type = type;
+      view.data = w.bytes.data();
+      view.n_in = n_in;
+      view.n_out = n_out;
+      ASSERT_TRUE(cpu.MatMul(view, x.data(), n_tokens, cpu_y.data()).ok());
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t o = 0; o < n_out; ++o) {
+          double exact = 0, magnitude = 0;
+          for (int64_t i = 0; i < n_in; ++i) {
+            exact += double(w.decoded[o * n_in + i]) * x[t * n_in + i];
+            magnitude += std::fabs(double(w.decoded[o * n_in + i]) * x[t * n_in + i]);
+          }
+          const float g = got[t * n_out + o];
+          ASSERT_NEAR(g, exact, 1e-5 * magnitude) << "token " << t << " row " << o;
+          // The CPU quantizes x to 8 bits for the integer types: ~1% of the magnitude.
+          ASSERT_NEAR(g, cpu_y[t * n_out + o], 1e-2 * magnitude) << "token " << t << " row " << o;
+        }
+      }
+    }
+  }
+}
+
+// Dequantization to f16 is the CPU's decoding rounded to f16, bit for bit; the cuBLASLt GEMM of
+// f16 operands (products exact in f32) is within f32 accumulation error of the exact sum.
+TEST_F(CudaKernels, DequantizeF16AndGemmMatchCpu) {
+  std::mt19937 rng(12);
+  const int64_t n_out = 96, n_in = 512, n_tokens = 24;
+  KilnCudaGemmContext* ctx = nullptr;
+  ASSERT_EQ(m_->gemm_context_create(0, 4 << 20, &ctx), KILN_CUDA_OK) << LastError(*m_);
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type));
+    const QuantizedWeight w = MakeWeight(type, n_out, n_in, rng);
+    const uint8_t* d_w = Upload(w.bytes);
+    auto* d_w16 = static_cast<uint16_t*>(Alloc(size_t(n_out) * n_in * 2));
+    ASSERT_EQ(m_->dequantize_f16(static_cast<uint32_t>(type), d_w, n_out, n_in, d_w16, stream_),
+              KILN_CUDA_OK)
+        << LastError(*m_);
+    const std::vector<uint16_t> w16 = Download(d_w16, size_t(n_out) * n_in);
+    for (size_t i = 0; i < w16.size(); ++i) {
+      ASSERT_EQ(w16[i], Fp32ToFp16(w.decoded[i])) << "element " << i;
+    }
+    const std::vector<float> x = RandomVector(size_t(n_tokens) * n_in, rng);
+    const float* d_x = Upload(x);
+    auto* d_y = static_cast<float*>(Alloc(size_t(n_tokens) * n_out * sizeof(float)));
+    ASSERT_EQ(m_->gemm_f16(ctx, d_w16, n_out, n_in, d_x, n_tokens, d_y, stream_), KILN_CUDA_OK)
+        << LastError(*m_);
+    const std::vector<float> got = Download(d_y, size_t(n_tokens) * n_out);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t o = 0; o < n_out; ++o) {
+        double exact = 0, magnitude = 0;
+        for (int64_t i = 0; i < n_in; ++i) {
+          const double p =
+              double(Fp16ToFp32(w16[o * n_in + i])) * Fp16ToFp32(Fp32ToFp16(x[t * n_in + i]));
+          exact += p;
+          magnitude += std::fabs(p);
+        }
+        ASSERT_NEAR(got[t * n_out + o], exact, 1e-5 * magnitude) << "token " << t << " row " << o;
+      }
+    }
+  }
+  m_->gemm_context_destroy(ctx);
+}
+
+// Paged attention on the device against CpuBackend::Attention over the same cache bytes and mask
+// (prefill chunk, windowed decode, tree nodes), |err| <= 5e-5 * max(1, |want|) (f32 sums in
+// another order, expf), for each cache type and split count; a bad block id raises the flag.
+TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
+  struct Shape {
+    GgmlType type;
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+  };
+  const Shape shapes[] = {{GgmlType::kF32, 4, 4, 40, 16},
+                          {GgmlType::kF16, 6, 2, 64, 7},
+                          {GgmlType::kBF16, 3, 1, 32, 16},
+                          {GgmlType::kQ8_0, 8, 2, 64, 5},
+                          {GgmlType::kF16, 8, 1, 256, 16}};
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(::testing::Message()
+                 << "type " << static_cast<int>(sh.type) << " heads " << sh.n_heads << "/"
+                 << sh.n_kv_heads << " d " << sh.head_dim);
+    const AttentionCase c =
+        MakeAttentionCase(sh.type, sh.n_heads, sh.n_kv_heads, sh.head_dim, sh.block_size, 5);
+    const KvLayout& layout = c.cache->layout();
+    const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
+    const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
+    KilnCudaPagedKv kv;
+    kv.d_k_base = pool + layout.KeyTileOffset(AttentionCase::kLayer, 0);
+    kv.d_v_base = pool + layout.ValueTileOffset(AttentionCase::kLayer, 0);
+    kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+    kv.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+    kv.row_bytes = static_cast<int64_t>(layout.row_bytes());
+    kv.n_blocks = c.cache->NumBlocks();
+    kv.block_size = layout.block_size();
+    kv.n_kv_heads = layout.n_kv_heads();
+    kv.head_dim = layout.head_dim();
+    kv.elem_type = static_cast<uint32_t>(layout.elem_type());
+    const int32_t zero = 0;
+    KilnCudaAttentionBatch batch;
+    batch.n_tokens = c.n_tokens();
+    batch.d_seq = Upload(c.seq);
+    batch.d_kv_indptr = Upload(c.tables.indptr);
+    batch.d_kv_indices = Upload(c.tables.indices);
+    batch.d_n_visible = Upload(c.n_visible);
+    batch.d_first_visible = Upload(c.first_visible);
+    batch.d_extra_indptr = Upload(c.extra_indptr);
+    batch.d_extra_positions = Upload(c.extra_positions);
+    batch.d_error = Upload(&zero, 1);
+    const float* d_q = Upload(c.q);
+    auto* d_out = static_cast<float*>(Alloc(c.q.size() * sizeof(float)));
+    for (int32_t n_splits : {1, 3, 64}) {
+      SCOPED_TRACE(::testing::Message() << n_splits << " splits");
+      const size_t ws =
+          m_->paged_attention_workspace(c.n_tokens(), sh.n_heads, n_splits, sh.head_dim);
+      auto* d_ws = static_cast<float*>(Alloc(ws * sizeof(float)));
+      ASSERT_EQ(m_->paged_attention(&kv, &batch, d_q, sh.n_heads, 0.0f, n_splits, d_ws, ws, d_out,
+                                    stream_),
+                KILN_CUDA_OK)
+          << LastError(*m_);
+      ExpectClose(Download(d_out, c.q.size()), c.cpu_out, 5e-5f);
+      EXPECT_EQ(Download(batch.d_error, 1)[0], 0);
+    }
+    // A table naming a block past the pool: flagged, not read.
+    std::vector<int32_t> bad = c.tables.indices;
+    bad[0] = c.cache->NumBlocks() + 100;
+    batch.d_kv_indices = Upload(bad);
+    const size_t ws = m_->paged_attention_workspace(c.n_tokens(), sh.n_heads, 2, sh.head_dim);
+    auto* d_ws = static_cast<float*>(Alloc(ws * sizeof(float)));
+    ASSERT_EQ(m_->paged_attention(&kv, &batch, d_q, sh.n_heads, 0.0f, 2, d_ws, ws, d_out, stream_),
+              KILN_CUDA_OK);
+    EXPECT_EQ(Download(batch.d_error, 1)[0], 1);
   }
 }
 
