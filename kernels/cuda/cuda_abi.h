@@ -159,4 +159,21 @@ typedef int (*kiln_cuda_paged_attention_fn)(const KilnCudaPagedKv* kv,
                                             int32_t n_heads, float scale, int32_t n_splits,
                                             float* d_workspace, size_t workspace_floats,
                                             float* d_out, kiln_cuda_stream stream);
+
+// Sampling on the device (kernels/cuda/sample.cu): kiln's chain (lib/sample/sampler.h) without
+// bias, penalties and typical-p, which the caller applies first or leaves to the CPU.
+typedef struct KilnCudaSamplingParams {
+  int32_t top_k;      // 1..1024 and < vocab (the device sampler always truncates to top-k)
+  float top_p;        // >= 1: off
+  float min_p;        // <= 0: off
+  float temperature;  // <= 0: greedy (arg max, ties to the lower id; top_k unused)
+} KilnCudaSamplingParams;
+// d_tokens[r] = the token drawn from row r of d_logits [n_rows, vocab] with d_params[r] and the
+// uniform d_uniforms[r] in [0, 1) (the session's generator, drawn on the host: the same token as
+// Sampler::SampleWithUniform on the CPU's distribution). params: the same [n_rows] on the host,
+// checked before launching. -1 for a row without a finite logit.
+typedef int (*kiln_cuda_sample_fn)(const float* d_logits, int64_t n_rows, int64_t vocab,
+                                   const KilnCudaSamplingParams* d_params,
+                                   const KilnCudaSamplingParams* params, const double* d_uniforms,
+                                   int32_t* d_tokens, kiln_cuda_stream stream);
 }

@@ -20,12 +20,14 @@
 #include <vector>
 
 #include "kernels/cuda/paged_index.h"
+#include "kernels/cuda/sample_chain.h"
 #include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cuda_loader.h"
 #include "lib/common/half.h"
 #include "lib/kv/kv_cache.h"
 #include "lib/quant/quant.h"
+#include "lib/sample/sampler.h"
 
 namespace kiln {
 namespace {
@@ -309,6 +311,71 @@ TEST(CudaPagedIndex, KernelAlgorithmReplayMatchesCpuAttention) {
   }
 }
 
+// Logits with ties (multiples of 1/4) and a few banned (-inf) tokens.
+std::vector<float> SamplingLogits(int32_t vocab, std::mt19937& rng) {
+  std::vector<float> logits(vocab);
+  std::uniform_int_distribution<int> level(-40, 12);
+  for (float& l : logits) l = 0.25f * static_cast<float>(level(rng));
+  for (int i = 0; i < vocab / 50; ++i) logits[rng() % vocab] = -INFINITY;
+  return logits;
+}
+
+// The device sampler's steps on the host: the top-k candidates in RanksBefore order (the kernel's
+// k arg-max passes select exactly these), then SampleSortedCandidates.
+int32_t ReplayDeviceSampler(const std::vector<float>& logits, const KilnCudaSamplingParams& p,
+                            double u) {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (logits[i] > -INFINITY) ids.push_back(i);
+  }
+  std::sort(ids.begin(), ids.end(),
+            [&](int32_t a, int32_t b) { return cuda::RanksBefore(logits[a], a, logits[b], b); });
+  const size_t k = p.temperature <= 0.0f ? 1 : static_cast<size_t>(p.top_k);
+  ids.resize(std::min(ids.size(), k));
+  std::vector<float> cand_logits;
+  for (int32_t id : ids) cand_logits.push_back(logits[id]);
+  std::vector<double> scratch(ids.size());
+  return cuda::SampleSortedCandidates(cand_logits.data(), ids.data(),
+                                      static_cast<int32_t>(ids.size()), p.top_p, p.min_p,
+                                      p.temperature, u, scratch.data());
+}
+
+std::vector<KilnCudaSamplingParams> SamplingParamSets() {
+  return {{40, 0.95f, 0.05f, 0.8f},  // kiln's defaults
+          {1, 1.0f, 0.0f, 1.0f},    {5, 1.0f, 0.0f, 1.0f},  {100, 0.5f, 0.0f, 1.3f},
+          {100, 1.0f, 0.2f, 0.7f},  {40, 0.0f, 0.0f, 1.0f}, {40, 0.95f, 0.05f, 0.0f},
+          {200, 0.99f, 0.01f, 2.0f}};
+}
+
+sample::SamplerParams CpuParams(const KilnCudaSamplingParams& p) {
+  sample::SamplerParams s;
+  s.penalty_last_n = 0;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.min_p = p.min_p;
+  s.temperature = p.temperature;
+  return s;
+}
+
+// Same token as the CPU sampler (Apply, then SampleWithUniform with the same u) for every
+// parameter set on 150 logit rows with ties and banned tokens.
+TEST(CudaSampleChain, ReplayDrawsTheCpuSamplersToken) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const KilnCudaSamplingParams& p : SamplingParamSets()) {
+    sample::Sampler cpu(CpuParams(p));
+    sample::Distribution dist;
+    for (int trial = 0; trial < 150; ++trial) {
+      const std::vector<float> logits = SamplingLogits(500, rng);
+      const double u = uniform(rng);
+      ASSERT_TRUE(cpu.Apply(logits, {}, &dist).ok());
+      ASSERT_EQ(ReplayDeviceSampler(logits, p, u), sample::Sampler::SampleWithUniform(dist, u))
+          << "top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p << " T "
+          << p.temperature << " trial " << trial;
+    }
+  }
+}
+
 // ---- On a device
 // ---------------------------------------------------------------------------------
 
@@ -358,6 +425,12 @@ TEST(CudaKernelsAbi, BadArgumentsReturnStatusAndMessage) {
   EXPECT_EQ(m->paged_attention(&kv, &batch, fake, 4, 0.0f, 2, fake, 1 << 20, fake, nullptr),
             KILN_CUDA_UNSUPPORTED);
   EXPECT_EQ(m->paged_attention_workspace(1, 4, 2, 64), size_t{528});
+  const KilnCudaSamplingParams no_top_k = {0, 1.0f, 0.0f, 1.0f};
+  double u = 0.5;
+  int32_t token = 0;
+  EXPECT_EQ(m->sample(fake, 1, 100, &no_top_k, &no_top_k, &u, &token, nullptr),
+            KILN_CUDA_UNSUPPORTED);
+  EXPECT_THAT(LastError(*m), HasSubstr("top_k 0"));
 }
 
 // Device memory and a stream for one test; every call checked.
@@ -585,6 +658,38 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     ASSERT_EQ(m_->paged_attention(&kv, &batch, d_q, sh.n_heads, 0.0f, 2, d_ws, ws, d_out, stream_),
               KILN_CUDA_OK);
     EXPECT_EQ(Download(batch.d_error, 1)[0], 1);
+  }
+}
+
+// The device sampler draws the CPU sampler's token for each row (same logits, parameters and u).
+TEST_F(CudaKernels, SampleMatchesCpuSampler) {
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const int32_t vocab = 49152;  // the default model's vocabulary
+  std::vector<KilnCudaSamplingParams> params;
+  for (int rep = 0; rep < 4; ++rep) {
+    for (const KilnCudaSamplingParams& p : SamplingParamSets()) params.push_back(p);
+  }
+  const int64_t n_rows = static_cast<int64_t>(params.size());
+  std::vector<float> logits;
+  std::vector<double> u;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const std::vector<float> row = SamplingLogits(vocab, rng);
+    logits.insert(logits.end(), row.begin(), row.end());
+    u.push_back(uniform(rng));
+  }
+  auto* d_tokens = static_cast<int32_t*>(Alloc(n_rows * sizeof(int32_t)));
+  ASSERT_EQ(m_->sample(Upload(logits), n_rows, vocab, Upload(params), params.data(), Upload(u),
+                       d_tokens, stream_),
+            KILN_CUDA_OK)
+      << LastError(*m_);
+  const std::vector<int32_t> got = Download(d_tokens, n_rows);
+  sample::Distribution dist;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    sample::Sampler cpu(CpuParams(params[r]));
+    ASSERT_TRUE(
+        cpu.Apply(std::span<const float>(logits).subspan(r * vocab, vocab), {}, &dist).ok());
+    EXPECT_EQ(got[r], sample::Sampler::SampleWithUniform(dist, u[r])) << "row " << r;
   }
 }
 
