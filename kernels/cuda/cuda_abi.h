@@ -117,7 +117,9 @@ typedef int (*kiln_cuda_gemm_f16_fn)(KilnCudaGemmContext* ctx, const void* d_w_f
 
 // Paged K/V of one layer (kv_layout.h): row (block, slot) of kv head h starts at
 //   k_base + block * block_stride_bytes + h * head_stride_bytes + slot * row_bytes
-// (likewise v_base); elements of elem_type F32, F16, BF16 or Q8_0 (head_dim % 32 == 0).
+// (likewise v_base); elements of elem_type F32, F16, BF16 or Q8_0 (a multiple of 32 of them),
+// except that with tail_start > 0 the elements [tail_start, head_dim) are f16 starting at byte
+// tail_offset_bytes of the row (the RoPE key of an MLA row in a q8_0 cache; kv_layout.h).
 typedef struct KilnCudaPagedKv {
   const void* d_k_base;
   const void* d_v_base;
@@ -127,8 +129,10 @@ typedef struct KilnCudaPagedKv {
   int32_t n_blocks;
   int32_t block_size;
   int32_t n_kv_heads;
-  int32_t head_dim;  // <= 512
+  int32_t head_dim;  // <= 640
   uint32_t elem_type;
+  int32_t tail_start;  // 0: the whole row is elem_type
+  int64_t tail_offset_bytes;
 } KilnCudaPagedKv;
 
 // The batch's mask in kiln's flat form (attention_mask.h), all arrays in device memory.
@@ -159,6 +163,24 @@ typedef int (*kiln_cuda_paged_attention_fn)(const KilnCudaPagedKv* kv,
                                             int32_t n_heads, float scale, int32_t n_splits,
                                             float* d_workspace, size_t workspace_floats,
                                             float* d_out, kiln_cuda_stream stream);
+
+// MLA absorbed attention (Backend::MlaAttention) over one layer's latent rows [c | rope(k_r)]:
+// `latent` describes them as one KV head (n_kv_heads 1, head_dim = kv_lora_rank + rope_dim,
+// d_k_base = d_v_base = the layer's latent tile; a q8_0 cache sets tail_start = kv_lora_rank and
+// tail_offset_bytes to the RoPE part's offset). Per head: q_abs = [W_UK_h^T q_nope | q_rope],
+// p = softmax(q_abs . row_j * scale), out = W_UV_h (sum_j p_j c_j).
+//   d_q: [n_tokens, n_heads, nope_dim + rope_dim]   d_out: [n_tokens, n_heads, v_head_dim]
+//   d_w_uk: [n_heads][nope_dim][kv_lora_rank] f32   d_w_uv: [n_heads][v_head_dim][kv_lora_rank]
+//   scale <= 0: 1 / sqrt(nope_dim + rope_dim); d_workspace: the floats below.
+typedef size_t (*kiln_cuda_mla_attention_workspace_fn)(int64_t n_tokens, int32_t n_heads,
+                                                       int32_t n_splits, int32_t row_elems);
+typedef int (*kiln_cuda_mla_attention_fn)(const KilnCudaPagedKv* latent,
+                                          const KilnCudaAttentionBatch* batch, const float* d_q,
+                                          int32_t n_heads, const float* d_w_uk, const float* d_w_uv,
+                                          int32_t kv_lora_rank, int32_t nope_dim,
+                                          int32_t v_head_dim, float scale, int32_t n_splits,
+                                          float* d_workspace, size_t workspace_floats, float* d_out,
+                                          kiln_cuda_stream stream);
 
 // Sampling on the device (kernels/cuda/sample.cu): kiln's chain (lib/sample/sampler.h) without
 // bias, penalties and typical-p, which the caller applies first or leaves to the CPU.

@@ -67,6 +67,8 @@ absl::StatusOr<CudaModule> BindEntryPoints(const platform::SharedLibrary& librar
   bind(m.gemm_f16, "kiln_cuda_gemm_f16");
   bind(m.paged_attention_workspace, "kiln_cuda_paged_attention_workspace");
   bind(m.paged_attention, "kiln_cuda_paged_attention");
+  bind(m.mla_attention_workspace, "kiln_cuda_mla_attention_workspace");
+  bind(m.mla_attention, "kiln_cuda_mla_attention");
   bind(m.sample, "kiln_cuda_sample");
   if (!missing.empty()) {
     return absl::FailedPreconditionError(StrCat("libkiln_cuda.so lacks entry points: ", missing));

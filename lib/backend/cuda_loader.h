@@ -40,6 +40,8 @@ struct CudaModule {
   kiln_cuda_gemm_f16_fn gemm_f16 = nullptr;
   kiln_cuda_paged_attention_workspace_fn paged_attention_workspace = nullptr;
   kiln_cuda_paged_attention_fn paged_attention = nullptr;
+  kiln_cuda_mla_attention_workspace_fn mla_attention_workspace = nullptr;
+  kiln_cuda_mla_attention_fn mla_attention = nullptr;
   kiln_cuda_sample_fn sample = nullptr;
 
   int n_devices = 0;

@@ -24,6 +24,7 @@
 #include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cuda_loader.h"
+#include "lib/backend/mla_attention.h"
 #include "lib/common/half.h"
 #include "lib/kv/kv_cache.h"
 #include "lib/quant/quant.h"
@@ -82,12 +83,13 @@ struct AttentionCase {
   }
 };
 
-AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_heads,
-                                int32_t head_dim, int32_t block_size, uint32_t seed) {
+// A GQA cache (CpuBackend::Attention's output in cpu_out) or, for an MLA layout, a latent cache
+// (cpu_out left empty: the MLA test computes it with its weights).
+AttentionCase MakeAttentionCase(const absl::StatusOr<KvLayout>& layout, int32_t n_heads,
+                                uint32_t seed) {
   std::mt19937 rng(seed);
   AttentionCase c;
   c.n_heads = n_heads;
-  auto layout = KvLayout::Gqa(2, n_kv_heads, head_dim, type, block_size);
   EXPECT_TRUE(layout.ok()) << layout.status();
   auto cache = KvCache::Create(*layout, {.num_blocks = 64, .enable_prefix_caching = false});
   EXPECT_TRUE(cache.ok()) << cache.status();
@@ -101,7 +103,13 @@ AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_hea
     EXPECT_TRUE(
         c.cache->AppendSlots(s, Iota(len, 1000 * static_cast<int32_t>(c.ids.size())), slots).ok());
     for (int32_t layer = 0; layer < 2; ++layer) {
-      const std::vector<float> k = RandomVector(size_t(len) * n_kv_heads * head_dim, rng);
+      if (layout->kind() == KvAttentionKind::kMla) {
+        const std::vector<float> latent = RandomVector(size_t(len) * layout->row_elems(), rng);
+        EXPECT_TRUE(cpu.WriteLatent(*c.cache, layer, slots, latent.data()).ok());
+        continue;
+      }
+      const std::vector<float> k =
+          RandomVector(size_t(len) * layout->n_kv_heads() * layout->head_dim(), rng);
       const std::vector<float> v = RandomVector(k.size(), rng);
       EXPECT_TRUE(cpu.WriteKv(*c.cache, layer, slots, k.data(), v.data()).ok());
     }
@@ -117,7 +125,8 @@ AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_hea
     c.seq.push_back(2), c.n_visible.push_back(20), c.first_visible.push_back(0);
   }
   EXPECT_TRUE(BuildTreeVisibility(parent, Iota(5, 20), c.extra_indptr, c.extra_positions).ok());
-  c.q = RandomVector(size_t(c.n_tokens()) * n_heads * head_dim, rng, -2.0f, 2.0f);
+  if (layout->kind() == KvAttentionKind::kMla) return c;
+  c.q = RandomVector(size_t(c.n_tokens()) * n_heads * layout->head_dim(), rng, -2.0f, 2.0f);
   c.cpu_out.resize(c.q.size());
   EXPECT_TRUE(cpu.Attention(*c.cache, AttentionCase::kLayer, c.Mask(), c.q.data(), n_heads,
                             c.cpu_out.data(), 0.0f)
@@ -125,18 +134,23 @@ AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_hea
   return c;
 }
 
+AttentionCase MakeAttentionCase(GgmlType type, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t block_size, uint32_t seed) {
+  return MakeAttentionCase(KvLayout::Gqa(2, n_kv_heads, head_dim, type, block_size), n_heads, seed);
+}
+
 // The attention kernels' algorithm on the host, step for step: per (token, head, split) four
 // "warps" take the split's rows in turn with an online softmax, the warps merge, then the splits.
-std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_splits) {
+// read_row(block, slot, kv_head, value, out) decodes one K (value false) or V row of hd floats.
+//   q, out: [n_tokens, n_heads, hd]
+template <typename ReadRow>
+std::vector<float> ReplaySplitAttention(const AttentionCase& c, const float* q, int32_t n_heads,
+                                        int32_t n_kv_heads, int32_t hd, float scale,
+                                        int32_t n_splits, ReadRow read_row) {
   constexpr int kWarps = 4;
-  const KvLayout& layout = c.cache->layout();
-  const int32_t hd = layout.head_dim(), group = c.n_heads / layout.n_kv_heads();
-  const QuantKernels* decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
-  EXPECT_TRUE(decode != nullptr && decode->dequantize != nullptr);
-  const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
+  const int32_t group = n_heads / n_kv_heads;
   const cuda::VisibleRows rows = c.Rows();
   const cuda::BlockTables tables = c.Tables();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float kNegInf = -std::numeric_limits<float>::infinity();
   struct State {
     float m, l;
@@ -154,13 +168,11 @@ std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_split
     }
     return out;
   };
-  std::vector<float> out(c.q.size());
+  std::vector<float> out(size_t(c.n_tokens()) * n_heads * hd);
   std::vector<float> k(hd), v(hd);
   for (int32_t t = 0; t < c.n_tokens(); ++t) {
-    for (int32_t h = 0; h < c.n_heads; ++h) {
-      const float* q = c.q.data() + (size_t(t) * c.n_heads + h) * hd;
-      const size_t k_tile = layout.KeyTileOffset(AttentionCase::kLayer, h / group);
-      const size_t v_tile = layout.ValueTileOffset(AttentionCase::kLayer, h / group);
+    for (int32_t h = 0; h < n_heads; ++h) {
+      const float* q_th = q + (size_t(t) * n_heads + h) * hd;
       std::vector<State> splits;
       for (int32_t split = 0; split < n_splits; ++split) {
         int32_t begin = 0, end = 0;
@@ -172,13 +184,10 @@ std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_split
             int32_t block = -1, slot = -1;
             const int32_t pos = cuda::VisiblePosition(rows, t, i);
             EXPECT_TRUE(cuda::LocatePosition(tables, c.seq[t], pos, &block, &slot));
-            const size_t bs = layout.block_bytes(), rb = layout.row_bytes();
-            decode->dequantize(pool + cuda::RowByteOffset(block, slot, bs, k_tile, rb), k.data(),
-                               hd);
-            decode->dequantize(pool + cuda::RowByteOffset(block, slot, bs, v_tile, rb), v.data(),
-                               hd);
+            read_row(block, slot, h / group, false, k.data());
+            read_row(block, slot, h / group, true, v.data());
             float dot = 0.0f;
-            for (int32_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+            for (int32_t d = 0; d < hd; ++d) dot += q_th[d] * k[d];
             const float score = dot * scale, m_new = std::max(s.m, score);
             const float correction = std::exp(s.m - m_new), p = std::exp(score - m_new);
             s.l = s.l * correction + p;
@@ -191,11 +200,30 @@ std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_split
       }
       const State total = merge(splits);
       for (int32_t d = 0; d < hd; ++d) {
-        out[(size_t(t) * c.n_heads + h) * hd + d] = total.l > 0 ? total.acc[d] / total.l : 0.0f;
+        out[(size_t(t) * n_heads + h) * hd + d] = total.l > 0 ? total.acc[d] / total.l : 0.0f;
       }
     }
   }
   return out;
+}
+
+// The GQA kernel on the host: rows addressed as the kernel does (layer tile + kv_head * tile).
+std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_splits) {
+  const KvLayout& layout = c.cache->layout();
+  const int32_t hd = layout.head_dim();
+  const QuantKernels* decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
+  EXPECT_TRUE(decode != nullptr && decode->dequantize != nullptr);
+  const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
+  const size_t k_base = layout.KeyTileOffset(AttentionCase::kLayer, 0);
+  const size_t v_base = layout.ValueTileOffset(AttentionCase::kLayer, 0);
+  auto read_row = [&](int32_t block, int32_t slot, int32_t kv_head, bool value, float* out) {
+    const size_t tile = (value ? v_base : k_base) + size_t(kv_head) * layout.tile_bytes();
+    decode->dequantize(
+        pool + cuda::RowByteOffset(block, slot, layout.block_bytes(), tile, layout.row_bytes()),
+        out, hd);
+  };
+  return ReplaySplitAttention(c, c.q.data(), c.n_heads, layout.n_kv_heads(), hd,
+                              1.0f / std::sqrt(static_cast<float>(hd)), n_splits, read_row);
 }
 
 // |got - want| <= tol * max(1, |want|) everywhere; reports the first miss.
@@ -311,6 +339,92 @@ TEST(CudaPagedIndex, KernelAlgorithmReplayMatchesCpuAttention) {
   }
 }
 
+// MLA's weights and query for an MLA AttentionCase, and CpuBackend::MlaAttention's output.
+struct MlaInputs {
+  static constexpr int32_t kKvl = 64, kRope = 16, kNope = 24, kVDim = 20;
+  std::vector<float> q, w_uk, w_uv, cpu_out;
+  MlaAttentionWeights Weights() const {
+    MlaAttentionWeights w;
+    w.w_uk = w_uk.data();
+    w.w_uv = w_uv.data();
+    w.kv_lora_rank = kKvl;
+    w.nope_dim = kNope;
+    w.v_head_dim = kVDim;
+    return w;
+  }
+};
+
+MlaInputs MakeMlaInputs(const AttentionCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  MlaInputs in;
+  const int32_t h = c.n_heads;
+  in.q = RandomVector(size_t(c.n_tokens()) * h * (in.kNope + in.kRope), rng, -2.0f, 2.0f);
+  in.w_uk = RandomVector(size_t(h) * in.kNope * in.kKvl, rng, -0.3f, 0.3f);
+  in.w_uv = RandomVector(size_t(h) * in.kVDim * in.kKvl, rng, -0.3f, 0.3f);
+  in.cpu_out.resize(size_t(c.n_tokens()) * h * in.kVDim);
+  cpu::CpuBackend cpu(1);
+  EXPECT_TRUE(cpu.MlaAttention(*c.cache, AttentionCase::kLayer, c.Mask(), in.q.data(), h,
+                               in.Weights(), in.cpu_out.data(), 0.0f)
+                  .ok());
+  return in;
+}
+
+// The MLA kernels on the host: absorb q, the split attention over the latent rows as one head
+// (a q8_0 row's RoPE part read as f16 at rope_offset_bytes, as tail_start/tail_offset_bytes
+// tell the kernel), un-absorb; against CpuBackend::MlaAttention within 5e-5.
+TEST(CudaPagedIndex, MlaAlgorithmReplayMatchesCpu) {
+  using In = MlaInputs;
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kF32}) {
+    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type));
+    const AttentionCase c = MakeAttentionCase(KvLayout::Mla(2, In::kKvl, In::kRope, type, 8), 4, 7);
+    const MlaInputs in = MakeMlaInputs(c, 8);
+    const KvLayout& layout = c.cache->layout();
+    const int32_t row = layout.row_elems(), h_n = c.n_heads;
+    std::vector<float> q_abs(size_t(c.n_tokens()) * h_n * row);
+    for (int32_t t = 0; t < c.n_tokens(); ++t) {
+      for (int32_t h = 0; h < h_n; ++h) {
+        const float* q = in.q.data() + (size_t(t) * h_n + h) * (In::kNope + In::kRope);
+        float* qa = q_abs.data() + (size_t(t) * h_n + h) * row;
+        for (int32_t j = 0; j < row; ++j) {
+          float v = 0.0f;
+          if (j < In::kKvl) {
+            for (int32_t n = 0; n < In::kNope; ++n) {
+              v += in.w_uk[(size_t(h) * In::kNope + n) * In::kKvl + j] * q[n];
+            }
+          } else {
+            v = q[In::kNope + j - In::kKvl];
+          }
+          qa[j] = v;
+        }
+      }
+    }
+    const QuantKernels* c_decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
+    const QuantKernels* r_decode = GetQuantKernels(layout.rope_elem_type(), CpuLevel::kScalar);
+    const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
+    auto read_row = [&](int32_t block, int32_t slot, int32_t, bool, float* out) {
+      const uint8_t* r = pool + cuda::RowByteOffset(block, slot, layout.block_bytes(),
+                                                    layout.LatentTileOffset(AttentionCase::kLayer),
+                                                    layout.row_bytes());
+      c_decode->dequantize(r, out, In::kKvl);
+      r_decode->dequantize(r + layout.rope_offset_bytes(), out + In::kKvl, In::kRope);
+    };
+    const float scale = 1.0f / std::sqrt(static_cast<float>(In::kNope + In::kRope));
+    const std::vector<float> o_lat =
+        ReplaySplitAttention(c, q_abs.data(), h_n, 1, row, scale, 3, read_row);
+    std::vector<float> out(in.cpu_out.size());
+    for (int32_t th = 0; th < c.n_tokens() * h_n; ++th) {
+      for (int32_t v = 0; v < In::kVDim; ++v) {
+        float sum = 0.0f;
+        for (int32_t j = 0; j < In::kKvl; ++j) {
+          sum += in.w_uv[(size_t(th % h_n) * In::kVDim + v) * In::kKvl + j] * o_lat[th * row + j];
+        }
+        out[size_t(th) * In::kVDim + v] = sum;
+      }
+    }
+    ExpectClose(out, in.cpu_out, 5e-5f);
+  }
+}
+
 // Logits with ties (multiples of 1/4) and a few banned (-inf) tokens.
 std::vector<float> SamplingLogits(int32_t vocab, std::mt19937& rng) {
   std::vector<float> logits(vocab);
@@ -412,7 +526,7 @@ TEST(CudaKernelsAbi, BadArgumentsReturnStatusAndMessage) {
   EXPECT_THAT(LastError(*m), HasSubstr("n_tokens must be 1..8"));
   EXPECT_EQ(m->gemm_f16(nullptr, fake, 8, 8, fake, 1, fake, nullptr), KILN_CUDA_INVALID_ARGUMENT);
   EXPECT_THAT(LastError(*m), HasSubstr("kiln_cuda_gemm_f16"));
-  KilnCudaPagedKv kv = {fake, fake, 1024, 256, 128, 4, 16, 2, 64, 1};
+  KilnCudaPagedKv kv = {fake, fake, 1024, 256, 128, 4, 16, 2, 64, 1, 0, 0};
   int32_t ints[4] = {0};
   KilnCudaAttentionBatch batch = {1, ints, ints, ints, ints, nullptr, nullptr, nullptr, nullptr};
   EXPECT_EQ(m->paged_attention(&kv, &batch, fake, 4, 0.0f, 0, fake, 1 << 20, fake, nullptr),
@@ -613,7 +727,7 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     const KvLayout& layout = c.cache->layout();
     const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
     const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
-    KilnCudaPagedKv kv;
+    KilnCudaPagedKv kv = {};
     kv.d_k_base = pool + layout.KeyTileOffset(AttentionCase::kLayer, 0);
     kv.d_v_base = pool + layout.ValueTileOffset(AttentionCase::kLayer, 0);
     kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
@@ -690,6 +804,68 @@ TEST_F(CudaKernels, SampleMatchesCpuSampler) {
     ASSERT_TRUE(
         cpu.Apply(std::span<const float>(logits).subspan(r * vocab, vocab), {}, &dist).ok());
     EXPECT_EQ(got[r], sample::Sampler::SampleWithUniform(dist, u[r])) << "row " << r;
+  }
+}
+
+// MLA absorbed attention on the device against CpuBackend::MlaAttention on the same latent cache
+// (f16 rows, and q8_0 rows whose RoPE part is f16) and mask, |err| <= 1e-4 * max(1, |want|): the
+// f32 sums of the absorption (nope_dim terms) and un-absorption (kv_lora_rank terms) come on top
+// of the attention's.
+TEST_F(CudaKernels, MlaAttentionMatchesCpu) {
+  using In = MlaInputs;
+  const int32_t n_heads = 4, kvl = In::kKvl, nope = In::kNope, v_dim = In::kVDim;
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kF32}) {
+    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type));
+    const AttentionCase c =
+        MakeAttentionCase(KvLayout::Mla(2, kvl, In::kRope, type, 8), n_heads, 7);
+    const MlaInputs in = MakeMlaInputs(c, 8);
+    const std::vector<float>& q = in.q;
+    const std::vector<float>& w_uk = in.w_uk;
+    const std::vector<float>& w_uv = in.w_uv;
+    const std::vector<float>& want = in.cpu_out;
+    const KvLayout& layout = c.cache->layout();
+    const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
+    const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
+    KilnCudaPagedKv kv = {};
+    kv.d_k_base = kv.d_v_base = pool + layout.LatentTileOffset(AttentionCase::kLayer);
+    kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+    kv.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+    kv.row_bytes = static_cast<int64_t>(layout.row_bytes());
+    kv.n_blocks = c.cache->NumBlocks();
+    kv.block_size = layout.block_size();
+    kv.n_kv_heads = 1;
+    kv.head_dim = layout.row_elems();
+    kv.elem_type = static_cast<uint32_t>(layout.elem_type());
+    if (layout.rope_elem_type() != layout.elem_type()) {
+      kv.tail_start = kvl;
+      kv.tail_offset_bytes = static_cast<int64_t>(layout.rope_offset_bytes());
+    }
+    const int32_t zero = 0;
+    KilnCudaAttentionBatch batch;
+    batch.n_tokens = c.n_tokens();
+    batch.d_seq = Upload(c.seq);
+    batch.d_kv_indptr = Upload(c.tables.indptr);
+    batch.d_kv_indices = Upload(c.tables.indices);
+    batch.d_n_visible = Upload(c.n_visible);
+    batch.d_first_visible = Upload(c.first_visible);
+    batch.d_extra_indptr = Upload(c.extra_indptr);
+    batch.d_extra_positions = Upload(c.extra_positions);
+    batch.d_error = Upload(&zero, 1);
+    const float* d_q = Upload(q);
+    const float* d_w_uk = Upload(w_uk);
+    const float* d_w_uv = Upload(w_uv);
+    auto* d_out = static_cast<float*>(Alloc(want.size() * sizeof(float)));
+    for (int32_t n_splits : {1, 5}) {
+      const size_t ws =
+          m_->mla_attention_workspace(c.n_tokens(), n_heads, n_splits, layout.row_elems());
+      auto* d_ws = static_cast<float*>(Alloc(ws * sizeof(float)));
+      ASSERT_EQ(m_->mla_attention(&kv, &batch, d_q, n_heads, d_w_uk, d_w_uv, kvl, nope, v_dim, 0.0f,
+                                  n_splits, d_ws, ws, d_out, stream_),
+                KILN_CUDA_OK)
+          << LastError(*m_);
+      ExpectClose(Download(d_out, want.size()), want, 1e-4f);
+      EXPECT_EQ(Download(batch.d_error, 1)[0], 0);
+    }
   }
 }
 
