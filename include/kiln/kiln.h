@@ -295,6 +295,14 @@ typedef enum kiln_kv_type {
   KILN_KV_Q8_0 = 3
 } kiln_kv_type;
 
+/* The compute backends a cache can run on (kiln_cache_params.backend). Added in 0.2.0 after the
+ * ABI 1 baseline. */
+typedef enum kiln_backend_kind {
+  KILN_BACKEND_CPU = 0, /* default */
+  KILN_BACKEND_CUDA = 1,
+  KILN_BACKEND_AUTO = 2 /* CUDA when it can run the model, else the CPU */
+} kiln_backend_kind;
+
 typedef struct kiln_cache_params {
   uint32_t struct_size; /* set by kiln_cache_params_init */
   size_t pool_bytes;    /* KV pool size (rounded down to whole blocks); 0: one full context */
@@ -319,6 +327,14 @@ typedef struct kiln_cache_params {
    * computed (a game frame, a time to first token for the decoders), more steps per prompt.
    * Default 512. kiln_step_params.step_tokens overrides it for one kiln_cache_step call. */
   int32_t step_tokens;
+  /* Added in 0.2.0 after the ABI 1 baseline. The compute backend of the cache's forward passes:
+   * KILN_BACKEND_CPU (default), or KILN_BACKEND_CUDA / KILN_BACKEND_AUTO: the CUDA device
+   * cuda_device when the CUDA module (libkiln_cuda.so), a driver and the device are present, the
+   * device has room for the weights and the K/V pool, and the backend runs every op the model
+   * needs; otherwise the CPU, and kiln_cache_backend says why (the cache is created either way).
+   * Any other value fails with KILN_ERR_INVALID_ARGUMENT. */
+  kiln_backend_kind backend;
+  int32_t cuda_device; /* CUDA device index; default 0 */
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
@@ -335,6 +351,11 @@ KILN_API kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache
 
 /* Frees a cache. NULL is a no-op. Every session on it must be destroyed first. */
 KILN_API void kiln_cache_destroy(kiln_cache* cache);
+
+/* The backend the cache runs on ("cpu (avx2, 4 threads)"), followed by "; cuda requested, running
+ * on the CPU: <reason>" when a CUDA request fell back. Owned by the cache; "" for NULL.
+ * Thread-safe. Added in 0.2.0 after the ABI 1 baseline. */
+KILN_API const char* kiln_cache_backend(const kiln_cache* cache);
 
 typedef struct kiln_cache_stats {
   uint32_t struct_size; /* set by the caller: sizeof(kiln_cache_stats) */

@@ -9,7 +9,8 @@
 
 // 2: memory and streams (device buffers, pinned host buffers, async copies, memset, streams,
 //    memory info) and the per-thread error message.
-#define KILN_CUDA_MODULE_ABI 2
+// 3: elementwise ops (RMSNorm, Add, AddRowBias, SwiGLU, GeGLU, Scale, RoPE, embedding gather).
+#define KILN_CUDA_MODULE_ABI 3
 
 extern "C" {
 
@@ -76,6 +77,46 @@ typedef int (*kiln_cuda_copy_d2d_async_fn)(void* dst_device, const void* src_dev
 // Queue setting `bytes` of device memory to the byte `value` on `stream`.
 typedef int (*kiln_cuda_memset_async_fn)(void* dst_device, int value, size_t bytes,
                                          kiln_cuda_stream stream);
+
+// ---- elementwise ops ---------------------------------------------------------------------------
+// The Backend's element-wise and row ops on device memory (every pointer a device address), queued
+// on `stream`. Shapes and formulas as lib/backend/backend.h states them; n == 0 queues nothing.
+// The arguments are checked on the host (INVALID_ARGUMENT); a kernel's own failure shows at the
+// stream's next synchronize.
+//   y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight      x, y: [n_rows, n]; may alias
+typedef int (*kiln_cuda_rms_norm_fn)(const float* x, const float* weight, int64_t n_rows, int64_t n,
+                                     float eps, float* y, kiln_cuda_stream stream);
+//   y = a + b                                                      may alias
+typedef int (*kiln_cuda_add_fn)(const float* a, const float* b, int64_t n, float* y,
+                                kiln_cuda_stream stream);
+//   x[r, :] += bias                                                x: [n_rows, n]
+typedef int (*kiln_cuda_add_row_bias_fn)(float* x, const float* bias, int64_t n_rows, int64_t n,
+                                         kiln_cuda_stream stream);
+//   y = silu(gate) * up                                            may alias
+typedef int (*kiln_cuda_swiglu_fn)(const float* gate, const float* up, int64_t n, float* y,
+                                   kiln_cuda_stream stream);
+//   y = gelu(gate) * up with ggml's f16 GELU table (gelu_f16_table: [65536] f16 bits by the f16
+//   bits of the input; the CPU backend's table, uploaded by the caller)
+typedef int (*kiln_cuda_geglu_fn)(const float* gate, const float* up, int64_t n,
+                                  const uint16_t* gelu_f16_table, float* y,
+                                  kiln_cuda_stream stream);
+//   x *= s
+typedef int (*kiln_cuda_scale_fn)(float* x, int64_t n, float s, kiln_cuda_stream stream);
+//   Rotates x: [n_tokens, n_heads, head_dim] in place by the angles of cos_table, sin_table:
+//   [n_tokens, n_rot / 2] (the CPU's RopeTable, uploaded). neox: pairs (i, i + n_rot / 2), else
+//   (2i, 2i + 1).
+typedef int (*kiln_cuda_rope_rotate_fn)(float* x, int64_t n_tokens, int64_t n_heads,
+                                        int32_t head_dim, int32_t n_rot, int32_t neox,
+                                        const float* cos_table, const float* sin_table,
+                                        kiln_cuda_stream stream);
+//   out[t, :] = row tokens[t] of table (n_in elements of ggml type `type` per row: F32, F16, BF16,
+//   Q4_0, Q4_1, Q8_0; others UNSUPPORTED), dequantized.   out: [n_tokens, n_in]. The caller checks
+//   the token ids (the kernel cannot report one).
+typedef int (*kiln_cuda_embedding_gather_fn)(uint32_t type, const void* table, int64_t n_in,
+                                             const int32_t* tokens, int64_t n_tokens, float* out,
+                                             kiln_cuda_stream stream);
+//   Bytes of one table row of `type` (UNSUPPORTED for a type the gather cannot read).
+typedef int (*kiln_cuda_embedding_row_bytes_fn)(uint32_t type, int64_t n_in, int64_t* out);
 
 // ---- kernels -----------------------------------------------------------------------------------
 // Dequantizes `n_rows` rows of `n_cols` elements of ggml type `type` from host memory into host

@@ -11,7 +11,11 @@ KILN_CUDA_EXPORT int kiln_cuda_module_abi(void) { return KILN_CUDA_MODULE_ABI; }
 KILN_CUDA_EXPORT int kiln_cuda_device_count(char* err, size_t err_cap) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return 0;
+  // No device, or no (or too old a) driver: zero devices, with the runtime's reason for the log.
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    if (err && err_cap) std::snprintf(err, err_cap, "%s", cudaGetErrorString(e));
+    return 0;
+  }
   if (e != cudaSuccess) {
     if (err && err_cap)
       std::snprintf(err, err_cap, "cudaGetDeviceCount: %s", cudaGetErrorString(e));

@@ -1,5 +1,7 @@
 #include "lib/backend/backend.h"
 
+#include "absl/strings/str_join.h"
+#include "lib/backend/cuda/cuda_backend.h"
 #include "lib/backend/cuda_loader.h"
 #include "lib/common/cpu_features.h"
 #include "lib/quant/quant.h"
@@ -15,12 +17,20 @@ std::string DescribeBackends() {
     out += StrCat("cuda: none (", why_not, ")\n");
     return out;
   }
+  // What a cache asking for CUDA gets (backend_select.h), so `kiln info` answers "why the CPU?".
+  const std::vector<std::string> missing = cuda::CudaBackend::IncompleteOps();
+  const std::string use =
+      missing.empty()
+          ? "caches with backend cuda run here"
+          : StrCat("caches with backend cuda run on the CPU: no device kernels yet for ",
+                   absl::StrJoin(missing, ", "));
   for (int d = 0; d < cuda->n_devices; ++d) {
     char name[256] = {0};
-    size_t total = 0;
+    size_t total = 0, free_bytes = 0;
     if (cuda->device_info(d, name, sizeof name, &total) == 0) {
-      out += StrCat("cuda: device ", d, ": ", name, ", ", total >> 20,
-                    " MiB (module loaded; the forward pass runs on the CPU backend)\n");
+      if (cuda->mem_info(d, &free_bytes, &total) != KILN_CUDA_OK) free_bytes = 0;
+      out += StrCat("cuda: device ", d, ": ", name, ", ", total >> 20, " MiB (", free_bytes >> 20,
+                    " MiB free; module loaded; ", use, ")\n");
     }
   }
   return out;

@@ -59,6 +59,15 @@ absl::StatusOr<CudaModule> BindEntryPoints(const platform::SharedLibrary& librar
   bind(m.copy_d2h_async, "kiln_cuda_copy_d2h_async");
   bind(m.copy_d2d_async, "kiln_cuda_copy_d2d_async");
   bind(m.memset_async, "kiln_cuda_memset_async");
+  bind(m.rms_norm, "kiln_cuda_rms_norm");
+  bind(m.add, "kiln_cuda_add");
+  bind(m.add_row_bias, "kiln_cuda_add_row_bias");
+  bind(m.swiglu, "kiln_cuda_swiglu");
+  bind(m.geglu, "kiln_cuda_geglu");
+  bind(m.scale, "kiln_cuda_scale");
+  bind(m.rope_rotate, "kiln_cuda_rope_rotate");
+  bind(m.embedding_gather, "kiln_cuda_embedding_gather");
+  bind(m.embedding_row_bytes, "kiln_cuda_embedding_row_bytes");
   bind(m.dequantize, "kiln_cuda_dequantize");
   bind(m.gemv, "kiln_cuda_gemv");
   bind(m.dequantize_f16, "kiln_cuda_dequantize_f16");
@@ -96,7 +105,8 @@ LoadResult Load() {
   char err[256] = {0};
   const int n = r.module.device_count(err, sizeof err);
   if (n <= 0) {
-    r.why_not = n < 0 ? std::string(err) : "no CUDA device";
+    r.why_not = n < 0 ? std::string(err)
+                      : StrCat("no CUDA device", err[0] ? " (" : "", err, err[0] ? ")" : "");
     return r;
   }
   r.module.n_devices = n;

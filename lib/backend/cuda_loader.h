@@ -30,6 +30,16 @@ struct CudaModule {
   kiln_cuda_copy_d2h_async_fn copy_d2h_async = nullptr;
   kiln_cuda_copy_d2d_async_fn copy_d2d_async = nullptr;
   kiln_cuda_memset_async_fn memset_async = nullptr;
+  // elementwise ops
+  kiln_cuda_rms_norm_fn rms_norm = nullptr;
+  kiln_cuda_add_fn add = nullptr;
+  kiln_cuda_add_row_bias_fn add_row_bias = nullptr;
+  kiln_cuda_swiglu_fn swiglu = nullptr;
+  kiln_cuda_geglu_fn geglu = nullptr;
+  kiln_cuda_scale_fn scale = nullptr;
+  kiln_cuda_rope_rotate_fn rope_rotate = nullptr;
+  kiln_cuda_embedding_gather_fn embedding_gather = nullptr;
+  kiln_cuda_embedding_row_bytes_fn embedding_row_bytes = nullptr;
   // kernels
   kiln_cuda_dequantize_fn dequantize = nullptr;
   // compute kernels

@@ -26,6 +26,10 @@ struct WeightView {
   // order multiplies with it; the llama.cpp order always reads `data`.
   const void* interleaved = nullptr;
   std::string_view name = {};  // the GGUF tensor name ("" for views made by tests and benchmarks)
+  // A device backend's copy of `data` in device memory (Backend::PrepareWeights of the CUDA
+  // backend: the same bytes, quantized types kept quantized), or null. Never dereferenced on the
+  // host; the CPU backend ignores it.
+  const void* device_data = nullptr;
 
   size_t row_bytes() const {
     const auto info = GgmlTypeInfoOf(static_cast<uint32_t>(type));

@@ -604,6 +604,24 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                                                           params->step_tokens, " < 1"));
     }
     options.step_tokens = params->step_tokens;
+    std::underlying_type_t<kiln_backend_kind> backend;
+    std::memcpy(&backend, &params->backend, sizeof backend);
+    switch (backend) {
+      case KILN_BACKEND_CPU:
+        options.backend = kiln::BackendKind::kCpu;
+        break;
+      case KILN_BACKEND_CUDA:
+        options.backend = kiln::BackendKind::kCuda;
+        break;
+      case KILN_BACKEND_AUTO:
+        options.backend = kiln::BackendKind::kAuto;
+        break;
+      default:
+        return Fail(KILN_ERR_INVALID_ARGUMENT,
+                    kiln::StrCat("kiln_cache_create: params->backend ", backend,
+                                 " is not a kiln_backend_kind"));
+    }
+    options.cuda_device = params->cuda_device;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
@@ -618,6 +636,10 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
 }
 
 void kiln_cache_destroy(kiln_cache* cache) { delete cache; }
+
+const char* kiln_cache_backend(const kiln_cache* cache) {
+  return cache == nullptr ? "" : cache->engine->BackendDescription().c_str();
+}
 
 kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stats) {
   return Guard("kiln_cache_get_stats", [&]() -> kiln_status {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/backend/cuda/cuda_backend.h"
 
 namespace kiln {
 
@@ -37,13 +38,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   KILN_ASSIGN_OR_RETURN(KvLayout layout, model.architecture().CacheLayout(
                                              model.hparams(), opt.kv_type, opt.block_size));
   std::unique_ptr<Engine> engine(new Engine(model, opt));
-  engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
-  engine->backend_->set_llama_cpp_order(opt.llama_cpp_order);
   KvCacheOptions cache_options;
   cache_options.enable_prefix_caching = opt.prefix_caching;
-  cache_options.storage = [backend = engine->backend_.get()](const KvLayout& l, int32_t n_blocks) {
-    return backend->NewKvStorage(l, n_blocks);
-  };
   if (opt.pool_bytes == 0) {
     // Room for one full context: its blocks, a copy-on-write spare and the null block.
     const size_t blocks =
@@ -57,6 +53,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     }
     cache_options.capacity_bytes = opt.pool_bytes;
   }
+  // The backend: the CPU unless CUDA is asked for and can hold the weights and the pool.
+  BackendDecision decision;
+  if (opt.backend != BackendKind::kCpu) {
+    const CudaProbe probe = ProbeCuda(opt.cuda_device);
+    decision =
+        DecideBackend(opt.backend, probe, model.weight_bytes() + cache_options.capacity_bytes);
+    if (decision.use_cuda) {
+      auto cuda = cuda::CudaBackend::Create(*probe.module, opt.cuda_device, opt.n_threads);
+      if (cuda.ok()) {
+        engine->backend_ = std::move(*cuda);
+      } else {
+        decision.fallback_reason =
+            StrCat("cuda requested, running on the CPU: ", cuda.status().message());
+      }
+    }
+  }
+  if (engine->backend_ == nullptr) {
+    engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
+  }
+  engine->backend_description_ = engine->backend_->Describe();
+  if (!decision.fallback_reason.empty()) {
+    engine->backend_description_ += StrCat("; ", decision.fallback_reason);
+  }
+  engine->backend_->set_llama_cpp_order(opt.llama_cpp_order);
+  cache_options.storage = [backend = engine->backend_.get()](const KvLayout& l, int32_t n_blocks) {
+    return backend->NewKvStorage(l, n_blocks);
+  };
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
   KILN_ASSIGN_OR_RETURN(engine->forward_,
                         model.architecture().NewForward(model, *engine->backend_));

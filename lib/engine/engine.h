@@ -17,8 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 
 #include "lib/backend/backend.h"
+#include "lib/backend/backend_select.h"
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
 #include "lib/engine/scheduler.h"
@@ -53,6 +55,10 @@ struct EngineOptions {
   // on how a prompt is split into batches, so this also prefills in chunks of kLlamaCppUbatch
   // tokens (llama.cpp's default n_ubatch) instead of prefill_chunk.
   bool llama_cpp_order = false;
+  // The backend of the forward passes (backend_select.h): the CPU (default), or the CUDA device
+  // cuda_device when it can run the model, else the CPU with the reason in BackendDescription.
+  BackendKind backend = BackendKind::kCpu;
+  int32_t cuda_device = 0;
 };
 
 // A run of new tokens for Engine::Prefill.
@@ -83,6 +89,9 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   int32_t n_ctx() const { return options_.n_ctx; }
   KvCacheCounters Counters() const;
+  // The backend in use ("cpu (avx2, 2 threads)"), and when a CUDA request fell back to the CPU,
+  // "; cuda requested, running on the CPU: <reason>".
+  const std::string& BackendDescription() const { return backend_description_; }
 
   // Runs fn(KvCache&, ForwardPass&) with the engine mutex held; returns what fn returns. The
   // pass's Forward is the entry point of computation (lib/model/architecture.h).
@@ -109,6 +118,7 @@ class Engine {
   EngineOptions options_;
   mutable std::mutex mu_;
   std::unique_ptr<Backend> backend_;  // declared before what borrows it
+  std::string backend_description_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
   ForwardBatch batch_;  // Prefill's, under mu_

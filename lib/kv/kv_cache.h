@@ -174,6 +174,9 @@ class KvCache {
   // --- Block memory ----------------------------------------------------------------------------
   // Start of [block_size, head_dim] tiles (kv_layout.h). Preconditions (assert only): valid
   // physical block, GQA layout for Key/Value, MLA layout for Latent, indices in range.
+  // False when the blocks are in device memory (KvStorage::host_addressable): BlockData and the
+  // row pointers below are then device addresses.
+  bool host_addressable() const { return storage_->host_addressable(); }
   std::byte* BlockData(BlockId b) { return storage_->BlockData(b); }
   const std::byte* BlockData(BlockId b) const { return storage_->BlockData(b); }
   KvStorage& storage() { return *storage_; }

@@ -22,9 +22,13 @@ using BlockId = int32_t;
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
-  // Start of physical block b (layout.block_bytes() bytes, KvLayout::kBlockAlignment aligned),
-  // addressable by the host. Precondition: 0 <= b < the storage's block count.
+  // Start of physical block b (layout.block_bytes() bytes, KvLayout::kBlockAlignment aligned).
+  // A host address when host_addressable(), else an address in the backend's device memory that
+  // only its kernels and copies may use. Precondition: 0 <= b < the storage's block count.
   virtual std::byte* BlockData(BlockId b) = 0;
+  // Whether the host may read and write BlockData's bytes (false for device memory: code that
+  // reads blocks on the host, such as saving a session's K/V, must refuse such a cache).
+  virtual bool host_addressable() const { return true; }
   // Copies block `from`'s bytes into block `to` (copy-on-write).
   virtual void CopyBlock(BlockId from, BlockId to) = 0;
 };

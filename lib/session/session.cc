@@ -978,6 +978,11 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
   if (options.kv) {
     // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData).
     KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
+      if (!cache.host_addressable()) {
+        return absl::UnimplementedError(
+            "SaveState: the K/V are in device memory (CUDA backend), which saving does not read "
+            "yet; save without the K/V");
+      }
       KILN_ASSIGN_OR_RETURN(const int32_t computed, cache.NumComputed(seq_));
       if (computed < n_cached_) {
         return absl::InternalError(kiln::StrCat("SaveState: the session counts ", n_cached_,
@@ -1127,6 +1132,11 @@ absl::Status Session::LoadState(std::string_view bytes) {
     // anything, and nothing after it can fail.
     const state::KvData& kv = st.kv();
     auto created = engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<SeqId> {
+      if (!cache.host_addressable()) {
+        return absl::UnimplementedError(
+            "LoadState: the K/V are in device memory (CUDA backend), which restoring does not "
+            "write yet; save the state without the K/V");
+      }
       const SeqId seq = cache.CreateSequence();
       absl::Status appended = cache.AppendSlots(seq, std::span(tokens).first(n_computed));
       if (!appended.ok()) {

@@ -133,6 +133,54 @@ static void test_newer_caller(const kiln_model* model) {
   }
 }
 
+/* The backend choice: a CUDA request gives a working cache either way; where it cannot run on the
+ * device (here: no device or module; on a GPU machine: the CUDA backend still lacks attention
+ * kernels) it runs on the CPU and kiln_cache_backend says why. A caller whose struct ends before
+ * the field gets the CPU without a note. */
+static void test_backend_choice(const kiln_model* model) {
+  kiln_cache_params cp;
+  kiln_cache* cache = NULL;
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  CHECK(cp.backend == KILN_BACKEND_CPU && cp.cuda_device == 0);
+  cp.n_ctx = 64;
+  cp.n_threads = 1;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  CHECK(strncmp(kiln_cache_backend(cache), "cpu (", 5) == 0);
+  CHECK(strstr(kiln_cache_backend(cache), "cuda") == NULL);
+  kiln_cache_destroy(cache);
+
+  cp.backend = KILN_BACKEND_CUDA;
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  CHECK(strncmp(kiln_cache_backend(cache), "cpu (", 5) == 0);
+  CHECK(strstr(kiln_cache_backend(cache), "; cuda requested, running on the CPU: ") != NULL);
+  kiln_cache_destroy(cache);
+
+  cp.backend = KILN_BACKEND_AUTO;
+  cp.cuda_device = 99;
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  CHECK(strstr(kiln_cache_backend(cache), "cuda requested, running on the CPU") != NULL);
+  kiln_cache_destroy(cache);
+
+  /* An older caller's struct, ending before the field: the bytes past it are never read. */
+  memset((char*)&cp + offsetof(kiln_cache_params, backend), 0x7F,
+         sizeof cp - offsetof(kiln_cache_params, backend));
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, backend);
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  CHECK(strstr(kiln_cache_backend(cache), "cuda") == NULL);
+  kiln_cache_destroy(cache);
+
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  cp.backend = (kiln_backend_kind)7;
+  cache = NULL;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kiln_last_error_message(), "params->backend 7") != NULL);
+  CHECK(strcmp(kiln_cache_backend(NULL), "") == 0);
+}
+
 static void test_model(const char* path) {
   kiln_model_params params;
   kiln_model_params_init(&params, sizeof params);
@@ -162,6 +210,7 @@ static void test_model(const char* path) {
   CHECK(kiln_model_get_info(model, &info) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kiln_last_error_message(), "kiln_model_info") != NULL);
   test_newer_caller(model);
+  test_backend_choice(model);
 
   const char* value = NULL;
   CHECK(kiln_model_meta_get(model, "llama.block_count", &value) == KILN_OK);

@@ -69,6 +69,10 @@ std::string CpuBackend::Describe() const {
                       pool_.n_threads() == 1 ? " thread)" : " threads)");
 }
 
+void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
+  StoreRow(GetOpKernels(BestCpuLevel()), src, n, type, dst);
+}
+
 // Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU, in
 // one allocation. The mapped file's pages of those matrices are then read only in the llama.cpp
 // order (or for an embedding row), so they may be dropped.

@@ -12,6 +12,10 @@
 
 namespace kiln::cpu {
 
+// Stores n floats as one K/V cache row of `type` (F32, F16, BF16, Q8_0) at dst, as WriteKv does;
+// for other backends that convert on the host before copying to their memory.
+void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst);
+
 class CpuBackend final : public Backend {
  public:
   // n_threads <= 0: physical cores. One thread starts no worker, so a CpuBackend(1) is cheap.

@@ -168,6 +168,13 @@ class RopeTable {
   void Apply(float* x, int64_t n_heads, CpuLevel level = BestCpuLevel()) const;
 
   int64_t n_tokens() const { return n_tokens_; }
+  // The built table, for a device backend that rotates with the same angles: n_tokens * n_rot/2
+  // cosines and sines, token-major.
+  RopeMode mode() const { return mode_; }
+  int32_t n_rot() const { return n_rot_; }
+  int32_t head_dim() const { return head_dim_; }
+  std::span<const float> cos_table() const { return cos_; }
+  std::span<const float> sin_table() const { return sin_; }
 
  private:
   RopeMode mode_ = RopeMode::kNorm;

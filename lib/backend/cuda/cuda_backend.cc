@@ -1,0 +1,447 @@
+#include "lib/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace kiln::cuda {
+namespace {
+
+// Device copies of a model's matrices, one allocation each (freed with the store).
+class DeviceWeights final : public WeightStore {
+ public:
+  explicit DeviceWeights(const CudaModule& m) : m_(m) {}
+  ~DeviceWeights() override {
+    for (void* p : buffers_) m_.device_free(p);
+  }
+  size_t bytes() const override { return bytes_; }
+  void Add(void* p, size_t bytes) {
+    buffers_.push_back(p);
+    bytes_ += bytes;
+  }
+
+ private:
+  const CudaModule& m_;
+  std::vector<void*> buffers_;
+  size_t bytes_ = 0;
+};
+
+// K/V blocks in device memory: BlockData is a device address (kernels and copies only).
+class DeviceKvStorage final : public KvStorage {
+ public:
+  DeviceKvStorage(const CudaModule& m, kiln_cuda_stream stream, std::byte* base, size_t block_bytes)
+      : m_(m), stream_(stream), base_(base), block_bytes_(block_bytes) {}
+  ~DeviceKvStorage() override { m_.device_free(base_); }
+  std::byte* BlockData(BlockId b) override { return base_ + static_cast<size_t>(b) * block_bytes_; }
+  bool host_addressable() const override { return false; }
+  void CopyBlock(BlockId from, BlockId to) override {
+    // KvStorage::CopyBlock has no status: a failure here leaves the copy's rows unwritten, and
+    // the stream's next synchronize (every op's) reports the device error.
+    m_.copy_d2d_async(BlockData(to), BlockData(from), block_bytes_, stream_);
+    m_.stream_synchronize(stream_);
+  }
+
+ private:
+  const CudaModule& m_;
+  kiln_cuda_stream stream_;
+  std::byte* base_;
+  size_t block_bytes_;
+};
+
+absl::Status Unimplemented(std::string_view op) {
+  return absl::UnimplementedError(
+      StrCat("cuda backend: ", op,
+             " has no device kernel in libkiln_cuda.so yet (K/V are in device memory, so it "
+             "cannot run on the CPU either); use the CPU backend for this model"));
+}
+
+bool DeviceGatherType(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ8_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const CudaModule& module, int device, int n_cpu_threads)
+    : m_(module), device_(device), cpu_(n_cpu_threads) {}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) m_.stream_synchronize(stream_);
+  for (auto& [p, bytes] : scratch_) m_.device_free(p);
+  m_.device_free(gelu_table_);
+  m_.stream_destroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModule& module,
+                                                                 int device, int n_cpu_threads) {
+  if (device < 0 || device >= module.n_devices) {
+    return absl::InvalidArgumentError(StrCat("cuda backend: device ", device, " of ",
+                                             module.n_devices, " (valid: 0 to ",
+                                             module.n_devices - 1, ")"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(module, device, n_cpu_threads));
+  KILN_RETURN_IF_ERROR(
+      module.ToStatus(module.stream_create(device, &b->stream_), "cuda backend: stream"));
+  constexpr size_t kGeluTableBytes = 65536 * sizeof(uint16_t);
+  KILN_RETURN_IF_ERROR(module.ToStatus(
+      module.device_alloc(device, kGeluTableBytes, &b->gelu_table_), "cuda backend: GELU table"));
+  KILN_RETURN_IF_ERROR(b->Upload(b->gelu_table_, cpu::GeluF16Table(), kGeluTableBytes));
+  KILN_RETURN_IF_ERROR(b->Sync("cuda backend: GELU table"));
+  return b;
+}
+
+std::vector<std::string> CudaBackend::IncompleteOps() {
+  return {"Attention", "MlaAttention", "WriteLatent", "ReadLatent"};
+}
+
+absl::Status CudaBackend::TakeDeferredError() { return std::exchange(deferred_, absl::OkStatus()); }
+
+std::string CudaBackend::Describe() const {
+  char name[256] = {0};
+  size_t total = 0;
+  m_.device_info(device_, name, sizeof name, &total);
+  return StrCat("cuda (device ", device_, ": ", name, ", ", total >> 20, " MiB; per-op copies; ",
+                cpu_.Describe(), " for matmuls)");
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> CudaBackend::PrepareWeights(
+    std::span<WeightView* const> matrices, bool release_file_pages) const {
+  // The host copies stay mapped (the CPU runs the matmuls for now), so release_file_pages is not
+  // acted on.
+  auto store = std::make_unique<DeviceWeights>(m_);
+  for (WeightView* w : matrices) {
+    if (w->device_data != nullptr) continue;  // a view listed twice (a tied head)
+    const size_t bytes = w->row_bytes() * static_cast<size_t>(w->n_out);
+    if (bytes == 0 || w->data == nullptr) {
+      return absl::InvalidArgumentError(
+          StrCat("cuda backend: weight '", w->name, "' has no data or an unknown type"));
+    }
+    void* d = nullptr;
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
+                                     StrCat("cuda backend: upload of '", w->name, "'")));
+    store->Add(d, bytes);
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.copy_h2d_async(d, w->data, bytes, stream_),
+                                     StrCat("cuda backend: upload of '", w->name, "'")));
+    w->device_data = d;
+  }
+  KILN_RETURN_IF_ERROR(m_.ToStatus(m_.stream_synchronize(stream_), "cuda backend: weight upload"));
+  return std::unique_ptr<WeightStore>(std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::NewKvStorage(const KvLayout& layout,
+                                                                     int32_t n_blocks) {
+  if (n_blocks < 1) {
+    return absl::InvalidArgumentError(StrCat("cuda KV storage: n_blocks ", n_blocks, " < 1"));
+  }
+  const size_t bytes = static_cast<size_t>(n_blocks) * layout.block_bytes();
+  if (bytes / layout.block_bytes() != static_cast<size_t>(n_blocks)) {
+    return absl::InvalidArgumentError("cuda KV storage: n_blocks * block_bytes overflows size_t");
+  }
+  void* d = nullptr;
+  KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
+                                   StrCat("cuda KV storage: ", n_blocks, " blocks")));
+  return std::unique_ptr<KvStorage>(
+      new DeviceKvStorage(m_, stream_, static_cast<std::byte*>(d), layout.block_bytes()));
+}
+
+void CudaBackend::set_llama_cpp_order(bool on) { cpu_.set_llama_cpp_order(on); }
+
+// ---- memory helpers ---------------------------------------------------------------------------
+
+absl::StatusOr<void*> CudaBackend::Scratch(int slot, size_t bytes) {
+  if (scratch_.size() <= static_cast<size_t>(slot)) scratch_.resize(slot + 1, {nullptr, 0});
+  auto& [p, have] = scratch_[slot];
+  if (have < bytes) {
+    m_.stream_synchronize(stream_);  // the old buffer may still be read by queued work
+    m_.device_free(p);
+    p = nullptr;
+    have = 0;
+    // Grown by half again, so a batch that grows token by token reallocates rarely.
+    const size_t want = std::max(bytes, bytes + bytes / 2);
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, want, &p), "cuda backend: scratch"));
+    have = want;
+  }
+  return p;
+}
+
+absl::Status CudaBackend::Upload(void* dst, const void* src, size_t bytes) {
+  return m_.ToStatus(m_.copy_h2d_async(dst, src, bytes, stream_), "cuda backend: upload");
+}
+
+absl::Status CudaBackend::Download(void* dst, const void* src, size_t bytes) {
+  return m_.ToStatus(m_.copy_d2h_async(dst, src, bytes, stream_), "cuda backend: download");
+}
+
+absl::Status CudaBackend::Sync(std::string_view what) {
+  return m_.ToStatus(m_.stream_synchronize(stream_), what);
+}
+
+void CudaBackend::Defer(absl::Status status, float* out, int64_t n) {
+  if (status.ok()) return;
+  if (deferred_.ok()) deferred_ = std::move(status);
+  if (out != nullptr) {
+    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+// inputs: (host pointer, float count) uploaded to scratch slots 0, 1, ... in order; the output
+// (n_out floats) is slot inputs.size(), or, when in_place, slot 0. launch gets the device
+// pointers (inputs then output) and returns a KILN_CUDA_* code.
+template <typename Launch>
+absl::Status CudaBackend::RunElementwise(
+    std::string_view what, std::initializer_list<std::pair<const float*, int64_t>> inputs,
+    bool in_place, float* out, int64_t n_out, Launch launch) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  std::vector<float*> dev;
+  int slot = 0;
+  for (const auto& [host, n] : inputs) {
+    KILN_ASSIGN_OR_RETURN(void* d, Scratch(slot++, static_cast<size_t>(n) * sizeof(float)));
+    KILN_RETURN_IF_ERROR(Upload(d, host, static_cast<size_t>(n) * sizeof(float)));
+    dev.push_back(static_cast<float*>(d));
+  }
+  if (in_place) {
+    dev.push_back(dev[0]);
+  } else {
+    KILN_ASSIGN_OR_RETURN(void* d, Scratch(slot, static_cast<size_t>(n_out) * sizeof(float)));
+    dev.push_back(static_cast<float*>(d));
+  }
+  KILN_RETURN_IF_ERROR(m_.ToStatus(launch(dev), StrCat("cuda ", what)));
+  KILN_RETURN_IF_ERROR(Download(out, dev.back(), static_cast<size_t>(n_out) * sizeof(float)));
+  return Sync(StrCat("cuda ", what));
+}
+
+// ---- element-wise ops (device) ----------------------------------------------------------------
+
+void CudaBackend::RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t n, float eps,
+                          float* y) {
+  if (n_rows <= 0 || n <= 0) return;
+  Defer(RunElementwise("RmsNorm", {{x, n_rows * n}, {weight, n}}, false, y, n_rows * n,
+                       [&](const std::vector<float*>& d) {
+                         return m_.rms_norm(d[0], d[1], n_rows, n, eps, d[2], stream_);
+                       }),
+        y, n_rows * n);
+}
+
+void CudaBackend::Add(const float* a, const float* b, int64_t n, float* y) {
+  if (n <= 0) return;
+  Defer(RunElementwise(
+            "Add", {{a, n}, {b, n}}, false, y, n,
+            [&](const std::vector<float*>& d) { return m_.add(d[0], d[1], n, d[2], stream_); }),
+        y, n);
+}
+
+void CudaBackend::AddRowBias(float* x, const float* bias, int64_t n_rows, int64_t n) {
+  if (n_rows <= 0 || n <= 0) return;
+  Defer(RunElementwise("AddRowBias", {{x, n_rows * n}, {bias, n}}, true, x, n_rows * n,
+                       [&](const std::vector<float*>& d) {
+                         return m_.add_row_bias(d[0], d[1], n_rows, n, stream_);
+                       }),
+        x, n_rows * n);
+}
+
+void CudaBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
+  if (n <= 0) return;
+  Defer(RunElementwise(
+            "SwiGlu", {{gate, n}, {up, n}}, false, y, n,
+            [&](const std::vector<float*>& d) { return m_.swiglu(d[0], d[1], n, d[2], stream_); }),
+        y, n);
+}
+
+void CudaBackend::GeGlu(const float* gate, const float* up, int64_t n, float* y) {
+  if (n <= 0) return;
+  Defer(RunElementwise("GeGlu", {{gate, n}, {up, n}}, false, y, n,
+                       [&](const std::vector<float*>& d) {
+                         return m_.geglu(d[0], d[1], n, static_cast<const uint16_t*>(gelu_table_),
+                                         d[2], stream_);
+                       }),
+        y, n);
+}
+
+void CudaBackend::Scale(float* x, int64_t n, float s) {
+  if (n <= 0) return;
+  Defer(RunElementwise("Scale", {{x, n}}, true, x, n,
+                       [&](const std::vector<float*>& d) { return m_.scale(d[0], n, s, stream_); }),
+        x, n);
+}
+
+// The table is built by the CPU's code (the same float steps, so the same angles) and uploaded
+// once per batch; RotateRope runs on the device for Q and K of every layer.
+absl::Status CudaBackend::PrepareRope(const RopeConfig& config, int32_t head_dim,
+                                      std::span<const int32_t> positions) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  KILN_RETURN_IF_ERROR(rope_host_.Build(config, head_dim, positions));
+  const size_t table_bytes = rope_host_.cos_table().size() * sizeof(float);
+  rope_n_tokens_ = 0;
+  if (table_bytes == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(void* cos_d, Scratch(kRopeCosSlot, table_bytes));
+  KILN_ASSIGN_OR_RETURN(void* sin_d, Scratch(kRopeSinSlot, table_bytes));
+  KILN_RETURN_IF_ERROR(Upload(cos_d, rope_host_.cos_table().data(), table_bytes));
+  KILN_RETURN_IF_ERROR(Upload(sin_d, rope_host_.sin_table().data(), table_bytes));
+  KILN_RETURN_IF_ERROR(Sync("cuda PrepareRope"));
+  rope_n_tokens_ = rope_host_.n_tokens();
+  return absl::OkStatus();
+}
+
+void CudaBackend::RotateRope(float* x, int64_t n_heads) {
+  if (rope_n_tokens_ == 0 || n_heads <= 0) return;
+  const int64_t n = rope_n_tokens_ * n_heads * rope_host_.head_dim();
+  // The tables' slots are past the element-wise ops' (RunElementwise uses slots 0 and 1 here).
+  const float* cos_d = static_cast<const float*>(scratch_[kRopeCosSlot].first);
+  const float* sin_d = static_cast<const float*>(scratch_[kRopeSinSlot].first);
+  Defer(RunElementwise("RotateRope", {{x, n}}, true, x, n,
+                       [&](const std::vector<float*>& d) {
+                         return m_.rope_rotate(d[0], rope_n_tokens_, n_heads, rope_host_.head_dim(),
+                                               rope_host_.n_rot(),
+                                               rope_host_.mode() == RopeMode::kNeox ? 1 : 0, cos_d,
+                                               sin_d, stream_);
+                       }),
+        x, n);
+}
+
+absl::Status CudaBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
+                                          float* out) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] < 0 || tokens[t] >= table.n_out) {
+      return absl::OutOfRangeError(StrCat("EmbeddingGather: tokens[", t, "] = ", tokens[t],
+                                          " is outside the vocabulary [0, ", table.n_out, ")"));
+    }
+  }
+  if (tokens.empty()) return absl::OkStatus();
+  // Gathered on the CPU from the host copy when the table was not uploaded (the embedding table
+  // is not a matrix PrepareWeights sees unless tied to the head) or its type has no device
+  // dequantizer.
+  if (table.device_data == nullptr || !DeviceGatherType(table.type)) {
+    return cpu_.EmbeddingGather(table, tokens, out);
+  }
+  const int64_t n_out = static_cast<int64_t>(tokens.size()) * table.n_in;
+  KILN_ASSIGN_OR_RETURN(void* tok_d, Scratch(0, tokens.size() * sizeof(int32_t)));
+  KILN_ASSIGN_OR_RETURN(void* out_d, Scratch(1, static_cast<size_t>(n_out) * sizeof(float)));
+  KILN_RETURN_IF_ERROR(Upload(tok_d, tokens.data(), tokens.size() * sizeof(int32_t)));
+  KILN_RETURN_IF_ERROR(m_.ToStatus(
+      m_.embedding_gather(static_cast<uint32_t>(table.type), table.device_data, table.n_in,
+                          static_cast<const int32_t*>(tok_d), static_cast<int64_t>(tokens.size()),
+                          static_cast<float*>(out_d), stream_),
+      "cuda EmbeddingGather"));
+  KILN_RETURN_IF_ERROR(Download(out, out_d, static_cast<size_t>(n_out) * sizeof(float)));
+  return Sync("cuda EmbeddingGather");
+}
+
+// ---- matmuls: the CPU backend on the host copies (no device GEMM/GEMV in the module yet) ------
+
+absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  return cpu_.MatMul(w, x, n_tokens, y);
+}
+
+absl::Status CudaBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
+                                       const float* x, int64_t n_tokens, float* y) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  return cpu_.ExpertMatMul(w, n_expert, expert, x, n_tokens, y);
+}
+
+absl::Status CudaBackend::MatMulRange(const WeightView& w, const float* x, int64_t n_tokens,
+                                      int64_t row_begin, int64_t row_end, float* y) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  return cpu_.MatMulRange(w, x, n_tokens, row_begin, row_end, y);
+}
+
+absl::Status CudaBackend::MlaDecompressedAttention(const float* q,
+                                                   std::span<const int32_t> n_visible,
+                                                   const float* k_nope, const float* k_rope,
+                                                   const float* v, int64_t n_ctx, int32_t n_heads,
+                                                   int32_t nope_dim, int32_t rope_dim,
+                                                   int32_t v_dim, float* out, float scale) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  return cpu_.MlaDecompressedAttention(q, n_visible, k_nope, k_rope, v, n_ctx, n_heads, nope_dim,
+                                       rope_dim, v_dim, out, scale);
+}
+
+// ---- K/V in device memory ----------------------------------------------------------------------
+
+// Rows converted on the host by the CPU's code (so a q8_0 cache holds the same bytes), then
+// copied to their slots; the rows of one token and head are contiguous in a block's tile.
+absl::Status CudaBackend::WriteKv(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                  const float* k, const float* v) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kGqa || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        StrCat("WriteKv: layer ", layer, " of a cache that is not a GQA cache of it"));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
+        slots[i].offset >= layout.block_size()) {
+      return absl::OutOfRangeError(StrCat("WriteKv: slots[", i, "] = (block ", slots[i].block,
+                                          ", offset ", slots[i].offset, ") outside the cache"));
+    }
+  }
+  const int64_t hd = layout.head_dim(), n_kv = layout.n_kv_heads(), kv_dim = n_kv * hd;
+  const size_t row_bytes = layout.row_bytes();
+  staging_.resize(slots.size() * 2 * n_kv * row_bytes);
+  std::byte* row = staging_.data();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int32_t h = 0; h < n_kv; ++h) {
+      cpu::StoreKvRow(k + i * kv_dim + h * hd, hd, layout.elem_type(), row);
+      KILN_RETURN_IF_ERROR(Upload(cache.KeyRow(slots[i], layer, h), row, row_bytes));
+      row += row_bytes;
+      cpu::StoreKvRow(v + i * kv_dim + h * hd, hd, layout.elem_type(), row);
+      KILN_RETURN_IF_ERROR(Upload(cache.ValueRow(slots[i], layer, h), row, row_bytes));
+      row += row_bytes;
+    }
+  }
+  return Sync("cuda WriteKv");
+}
+
+void CudaBackend::CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) {
+  const KvLayout& layout = cache.layout();
+  const size_t row_bytes = layout.row_bytes();
+  absl::Status status;
+  auto copy = [&](std::byte* dst, const std::byte* src) {
+    if (status.ok()) {
+      status = m_.ToStatus(m_.copy_d2d_async(dst, src, row_bytes, stream_), "cuda CopyKvSlot");
+    }
+  };
+  for (int32_t layer = 0; layer < layout.n_layers(); ++layer) {
+    if (layout.kind() == KvAttentionKind::kMla) {
+      copy(cache.LatentRow(to, layer), cache.LatentRow(from, layer));
+      continue;
+    }
+    for (int32_t h = 0; h < layout.n_kv_heads(); ++h) {
+      copy(cache.KeyRow(to, layer, h), cache.KeyRow(from, layer, h));
+      copy(cache.ValueRow(to, layer, h), cache.ValueRow(from, layer, h));
+    }
+  }
+  if (status.ok()) status = Sync("cuda CopyKvSlot");
+  Defer(std::move(status), nullptr, 0);
+}
+
+absl::Status CudaBackend::Attention(const KvCache&, int32_t, const AttentionMask&, const float*,
+                                    int32_t, float*, float) {
+  return Unimplemented("Attention");
+}
+
+absl::Status CudaBackend::WriteLatent(KvCache&, int32_t, std::span<const KvSlot>, const float*) {
+  return Unimplemented("WriteLatent");
+}
+
+absl::Status CudaBackend::MlaAttention(const KvCache&, int32_t, const AttentionMask&, const float*,
+                                       int32_t, const MlaAttentionWeights&, float*, float) {
+  return Unimplemented("MlaAttention");
+}
+
+absl::Status CudaBackend::ReadLatent(const KvCache&, int32_t, std::span<const KvSlot>, float*,
+                                     float*) {
+  return Unimplemented("ReadLatent");
+}
+
+}  // namespace kiln::cuda
