@@ -38,7 +38,7 @@ if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERRO
   echo "cuda_check: FAILED: configure (log: $dir/configure.log)" >&2
   exit 1
 fi
-tests=(cuda_ops_test cuda_backend_test backend_select_test)
+tests=(cuda_ops_test cuda_kernels_test cuda_backend_test backend_select_test)
 benches=(cuda_ops_bench)
 if ! cmake --build "$dir" -j"$(nproc)" --target kiln_cuda kiln-mkmodel "${tests[@]}" "${benches[@]}"; then
   echo "cuda_check: FAILED: build" >&2

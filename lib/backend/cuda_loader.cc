@@ -69,6 +69,16 @@ absl::StatusOr<CudaModule> BindEntryPoints(const platform::SharedLibrary& librar
   bind(m.embedding_gather, "kiln_cuda_embedding_gather");
   bind(m.embedding_row_bytes, "kiln_cuda_embedding_row_bytes");
   bind(m.dequantize, "kiln_cuda_dequantize");
+  bind(m.gemv, "kiln_cuda_gemv");
+  bind(m.dequantize_f16, "kiln_cuda_dequantize_f16");
+  bind(m.gemm_context_create, "kiln_cuda_gemm_context_create");
+  bind(m.gemm_context_destroy, "kiln_cuda_gemm_context_destroy");
+  bind(m.gemm_f16, "kiln_cuda_gemm_f16");
+  bind(m.paged_attention_workspace, "kiln_cuda_paged_attention_workspace");
+  bind(m.paged_attention, "kiln_cuda_paged_attention");
+  bind(m.mla_attention_workspace, "kiln_cuda_mla_attention_workspace");
+  bind(m.mla_attention, "kiln_cuda_mla_attention");
+  bind(m.sample, "kiln_cuda_sample");
   if (!missing.empty()) {
     return absl::FailedPreconditionError(StrCat("libkiln_cuda.so lacks entry points: ", missing));
   }

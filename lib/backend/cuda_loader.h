@@ -42,6 +42,17 @@ struct CudaModule {
   kiln_cuda_embedding_row_bytes_fn embedding_row_bytes = nullptr;
   // kernels
   kiln_cuda_dequantize_fn dequantize = nullptr;
+  // compute kernels
+  kiln_cuda_gemv_fn gemv = nullptr;
+  kiln_cuda_dequantize_f16_fn dequantize_f16 = nullptr;
+  kiln_cuda_gemm_context_create_fn gemm_context_create = nullptr;
+  kiln_cuda_gemm_context_destroy_fn gemm_context_destroy = nullptr;
+  kiln_cuda_gemm_f16_fn gemm_f16 = nullptr;
+  kiln_cuda_paged_attention_workspace_fn paged_attention_workspace = nullptr;
+  kiln_cuda_paged_attention_fn paged_attention = nullptr;
+  kiln_cuda_mla_attention_workspace_fn mla_attention_workspace = nullptr;
+  kiln_cuda_mla_attention_fn mla_attention = nullptr;
+  kiln_cuda_sample_fn sample = nullptr;
 
   int n_devices = 0;
 

@@ -1,0 +1,117 @@
+// Quantized GEMV for batch-1 (and few-token) decode: one warp per output row. The warp's lanes
+// take the row's 32-element units in turn (lane l: units l, l + 32, ...), so the lanes of a warp
+// read neighbouring bytes of the row together; each lane decodes its unit in f32 and accumulates
+// in f32, then the warp sums its lanes. Activations stay f32 (no int8 dot products): the bound
+// against the CPU is f32 rounding of the same decoded weights, see tests/unit/cuda_kernels_test.cc.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_abi.h"
+#include "kernels/cuda/module_util.h"
+#include "kernels/cuda/quant_decode.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxTokens = 8;
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Elements per unit: 32 for block types (a K-quant super-block is 8 units), 1 for f16.
+template <uint32_t kType>
+struct Unit {
+  static constexpr int kElems = Block<kType>::kElems >= 32 ? 32 : 1;
+};
+
+// grid.x: ceil(n_out / kWarpsPerBlock); block: 32 x kWarpsPerBlock threads.
+template <uint32_t kType>
+__global__ void GemvKernel(const uint8_t* __restrict__ w, int64_t n_out, int64_t n_in,
+                           const float* __restrict__ x, int n_tokens, float* __restrict__ y) {
+  using B = Block<kType>;
+  constexpr int kUnit = Unit<kType>::kElems;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= n_out) return;  // whole warps leave together: no shuffle sees a missing lane
+  const int64_t row_bytes = n_in / B::kElems * B::kBytes;
+  const uint8_t* w_row = w + row * row_bytes;
+  float acc[kMaxTokens] = {};
+  const int64_t n_units = n_in / kUnit;
+  for (int64_t u = lane; u < n_units; u += 32) {
+    const int64_t first = u * kUnit;  // first element of the unit
+    const uint8_t* block = w_row + first / B::kElems * B::kBytes;
+    const int e0 = static_cast<int>(first % B::kElems);
+    for (int e = 0; e < kUnit; ++e) {
+      const float wv = B::Decode(block, e0 + e);
+#pragma unroll
+      for (int t = 0; t < kMaxTokens; ++t) {
+        if (t < n_tokens) acc[t] += wv * x[t * n_in + first + e];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    if (t < n_tokens) {
+      const float sum = WarpSum(acc[t]);
+      if (lane == 0) y[t * n_out + row] = sum;
+    }
+  }
+}
+
+template <uint32_t kType>
+int LaunchGemv(const void* w, int64_t n_out, int64_t n_in, const float* x, int64_t n_tokens,
+               float* y, cudaStream_t stream) {
+  if (n_in % Block<kType>::kElems != 0) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_gemv: n_in %lld is not a multiple of the type's block (%d)",
+                           static_cast<long long>(n_in), Block<kType>::kElems);
+  }
+  const int64_t blocks = (n_out + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > 0x7fffffff) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_gemv: n_out %lld too large",
+                           static_cast<long long>(n_out));
+  }
+  GemvKernel<kType><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+      static_cast<const uint8_t*>(w), n_out, n_in, x, static_cast<int>(n_tokens), y);
+  return kiln_cuda::Check(cudaGetLastError(), "kiln_cuda_gemv: launch");
+}
+
+}  // namespace
+}  // namespace kiln::cuda
+
+KILN_CUDA_EXPORT int kiln_cuda_gemv(uint32_t type, const void* d_w, int64_t n_out, int64_t n_in,
+                                    const float* d_x, int64_t n_tokens, float* d_y,
+                                    kiln_cuda_stream stream) {
+  using namespace kiln::cuda;
+  if (d_w == nullptr || d_x == nullptr || d_y == nullptr || n_out <= 0 || n_in <= 0 ||
+      n_tokens < 1 || n_tokens > kMaxTokens) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT,
+                           "kiln_cuda_gemv: null pointer or shape out of range (n_out %lld, n_in "
+                           "%lld, n_tokens %lld; n_tokens must be 1..%d)",
+                           static_cast<long long>(n_out), static_cast<long long>(n_in),
+                           static_cast<long long>(n_tokens), kMaxTokens);
+  }
+  if (const int rc = kiln_cuda::Enter(stream, "kiln_cuda_gemv"); rc != KILN_CUDA_OK) return rc;
+  cudaStream_t s = stream->stream;
+  switch (type) {
+    case kTypeF16:
+      return LaunchGemv<kTypeF16>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    case kTypeQ4_1:
+      return LaunchGemv<kTypeQ4_1>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    case kTypeQ5_0:
+      return LaunchGemv<kTypeQ5_0>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    case kTypeQ8_0:
+      return LaunchGemv<kTypeQ8_0>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    case kTypeQ4_K:
+      return LaunchGemv<kTypeQ4_K>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    case kTypeQ6_K:
+      return LaunchGemv<kTypeQ6_K>(d_w, n_out, n_in, d_x, n_tokens, d_y, s);
+    default:
+      return kiln_cuda::Fail(KILN_CUDA_UNSUPPORTED, "kiln_cuda_gemv: no kernel for ggml type %u",
+                             type);
+  }
+}
