@@ -96,6 +96,41 @@ func NewMedusaStrategy(target *Model, headPath string, opts MedusaOptions) (*Str
 	return &Strategy{ptr: ptr}, nil
 }
 
+// EagleOptions are EAGLE-head parameters (kiln_eagle_params); zero values keep kiln's defaults
+// (top_k 8, max_depth 5, tree size chosen each step, one thread).
+type EagleOptions struct {
+	TopK       int32 // children per expanded node and nodes expanded per depth, 1..64
+	MaxDepth   int32 // deepest draft node, 1..16
+	TreeTokens int32 // nodes verified per step; 0: chosen from the drafts and the pass cost
+	NThreads   int32 // threads of the head's matmuls
+}
+
+// NewEagleStrategy creates a strategy from the EAGLE head in headPath (architecture "eagle";
+// kiln-mkeagle writes untrained ones). A head for another model or a file that is not an eagle
+// head fails with ErrInvalidArgument, a malformed one with ErrFormat, a missing one with ErrIO.
+// target must outlive the strategy.
+func NewEagleStrategy(target *Model, headPath string, opts EagleOptions) (*Strategy, error) {
+	var p C.kiln_eagle_params
+	C.kiln_eagle_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	if opts.TopK != 0 {
+		p.top_k = C.int32_t(opts.TopK)
+	}
+	if opts.MaxDepth != 0 {
+		p.max_depth = C.int32_t(opts.MaxDepth)
+	}
+	p.tree_tokens = C.int32_t(opts.TreeTokens)
+	if opts.NThreads != 0 {
+		p.n_threads = C.int32_t(opts.NThreads)
+	}
+	cpath := C.CString(headPath)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.kiln_strategy
+	if err := call(func() C.kiln_status { return C.kiln_strategy_create_eagle(target.ptr, cpath, &p, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &Strategy{ptr: ptr}, nil
+}
+
 // Close frees the strategy; it must not be attached to a live session.
 func (st *Strategy) Close() {
 	C.kiln_strategy_destroy(st.ptr)

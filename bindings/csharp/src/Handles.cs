@@ -40,6 +40,11 @@ namespace Kiln
         protected override void Destroy(IntPtr raw) { Native.kiln_model_destroy(raw); }
     }
 
+    internal sealed class GgufHandle : KilnHandle
+    {
+        protected override void Destroy(IntPtr raw) { Native.kiln_gguf_destroy(raw); }
+    }
+
     internal sealed class CacheHandle : KilnHandle
     {
         protected override void Destroy(IntPtr raw) { Native.kiln_cache_destroy(raw); }

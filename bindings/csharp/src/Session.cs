@@ -14,9 +14,15 @@ namespace Kiln
         public int TopK;               // <= 0: off
         public float TopP = 1;         // >= 1: off
         public float MinP;             // <= 0: off
+        public float TypicalP = 1;     // >= 1: off
         public float RepeatPenalty = 1; // 1: off
+        public float FrequencyPenalty; // 0: off
+        public float PresencePenalty;  // 0: off
+        public int PenaltyLastN = 64;  // window of the penalties; 0: off, -1: the whole history
         public ulong Seed;
         public int NLogprobs;          // top log-probabilities kept per sampled token
+        /// <summary>Added to the logits of the tokens it names; float.NegativeInfinity bans one.</summary>
+        public IDictionary<int, float> LogitBias;
     }
 
     public enum StopReason { EndOfGeneration = 0, MaxTokens = 1, StopString = 2, Callback = 3, Cancelled = 4, ContextFull = 5 }
@@ -87,10 +93,25 @@ namespace Kiln
                 p.TopK = options.TopK;
                 p.TopP = options.TopP;
                 p.MinP = options.MinP;
+                p.TypicalP = options.TypicalP;
                 p.RepeatPenalty = options.RepeatPenalty;
+                p.FrequencyPenalty = options.FrequencyPenalty;
+                p.PresencePenalty = options.PresencePenalty;
+                p.PenaltyLastN = options.PenaltyLastN;
                 p.Seed = options.Seed;
                 p.NLogprobs = options.NLogprobs;
-                Interop.Check(Native.kiln_sampler_create(ref p, out sampler));
+                var bias = new List<Native.LogitBias>();
+                if (options.LogitBias != null)
+                    foreach (var kv in options.LogitBias) bias.Add(new Native.LogitBias { Token = kv.Key, Bias = kv.Value });
+                // Pinned for the call; kiln_sampler_create copies the array.
+                GCHandle pinned = GCHandle.Alloc(bias.ToArray(), GCHandleType.Pinned);
+                try
+                {
+                    p.LogitBias = bias.Count > 0 ? pinned.AddrOfPinnedObject() : IntPtr.Zero;
+                    p.NLogitBias = (UIntPtr)bias.Count;
+                    Interop.Check(Native.kiln_sampler_create(ref p, out sampler));
+                }
+                finally { pinned.Free(); }
             }
             IntPtr raw;
             try { Interop.Check(Native.kiln_session_create(cache.Model.Handle, cache.Handle, sampler, out raw)); }
@@ -137,6 +158,16 @@ namespace Kiln
         public void AppendTokens(int[] tokens, CancellationToken cancellation = default(CancellationToken))
         {
             RunCancellable(cancellation, () => Native.kiln_session_append_tokens(Handle, tokens, (UIntPtr)tokens.Length));
+        }
+
+        /// <summary>Appends tokens (at least 2) and returns the natural log-probability of each token
+        /// after the first given what precedes it (perplexity scoring).</summary>
+        public float[] Score(int[] tokens)
+        {
+            if (tokens == null) throw new ArgumentNullException("tokens");
+            var logprobs = new float[Math.Max(tokens.Length - 1, 0)];
+            Interop.Check(Native.kiln_session_append_tokens_scored(Handle, tokens, (UIntPtr)tokens.Length, logprobs));
+            return logprobs;
         }
 
         private void RunCancellable(CancellationToken cancellation, Func<int> call)
@@ -391,14 +422,17 @@ namespace Kiln
             }
         }
 
-        /// <summary>The session's state (tokens, K/V, logits, sampler state).</summary>
-        public byte[] SaveState()
+        /// <summary>The session's state (tokens, K/V unless kv is false, logits, sampler state, the
+        /// strategy's adaptive state unless strategy is false: a draft model cannot save it).
+        /// </summary>
+        public byte[] SaveState(bool kv = true, bool strategy = true)
         {
+            var p = StateParams(kv, strategy);
             UIntPtr n;
-            int status = Native.kiln_session_save_state(Handle, IntPtr.Zero, null, UIntPtr.Zero, out n);
+            int status = Native.kiln_session_save_state(Handle, ref p, null, UIntPtr.Zero, out n);
             if (status != (int)Status.BufferTooSmall) Interop.Check(status);
             var buffer = new byte[(int)n];
-            Interop.Check(Native.kiln_session_save_state(Handle, IntPtr.Zero, buffer, (UIntPtr)buffer.Length, out n));
+            Interop.Check(Native.kiln_session_save_state(Handle, ref p, buffer, (UIntPtr)buffer.Length, out n));
             Array.Resize(ref buffer, (int)n);
             return buffer;
         }
@@ -407,6 +441,28 @@ namespace Kiln
         public void LoadState(byte[] state)
         {
             Interop.Check(Native.kiln_session_load_state(Handle, state, (UIntPtr)state.Length));
+        }
+
+        /// <summary>SaveState into the file at path (written beside it, then renamed over it).</summary>
+        public void SaveStateFile(string path, bool kv = true, bool strategy = true)
+        {
+            var p = StateParams(kv, strategy);
+            Interop.Check(Native.kiln_session_save_state_file(Handle, ref p, Interop.CString(path)));
+        }
+
+        /// <summary>LoadState from the file at path (KilnException(IO) when it cannot be read).</summary>
+        public void LoadStateFile(string path)
+        {
+            Interop.Check(Native.kiln_session_load_state_file(Handle, Interop.CString(path)));
+        }
+
+        private static Native.StateParams StateParams(bool kv, bool strategy)
+        {
+            var p = new Native.StateParams();
+            Interop.Check(Native.kiln_state_params_init(ref p, Native.SizeOf<Native.StateParams>()));
+            p.Kv = kv ? 1 : 0;
+            p.Strategy = strategy ? 1 : 0;
+            return p;
         }
     }
 
@@ -460,6 +516,25 @@ namespace Kiln
             if (nThreads != 0) p.NThreads = nThreads;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_medusa(target.Handle, Interop.CString(headPath), ref p, out raw));
+            return new Strategy(raw, target.Handle);
+        }
+
+        /// <summary>An EAGLE head for target from the head file headPath (architecture "eagle";
+        /// kiln-mkeagle writes untrained ones); 0 keeps a default (topK 8 in 1..64, maxDepth 5 in
+        /// 1..16, the tree size chosen each step, one thread). A head for another model or a file
+        /// that is not an eagle head throws KilnException(InvalidArgument), a malformed one
+        /// KilnException(Format).</summary>
+        public static Strategy Eagle(Model target, string headPath, int topK = 0, int maxDepth = 0,
+                                     int treeTokens = 0, int nThreads = 0)
+        {
+            var p = new Native.EagleParams();
+            Interop.Check(Native.kiln_eagle_params_init(ref p, Native.SizeOf<Native.EagleParams>()));
+            if (topK != 0) p.TopK = topK;
+            if (maxDepth != 0) p.MaxDepth = maxDepth;
+            p.TreeTokens = treeTokens;
+            if (nThreads != 0) p.NThreads = nThreads;
+            IntPtr raw;
+            Interop.Check(Native.kiln_strategy_create_eagle(target.Handle, Interop.CString(headPath), ref p, out raw));
             return new Strategy(raw, target.Handle);
         }
 
