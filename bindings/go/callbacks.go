@@ -25,6 +25,16 @@ func goKilnProgress(progress C.float, handle C.uintptr_t) C.int {
 	return 0
 }
 
+// goKilnLog receives a load's log line.
+//
+//export goKilnLog
+func goKilnLog(level C.int, message *C.char, handle C.uintptr_t) {
+	state := cgo.Handle(handle).Value().(*loadState)
+	if state.log != nil {
+		state.log(LogLevel(level), C.GoString(message))
+	}
+}
+
 // goKilnToken receives a generated token and its text; non-zero stops the generate.
 //
 //export goKilnToken

@@ -276,3 +276,80 @@ func TestSamplerPenaltiesAndLogitBias(t *testing.T) {
 		t.Fatalf("message %q", e.Message)
 	}
 }
+
+func TestLoadLogsItsLines(t *testing.T) {
+	type line struct {
+		level LogLevel
+		text  string
+	}
+	var lines []line
+	opts := &LoadOptions{Log: func(level LogLevel, text string) { lines = append(lines, line{level, text}) }}
+	m, err := LoadModel(context.Background(), modelPath, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	info := false
+	for _, l := range lines {
+		info = info || (l.level == LogInfo && l.text != "")
+	}
+	if !info {
+		t.Fatalf("no info line: %v", lines)
+	}
+	// A failed load logs its error, the message the error carries.
+	lines = nil
+	_, err = LoadModel(context.Background(), filepath.Join(t.TempDir(), "missing.gguf"), opts)
+	e := wantStatus(t, err, ErrIO)
+	found := false
+	for _, l := range lines {
+		found = found || (l.level == LogError && l.text == e.Message)
+	}
+	if !found {
+		t.Fatalf("%v does not log %q", lines, e.Message)
+	}
+}
+
+func TestNgramAndDraftOptions(t *testing.T) {
+	text := strings.Repeat("one two three four five six seven eight. ", 4) + "one two three"
+	plain, _ := cache.NewSession(nil)
+	plain.Append(context.Background(), text, TokenizeOptions{})
+	expected := mustGenerate(t, plain, maxTokens)
+	plain.Close()
+	zero, beta := int32(0), 0.0
+	strategies := map[string]func() (*Strategy, error){
+		"ngram": func() (*Strategy, error) {
+			return NewNgramStrategy(NgramOptions{MaxDraft: 4, MaxSkip: &zero, NoAdaptive: true, FixedPassCostBeta: &beta})
+		},
+		"draft": func() (*Strategy, error) {
+			return NewDraftStrategyWith(model, modelPath, DraftOptions{MaxDraft: 3, NThreads: 1, NCtx: 256,
+				NoAdaptive: true, FixedPassCostBeta: &beta})
+		},
+	}
+	for name, create := range strategies {
+		st, err := create()
+		if err != nil {
+			t.Fatal(name, err)
+		}
+		s, _ := cache.NewSession(nil)
+		s.Append(context.Background(), text, TokenizeOptions{})
+		s.SetStrategy(st)
+		if got := mustGenerate(t, s, maxTokens); !equal(got.Tokens, expected.Tokens) {
+			t.Fatalf("%s: %v, plain %v", name, got.Tokens, expected.Tokens)
+		}
+		if m, _ := s.SpecMetrics(); m.Drafted <= 0 || m.Accepted > m.Drafted {
+			t.Fatalf("%s: metrics %+v", name, m)
+		}
+		s.SetStrategy(nil)
+		s.Close()
+		st.Close()
+	}
+	negative := int32(-1)
+	_, err := NewNgramStrategy(NgramOptions{MaxSkip: &negative})
+	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "max_skip") {
+		t.Fatalf("message %q", e.Message)
+	}
+	_, err = NewDraftStrategyWith(model, modelPath, DraftOptions{NCtx: -1})
+	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "n_ctx") {
+		t.Fatalf("message %q", e.Message)
+	}
+}

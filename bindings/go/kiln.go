@@ -17,12 +17,18 @@ package kiln
 #include <kiln/kiln.h>
 
 int kiln_go_progress(float progress, void* user_data);
+void kiln_go_log(kiln_log_level level, const char* message, void* user_data);
 
 // The callbacks' user_data is a cgo.Handle (an integer), set here so Go never forms a pointer
 // from it.
 static void kiln_go_set_progress(kiln_model_params* p, uintptr_t handle) {
   p->progress = kiln_go_progress;
   p->progress_user_data = (void*)handle;
+}
+
+static void kiln_go_set_log(kiln_model_params* p, uintptr_t handle) {
+  p->log = kiln_go_log;
+  p->log_user_data = (void*)handle;
 }
 */
 import "C"
@@ -130,10 +136,23 @@ type Model struct {
 	ptr *C.kiln_model
 }
 
+// LogLevel is the severity of a log line (kiln_log_level).
+type LogLevel int
+
+const (
+	LogDebug LogLevel = C.KILN_LOG_DEBUG
+	LogInfo  LogLevel = C.KILN_LOG_INFO
+	LogWarn  LogLevel = C.KILN_LOG_WARN
+	LogError LogLevel = C.KILN_LOG_ERROR
+)
+
 // LoadOptions are the optional parts of LoadModel.
 type LoadOptions struct {
 	// Progress receives the progress in [0, 1]; returning false cancels the load (ErrCancelled).
 	Progress func(progress float32) bool
+	// Log receives the load's log lines, on the loading goroutine (a failed load logs its error
+	// message at LogError).
+	Log func(level LogLevel, line string)
 	// NoMmap reads the file into memory instead of mapping it.
 	NoMmap bool
 }
@@ -141,6 +160,7 @@ type LoadOptions struct {
 type loadState struct {
 	ctx      context.Context
 	progress func(float32) bool
+	log      func(LogLevel, string)
 }
 
 // LoadModel loads the GGUF file at path. Cancelling ctx cancels the load (an *Error that matches
@@ -160,9 +180,12 @@ func LoadModel(ctx context.Context, path string, opts *LoadOptions) (*Model, err
 	if opts.NoMmap {
 		params.use_mmap = 0
 	}
-	handle := cgo.NewHandle(&loadState{ctx: ctx, progress: opts.Progress})
+	handle := cgo.NewHandle(&loadState{ctx: ctx, progress: opts.Progress, log: opts.Log})
 	defer handle.Delete()
 	C.kiln_go_set_progress(&params, C.uintptr_t(handle))
+	if opts.Log != nil {
+		C.kiln_go_set_log(&params, C.uintptr_t(handle))
+	}
 	var ptr *C.kiln_model
 	err := call(func() C.kiln_status { return C.kiln_model_load(&params, &ptr) })
 	if err != nil {

@@ -20,9 +20,17 @@ type Strategy struct {
 	ptr *C.kiln_strategy
 }
 
-// NgramOptions are prompt-lookup parameters; zero values keep kiln's defaults.
+// NgramOptions are prompt-lookup parameters (kiln_ngram_params); zero values keep kiln's
+// defaults.
 type NgramOptions struct {
 	MaxNgram, MinNgram, MaxDraft, StartDraft int32
+	// MaxSkip is the number of plain steps between probes of the pass cost (0: never); nil: 32.
+	MaxSkip *int32
+	// NoAdaptive drafts max_draft tokens whenever a match is found instead of a cost-aware length.
+	NoAdaptive bool
+	// FixedPassCostBeta >= 0 fixes a pass over w tokens at 1 + beta (w - 1) one-token passes, so
+	// that draft lengths do not depend on timing; nil: the measured cost.
+	FixedPassCostBeta *float64
 }
 
 // NewNgramStrategy creates an n-gram prompt-lookup strategy (no model).
@@ -42,6 +50,15 @@ func NewNgramStrategy(opts NgramOptions) (*Strategy, error) {
 	} else if p.start_draft > p.max_draft && p.max_draft > 0 {
 		p.start_draft = p.max_draft
 	}
+	if opts.MaxSkip != nil {
+		p.max_skip = C.int32_t(*opts.MaxSkip)
+	}
+	if opts.NoAdaptive {
+		p.adaptive = 0
+	}
+	if opts.FixedPassCostBeta != nil {
+		p.fixed_pass_cost_beta = C.double(*opts.FixedPassCostBeta)
+	}
 	var ptr *C.kiln_strategy
 	if err := call(func() C.kiln_status { return C.kiln_strategy_create_ngram(&p, &ptr) }); err != nil {
 		return nil, err
@@ -52,12 +69,34 @@ func NewNgramStrategy(opts NgramOptions) (*Strategy, error) {
 // NewDraftStrategy creates a draft-model strategy from the GGUF at draftPath (the target's
 // vocabulary size); maxDraft 0 and nThreads 0 keep kiln's defaults.
 func NewDraftStrategy(target *Model, draftPath string, maxDraft, nThreads int32) (*Strategy, error) {
+	return NewDraftStrategyWith(target, draftPath, DraftOptions{MaxDraft: maxDraft, NThreads: nThreads})
+}
+
+// DraftOptions are draft-model parameters (kiln_draft_params); zero values keep kiln's defaults.
+type DraftOptions struct {
+	MaxDraft   int32 // most tokens drafted per step
+	NThreads   int32 // draft forward threads; 0: physical cores
+	NCtx       int32 // longest context drafted for; 0: min(training context, 8192)
+	NoAdaptive bool  // a fixed draft length instead of one adapted to acceptance
+	// FixedPassCostBeta >= 0 fixes the pass cost model (see NgramOptions); nil: measured.
+	FixedPassCostBeta *float64
+}
+
+// NewDraftStrategyWith is NewDraftStrategy with every parameter.
+func NewDraftStrategyWith(target *Model, draftPath string, opts DraftOptions) (*Strategy, error) {
 	var p C.kiln_draft_params
 	C.kiln_draft_params_init(&p, C.size_t(unsafe.Sizeof(p)))
-	if maxDraft != 0 {
-		p.max_draft = C.int32_t(maxDraft)
+	if opts.MaxDraft != 0 {
+		p.max_draft = C.int32_t(opts.MaxDraft)
 	}
-	p.n_threads = C.int32_t(nThreads)
+	p.n_threads = C.int32_t(opts.NThreads)
+	p.n_ctx = C.int32_t(opts.NCtx)
+	if opts.NoAdaptive {
+		p.adaptive = 0
+	}
+	if opts.FixedPassCostBeta != nil {
+		p.fixed_pass_cost_beta = C.double(*opts.FixedPassCostBeta)
+	}
 	cpath := C.CString(draftPath)
 	defer C.free(unsafe.Pointer(cpath))
 	var ptr *C.kiln_strategy
@@ -168,6 +207,7 @@ func (s *Session) SpecMetrics() (SpecMetrics, error) {
 // Request is a non-blocking request: append a prompt (Text, then Tokens), then generate.
 type Request struct {
 	Text         string
+	AddSpecial   bool // add BOS/EOS to Text as the vocabulary asks
 	ParseSpecial bool
 	Tokens       []int32
 	MaxTokens    int // 0: only compute the prompt
@@ -186,9 +226,7 @@ func (s *Session) Submit(req Request) error {
 	ctext, clen := cText(req.Text)
 	defer C.free(unsafe.Pointer(ctext))
 	p.text, p.text_len = ctext, clen
-	if req.ParseSpecial {
-		p.text_flags = C.KILN_TOKENIZE_PARSE_SPECIAL
-	}
+	p.text_flags = TokenizeOptions{AddSpecial: req.AddSpecial, ParseSpecial: req.ParseSpecial}.flags()
 	// The prompt is read during the call; C memory because p is Go memory holding the pointer.
 	var ctokens *C.int32_t
 	if len(req.Tokens) > 0 {

@@ -24,6 +24,9 @@ namespace Kiln
         ParseSpecial = 2, // "<|im_start|>" in the text becomes the control token
     }
 
+    /// <summary>Severity of a log line (kiln_log_level).</summary>
+    public enum LogLevel { Debug = 0, Info = 1, Warn = 2, Error = 3 }
+
     public sealed class ModelInfo
     {
         public string Architecture, Name;
@@ -38,8 +41,11 @@ namespace Kiln
         internal readonly ModelHandle Handle;
 
         /// <summary>Loads the model. progress receives [0, 1] and returns false to cancel;
-        /// cancelling the token cancels the load (KilnCancelledException).</summary>
-        public Model(string path, Func<float, bool> progress = null, CancellationToken cancellation = default(CancellationToken))
+        /// cancelling the token cancels the load (KilnCancelledException). log receives the load's
+        /// log lines on this thread (a failed load logs its error message at LogLevel.Error).
+        /// </summary>
+        public Model(string path, Func<float, bool> progress = null, CancellationToken cancellation = default(CancellationToken),
+                     Action<LogLevel, string> log = null)
         {
             if (path == null) throw new ArgumentNullException("path");
             cancellation.ThrowIfCancellationRequested();
@@ -55,12 +61,23 @@ namespace Kiln
                 catch (Exception e) { callbackError = e; return 1; }
             };
             p.Progress = Marshal.GetFunctionPointerForDelegate(fn);
+            Native.LogFn logFn = (level, message, _) =>
+            {
+                if (callbackError != null) return;
+                try { log((LogLevel)level, Interop.Utf8String(message)); }
+                catch (Exception e) { callbackError = e; }
+            };
+            if (log != null) p.Log = Marshal.GetFunctionPointerForDelegate(logFn);
             p.Path = Interop.AllocCString(path);
             IntPtr raw;
             int status;
             try { status = Native.kiln_model_load(ref p, out raw); }
-            finally { Marshal.FreeHGlobal(p.Path); GC.KeepAlive(fn); }
-            if (callbackError != null) throw callbackError;
+            finally { Marshal.FreeHGlobal(p.Path); GC.KeepAlive(fn); GC.KeepAlive(logFn); }
+            if (callbackError != null)
+            {
+                Native.kiln_model_destroy(raw); // loaded anyway (a log callback cannot stop it)
+                throw callbackError;
+            }
             if (status == (int)Status.Cancelled && cancellation.IsCancellationRequested)
                 throw new KilnCancelledException("model load cancelled");
             Interop.Check(status);

@@ -478,26 +478,40 @@ namespace Kiln
             Handle.Adopt(raw, parent);
         }
 
-        /// <summary>N-gram prompt lookup; 0 keeps a default.</summary>
-        public static Strategy Ngram(int maxDraft = 0, int maxNgram = 0, int minNgram = 0)
+        /// <summary>N-gram prompt lookup; 0 or null keeps a default. maxSkip: plain steps between
+        /// probes of the pass cost (0: never); adaptive false: always maxDraft when a match is
+        /// found; fixedPassCostBeta &gt;= 0: a pass over w tokens costs 1 + beta (w - 1) one-token
+        /// passes, so draft lengths do not depend on timing (null: measured).</summary>
+        public static Strategy Ngram(int maxDraft = 0, int maxNgram = 0, int minNgram = 0, int startDraft = 0,
+                                     int? maxSkip = null, bool adaptive = true, double? fixedPassCostBeta = null)
         {
             var p = new Native.NgramParams();
             Interop.Check(Native.kiln_ngram_params_init(ref p, Native.SizeOf<Native.NgramParams>()));
             if (maxDraft != 0) { p.MaxDraft = maxDraft; p.StartDraft = Math.Min(p.StartDraft, Math.Max(maxDraft, 1)); }
             if (maxNgram != 0) p.MaxNgram = maxNgram;
             if (minNgram != 0) p.MinNgram = minNgram;
+            if (startDraft != 0) p.StartDraft = startDraft;
+            if (maxSkip.HasValue) p.MaxSkip = maxSkip.Value;
+            p.Adaptive = adaptive ? 1 : 0;
+            if (fixedPassCostBeta.HasValue) p.FixedPassCostBeta = fixedPassCostBeta.Value;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_ngram(ref p, out raw));
             return new Strategy(raw, null);
         }
 
-        /// <summary>A draft model from draftPath (the target's vocabulary size).</summary>
-        public static Strategy Draft(Model target, string draftPath, int maxDraft = 0, int nThreads = 0)
+        /// <summary>A draft model from draftPath (the target's vocabulary size); 0 or null keeps a
+        /// default. nCtx: longest context drafted for (0: min(training context, 8192)); adaptive
+        /// false: a fixed draft length; fixedPassCostBeta as in Ngram.</summary>
+        public static Strategy Draft(Model target, string draftPath, int maxDraft = 0, int nThreads = 0, int nCtx = 0,
+                                     bool adaptive = true, double? fixedPassCostBeta = null)
         {
             var p = new Native.DraftParams();
             Interop.Check(Native.kiln_draft_params_init(ref p, Native.SizeOf<Native.DraftParams>()));
             if (maxDraft != 0) p.MaxDraft = maxDraft;
             p.NThreads = nThreads;
+            p.NCtx = nCtx;
+            p.Adaptive = adaptive ? 1 : 0;
+            if (fixedPassCostBeta.HasValue) p.FixedPassCostBeta = fixedPassCostBeta.Value;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_draft(target.Handle, Interop.CString(draftPath), ref p, out raw));
             return new Strategy(raw, target.Handle);

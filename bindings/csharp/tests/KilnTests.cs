@@ -700,4 +700,55 @@ public static class Tests
         var e = Throws(Status.InvalidArgument, () => _cache.CreateSession(new SamplerOptions { PenaltyLastN = -2 }));
         Check(e.KilnMessage.Contains("penalty_last_n"), e.KilnMessage);
     }
+
+    public static void TestLoadLogsItsLines()
+    {
+        var lines = new List<KeyValuePair<LogLevel, string>>();
+        Action<LogLevel, string> log = (level, line) => lines.Add(new KeyValuePair<LogLevel, string>(level, line));
+        using (new Model(_modelPath, log: log)) { }
+        Check(lines.Any(l => l.Key == LogLevel.Info && l.Value.Length > 0), "no info line");
+        // A failed load logs its error, the message the exception carries.
+        lines.Clear();
+        var e = Throws(Status.IO, () => new Model(Path.Combine(Path.GetTempPath(), "kiln-missing.gguf"), log: log));
+        Check(lines.Contains(new KeyValuePair<LogLevel, string>(LogLevel.Error, e.KilnMessage)), "error not logged: " + e.KilnMessage);
+        try
+        {
+            new Model(_modelPath, log: (level, line) => { throw new InvalidOperationException("from log"); }).Dispose();
+            throw new AssertionException("the exception in log was not rethrown");
+        }
+        catch (InvalidOperationException x) { Check(x.Message == "from log", x.Message); }
+    }
+
+    public static void TestNgramAndDraftOptions()
+    {
+        string text = string.Concat(Enumerable.Repeat("one two three four five six seven eight. ", 4)) + "one two three";
+        int[] expected;
+        using (Session plain = _cache.CreateSession())
+        {
+            plain.Append(text);
+            expected = plain.Generate(Max).Tokens;
+        }
+        var strategies = new Func<Strategy>[]
+        {
+            () => Strategy.Ngram(maxDraft: 4, maxSkip: 0, adaptive: false, fixedPassCostBeta: 0),
+            () => Strategy.Draft(_model, _modelPath, maxDraft: 3, nThreads: 1, nCtx: 256, adaptive: false, fixedPassCostBeta: 0),
+        };
+        foreach (var create in strategies)
+        {
+            using (Strategy st = create())
+            using (Session s = _cache.CreateSession())
+            {
+                s.Append(text);
+                s.SetStrategy(st);
+                Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+                SpecMetrics m = s.SpecMetrics;
+                Check(m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
+                s.SetStrategy(null);
+            }
+        }
+        var e = Throws(Status.InvalidArgument, () => Strategy.Ngram(maxSkip: -1));
+        Check(e.KilnMessage.Contains("max_skip"), e.KilnMessage);
+        e = Throws(Status.InvalidArgument, () => Strategy.Draft(_model, _modelPath, nCtx: -1));
+        Check(e.KilnMessage.Contains("n_ctx"), e.KilnMessage);
+    }
 }

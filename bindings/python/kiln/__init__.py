@@ -37,6 +37,7 @@ __all__ = [
     "GgufFile",
     "KVType",
     "KilnError",
+    "LogLevel",
     "MedusaStrategy",
     "MlaPrefill",
     "Model",
@@ -83,6 +84,13 @@ class StopReason(enum.IntEnum):
     CALLBACK = 3
     CANCELLED = 4
     CONTEXT_FULL = 5
+
+
+class LogLevel(enum.IntEnum):
+    DEBUG = 0
+    INFO = 1
+    WARN = 2
+    ERROR = 3
 
 
 class KVType(enum.IntEnum):
@@ -316,9 +324,12 @@ class Model(_Handle):
         *,
         use_mmap: bool = True,
         progress: Optional[Callable[[float], Optional[bool]]] = None,
+        log: Optional[Callable[[LogLevel, str], None]] = None,
     ) -> None:
         """Loads `path`. `progress(fraction)` is called during the load; returning True cancels
-        it (KilnError with Status.CANCELLED)."""
+        it (KilnError with Status.CANCELLED). `log(level, line)` receives the load's log lines (a
+        failed load logs its error message at LogLevel.ERROR). An exception in either callback is
+        re-raised here."""
         super().__init__()
         params = _init(_ffi.ModelParams, "kiln_model_params_init")
         params.path = os.fsencode(path)
@@ -330,8 +341,16 @@ class Model(_Handle):
                 return 1 if guard.run(lambda: bool(progress(fraction)), True) else 0
 
             params.progress = _ffi.ProgressFn(on_progress)
+        if log is not None:
+
+            def on_log(level: int, line: bytes, _user: Any) -> None:
+                guard.run(lambda: log(LogLevel(level), line.decode("utf-8", "replace")), None)
+
+            params.log = _ffi.LogFn(on_log)
         h = c_void_p()
         code = _lib.kiln_model_load(byref(params), byref(h))
+        if guard.error is not None and code == 0:
+            _lib.kiln_model_destroy(h)  # loaded anyway (a log callback cannot stop it)
         guard.reraise()
         _check(code, "kiln_model_load")
         self._h = h.value

@@ -42,6 +42,24 @@ def test_load_cancelled_by_progress(model_path):
     assert e.value.status == Status.CANCELLED
 
 
+def test_load_logs_its_lines(model_path, tmp_path):
+    lines = []
+    with kiln.Model(model_path, log=lambda level, line: lines.append((level, line))):
+        pass
+    assert any(level == kiln.LogLevel.INFO and line for level, line in lines), lines
+    lines.clear()
+    with pytest.raises(KilnError) as e:
+        kiln.Model(tmp_path / "missing.gguf", log=lambda level, line: lines.append((level, line)))
+    # A failed load logs its error, the message the exception carries.
+    assert (kiln.LogLevel.ERROR, e.value.message) in lines, lines
+
+    def boom(level, line):
+        raise ValueError("from log")
+
+    with pytest.raises(ValueError, match="from log"):
+        kiln.Model(model_path, log=boom)
+
+
 def test_exception_in_progress_is_reraised(model_path):
     def boom(_):
         raise ValueError("from progress")

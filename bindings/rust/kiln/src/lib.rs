@@ -421,15 +421,48 @@ impl<'a> ChatMessage<'a> {
     }
 }
 
-struct ProgressState<'f> {
-    callback: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+/// Severity of a log line (kiln_log_level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// A load's log callback (see [`Model::load_with_log`]).
+type LogCallback<'f> = &'f mut dyn FnMut(LogLevel, &str);
+
+/// The callbacks of one load, shared by the progress and log trampolines (both run on the
+/// loading thread, inside kiln_model_load).
+struct LoadState<'f> {
+    progress: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+    log: Option<LogCallback<'f>>,
     panic: Option<Panic>,
 }
 
 unsafe extern "C" fn progress_trampoline(progress: f32, user_data: *mut c_void) -> c_int {
-    let state = &mut *(user_data as *mut ProgressState<'_>);
-    let callback = &mut state.callback;
+    let state = &mut *(user_data as *mut LoadState<'_>);
+    let callback = &mut state.progress;
     guarded(&mut state.panic, 1, || stop_code(callback(progress)))
+}
+
+unsafe extern "C" fn log_trampoline(
+    level: sys::kiln_log_level,
+    message: *const c_char,
+    user_data: *mut c_void,
+) {
+    let state = &mut *(user_data as *mut LoadState<'_>);
+    let Some(log) = state.log.as_mut() else { return };
+    let level = match level {
+        sys::KILN_LOG_DEBUG => LogLevel::Debug,
+        sys::KILN_LOG_INFO => LogLevel::Info,
+        sys::KILN_LOG_WARN => LogLevel::Warn,
+        _ => LogLevel::Error,
+    };
+    // SAFETY: a NUL-terminated line, valid during the call.
+    let line = CStr::from_ptr(message).to_string_lossy();
+    guarded(&mut state.panic, (), || log(level, &line))
 }
 
 impl Model {
@@ -445,17 +478,43 @@ impl Model {
         use_mmap: bool,
         mut progress: impl FnMut(f32) -> ControlFlow<()>,
     ) -> Result<Model> {
-        let path = c_path(path.as_ref())?;
+        Model::load_impl(path.as_ref(), use_mmap, &mut progress, None)
+    }
+
+    /// As [`Model::load_with`], also passing the load's log lines to `log` (on this thread; a
+    /// failed load logs its error message at [`LogLevel::Error`]).
+    pub fn load_with_log(
+        path: impl AsRef<Path>,
+        use_mmap: bool,
+        mut progress: impl FnMut(f32) -> ControlFlow<()>,
+        mut log: impl FnMut(LogLevel, &str),
+    ) -> Result<Model> {
+        Model::load_impl(path.as_ref(), use_mmap, &mut progress, Some(&mut log))
+    }
+
+    fn load_impl<'f>(
+        path: &Path,
+        use_mmap: bool,
+        progress: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+        log: Option<LogCallback<'f>>,
+    ) -> Result<Model> {
+        let path = c_path(path)?;
         let mut params = std::mem::MaybeUninit::<sys::kiln_model_params>::zeroed();
         check(unsafe {
             sys::kiln_model_params_init(params.as_mut_ptr(), std::mem::size_of::<sys::kiln_model_params>())
         })?;
         let mut params = unsafe { params.assume_init() };
-        let mut state = ProgressState { callback: &mut progress, panic: None };
+        let has_log = log.is_some();
+        let mut state = LoadState { progress, log, panic: None };
+        let user_data = &mut state as *mut LoadState<'_> as *mut c_void;
         params.path = path.as_ptr();
         params.use_mmap = use_mmap as c_int;
         params.progress = Some(progress_trampoline);
-        params.progress_user_data = &mut state as *mut ProgressState<'_> as *mut c_void;
+        params.progress_user_data = user_data;
+        if has_log {
+            params.log = Some(log_trampoline);
+            params.log_user_data = user_data;
+        }
         let mut raw = ptr::null_mut();
         let code = unsafe { sys::kiln_model_load(&params, &mut raw) };
         if let Some(panic) = state.panic.take() {

@@ -85,6 +85,36 @@ fn load_reports_progress_and_can_be_cancelled() {
 }
 
 #[test]
+fn load_logs_its_lines() {
+    let mut lines = Vec::new();
+    let m = Model::load_with_log(
+        model_path(),
+        true,
+        |_| ControlFlow::Continue(()),
+        |level, line| lines.push((level, line.to_owned())),
+    )
+    .unwrap();
+    drop(m);
+    assert!(
+        lines.iter().any(|(level, line)| *level == kiln::LogLevel::Info && !line.is_empty()),
+        "{lines:?}"
+    );
+    // A failed load logs its error, the message the Error carries.
+    lines.clear();
+    let missing = "/nonexistent/missing.gguf";
+    let e = Model::load_with_log(
+        missing,
+        true,
+        |_| ControlFlow::Continue(()),
+        |level, line| lines.push((level, line.to_owned())),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.status(), Status::Io);
+    assert!(lines.contains(&(kiln::LogLevel::Error, e.message().to_owned())), "{lines:?} vs {e}");
+}
+
+#[test]
 fn panic_in_progress_resumes_in_the_caller() {
     let caught =
         std::panic::catch_unwind(|| Model::load_with(model_path(), true, |_| panic!("from progress")));
