@@ -353,3 +353,48 @@ func TestNgramAndDraftOptions(t *testing.T) {
 		t.Fatalf("message %q", e.Message)
 	}
 }
+
+func TestRequestCallbacksOnTheWorker(t *testing.T) {
+	plain := chatSession(t, nil)
+	expected := mustGenerate(t, plain, maxTokens)
+	plain.Close()
+	s, _ := cache.NewSession(nil)
+	defer s.Close()
+	var pieces strings.Builder
+	type end struct {
+		err    error
+		reason StopReason
+		n      int32
+	}
+	done := make(chan end, 1)
+	if err := cache.StartWorker(); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Submit(Request{Text: chatPrompt, ParseSpecial: true, MaxTokens: maxTokens,
+		OnToken: func(_ int32, piece string) bool { pieces.WriteString(piece); return true },
+		OnDone:  func(err error, reason StopReason, n int32) { done <- end{err, reason, n} }})
+	if err != nil {
+		cache.StopWorker()
+		t.Fatal(err)
+	}
+	got := <-done
+	cache.StopWorker()
+	if got.err != nil || got.reason != StopMaxTokens || got.n != maxTokens || pieces.String() != expected.Text {
+		t.Fatalf("%+v, text %q, want %q", got, pieces.String(), expected.Text)
+	}
+	if p, _ := s.Poll(); !p.Done {
+		t.Fatal("not done after OnDone")
+	}
+	// OnToken returning false ends the request with StopCallback.
+	if err := s.Submit(Request{Text: " more", MaxTokens: 4, OnToken: func(int32, string) bool { return false }}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Poll()
+	for err == nil && !p.Done {
+		cache.Step(0)
+		p, err = s.Poll()
+	}
+	if err != nil || p.Err != nil || p.StopReason != StopCallback {
+		t.Fatalf("%+v %v", p, err)
+	}
+}

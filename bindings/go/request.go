@@ -3,11 +3,24 @@ package kiln
 /*
 #include <stdlib.h>
 #include <kiln/kiln.h>
+
+int kiln_go_request_token(int32_t token, const char* piece, size_t piece_len, void* user_data);
+void kiln_go_request_done(kiln_session* session, kiln_status status, kiln_stop_reason reason,
+                          int32_t n_tokens, void* user_data);
+
+// user_data is a cgo.Handle (an integer), set here so Go never forms a pointer from it.
+static void kiln_go_set_request_callbacks(kiln_request_params* p, int on_token, int on_done,
+                                          uintptr_t handle) {
+  if (on_token) p->on_token = kiln_go_request_token;
+  if (on_done) p->on_done = kiln_go_request_done;
+  p->user_data = (void*)handle;
+}
 */
 import "C"
 
 import (
 	"context"
+	"runtime/cgo"
 	"time"
 	"unsafe"
 )
@@ -212,6 +225,14 @@ type Request struct {
 	Tokens       []int32
 	MaxTokens    int // 0: only compute the prompt
 	Stop         []string
+	// OnToken receives each token and the text it completed (possibly a partial UTF-8
+	// character; token -1: held-back text at the end) on the goroutine that steps the cache
+	// (Cache.Step, the worker's thread, a blocking call); returning false ends the request
+	// (StopCallback). With OnToken set, Poll returns no text. It must not panic.
+	OnToken func(token int32, piece string) bool
+	// OnDone is called once when the request ends, where OnToken is: the request's error (nil
+	// on success), the stop reason and the number of generated tokens. It must not panic.
+	OnDone func(err error, reason StopReason, nTokens int32)
 }
 
 // Submit starts req and returns at once; it runs as the cache is stepped (Cache.Step, the
@@ -238,12 +259,22 @@ func (s *Session) Submit(req Request) error {
 	// Stop strings are matched while the request runs: they live until the next submit or Close.
 	stops := cStrings(req.Stop)
 	p.stop_strings, p.n_stop_strings = stops, C.size_t(len(req.Stop))
+	var handle cgo.Handle
+	if req.OnToken != nil || req.OnDone != nil {
+		state := &requestState{onToken: req.OnToken, onDone: req.OnDone}
+		handle = cgo.NewHandle(state)
+		C.kiln_go_set_request_callbacks(&p, boolInt(req.OnToken != nil), boolInt(req.OnDone != nil), C.uintptr_t(handle))
+	}
 	if err := call(func() C.kiln_status { return C.kiln_session_submit(s.ptr, &p) }); err != nil {
 		freeCStrings(stops, len(req.Stop))
+		if handle != 0 {
+			handle.Delete()
+		}
 		return err
 	}
-	s.freeRequestStops()
+	s.freeRequestData()
 	s.requestStops, s.nRequestStops = stops, len(req.Stop)
+	s.requestCallbacks = handle
 	return nil
 }
 

@@ -45,6 +45,8 @@ type Session struct {
 	// stop strings of the request in flight, in C memory until the next submit or Close.
 	requestStops  **C.char
 	nRequestStops int
+	// callbacks of the last submitted request (0: none), kept until the next submit or Close.
+	requestCallbacks cgo.Handle
 }
 
 // NewSession creates an empty session; sampler nil is greedy.
@@ -106,12 +108,24 @@ func (c *Cache) NewSession(sampler *SamplerOptions) (*Session, error) {
 func (s *Session) Close() {
 	C.kiln_session_destroy(s.ptr)
 	s.ptr = nil
-	s.freeRequestStops()
+	s.freeRequestData()
 }
 
-func (s *Session) freeRequestStops() {
+// freeRequestData frees what the last submitted request needed while it ran.
+func (s *Session) freeRequestData() {
 	freeCStrings(s.requestStops, s.nRequestStops)
 	s.requestStops, s.nRequestStops = nil, 0
+	if s.requestCallbacks != 0 {
+		s.requestCallbacks.Delete()
+		s.requestCallbacks = 0
+	}
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // cStrings copies strs into a C array of C strings (kiln reads arrays of pointers, which cgo

@@ -15,6 +15,9 @@ namespace Kiln
         internal delegate int ProgressFn(float progress, IntPtr userData);
 
         [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+        internal delegate void DoneFn(IntPtr session, int status, int reason, int nTokens, IntPtr userData);
+
+        [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
         internal delegate void LogFn(int level, IntPtr message, IntPtr userData);
 
         [UnmanagedFunctionPointer(CallingConvention.Cdecl)]

@@ -62,6 +62,13 @@ namespace Kiln
         public int[] Tokens;
         public int MaxTokens = 128; // 0: only compute the prompt
         public string[] Stop;
+        /// <summary>Each token and the text it completed (whole characters; token -1: held-back
+        /// text at the end), on the thread that steps the cache; returning false ends the request
+        /// (StopReason.Callback). With OnToken set, Poll returns no text.</summary>
+        public Func<int, string, bool> OnToken;
+        /// <summary>Called once when the request ends, on the thread that steps the cache: the
+        /// error (null on success), the stop reason and the number of generated tokens.</summary>
+        public Action<KilnException, StopReason, int> OnDone;
     }
 
     public sealed class PollResult
@@ -81,6 +88,7 @@ namespace Kiln
         internal readonly SessionHandle Handle;
         public Cache Cache { get; private set; }
         private Interop.CStringArray _requestStops; // live while a submitted request may match them
+        private Exception _callbackError; // thrown by a request's callback; rethrown by Poll
 
         internal Session(Cache cache, SamplerOptions options)
         {
@@ -373,6 +381,7 @@ namespace Kiln
             Interop.Check(Native.kiln_request_params_init(ref p, Native.SizeOf<Native.RequestParams>()));
             byte[] text = Encoding.UTF8.GetBytes(request.Text ?? "");
             int[] tokens = request.Tokens ?? new int[0];
+            var callbacks = new RequestCallbacks(this, request);
             var stops = new Interop.CStringArray(request.Stop);
             GCHandle textPin = GCHandle.Alloc(text, GCHandleType.Pinned);
             GCHandle tokensPin = GCHandle.Alloc(tokens, GCHandleType.Pinned);
@@ -388,17 +397,62 @@ namespace Kiln
                 p.MaxTokens = request.MaxTokens;
                 p.StopStrings = stops.Pointer;
                 p.NStopStrings = (UIntPtr)stops.Count;
+                p.OnToken = callbacks.Token != null ? Marshal.GetFunctionPointerForDelegate(callbacks.Token) : IntPtr.Zero;
+                p.OnDone = callbacks.Done != null ? Marshal.GetFunctionPointerForDelegate(callbacks.Done) : IntPtr.Zero;
                 status = Native.kiln_session_submit(Handle, ref p);
             }
             finally { textPin.Free(); tokensPin.Free(); }
             if (status != 0) { stops.Dispose(); throw Interop.Error(status); }
+            Handle.RequestCallbacks = callbacks;
             if (_requestStops != null) _requestStops.Dispose();
             _requestStops = stops; // matched while the request runs
         }
 
-        /// <summary>The request's output since the last poll; never blocks on a step.</summary>
+        private sealed class RequestCallbacks
+        {
+            public readonly Native.TokenFn Token;
+            public readonly Native.DoneFn Done;
+
+            public RequestCallbacks(Session session, Request request)
+            {
+                // An exception may not unwind into kiln: it ends the request and Poll rethrows it.
+                Action<Exception> keep = e => Interlocked.CompareExchange(ref session._callbackError, e, null);
+                Func<int, string, bool> onToken = request.OnToken;
+                Action<KilnException, StopReason, int> onDone = request.OnDone;
+                if (onToken != null)
+                {
+                    Decoder decoder = Encoding.UTF8.GetDecoder();
+                    Token = (token, piece, pieceLen, _) =>
+                    {
+                        try
+                        {
+                            var bytes = new byte[(int)pieceLen];
+                            if (bytes.Length > 0) Marshal.Copy(piece, bytes, 0, bytes.Length);
+                            var chars = new char[decoder.GetCharCount(bytes, 0, bytes.Length, token < 0)];
+                            decoder.GetChars(bytes, 0, bytes.Length, chars, 0, token < 0);
+                            return onToken(token, new string(chars)) ? 0 : 1;
+                        }
+                        catch (Exception e) { keep(e); return 1; }
+                    };
+                }
+                if (onDone != null)
+                {
+                    Done = (_, status, reason, n, __) =>
+                    {
+                        try { onDone(status != 0 ? Interop.Error(status) : null, status == 0 ? (StopReason)reason : 0, n); }
+                        catch (Exception e) { keep(e); }
+                    };
+                }
+            }
+        }
+
+        /// <summary>The request's output since the last poll; never blocks on a step. An exception
+        /// a request callback threw is rethrown here first (the output stays for the next poll).
+        /// </summary>
         public PollResult Poll()
         {
+            Exception callbackError = Interlocked.Exchange(ref _callbackError, null);
+            if (callbackError != null) throw callbackError;
             var text = new List<byte>();
             var tokens = new List<int>();
             var textBuf = new byte[4096];

@@ -751,4 +751,49 @@ public static class Tests
         e = Throws(Status.InvalidArgument, () => Strategy.Draft(_model, _modelPath, nCtx: -1));
         Check(e.KilnMessage.Contains("n_ctx"), e.KilnMessage);
     }
+
+    public static void TestRequestCallbacksOnTheWorker()
+    {
+        GenerateResult expected;
+        using (Session r = ChatSession()) expected = r.Generate(Max);
+        using (Session s = _cache.CreateSession())
+        {
+            var pieces = new List<string>();
+            var done = new ManualResetEvent(false);
+            KilnException error = null;
+            StopReason reason = StopReason.EndOfGeneration;
+            int n = -1;
+            _cache.StartWorker();
+            try
+            {
+                s.Submit(new Request
+                {
+                    Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max,
+                    OnToken = (token, piece) => { pieces.Add(piece); return true; },
+                    OnDone = (e, why, count) => { error = e; reason = why; n = count; done.Set(); },
+                });
+                Check(done.WaitOne(60000), "on_done was not called");
+            }
+            finally { _cache.StopWorker(); }
+            Check(error == null && reason == StopReason.MaxTokens && n == Max, "done: " + reason + " " + n);
+            Check(string.Concat(pieces) == expected.Text, "pieces '" + string.Concat(pieces) + "'");
+            Check(s.Poll().Done, "poll after on_done");
+            // An exception in a callback ends the request and comes back from Poll.
+            s.Submit(new Request { Text = " more", MaxTokens = 4, OnToken = (t, p) => { throw new InvalidOperationException("from on_token"); } });
+            PollResult polled = null;
+            try
+            {
+                while (true)
+                {
+                    polled = s.Poll();
+                    if (polled.Done) break;
+                    _cache.Step();
+                }
+                throw new AssertionException("the exception in on_token was not rethrown");
+            }
+            catch (InvalidOperationException x) { Check(x.Message == "from on_token", x.Message); }
+            while (!(polled = s.Poll()).Done) _cache.Step();
+            Check(polled.Error == null && polled.StopReason == StopReason.Callback, "ended by the callback");
+        }
+    }
 }
