@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The language bindings' tests (bindings/<language>/) against a built libkiln, on the default
-# model (scripts/fetch_model.sh):
+# model (scripts/fetch_model.sh) and on fixtures written first into BUILD_DIR/bindings-fixtures
+# (KILN_BINDINGS_FIXTURES) with BUILD_DIR's tools: tiny-deepseek2.gguf (kiln-mkmodel) and
+# SmolLM2-135M-Instruct.eagle.gguf, an untrained EAGLE head for the default model (kiln-mkeagle);
 # - Python: a virtual environment in BUILD_DIR/bindings-python-venv with pytest, the package
 #   installed from bindings/python with that libkiln bundled (pip install), its tests run from
 #   outside the source tree so that they import the installed package;
@@ -17,6 +19,18 @@ root=$PWD
 build=$(realpath "${1:-build}")
 lib_dir=$build/lib/c_api
 [[ -f $lib_dir/libkiln.so.1 ]] || { echo "test_bindings: no $lib_dir/libkiln.so.1: build first" >&2; exit 1; }
+
+start=$SECONDS
+mkmodel=$build/tools/kiln-mkmodel/kiln-mkmodel
+mkeagle=$build/tools/kiln-mkeagle/kiln-mkeagle
+for tool in "$mkmodel" "$mkeagle"; do
+  [[ -x $tool ]] || { echo "test_bindings: no $tool: build the kiln-mkmodel and kiln-mkeagle targets" >&2; exit 1; }
+done
+export KILN_BINDINGS_FIXTURES=$build/bindings-fixtures
+mkdir -p "$KILN_BINDINGS_FIXTURES"
+"$mkmodel" --shape tiny-deepseek2 --type f32 --seed 16 --out "$KILN_BINDINGS_FIXTURES/tiny-deepseek2.gguf" >/dev/null
+"$mkeagle" "$(scripts/fetch_model.sh)" "$KILN_BINDINGS_FIXTURES/SmolLM2-135M-Instruct.eagle.gguf" 2>/dev/null
+echo "test_bindings: fixtures in $((SECONDS - start)) s"
 
 start=$SECONDS
 venv=$build/bindings-python-venv

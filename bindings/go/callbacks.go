@@ -6,6 +6,7 @@ package kiln
 /*
 #include <stdint.h>
 #include <stddef.h>
+#include <kiln/kiln.h>
 */
 import "C"
 
@@ -23,6 +24,47 @@ func goKilnProgress(progress C.float, handle C.uintptr_t) C.int {
 		return 1
 	}
 	return 0
+}
+
+// goKilnLog receives a load's log line.
+//
+//export goKilnLog
+func goKilnLog(level C.int, message *C.char, handle C.uintptr_t) {
+	state := cgo.Handle(handle).Value().(*loadState)
+	if state.log != nil {
+		state.log(LogLevel(level), C.GoString(message))
+	}
+}
+
+// requestState holds a submitted request's callbacks until the next Submit or Close.
+type requestState struct {
+	onToken func(token int32, piece string) bool
+	onDone  func(err error, reason StopReason, nTokens int32)
+}
+
+// goKilnRequestToken receives a submitted request's token; non-zero ends the request.
+//
+//export goKilnRequestToken
+func goKilnRequestToken(token C.int32_t, piece *C.char, pieceLen C.size_t, handle C.uintptr_t) C.int {
+	state := cgo.Handle(handle).Value().(*requestState)
+	if state.onToken(int32(token), C.GoStringN(piece, C.int(pieceLen))) {
+		return 0
+	}
+	return 1
+}
+
+// goKilnRequestDone receives the end of a submitted request; the message of a failure is read at
+// once, on the thread of the failed step.
+//
+//export goKilnRequestDone
+func goKilnRequestDone(status C.int, reason C.int, nTokens C.int32_t, handle C.uintptr_t) {
+	state := cgo.Handle(handle).Value().(*requestState)
+	var err error
+	if status != C.KILN_OK {
+		err = &Error{Status: Status(status), Message: C.GoString(C.kiln_last_error_message())}
+		reason = 0
+	}
+	state.onDone(err, StopReason(reason), int32(nTokens))
 }
 
 // goKilnToken receives a generated token and its text; non-zero stops the generate.

@@ -17,12 +17,18 @@ package kiln
 #include <kiln/kiln.h>
 
 int kiln_go_progress(float progress, void* user_data);
+void kiln_go_log(kiln_log_level level, const char* message, void* user_data);
 
 // The callbacks' user_data is a cgo.Handle (an integer), set here so Go never forms a pointer
 // from it.
 static void kiln_go_set_progress(kiln_model_params* p, uintptr_t handle) {
   p->progress = kiln_go_progress;
   p->progress_user_data = (void*)handle;
+}
+
+static void kiln_go_set_log(kiln_model_params* p, uintptr_t handle) {
+  p->log = kiln_go_log;
+  p->log_user_data = (void*)handle;
 }
 */
 import "C"
@@ -32,6 +38,7 @@ import (
 	"errors"
 	"runtime"
 	"runtime/cgo"
+	"strings"
 	"unsafe"
 )
 
@@ -129,10 +136,23 @@ type Model struct {
 	ptr *C.kiln_model
 }
 
+// LogLevel is the severity of a log line (kiln_log_level).
+type LogLevel int
+
+const (
+	LogDebug LogLevel = C.KILN_LOG_DEBUG
+	LogInfo  LogLevel = C.KILN_LOG_INFO
+	LogWarn  LogLevel = C.KILN_LOG_WARN
+	LogError LogLevel = C.KILN_LOG_ERROR
+)
+
 // LoadOptions are the optional parts of LoadModel.
 type LoadOptions struct {
 	// Progress receives the progress in [0, 1]; returning false cancels the load (ErrCancelled).
 	Progress func(progress float32) bool
+	// Log receives the load's log lines, on the loading goroutine (a failed load logs its error
+	// message at LogError).
+	Log func(level LogLevel, line string)
 	// NoMmap reads the file into memory instead of mapping it.
 	NoMmap bool
 }
@@ -140,6 +160,7 @@ type LoadOptions struct {
 type loadState struct {
 	ctx      context.Context
 	progress func(float32) bool
+	log      func(LogLevel, string)
 }
 
 // LoadModel loads the GGUF file at path. Cancelling ctx cancels the load (an *Error that matches
@@ -159,9 +180,12 @@ func LoadModel(ctx context.Context, path string, opts *LoadOptions) (*Model, err
 	if opts.NoMmap {
 		params.use_mmap = 0
 	}
-	handle := cgo.NewHandle(&loadState{ctx: ctx, progress: opts.Progress})
+	handle := cgo.NewHandle(&loadState{ctx: ctx, progress: opts.Progress, log: opts.Log})
 	defer handle.Delete()
 	C.kiln_go_set_progress(&params, C.uintptr_t(handle))
+	if opts.Log != nil {
+		C.kiln_go_set_log(&params, C.uintptr_t(handle))
+	}
 	var ptr *C.kiln_model
 	err := call(func() C.kiln_status { return C.kiln_model_load(&params, &ptr) })
 	if err != nil {
@@ -216,6 +240,34 @@ func (m *Model) Meta(key string) (value string, ok bool) {
 		return "", false
 	}
 	return C.GoString(cvalue), true
+}
+
+// MetaEntry is one metadata entry, its value rendered as text (arrays shortened).
+type MetaEntry struct {
+	Key, Value string
+}
+
+// metaEntries reads n entries through at (kiln_model_meta_at or kiln_gguf_meta_at).
+func metaEntries(n C.size_t, at func(i C.size_t, key, value **C.char) C.kiln_status) ([]MetaEntry, error) {
+	entries := make([]MetaEntry, 0, int(n))
+	for i := C.size_t(0); i < n; i++ {
+		var key, value *C.char
+		if err := call(func() C.kiln_status { return at(i, &key, &value) }); err != nil {
+			return nil, err
+		}
+		entries = append(entries, MetaEntry{C.GoString(key), C.GoString(value)})
+	}
+	return entries, nil
+}
+
+// Metadata lists every GGUF metadata entry in file order.
+func (m *Model) Metadata() ([]MetaEntry, error) {
+	if m.ptr == nil {
+		return nil, closedError("model")
+	}
+	return metaEntries(C.kiln_model_meta_count(m.ptr), func(i C.size_t, key, value **C.char) C.kiln_status {
+		return C.kiln_model_meta_at(m.ptr, i, key, value)
+	})
 }
 
 // IsEOG reports whether token ends generation.
@@ -353,6 +405,51 @@ func (m *Model) ApplyChatTemplate(messages []ChatMessage, template string, addGe
 	}
 }
 
+// ---------------------------------------------------------------- inspecting a file
+
+// GGUFFile is a GGUF file opened for inspection only: its metadata and what kiln lacks to run it.
+// It works for any valid GGUF, also one of an architecture kiln cannot load.
+type GGUFFile struct {
+	ptr *C.kiln_gguf
+}
+
+// OpenGGUF opens and validates the file at path: ErrIO when it cannot be read, ErrFormat when it
+// is not a valid GGUF (the message names the field and byte offset).
+func OpenGGUF(path string) (*GGUFFile, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.kiln_gguf
+	if err := call(func() C.kiln_status { return C.kiln_gguf_open(cpath, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &GGUFFile{ptr: ptr}, nil
+}
+
+// Close frees the handle. Closing twice is a no-op.
+func (g *GGUFFile) Close() {
+	C.kiln_gguf_destroy(g.ptr)
+	g.ptr = nil
+}
+
+// Metadata lists every metadata entry in file order.
+func (g *GGUFFile) Metadata() ([]MetaEntry, error) {
+	if g.ptr == nil {
+		return nil, closedError("GGUF file")
+	}
+	return metaEntries(C.kiln_gguf_meta_count(g.ptr), func(i C.size_t, key, value **C.char) C.kiln_status {
+		return C.kiln_gguf_meta_at(g.ptr, i, key, value)
+	})
+}
+
+// Unsupported lists what kiln lacks to run the file, one problem per entry; empty when it can.
+func (g *GGUFFile) Unsupported() []string {
+	text := strings.TrimRight(C.GoString(C.kiln_gguf_unsupported(g.ptr)), "\n")
+	if text == "" {
+		return nil
+	}
+	return strings.Split(text, "\n")
+}
+
 // ---------------------------------------------------------------- cache
 
 // Cache is a paged KV cache and the engine that batches its sessions; any goroutine may use it.
@@ -361,6 +458,37 @@ type Cache struct {
 	model *Model
 }
 
+// KVType is the element type of the stored K/V (kiln_kv_type).
+type KVType int
+
+const (
+	KVF16  KVType = C.KILN_KV_F16
+	KVF32  KVType = C.KILN_KV_F32
+	KVBF16 KVType = C.KILN_KV_BF16
+	KVQ8_0 KVType = C.KILN_KV_Q8_0 // the model's head size must be a multiple of 32
+)
+
+// Backend is the compute backend a cache asks for (kiln_backend_kind).
+type Backend int
+
+const (
+	BackendCPU  Backend = C.KILN_BACKEND_CPU
+	BackendCUDA Backend = C.KILN_BACKEND_CUDA
+	BackendAuto Backend = C.KILN_BACKEND_AUTO // CUDA when it can run the model, else the CPU
+)
+
+// MLAPrefill is how MLA models (deepseek2) compute prompt chunks (kiln_mla_prefill); other
+// models ignore it.
+type MLAPrefill int
+
+const (
+	// MLAPrefillAbsorbed computes prompts as decode steps: every bitwise guarantee holds.
+	MLAPrefillAbsorbed MLAPrefill = C.KILN_MLA_PREFILL_ABSORBED
+	// MLAPrefillMeasured decompresses long chunks where a measured cost rule says it is faster;
+	// equal to float rounding, so a token's last logit bits can depend on the chunking.
+	MLAPrefillMeasured MLAPrefill = C.KILN_MLA_PREFILL_MEASURED
+)
+
 // CacheOptions are the optional parts of NewCache; zero values keep kiln's defaults.
 type CacheOptions struct {
 	NCtx            int32  // most tokens one session may hold; 0: the training context
@@ -368,6 +496,14 @@ type CacheOptions struct {
 	PoolBytes       uint64 // KV pool size; 0: one full context
 	NThreads        int32  // compute threads; 0: physical cores
 	NoPrefixCaching bool
+	KVType          KVType
+	LlamaCppOrder   bool  // reproduce llama.cpp's CPU arithmetic bit for bit (slower)
+	StepTokens      int32 // most tokens in one step's forward pass; 0: 512
+	// Backend CUDA or Auto runs on the CUDA device CUDADevice when it can, else on the CPU (the
+	// cache is created either way; Cache.Backend says which and why).
+	Backend    Backend
+	CUDADevice int32
+	MLAPrefill MLAPrefill
 }
 
 // NewCache creates a cache on the model; close it before the model.
@@ -389,6 +525,16 @@ func (m *Model) NewCache(opts *CacheOptions) (*Cache, error) {
 	if opts.NoPrefixCaching {
 		params.prefix_caching = 0
 	}
+	params.kv_type = C.kiln_kv_type(opts.KVType)
+	if opts.LlamaCppOrder {
+		params.llama_cpp_order = 1
+	}
+	if opts.StepTokens != 0 {
+		params.step_tokens = C.int32_t(opts.StepTokens)
+	}
+	params.backend = C.kiln_backend_kind(opts.Backend)
+	params.cuda_device = C.int32_t(opts.CUDADevice)
+	params.mla_prefill = C.kiln_mla_prefill(opts.MLAPrefill)
 	var ptr *C.kiln_cache
 	if err := call(func() C.kiln_status { return C.kiln_cache_create(m.ptr, &params, &ptr) }); err != nil {
 		return nil, err
@@ -401,6 +547,10 @@ func (c *Cache) Close() {
 	C.kiln_cache_destroy(c.ptr)
 	c.ptr = nil
 }
+
+// Backend names the backend the cache runs on ("cpu (avx2, 4 threads)"), followed by "; cuda
+// requested, running on the CPU: <reason>" when a CUDA request fell back.
+func (c *Cache) Backend() string { return C.GoString(C.kiln_cache_backend(c.ptr)) }
 
 // CacheStats are the cache's occupancy and prefix-cache counters.
 type CacheStats struct {
@@ -437,9 +587,15 @@ type StepResult struct {
 // Step runs steps of the cache on the calling goroutine: one step, or with timeBudgetMs > 0 as
 // many as are expected to end within that budget (a game loop calls it once per frame).
 func (c *Cache) Step(timeBudgetMs float64) (StepResult, error) {
+	return c.StepWith(timeBudgetMs, 0)
+}
+
+// StepWith is Step with at most stepTokens tokens per forward pass (0: the cache's StepTokens).
+func (c *Cache) StepWith(timeBudgetMs float64, stepTokens int32) (StepResult, error) {
 	var params C.kiln_step_params
 	C.kiln_step_params_init(&params, C.size_t(unsafe.Sizeof(params)))
 	params.time_budget_ms = C.double(timeBudgetMs)
+	params.step_tokens = C.int32_t(stepTokens)
 	var r C.kiln_step_result
 	r.struct_size = C.uint32_t(unsafe.Sizeof(r))
 	if err := call(func() C.kiln_status { return C.kiln_cache_step(c.ptr, &params, &r) }); err != nil {

@@ -3,11 +3,24 @@ package kiln
 /*
 #include <stdlib.h>
 #include <kiln/kiln.h>
+
+int kiln_go_request_token(int32_t token, const char* piece, size_t piece_len, void* user_data);
+void kiln_go_request_done(kiln_session* session, kiln_status status, kiln_stop_reason reason,
+                          int32_t n_tokens, void* user_data);
+
+// user_data is a cgo.Handle (an integer), set here so Go never forms a pointer from it.
+static void kiln_go_set_request_callbacks(kiln_request_params* p, int on_token, int on_done,
+                                          uintptr_t handle) {
+  if (on_token) p->on_token = kiln_go_request_token;
+  if (on_done) p->on_done = kiln_go_request_done;
+  p->user_data = (void*)handle;
+}
 */
 import "C"
 
 import (
 	"context"
+	"runtime/cgo"
 	"time"
 	"unsafe"
 )
@@ -20,9 +33,17 @@ type Strategy struct {
 	ptr *C.kiln_strategy
 }
 
-// NgramOptions are prompt-lookup parameters; zero values keep kiln's defaults.
+// NgramOptions are prompt-lookup parameters (kiln_ngram_params); zero values keep kiln's
+// defaults.
 type NgramOptions struct {
 	MaxNgram, MinNgram, MaxDraft, StartDraft int32
+	// MaxSkip is the number of plain steps between probes of the pass cost (0: never); nil: 32.
+	MaxSkip *int32
+	// NoAdaptive drafts max_draft tokens whenever a match is found instead of a cost-aware length.
+	NoAdaptive bool
+	// FixedPassCostBeta >= 0 fixes a pass over w tokens at 1 + beta (w - 1) one-token passes, so
+	// that draft lengths do not depend on timing; nil: the measured cost.
+	FixedPassCostBeta *float64
 }
 
 // NewNgramStrategy creates an n-gram prompt-lookup strategy (no model).
@@ -42,6 +63,15 @@ func NewNgramStrategy(opts NgramOptions) (*Strategy, error) {
 	} else if p.start_draft > p.max_draft && p.max_draft > 0 {
 		p.start_draft = p.max_draft
 	}
+	if opts.MaxSkip != nil {
+		p.max_skip = C.int32_t(*opts.MaxSkip)
+	}
+	if opts.NoAdaptive {
+		p.adaptive = 0
+	}
+	if opts.FixedPassCostBeta != nil {
+		p.fixed_pass_cost_beta = C.double(*opts.FixedPassCostBeta)
+	}
 	var ptr *C.kiln_strategy
 	if err := call(func() C.kiln_status { return C.kiln_strategy_create_ngram(&p, &ptr) }); err != nil {
 		return nil, err
@@ -52,12 +82,34 @@ func NewNgramStrategy(opts NgramOptions) (*Strategy, error) {
 // NewDraftStrategy creates a draft-model strategy from the GGUF at draftPath (the target's
 // vocabulary size); maxDraft 0 and nThreads 0 keep kiln's defaults.
 func NewDraftStrategy(target *Model, draftPath string, maxDraft, nThreads int32) (*Strategy, error) {
+	return NewDraftStrategyWith(target, draftPath, DraftOptions{MaxDraft: maxDraft, NThreads: nThreads})
+}
+
+// DraftOptions are draft-model parameters (kiln_draft_params); zero values keep kiln's defaults.
+type DraftOptions struct {
+	MaxDraft   int32 // most tokens drafted per step
+	NThreads   int32 // draft forward threads; 0: physical cores
+	NCtx       int32 // longest context drafted for; 0: min(training context, 8192)
+	NoAdaptive bool  // a fixed draft length instead of one adapted to acceptance
+	// FixedPassCostBeta >= 0 fixes the pass cost model (see NgramOptions); nil: measured.
+	FixedPassCostBeta *float64
+}
+
+// NewDraftStrategyWith is NewDraftStrategy with every parameter.
+func NewDraftStrategyWith(target *Model, draftPath string, opts DraftOptions) (*Strategy, error) {
 	var p C.kiln_draft_params
 	C.kiln_draft_params_init(&p, C.size_t(unsafe.Sizeof(p)))
-	if maxDraft != 0 {
-		p.max_draft = C.int32_t(maxDraft)
+	if opts.MaxDraft != 0 {
+		p.max_draft = C.int32_t(opts.MaxDraft)
 	}
-	p.n_threads = C.int32_t(nThreads)
+	p.n_threads = C.int32_t(opts.NThreads)
+	p.n_ctx = C.int32_t(opts.NCtx)
+	if opts.NoAdaptive {
+		p.adaptive = 0
+	}
+	if opts.FixedPassCostBeta != nil {
+		p.fixed_pass_cost_beta = C.double(*opts.FixedPassCostBeta)
+	}
 	cpath := C.CString(draftPath)
 	defer C.free(unsafe.Pointer(cpath))
 	var ptr *C.kiln_strategy
@@ -91,6 +143,41 @@ func NewMedusaStrategy(target *Model, headPath string, opts MedusaOptions) (*Str
 	defer C.free(unsafe.Pointer(cpath))
 	var ptr *C.kiln_strategy
 	if err := call(func() C.kiln_status { return C.kiln_strategy_create_medusa(target.ptr, cpath, &p, &ptr) }); err != nil {
+		return nil, err
+	}
+	return &Strategy{ptr: ptr}, nil
+}
+
+// EagleOptions are EAGLE-head parameters (kiln_eagle_params); zero values keep kiln's defaults
+// (top_k 8, max_depth 5, tree size chosen each step, one thread).
+type EagleOptions struct {
+	TopK       int32 // children per expanded node and nodes expanded per depth, 1..64
+	MaxDepth   int32 // deepest draft node, 1..16
+	TreeTokens int32 // nodes verified per step; 0: chosen from the drafts and the pass cost
+	NThreads   int32 // threads of the head's matmuls
+}
+
+// NewEagleStrategy creates a strategy from the EAGLE head in headPath (architecture "eagle";
+// kiln-mkeagle writes untrained ones). A head for another model or a file that is not an eagle
+// head fails with ErrInvalidArgument, a malformed one with ErrFormat, a missing one with ErrIO.
+// target must outlive the strategy.
+func NewEagleStrategy(target *Model, headPath string, opts EagleOptions) (*Strategy, error) {
+	var p C.kiln_eagle_params
+	C.kiln_eagle_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	if opts.TopK != 0 {
+		p.top_k = C.int32_t(opts.TopK)
+	}
+	if opts.MaxDepth != 0 {
+		p.max_depth = C.int32_t(opts.MaxDepth)
+	}
+	p.tree_tokens = C.int32_t(opts.TreeTokens)
+	if opts.NThreads != 0 {
+		p.n_threads = C.int32_t(opts.NThreads)
+	}
+	cpath := C.CString(headPath)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.kiln_strategy
+	if err := call(func() C.kiln_status { return C.kiln_strategy_create_eagle(target.ptr, cpath, &p, &ptr) }); err != nil {
 		return nil, err
 	}
 	return &Strategy{ptr: ptr}, nil
@@ -133,10 +220,19 @@ func (s *Session) SpecMetrics() (SpecMetrics, error) {
 // Request is a non-blocking request: append a prompt (Text, then Tokens), then generate.
 type Request struct {
 	Text         string
+	AddSpecial   bool // add BOS/EOS to Text as the vocabulary asks
 	ParseSpecial bool
 	Tokens       []int32
 	MaxTokens    int // 0: only compute the prompt
 	Stop         []string
+	// OnToken receives each token and the text it completed (possibly a partial UTF-8
+	// character; token -1: held-back text at the end) on the goroutine that steps the cache
+	// (Cache.Step, the worker's thread, a blocking call); returning false ends the request
+	// (StopCallback). With OnToken set, Poll returns no text. It must not panic.
+	OnToken func(token int32, piece string) bool
+	// OnDone is called once when the request ends, where OnToken is: the request's error (nil
+	// on success), the stop reason and the number of generated tokens. It must not panic.
+	OnDone func(err error, reason StopReason, nTokens int32)
 }
 
 // Submit starts req and returns at once; it runs as the cache is stepped (Cache.Step, the
@@ -151,9 +247,7 @@ func (s *Session) Submit(req Request) error {
 	ctext, clen := cText(req.Text)
 	defer C.free(unsafe.Pointer(ctext))
 	p.text, p.text_len = ctext, clen
-	if req.ParseSpecial {
-		p.text_flags = C.KILN_TOKENIZE_PARSE_SPECIAL
-	}
+	p.text_flags = TokenizeOptions{AddSpecial: req.AddSpecial, ParseSpecial: req.ParseSpecial}.flags()
 	// The prompt is read during the call; C memory because p is Go memory holding the pointer.
 	var ctokens *C.int32_t
 	if len(req.Tokens) > 0 {
@@ -165,12 +259,22 @@ func (s *Session) Submit(req Request) error {
 	// Stop strings are matched while the request runs: they live until the next submit or Close.
 	stops := cStrings(req.Stop)
 	p.stop_strings, p.n_stop_strings = stops, C.size_t(len(req.Stop))
+	var handle cgo.Handle
+	if req.OnToken != nil || req.OnDone != nil {
+		state := &requestState{onToken: req.OnToken, onDone: req.OnDone}
+		handle = cgo.NewHandle(state)
+		C.kiln_go_set_request_callbacks(&p, boolInt(req.OnToken != nil), boolInt(req.OnDone != nil), C.uintptr_t(handle))
+	}
 	if err := call(func() C.kiln_status { return C.kiln_session_submit(s.ptr, &p) }); err != nil {
 		freeCStrings(stops, len(req.Stop))
+		if handle != 0 {
+			handle.Delete()
+		}
 		return err
 	}
-	s.freeRequestStops()
+	s.freeRequestData()
 	s.requestStops, s.nRequestStops = stops, len(req.Stop)
+	s.requestCallbacks = handle
 	return nil
 }
 

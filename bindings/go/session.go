@@ -23,13 +23,19 @@ import (
 // SamplerOptions are a session's sampling parameters. The zero value is greedy decoding (kiln's
 // own defaults sample at temperature 0.8; a Go zero value meaning "random" would surprise).
 type SamplerOptions struct {
-	Temperature   float32 // <= 0: greedy
-	TopK          int32   // <= 0: off
-	TopP          float32 // 0 or >= 1: off
-	MinP          float32 // <= 0: off
-	RepeatPenalty float32 // 0 or 1: off
-	Seed          uint64
-	NLogprobs     int32 // top log-probabilities kept per sampled token
+	Temperature      float32 // <= 0: greedy
+	TopK             int32   // <= 0: off
+	TopP             float32 // 0 or >= 1: off
+	MinP             float32 // <= 0: off
+	TypicalP         float32 // 0 or >= 1: off
+	RepeatPenalty    float32 // 0 or 1: off
+	FrequencyPenalty float32 // 0: off
+	PresencePenalty  float32 // 0: off
+	PenaltyLastN     int32   // window of the penalties; 0: kiln's 64, -1: the whole history
+	Seed             uint64
+	NLogprobs        int32 // top log-probabilities kept per sampled token
+	// LogitBias is added to the logits of the tokens it names; float32(math.Inf(-1)) bans one.
+	LogitBias map[int32]float32
 }
 
 // Session is one conversation on a cache; one goroutine at a time (Cancel and NTokens: any).
@@ -39,6 +45,8 @@ type Session struct {
 	// stop strings of the request in flight, in C memory until the next submit or Close.
 	requestStops  **C.char
 	nRequestStops int
+	// callbacks of the last submitted request (0: none), kept until the next submit or Close.
+	requestCallbacks cgo.Handle
 }
 
 // NewSession creates an empty session; sampler nil is greedy.
@@ -57,12 +65,32 @@ func (c *Cache) NewSession(sampler *SamplerOptions) (*Session, error) {
 			p.top_p = C.float(sampler.TopP)
 		}
 		p.min_p = C.float(sampler.MinP)
+		p.typical_p = 1
+		if sampler.TypicalP > 0 {
+			p.typical_p = C.float(sampler.TypicalP)
+		}
 		p.repeat_penalty = 1
 		if sampler.RepeatPenalty != 0 {
 			p.repeat_penalty = C.float(sampler.RepeatPenalty)
 		}
+		p.frequency_penalty = C.float(sampler.FrequencyPenalty)
+		p.presence_penalty = C.float(sampler.PresencePenalty)
+		if sampler.PenaltyLastN != 0 {
+			p.penalty_last_n = C.int32_t(sampler.PenaltyLastN)
+		}
 		p.seed = C.uint64_t(sampler.Seed)
 		p.n_logprobs = C.int32_t(sampler.NLogprobs)
+		if n := len(sampler.LogitBias); n > 0 {
+			// C memory: p (Go memory) holds the pointer; kiln_sampler_create copies the array.
+			bias := (*[1 << 20]C.kiln_logit_bias)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.kiln_logit_bias{}))))
+			defer C.free(unsafe.Pointer(bias))
+			i := 0
+			for token, b := range sampler.LogitBias {
+				bias[i] = C.kiln_logit_bias{token: C.int32_t(token), bias: C.float(b)}
+				i++
+			}
+			p.logit_bias, p.n_logit_bias = &bias[0], C.size_t(n)
+		}
 		if err := call(func() C.kiln_status { return C.kiln_sampler_create(&p, &cs) }); err != nil {
 			return nil, err
 		}
@@ -80,12 +108,24 @@ func (c *Cache) NewSession(sampler *SamplerOptions) (*Session, error) {
 func (s *Session) Close() {
 	C.kiln_session_destroy(s.ptr)
 	s.ptr = nil
-	s.freeRequestStops()
+	s.freeRequestData()
 }
 
-func (s *Session) freeRequestStops() {
+// freeRequestData frees what the last submitted request needed while it ran.
+func (s *Session) freeRequestData() {
 	freeCStrings(s.requestStops, s.nRequestStops)
 	s.requestStops, s.nRequestStops = nil, 0
+	if s.requestCallbacks != 0 {
+		s.requestCallbacks.Delete()
+		s.requestCallbacks = 0
+	}
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // cStrings copies strs into a C array of C strings (kiln reads arrays of pointers, which cgo
@@ -357,16 +397,44 @@ func (s *Session) Logprobs() ([]TokenLogprob, error) {
 	}
 }
 
-// SaveState serializes the session (tokens, K/V, logits, sampler state).
-func (s *Session) SaveState() ([]byte, error) {
+// StateOptions are the optional parts of a saved state; the zero value saves everything.
+type StateOptions struct {
+	// NoKV saves only the tokens (a few bytes per token); the restore recomputes the K/V.
+	NoKV bool
+	// NoStrategy leaves the speculative strategy's adaptive state out (a draft model cannot save
+	// it: ErrUnsupported otherwise).
+	NoStrategy bool
+}
+
+func (o StateOptions) params() C.kiln_state_params {
+	var p C.kiln_state_params
+	C.kiln_state_params_init(&p, C.size_t(unsafe.Sizeof(p)))
+	if o.NoKV {
+		p.kv = 0
+	}
+	if o.NoStrategy {
+		p.strategy = 0
+	}
+	return p
+}
+
+// SaveState serializes the session (tokens, K/V, logits, sampler and strategy state).
+func (s *Session) SaveState() ([]byte, error) { return s.SaveStateWith(StateOptions{}) }
+
+// SaveStateWith serializes the session as opts asks.
+func (s *Session) SaveStateWith(opts StateOptions) ([]byte, error) {
+	if s.ptr == nil {
+		return nil, closedError("session")
+	}
+	params := opts.params()
 	var n C.size_t
-	err := call(func() C.kiln_status { return C.kiln_session_save_state(s.ptr, nil, nil, 0, &n) })
+	err := call(func() C.kiln_status { return C.kiln_session_save_state(s.ptr, &params, nil, 0, &n) })
 	if err != nil && !errors.Is(err, ErrBufferTooSmall) {
 		return nil, err
 	}
 	buf := make([]byte, n)
 	err = call(func() C.kiln_status {
-		return C.kiln_session_save_state(s.ptr, nil, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), &n)
+		return C.kiln_session_save_state(s.ptr, &params, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), &n)
 	})
 	if err != nil {
 		return nil, err
@@ -382,4 +450,46 @@ func (s *Session) LoadState(state []byte) error {
 	return call(func() C.kiln_status {
 		return C.kiln_session_load_state(s.ptr, unsafe.Pointer(&state[0]), C.size_t(len(state)))
 	})
+}
+
+// SaveStateFile saves the session's state into the file at path (written beside it, then renamed
+// over it).
+func (s *Session) SaveStateFile(path string, opts StateOptions) error {
+	if s.ptr == nil {
+		return closedError("session")
+	}
+	params := opts.params()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	return call(func() C.kiln_status { return C.kiln_session_save_state_file(s.ptr, &params, cpath) })
+}
+
+// LoadStateFile replaces the session's contents with the state saved in the file at path.
+func (s *Session) LoadStateFile(path string) error {
+	if s.ptr == nil {
+		return closedError("session")
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	return call(func() C.kiln_status { return C.kiln_session_load_state_file(s.ptr, cpath) })
+}
+
+// Score appends tokens (at least 2) and returns the natural log-probability of each token after
+// the first given what precedes it (perplexity scoring).
+func (s *Session) Score(tokens []int32) ([]float32, error) {
+	if s.ptr == nil {
+		return nil, closedError("session")
+	}
+	if len(tokens) < 2 {
+		return nil, &Error{Status: StatusInvalidArgument, Message: "score: fewer than 2 tokens"}
+	}
+	out := make([]float32, len(tokens)-1)
+	err := call(func() C.kiln_status {
+		return C.kiln_session_append_tokens_scored(s.ptr, tokenPtr(tokens), C.size_t(len(tokens)),
+			(*C.float)(unsafe.Pointer(&out[0])))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

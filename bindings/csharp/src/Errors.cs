@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.InteropServices;
 using System.Text;
 
@@ -70,6 +71,22 @@ namespace Kiln
             var bytes = new byte[n];
             Marshal.Copy(p, bytes, 0, n);
             return Encoding.UTF8.GetString(bytes);
+        }
+
+        internal delegate int MetaAt(UIntPtr index, out IntPtr key, out IntPtr value);
+
+        /// <summary>The n (key, value) metadata entries that at reads (kiln_model_meta_at,
+        /// kiln_gguf_meta_at): strings owned by the handle, copied here.</summary>
+        internal static IList<KeyValuePair<string, string>> MetaEntries(int n, MetaAt at)
+        {
+            var entries = new List<KeyValuePair<string, string>>(n);
+            for (int i = 0; i < n; i++)
+            {
+                IntPtr key, value;
+                Check(at((UIntPtr)i, out key, out value));
+                entries.Add(new KeyValuePair<string, string>(Utf8String(key), Utf8String(value)));
+            }
+            return entries;
         }
 
         /// <summary>NUL-terminated UTF-8 (null for null).</summary>

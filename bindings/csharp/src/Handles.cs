@@ -40,6 +40,11 @@ namespace Kiln
         protected override void Destroy(IntPtr raw) { Native.kiln_model_destroy(raw); }
     }
 
+    internal sealed class GgufHandle : KilnHandle
+    {
+        protected override void Destroy(IntPtr raw) { Native.kiln_gguf_destroy(raw); }
+    }
+
     internal sealed class CacheHandle : KilnHandle
     {
         protected override void Destroy(IntPtr raw) { Native.kiln_cache_destroy(raw); }
@@ -47,6 +52,11 @@ namespace Kiln
 
     internal sealed class SessionHandle : KilnHandle
     {
+        // The delegates of the last submitted request: kiln may call them until the request is
+        // done, at the latest inside kiln_session_destroy, so the handle (not the Session, which
+        // the GC may collect first) keeps them alive.
+        internal object RequestCallbacks;
+
         protected override void Destroy(IntPtr raw) { Native.kiln_session_destroy(raw); }
     }
 

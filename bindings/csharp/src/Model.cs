@@ -24,6 +24,9 @@ namespace Kiln
         ParseSpecial = 2, // "<|im_start|>" in the text becomes the control token
     }
 
+    /// <summary>Severity of a log line (kiln_log_level).</summary>
+    public enum LogLevel { Debug = 0, Info = 1, Warn = 2, Error = 3 }
+
     public sealed class ModelInfo
     {
         public string Architecture, Name;
@@ -38,8 +41,11 @@ namespace Kiln
         internal readonly ModelHandle Handle;
 
         /// <summary>Loads the model. progress receives [0, 1] and returns false to cancel;
-        /// cancelling the token cancels the load (KilnCancelledException).</summary>
-        public Model(string path, Func<float, bool> progress = null, CancellationToken cancellation = default(CancellationToken))
+        /// cancelling the token cancels the load (KilnCancelledException). log receives the load's
+        /// log lines on this thread (a failed load logs its error message at LogLevel.Error).
+        /// </summary>
+        public Model(string path, Func<float, bool> progress = null, CancellationToken cancellation = default(CancellationToken),
+                     Action<LogLevel, string> log = null)
         {
             if (path == null) throw new ArgumentNullException("path");
             cancellation.ThrowIfCancellationRequested();
@@ -55,12 +61,23 @@ namespace Kiln
                 catch (Exception e) { callbackError = e; return 1; }
             };
             p.Progress = Marshal.GetFunctionPointerForDelegate(fn);
+            Native.LogFn logFn = (level, message, _) =>
+            {
+                if (callbackError != null) return;
+                try { log((LogLevel)level, Interop.Utf8String(message)); }
+                catch (Exception e) { callbackError = e; }
+            };
+            if (log != null) p.Log = Marshal.GetFunctionPointerForDelegate(logFn);
             p.Path = Interop.AllocCString(path);
             IntPtr raw;
             int status;
             try { status = Native.kiln_model_load(ref p, out raw); }
-            finally { Marshal.FreeHGlobal(p.Path); GC.KeepAlive(fn); }
-            if (callbackError != null) throw callbackError;
+            finally { Marshal.FreeHGlobal(p.Path); GC.KeepAlive(fn); GC.KeepAlive(logFn); }
+            if (callbackError != null)
+            {
+                Native.kiln_model_destroy(raw); // loaded anyway (a log callback cannot stop it)
+                throw callbackError;
+            }
             if (status == (int)Status.Cancelled && cancellation.IsCancellationRequested)
                 throw new KilnCancelledException("model load cancelled");
             Interop.Check(status);
@@ -92,6 +109,16 @@ namespace Kiln
             IntPtr value;
             return Native.kiln_model_meta_get(Handle, Interop.CString(key), out value) == 0
                 ? Interop.Utf8String(value) : null;
+        }
+
+        /// <summary>Every GGUF metadata entry (key, value rendered as text) in file order.</summary>
+        public IList<KeyValuePair<string, string>> Metadata
+        {
+            get
+            {
+                return Interop.MetaEntries((int)Native.kiln_model_meta_count(Handle),
+                    (UIntPtr i, out IntPtr k, out IntPtr v) => Native.kiln_model_meta_at(Handle, i, out k, out v));
+            }
         }
 
         public bool IsEndOfGeneration(int token) { return Native.kiln_model_token_is_eog(Handle, token) != 0; }
@@ -157,6 +184,58 @@ namespace Kiln
         }
     }
 
+    /// <summary>A GGUF file opened for inspection only: its metadata and what kiln lacks to run
+    /// it. Works for any valid GGUF, also one of an architecture kiln cannot load.</summary>
+    public sealed class GgufFile : IDisposable
+    {
+        internal readonly GgufHandle Handle;
+
+        /// <summary>Opens and validates path: KilnException(IO) when it cannot be read,
+        /// KilnException(Format) when it is not a valid GGUF (naming the field and offset).</summary>
+        public GgufFile(string path)
+        {
+            if (path == null) throw new ArgumentNullException("path");
+            IntPtr raw;
+            Interop.Check(Native.kiln_gguf_open(Interop.CString(path), out raw));
+            Handle = new GgufHandle();
+            Handle.Adopt(raw, null);
+        }
+
+        public void Dispose() { Handle.Dispose(); }
+
+        /// <summary>Every metadata entry (key, value rendered as text) in file order.</summary>
+        public IList<KeyValuePair<string, string>> Metadata
+        {
+            get
+            {
+                return Interop.MetaEntries((int)Native.kiln_gguf_meta_count(Handle),
+                    (UIntPtr i, out IntPtr k, out IntPtr v) => Native.kiln_gguf_meta_at(Handle, i, out k, out v));
+            }
+        }
+
+        /// <summary>What kiln lacks to run the file, one problem per entry; empty when it can.</summary>
+        public string[] Unsupported
+        {
+            get
+            {
+                return Interop.Utf8String(Native.kiln_gguf_unsupported(Handle))
+                    .Split(new[] { '\n' }, StringSplitOptions.RemoveEmptyEntries);
+            }
+        }
+    }
+
+    /// <summary>Element type of the stored K/V (kiln_kv_type).</summary>
+    public enum KvType { F16 = 0, F32 = 1, BF16 = 2, Q8_0 = 3 /* head size a multiple of 32 */ }
+
+    /// <summary>The compute backend a cache asks for (kiln_backend_kind).</summary>
+    public enum Backend { Cpu = 0, Cuda = 1, Auto = 2 /* CUDA when it can run the model, else the CPU */ }
+
+    /// <summary>How MLA models (deepseek2) compute prompt chunks (kiln_mla_prefill); other
+    /// models ignore it. Absorbed: as decode steps, every bitwise guarantee holds. Measured: long
+    /// chunks decompressed where a measured cost rule says it is faster, equal to float rounding
+    /// (a token's last logit bits can depend on how its prompt was chunked).</summary>
+    public enum MlaPrefill { Absorbed = 0, Measured = 1 }
+
     public sealed class CacheOptions
     {
         public int NCtx;        // most tokens per session; 0: the training context
@@ -164,6 +243,14 @@ namespace Kiln
         public long PoolBytes;  // 0: one full context
         public int NThreads;    // 0: physical cores
         public bool PrefixCaching = true;
+        public KvType KvType = KvType.F16;
+        public bool LlamaCppOrder; // reproduce llama.cpp's CPU arithmetic bit for bit (slower)
+        public int StepTokens;     // most tokens in one step's forward pass; 0: 512
+        /// <summary>Cuda or Auto: the CUDA device CudaDevice when it can run the model, else the
+        /// CPU (the cache is created either way; Cache.Backend says which and why).</summary>
+        public Backend Backend = Backend.Cpu;
+        public int CudaDevice;
+        public MlaPrefill MlaPrefill = MlaPrefill.Absorbed;
     }
 
     public struct CacheStats
@@ -195,6 +282,12 @@ namespace Kiln
             p.PoolBytes = (UIntPtr)(ulong)options.PoolBytes;
             p.NThreads = options.NThreads;
             p.PrefixCaching = options.PrefixCaching ? 1 : 0;
+            p.KvType = (int)options.KvType;
+            p.LlamaCppOrder = options.LlamaCppOrder ? 1 : 0;
+            if (options.StepTokens != 0) p.StepTokens = options.StepTokens;
+            p.Backend = (int)options.Backend;
+            p.CudaDevice = options.CudaDevice;
+            p.MlaPrefill = (int)options.MlaPrefill;
             IntPtr raw;
             Interop.Check(Native.kiln_cache_create(model.Handle, ref p, out raw));
             Handle = new CacheHandle();
@@ -203,6 +296,10 @@ namespace Kiln
         }
 
         public void Dispose() { Handle.Dispose(); }
+
+        /// <summary>The backend the cache runs on ("cpu (avx2, 4 threads)"), followed by "; cuda
+        /// requested, running on the CPU: &lt;reason&gt;" when a CUDA request fell back.</summary>
+        public string Backend { get { return Interop.Utf8String(Native.kiln_cache_backend(Handle)); } }
 
         public CacheStats Stats
         {
@@ -223,12 +320,14 @@ namespace Kiln
         public Session CreateSession(SamplerOptions sampler = null) { return new Session(this, sampler); }
 
         /// <summary>Runs steps on the calling thread: one, or with timeBudgetMs &gt; 0 as many as fit
-        /// in that budget (a game loop calls it once per frame).</summary>
-        public StepResult Step(double timeBudgetMs = 0)
+        /// in that budget (a game loop calls it once per frame); at most stepTokens tokens per
+        /// forward pass (0: CacheOptions.StepTokens).</summary>
+        public StepResult Step(double timeBudgetMs = 0, int stepTokens = 0)
         {
             var p = new Native.StepParams();
             Interop.Check(Native.kiln_step_params_init(ref p, Native.SizeOf<Native.StepParams>()));
             p.TimeBudgetMs = timeBudgetMs;
+            p.StepTokens = stepTokens;
             var r = new Native.StepResult { StructSize = (uint)Marshal.SizeOf(typeof(Native.StepResult)) };
             Interop.Check(Native.kiln_cache_step(Handle, ref p, ref r));
             return new StepResult { NSteps = r.NSteps, NActive = r.NActive, NTokens = r.NTokens, ElapsedMs = r.ElapsedMs };

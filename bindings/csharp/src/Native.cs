@@ -15,6 +15,12 @@ namespace Kiln
         internal delegate int ProgressFn(float progress, IntPtr userData);
 
         [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+        internal delegate void DoneFn(IntPtr session, int status, int reason, int nTokens, IntPtr userData);
+
+        [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+        internal delegate void LogFn(int level, IntPtr message, IntPtr userData);
+
+        [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
         internal delegate int TokenFn(int token, IntPtr piece, UIntPtr pieceLen, IntPtr userData);
 
         [StructLayout(LayoutKind.Sequential)]
@@ -53,6 +59,7 @@ namespace Kiln
             public uint StructSize;
             public UIntPtr PoolBytes;
             public int BlockSize, KvType, PrefixCaching, NCtx, NThreads, LlamaCppOrder;
+            public int StepTokens, Backend, CudaDevice, MlaPrefill;
         }
 
         [StructLayout(LayoutKind.Sequential)]
@@ -62,6 +69,13 @@ namespace Kiln
             public int NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences;
             public long PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions;
             public UIntPtr BytesPerToken, BlockBytes;
+        }
+
+        [StructLayout(LayoutKind.Sequential)]
+        internal struct LogitBias
+        {
+            public int Token;
+            public float Bias;
         }
 
         [StructLayout(LayoutKind.Sequential)]
@@ -176,6 +190,13 @@ namespace Kiln
         }
 
         [StructLayout(LayoutKind.Sequential)]
+        internal struct EagleParams
+        {
+            public uint StructSize;
+            public int TopK, MaxDepth, TreeTokens, NThreads;
+        }
+
+        [StructLayout(LayoutKind.Sequential)]
         internal struct SpecMetrics
         {
             public uint StructSize;
@@ -196,6 +217,14 @@ namespace Kiln
         [DllImport(Lib)] internal static extern int kiln_model_get_info(ModelHandle model, ref ModelInfo info);
         [DllImport(Lib)] internal static extern int kiln_model_meta_get(ModelHandle model, byte[] key, out IntPtr value);
         [DllImport(Lib)] internal static extern int kiln_model_token_is_eog(ModelHandle model, int token);
+        [DllImport(Lib)] internal static extern UIntPtr kiln_model_meta_count(ModelHandle model);
+        [DllImport(Lib)] internal static extern int kiln_model_meta_at(ModelHandle model, UIntPtr index, out IntPtr key, out IntPtr value);
+
+        [DllImport(Lib)] internal static extern int kiln_gguf_open(byte[] path, out IntPtr gguf);
+        [DllImport(Lib)] internal static extern void kiln_gguf_destroy(IntPtr gguf);
+        [DllImport(Lib)] internal static extern UIntPtr kiln_gguf_meta_count(GgufHandle gguf);
+        [DllImport(Lib)] internal static extern int kiln_gguf_meta_at(GgufHandle gguf, UIntPtr index, out IntPtr key, out IntPtr value);
+        [DllImport(Lib)] internal static extern IntPtr kiln_gguf_unsupported(GgufHandle gguf);
 
         [DllImport(Lib)]
         internal static extern int kiln_tokenize(ModelHandle model, byte[] text, UIntPtr textLen, uint flags,
@@ -211,6 +240,7 @@ namespace Kiln
         [DllImport(Lib)] internal static extern int kiln_cache_params_init(ref CacheParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_cache_create(ModelHandle model, ref CacheParams p, out IntPtr cache);
         [DllImport(Lib)] internal static extern void kiln_cache_destroy(IntPtr cache);
+        [DllImport(Lib)] internal static extern IntPtr kiln_cache_backend(CacheHandle cache);
         [DllImport(Lib)] internal static extern int kiln_cache_get_stats(CacheHandle cache, ref CacheStats stats);
         [DllImport(Lib)] internal static extern int kiln_step_params_init(ref StepParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_cache_step(CacheHandle cache, ref StepParams p, ref StepResult r);
@@ -227,6 +257,7 @@ namespace Kiln
         [DllImport(Lib)] internal static extern void kiln_session_destroy(IntPtr session);
         [DllImport(Lib)] internal static extern int kiln_session_append_text(SessionHandle s, byte[] text, UIntPtr len, uint flags);
         [DllImport(Lib)] internal static extern int kiln_session_append_tokens(SessionHandle s, int[] tokens, UIntPtr n);
+        [DllImport(Lib)] internal static extern int kiln_session_append_tokens_scored(SessionHandle s, int[] tokens, UIntPtr n, [Out] float[] logprobs);
         [DllImport(Lib)] internal static extern int kiln_generate_params_init(ref GenerateParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_session_generate(SessionHandle s, ref GenerateParams p, ref GenerateResult r);
         [DllImport(Lib)] internal static extern int kiln_session_cancel(SessionHandle s);
@@ -244,8 +275,10 @@ namespace Kiln
                                                      UIntPtr tokenCapacity, ref PollResult r);
 
         [DllImport(Lib)] internal static extern int kiln_state_params_init(ref StateParams p, UIntPtr size);
-        [DllImport(Lib)] internal static extern int kiln_session_save_state(SessionHandle s, IntPtr p, byte[] buffer, UIntPtr capacity, out UIntPtr size);
+        [DllImport(Lib)] internal static extern int kiln_session_save_state(SessionHandle s, ref StateParams p, byte[] buffer, UIntPtr capacity, out UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_session_load_state(SessionHandle s, byte[] state, UIntPtr size);
+        [DllImport(Lib)] internal static extern int kiln_session_save_state_file(SessionHandle s, ref StateParams p, byte[] path);
+        [DllImport(Lib)] internal static extern int kiln_session_load_state_file(SessionHandle s, byte[] path);
 
         [DllImport(Lib)] internal static extern int kiln_ngram_params_init(ref NgramParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_strategy_create_ngram(ref NgramParams p, out IntPtr strategy);
@@ -253,6 +286,8 @@ namespace Kiln
         [DllImport(Lib)] internal static extern int kiln_strategy_create_draft(ModelHandle target, byte[] path, ref DraftParams p, out IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_medusa_params_init(ref MedusaParams p, UIntPtr size);
         [DllImport(Lib)] internal static extern int kiln_strategy_create_medusa(ModelHandle target, byte[] path, ref MedusaParams p, out IntPtr strategy);
+        [DllImport(Lib)] internal static extern int kiln_eagle_params_init(ref EagleParams p, UIntPtr size);
+        [DllImport(Lib)] internal static extern int kiln_strategy_create_eagle(ModelHandle target, byte[] path, ref EagleParams p, out IntPtr strategy);
         [DllImport(Lib)] internal static extern void kiln_strategy_destroy(IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_session_set_strategy(SessionHandle s, IntPtr strategy);
         [DllImport(Lib)] internal static extern int kiln_session_get_spec_metrics(SessionHandle s, ref SpecMetrics m);

@@ -14,9 +14,15 @@ namespace Kiln
         public int TopK;               // <= 0: off
         public float TopP = 1;         // >= 1: off
         public float MinP;             // <= 0: off
+        public float TypicalP = 1;     // >= 1: off
         public float RepeatPenalty = 1; // 1: off
+        public float FrequencyPenalty; // 0: off
+        public float PresencePenalty;  // 0: off
+        public int PenaltyLastN = 64;  // window of the penalties; 0: off, -1: the whole history
         public ulong Seed;
         public int NLogprobs;          // top log-probabilities kept per sampled token
+        /// <summary>Added to the logits of the tokens it names; float.NegativeInfinity bans one.</summary>
+        public IDictionary<int, float> LogitBias;
     }
 
     public enum StopReason { EndOfGeneration = 0, MaxTokens = 1, StopString = 2, Callback = 3, Cancelled = 4, ContextFull = 5 }
@@ -56,6 +62,13 @@ namespace Kiln
         public int[] Tokens;
         public int MaxTokens = 128; // 0: only compute the prompt
         public string[] Stop;
+        /// <summary>Each token and the text it completed (whole characters; token -1: held-back
+        /// text at the end), on the thread that steps the cache; returning false ends the request
+        /// (StopReason.Callback). With OnToken set, Poll returns no text.</summary>
+        public Func<int, string, bool> OnToken;
+        /// <summary>Called once when the request ends, on the thread that steps the cache: the
+        /// error (null on success), the stop reason and the number of generated tokens.</summary>
+        public Action<KilnException, StopReason, int> OnDone;
     }
 
     public sealed class PollResult
@@ -75,6 +88,7 @@ namespace Kiln
         internal readonly SessionHandle Handle;
         public Cache Cache { get; private set; }
         private Interop.CStringArray _requestStops; // live while a submitted request may match them
+        private Exception _callbackError; // thrown by a request's callback; rethrown by Poll
 
         internal Session(Cache cache, SamplerOptions options)
         {
@@ -87,10 +101,25 @@ namespace Kiln
                 p.TopK = options.TopK;
                 p.TopP = options.TopP;
                 p.MinP = options.MinP;
+                p.TypicalP = options.TypicalP;
                 p.RepeatPenalty = options.RepeatPenalty;
+                p.FrequencyPenalty = options.FrequencyPenalty;
+                p.PresencePenalty = options.PresencePenalty;
+                p.PenaltyLastN = options.PenaltyLastN;
                 p.Seed = options.Seed;
                 p.NLogprobs = options.NLogprobs;
-                Interop.Check(Native.kiln_sampler_create(ref p, out sampler));
+                var bias = new List<Native.LogitBias>();
+                if (options.LogitBias != null)
+                    foreach (var kv in options.LogitBias) bias.Add(new Native.LogitBias { Token = kv.Key, Bias = kv.Value });
+                // Pinned for the call; kiln_sampler_create copies the array.
+                GCHandle pinned = GCHandle.Alloc(bias.ToArray(), GCHandleType.Pinned);
+                try
+                {
+                    p.LogitBias = bias.Count > 0 ? pinned.AddrOfPinnedObject() : IntPtr.Zero;
+                    p.NLogitBias = (UIntPtr)bias.Count;
+                    Interop.Check(Native.kiln_sampler_create(ref p, out sampler));
+                }
+                finally { pinned.Free(); }
             }
             IntPtr raw;
             try { Interop.Check(Native.kiln_session_create(cache.Model.Handle, cache.Handle, sampler, out raw)); }
@@ -137,6 +166,16 @@ namespace Kiln
         public void AppendTokens(int[] tokens, CancellationToken cancellation = default(CancellationToken))
         {
             RunCancellable(cancellation, () => Native.kiln_session_append_tokens(Handle, tokens, (UIntPtr)tokens.Length));
+        }
+
+        /// <summary>Appends tokens (at least 2) and returns the natural log-probability of each token
+        /// after the first given what precedes it (perplexity scoring).</summary>
+        public float[] Score(int[] tokens)
+        {
+            if (tokens == null) throw new ArgumentNullException("tokens");
+            var logprobs = new float[Math.Max(tokens.Length - 1, 0)];
+            Interop.Check(Native.kiln_session_append_tokens_scored(Handle, tokens, (UIntPtr)tokens.Length, logprobs));
+            return logprobs;
         }
 
         private void RunCancellable(CancellationToken cancellation, Func<int> call)
@@ -342,6 +381,7 @@ namespace Kiln
             Interop.Check(Native.kiln_request_params_init(ref p, Native.SizeOf<Native.RequestParams>()));
             byte[] text = Encoding.UTF8.GetBytes(request.Text ?? "");
             int[] tokens = request.Tokens ?? new int[0];
+            var callbacks = new RequestCallbacks(this, request);
             var stops = new Interop.CStringArray(request.Stop);
             GCHandle textPin = GCHandle.Alloc(text, GCHandleType.Pinned);
             GCHandle tokensPin = GCHandle.Alloc(tokens, GCHandleType.Pinned);
@@ -357,17 +397,62 @@ namespace Kiln
                 p.MaxTokens = request.MaxTokens;
                 p.StopStrings = stops.Pointer;
                 p.NStopStrings = (UIntPtr)stops.Count;
+                p.OnToken = callbacks.Token != null ? Marshal.GetFunctionPointerForDelegate(callbacks.Token) : IntPtr.Zero;
+                p.OnDone = callbacks.Done != null ? Marshal.GetFunctionPointerForDelegate(callbacks.Done) : IntPtr.Zero;
                 status = Native.kiln_session_submit(Handle, ref p);
             }
             finally { textPin.Free(); tokensPin.Free(); }
             if (status != 0) { stops.Dispose(); throw Interop.Error(status); }
+            Handle.RequestCallbacks = callbacks;
             if (_requestStops != null) _requestStops.Dispose();
             _requestStops = stops; // matched while the request runs
         }
 
-        /// <summary>The request's output since the last poll; never blocks on a step.</summary>
+        private sealed class RequestCallbacks
+        {
+            public readonly Native.TokenFn Token;
+            public readonly Native.DoneFn Done;
+
+            public RequestCallbacks(Session session, Request request)
+            {
+                // An exception may not unwind into kiln: it ends the request and Poll rethrows it.
+                Action<Exception> keep = e => Interlocked.CompareExchange(ref session._callbackError, e, null);
+                Func<int, string, bool> onToken = request.OnToken;
+                Action<KilnException, StopReason, int> onDone = request.OnDone;
+                if (onToken != null)
+                {
+                    Decoder decoder = Encoding.UTF8.GetDecoder();
+                    Token = (token, piece, pieceLen, _) =>
+                    {
+                        try
+                        {
+                            var bytes = new byte[(int)pieceLen];
+                            if (bytes.Length > 0) Marshal.Copy(piece, bytes, 0, bytes.Length);
+                            var chars = new char[decoder.GetCharCount(bytes, 0, bytes.Length, token < 0)];
+                            decoder.GetChars(bytes, 0, bytes.Length, chars, 0, token < 0);
+                            return onToken(token, new string(chars)) ? 0 : 1;
+                        }
+                        catch (Exception e) { keep(e); return 1; }
+                    };
+                }
+                if (onDone != null)
+                {
+                    Done = (_, status, reason, n, __) =>
+                    {
+                        try { onDone(status != 0 ? Interop.Error(status) : null, status == 0 ? (StopReason)reason : 0, n); }
+                        catch (Exception e) { keep(e); }
+                    };
+                }
+            }
+        }
+
+        /// <summary>The request's output since the last poll; never blocks on a step. An exception
+        /// a request callback threw is rethrown here first (the output stays for the next poll).
+        /// </summary>
         public PollResult Poll()
         {
+            Exception callbackError = Interlocked.Exchange(ref _callbackError, null);
+            if (callbackError != null) throw callbackError;
             var text = new List<byte>();
             var tokens = new List<int>();
             var textBuf = new byte[4096];
@@ -391,14 +476,17 @@ namespace Kiln
             }
         }
 
-        /// <summary>The session's state (tokens, K/V, logits, sampler state).</summary>
-        public byte[] SaveState()
+        /// <summary>The session's state (tokens, K/V unless kv is false, logits, sampler state, the
+        /// strategy's adaptive state unless strategy is false: a draft model cannot save it).
+        /// </summary>
+        public byte[] SaveState(bool kv = true, bool strategy = true)
         {
+            var p = StateParams(kv, strategy);
             UIntPtr n;
-            int status = Native.kiln_session_save_state(Handle, IntPtr.Zero, null, UIntPtr.Zero, out n);
+            int status = Native.kiln_session_save_state(Handle, ref p, null, UIntPtr.Zero, out n);
             if (status != (int)Status.BufferTooSmall) Interop.Check(status);
             var buffer = new byte[(int)n];
-            Interop.Check(Native.kiln_session_save_state(Handle, IntPtr.Zero, buffer, (UIntPtr)buffer.Length, out n));
+            Interop.Check(Native.kiln_session_save_state(Handle, ref p, buffer, (UIntPtr)buffer.Length, out n));
             Array.Resize(ref buffer, (int)n);
             return buffer;
         }
@@ -407,6 +495,28 @@ namespace Kiln
         public void LoadState(byte[] state)
         {
             Interop.Check(Native.kiln_session_load_state(Handle, state, (UIntPtr)state.Length));
+        }
+
+        /// <summary>SaveState into the file at path (written beside it, then renamed over it).</summary>
+        public void SaveStateFile(string path, bool kv = true, bool strategy = true)
+        {
+            var p = StateParams(kv, strategy);
+            Interop.Check(Native.kiln_session_save_state_file(Handle, ref p, Interop.CString(path)));
+        }
+
+        /// <summary>LoadState from the file at path (KilnException(IO) when it cannot be read).</summary>
+        public void LoadStateFile(string path)
+        {
+            Interop.Check(Native.kiln_session_load_state_file(Handle, Interop.CString(path)));
+        }
+
+        private static Native.StateParams StateParams(bool kv, bool strategy)
+        {
+            var p = new Native.StateParams();
+            Interop.Check(Native.kiln_state_params_init(ref p, Native.SizeOf<Native.StateParams>()));
+            p.Kv = kv ? 1 : 0;
+            p.Strategy = strategy ? 1 : 0;
+            return p;
         }
     }
 
@@ -422,26 +532,40 @@ namespace Kiln
             Handle.Adopt(raw, parent);
         }
 
-        /// <summary>N-gram prompt lookup; 0 keeps a default.</summary>
-        public static Strategy Ngram(int maxDraft = 0, int maxNgram = 0, int minNgram = 0)
+        /// <summary>N-gram prompt lookup; 0 or null keeps a default. maxSkip: plain steps between
+        /// probes of the pass cost (0: never); adaptive false: always maxDraft when a match is
+        /// found; fixedPassCostBeta &gt;= 0: a pass over w tokens costs 1 + beta (w - 1) one-token
+        /// passes, so draft lengths do not depend on timing (null: measured).</summary>
+        public static Strategy Ngram(int maxDraft = 0, int maxNgram = 0, int minNgram = 0, int startDraft = 0,
+                                     int? maxSkip = null, bool adaptive = true, double? fixedPassCostBeta = null)
         {
             var p = new Native.NgramParams();
             Interop.Check(Native.kiln_ngram_params_init(ref p, Native.SizeOf<Native.NgramParams>()));
             if (maxDraft != 0) { p.MaxDraft = maxDraft; p.StartDraft = Math.Min(p.StartDraft, Math.Max(maxDraft, 1)); }
             if (maxNgram != 0) p.MaxNgram = maxNgram;
             if (minNgram != 0) p.MinNgram = minNgram;
+            if (startDraft != 0) p.StartDraft = startDraft;
+            if (maxSkip.HasValue) p.MaxSkip = maxSkip.Value;
+            p.Adaptive = adaptive ? 1 : 0;
+            if (fixedPassCostBeta.HasValue) p.FixedPassCostBeta = fixedPassCostBeta.Value;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_ngram(ref p, out raw));
             return new Strategy(raw, null);
         }
 
-        /// <summary>A draft model from draftPath (the target's vocabulary size).</summary>
-        public static Strategy Draft(Model target, string draftPath, int maxDraft = 0, int nThreads = 0)
+        /// <summary>A draft model from draftPath (the target's vocabulary size); 0 or null keeps a
+        /// default. nCtx: longest context drafted for (0: min(training context, 8192)); adaptive
+        /// false: a fixed draft length; fixedPassCostBeta as in Ngram.</summary>
+        public static Strategy Draft(Model target, string draftPath, int maxDraft = 0, int nThreads = 0, int nCtx = 0,
+                                     bool adaptive = true, double? fixedPassCostBeta = null)
         {
             var p = new Native.DraftParams();
             Interop.Check(Native.kiln_draft_params_init(ref p, Native.SizeOf<Native.DraftParams>()));
             if (maxDraft != 0) p.MaxDraft = maxDraft;
             p.NThreads = nThreads;
+            p.NCtx = nCtx;
+            p.Adaptive = adaptive ? 1 : 0;
+            if (fixedPassCostBeta.HasValue) p.FixedPassCostBeta = fixedPassCostBeta.Value;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_draft(target.Handle, Interop.CString(draftPath), ref p, out raw));
             return new Strategy(raw, target.Handle);
@@ -460,6 +584,25 @@ namespace Kiln
             if (nThreads != 0) p.NThreads = nThreads;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_medusa(target.Handle, Interop.CString(headPath), ref p, out raw));
+            return new Strategy(raw, target.Handle);
+        }
+
+        /// <summary>An EAGLE head for target from the head file headPath (architecture "eagle";
+        /// kiln-mkeagle writes untrained ones); 0 keeps a default (topK 8 in 1..64, maxDepth 5 in
+        /// 1..16, the tree size chosen each step, one thread). A head for another model or a file
+        /// that is not an eagle head throws KilnException(InvalidArgument), a malformed one
+        /// KilnException(Format).</summary>
+        public static Strategy Eagle(Model target, string headPath, int topK = 0, int maxDepth = 0,
+                                     int treeTokens = 0, int nThreads = 0)
+        {
+            var p = new Native.EagleParams();
+            Interop.Check(Native.kiln_eagle_params_init(ref p, Native.SizeOf<Native.EagleParams>()));
+            if (topK != 0) p.TopK = topK;
+            if (maxDepth != 0) p.MaxDepth = maxDepth;
+            p.TreeTokens = treeTokens;
+            if (nThreads != 0) p.NThreads = nThreads;
+            IntPtr raw;
+            Interop.Check(Native.kiln_strategy_create_eagle(target.Handle, Interop.CString(headPath), ref p, out raw));
             return new Strategy(raw, target.Handle);
         }
 

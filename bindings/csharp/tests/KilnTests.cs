@@ -107,18 +107,28 @@ public static class Tests
         var expected = new Dictionary<Type, int>
         {
             { typeof(Native.ModelParams), 56 }, { typeof(Native.ModelInfo), 88 },
-            { typeof(Native.CacheParams), 40 }, { typeof(Native.CacheStats), 80 },
+            { typeof(Native.CacheParams), 56 }, { typeof(Native.CacheStats), 80 },
             { typeof(Native.SamplerParams), 72 }, { typeof(Native.GenerateParams), 40 },
             { typeof(Native.GenerateResult), 12 }, { typeof(Native.RequestParams), 96 },
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
             { typeof(Native.StepResult), 32 }, { typeof(Native.StateParams), 12 },
             { typeof(Native.NgramParams), 40 }, { typeof(Native.DraftParams), 32 },
-            { typeof(Native.MedusaParams), 12 },
+            { typeof(Native.MedusaParams), 12 }, { typeof(Native.EagleParams), 20 },
             { typeof(Native.SpecMetrics), 56 }, { typeof(Native.ChatMessage), 16 },
-            { typeof(Native.TokenLogprob), 8 },
+            { typeof(Native.TokenLogprob), 8 }, { typeof(Native.LogitBias), 8 },
         };
         foreach (var kv in expected)
             Check(Marshal.SizeOf(kv.Key) == kv.Value, kv.Key.Name + " is " + Marshal.SizeOf(kv.Key) + " bytes, not " + kv.Value);
+        // offsetof of kiln_cache_params' fields added after the ABI 1 baseline, in header order.
+        var offsets = new Dictionary<string, int>
+        {
+            { "LlamaCppOrder", 36 }, { "StepTokens", 40 }, { "Backend", 44 }, { "CudaDevice", 48 }, { "MlaPrefill", 52 },
+        };
+        foreach (var kv in offsets)
+        {
+            int offset = (int)Marshal.OffsetOf(typeof(Native.CacheParams), kv.Key);
+            Check(offset == kv.Value, "CacheParams." + kv.Key + " at " + offset + ", not " + kv.Value);
+        }
     }
 
     public static void TestLoadProgressAndCancel()
@@ -511,5 +521,279 @@ public static class Tests
         s.Append(" there"); // still valid
         Check(s.NTokens > 1, "session");
         s.Dispose();
+    }
+
+    // Files scripts/test_bindings.sh writes into $KILN_BINDINGS_FIXTURES with kiln-mkmodel and
+    // kiln-mkeagle: a tiny deepseek2 model and an EAGLE head for the default model.
+    private static string Fixture(string name)
+    {
+        string dir = Environment.GetEnvironmentVariable("KILN_BINDINGS_FIXTURES");
+        if (string.IsNullOrEmpty(dir))
+            throw new AssertionException("KILN_BINDINGS_FIXTURES is not set: run scripts/test_bindings.sh, which writes the fixtures");
+        string path = Path.Combine(dir, name);
+        if (!File.Exists(path)) throw new FileNotFoundException("run scripts/test_bindings.sh", path);
+        return path;
+    }
+
+    private static string MetaValue(IList<KeyValuePair<string, string>> entries, string key)
+    {
+        return entries.Where(e => e.Key == key).Select(e => e.Value).FirstOrDefault();
+    }
+
+    public static void TestCacheBackendCpuAndCudaFallback()
+    {
+        Check(_cache.Backend.StartsWith("cpu") && !_cache.Backend.Contains("requested"), _cache.Backend);
+        using (var c = new Cache(_model, new CacheOptions { NCtx = 256, Backend = Backend.Cuda, CudaDevice = 0 }))
+        {
+            string chosen = c.Backend;
+            if (chosen.StartsWith("cpu"))
+            {
+                // No CUDA module, driver or device here: the cache still runs, on the CPU, and says why.
+                const string prefix = "; cuda requested, running on the CPU: ";
+                int i = chosen.IndexOf(prefix, StringComparison.Ordinal);
+                Check(i >= 0 && chosen.Substring(i + prefix.Length).Trim().Length > 0, "fallback without a reason: " + chosen);
+            }
+            else
+            {
+                Check(chosen.StartsWith("cuda"), chosen);
+            }
+            using (Session s = c.CreateSession())
+            {
+                s.Append("Hello");
+                Check(s.Generate(2).Tokens.Length == 2, "generate on the chosen backend");
+            }
+        }
+        var e = Throws(Status.InvalidArgument, () => new Cache(_model, new CacheOptions { NCtx = 256, Backend = (Backend)7 }));
+        Check(e.KilnMessage.Contains("backend"), e.KilnMessage);
+    }
+
+    public static void TestCacheStepTokens()
+    {
+        int[] prompt = _model.Tokenize(string.Concat(Enumerable.Repeat("The quick brown fox jumps over the lazy dog. ", 12)));
+        Check(prompt.Length > 100, "prompt of " + prompt.Length + " tokens");
+        // One step computes the whole prompt (under the 256-token chunk) by default, 48 tokens with
+        // StepTokens 48. New caches: no prefix cache hit.
+        foreach (var tc in new[] { new { StepTokens = 0, Expected = (long)prompt.Length }, new { StepTokens = 48, Expected = 48L } })
+        {
+            using (var c = new Cache(_model, new CacheOptions { NCtx = 256, StepTokens = tc.StepTokens }))
+            using (Session s = c.CreateSession())
+            {
+                s.Submit(new Request { Tokens = prompt, MaxTokens = 0 });
+                long first = c.Step().NTokens;
+                Check(first == tc.Expected, "StepTokens " + tc.StepTokens + ": first step " + first + " tokens");
+                while (!s.Poll().Done) c.Step();
+                Check(s.NTokens == prompt.Length, "prompt computed");
+            }
+        }
+        var e = Throws(Status.InvalidArgument, () => new Cache(_model, new CacheOptions { NCtx = 256, StepTokens = -1 }));
+        Check(e.KilnMessage.Contains("step_tokens"), e.KilnMessage);
+    }
+
+    public static void TestMlaPrefillOnDeepseek2()
+    {
+        using (var m = new Model(Fixture("tiny-deepseek2.gguf")))
+        {
+            Check(m.Info.Architecture == "deepseek2", m.Info.Architecture);
+            // A prompt of more than 128 tokens in one chunk: measured runs it decompressed, whose
+            // logits agree with the absorbed form's to float rounding but not bit for bit.
+            int[] prompt = m.Tokenize(string.Concat(Enumerable.Repeat("the quick brown fox jumps ", 30)));
+            Check(prompt.Length > 128, "prompt of " + prompt.Length + " tokens");
+            Func<MlaPrefill, float[]> logits = mode =>
+            {
+                using (var c = new Cache(m, new CacheOptions { NThreads = 2, MlaPrefill = mode }))
+                using (Session s = c.CreateSession())
+                {
+                    s.AppendTokens(prompt);
+                    return s.Logits;
+                }
+            };
+            float[] absorbed = logits(MlaPrefill.Absorbed), measured = logits(MlaPrefill.Measured);
+            double scale = absorbed.Max(x => Math.Abs(x));
+            double diff = absorbed.Zip(measured, (a, b) => Math.Abs(a - b)).Max();
+            Check(diff > 0, "measured ran the absorbed form (bitwise equal logits)");
+            Check(diff <= 1e-3 * scale, "max difference " + diff + ", scale " + scale);
+            var e = Throws(Status.InvalidArgument, () => new Cache(m, new CacheOptions { MlaPrefill = (MlaPrefill)7 }));
+            Check(e.KilnMessage.Contains("mla_prefill 7"), e.KilnMessage);
+        }
+    }
+
+    public static void TestEagleStrategy()
+    {
+        // An untrained head from kiln-mkeagle: greedy output is still plain decoding's (exact
+        // verification), and it drafts.
+        string head = Fixture("SmolLM2-135M-Instruct.eagle.gguf");
+        int[] expected;
+        using (Session plain = ChatSession()) expected = plain.Generate(Max).Tokens;
+        using (Strategy eagle = Strategy.Eagle(_model, head, topK: 4, maxDepth: 3, nThreads: 1))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(eagle);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+            SpecMetrics m = s.SpecMetrics;
+            Check(m.Steps > 0 && m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
+            s.SetStrategy(null);
+        }
+        var e = Throws(Status.InvalidArgument, () => Strategy.Eagle(_model, head, maxDepth: 17));
+        Check(e.KilnMessage.Contains("max_depth"), e.KilnMessage);
+        Throws(Status.InvalidArgument, () => Strategy.Eagle(_model, _modelPath)); // a model, not a head
+    }
+
+    public static void TestGgufInspectionAndMetadata()
+    {
+        using (var g = new GgufFile(_modelPath))
+        {
+            Check(MetaValue(g.Metadata, "general.architecture") == "\"llama\"", "architecture");
+            Check(g.Unsupported.Length == 0, string.Join("; ", g.Unsupported));
+            Check(_model.Metadata.Count == g.Metadata.Count && MetaValue(_model.Metadata, "general.architecture") == "\"llama\"",
+                  "model metadata");
+        }
+        // An eagle head is a valid GGUF that kiln cannot run as a model: the problems are listed.
+        using (var g = new GgufFile(Fixture("SmolLM2-135M-Instruct.eagle.gguf")))
+        {
+            Check(MetaValue(g.Metadata, "general.architecture") == "\"eagle\"", "eagle architecture");
+            Check(g.Unsupported.Length > 0 && g.Unsupported[0].Contains("eagle"), string.Join("; ", g.Unsupported));
+        }
+        Throws(Status.IO, () => new GgufFile(Path.Combine(Path.GetTempPath(), "kiln-missing.gguf")));
+        string bad = Path.GetTempFileName();
+        try
+        {
+            File.WriteAllBytes(bad, System.Text.Encoding.ASCII.GetBytes("GGUF").Concat(new byte[60]).ToArray());
+            Throws(Status.Format, () => new GgufFile(bad));
+        }
+        finally { File.Delete(bad); }
+    }
+
+    public static void TestScoreAndStateFiles()
+    {
+        int[] tokens = _model.Tokenize("The capital of France is Paris.");
+        string path = Path.GetTempFileName();
+        try
+        {
+            using (Session s = _cache.CreateSession())
+            {
+                float[] scores = s.Score(tokens);
+                Check(scores.Length == tokens.Length - 1 && s.NTokens == tokens.Length, "scored tokens");
+                Check(scores.All(x => x <= 0 && !float.IsNaN(x)), "log-probabilities");
+                Check(s.SaveState(kv: false).Length < s.SaveState().Length, "a tokens-only state is smaller");
+                s.SaveStateFile(path, kv: false);
+                int[] expected = s.Generate(4).Tokens;
+                using (Session r = _cache.CreateSession())
+                {
+                    r.LoadStateFile(path);
+                    Check(r.Generate(4).Tokens.SequenceEqual(expected), "restored from the file");
+                    Throws(Status.IO, () => r.LoadStateFile(path + ".missing"));
+                }
+            }
+        }
+        finally { File.Delete(path); }
+    }
+
+    public static void TestSamplerPenaltiesAndLogitBias()
+    {
+        int first;
+        using (Session plain = ChatSession()) first = plain.Generate(1).Tokens[0];
+        // Banning the greedy choice makes greedy decoding pick another token.
+        var ban = new SamplerOptions { LogitBias = new Dictionary<int, float> { { first, float.NegativeInfinity } } };
+        using (Session s = ChatSession(ban)) Check(s.Generate(1).Tokens[0] != first, "the banned token was generated");
+        var penalties = new SamplerOptions { TypicalP = 0.9f, FrequencyPenalty = 0.5f, PresencePenalty = 0.5f, PenaltyLastN = -1 };
+        using (Session s = ChatSession(penalties)) Check(s.Generate(4).Tokens.Length == 4, "generate with penalties");
+        var e = Throws(Status.InvalidArgument, () => _cache.CreateSession(new SamplerOptions { PenaltyLastN = -2 }));
+        Check(e.KilnMessage.Contains("penalty_last_n"), e.KilnMessage);
+    }
+
+    public static void TestLoadLogsItsLines()
+    {
+        var lines = new List<KeyValuePair<LogLevel, string>>();
+        Action<LogLevel, string> log = (level, line) => lines.Add(new KeyValuePair<LogLevel, string>(level, line));
+        using (new Model(_modelPath, log: log)) { }
+        Check(lines.Any(l => l.Key == LogLevel.Info && l.Value.Length > 0), "no info line");
+        // A failed load logs its error, the message the exception carries.
+        lines.Clear();
+        var e = Throws(Status.IO, () => new Model(Path.Combine(Path.GetTempPath(), "kiln-missing.gguf"), log: log));
+        Check(lines.Contains(new KeyValuePair<LogLevel, string>(LogLevel.Error, e.KilnMessage)), "error not logged: " + e.KilnMessage);
+        try
+        {
+            new Model(_modelPath, log: (level, line) => { throw new InvalidOperationException("from log"); }).Dispose();
+            throw new AssertionException("the exception in log was not rethrown");
+        }
+        catch (InvalidOperationException x) { Check(x.Message == "from log", x.Message); }
+    }
+
+    public static void TestNgramAndDraftOptions()
+    {
+        string text = string.Concat(Enumerable.Repeat("one two three four five six seven eight. ", 4)) + "one two three";
+        int[] expected;
+        using (Session plain = _cache.CreateSession())
+        {
+            plain.Append(text);
+            expected = plain.Generate(Max).Tokens;
+        }
+        var strategies = new Func<Strategy>[]
+        {
+            () => Strategy.Ngram(maxDraft: 4, maxSkip: 0, adaptive: false, fixedPassCostBeta: 0),
+            () => Strategy.Draft(_model, _modelPath, maxDraft: 3, nThreads: 1, nCtx: 256, adaptive: false, fixedPassCostBeta: 0),
+        };
+        foreach (var create in strategies)
+        {
+            using (Strategy st = create())
+            using (Session s = _cache.CreateSession())
+            {
+                s.Append(text);
+                s.SetStrategy(st);
+                Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
+                SpecMetrics m = s.SpecMetrics;
+                Check(m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
+                s.SetStrategy(null);
+            }
+        }
+        var e = Throws(Status.InvalidArgument, () => Strategy.Ngram(maxSkip: -1));
+        Check(e.KilnMessage.Contains("max_skip"), e.KilnMessage);
+        e = Throws(Status.InvalidArgument, () => Strategy.Draft(_model, _modelPath, nCtx: -1));
+        Check(e.KilnMessage.Contains("n_ctx"), e.KilnMessage);
+    }
+
+    public static void TestRequestCallbacksOnTheWorker()
+    {
+        GenerateResult expected;
+        using (Session r = ChatSession()) expected = r.Generate(Max);
+        using (Session s = _cache.CreateSession())
+        {
+            var pieces = new List<string>();
+            var done = new ManualResetEvent(false);
+            KilnException error = null;
+            StopReason reason = StopReason.EndOfGeneration;
+            int n = -1;
+            _cache.StartWorker();
+            try
+            {
+                s.Submit(new Request
+                {
+                    Text = ChatPrompt, Flags = TokenizeFlags.ParseSpecial, MaxTokens = Max,
+                    OnToken = (token, piece) => { pieces.Add(piece); return true; },
+                    OnDone = (e, why, count) => { error = e; reason = why; n = count; done.Set(); },
+                });
+                Check(done.WaitOne(60000), "on_done was not called");
+            }
+            finally { _cache.StopWorker(); }
+            Check(error == null && reason == StopReason.MaxTokens && n == Max, "done: " + reason + " " + n);
+            Check(string.Concat(pieces) == expected.Text, "pieces '" + string.Concat(pieces) + "'");
+            Check(s.Poll().Done, "poll after on_done");
+            // An exception in a callback ends the request and comes back from Poll.
+            s.Submit(new Request { Text = " more", MaxTokens = 4, OnToken = (t, p) => { throw new InvalidOperationException("from on_token"); } });
+            PollResult polled = null;
+            try
+            {
+                while (true)
+                {
+                    polled = s.Poll();
+                    if (polled.Done) break;
+                    _cache.Step();
+                }
+                throw new AssertionException("the exception in on_token was not rethrown");
+            }
+            catch (InvalidOperationException x) { Check(x.Message == "from on_token", x.Message); }
+            while (!(polled = s.Poll()).Done) _cache.Step();
+            Check(polled.Error == null && polled.StopReason == StopReason.Callback, "ended by the callback");
+        }
     }
 }

@@ -28,13 +28,18 @@ from . import _ffi
 from ._ffi import lib as _lib
 
 __all__ = [
+    "Backend",
     "Cache",
     "CacheStats",
     "DraftStrategy",
+    "EagleStrategy",
     "GenerateResult",
+    "GgufFile",
     "KVType",
     "KilnError",
+    "LogLevel",
     "MedusaStrategy",
+    "MlaPrefill",
     "Model",
     "ModelInfo",
     "NgramStrategy",
@@ -81,10 +86,33 @@ class StopReason(enum.IntEnum):
     CONTEXT_FULL = 5
 
 
+class LogLevel(enum.IntEnum):
+    DEBUG = 0
+    INFO = 1
+    WARN = 2
+    ERROR = 3
+
+
 class KVType(enum.IntEnum):
     F16 = 0
     F32 = 1
     BF16 = 2
+    Q8_0 = 3  # ggml's q8_0 blocks; the model's head size must be a multiple of 32
+
+
+class Backend(enum.IntEnum):
+    """The compute backend a cache asks for (kiln_backend_kind)."""
+
+    CPU = 0
+    CUDA = 1
+    AUTO = 2  # CUDA when it can run the model, else the CPU
+
+
+class MlaPrefill(enum.IntEnum):
+    """How MLA models (deepseek2) compute prompt chunks (kiln_mla_prefill); others ignore it."""
+
+    ABSORBED = 0  # as decode steps: every bitwise guarantee holds
+    MEASURED = 1  # long chunks decompressed when faster; equal to float rounding
 
 
 def _status(code: int) -> Union[Status, int]:
@@ -249,6 +277,41 @@ class ModelInfo:
 ChatMessage = Union[Mapping[str, str], tuple[str, str]]
 
 
+def _meta_entries(h: int, count: Callable[[int], int], at: Any, name: str) -> dict[str, str]:
+    result = {}
+    for i in range(count(h)):
+        key, value = c_char_p(), c_char_p()
+        _check(at(h, i, byref(key), byref(value)), name)
+        result[key.value.decode()] = value.value.decode("utf-8", "replace")
+    return result
+
+
+class GgufFile(_Handle):
+    """A GGUF file opened for inspection only: its metadata and what kiln lacks to run it. Works
+    for any valid GGUF, also one of an architecture kiln cannot load."""
+
+    _destroy_name = "kiln_gguf_destroy"
+    _what = "GGUF file"
+
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Opens and validates `path`: KilnError(IO) when it cannot be read, KilnError(FORMAT)
+        when it is not a valid GGUF (the message names the field and byte offset)."""
+        super().__init__()
+        h = c_void_p()
+        _check(_lib.kiln_gguf_open(os.fsencode(path), byref(h)), "kiln_gguf_open")
+        self._h = h.value
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Every metadata entry, values rendered as text (arrays shortened)."""
+        return _meta_entries(self._handle(), _lib.kiln_gguf_meta_count, _lib.kiln_gguf_meta_at, "kiln_gguf_meta_at")
+
+    @property
+    def unsupported(self) -> list[str]:
+        """What kiln lacks to run the file, one problem per entry; empty when it can run it."""
+        return _lib.kiln_gguf_unsupported(self._handle()).decode("utf-8", "replace").splitlines()
+
+
 class Model(_Handle):
     """A loaded GGUF model; immutable and usable from any thread."""
 
@@ -261,9 +324,12 @@ class Model(_Handle):
         *,
         use_mmap: bool = True,
         progress: Optional[Callable[[float], Optional[bool]]] = None,
+        log: Optional[Callable[[LogLevel, str], None]] = None,
     ) -> None:
         """Loads `path`. `progress(fraction)` is called during the load; returning True cancels
-        it (KilnError with Status.CANCELLED)."""
+        it (KilnError with Status.CANCELLED). `log(level, line)` receives the load's log lines (a
+        failed load logs its error message at LogLevel.ERROR). An exception in either callback is
+        re-raised here."""
         super().__init__()
         params = _init(_ffi.ModelParams, "kiln_model_params_init")
         params.path = os.fsencode(path)
@@ -275,8 +341,16 @@ class Model(_Handle):
                 return 1 if guard.run(lambda: bool(progress(fraction)), True) else 0
 
             params.progress = _ffi.ProgressFn(on_progress)
+        if log is not None:
+
+            def on_log(level: int, line: bytes, _user: Any) -> None:
+                guard.run(lambda: log(LogLevel(level), line.decode("utf-8", "replace")), None)
+
+            params.log = _ffi.LogFn(on_log)
         h = c_void_p()
         code = _lib.kiln_model_load(byref(params), byref(h))
+        if guard.error is not None and code == 0:
+            _lib.kiln_model_destroy(h)  # loaded anyway (a log callback cannot stop it)
         guard.reraise()
         _check(code, "kiln_model_load")
         self._h = h.value
@@ -293,13 +367,9 @@ class Model(_Handle):
     @property
     def metadata(self) -> dict[str, str]:
         """Every GGUF metadata entry, values rendered as text (arrays shortened)."""
-        h = self._handle()
-        result = {}
-        for i in range(_lib.kiln_model_meta_count(h)):
-            key, value = c_char_p(), c_char_p()
-            _check(_lib.kiln_model_meta_at(h, i, byref(key), byref(value)), "kiln_model_meta_at")
-            result[key.value.decode()] = value.value.decode("utf-8", "replace")
-        return result
+        return _meta_entries(
+            self._handle(), _lib.kiln_model_meta_count, _lib.kiln_model_meta_at, "kiln_model_meta_at"
+        )
 
     def meta(self, key: str) -> Optional[str]:
         """Metadata `key` as text, or None when the file has no such key."""
@@ -417,7 +487,16 @@ class Cache(_Handle):
         n_ctx: int = 0,
         n_threads: int = 0,
         llama_cpp_order: bool = False,
+        step_tokens: Optional[int] = None,
+        backend: Backend = Backend.CPU,
+        cuda_device: int = 0,
+        mla_prefill: MlaPrefill = MlaPrefill.ABSORBED,
     ) -> None:
+        """kiln_cache_params. step_tokens: most tokens in one step's forward pass (None: kiln's
+        512). backend CUDA or AUTO runs on the CUDA device `cuda_device` when it can, else on the
+        CPU (the cache is created either way; the `backend` property says which and why).
+        mla_prefill: MLA models only. A bad value raises KilnError(INVALID_ARGUMENT) naming the
+        field."""
         super().__init__()
         params = _init(_ffi.CacheParams, "kiln_cache_params_init")
         params.pool_bytes = pool_bytes
@@ -427,11 +506,22 @@ class Cache(_Handle):
         params.n_ctx = n_ctx
         params.n_threads = n_threads
         params.llama_cpp_order = 1 if llama_cpp_order else 0
+        if step_tokens is not None:
+            params.step_tokens = step_tokens
+        params.backend = int(backend)
+        params.cuda_device = cuda_device
+        params.mla_prefill = int(mla_prefill)
         h = c_void_p()
         _check(_lib.kiln_cache_create(model._handle(), byref(params), byref(h)), "kiln_cache_create")
         self._h = h.value
         self.model = model
         model._children.add(self)
+
+    @property
+    def backend(self) -> str:
+        """The backend the cache runs on ("cpu (avx2, 4 threads)"), followed by "; cuda
+        requested, running on the CPU: <reason>" when a CUDA request fell back."""
+        return _lib.kiln_cache_backend(self._handle()).decode("utf-8", "replace")
 
     @property
     def stats(self) -> CacheStats:
@@ -597,6 +687,27 @@ class MedusaStrategy(Strategy):
         _check(
             _lib.kiln_strategy_create_medusa(target._handle(), os.fsencode(head_path), byref(p), byref(h)),
             "kiln_strategy_create_medusa",
+        )
+        self._h = h.value
+
+
+class EagleStrategy(Strategy):
+    """An EAGLE head for `target` (GGUF, architecture "eagle"; kiln-mkeagle writes untrained ones)
+    drafts dynamic token trees from the target's features with its own K/V cache."""
+
+    def __init__(
+        self, target: Model, head_path: Union[str, os.PathLike[str]], **params: Union[int, float, bool]
+    ) -> None:
+        """Keywords: top_k (1..64), max_depth (1..16), tree_tokens (0: chosen each step),
+        n_threads (kiln_eagle_params). A head for another model or a file that is not an eagle
+        head raises KilnError(INVALID_ARGUMENT), a malformed one KilnError(FORMAT)."""
+        super().__init__()
+        p = _init(_ffi.EagleParams, "kiln_eagle_params_init")
+        _set_fields(p, params, "EagleStrategy")
+        h = c_void_p()
+        _check(
+            _lib.kiln_strategy_create_eagle(target._handle(), os.fsencode(head_path), byref(p), byref(h)),
+            "kiln_strategy_create_eagle",
         )
         self._h = h.value
 

@@ -98,6 +98,10 @@ class CacheParams(Structure):
         ("n_ctx", c_int32),
         ("n_threads", c_int32),
         ("llama_cpp_order", c_int),
+        ("step_tokens", c_int32),
+        ("backend", c_int),
+        ("cuda_device", c_int32),
+        ("mla_prefill", c_int),
     ]
 
 
@@ -239,6 +243,16 @@ class MedusaParams(Structure):
     _fields_ = [("struct_size", c_uint32), ("max_draft", c_int32), ("n_threads", c_int32)]
 
 
+class EagleParams(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("top_k", c_int32),
+        ("max_depth", c_int32),
+        ("tree_tokens", c_int32),
+        ("n_threads", c_int32),
+    ]
+
+
 class SpecMetrics(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -271,6 +285,11 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "kiln_model_meta_at": (_status, [H, c_size_t, P(c_char_p), P(c_char_p)]),
     "kiln_model_meta_get": (_status, [H, c_char_p, P(c_char_p)]),
     "kiln_model_token_is_eog": (c_int, [H, c_int32]),
+    "kiln_gguf_open": (_status, [c_char_p, P(H)]),
+    "kiln_gguf_destroy": (None, [H]),
+    "kiln_gguf_meta_count": (c_size_t, [H]),
+    "kiln_gguf_meta_at": (_status, [H, c_size_t, P(c_char_p), P(c_char_p)]),
+    "kiln_gguf_unsupported": (c_char_p, [H]),
     "kiln_tokenize": (_status, [H, c_char_p, c_size_t, c_uint32, P(c_int32), c_size_t, P(c_size_t)]),
     "kiln_detokenize": (_status, [H, P(c_int32), c_size_t, c_uint32, P(c_char), c_size_t, P(c_size_t)]),
     "kiln_chat_apply_template": (
@@ -280,6 +299,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "kiln_cache_params_init": (_status, [P(CacheParams), c_size_t]),
     "kiln_cache_create": (_status, [H, P(CacheParams), P(H)]),
     "kiln_cache_destroy": (None, [H]),
+    "kiln_cache_backend": (c_char_p, [H]),
     "kiln_cache_get_stats": (_status, [H, P(CacheStats)]),
     "kiln_sampler_params_init": (_status, [P(SamplerParams), c_size_t]),
     "kiln_sampler_create": (_status, [P(SamplerParams), P(H)]),
@@ -316,6 +336,8 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "kiln_strategy_create_draft": (_status, [H, c_char_p, P(DraftParams), P(H)]),
     "kiln_medusa_params_init": (_status, [P(MedusaParams), c_size_t]),
     "kiln_strategy_create_medusa": (_status, [H, c_char_p, P(MedusaParams), P(H)]),
+    "kiln_eagle_params_init": (_status, [P(EagleParams), c_size_t]),
+    "kiln_strategy_create_eagle": (_status, [H, c_char_p, P(EagleParams), P(H)]),
     "kiln_strategy_destroy": (None, [H]),
     "kiln_session_set_strategy": (_status, [H, H]),
     "kiln_session_get_spec_metrics": (_status, [H, P(SpecMetrics)]),

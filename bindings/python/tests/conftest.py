@@ -1,5 +1,7 @@
 """Fixtures: the default model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/fetch_model.sh into
-$KILN_MODEL_DIR or ~/.cache/kiln), loaded once for the whole run, and a small cache on it."""
+$KILN_MODEL_DIR or ~/.cache/kiln), loaded once for the whole run, a small cache on it, and the
+files scripts/test_bindings.sh writes into $KILN_BINDINGS_FIXTURES with kiln-mkmodel and
+kiln-mkeagle (a tiny deepseek2 model, an EAGLE head for the default model)."""
 
 import os
 from pathlib import Path
@@ -22,6 +24,26 @@ def default_model_path() -> Path:
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     return default_model_path()
+
+
+def fixture_file(name: str) -> Path:
+    directory = os.environ.get("KILN_BINDINGS_FIXTURES")
+    if not directory:
+        pytest.fail("KILN_BINDINGS_FIXTURES is not set: run scripts/test_bindings.sh, which writes the fixtures")
+    path = Path(directory) / name
+    if not path.is_file():
+        pytest.fail(f"fixture {path} is missing: run scripts/test_bindings.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def deepseek2_path() -> Path:
+    return fixture_file("tiny-deepseek2.gguf")
+
+
+@pytest.fixture(scope="session")
+def eagle_head_path() -> Path:
+    return fixture_file("SmolLM2-135M-Instruct.eagle.gguf")
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,24 @@ def test_load_cancelled_by_progress(model_path):
     assert e.value.status == Status.CANCELLED
 
 
+def test_load_logs_its_lines(model_path, tmp_path):
+    lines = []
+    with kiln.Model(model_path, log=lambda level, line: lines.append((level, line))):
+        pass
+    assert any(level == kiln.LogLevel.INFO and line for level, line in lines), lines
+    lines.clear()
+    with pytest.raises(KilnError) as e:
+        kiln.Model(tmp_path / "missing.gguf", log=lambda level, line: lines.append((level, line)))
+    # A failed load logs its error, the message the exception carries.
+    assert (kiln.LogLevel.ERROR, e.value.message) in lines, lines
+
+    def boom(level, line):
+        raise ValueError("from log")
+
+    with pytest.raises(ValueError, match="from log"):
+        kiln.Model(model_path, log=boom)
+
+
 def test_exception_in_progress_is_reraised(model_path):
     def boom(_):
         raise ValueError("from progress")
@@ -427,12 +445,16 @@ def test_struct_layouts_match_the_header():
     from kiln import _ffi
 
     expected = {
-        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 40, "CacheStats": 80,
+        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 56, "CacheStats": 80,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
-        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "SpecMetrics": 56,
+        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "EagleParams": 20,
+        "SpecMetrics": 56,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
+    # The fields added after the ABI 1 baseline, at their offsetof in kiln_cache_params.
+    offsets = {"llama_cpp_order": 36, "step_tokens": 40, "backend": 44, "cuda_device": 48, "mla_prefill": 52}
+    assert {name: getattr(_ffi.CacheParams, name).offset for name in offsets} == offsets
 
 
 def test_stream_raises_a_failed_request(cache):
@@ -446,3 +468,99 @@ def test_stream_raises_a_failed_request(cache):
         assert list(stream) == []  # raised once, then exhausted
         assert s.n_tokens == 0
         s.append("ok")  # the session takes calls again
+
+
+def test_cache_backend_cpu_and_cuda_fallback(model, cache):
+    assert cache.backend.startswith("cpu") and "requested" not in cache.backend
+    with model.cache(n_ctx=256, backend=kiln.Backend.CUDA, cuda_device=0) as c:
+        chosen = c.backend
+        if chosen.startswith("cpu"):
+            # No CUDA module, driver or device here: the cache still runs, on the CPU, and says why.
+            prefix = "; cuda requested, running on the CPU: "
+            assert prefix in chosen, chosen
+            assert chosen.split(prefix, 1)[1].strip(), chosen
+        else:
+            assert chosen.startswith("cuda"), chosen
+        with c.session() as s:
+            s.append("Hello")
+            assert s.generate(2).n_tokens == 2
+    with pytest.raises(KilnError) as e:
+        model.cache(n_ctx=256, backend=7)  # not a kiln_backend_kind
+    assert e.value.status == Status.INVALID_ARGUMENT and "backend" in e.value.message
+
+
+def test_cache_step_tokens(model):
+    prompt = model.tokenize("The quick brown fox jumps over the lazy dog. " * 12)
+    assert len(prompt) > 100
+    # One step computes the whole prompt (under the 256-token chunk) by default, 48 tokens with
+    # step_tokens=48. New caches: no prefix cache hit.
+    for step_tokens, expected in ((None, len(prompt)), (48, 48)):
+        with model.cache(n_ctx=256, step_tokens=step_tokens) as c, c.session() as s:
+            s.submit(tokens=prompt, max_tokens=0)
+            assert c.step().n_tokens == expected
+            while not s.poll().done:
+                c.step()
+            assert s.n_tokens == len(prompt)
+    with pytest.raises(KilnError) as e:
+        model.cache(n_ctx=256, step_tokens=0)
+    assert e.value.status == Status.INVALID_ARGUMENT and "step_tokens" in e.value.message
+
+
+def test_mla_prefill_on_deepseek2(deepseek2_path):
+    # A prompt of more than 128 tokens in one chunk: measured runs it decompressed, whose logits
+    # agree with the absorbed form's to float rounding but not bit for bit.
+    with kiln.Model(deepseek2_path) as m:
+        assert m.info.architecture == "deepseek2"
+        prompt = m.tokenize("the quick brown fox jumps " * 30)
+        assert len(prompt) > 128
+        logits = {}
+        for mode in (kiln.MlaPrefill.ABSORBED, kiln.MlaPrefill.MEASURED):
+            with m.cache(n_threads=2, mla_prefill=mode) as c, c.session() as s:
+                s.append_tokens(prompt)
+                logits[mode] = s.logits
+        absorbed, measured = logits[kiln.MlaPrefill.ABSORBED], logits[kiln.MlaPrefill.MEASURED]
+        assert absorbed != measured, "measured ran the absorbed form (bitwise equal logits)"
+        scale = max(abs(x) for x in absorbed)
+        assert max(abs(a - b) for a, b in zip(absorbed, measured)) <= 1e-3 * scale
+        with pytest.raises(KilnError) as e:
+            m.cache(mla_prefill=7)  # not a kiln_mla_prefill
+        assert e.value.status == Status.INVALID_ARGUMENT and "mla_prefill 7" in e.value.message
+
+
+def test_eagle_strategy(model, model_path, cache, eagle_head_path):
+    # An untrained head from kiln-mkeagle: greedy output is still plain decoding's (exact
+    # verification), and it drafts.
+    with chat_session(cache) as plain:
+        expected = plain.generate(MAX).tokens
+    with kiln.EagleStrategy(model, eagle_head_path, top_k=4, max_depth=3, n_threads=1) as eagle, \
+            chat_session(cache) as s:
+        s.set_strategy(eagle)
+        assert s.generate(MAX).tokens == expected
+        m = s.spec_metrics
+        assert m.steps > 0 and m.drafted > 0 and 0 <= m.accepted <= m.drafted, m
+    with pytest.raises(KilnError) as e:
+        kiln.EagleStrategy(model, eagle_head_path, top_k=0)
+    assert e.value.status == Status.INVALID_ARGUMENT and "top_k" in e.value.message
+    with pytest.raises(KilnError) as e:
+        kiln.EagleStrategy(model, model_path)  # a model, not an eagle head
+    assert e.value.status == Status.INVALID_ARGUMENT
+    with pytest.raises(TypeError):
+        kiln.EagleStrategy(model, eagle_head_path, depth=3)
+
+
+def test_gguf_inspection(model_path, eagle_head_path, tmp_path):
+    with kiln.GgufFile(model_path) as g:
+        assert g.metadata["general.architecture"] == '"llama"'
+        assert g.unsupported == []
+    # An eagle head is a valid GGUF that kiln cannot run as a model: the problems are listed.
+    with kiln.GgufFile(eagle_head_path) as g:
+        assert g.metadata["general.architecture"] == '"eagle"'
+        assert g.unsupported and "eagle" in g.unsupported[0]
+    with pytest.raises(KilnError) as e:
+        kiln.GgufFile(tmp_path / "missing.gguf")
+    assert e.value.status == Status.IO
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 60)
+    with pytest.raises(KilnError) as e:
+        kiln.GgufFile(bad)
+    assert e.value.status == Status.FORMAT

@@ -60,6 +60,16 @@ pub type kiln_kv_type = c_int;
 pub const KILN_KV_F16: kiln_kv_type = 0;
 pub const KILN_KV_F32: kiln_kv_type = 1;
 pub const KILN_KV_BF16: kiln_kv_type = 2;
+pub const KILN_KV_Q8_0: kiln_kv_type = 3;
+
+pub type kiln_backend_kind = c_int;
+pub const KILN_BACKEND_CPU: kiln_backend_kind = 0;
+pub const KILN_BACKEND_CUDA: kiln_backend_kind = 1;
+pub const KILN_BACKEND_AUTO: kiln_backend_kind = 2;
+
+pub type kiln_mla_prefill = c_int;
+pub const KILN_MLA_PREFILL_ABSORBED: kiln_mla_prefill = 0;
+pub const KILN_MLA_PREFILL_MEASURED: kiln_mla_prefill = 1;
 
 pub type kiln_stop_reason = c_int;
 pub const KILN_STOP_EOG: kiln_stop_reason = 0;
@@ -140,6 +150,10 @@ pub struct kiln_cache_params {
     pub n_ctx: i32,
     pub n_threads: i32,
     pub llama_cpp_order: c_int,
+    pub step_tokens: i32,
+    pub backend: kiln_backend_kind,
+    pub cuda_device: i32,
+    pub mla_prefill: kiln_mla_prefill,
 }
 
 #[repr(C)]
@@ -304,6 +318,16 @@ pub struct kiln_medusa_params {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
+pub struct kiln_eagle_params {
+    pub struct_size: u32,
+    pub top_k: i32,
+    pub max_depth: i32,
+    pub tree_tokens: i32,
+    pub n_threads: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct kiln_spec_metrics {
     pub struct_size: u32,
     pub steps: i64,
@@ -387,6 +411,7 @@ extern "C" {
         out_cache: *mut *mut kiln_cache,
     ) -> kiln_status;
     pub fn kiln_cache_destroy(cache: *mut kiln_cache);
+    pub fn kiln_cache_backend(cache: *const kiln_cache) -> *const c_char;
     pub fn kiln_cache_get_stats(cache: *const kiln_cache, stats: *mut kiln_cache_stats) -> kiln_status;
 
     pub fn kiln_sampler_params_init(params: *mut kiln_sampler_params, struct_size: usize) -> kiln_status;
@@ -507,6 +532,13 @@ extern "C" {
         params: *const kiln_medusa_params,
         out_strategy: *mut *mut kiln_strategy,
     ) -> kiln_status;
+    pub fn kiln_eagle_params_init(params: *mut kiln_eagle_params, struct_size: usize) -> kiln_status;
+    pub fn kiln_strategy_create_eagle(
+        target: *const kiln_model,
+        head_path: *const c_char,
+        params: *const kiln_eagle_params,
+        out_strategy: *mut *mut kiln_strategy,
+    ) -> kiln_status;
     pub fn kiln_strategy_destroy(strategy: *mut kiln_strategy);
     pub fn kiln_session_set_strategy(session: *mut kiln_session, strategy: *mut kiln_strategy)
         -> kiln_status;
@@ -536,7 +568,7 @@ mod tests {
         // sizeof of each struct in C (gcc, LP64: x86-64 and aarch64 Linux).
         assert_eq!(core::mem::size_of::<kiln_model_params>(), 56);
         assert_eq!(core::mem::size_of::<kiln_model_info>(), 88);
-        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 40);
+        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 56);
         assert_eq!(core::mem::size_of::<kiln_cache_stats>(), 80);
         assert_eq!(core::mem::size_of::<kiln_sampler_params>(), 72);
         assert_eq!(core::mem::size_of::<kiln_generate_params>(), 40);
@@ -549,6 +581,26 @@ mod tests {
         assert_eq!(core::mem::size_of::<kiln_ngram_params>(), 40);
         assert_eq!(core::mem::size_of::<kiln_draft_params>(), 32);
         assert_eq!(core::mem::size_of::<kiln_medusa_params>(), 12);
+        assert_eq!(core::mem::size_of::<kiln_eagle_params>(), 20);
         assert_eq!(core::mem::size_of::<kiln_spec_metrics>(), 56);
+    }
+
+    #[test]
+    fn cache_params_offsets_match_the_header() {
+        // offsetof of the fields added after the ABI 1 baseline, in the header's order
+        // (core::mem::offset_of! needs Rust 1.77; the crates support 1.70).
+        let p = core::mem::MaybeUninit::<kiln_cache_params>::uninit();
+        let base = p.as_ptr() as usize;
+        macro_rules! offset {
+            ($field:ident) => {
+                // SAFETY: addr_of! forms the field's address without reading it.
+                unsafe { core::ptr::addr_of!((*p.as_ptr()).$field) as usize - base }
+            };
+        }
+        assert_eq!(offset!(llama_cpp_order), 36);
+        assert_eq!(offset!(step_tokens), 40);
+        assert_eq!(offset!(backend), 44);
+        assert_eq!(offset!(cuda_device), 48);
+        assert_eq!(offset!(mla_prefill), 52);
     }
 }

@@ -283,6 +283,64 @@ fn stop_code(flow: ControlFlow<()>) -> c_int {
     }
 }
 
+/// The `n` (key, value) metadata entries that `at` reads (kiln_model_meta_at, kiln_gguf_meta_at):
+/// strings owned by the handle, copied here.
+fn meta_entries(
+    n: usize,
+    at: impl Fn(usize, &mut *const c_char, &mut *const c_char) -> sys::kiln_status,
+) -> Result<Vec<(String, String)>> {
+    (0..n)
+        .map(|i| {
+            let (mut k, mut v) = (ptr::null(), ptr::null());
+            check(at(i, &mut k, &mut v))?;
+            let text = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            Ok((text(k), text(v)))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- inspecting a file
+
+/// A GGUF file opened for inspection only: its metadata and what kiln lacks to run it. Works for
+/// any valid GGUF, also one of an architecture kiln cannot load.
+pub struct GgufFile {
+    ptr: *mut sys::kiln_gguf,
+}
+
+// SAFETY: the handle is read-only after kiln_gguf_open; its getters only read it.
+unsafe impl Send for GgufFile {}
+unsafe impl Sync for GgufFile {}
+
+impl GgufFile {
+    /// Opens and validates `path`: `Status::Io` when it cannot be read, `Status::Format` when it
+    /// is not a valid GGUF (the message names the field and byte offset).
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = c_path(path.as_ref())?;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::kiln_gguf_open(path.as_ptr(), &mut raw) })?;
+        Ok(GgufFile { ptr: raw })
+    }
+
+    /// Every metadata entry as (key, value rendered as text).
+    pub fn metadata(&self) -> Result<Vec<(String, String)>> {
+        let n = unsafe { sys::kiln_gguf_meta_count(self.ptr) };
+        meta_entries(n, |i, k, v| unsafe { sys::kiln_gguf_meta_at(self.ptr, i, k, v) })
+    }
+
+    /// What kiln lacks to run the file, one problem per entry; empty when it can run it.
+    pub fn unsupported(&self) -> Vec<String> {
+        // SAFETY: a NUL-terminated string owned by the handle.
+        let text = unsafe { CStr::from_ptr(sys::kiln_gguf_unsupported(self.ptr)) };
+        text.to_string_lossy().lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for GgufFile {
+    fn drop(&mut self) {
+        unsafe { sys::kiln_gguf_destroy(self.ptr) }
+    }
+}
+
 // ---------------------------------------------------------------- model
 
 struct ModelRaw(*mut sys::kiln_model);
@@ -363,15 +421,48 @@ impl<'a> ChatMessage<'a> {
     }
 }
 
-struct ProgressState<'f> {
-    callback: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+/// Severity of a log line (kiln_log_level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// A load's log callback (see [`Model::load_with_log`]).
+type LogCallback<'f> = &'f mut dyn FnMut(LogLevel, &str);
+
+/// The callbacks of one load, shared by the progress and log trampolines (both run on the
+/// loading thread, inside kiln_model_load).
+struct LoadState<'f> {
+    progress: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+    log: Option<LogCallback<'f>>,
     panic: Option<Panic>,
 }
 
 unsafe extern "C" fn progress_trampoline(progress: f32, user_data: *mut c_void) -> c_int {
-    let state = &mut *(user_data as *mut ProgressState<'_>);
-    let callback = &mut state.callback;
+    let state = &mut *(user_data as *mut LoadState<'_>);
+    let callback = &mut state.progress;
     guarded(&mut state.panic, 1, || stop_code(callback(progress)))
+}
+
+unsafe extern "C" fn log_trampoline(
+    level: sys::kiln_log_level,
+    message: *const c_char,
+    user_data: *mut c_void,
+) {
+    let state = &mut *(user_data as *mut LoadState<'_>);
+    let Some(log) = state.log.as_mut() else { return };
+    let level = match level {
+        sys::KILN_LOG_DEBUG => LogLevel::Debug,
+        sys::KILN_LOG_INFO => LogLevel::Info,
+        sys::KILN_LOG_WARN => LogLevel::Warn,
+        _ => LogLevel::Error,
+    };
+    // SAFETY: a NUL-terminated line, valid during the call.
+    let line = CStr::from_ptr(message).to_string_lossy();
+    guarded(&mut state.panic, (), || log(level, &line))
 }
 
 impl Model {
@@ -387,17 +478,43 @@ impl Model {
         use_mmap: bool,
         mut progress: impl FnMut(f32) -> ControlFlow<()>,
     ) -> Result<Model> {
-        let path = c_path(path.as_ref())?;
+        Model::load_impl(path.as_ref(), use_mmap, &mut progress, None)
+    }
+
+    /// As [`Model::load_with`], also passing the load's log lines to `log` (on this thread; a
+    /// failed load logs its error message at [`LogLevel::Error`]).
+    pub fn load_with_log(
+        path: impl AsRef<Path>,
+        use_mmap: bool,
+        mut progress: impl FnMut(f32) -> ControlFlow<()>,
+        mut log: impl FnMut(LogLevel, &str),
+    ) -> Result<Model> {
+        Model::load_impl(path.as_ref(), use_mmap, &mut progress, Some(&mut log))
+    }
+
+    fn load_impl<'f>(
+        path: &Path,
+        use_mmap: bool,
+        progress: &'f mut dyn FnMut(f32) -> ControlFlow<()>,
+        log: Option<LogCallback<'f>>,
+    ) -> Result<Model> {
+        let path = c_path(path)?;
         let mut params = std::mem::MaybeUninit::<sys::kiln_model_params>::zeroed();
         check(unsafe {
             sys::kiln_model_params_init(params.as_mut_ptr(), std::mem::size_of::<sys::kiln_model_params>())
         })?;
         let mut params = unsafe { params.assume_init() };
-        let mut state = ProgressState { callback: &mut progress, panic: None };
+        let has_log = log.is_some();
+        let mut state = LoadState { progress, log, panic: None };
+        let user_data = &mut state as *mut LoadState<'_> as *mut c_void;
         params.path = path.as_ptr();
         params.use_mmap = use_mmap as c_int;
         params.progress = Some(progress_trampoline);
-        params.progress_user_data = &mut state as *mut ProgressState<'_> as *mut c_void;
+        params.progress_user_data = user_data;
+        if has_log {
+            params.log = Some(log_trampoline);
+            params.log_user_data = user_data;
+        }
         let mut raw = ptr::null_mut();
         let code = unsafe { sys::kiln_model_load(&params, &mut raw) };
         if let Some(panic) = state.panic.take() {
@@ -439,14 +556,7 @@ impl Model {
     /// Every GGUF metadata entry as (key, value rendered as text).
     pub fn metadata(&self) -> Result<Vec<(String, String)>> {
         let n = unsafe { sys::kiln_model_meta_count(self.ptr()) };
-        (0..n)
-            .map(|i| {
-                let (mut k, mut v) = (ptr::null(), ptr::null());
-                check(unsafe { sys::kiln_model_meta_at(self.ptr(), i, &mut k, &mut v) })?;
-                let text = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-                Ok((text(k), text(v)))
-            })
-            .collect()
+        meta_entries(n, |i, k, v| unsafe { sys::kiln_model_meta_at(self.ptr(), i, k, v) })
     }
 
     /// Metadata `key` rendered as text; None when the file has no such key.
@@ -535,6 +645,29 @@ pub enum KvType {
     F16,
     F32,
     Bf16,
+    /// ggml's q8_0 blocks; the model's head size must be a multiple of 32.
+    Q8_0,
+}
+
+/// The compute backend a cache asks for (kiln_backend_kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    #[default]
+    Cpu,
+    Cuda,
+    /// CUDA when it can run the model, else the CPU.
+    Auto,
+}
+
+/// How MLA models (deepseek2) compute prompt chunks (kiln_mla_prefill); other models ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MlaPrefill {
+    /// As decode steps: every bitwise guarantee holds.
+    #[default]
+    Absorbed,
+    /// Long chunks decompressed where a measured cost rule says it is faster; equal to float
+    /// rounding, so a token's last logit bits can depend on how its prompt was chunked.
+    Measured,
 }
 
 /// kiln_cache_params; `Default` is kiln's defaults.
@@ -550,6 +683,13 @@ pub struct CacheOptions {
     /// Compute threads; 0: physical cores.
     pub n_threads: i32,
     pub llama_cpp_order: bool,
+    /// Most tokens in one step's forward pass, >= 1 (default 512).
+    pub step_tokens: i32,
+    /// Cuda or Auto: the CUDA device `cuda_device` when it can run the model, else the CPU (the
+    /// cache is created either way; [`Cache::backend`] says which and why).
+    pub backend: Backend,
+    pub cuda_device: i32,
+    pub mla_prefill: MlaPrefill,
 }
 
 impl Default for CacheOptions {
@@ -563,6 +703,10 @@ impl Default for CacheOptions {
             n_ctx: p.n_ctx,
             n_threads: p.n_threads,
             llama_cpp_order: p.llama_cpp_order != 0,
+            step_tokens: p.step_tokens,
+            backend: Backend::Cpu,
+            cuda_device: p.cuda_device,
+            mla_prefill: MlaPrefill::Absorbed,
         }
     }
 }
@@ -647,11 +791,23 @@ impl Cache {
             KvType::F16 => sys::KILN_KV_F16,
             KvType::F32 => sys::KILN_KV_F32,
             KvType::Bf16 => sys::KILN_KV_BF16,
+            KvType::Q8_0 => sys::KILN_KV_Q8_0,
         };
         p.prefix_caching = options.prefix_caching as c_int;
         p.n_ctx = options.n_ctx;
         p.n_threads = options.n_threads;
         p.llama_cpp_order = options.llama_cpp_order as c_int;
+        p.step_tokens = options.step_tokens;
+        p.backend = match options.backend {
+            Backend::Cpu => sys::KILN_BACKEND_CPU,
+            Backend::Cuda => sys::KILN_BACKEND_CUDA,
+            Backend::Auto => sys::KILN_BACKEND_AUTO,
+        };
+        p.cuda_device = options.cuda_device;
+        p.mla_prefill = match options.mla_prefill {
+            MlaPrefill::Absorbed => sys::KILN_MLA_PREFILL_ABSORBED,
+            MlaPrefill::Measured => sys::KILN_MLA_PREFILL_MEASURED,
+        };
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_cache_create(model.ptr(), &p, &mut raw) })?;
         Ok(Cache { raw: Arc::new(CacheRaw { ptr: raw, _model: model.raw.clone() }), model: model.clone() })
@@ -659,6 +815,13 @@ impl Cache {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The backend the cache runs on ("cpu (avx2, 4 threads)"), followed by "; cuda requested,
+    /// running on the CPU: <reason>" when a CUDA request fell back.
+    pub fn backend(&self) -> String {
+        // SAFETY: a NUL-terminated string owned by the cache, copied at once.
+        unsafe { CStr::from_ptr(sys::kiln_cache_backend(self.raw.ptr)) }.to_string_lossy().into_owned()
     }
 
     pub fn stats(&self) -> Result<CacheStats> {
@@ -873,6 +1036,32 @@ impl Default for MedusaOptions {
     }
 }
 
+/// kiln_eagle_params; `Default` is kiln's defaults.
+#[derive(Debug, Clone)]
+pub struct EagleOptions {
+    /// Children per expanded node and nodes expanded per depth, 1..=64.
+    pub top_k: i32,
+    /// Deepest draft node, 1..=16.
+    pub max_depth: i32,
+    /// Nodes verified per step; 0: chosen each step from the drafts' probabilities and the
+    /// measured pass cost.
+    pub tree_tokens: i32,
+    /// Threads of the head's matmuls; <= 0: physical cores.
+    pub n_threads: i32,
+}
+
+impl Default for EagleOptions {
+    fn default() -> Self {
+        let p = init_params::<sys::kiln_eagle_params>(sys::kiln_eagle_params_init);
+        EagleOptions {
+            top_k: p.top_k,
+            max_depth: p.max_depth,
+            tree_tokens: p.tree_tokens,
+            n_threads: p.n_threads,
+        }
+    }
+}
+
 /// A speculative-decoding strategy. It serves one session at a time: [`Session::set_strategy`]
 /// moves it into the session, which gives it back when replaced.
 pub struct Strategy {
@@ -926,6 +1115,22 @@ impl Strategy {
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_strategy_create_medusa(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
         // The heads share the target's output matrix: the strategy keeps the model alive.
+        Ok(Strategy { ptr: raw, _target: Some(target.clone()) })
+    }
+
+    /// An EAGLE head for `target` from the head file `head_path` (architecture "eagle";
+    /// kiln-mkeagle writes untrained ones). A head for another model or a file that is not an
+    /// eagle head fails with `Status::InvalidArgument`, a malformed one with `Status::Format`.
+    pub fn eagle(target: &Model, head_path: impl AsRef<Path>, options: &EagleOptions) -> Result<Strategy> {
+        let path = c_path(head_path.as_ref())?;
+        let mut p = init_params::<sys::kiln_eagle_params>(sys::kiln_eagle_params_init);
+        p.top_k = options.top_k;
+        p.max_depth = options.max_depth;
+        p.tree_tokens = options.tree_tokens;
+        p.n_threads = options.n_threads;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::kiln_strategy_create_eagle(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
+        // The head reads the target's features and shares its vocabulary matrices.
         Ok(Strategy { ptr: raw, _target: Some(target.clone()) })
     }
 }

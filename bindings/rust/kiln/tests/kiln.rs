@@ -8,8 +8,9 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use kiln::{
-    Cache, CacheOptions, ChatMessage, Model, NgramOptions, RequestCallbacks, RequestOptions, Sampler,
-    SamplerOptions, StateOptions, Status, StopReason, Strategy, TokenizeFlags,
+    Backend, Cache, CacheOptions, ChatMessage, EagleOptions, GgufFile, MlaPrefill, Model, NgramOptions,
+    RequestCallbacks, RequestOptions, Sampler, SamplerOptions, StateOptions, Status, StopReason, Strategy,
+    TokenizeFlags,
 };
 
 const CHAT_PROMPT: &str = "<|im_start|>user\nName three fruits.<|im_end|>\n<|im_start|>assistant\n";
@@ -43,6 +44,17 @@ fn chat_session() -> kiln::Session {
     s
 }
 
+/// A file scripts/test_bindings.sh writes into $KILN_BINDINGS_FIXTURES with kiln-mkmodel and
+/// kiln-mkeagle.
+fn fixture(name: &str) -> PathBuf {
+    let dir = std::env::var_os("KILN_BINDINGS_FIXTURES")
+        .filter(|d| !d.is_empty())
+        .expect("KILN_BINDINGS_FIXTURES is not set: run scripts/test_bindings.sh, which writes the fixtures");
+    let path = PathBuf::from(dir).join(name);
+    assert!(path.is_file(), "fixture {} is missing: run scripts/test_bindings.sh", path.display());
+    path
+}
+
 fn max(n: i32) -> RequestOptions<'static> {
     RequestOptions { max_tokens: n, ..Default::default() }
 }
@@ -70,6 +82,36 @@ fn load_reports_progress_and_can_be_cancelled() {
 
     let e = Model::load_with(model_path(), true, |_| ControlFlow::Break(())).err().unwrap();
     assert_eq!(e.status(), Status::Cancelled);
+}
+
+#[test]
+fn load_logs_its_lines() {
+    let mut lines = Vec::new();
+    let m = Model::load_with_log(
+        model_path(),
+        true,
+        |_| ControlFlow::Continue(()),
+        |level, line| lines.push((level, line.to_owned())),
+    )
+    .unwrap();
+    drop(m);
+    assert!(
+        lines.iter().any(|(level, line)| *level == kiln::LogLevel::Info && !line.is_empty()),
+        "{lines:?}"
+    );
+    // A failed load logs its error, the message the Error carries.
+    lines.clear();
+    let missing = "/nonexistent/missing.gguf";
+    let e = Model::load_with_log(
+        missing,
+        true,
+        |_| ControlFlow::Continue(()),
+        |level, line| lines.push((level, line.to_owned())),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.status(), Status::Io);
+    assert!(lines.contains(&(kiln::LogLevel::Error, e.message().to_owned())), "{lines:?} vs {e}");
 }
 
 #[test]
@@ -531,6 +573,7 @@ fn send_sync() {
     send_sync::<Model>();
     send_sync::<Cache>();
     send_sync::<Sampler>();
+    send_sync::<GgufFile>();
     send_sync::<kiln::Canceller>();
     send::<kiln::Session>();
     send::<Strategy>();
@@ -555,4 +598,103 @@ fn stream_yields_a_failed_request_once() {
     drop(stream);
     assert_eq!(s.n_tokens(), 0);
     s.append("ok", TokenizeFlags::NONE).unwrap();
+}
+
+#[test]
+fn cache_backend_cpu_and_cuda_fallback() {
+    let own = cache().backend();
+    assert!(own.starts_with("cpu") && !own.contains("requested"), "{own}");
+    let options = CacheOptions { n_ctx: 256, backend: Backend::Cuda, cuda_device: 0, ..Default::default() };
+    let c = model().cache(&options).unwrap();
+    let chosen = c.backend();
+    if chosen.starts_with("cpu") {
+        // No CUDA module, driver or device here: the cache still runs, on the CPU, and says why.
+        let (_, reason) = chosen.split_once("; cuda requested, running on the CPU: ").expect(&chosen);
+        assert!(!reason.trim().is_empty(), "{chosen}");
+    } else {
+        assert!(chosen.starts_with("cuda"), "{chosen}");
+    }
+    let mut s = c.session().unwrap();
+    s.append("Hello", TokenizeFlags::NONE).unwrap();
+    assert_eq!(s.generate(&max(2)).unwrap().tokens.len(), 2);
+}
+
+#[test]
+fn cache_step_tokens() {
+    let prompt = model()
+        .tokenize(&"The quick brown fox jumps over the lazy dog. ".repeat(12), TokenizeFlags::NONE)
+        .unwrap();
+    assert!(prompt.len() > 100);
+    // One step computes the whole prompt (under the 256-token chunk) by default, 48 tokens with
+    // step_tokens 48. New caches: no prefix cache hit.
+    for (step_tokens, expected) in [(CacheOptions::default().step_tokens, prompt.len() as i64), (48, 48)] {
+        let c = model().cache(&CacheOptions { n_ctx: 256, step_tokens, ..Default::default() }).unwrap();
+        let mut s = c.session().unwrap();
+        s.submit(&RequestOptions { tokens: &prompt, max_tokens: 0, ..Default::default() }).unwrap();
+        assert_eq!(c.step(0.0).unwrap().n_tokens, expected);
+        while s.poll().unwrap().done.is_none() {
+            c.step(0.0).unwrap();
+        }
+        assert_eq!(s.n_tokens(), prompt.len());
+    }
+    let e = model().cache(&CacheOptions { n_ctx: 256, step_tokens: 0, ..Default::default() }).err().unwrap();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("step_tokens"), "{e}");
+}
+
+#[test]
+fn mla_prefill_on_deepseek2() {
+    // A prompt of more than 128 tokens in one chunk: measured runs it decompressed, whose logits
+    // agree with the absorbed form's to float rounding but not bit for bit.
+    let m = Model::load(fixture("tiny-deepseek2.gguf")).unwrap();
+    assert_eq!(m.info().unwrap().architecture, "deepseek2");
+    let prompt = m.tokenize(&"the quick brown fox jumps ".repeat(30), TokenizeFlags::NONE).unwrap();
+    assert!(prompt.len() > 128);
+    let logits = |mla_prefill| {
+        let c = m.cache(&CacheOptions { n_threads: 2, mla_prefill, ..Default::default() }).unwrap();
+        let mut s = c.session().unwrap();
+        s.append_tokens(&prompt).unwrap();
+        s.logits().unwrap()
+    };
+    let (absorbed, measured) = (logits(MlaPrefill::Absorbed), logits(MlaPrefill::Measured));
+    assert_ne!(absorbed, measured, "measured ran the absorbed form (bitwise equal logits)");
+    let scale = absorbed.iter().fold(0f32, |a, x| a.max(x.abs()));
+    let diff = absorbed.iter().zip(&measured).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(diff <= 1e-3 * scale, "max difference {diff}, scale {scale}");
+}
+
+#[test]
+fn eagle_strategy() {
+    // An untrained head from kiln-mkeagle: greedy output is still plain decoding's (exact
+    // verification), and it drafts.
+    let head = fixture("SmolLM2-135M-Instruct.eagle.gguf");
+    let expected = chat_session().generate(&max(MAX)).unwrap().tokens;
+    let options = EagleOptions { top_k: 4, max_depth: 3, n_threads: 1, ..Default::default() };
+    let eagle = Strategy::eagle(model(), &head, &options).unwrap();
+    let mut s = chat_session();
+    s.set_strategy(Some(eagle)).unwrap();
+    assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
+    let m = s.spec_metrics().unwrap();
+    assert!(m.steps > 0 && m.drafted > 0 && m.accepted <= m.drafted, "{m:?}");
+
+    let e = Strategy::eagle(model(), &head, &EagleOptions { top_k: 0, ..options.clone() }).err().unwrap();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("top_k"), "{e}");
+    let e = Strategy::eagle(model(), model_path(), &options).err().unwrap(); // a model, not a head
+    assert_eq!(e.status(), Status::InvalidArgument);
+}
+
+#[test]
+fn gguf_inspection() {
+    let meta =
+        |g: &GgufFile, key: &str| g.metadata().unwrap().into_iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let g = GgufFile::open(model_path()).unwrap();
+    assert_eq!(meta(&g, "general.architecture").as_deref(), Some("\"llama\""));
+    assert!(g.unsupported().is_empty(), "{:?}", g.unsupported());
+    // An eagle head is a valid GGUF that kiln cannot run as a model: the problems are listed.
+    let g = GgufFile::open(fixture("SmolLM2-135M-Instruct.eagle.gguf")).unwrap();
+    assert_eq!(meta(&g, "general.architecture").as_deref(), Some("\"eagle\""));
+    assert!(g.unsupported().first().is_some_and(|p| p.contains("eagle")), "{:?}", g.unsupported());
+    let e = GgufFile::open("/nonexistent/missing.gguf").err().unwrap();
+    assert_eq!(e.status(), Status::Io);
 }
