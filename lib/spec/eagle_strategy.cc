@@ -83,8 +83,10 @@ float LogSumExp(std::span<const float> row) {
   return m + static_cast<float>(std::log(s));
 }
 
-int32_t MaxTopK(const EagleParams& p) { return p.top_k > 0 ? p.top_k : kAutoMaxTopK; }
-int32_t MaxDepth(const EagleParams& p) { return p.max_depth > 0 ? p.max_depth : kAutoMaxDepth; }
+int32_t MaxTopK(const EagleParams& p) { return p.top_k > 0 ? p.top_k : kEagleAutoMaxTopK; }
+int32_t MaxDepth(const EagleParams& p) {
+  return p.max_depth > 0 ? p.max_depth : kEagleAutoMaxDepth;
+}
 
 // The head's decoder layer: a llama block without biases.
 DecoderLayer HeadLayer(const EagleHead& h) {
@@ -432,13 +434,13 @@ const WeightView& EagleStrategy::DraftLmHead() const {
 
 int32_t EagleStrategy::next_top_k() const {
   if (params_.top_k > 0) return params_.top_k;
-  return std::clamp(last_budget_, kAutoMinTopK, kAutoMaxTopK);
+  return std::clamp(last_budget_, kEagleAutoMinTopK, kEagleAutoMaxTopK);
 }
 
 double EagleStrategy::DraftStepCost(const PassCostModel* cost) const {
   if (cost == nullptr || cost->pinned() || cost->OneTokenSeconds() <= 0.0 ||
       head_pass_seconds_ <= 0.0) {
-    return kPriorDraftStepCost;
+    return kEaglePriorDraftStepCost;
   }
   return head_pass_seconds_ / cost->OneTokenSeconds();
 }

@@ -36,10 +36,11 @@
 //     already made this step, the head expands iff
 //        (1 + S + P) / (c(n + 2) + D + s)  >  (1 + S) / (c(n + 1) + D),
 //     i.e. iff the next depth could pay for its pass even at its best (all of P, one more node),
-//     up to kAutoMaxDepth; a dear head pass or a flat tree stops early;
-//   - top_k: the budget the last step kept, in [kAutoMinTopK, kAutoMaxTopK]: no more nodes are
+//     up to kEagleAutoMaxDepth; a dear head pass or a flat tree stops early;
+//   - top_k: the budget the last step kept, in [kEagleAutoMinTopK, kEagleAutoMaxTopK]: no more
+//   nodes are
 //     expanded per depth, nor children made per node, than the pass cost lets through verified.
-// With the pass cost pinned (or not measured) s is kPriorDraftStepCost, so the tree is
+// With the pass cost pinned (or not measured) s is kEaglePriorDraftStepCost, so the tree is
 // deterministic there (draft_policy.h: sampled text for a fixed seed then does not depend on
 // timing).
 //
@@ -82,7 +83,7 @@ struct EagleParams {
   // chosen per step, the tree size the pass cost let through at the last step (see above).
   int32_t top_k = 0;
   // Deepest draft node (1: only the root's children; 1..16); 0 (default): the tree grows while
-  // another draft step can pay for itself, at most kAutoMaxDepth deep (see above).
+  // another draft step can pay for itself, at most kEagleAutoMaxDepth deep (see above).
   int32_t max_depth = 0;
   // Nodes per tree: > 0 always this many (at most the decoder's max_draft); 0: chosen per step
   // from the path probabilities and the measured pass cost (see the header comment).
@@ -93,12 +94,12 @@ struct EagleParams {
 };
 
 // Bounds of the automatic top_k and depth (EagleParams 0).
-inline constexpr int32_t kAutoMaxTopK = 8;
-inline constexpr int32_t kAutoMinTopK = 2;
-inline constexpr int32_t kAutoMaxDepth = 8;
+inline constexpr int32_t kEagleAutoMaxTopK = 8;
+inline constexpr int32_t kEagleAutoMinTopK = 2;
+inline constexpr int32_t kEagleAutoMaxDepth = 8;
 // The cost of one head pass in one-token target passes until one was measured (and whenever the
 // pass cost is pinned, so that a pinned step is deterministic).
-inline constexpr double kPriorDraftStepCost = 0.25;
+inline constexpr double kEaglePriorDraftStepCost = 0.25;
 
 // A loaded head file: views into the mapped file (kept open) and the shapes it was checked
 // against.
@@ -241,8 +242,8 @@ class EagleStrategy final : public Strategy {
   std::vector<float> logits_;    // [rows - logits_from, n_vocab]
   std::vector<int32_t> ids_, positions_, n_visible_, extra_indptr_, extra_positions_, seq_index_;
   int32_t last_depth_ = 0;
-  int32_t last_budget_ = kAutoMaxTopK;  // nodes kept at the last proposal (automatic top_k)
-  double head_pass_seconds_ = 0.0;      // moving average of one head pass (0: none timed yet)
+  int32_t last_budget_ = kEagleAutoMaxTopK;  // nodes kept at the last proposal (automatic top_k)
+  double head_pass_seconds_ = 0.0;           // moving average of one head pass (0: none timed yet)
   std::vector<KvSlot> slots_;
   KvTables tables_;
 };

@@ -545,18 +545,18 @@ TEST_F(SpecEagleTest, TreeShapeFollowsTheCosts) {
   dear_passes.Pin(100.0);
   DraftTree dear, cheap;
   strategy->ObserveTargetFeatures(n - 2, n, feature, d);
-  EXPECT_EQ(strategy->next_top_k(), kAutoMaxTopK);  // no step yet: the widest
+  EXPECT_EQ(strategy->next_top_k(), kEagleAutoMaxTopK);  // no step yet: the widest
   ASSERT_TRUE(strategy->Propose(prompt, 64, {nullptr, nullptr, &dear_passes}, &dear).ok());
   EXPECT_EQ(dear.size(), 0);
   EXPECT_EQ(strategy->last_depth(), 1);
-  EXPECT_EQ(strategy->last_candidates(), kAutoMaxTopK);
-  EXPECT_EQ(strategy->next_top_k(), kAutoMinTopK);
+  EXPECT_EQ(strategy->last_candidates(), kEagleAutoMaxTopK);
+  EXPECT_EQ(strategy->next_top_k(), kEagleAutoMinTopK);
   // The same context again (the root's output reused), now with free passes.
   ASSERT_TRUE(strategy->Propose(prompt, 64, {nullptr, nullptr, &free_passes}, &cheap).ok());
   EXPECT_GE(strategy->last_depth(), 2);
-  EXPECT_LE(strategy->last_depth(), kAutoMaxDepth);
+  EXPECT_LE(strategy->last_depth(), kEagleAutoMaxDepth);
   EXPECT_GT(cheap.size(), 1);
-  EXPECT_EQ(strategy->next_top_k(), std::clamp(cheap.size(), kAutoMinTopK, kAutoMaxTopK));
+  EXPECT_EQ(strategy->next_top_k(), std::clamp(cheap.size(), kEagleAutoMinTopK, kEagleAutoMaxTopK));
   std::printf("automatic tree with free passes: depth %d, %d nodes, next top_k %d\n",
               strategy->last_depth(), cheap.size(), strategy->next_top_k());
 }
