@@ -410,5 +410,11 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // What one head pass costs (the automatic tree's draft-step cost, over a plain step's time).
+  for (size_t e = 0; e < eagles.size(); ++e) {
+    std::printf("%s: head pass %.2f ms (moving average of the last ones), last tree depth %d\n",
+                eagle_names[e].c_str(), 1000.0 * eagles[e]->head_pass_seconds(),
+                eagles[e]->last_depth());
+  }
   return 0;
 }

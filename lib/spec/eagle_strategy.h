@@ -180,6 +180,8 @@ class EagleStrategy final : public Strategy {
   int32_t next_top_k() const;
   // One head pass in one-token target passes: measured (moving average), or the prior.
   double DraftStepCost(const PassCostModel* cost) const;
+  // Seconds of one head pass (moving average; 0 before the first).
+  double head_pass_seconds() const { return head_pass_seconds_; }
 
  private:
   EagleStrategy(std::shared_ptr<const EagleHead> head, const Model& target,
