@@ -56,7 +56,7 @@
 // equals plain decoding, sampled output is distributed as plain sampling (recursive rejection
 // with one-hot drafts).
 //
-// Head file: GGUF, general.architecture "eagle", docs/eagle.md lists the keys and tensors.
+// Head file: GGUF, general.architecture "eagle", docs/speculative.md lists the keys and tensors.
 //
 // Thread-safety: as every strategy (strategy.h); clones share the read-only head.
 #pragma once
