@@ -19,8 +19,10 @@
 //              [--draft-max K] [--ngram-max K] [--ngram-min N] [--prompts N (per set, at most 4)]
 //              [--temp T (only this temperature)] [--set chat|copy (only this set)]
 //              [--medusa HEAD.gguf (adds the Medusa strategy with this head file)]
-//              [--eagle HEAD.gguf (adds the EAGLE strategy with this head file; its tree size
-//              chosen per step from the measured pass cost)]
+//              [--eagle HEAD.gguf (adds the EAGLE strategy with this head file; its tree shape
+//              and size chosen per step from the measured costs; repeat the flag for more heads
+//              side by side: eagle, eagle2, ..)]
+//              [--eagle-shape TOP_K,DEPTH (fixes the EAGLE trees' top_k and depth; 0,0: chosen)]
 //              [--medusa-nodes N,M,.. (one Medusa strategy per count, each verifying the first
 //              N nodes of the file's tree, side by side: does a smaller tree win?)]
 //              [--only-medusa (plain and the head strategies, medusa and eagle, only)]
@@ -35,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/common/strings.h"
 #include "lib/model/model.h"
 #include "lib/session/session.h"
 #include "lib/spec/draft_model_strategy.h"
@@ -103,7 +106,9 @@ int main(int argc, char** argv) {
       n_prompts = 4, ngram_min = NgramParams().min_ngram;
   std::vector<float> temps = {0.0f, 0.8f};
   std::vector<int> sets = {0, 1};  // chat, copy
-  std::string medusa_path, eagle_path;
+  std::string medusa_path;
+  std::vector<std::string> eagle_paths;
+  int32_t eagle_top_k = 0, eagle_depth = 0;
   std::vector<int32_t> medusa_nodes;  // empty: one Medusa strategy with the file's whole tree
   bool only_medusa = false;
   for (int i = 1; i < argc; i += 2) {
@@ -114,8 +119,8 @@ int main(int argc, char** argv) {
           "                  [--draft-layers K (4)] [--draft-max K (4)] [--ngram-max K (8)]\n"
           "                  [--ngram-min N (shortest suffix, 1)]\n"
           "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
-          "                  [--medusa HEAD.gguf] [--medusa-nodes N,M,..] [--eagle HEAD.gguf]\n"
-          "                  [--only-medusa]\n"
+          "                  [--medusa HEAD.gguf] [--medusa-nodes N,M,..] [--eagle HEAD.gguf]..\n"
+          "                  [--eagle-shape TOP_K,DEPTH (0,0)] [--only-medusa]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
@@ -149,8 +154,13 @@ int main(int argc, char** argv) {
     else if (a == "--medusa")
       medusa_path = v;
     else if (a == "--eagle")
-      eagle_path = v;
-    else if (a == "--medusa-nodes") {
+      eagle_paths.push_back(v);
+    else if (a == "--eagle-shape") {
+      if (std::sscanf(v, "%d,%d", &eagle_top_k, &eagle_depth) != 2) {
+        std::fprintf(stderr, "--eagle-shape: TOP_K,DEPTH: %s\n", v);
+        return 2;
+      }
+    } else if (a == "--medusa-nodes") {
       for (const char* c = v; *c != '\0';) {
         char* end = nullptr;
         const long n = std::strtol(c, &end, 10);
@@ -279,17 +289,25 @@ int main(int argc, char** argv) {
                                                    : static_cast<int64_t>(h.vocab_ids.size())),
         step_ms, step_ms > 0 ? Median(ms) / step_ms : 0.0);
   }
-  std::unique_ptr<EagleStrategy> eagle;
-  if (!eagle_path.empty()) {
+  std::vector<std::unique_ptr<EagleStrategy>> eagles;
+  std::vector<std::string> eagle_names;
+  eagle_names.reserve(eagle_paths.size());  // strategies keeps pointers into the names
+  for (const std::string& path : eagle_paths) {
     EagleParams ep;
     ep.n_threads = threads;
-    auto loaded = EagleStrategy::Load(eagle_path, **model, ep);
+    ep.top_k = eagle_top_k;
+    ep.max_depth = eagle_depth;
+    auto loaded = EagleStrategy::Load(path, **model, ep);
     if (!loaded.ok()) {
       std::fprintf(stderr, "eagle: %s\n", std::string(loaded.status().message()).c_str());
       return 1;
     }
-    eagle = std::move(*loaded);
-    strategies.push_back({"eagle", eagle.get()});
+    const std::shared_ptr<const ReducedLmHead>& vocab = (*loaded)->head().draft_vocab;
+    eagle_names.push_back(eagles.empty() ? "eagle" : kiln::StrCat("eagle", eagles.size() + 1));
+    std::printf("%s: %s, draft vocabulary %lld\n", eagle_names.back().c_str(), path.c_str(),
+                static_cast<long long>(vocab ? vocab->ids.size() : (*model)->hparams().n_vocab));
+    eagles.push_back(std::move(*loaded));
+    strategies.push_back({eagle_names.back().c_str(), eagles.back().get()});
   }
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",
@@ -391,6 +409,12 @@ int main(int argc, char** argv) {
             ngram_tps / plain_tps);
       }
     }
+  }
+  // What one head pass costs (the automatic tree's draft-step cost, over a plain step's time).
+  for (size_t e = 0; e < eagles.size(); ++e) {
+    std::printf("%s: head pass %.2f ms (moving average of the last ones), last tree depth %d\n",
+                eagle_names[e].c_str(), 1000.0 * eagles[e]->head_pass_seconds(),
+                eagles[e]->last_depth());
   }
   return 0;
 }

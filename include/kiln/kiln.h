@@ -908,9 +908,12 @@ KILN_API kiln_status kiln_strategy_create_medusa(const kiln_model* target, const
 /* EAGLE heads (added in 0.2.0 after the ABI 1 baseline: new struct and functions only). */
 typedef struct kiln_eagle_params {
   uint32_t struct_size; /* set by kiln_eagle_params_init */
-  int32_t top_k;        /* children per expanded node and nodes expanded per depth; default 8,
-                         * 1..64 */
-  int32_t max_depth;    /* deepest draft node; default 5, 1..16 */
+  int32_t top_k;        /* children per expanded node and nodes expanded per depth, 1..64;
+                         * 0 (default): the tree size the pass cost let through at the last
+                         * step, 2..8 */
+  int32_t max_depth;    /* deepest draft node, 1..16; 0 (default): deeper while another draft
+                         * step can pay for itself (measured head and target pass costs), up
+                         * to 8 */
   int32_t tree_tokens;  /* nodes verified per step; 0 (default): chosen each step from the
                          * drafts' path probabilities and the measured pass cost */
   int32_t n_threads;    /* threads of the head's matmuls; default 1; <= 0: physical cores */

@@ -1,11 +1,16 @@
 #include "lib/spec/draft_head.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/backend/cpu/cpu_backend.h"
+#include "lib/common/half.h"
 #include "lib/common/strings.h"
 
 namespace kiln::spec {
@@ -143,6 +148,115 @@ absl::StatusOr<StaticTree> ReadStaticTree(const gguf::GgufFile& file, std::strin
 void WriteStaticTree(const StaticTree& tree, std::string_view arch, gguf::GgufWriter& writer) {
   writer.SetArrayInt32(kiln::StrCat(arch, ".tree.parents"), tree.parents);
   writer.SetArrayInt32(kiln::StrCat(arch, ".tree.ranks"), tree.ranks);
+}
+
+absl::StatusOr<const gguf::TensorInfo*> ReadReducedVocabulary(
+    const gguf::GgufFile& file, std::string_view arch, std::string_view path,
+    const TargetFingerprint& target, int64_t n_embd, std::vector<int32_t>* ids) {
+  ids->clear();
+  const std::string ids_key = kiln::StrCat(arch, ".vocab.ids");
+  const std::string tensor = kiln::StrCat(arch, ".lm_head.weight");
+  const bool has_ids = file.FindKey(ids_key) != nullptr;
+  const gguf::TensorInfo* t = file.FindTensor(tensor);
+  if (!has_ids && t == nullptr) return nullptr;
+  if (!has_ids || t == nullptr) {
+    return absl::DataLossError(kiln::StrCat(
+        path, ": a reduced-vocabulary ", arch, " head needs both ", ids_key, " and the tensor ",
+        tensor, "; the file has only ", has_ids ? ids_key : tensor));
+  }
+  absl::StatusOr<std::vector<int64_t>> values = file.GetIntArray(ids_key);
+  if (!values.ok()) {
+    return absl::DataLossError(
+        kiln::StrCat(path, ": key ", ids_key, ": ", values.status().message()));
+  }
+  if (values->empty()) return absl::DataLossError(kiln::StrCat(path, ": ", ids_key, " is empty"));
+  for (size_t j = 0; j < values->size(); ++j) {
+    const int64_t id = (*values)[j];
+    if (id < 0 || id >= target.n_vocab) {
+      return absl::InvalidArgumentError(kiln::StrCat(path, ": ", ids_key, "[", j, "] = ", id,
+                                                     " is outside the target's vocabulary [0, ",
+                                                     target.n_vocab, ")"));
+    }
+    if (j > 0 && id <= (*values)[j - 1]) {
+      return absl::DataLossError(kiln::StrCat(path, ": ", ids_key, " is not strictly ascending at ",
+                                              j, " (", (*values)[j - 1], ", then ", id,
+                                              id == (*values)[j - 1] ? ": a repeated id)" : ")"));
+    }
+    ids->push_back(static_cast<int32_t>(id));
+  }
+  const uint64_t rows = ids->size(), n = static_cast<uint64_t>(n_embd);
+  if (t->ne != std::vector<uint64_t>{n, rows}) {
+    return absl::DataLossError(kiln::StrCat(path, ": tensor ", tensor, " has shape [",
+                                            absl::StrJoin(t->ne, ", "), "], expected [", n, ", ",
+                                            rows, "] (n_embd, the ids' count)"));
+  }
+  const std::optional<GgmlTypeInfo> info = GgmlTypeInfoOf(t->type);
+  if (!info || t->nbytes != GgmlRowBytes(*info, n) * rows) {
+    return absl::DataLossError(kiln::StrCat(path, ": tensor ", tensor, " has type ",
+                                            GgmlTypeName(t->type), " and ", t->nbytes,
+                                            " bytes, which do not make ", rows, " rows of ", n));
+  }
+  // Float rows must be finite (quantized ones carry f16 scales the matmul reads as they are).
+  for (uint64_t i = 0; i < t->n_elements; ++i) {
+    float v = 0.0f;
+    if (t->type == static_cast<uint32_t>(GgmlType::kF32)) {
+      std::memcpy(&v, t->data + 4 * i, 4);
+    } else if (t->type == static_cast<uint32_t>(GgmlType::kF16)) {
+      uint16_t h;
+      std::memcpy(&h, t->data + 2 * i, 2);
+      v = Fp16ToFp32(h);
+    } else {
+      break;
+    }
+    if (!std::isfinite(v)) {
+      return absl::DataLossError(kiln::StrCat(path, ": ", tensor, " is not finite at ", i));
+    }
+  }
+  return t;
+}
+
+absl::Status WriteReducedVocabulary(std::string_view arch, std::span<const int32_t> ids,
+                                    GgmlType type, std::span<const uint8_t> lm_head, int64_t n_embd,
+                                    gguf::GgufWriter& writer) {
+  writer.SetArrayInt32(kiln::StrCat(arch, ".vocab.ids"),
+                       std::vector<int32_t>(ids.begin(), ids.end()));
+  return writer.AddTensor(kiln::StrCat(arch, ".lm_head.weight"), static_cast<uint32_t>(type),
+                          {static_cast<uint64_t>(n_embd), static_cast<uint64_t>(ids.size())},
+                          lm_head);
+}
+
+absl::StatusOr<std::shared_ptr<const ReducedLmHead>> PrepareReducedLmHead(std::vector<int32_t> ids,
+                                                                          WeightView view,
+                                                                          size_t n_bytes,
+                                                                          int64_t n_vocab,
+                                                                          std::string_view who) {
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  for (int32_t id : ids) {
+    if (id < 0 || id >= n_vocab) {
+      return absl::InvalidArgumentError(kiln::StrCat(who, ": reduced-vocabulary id ", id,
+                                                     " is outside the target's vocabulary [0, ",
+                                                     n_vocab, ")"));
+    }
+  }
+  if (rows == 0 || view.n_out != rows || view.row_bytes() == 0 ||
+      view.row_bytes() * rows != n_bytes) {
+    return absl::InvalidArgumentError(
+        kiln::StrCat(who, ": the reduced LM head holds ", n_bytes, " bytes, not ", rows,
+                     " rows of ", view.n_in, " ", GgmlTypeName(static_cast<uint32_t>(view.type))));
+  }
+  auto head = std::make_shared<ReducedLmHead>();
+  head->ids = std::move(ids);
+  head->view = view;
+  cpu::CpuBackend probe(1);
+  WeightView* one[1] = {&head->view};
+  KILN_ASSIGN_OR_RETURN(head->prepared, probe.PrepareWeights(one, false));
+  std::vector<float> x(view.n_in, 0.0f), y(rows);
+  if (absl::Status s = probe.MatMul(head->view, x.data(), 1, y.data()); !s.ok()) {
+    return absl::InvalidArgumentError(kiln::StrCat(who, ": the reduced LM head (type ",
+                                                   GgmlTypeName(static_cast<uint32_t>(view.type)),
+                                                   ") cannot be multiplied: ", s.message()));
+  }
+  return std::shared_ptr<const ReducedLmHead>(std::move(head));
 }
 
 void TopK(std::span<const float> row, int32_t k, std::vector<int32_t>* top) {

@@ -13,9 +13,18 @@
 //                                           best) of the head for its depth
 // A head loaded for a model whose fingerprint differs is refused (InvalidArgument naming each
 // field that differs, both values), so a head never drafts garbage for another model silently.
+//
+// A head may carry a reduced vocabulary (both or neither; ReadReducedVocabulary):
+//   <arch>.vocab.ids       int32[] V' target token ids, strictly ascending, each < n_vocab
+//   <arch>.lm_head.weight  [n_embd, V'] any type the CPU matmul reads (the exporter copies the
+//                                       target's LM-head rows for those ids in its own type)
+// With it the head scores only those V' tokens (row j of the product is token ids[j]): drafting
+// costs V'/n_vocab of the target's LM head. Tokens outside the subset are never proposed; the
+// target still verifies every candidate, so output is unchanged.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +32,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lib/backend/backend.h"
+#include "lib/common/ggml_type.h"
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
@@ -74,6 +85,37 @@ absl::StatusOr<StaticTree> MakeStaticTree(std::vector<int32_t> parents, std::vec
 absl::StatusOr<StaticTree> ReadStaticTree(const gguf::GgufFile& file, std::string_view arch,
                                           int32_t max_depth, int32_t max_rank);
 void WriteStaticTree(const StaticTree& tree, std::string_view arch, gguf::GgufWriter& writer);
+
+// The reduced vocabulary of the head file at `path`, when it has one: fills *ids and returns
+// the checked <arch>.lm_head.weight (shape [n_embd, ids], bytes that make its rows); neither
+// record: *ids empty and nullptr. Errors: InvalidArgument for an id outside [0, target.n_vocab)
+// ("PATH: <arch>.vocab.ids[j] = X is outside the target's vocabulary [0, N)"), DataLoss for
+// the rest (one record without the other, ids empty, of the wrong type, repeated or not
+// ascending, a tensor of another shape or size; each message names the key or tensor).
+absl::StatusOr<const gguf::TensorInfo*> ReadReducedVocabulary(
+    const gguf::GgufFile& file, std::string_view arch, std::string_view path,
+    const TargetFingerprint& target, int64_t n_embd, std::vector<int32_t>* ids);
+// Writes `ids` and the LM-head rows `lm_head` (ids.size() rows of n_embd elements of `type`,
+// back to back) as <arch>.vocab.ids and <arch>.lm_head.weight.
+absl::Status WriteReducedVocabulary(std::string_view arch, std::span<const int32_t> ids,
+                                    GgmlType type, std::span<const uint8_t> lm_head, int64_t n_embd,
+                                    gguf::GgufWriter& writer);
+
+// A reduced vocabulary's LM head ready for the CPU matmul: view.n_out == ids.size(), row j of a
+// product is target token ids[j]. `view` points into memory the caller keeps alive (the head's).
+struct ReducedLmHead {
+  std::vector<int32_t> ids;
+  WeightView view;
+  std::unique_ptr<WeightStore> prepared;  // the CPU backend's prepared copy of view
+};
+// Checks the ids against `n_vocab` and the view's bytes (`n_bytes`), prepares the weights and
+// multiplies once, so a type the matmul cannot read is refused here, not at the first proposal.
+// InvalidArgument naming `who` and the fault.
+absl::StatusOr<std::shared_ptr<const ReducedLmHead>> PrepareReducedLmHead(std::vector<int32_t> ids,
+                                                                          WeightView view,
+                                                                          size_t n_bytes,
+                                                                          int64_t n_vocab,
+                                                                          std::string_view who);
 
 // The k best tokens of `row` into *top (cleared first): highest logit first, ties to the lower id,
 // so a head's candidates are deterministic, as exact tree verification needs.

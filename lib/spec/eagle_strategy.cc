@@ -1,6 +1,7 @@
 #include "lib/spec/eagle_strategy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -17,6 +18,9 @@ namespace kiln::spec {
 namespace {
 
 constexpr std::string_view kArch = "eagle";
+
+// Weight of a new head pass in the moving average of its time (about the last 10 matter).
+constexpr double kDraftStepEmaWeight = 0.1;
 
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
@@ -77,6 +81,11 @@ float LogSumExp(std::span<const float> row) {
   double s = 0.0;
   for (float x : row) s += std::exp(static_cast<double>(x - m));
   return m + static_cast<float>(std::log(s));
+}
+
+int32_t MaxTopK(const EagleParams& p) { return p.top_k > 0 ? p.top_k : kEagleAutoMaxTopK; }
+int32_t MaxDepth(const EagleParams& p) {
+  return p.max_depth > 0 ? p.max_depth : kEagleAutoMaxDepth;
 }
 
 // The head's decoder layer: a llama block without biases.
@@ -153,11 +162,25 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
   KILN_ASSIGN_OR_RETURN(head->ffn_gate, Bind(file, path, "eagle.ffn_gate.weight", {d, ff}));
   KILN_ASSIGN_OR_RETURN(head->ffn_up, Bind(file, path, "eagle.ffn_up.weight", {d, ff}));
   KILN_ASSIGN_OR_RETURN(head->ffn_down, Bind(file, path, "eagle.ffn_down.weight", {ff, d}));
+  std::vector<int32_t> ids;
+  KILN_ASSIGN_OR_RETURN(const gguf::TensorInfo* lm_head,
+                        ReadReducedVocabulary(file, kArch, path, model_fp, hp.n_embd, &ids));
+  if (lm_head != nullptr) {
+    WeightView v;
+    v.type = static_cast<GgmlType>(lm_head->type);
+    v.data = lm_head->data;
+    v.n_in = hp.n_embd;
+    v.n_out = static_cast<int64_t>(ids.size());
+    v.name = lm_head->name;
+    KILN_ASSIGN_OR_RETURN(head->draft_vocab,
+                          PrepareReducedLmHead(std::move(ids), v, lm_head->nbytes, hp.n_vocab,
+                                               kiln::StrCat(path, ": eagle head")));
+  }
   return head;
 }
 
 absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
-                                   const std::string& path) {
+                                   const std::string& path, std::span<const int32_t> draft_vocab) {
   const ModelHparams& hp = target.hparams();
   const uint64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
                  kv_dim = hp.n_head_kv * hp.head_dim, ff = hp.n_ff;
@@ -238,6 +261,19 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
     }
     KILN_RETURN_IF_ERROR(AddF32(w, kiln::StrCat("eagle.", norm), {d}, ones));
   }
+  if (!draft_vocab.empty()) {
+    // The target's own LM-head rows for the ids, in its type.
+    const WeightView& out = target.output();
+    std::vector<uint8_t> rows;
+    for (int32_t id : draft_vocab) {
+      if (id < 0 || id >= out.n_out) {
+        return absl::InvalidArgumentError(kiln::StrCat(
+            "WriteDerivedEagleHead: draft vocabulary id ", id, " is outside [0, ", out.n_out, ")"));
+      }
+      rows.insert(rows.end(), out.Row(id), out.Row(id) + out.row_bytes());
+    }
+    KILN_RETURN_IF_ERROR(WriteReducedVocabulary(kArch, draft_vocab, out.type, rows, hp.n_embd, w));
+  }
   return w.WriteToFile(path);
 }
 
@@ -264,11 +300,11 @@ absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Load(const std::st
 
 absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Create(
     std::shared_ptr<const EagleHead> head, const Model& target, const EagleParams& params) {
-  if (params.top_k < 1 || params.top_k > 64 || params.max_depth < 1 || params.max_depth > 16 ||
+  if (params.top_k < 0 || params.top_k > 64 || params.max_depth < 0 || params.max_depth > 16 ||
       params.tree_tokens < 0 || params.max_tree_tokens < 1 || params.n_ctx < 16) {
     return absl::InvalidArgumentError(
-        kiln::StrCat("EagleParams: top_k ", params.top_k, " (1..64), max_depth ", params.max_depth,
-                     " (1..16), tree_tokens ", params.tree_tokens, " (>= 0), max_tree_tokens ",
+        kiln::StrCat("EagleParams: top_k ", params.top_k, " (0..64), max_depth ", params.max_depth,
+                     " (0..16), tree_tokens ", params.tree_tokens, " (>= 0), max_tree_tokens ",
                      params.max_tree_tokens, " (>= 1), n_ctx ", params.n_ctx, " (>= 16)"));
   }
   if (head == nullptr || head->n_embd != target.hparams().n_embd) {
@@ -278,7 +314,7 @@ absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Create(
                         KvLayout::Gqa(1, static_cast<int32_t>(head->n_head_kv),
                                       static_cast<int32_t>(head->head_dim), GgmlType::kF32));
   // Room for n_ctx committed entries plus the largest tree's expanded nodes.
-  const int32_t tree_nodes = params.top_k * params.max_depth;
+  const int32_t tree_nodes = MaxTopK(params) * MaxDepth(params);
   KvCacheOptions options;
   options.num_blocks = (params.n_ctx + tree_nodes) / layout.block_size() + 3;
   options.enable_prefix_caching = false;
@@ -320,6 +356,7 @@ void EagleStrategy::ObserveTargetFeatures(int32_t first_position, int32_t contex
 }
 
 absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_from) {
+  const auto start = std::chrono::steady_clock::now();
   const EagleHead& H = *head_;
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t d = H.n_embd;
@@ -374,15 +411,74 @@ absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_fr
   KILN_RETURN_IF_ERROR(
       block_.Attention(layer_, *cache_, 0, mask, slots_, positions_, g_.data(), n));
   KILN_RETURN_IF_ERROR(block_.FeedForward(layer_, g_.data(), n));
-  // Draft logits through the target's LM head (no norm: g is in the features' space).
+  // Draft logits through the head's reduced LM head or the target's (no norm: g is in the
+  // features' space).                                  logits: [n_logits, draft vocabulary]
+  const WeightView& lm_head = DraftLmHead();
   const int64_t n_logits = n - logits_from;
-  const int64_t n_vocab = target_->hparams().n_vocab;
-  Grow(logits_, n_logits * n_vocab);
+  Grow(logits_, n_logits * lm_head.n_out);
   if (n_logits > 0) {
     KILN_RETURN_IF_ERROR(
-        backend_->MatMul(target_->output(), g_.data() + logits_from * d, n_logits, logits_.data()));
+        backend_->MatMul(lm_head, g_.data() + logits_from * d, n_logits, logits_.data()));
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  head_pass_seconds_ = head_pass_seconds_ > 0.0 ? (1.0 - kDraftStepEmaWeight) * head_pass_seconds_ +
+                                                      kDraftStepEmaWeight * seconds
+                                                : seconds;
   return absl::OkStatus();
+}
+
+const WeightView& EagleStrategy::DraftLmHead() const {
+  return head_->draft_vocab ? head_->draft_vocab->view : target_->output();
+}
+
+int32_t EagleStrategy::next_top_k() const {
+  if (params_.top_k > 0) return params_.top_k;
+  return std::clamp(last_budget_, kEagleAutoMinTopK, kEagleAutoMaxTopK);
+}
+
+double EagleStrategy::DraftStepCost(const PassCostModel* cost) const {
+  if (cost == nullptr || cost->pinned() || cost->OneTokenSeconds() <= 0.0 ||
+      head_pass_seconds_ <= 0.0) {
+    return kEaglePriorDraftStepCost;
+  }
+  return head_pass_seconds_ / cost->OneTokenSeconds();
+}
+
+void EagleStrategy::SortByLogp(std::vector<int32_t>* order) const {
+  order->resize(nodes_.size());
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(),
+                   [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
+}
+
+double EagleStrategy::RelativeCost(const PassCostModel* cost, int32_t width) {
+  return cost != nullptr ? cost->RelativeCost(width)
+                         : 1.0 + PassCostModel::kPriorBeta * (width - 1);
+}
+
+int32_t EagleStrategy::ChooseBudget(std::span<const int32_t> order, int32_t cap,
+                                    const PassCostModel* cost, double* expected) const {
+  // Expected accepted length of the n best nodes: the sum of their path probabilities.
+  const int32_t limit = std::min<int32_t>(cap, static_cast<int32_t>(order.size()));
+  auto p = [&](int32_t k) { return std::exp(static_cast<double>(nodes_[order[k]].logp)); };
+  *expected = 0.0;
+  if (params_.tree_tokens > 0) {
+    for (int32_t k = 0; k < limit; ++k) *expected += p(k);
+    return limit;
+  }
+  double sum = 0.0, best = 1.0;
+  int32_t budget = 0;
+  for (int32_t k = 1; k <= limit; ++k) {
+    sum += p(k - 1);
+    const double value = (1.0 + sum) / RelativeCost(cost, k + 1);
+    if (value > best * 1.02) {
+      best = value;
+      budget = k;
+      *expected = sum;
+    }
+  }
+  return budget;
 }
 
 absl::Status EagleStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
@@ -401,7 +497,7 @@ absl::Status EagleStrategy::Propose(std::span<const int32_t> context, int32_t ma
 absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_t max_draft,
                                         const ProposeContext& ctx, DraftTree* out) {
   const int64_t d = head_->n_embd;
-  const int64_t n_vocab = target_->hparams().n_vocab;
+  const int64_t n_vocab = DraftLmHead().n_out;  // the reduced vocabulary's size when there is one
   const int32_t len = static_cast<int32_t>(context.size());
   const int32_t n_pending = static_cast<int32_t>(pending_.size() / d);
   // A second proposal for the same context (a batched step planned again after its pass
@@ -419,7 +515,7 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
       return absl::OkStatus();
     }
   }
-  if (committed_ + n_pending + params_.top_k * params_.max_depth > params_.n_ctx) {
+  if (committed_ + n_pending + MaxTopK(params_) * MaxDepth(params_) > params_.n_ctx) {
     Reset();  // beyond the head's capacity: plain decoding from here
     return absl::OkStatus();
   }
@@ -446,25 +542,51 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
   features_.assign(root_g_.begin(), root_g_.end());  // row 0: the root's output
 
   // 2. EAGLE-2 expansion.
+  const int32_t top_k = next_top_k();
+  const std::vector<int32_t>* vocab = head_->draft_vocab ? &head_->draft_vocab->ids : nullptr;
   nodes_.clear();
   std::vector<int32_t> top;
   auto add_children = [&](std::span<const float> logits, int32_t parent, float parent_logp,
                           int32_t depth, int32_t feature_row) {
     const float lse = LogSumExp(logits);
-    TopK(logits, params_.top_k, &top);
+    TopK(logits, top_k, &top);
     for (int32_t t : top) {
-      nodes_.push_back({t, parent, depth, parent_logp + (logits[t] - lse), -1, feature_row});
+      const int32_t token = vocab != nullptr ? (*vocab)[t] : t;
+      nodes_.push_back({token, parent, depth, parent_logp + (logits[t] - lse), -1, feature_row});
     }
   };
   add_children(root_logits_, -1, 0.0f, 1, 0);
+  const int32_t cap = std::min<int32_t>(
+      max_draft, params_.tree_tokens > 0 ? params_.tree_tokens : params_.max_tree_tokens);
+  const double step_cost = DraftStepCost(ctx.cost);
+  std::vector<int32_t> order;
   size_t frontier_begin = 0;
   std::vector<int32_t> frontier;
-  for (int32_t depth = 1; depth < params_.max_depth; ++depth) {
+  int32_t depth = 1;
+  for (; depth < MaxDepth(params_); ++depth) {
     frontier.resize(nodes_.size() - frontier_begin);
     std::iota(frontier.begin(), frontier.end(), static_cast<int32_t>(frontier_begin));
     std::stable_sort(frontier.begin(), frontier.end(),
                      [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
-    if (static_cast<int32_t>(frontier.size()) > params_.top_k) frontier.resize(params_.top_k);
+    if (static_cast<int32_t>(frontier.size()) > top_k) frontier.resize(top_k);
+    if (params_.max_depth == 0) {
+      // Automatic depth: expand only when the next depth could pay for its head pass. Its
+      // children can add at most the frontier's path probability P to the expected tokens
+      // (a child is never likelier than its parent), at the cheapest for one more verified node:
+      // expand iff (1 + S + P) / (c(n + 2) + D + s) > (1 + S) / (c(n + 1) + D), with n, S the
+      // budget and expected accepted tokens of the tree so far, D the head passes made this
+      // step and s one more, both in one-token target passes (measured).
+      double frontier_p = 0.0;
+      for (int32_t f : frontier) frontier_p += std::exp(static_cast<double>(nodes_[f].logp));
+      SortByLogp(&order);
+      double expected = 0.0;
+      const int32_t n = ChooseBudget(order, cap, ctx.cost, &expected);
+      const double drafted = step_cost * depth;  // the root's pass and depth - 1 expansions
+      const double stay = (1.0 + expected) / (RelativeCost(ctx.cost, n + 1) + drafted);
+      const double grow =
+          (1.0 + expected + frontier_p) / (RelativeCost(ctx.cost, n + 2) + drafted + step_cost);
+      if (!(grow > stay)) break;
+    }
     std::sort(frontier.begin(), frontier.end());  // expansion (slot) order = creation order
     rows.clear();
     ids.clear();
@@ -491,30 +613,13 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
     }
   }
 
+  last_depth_ = depth;
+
   // 3. Global rerank and the budget.
-  std::vector<int32_t> order(nodes_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
-  const int32_t cap = std::min<int32_t>(max_draft, static_cast<int32_t>(order.size()));
-  int32_t budget = 0;
-  if (params_.tree_tokens > 0) {
-    budget = std::min(cap, params_.tree_tokens);
-  } else {
-    // Expected accepted length of the n best nodes: the sum of their path probabilities.
-    const int32_t limit = std::min(cap, params_.max_tree_tokens);
-    double expected = 0.0, best = 1.0;
-    for (int32_t k = 1; k <= limit; ++k) {
-      expected += std::exp(static_cast<double>(nodes_[order[k - 1]].logp));
-      const double cost =
-          ctx.cost != nullptr ? ctx.cost->RelativeCost(k + 1) : 1.0 + PassCostModel::kPriorBeta * k;
-      const double value = (1.0 + expected) / cost;
-      if (value > best * 1.02) {
-        best = value;
-        budget = k;
-      }
-    }
-  }
+  SortByLogp(&order);
+  double expected = 0.0;
+  const int32_t budget = ChooseBudget(order, cap, ctx.cost, &expected);
+  last_budget_ = budget;
   order.resize(budget);
   std::sort(order.begin(), order.end());  // creation order: parents first
   std::vector<int32_t> index_of(nodes_.size(), -1);

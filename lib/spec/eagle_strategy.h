@@ -15,8 +15,8 @@
 //   1. the entries whose target features arrived since the last step (the accepted path of the
 //      last step: ObserveTargetFeatures) run causally through the head and are committed to the
 //      head's cache (its own paged KvCache); the last one's output g_root gives the draft
-//      distribution of the root's children;
-//   2. EAGLE-2 expansion, max_depth - 1 times: the top_k frontier nodes by cumulative
+//      distribution of the root's children (its top_k best);
+//   2. EAGLE-2 expansion, depth by depth: the top_k frontier nodes by cumulative
 //      log-probability run through the head in one batch (a tree mask over the committed
 //      entries plus each node's ancestors), and each gets its top_k children;
 //   3. every node made is reranked by cumulative log-probability and the best `budget` kept
@@ -27,6 +27,27 @@
 //   4. the head's cache is truncated back to the committed entries: the drafted entries never
 //      stay; the entries of the accepted path are recomputed from the target's true features at
 //      the next step. So the head's cache always holds exactly the accepted text.
+// The tree's shape by default (EagleParams 0) follows two measured costs, c(w) above and s, one
+// head pass (fc, the layer and the draft LM head over its rows; the strategy's moving average of
+// its own passes) divided by the decoder's one-token step time:
+//   - depth: before each expansion, with n and S the budget and expected accepted tokens the
+//     tree has so far, P the path probability of the nodes about to be expanded (their children
+//     can add at most P: a child is never likelier than its parent) and D = s times the passes
+//     already made this step, the head expands iff
+//        (1 + S + P) / (c(n + 2) + D + s)  >  (1 + S) / (c(n + 1) + D),
+//     i.e. iff the next depth could pay for its pass even at its best (all of P, one more node),
+//     up to kEagleAutoMaxDepth; a dear head pass or a flat tree stops early;
+//   - top_k: the budget the last step kept, in [kEagleAutoMinTopK, kEagleAutoMaxTopK]: no more
+//   nodes are
+//     expanded per depth, nor children made per node, than the pass cost lets through verified.
+// With the pass cost pinned (or not measured) s is kEaglePriorDraftStepCost, so the tree is
+// deterministic there (draft_policy.h: sampled text for a fixed seed then does not depend on
+// timing).
+//
+// Draft vocabulary: a head file may carry a reduced vocabulary (draft_head.h: eagle.vocab.ids
+// and eagle.lm_head.weight, the target's rows for the K most frequent training tokens); the head
+// then scores only those tokens, and a node costs K / n_vocab of the target's LM head. Without
+// it the target's full LM head drafts.
 // The head's context starts at the first position the decoder gave it a feature for (the
 // prompt's last one): prompt positions have no features (prefill does not compute them).
 //
@@ -35,17 +56,19 @@
 // equals plain decoding, sampled output is distributed as plain sampling (recursive rejection
 // with one-hot drafts).
 //
-// Head file: GGUF, general.architecture "eagle", docs/eagle.md lists the keys and tensors.
+// Head file: GGUF, general.architecture "eagle", docs/speculative.md lists the keys and tensors.
 //
 // Thread-safety: as every strategy (strategy.h); clones share the read-only head.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "lib/backend/backend.h"
+#include "lib/engine/draft_policy.h"
 #include "lib/engine/strategy.h"
 #include "lib/gguf/gguf.h"
 #include "lib/kv/kv_cache.h"
@@ -56,8 +79,12 @@
 namespace kiln::spec {
 
 struct EagleParams {
-  int32_t top_k = 8;      // children per expanded node and frontier nodes expanded per depth
-  int32_t max_depth = 5;  // deepest draft node (1: only the root's children)
+  // Children per expanded node and frontier nodes expanded per depth (1..64); 0 (default):
+  // chosen per step, the tree size the pass cost let through at the last step (see above).
+  int32_t top_k = 0;
+  // Deepest draft node (1: only the root's children; 1..16); 0 (default): the tree grows while
+  // another draft step can pay for itself, at most kEagleAutoMaxDepth deep (see above).
+  int32_t max_depth = 0;
   // Nodes per tree: > 0 always this many (at most the decoder's max_draft); 0: chosen per step
   // from the path probabilities and the measured pass cost (see the header comment).
   int32_t tree_tokens = 0;
@@ -65,6 +92,14 @@ struct EagleParams {
   int32_t n_ctx = 4096;          // head cache capacity in entries (the head resets beyond it)
   int n_threads = 1;             // threads of the head's matmuls; <= 0: physical cores
 };
+
+// Bounds of the automatic top_k and depth (EagleParams 0).
+inline constexpr int32_t kEagleAutoMaxTopK = 8;
+inline constexpr int32_t kEagleAutoMinTopK = 2;
+inline constexpr int32_t kEagleAutoMaxDepth = 8;
+// The cost of one head pass in one-token target passes until one was measured (and whenever the
+// pass cost is pinned, so that a pinned step is deterministic).
+inline constexpr double kEaglePriorDraftStepCost = 0.25;
 
 // A loaded head file: views into the mapped file (kept open) and the shapes it was checked
 // against.
@@ -75,6 +110,9 @@ struct EagleHead {
   float rms_eps = 1e-5f;
   // Matrices (any type the backend multiplies) and f32 vectors.
   WeightView fc, fc_bias, attn_norm, wq, wk, wv, wo, ffn_norm, ffn_gate, ffn_up, ffn_down;
+  // The file's reduced vocabulary (eagle.vocab.ids, eagle.lm_head.weight; draft_head.h), null
+  // when it has none: the head then drafts with the target's full LM head.
+  std::shared_ptr<const ReducedLmHead> draft_vocab;
 };
 
 // Loads and checks a head file against `target`: InvalidArgument for a head made for another
@@ -95,10 +133,13 @@ enum class EagleHeadInit {
   // N(0, 1 / n_in) f32 matrices, unit norms, zero bias: random drafts.
   kRandom,
 };
-// Writes a head for `target` (f32 fc and vectors). Errors: the target's last layer lacks a
-// tensor kLastLayer copies (fused projections), the writer's errors.
+// Writes a head for `target` (f32 fc and vectors); with `draft_vocab` (target ids, strictly
+// ascending) a reduced vocabulary too, the target's own LM-head rows for those ids. Errors: the
+// target's last layer lacks a tensor kLastLayer copies (fused projections), an id outside the
+// vocabulary, the writer's errors.
 absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
-                                   const std::string& path);
+                                   const std::string& path,
+                                   std::span<const int32_t> draft_vocab = {});
 
 class EagleStrategy final : public Strategy {
  public:
@@ -129,10 +170,18 @@ class EagleStrategy final : public Strategy {
   int32_t base_position() const { return base_; }
   // Length of the head's cache sequence (equals committed_entries() between steps).
   int32_t head_cache_length() const;
-  // The draft logits of the root's children at the last proposal: [n_vocab] (tests).
+  // The draft logits of the root's children at the last proposal: [draft vocabulary] (the
+  // head's reduced one when it has one, else the target's) (tests).
   const std::vector<float>& last_root_logits() const { return root_logits_; }
-  // Nodes made (expanded or not) at the last proposal, before the budget cut.
+  // Nodes made (expanded or not) at the last proposal, before the budget cut, and its depth.
   int32_t last_candidates() const { return static_cast<int32_t>(nodes_.size()); }
+  int32_t last_depth() const { return last_depth_; }
+  // The top_k the next proposal uses.
+  int32_t next_top_k() const;
+  // One head pass in one-token target passes: measured (moving average), or the prior.
+  double DraftStepCost(const PassCostModel* cost) const;
+  // Seconds of one head pass (moving average; 0 before the first).
+  double head_pass_seconds() const { return head_pass_seconds_; }
 
  private:
   EagleStrategy(std::shared_ptr<const EagleHead> head, const Model& target,
@@ -151,6 +200,17 @@ class EagleStrategy final : public Strategy {
   absl::Status RunHead(std::span<const Row> rows, int32_t logits_from);
   absl::Status ProposeTree(std::span<const int32_t> context, int32_t max_draft,
                            const ProposeContext& ctx, DraftTree* out);
+  // The LM head drafts are scored with: the head's reduced one, else the target's.
+  const WeightView& DraftLmHead() const;
+  // *order = the indices of nodes_, most likely first (ties: creation order).
+  void SortByLogp(std::vector<int32_t>* order) const;
+  // c(width) from the decoder's measurements, or the prior slope without them.
+  static double RelativeCost(const PassCostModel* cost, int32_t width);
+  // The number of nodes to verify among `order` (at most cap): tree_tokens when fixed, else the
+  // n maximising (1 + expected(n)) / c(n + 1), 0 unless it beats plain decoding by 2%;
+  // *expected = the sum of the kept nodes' path probabilities.
+  int32_t ChooseBudget(std::span<const int32_t> order, int32_t cap, const PassCostModel* cost,
+                       double* expected) const;
 
   struct Node {
     int32_t token;
@@ -183,6 +243,9 @@ class EagleStrategy final : public Strategy {
   std::vector<float> g_;         // [rows, n_embd] fc's output, then the block's: g
   std::vector<float> logits_;    // [rows - logits_from, n_vocab]
   std::vector<int32_t> ids_, positions_, n_visible_, extra_indptr_, extra_positions_, seq_index_;
+  int32_t last_depth_ = 0;
+  int32_t last_budget_ = kEagleAutoMaxTopK;  // nodes kept at the last proposal (automatic top_k)
+  double head_pass_seconds_ = 0.0;           // moving average of one head pass (0: none timed yet)
   std::vector<KvSlot> slots_;
   KvTables tables_;
 };

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,58 +65,15 @@ absl::StatusOr<std::vector<float>> ReadF32(const gguf::GgufFile& file, const std
   return out;
 }
 
-// Format version 2's optional reduced vocabulary: medusa.vocab.ids and medusa.lm_head.weight.
-absl::Status ReadReducedVocabulary(const gguf::GgufFile& file, const std::string& path,
-                                   const TargetFingerprint& target, MedusaHead* head) {
-  const bool has_ids = file.FindKey("medusa.vocab.ids") != nullptr;
-  const gguf::TensorInfo* t = file.FindTensor("medusa.lm_head.weight");
-  if (!has_ids && t == nullptr) return absl::OkStatus();
-  if (!has_ids || t == nullptr) {
-    return absl::DataLossError(
-        kiln::StrCat(path,
-                     ": a reduced-vocabulary medusa head needs both medusa.vocab.ids and "
-                     "the tensor medusa.lm_head.weight; the file has only ",
-                     has_ids ? "medusa.vocab.ids" : "medusa.lm_head.weight"));
-  }
-  absl::StatusOr<std::vector<int64_t>> ids = file.GetIntArray("medusa.vocab.ids");
-  if (!ids.ok()) {
-    return absl::DataLossError(
-        kiln::StrCat(path, ": key medusa.vocab.ids: ", ids.status().message()));
-  }
-  if (ids->empty()) return absl::DataLossError(kiln::StrCat(path, ": medusa.vocab.ids is empty"));
-  for (size_t j = 0; j < ids->size(); ++j) {
-    const int64_t id = (*ids)[j];
-    if (id < 0 || id >= target.n_vocab) {
-      return absl::InvalidArgumentError(kiln::StrCat(path, ": medusa.vocab.ids[", j, "] = ", id,
-                                                     " is outside the target's vocabulary [0, ",
-                                                     target.n_vocab, ")"));
-    }
-    if (j > 0 && id <= (*ids)[j - 1]) {
-      return absl::DataLossError(kiln::StrCat(path,
-                                              ": medusa.vocab.ids is not strictly ascending at ", j,
-                                              " (", (*ids)[j - 1], ", then ", id, ")"));
-    }
-    head->vocab_ids.push_back(static_cast<int32_t>(id));
-  }
-  const uint64_t rows = head->vocab_ids.size(), n = static_cast<uint64_t>(head->n_embd);
-  if (t->ne != std::vector<uint64_t>{n, rows}) {
-    return absl::DataLossError(kiln::StrCat(path, ": tensor medusa.lm_head.weight has shape [",
-                                            absl::StrJoin(t->ne, ", "), "], expected [", n, ", ",
-                                            rows, "] (n_embd, the ids' count)"));
-  }
-  const std::optional<GgmlTypeInfo> info = GgmlTypeInfoOf(t->type);
-  if (!info || t->nbytes != GgmlRowBytes(*info, n) * rows) {
-    return absl::DataLossError(kiln::StrCat(path, ": tensor medusa.lm_head.weight has type ",
-                                            GgmlTypeName(t->type), " and ", t->nbytes,
-                                            " bytes, which do not make ", rows, " rows of ", n));
-  }
+// Format version 2's optional reduced vocabulary (draft_head.h), copied out of the file.
+absl::Status ReadMedusaVocabulary(const gguf::GgufFile& file, const std::string& path,
+                                  const TargetFingerprint& target, MedusaHead* head) {
+  KILN_ASSIGN_OR_RETURN(
+      const gguf::TensorInfo* t,
+      ReadReducedVocabulary(file, kArch, path, target, head->n_embd, &head->vocab_ids));
+  if (t == nullptr) return absl::OkStatus();
   head->lm_head_type = static_cast<GgmlType>(t->type);
   head->lm_head.assign(t->data, t->data + t->nbytes);
-  if (head->lm_head_type == GgmlType::kF32 || head->lm_head_type == GgmlType::kF16) {
-    KILN_ASSIGN_OR_RETURN(std::vector<float> values,
-                          ReadF32(file, "medusa.lm_head.weight", {n, rows}));
-    (void)values;  // read only to refuse non-finite rows
-  }
   return absl::OkStatus();
 }
 
@@ -166,7 +122,7 @@ absl::StatusOr<MedusaHead> LoadMedusaHead(const std::string& path, const Model& 
                           ReadF32(*file, kiln::StrCat("medusa.", h, ".bias"), {n}));
   }
   KILN_ASSIGN_OR_RETURN(head.tree, ReadStaticTree(*file, kArch, head.n_heads, kMedusaMaxRank));
-  if (version >= 2) KILN_RETURN_IF_ERROR(ReadReducedVocabulary(*file, path, model_fp, &head));
+  if (version >= 2) KILN_RETURN_IF_ERROR(ReadMedusaVocabulary(*file, path, model_fp, &head));
   return head;
 }
 
@@ -201,20 +157,11 @@ absl::Status WriteMedusaHead(const MedusaHead& head, const std::string& path, bo
         std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size() * sizeof(float))));
   }
   if (!head.vocab_ids.empty()) {
-    w.SetArrayInt32("medusa.vocab.ids", head.vocab_ids);
-    KILN_RETURN_IF_ERROR(w.AddTensor("medusa.lm_head.weight",
-                                     static_cast<uint32_t>(head.lm_head_type),
-                                     {n, static_cast<uint64_t>(head.vocab_ids.size())},
-                                     std::span(head.lm_head.data(), head.lm_head.size())));
+    KILN_RETURN_IF_ERROR(WriteReducedVocabulary(kArch, head.vocab_ids, head.lm_head_type,
+                                                head.lm_head, head.n_embd, w));
   }
   return w.WriteToFile(path);
 }
-
-// The head file's own LM-head rows as a matrix the backend multiplies (with its prepared copy).
-struct MedusaStrategy::ReducedLmHead {
-  WeightView view;
-  std::unique_ptr<WeightStore> prepared;
-};
 
 MedusaStrategy::MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Model& target,
                                const MedusaParams& params,
@@ -241,38 +188,17 @@ absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Create(
   if (head == nullptr || head->n_embd != target.hparams().n_embd) {
     return absl::InvalidArgumentError("MedusaStrategy: the head's hidden size is not the target's");
   }
-  std::shared_ptr<ReducedLmHead> reduced;
+  std::shared_ptr<const ReducedLmHead> reduced;
   if (!head->vocab_ids.empty()) {
-    const int64_t rows = static_cast<int64_t>(head->vocab_ids.size());
-    for (int32_t id : head->vocab_ids) {
-      if (id < 0 || id >= target.hparams().n_vocab) {
-        return absl::InvalidArgumentError(kiln::StrCat("MedusaStrategy: reduced-vocabulary id ", id,
-                                                       " is outside the target's vocabulary [0, ",
-                                                       target.hparams().n_vocab, ")"));
-      }
-    }
-    reduced = std::make_shared<ReducedLmHead>();
-    WeightView& v = reduced->view;
+    WeightView v;
     v.type = head->lm_head_type;
     v.data = head->lm_head.data();
     v.n_in = head->n_embd;
-    v.n_out = rows;
+    v.n_out = static_cast<int64_t>(head->vocab_ids.size());
     v.name = "medusa.lm_head.weight";
-    if (v.row_bytes() == 0 || v.row_bytes() * rows != head->lm_head.size()) {
-      return absl::InvalidArgumentError(kiln::StrCat(
-          "MedusaStrategy: the reduced LM head holds ", head->lm_head.size(), " bytes, not ", rows,
-          " rows of ", head->n_embd, " ", GgmlTypeName(static_cast<uint32_t>(v.type))));
-    }
-    cpu::CpuBackend probe(1);
-    WeightView* one[1] = {&v};
-    KILN_ASSIGN_OR_RETURN(reduced->prepared, probe.PrepareWeights(one, false));
-    // A type the matmul cannot read is refused here, not at the first proposal.
-    std::vector<float> x(head->n_embd, 0.0f), y(rows);
-    if (absl::Status s = probe.MatMul(v, x.data(), 1, y.data()); !s.ok()) {
-      return absl::InvalidArgumentError(kiln::StrCat("MedusaStrategy: the reduced LM head (type ",
-                                                     GgmlTypeName(static_cast<uint32_t>(v.type)),
-                                                     ") cannot be multiplied: ", s.message()));
-    }
+    KILN_ASSIGN_OR_RETURN(reduced,
+                          PrepareReducedLmHead(head->vocab_ids, v, head->lm_head.size(),
+                                               target.hparams().n_vocab, "MedusaStrategy"));
   }
   return std::unique_ptr<MedusaStrategy>(
       new MedusaStrategy(std::move(head), target, params, std::move(reduced)));
@@ -342,7 +268,7 @@ absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t m
     const std::vector<int32_t>& top = top_[tree.depths[i] - 1];
     if (tree.ranks[i] >= static_cast<int32_t>(top.size())) break;  // vocabulary smaller than rank
     const int32_t token = top[tree.ranks[i]];
-    out->Add(reduced_ ? head_->vocab_ids[token] : token, tree.parents[i]);
+    out->Add(reduced_ ? reduced_->ids[token] : token, tree.parents[i]);
   }
   return absl::OkStatus();
 }

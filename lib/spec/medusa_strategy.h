@@ -26,14 +26,10 @@
 //   medusa.N.weight          [n_embd, n_embd] f32 or f16 (W_N, N = 0 .. K - 1; head N drafts
 //                                              depth N + 1)
 //   medusa.N.bias            [n_embd] f32
-// Version 2 may add a reduced vocabulary (both or neither):
-//   medusa.vocab.ids         int32[] V' target token ids, strictly ascending, each < n_vocab
-//   medusa.lm_head.weight    [n_embd, V'] any type the CPU matmul reads (the exporter copies the
-//                                         target's LM-head rows for those ids in its own type)
-// With it the heads score only those V' tokens (logits_k = LM_head'(z_k), candidates mapped back
-// through the ids): proposing costs K mat-vecs plus V'/n_vocab of the target's LM head. Tokens
-// outside the subset are never proposed; the target still verifies every candidate, so output
-// is unchanged.
+// Version 2 may add a reduced vocabulary (medusa.vocab.ids and medusa.lm_head.weight,
+// draft_head.h): the heads then score only those V' tokens (logits_k = LM_head'(z_k), candidates
+// mapped back through the ids), so proposing costs K mat-vecs plus V'/n_vocab of the target's LM
+// head.
 // Cost per proposal: K (n_embd x n_embd) mat-vecs plus the LM head (the target's or the file's)
 // over the heads the tree uses (one batched matmul of max depth rows).
 //
@@ -113,7 +109,6 @@ class MedusaStrategy final : public Strategy {
   const std::vector<float>& last_logits() const { return logits_; }
 
  private:
-  struct ReducedLmHead;
   MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Model& target,
                  const MedusaParams& params, std::shared_ptr<const ReducedLmHead> reduced);
 

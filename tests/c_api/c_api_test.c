@@ -290,7 +290,7 @@ static void test_model(const char* path) {
   /* EAGLE heads: defaults, a missing file, a file that is not a head, bad fields. */
   kiln_eagle_params ep;
   CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
-  CHECK(ep.struct_size == sizeof ep && ep.top_k == 8 && ep.max_depth == 5 && ep.tree_tokens == 0 &&
+  CHECK(ep.struct_size == sizeof ep && ep.top_k == 0 && ep.max_depth == 0 && ep.tree_tokens == 0 &&
         ep.n_threads == 1);
   CHECK(kiln_eagle_params_init(&ep, 2) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
@@ -300,7 +300,7 @@ static void test_model(const char* path) {
   CHECK(strstr(kiln_last_error_message(), "not an eagle head") != NULL);
   CHECK(kiln_strategy_create_eagle(model, path, NULL, &eagle) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(eagle == NULL);
-  ep.top_k = 0;
+  ep.top_k = 65;
   CHECK(kiln_strategy_create_eagle(model, path, &ep, &eagle) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(eagle == NULL);
   kiln_model_destroy(model);

@@ -6,9 +6,13 @@
 //     the default model, a head whose layer is the target's last layer; and a tiny model);
 //   - the head's cache holds exactly the accepted text after every step (its entries equal a
 //     head that saw that text in one go);
-//   - at temperature 1 the first emitted token is distributed as the target's.
+//   - at temperature 1 the first emitted token is distributed as the target's;
+//   - a head with a reduced draft vocabulary drafts only its tokens, keeps greedy output and the
+//     sampled distribution; a malformed vocabulary is refused naming the fault;
+//   - the automatic tree (top_k, depth) follows the pass and draft-step costs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/common/strings.h"
 #include "lib/engine/speculative_decoder.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
@@ -36,14 +41,17 @@ using kiln::testing::kHeldOutChatPrompts;
 using kiln::testing::kDistributionSamples;
 using kiln::testing::kHeadTestMaxTokens;
 
-// Forwards to an EagleStrategy and records every feature row the decoder hands it.
+// Forwards to an EagleStrategy and records every feature row the decoder hands it and every
+// token it drafts.
 class Recording final : public Strategy {
  public:
   explicit Recording(EagleStrategy* inner) : inner_(inner) {}
   std::string_view name() const override { return "recording"; }
   absl::Status Propose(std::span<const int32_t> context, int32_t max_draft,
                        const ProposeContext& ctx, DraftTree* out) override {
-    return inner_->Propose(context, max_draft, ctx, out);
+    absl::Status s = inner_->Propose(context, max_draft, ctx, out);
+    drafted_.insert(drafted_.end(), out->tokens.begin(), out->tokens.end());
+    return s;
   }
   void Accepted(int32_t drafted, std::span<const int32_t> accepted) override {
     inner_->Accepted(drafted, accepted);
@@ -58,6 +66,7 @@ class Recording final : public Strategy {
   }
   int32_t first_position_ = -1;
   std::vector<float> features_;
+  std::vector<int32_t> drafted_;
 
  private:
   EagleStrategy* inner_;
@@ -68,9 +77,10 @@ class SpecEagleTest : public kiln::testing::SpecHeadTest {
   // Writes a head for `model` into the temp dir and loads it as a strategy.
   static std::unique_ptr<EagleStrategy> MakeStrategy(const Model& model, EagleHeadInit init,
                                                      const std::string& file,
-                                                     const EagleParams& params = {}) {
+                                                     const EagleParams& params = {},
+                                                     std::span<const int32_t> draft_vocab = {}) {
     const std::string path = kiln::testing::TempDir() + "/" + file;
-    absl::Status written = WriteDerivedEagleHead(model, init, 5, path);
+    absl::Status written = WriteDerivedEagleHead(model, init, 5, path, draft_vocab);
     EXPECT_TRUE(written.ok()) << written;
     auto s = EagleStrategy::Load(path, model, params);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -112,7 +122,9 @@ TEST_F(SpecEagleTest, RefusesHeadsForAnotherModelAndMalformedFiles) {
   EXPECT_NE(message.find("vocabulary hash"), std::string::npos) << message;
   EXPECT_NE(message.find("hidden size 256 != the model's 576"), std::string::npos) << message;
   EXPECT_NE(message.find("layer count 2 != the model's 30"), std::string::npos) << message;
-  EXPECT_TRUE(EagleStrategy::Load(for_tiny, *tiny_, {}).ok());
+  auto full_vocabulary = EagleStrategy::Load(for_tiny, *tiny_, {});
+  ASSERT_TRUE(full_vocabulary.ok()) << full_vocabulary.status();
+  EXPECT_EQ((*full_vocabulary)->head().draft_vocab, nullptr);  // a head without one still loads
 
   auto not_head = EagleStrategy::Load(*tiny_path_, *tiny_, {});
   ASSERT_FALSE(not_head.ok());
@@ -182,10 +194,140 @@ TEST_F(SpecEagleTest, RefusesHeadsForAnotherModelAndMalformedFiles) {
         << c.what << ": " << loaded.status();
   }
   EagleParams bad_params;
-  bad_params.top_k = 0;
+  bad_params.top_k = 65;
   auto bad = EagleStrategy::Load(for_tiny, *tiny_, bad_params);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("top_k 0"), absl::string_view::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("top_k 65"), absl::string_view::npos) << bad.status();
+}
+
+// Two thirds of the tiny model's vocabulary: the ids v with v % 3 != 1.
+std::vector<int32_t> TwoThirdsOf(const Model& model) {
+  std::vector<int32_t> ids;
+  for (int32_t v = 0; v < model.hparams().n_vocab; ++v) {
+    if (v % 3 != 1) ids.push_back(v);
+  }
+  return ids;
+}
+
+TEST_F(SpecEagleTest, RefusesMalformedDraftVocabularies) {
+  const std::string dir = kiln::testing::TempDir();
+  const std::string good = dir + "/eagle-vocab-good.gguf";
+  const std::vector<int32_t> four = {3, 7, 9, 20};
+  ASSERT_TRUE(WriteDerivedEagleHead(*tiny_, EagleHeadInit::kRandom, 1, good, four).ok());
+  auto loaded = EagleStrategy::Load(good, *tiny_, {});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE((*loaded)->head().draft_vocab, nullptr);
+  EXPECT_EQ((*loaded)->head().draft_vocab->ids, four);
+  const int64_t n_vocab = tiny_->hparams().n_vocab;
+  auto keep = [](std::string&, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&) {
+    return true;
+  };
+  auto drop = [](const char* tensor) {
+    return [tensor](std::string& n, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&) {
+      return n != tensor;
+    };
+  };
+  auto ids = [](std::vector<int32_t> v) {
+    return [v](gguf::GgufWriter& w) { w.SetArrayInt32("eagle.vocab.ids", v); };
+  };
+  struct Case {
+    const char* what;
+    std::function<bool(std::string&, uint32_t&, std::vector<uint64_t>&, std::vector<uint8_t>&)>
+        edit;
+    std::function<void(gguf::GgufWriter&)> keys;
+    absl::StatusCode code;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"id past the vocabulary", keep, ids({3, 7, 9, static_cast<int32_t>(n_vocab)}),
+       absl::StatusCode::kInvalidArgument,
+       kiln::StrCat("eagle.vocab.ids[3] = ", n_vocab, " is outside the target's vocabulary [0, ",
+                    n_vocab, ")")},
+      {"negative id", keep, ids({-1, 7, 9, 20}), absl::StatusCode::kInvalidArgument,
+       "eagle.vocab.ids[0] = -1 is outside"},
+      {"repeated id", keep, ids({3, 7, 7, 20}), absl::StatusCode::kDataLoss,
+       "eagle.vocab.ids is not strictly ascending at 2 (7, then 7: a repeated id)"},
+      {"unordered ids", keep, ids({3, 9, 7, 20}), absl::StatusCode::kDataLoss,
+       "eagle.vocab.ids is not strictly ascending at 2 (9, then 7)"},
+      {"more ids than rows", keep, ids({3, 7, 9, 20, 21}), absl::StatusCode::kDataLoss,
+       "tensor eagle.lm_head.weight has shape"},
+      {"empty ids", keep, ids({}), absl::StatusCode::kDataLoss, "eagle.vocab.ids"},
+      {"ids without rows",
+       drop("eagle.lm_head.weight"),
+       {},
+       absl::StatusCode::kDataLoss,
+       "the file has only eagle.vocab.ids"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = dir + "/eagle-vocab-bad.gguf";
+    ASSERT_TRUE(Rewrite(good, bad, c.edit, c.keys).ok()) << c.what;
+    auto refused = EagleStrategy::Load(bad, *tiny_, {});
+    ASSERT_FALSE(refused.ok()) << c.what;
+    EXPECT_EQ(refused.status().code(), c.code) << c.what << ": " << refused.status();
+    EXPECT_NE(refused.status().message().find(c.expected), absl::string_view::npos)
+        << c.what << ": " << refused.status();
+  }
+  // Rows without ids (the key dropped by rewriting from a head that has none).
+  const std::string plain = dir + "/eagle-vocab-plain.gguf";
+  ASSERT_TRUE(WriteDerivedEagleHead(*tiny_, EagleHeadInit::kRandom, 1, plain).ok());
+  const std::string bad = dir + "/eagle-vocab-bad.gguf";
+  auto good_file = gguf::GgufFile::Open(good);
+  ASSERT_TRUE(good_file.ok());
+  const gguf::TensorInfo* rows = (*good_file)->FindTensor("eagle.lm_head.weight");
+  ASSERT_NE(rows, nullptr);
+  ASSERT_TRUE(Rewrite(plain, bad, keep, [&](gguf::GgufWriter& w) {
+                ASSERT_TRUE(w.AddTensor(rows->name, rows->type, rows->ne,
+                                        std::vector<uint8_t>(rows->data, rows->data + rows->nbytes))
+                                .ok());
+              }).ok());
+  auto half = EagleStrategy::Load(bad, *tiny_, {});
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("the file has only eagle.lm_head.weight"),
+            absl::string_view::npos)
+      << half.status();
+}
+
+// A reduced draft vocabulary changes only what is proposed: every drafted token is in it, greedy
+// output is plain decoding's bit for bit, and the sampled first token keeps the target's
+// distribution.
+TEST_F(SpecEagleTest, ReducedVocabularyHeadDraftsOnlyItsTokensAndStaysExact) {
+  const std::vector<int32_t> ids = TwoThirdsOf(*tiny_);
+  EagleParams params;
+  params.tree_tokens = 10;
+  auto strategy =
+      MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-tiny-vocab.gguf", params, ids);
+  ASSERT_NE(strategy, nullptr);
+  ASSERT_NE(strategy->head().draft_vocab, nullptr);
+  Recording recording(strategy.get());
+  SpecMetrics total;
+  for (int p = 0; p < 20; ++p) {
+    const std::vector<int32_t> prompt = {1, 72 + p, 101, 108 + p % 3, 108, 111, 44, 32, 119 - p};
+    auto plain = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                     nullptr, kHeadTestMaxTokens);
+    auto spec = GenerateSpeculative(*tiny_engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    &recording, kHeadTestMaxTokens);
+    ASSERT_TRUE(plain.ok() && spec.ok()) << plain.status() << spec.status();
+    EXPECT_EQ(spec->tokens, plain->tokens) << p;
+    total.drafted += spec->metrics.drafted;
+    total.accepted += spec->metrics.accepted;
+  }
+  ASSERT_FALSE(recording.drafted_.empty());
+  for (int32_t t : recording.drafted_) ASSERT_NE(t % 3, 1) << "drafted token " << t;
+  EXPECT_GT(total.accepted, 0);
+  // The root's draft logits are the head's over its own rows.
+  EXPECT_EQ(strategy->last_root_logits().size(), ids.size());
+  std::printf("eagle on tiny, two-thirds vocabulary: %lld drafted, %lld accepted\n",
+              static_cast<long long>(total.drafted), static_cast<long long>(total.accepted));
+
+  EagleParams sampled;
+  sampled.tree_tokens = 7;  // the root's 4 best children and 3 grandchildren
+  sampled.top_k = 4;
+  sampled.max_depth = 2;
+  auto identity =
+      MakeStrategy(*tiny_, EagleHeadInit::kIdentity, "eagle-identity-vocab.gguf", sampled, ids);
+  ASSERT_NE(identity, nullptr);
+  kiln::testing::ExpectFirstTokenHasTargetDistribution(*tiny_engine_, *tiny_, identity.get(), 7,
+                                                       kDistributionSamples);
 }
 
 TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
@@ -244,6 +386,8 @@ TEST_F(SpecEagleTest, HeadCacheRollsBackToTheAcceptedPath) {
   const int64_t d = tiny_->hparams().n_embd;
   EagleParams params;
   params.tree_tokens = 10;
+  params.top_k = 8;  // a fixed shape: the fresh head has no history to choose one from
+  params.max_depth = 5;
   auto eagle = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
   auto fresh = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
   ASSERT_TRUE(eagle != nullptr && fresh != nullptr);
@@ -371,6 +515,50 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
     }
   }
   std::printf("tree with free passes: %d nodes\n", cheap.size());
+}
+
+// The automatic tree (top_k and max_depth 0) follows the costs: when verifying any draft costs 100
+// one-token passes per extra token, the head makes the root's children only (no expansion can
+// pay) and the next step's top_k drops to the minimum; when passes are free, the identity head on
+// the default model (its root children are the target's own top tokens, most of the
+// probability) expands, and the next top_k is the budget that step kept.
+TEST_F(SpecEagleTest, TreeShapeFollowsTheCosts) {
+  const Model& model = *model_;
+  const int64_t d = model.hparams().n_embd;
+  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-auto.gguf");
+  ASSERT_NE(strategy, nullptr);
+  const std::vector<int32_t> prompt = Encode(ChatPrompt(kHeldOutChatPrompts[0]));
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 1;
+  request.on_logits = [](int32_t, const float*) {};
+  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+  ASSERT_TRUE(engine_->Prefill(request).ok());
+  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+
+  PassCostModel free_passes, dear_passes;
+  free_passes.Pin(0.0);
+  dear_passes.Pin(100.0);
+  DraftTree dear, cheap;
+  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+  EXPECT_EQ(strategy->next_top_k(), kEagleAutoMaxTopK);  // no step yet: the widest
+  ASSERT_TRUE(strategy->Propose(prompt, 64, {nullptr, nullptr, &dear_passes}, &dear).ok());
+  EXPECT_EQ(dear.size(), 0);
+  EXPECT_EQ(strategy->last_depth(), 1);
+  EXPECT_EQ(strategy->last_candidates(), kEagleAutoMaxTopK);
+  EXPECT_EQ(strategy->next_top_k(), kEagleAutoMinTopK);
+  // The same context again (the root's output reused), now with free passes.
+  ASSERT_TRUE(strategy->Propose(prompt, 64, {nullptr, nullptr, &free_passes}, &cheap).ok());
+  EXPECT_GE(strategy->last_depth(), 2);
+  EXPECT_LE(strategy->last_depth(), kEagleAutoMaxDepth);
+  EXPECT_GT(cheap.size(), 1);
+  EXPECT_EQ(strategy->next_top_k(), std::clamp(cheap.size(), kEagleAutoMinTopK, kEagleAutoMaxTopK));
+  std::printf("automatic tree with free passes: depth %d, %d nodes, next top_k %d\n",
+              strategy->last_depth(), cheap.size(), strategy->next_top_k());
 }
 
 }  // namespace

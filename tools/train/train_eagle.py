@@ -12,10 +12,16 @@ target's final hidden state after the output norm, which gave t_{i+1}), one llam
 target's shape over the entries before it (RMSNorm, GQA attention with the target's RoPE, SwiGLU),
 and its output g_i is the head's guess of f_{i+1}; the target's LM head turns g_i into the draft
 distribution of t_{i+2}. Loss as in EAGLE: smooth-L1(g_i, f_{i+1}) + 0.1 cross-entropy of
-t_{i+2} over the full vocabulary, with uniform noise on the input features (the head reads its own
+t_{i+2} over the --vocab most frequent training tokens, with uniform noise on the input features (the head reads its own
 guesses beyond depth 1). Training starts from g = f (fc = [0 | I], the block's output projections
 zero). The last 10% of the samples (in index order) are held out: the log reports the head's
 top-1 accuracy on them (teacher-forced: the share of depth-1 drafts the target would accept).
+
+The exported head drafts over that same reduced vocabulary (--vocab V > 0): eagle.vocab.ids (the
+V ids, ascending) and eagle.lm_head.weight (the target's own LM-head rows for them, in its type),
+so each draft node costs V / n_vocab of the full LM head; --vocab 0 exports a head that drafts
+with the target's full LM head. At export the log also gives the held-out top-1 when drafts are
+restricted to the subset (a target outside it counts as a miss), what kiln will see.
 
 Rows of a sample are consecutive positions from the prompt's last token on, as kiln's head sees
 them at run time (its context starts at the prompt's last feature); RoPE depends only on the
@@ -35,7 +41,7 @@ import gguf
 import jax
 import jax.numpy as jnp
 
-from train_medusa import load_lm_head
+from train_medusa import lm_head_tensor, load_lm_head
 
 MATRICES = ("fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Head-file tensor names (docs/speculative.md) of each parameter.
@@ -211,19 +217,28 @@ def load_checkpoint(path):
             jax.random.wrap_key_data(jnp.asarray(z["key"])))
 
 
-def evaluate(eval_fn, p, samples, val, batch, max_rows, embd, lm_head):
-    """Held-out top-1 over the full vocabulary, without feature noise."""
-    every = jnp.arange(lm_head.shape[0], dtype=jnp.int32)
+def evaluate(eval_fn, p, samples, val, batch, max_rows, embd, lm_head, subset=None):
+    """Held-out top-1 without feature noise: over the full vocabulary, or with `subset` (ascending
+    ids) over those tokens only, every position counted (a target outside them is a miss)."""
+    n_vocab = lm_head.shape[0]
+    every = jnp.arange(n_vocab, dtype=jnp.int32)
+    if subset is not None:
+        rows = np.full(n_vocab, -1, np.int32)  # targets outside the subset: not scored
+        rows[subset] = np.arange(subset.size, dtype=np.int32)
+        lm_head, every = lm_head[jnp.asarray(subset)], jnp.asarray(rows)
     correct = total = 0.0
     for s in range(0, len(val), batch):
         tok, feat, length = batch_arrays(samples, val[s:s + batch], max_rows)
         _, (_, _, c, n) = eval_fn(p, tok, feat, length, jax.random.key(0), embd, lm_head, every)
         correct += float(c)
-        total += float(n)
+        if subset is None:
+            total += float(n)
+        else:  # every scored position, the target inside the subset or not
+            total += float(np.maximum(np.asarray(length) - 2, 0).sum())
     return correct / max(total, 1.0)
 
 
-def export(path, p, shape, fp):
+def export(path, p, shape, fp, model_path, subset):
     w = gguf.GGUFWriter(path, "eagle")
     w.add_uint64("eagle.target.vocab_hash", fp["vocab_hash"])
     w.add_uint32("eagle.target.vocab_size", fp["vocab_size"])
@@ -237,6 +252,12 @@ def export(path, p, shape, fp):
     for name, tensor in TENSOR_NAMES.items():
         x = np.asarray(p[name])
         w.add_tensor(tensor, x.astype(np.float16 if name in MATRICES else np.float32))
+    if subset is not None:
+        # The target's own LM-head rows for the subset, bytes unchanged (its quant type).
+        t = lm_head_tensor(gguf.GGUFReader(model_path))
+        w.add_array("eagle.vocab.ids", [int(x) for x in subset])
+        w.add_tensor("eagle.lm_head.weight", np.ascontiguousarray(t.data[subset]),
+                     raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -295,7 +316,12 @@ def main():
     if args.export:
         acc = evaluate(eval_fn, p, samples, val_idx, args.batch, args.max_rows, embd, lm_head)
         print(f"step {step}: held-out top-1 {acc:.4f} over {len(val_idx)} samples")
-        export(args.export, p, shape, fp)
+        draft_vocab = subset if args.vocab > 0 else None
+        if draft_vocab is not None:
+            acc = evaluate(eval_fn, p, samples, val_idx, args.batch, args.max_rows, embd, lm_head,
+                           draft_vocab)
+            print(f"held-out top-1 drafting over the {draft_vocab.size} tokens: {acc:.4f}")
+        export(args.export, p, shape, fp, args.model, draft_vocab)
         print(f"wrote {args.export}")
         return
 
