@@ -109,14 +109,10 @@ class KvLayout {
   size_t bytes_per_token() const {
     return row_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
   }
-  // The same over one group's layers.
-  size_t group_bytes_per_token(int32_t group) const {
-    return row_bytes() * static_cast<size_t>(group_n_layers_[group]) *
-           static_cast<size_t>(tiles_per_layer());
-  }
 
   // Byte offsets of tiles inside a block. Preconditions (checked only by assert): GQA layout for
-  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads.
+  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads. With a
+  // sliding group, Key/Value offsets are inside a block of the layer's group.
   size_t KeyTileOffset(int32_t layer, int32_t kv_head) const {
     return TileIndex(layer, 0, kv_head) * tile_bytes();
   }
@@ -124,7 +120,6 @@ class KvLayout {
     return TileIndex(layer, 1, kv_head) * tile_bytes();
   }
   size_t LatentTileOffset(int32_t layer) const { return static_cast<size_t>(layer) * tile_bytes(); }
-  // (KeyTileOffset and ValueTileOffset are inside the block of the layer's group.)
 
  private:
   KvLayout() = default;
