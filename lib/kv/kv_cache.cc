@@ -9,6 +9,29 @@ namespace {
 
 int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
+// The attention kernels' llama.cpp order scores a window's rows from its first row rounded down
+// to a multiple of this (attention.cc), so those rows must stay readable too.
+constexpr int32_t kAttentionRowAlignment = 16;
+
+// Leading blocks no token at position >= next_pos - margin reads in a layer with this window.
+int32_t BlocksBelowWindow(int32_t next_pos, int32_t window, int32_t margin, int32_t block_size) {
+  const int64_t first = static_cast<int64_t>(next_pos) - window + 1 - margin;
+  if (first <= 0) return 0;
+  return static_cast<int32_t>(first / kAttentionRowAlignment * kAttentionRowAlignment / block_size);
+}
+
+absl::StatusOr<std::unique_ptr<KvStorage>> NewStorage(const KvCacheOptions& options,
+                                                      const KvLayout& layout, int32_t n_blocks) {
+  std::unique_ptr<KvStorage> storage;
+  if (options.storage) {
+    KILN_ASSIGN_OR_RETURN(storage, options.storage(layout, n_blocks));
+  } else {
+    KILN_ASSIGN_OR_RETURN(storage, NewHostKvStorage(layout, n_blocks));
+  }
+  if (storage == nullptr) return absl::InternalError("KvCache: the storage factory returned null");
+  return storage;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout,
@@ -18,32 +41,51 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout,
         absl::StrCat("KvCacheOptions: set exactly one of num_blocks (", options.num_blocks,
                      ") and capacity_bytes (", options.capacity_bytes, ")"));
   }
+  const bool sliding = layout.n_groups() == 2;
+  if (options.sliding_num_blocks < 0 || options.sliding_release_margin < 0 ||
+      (options.sliding_num_blocks != 0 && (!sliding || options.capacity_bytes != 0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvCacheOptions: sliding_num_blocks ", options.sliding_num_blocks,
+        " and sliding_release_margin ", options.sliding_release_margin,
+        " must be >= 0; sliding_num_blocks needs a layout with a sliding group and num_blocks"));
+  }
   int64_t n_blocks = options.num_blocks;
   if (options.capacity_bytes != 0) {
-    n_blocks = static_cast<int64_t>(options.capacity_bytes / layout.block_bytes());
+    const size_t per_block = layout.block_bytes(0) + (sliding ? layout.block_bytes(1) : 0);
+    n_blocks = static_cast<int64_t>(options.capacity_bytes / per_block);
     if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
     if (n_blocks < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KvCacheOptions.capacity_bytes ", options.capacity_bytes, " holds ", n_blocks,
-          " blocks of ", layout.block_bytes(), " bytes; need at least 2 (1 + the null block)"));
+          " blocks of ", per_block, " bytes; need at least 2 (1 + the null block)"));
     }
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                         BlockPool::Create(layout, static_cast<int32_t>(n_blocks)));
-  std::unique_ptr<KvStorage> storage;
-  if (options.storage) {
-    KILN_ASSIGN_OR_RETURN(storage, options.storage(layout, static_cast<int32_t>(n_blocks)));
-  } else {
-    KILN_ASSIGN_OR_RETURN(storage, NewHostKvStorage(layout, static_cast<int32_t>(n_blocks)));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage,
+                        NewStorage(options, layout, static_cast<int32_t>(n_blocks)));
+  std::unique_ptr<BlockPool> sliding_pool;
+  std::unique_ptr<KvStorage> sliding_storage;
+  if (sliding) {
+    const int32_t n_sliding = options.sliding_num_blocks != 0 ? options.sliding_num_blocks
+                                                              : static_cast<int32_t>(n_blocks);
+    const KvLayout group = layout.GroupLayout(1);
+    KILN_ASSIGN_OR_RETURN(sliding_pool, BlockPool::Create(group, n_sliding));
+    KILN_ASSIGN_OR_RETURN(sliding_storage, NewStorage(options, group, n_sliding));
   }
-  if (storage == nullptr) return absl::InternalError("KvCache: the storage factory returned null");
-  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), std::move(storage), options));
+  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), std::move(storage),
+                                              std::move(sliding_pool), std::move(sliding_storage),
+                                              options));
 }
 
 KvCache::KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
-                 const KvCacheOptions& options)
+                 std::unique_ptr<BlockPool> sliding_pool,
+                 std::unique_ptr<KvStorage> sliding_storage, const KvCacheOptions& options)
     : pool_(std::move(pool)),
       storage_(std::move(storage)),
+      sliding_pool_(std::move(sliding_pool)),
+      sliding_storage_(std::move(sliding_storage)),
+      release_margin_(options.sliding_release_margin),
       block_size_(pool_->layout().block_size()),
       prefix_caching_(options.enable_prefix_caching),
       hash_seed_(options.hash_seed),
@@ -98,6 +140,29 @@ absl::StatusOr<int32_t> KvCache::AttachCachedPrefix(SeqId seq, std::span<const i
     s->hashes.push_back(h);
     parent = h;
   }
+  if (has_sliding()) {
+    // The hit counts only as far as the sliding group finds its window's blocks (same hashes).
+    auto sliding_hit = [&](size_t j) {
+      const auto block_tokens = tokens.subspan(j * block_size_, block_size_);
+      return sliding_pool_->Lookup(s->hashes[j], ParentHash(*s, j), s->extra_key, block_tokens);
+    };
+    size_t low = 0;
+    for (;; --i) {
+      low = static_cast<size_t>(ReleasableSlidingBlocks(static_cast<int32_t>(i) * block_size_));
+      size_t j = low;
+      while (j < i && sliding_hit(j) != kNullBlock) ++j;
+      if (j == i) break;  // i == 0 always ends here
+    }
+    for (size_t j = s->table.size(); j > i; --j) pool_->Release(s->table[j - 1]);
+    s->table.resize(i);
+    s->hashes.resize(i);
+    s->sliding_table.assign(i, kNullBlock);
+    s->sliding_released = static_cast<int32_t>(low);
+    for (size_t j = low; j < i; ++j) {
+      s->sliding_table[j] = sliding_hit(j);
+      sliding_pool_->Ref(s->sliding_table[j]);
+    }
+  }
   const int32_t attached = static_cast<int32_t>(i) * block_size_;
   s->tokens.assign(tokens.begin(), tokens.begin() + attached);
   s->n_computed = attached;
@@ -119,6 +184,16 @@ absl::StatusOr<int32_t> KvCache::BlocksNeededToAppend(SeqId seq, int32_t n_token
   return fresh + (cow ? 1 : 0);
 }
 
+int32_t KvCache::ReleasableSlidingBlocks(int32_t n_computed) const {
+  if (!has_sliding()) return 0;
+  return BlocksBelowWindow(n_computed, layout().sliding_window(), release_margin_, block_size_);
+}
+
+KvSlot KvCache::SlotAt(const Sequence& s, int32_t pos) const {
+  const size_t i = static_cast<size_t>(pos / block_size_);
+  return KvSlot{s.table[i], pos % block_size_, has_sliding() ? s.sliding_table[i] : kNullBlock};
+}
+
 void KvCache::CopyOnWrite(Sequence& s, size_t i) {
   const BlockId old_block = s.table[i];
   const BlockId new_block = pool_->Allocate();
@@ -126,6 +201,14 @@ void KvCache::CopyOnWrite(Sequence& s, size_t i) {
   s.table[i] = new_block;
   pool_->Release(old_block);  // a hashed block with no other holder goes to the LRU, still cached
   ++stats_.cow_copies;
+}
+
+void KvCache::CopySlidingOnWrite(Sequence& s, size_t i) {
+  const BlockId old_block = s.sliding_table[i];
+  const BlockId new_block = sliding_pool_->Allocate();
+  sliding_storage_->CopyBlock(old_block, new_block);
+  s.sliding_table[i] = new_block;
+  sliding_pool_->Release(old_block);
 }
 
 absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
@@ -142,6 +225,20 @@ absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
   }
   if (n == 0) return absl::OkStatus();
   KILN_ASSIGN_OR_RETURN(const int32_t needed, BlocksNeededToAppend(seq, n));
+  const int32_t len = static_cast<int32_t>(s->tokens.size());
+  // The sliding group takes the same fresh blocks, and its own copy of a shared last block.
+  const bool sliding_cow =
+      has_sliding() && len % block_size_ != 0 && !SlidingWritable(s->sliding_table.back());
+  const int32_t sliding_needed =
+      !has_sliding() ? 0
+                     : CeilDiv(static_cast<int64_t>(len) + n, block_size_) -
+                           static_cast<int32_t>(s->table.size()) + (sliding_cow ? 1 : 0);
+  if (has_sliding() && sliding_needed > sliding_pool_->num_available()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache full: appending ", n, " tokens to sequence ", seq, " (length ", len, ") needs ",
+        sliding_needed, " sliding-window blocks, ", sliding_pool_->num_available(),
+        " available; free or preempt a sequence and retry"));
+  }
   if (needed > pool_->num_available()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV cache full: appending ", n, " tokens to sequence ", seq, " (length ",
@@ -151,18 +248,16 @@ absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
                      " and retry"));
   }
   // Capacity is guaranteed from here on: mutate.
-  const int32_t len = static_cast<int32_t>(s->tokens.size());
   if (len % block_size_ != 0 && !Writable(s->table.back())) CopyOnWrite(*s, s->table.size() - 1);
+  if (sliding_cow) CopySlidingOnWrite(*s, s->sliding_table.size() - 1);
   const int32_t total_blocks = CeilDiv(static_cast<int64_t>(len) + n, block_size_);
   while (static_cast<int32_t>(s->table.size()) < total_blocks) {
     s->table.push_back(pool_->Allocate());
+    if (has_sliding()) s->sliding_table.push_back(sliding_pool_->Allocate());
   }
   s->tokens.insert(s->tokens.end(), token_ids.begin(), token_ids.end());
   if (!slots_out.empty()) {
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t pos = len + j;
-      slots_out[j] = KvSlot{s->table[pos / block_size_], pos % block_size_};
-    }
+    for (int32_t j = 0; j < n; ++j) slots_out[j] = SlotAt(*s, len + j);
   }
   return absl::OkStatus();
 }
@@ -177,16 +272,18 @@ absl::StatusOr<KvSlot> KvCache::PrepareOverwrite(SeqId seq, int32_t pos, int32_t
                      ") (computed tokens are immutable)"));
   }
   const size_t i = static_cast<size_t>(pos / block_size_);
-  if (!Writable(s->table[i])) {
-    if (pool_->num_available() < 1) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("KV cache full: overwriting position ", pos, " of sequence ", seq,
-                       " needs a copy of shared block ", s->table[i], ", no block available"));
-    }
-    CopyOnWrite(*s, i);
+  const bool cow = !Writable(s->table[i]);
+  // (pos >= n_computed: its sliding block is never released.)
+  const bool sliding_cow = has_sliding() && !SlidingWritable(s->sliding_table[i]);
+  if ((cow && pool_->num_available() < 1) || (sliding_cow && sliding_pool_->num_available() < 1)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache full: overwriting position ", pos, " of sequence ", seq,
+                     " needs a copy of shared block ", s->table[i], ", no block available"));
   }
+  if (cow) CopyOnWrite(*s, i);
+  if (sliding_cow) CopySlidingOnWrite(*s, i);
   s->tokens[pos] = token_id;
-  return KvSlot{s->table[i], pos % block_size_};
+  return SlotAt(*s, pos);
 }
 
 absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
@@ -198,23 +295,43 @@ absl::Status KvCache::MarkComputed(SeqId seq, int32_t n_computed) {
                                                    s->n_computed, ", ", len, "]"));
   }
   s->n_computed = n_computed;
-  if (!prefix_caching_) return absl::OkStatus();  // hashes only serve the prefix cache
-  const size_t full = static_cast<size_t>(n_computed / block_size_);
-  std::span<const int32_t> tokens(s->tokens);
-  while (s->hashes.size() < full) {
-    const size_t i = s->hashes.size();
-    const BlockHash parent = ParentHash(*s, i);
+  if (prefix_caching_) RegisterComputedBlocks(*s);
+  if (has_sliding()) ReleaseSlidingBlocks(*s);
+  return absl::OkStatus();
+}
+
+void KvCache::RegisterComputedBlocks(Sequence& s) {
+  const size_t full = static_cast<size_t>(s.n_computed / block_size_);
+  std::span<const int32_t> tokens(s.tokens);
+  while (s.hashes.size() < full) {
+    const size_t i = s.hashes.size();
+    const BlockHash parent = ParentHash(s, i);
     const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
-    const BlockHash h = ChainBlockHash(parent, s->extra_key, block_tokens);
-    s->hashes.push_back(h);
-    const BlockId b = s->table[i];
+    const BlockHash h = ChainBlockHash(parent, s.extra_key, block_tokens);
+    s.hashes.push_back(h);
+    const BlockId b = s.table[i];
     // An already hashed block (attached, or shared with a fork) keeps its entry; a duplicate of a
     // block that is already cached stays unhashed (the index keeps the first copy).
     if (!pool_->has_hash(b)) {
-      pool_->RegisterHash(b, h, parent, s->extra_key, block_tokens);
+      pool_->RegisterHash(b, h, parent, s.extra_key, block_tokens);
+    }
+    // The sliding group's block of the same tokens, under the same hash in its own pool.
+    if (has_sliding() && s.sliding_table[i] != kNullBlock &&
+        !sliding_pool_->has_hash(s.sliding_table[i])) {
+      sliding_pool_->RegisterHash(s.sliding_table[i], h, parent, s.extra_key, block_tokens);
     }
   }
-  return absl::OkStatus();
+}
+
+void KvCache::ReleaseSlidingBlocks(Sequence& s) {
+  const int32_t releasable = ReleasableSlidingBlocks(s.n_computed);
+  // Last block first (as ReleaseTail): a released run's later blocks are evicted first.
+  for (int32_t i = releasable - 1; i >= s.sliding_released; --i) {
+    sliding_pool_->Release(s.sliding_table[static_cast<size_t>(i)]);
+    s.sliding_table[static_cast<size_t>(i)] = kNullBlock;
+    ++stats_.sliding_blocks_released;
+  }
+  s.sliding_released = std::max(s.sliding_released, releasable);
 }
 
 absl::StatusOr<SeqId> KvCache::Fork(SeqId seq) {
@@ -229,7 +346,12 @@ absl::StatusOr<SeqId> KvCache::Fork(SeqId seq) {
   copy.table.reserve(src->table.size() + 1);
   copy.table.assign(src->table.begin(), src->table.end());
   copy.hashes = src->hashes;
+  copy.sliding_table = src->sliding_table;
+  copy.sliding_released = src->sliding_released;
   for (BlockId b : copy.table) pool_->Ref(b);
+  for (BlockId b : copy.sliding_table) {
+    if (b != kNullBlock) sliding_pool_->Ref(b);
+  }
   const SeqId id = next_seq_id_++;
   seqs_.emplace(id, std::move(copy));
   return id;
@@ -241,6 +363,12 @@ void KvCache::ReleaseTail(Sequence& s, size_t keep_blocks) {
   while (s.table.size() > keep_blocks) {
     pool_->Release(s.table.back());
     s.table.pop_back();
+    if (!has_sliding()) continue;
+    if (s.sliding_table.back() != kNullBlock) sliding_pool_->Release(s.sliding_table.back());
+    s.sliding_table.pop_back();
+  }
+  if (has_sliding()) {
+    s.sliding_released = std::min(s.sliding_released, static_cast<int32_t>(keep_blocks));
   }
 }
 
@@ -251,6 +379,14 @@ absl::Status KvCache::Truncate(SeqId seq, int32_t new_len) {
     return absl::InvalidArgumentError(absl::StrCat("KvCache::Truncate: new length ", new_len,
                                                    " of sequence ", seq, " is outside [0, ", len,
                                                    "]"));
+  }
+  if (has_sliding() &&
+      s->sliding_released > BlocksBelowWindow(std::min(new_len, s->n_computed),
+                                              layout().sliding_window(), 0, block_size_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KvCache::Truncate: the window of position ", new_len, " of sequence ", seq,
+                     " needs sliding-window K/V of blocks already released (", s->sliding_released,
+                     " blocks); recompute the sequence instead"));
   }
   ReleaseTail(*s, static_cast<size_t>(CeilDiv(new_len, block_size_)));
   s->tokens.resize(new_len);
@@ -281,6 +417,11 @@ absl::StatusOr<std::span<const BlockId>> KvCache::BlockTable(SeqId seq) const {
   return std::span<const BlockId>(s->table);
 }
 
+absl::StatusOr<std::span<const BlockId>> KvCache::SlidingBlockTable(SeqId seq) const {
+  KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
+  return std::span<const BlockId>(s->sliding_table);
+}
+
 absl::StatusOr<std::span<const int32_t>> KvCache::Tokens(SeqId seq) const {
   KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
   return std::span<const int32_t>(s->tokens);
@@ -293,13 +434,14 @@ absl::StatusOr<KvSlot> KvCache::SlotOf(SeqId seq, int32_t pos) const {
                                                    " of sequence ", seq, " is outside [0, ",
                                                    s->tokens.size(), ")"));
   }
-  return KvSlot{s->table[pos / block_size_], pos % block_size_};
+  return SlotAt(*s, pos);
 }
 
 absl::Status KvCache::BuildTables(std::span<const SeqId> seqs, KvTables* out) const {
   out->indptr.clear();
   out->indices.clear();
   out->last_page_len.clear();
+  out->sliding_indices.clear();
   for (size_t j = 0; j < seqs.size(); ++j) {
     if (!seqs_.contains(seqs[j])) {
       return absl::InvalidArgumentError(
@@ -310,6 +452,8 @@ absl::Status KvCache::BuildTables(std::span<const SeqId> seqs, KvTables* out) co
   for (SeqId id : seqs) {
     const Sequence& s = seqs_.find(id)->second;
     out->indices.insert(out->indices.end(), s.table.begin(), s.table.end());
+    out->sliding_indices.insert(out->sliding_indices.end(), s.sliding_table.begin(),
+                                s.sliding_table.end());
     out->indptr.push_back(static_cast<int32_t>(out->indices.size()));
     const int32_t len = static_cast<int32_t>(s.tokens.size());
     out->last_page_len.push_back(
@@ -328,6 +472,15 @@ KvCacheCounters KvCache::Counters() const {
   c.num_sequences = static_cast<int32_t>(seqs_.size());
   c.bytes_per_token = layout().bytes_per_token();
   c.block_bytes = layout().block_bytes();
+  c.kv_bytes_in_use = static_cast<size_t>(c.blocks_used) * c.block_bytes;
+  if (has_sliding()) {
+    c.sliding_blocks_total = sliding_pool_->num_usable();
+    c.sliding_blocks_free = sliding_pool_->num_free();
+    c.sliding_blocks_cached = sliding_pool_->num_cached();
+    c.sliding_blocks_used = sliding_pool_->num_used();
+    c.sliding_block_bytes = layout().block_bytes(1);
+    c.kv_bytes_in_use += static_cast<size_t>(c.sliding_blocks_used) * c.sliding_block_bytes;
+  }
   // A shared block counts once, filled up to the furthest slot any holder uses.
   std::fill(fill_scratch_.begin(), fill_scratch_.end(), 0);
   for (const auto& [id, s] : seqs_) {
@@ -371,6 +524,39 @@ absl::Status KvCache::CheckInvariants() const {
     if (holders[b] != pool_->ref_count(b)) {
       return absl::InternalError(absl::StrCat("KvCache: block ", b, " has ref count ",
                                               pool_->ref_count(b), " but ", holders[b],
+                                              " holders"));
+    }
+  }
+  return has_sliding() ? CheckSlidingInvariants() : absl::OkStatus();
+}
+
+absl::Status KvCache::CheckSlidingInvariants() const {
+  KILN_RETURN_IF_ERROR(sliding_pool_->CheckInvariants());
+  std::vector<int32_t> holders(sliding_pool_->num_blocks(), 0);
+  for (const auto& [id, s] : seqs_) {
+    if (s.sliding_table.size() != s.table.size() || s.sliding_released < 0 ||
+        static_cast<size_t>(s.sliding_released) > s.table.size() ||
+        s.sliding_released >
+            BlocksBelowWindow(s.n_computed, layout().sliding_window(), 0, block_size_)) {
+      return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " has ",
+                                              s.sliding_table.size(), " sliding blocks (",
+                                              s.sliding_released, " released) for ", s.table.size(),
+                                              " blocks, ", s.n_computed, " computed"));
+    }
+    for (size_t i = 0; i < s.sliding_table.size(); ++i) {
+      const BlockId b = s.sliding_table[i];
+      const bool released = i < static_cast<size_t>(s.sliding_released);
+      if (released ? b != kNullBlock : (b <= kNullBlock || b >= sliding_pool_->num_blocks())) {
+        return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " sliding block ", i,
+                                                " is ", b, " (released: ", released, ")"));
+      }
+      if (!released) ++holders[b];
+    }
+  }
+  for (BlockId b = 1; b < sliding_pool_->num_blocks(); ++b) {
+    if (holders[b] != sliding_pool_->ref_count(b)) {
+      return absl::InternalError(absl::StrCat("KvCache: sliding block ", b, " has ref count ",
+                                              sliding_pool_->ref_count(b), " but ", holders[b],
                                               " holders"));
     }
   }

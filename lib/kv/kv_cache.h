@@ -25,6 +25,14 @@
 // carries no prefix hash. Otherwise AppendSlots / PrepareOverwrite first copy it to a fresh block
 // (one memcpy of block_bytes) and the sequence's table points at the copy.
 //
+// Sliding-window group (a layout made by KvLayout::WithSlidingGroup): the sliding layers' K/V
+// live in blocks of their own pool, and a sequence has a second block table for them, with the
+// same length as the first. MarkComputed releases the sliding blocks that every present and
+// future token's window has left (ReleasableSlidingBlocks): their table entries become
+// kNullBlock and the blocks go back to their pool, hashed ones as evictable cached blocks. A
+// prefix-cache hit then counts only as far as the sliding group still finds its window's blocks;
+// a Truncate below what is released fails (FailedPrecondition: recompute the sequence).
+//
 // Failure: cache full is ResourceExhausted (the C API maps it to KILN_ERR_CACHE_FULL); the
 // capacity is checked before anything is mutated, so a failing call leaves every sequence and
 // every block exactly as it was; the caller may Free/Truncate (preempt) another sequence and
@@ -59,6 +67,8 @@ using SeqId = int64_t;
 struct KvSlot {
   BlockId block = kNullBlock;
   int32_t offset = 0;
+  BlockId sliding_block = kNullBlock;  // the slot's block in the sliding group (if the layout has
+                                       // one), at the same offset
   friend bool operator==(const KvSlot&, const KvSlot&) = default;
 };
 
@@ -71,6 +81,11 @@ struct KvTables {
   std::vector<int32_t> indptr;         // [n_seqs + 1]
   std::vector<int32_t> indices;        // [sum of blocks]
   std::vector<int32_t> last_page_len;  // [n_seqs]
+  // With a sliding group: that group's blocks, same indptr (kNullBlock where released); else empty.
+  std::vector<int32_t> sliding_indices;  // [sum of blocks]
+  const std::vector<int32_t>& indices_of(int32_t group) const {
+    return group == 0 ? indices : sliding_indices;
+  }
 };
 
 struct KvCacheOptions {
@@ -80,6 +95,11 @@ struct KvCacheOptions {
   size_t capacity_bytes = 0;
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // seeds the chained block hashes (block_hash.h)
+  // Layouts with a sliding group: the sliding pool's blocks (with num_blocks; 0: as many as the
+  // global pool; with capacity_bytes both pools get the same count, from their summed block
+  // bytes), and the rewind (tokens) that sliding blocks are kept for past the window.
+  int32_t sliding_num_blocks = 0;
+  int32_t sliding_release_margin = 0;
   // Where the blocks' bytes live (a backend's Backend::NewKvStorage); empty: host memory
   // (NewHostKvStorage).
   std::function<absl::StatusOr<std::unique_ptr<KvStorage>>(const KvLayout&, int32_t n_blocks)>
@@ -102,8 +122,19 @@ struct KvCacheCounters {
   int64_t filled_slots = 0;     // token slots of used blocks that some holder has filled
   int64_t allocated_slots = 0;  // blocks_used * block_size
   double utilization = 0.0;     // filled_slots / allocated_slots (1.0 when nothing is used)
-  size_t bytes_per_token = 0;
-  size_t block_bytes = 0;
+  size_t bytes_per_token = 0;   // every layer's (what a token costs while nothing is released)
+  size_t block_bytes = 0;       // the global group's
+  // The sliding group (zero without one): its pool as above, and the blocks released so far
+  // (cumulative) because every window had left them.
+  int32_t sliding_blocks_total = 0;
+  int32_t sliding_blocks_free = 0;
+  int32_t sliding_blocks_used = 0;
+  int32_t sliding_blocks_cached = 0;
+  int64_t sliding_blocks_released = 0;
+  size_t sliding_block_bytes = 0;
+  // K/V bytes held by sequences: blocks_used * block_bytes + sliding_blocks_used *
+  // sliding_block_bytes.
+  size_t kv_bytes_in_use = 0;
 };
 
 class KvCache {
@@ -150,6 +181,8 @@ class KvCache {
 
   // Shrinks `seq` to new_len (0 <= new_len <= Length) and releases the blocks past it, last
   // block first (speculative rollback). Cached blocks released stay in the prefix cache.
+  // FailedPrecondition (nothing changed) when new_len's window needs sliding blocks already
+  // released: the caller recomputes the sequence instead.
   absl::Status Truncate(SeqId seq, int32_t new_len);
 
   // Releases every block of `seq` (last block first) and forgets the id.
@@ -158,14 +191,21 @@ class KvCache {
   absl::StatusOr<int32_t> Length(SeqId seq) const;
   absl::StatusOr<int32_t> NumComputed(SeqId seq) const;
   absl::StatusOr<std::span<const BlockId>> BlockTable(SeqId seq) const;  // valid until next call
-  absl::StatusOr<std::span<const int32_t>> Tokens(SeqId seq) const;      // valid until next call
+  // The sliding group's table (empty without one; kNullBlock where released).
+  absl::StatusOr<std::span<const BlockId>> SlidingBlockTable(SeqId seq) const;
+  absl::StatusOr<std::span<const int32_t>> Tokens(SeqId seq) const;  // valid until next call
   absl::StatusOr<KvSlot> SlotOf(SeqId seq, int32_t pos) const;
   bool Contains(SeqId seq) const { return seqs_.contains(seq); }
 
   // Blocks AppendSlots(seq, n tokens) would take from the pool (including a copy-on-write).
   absl::StatusOr<int32_t> BlocksNeededToAppend(SeqId seq, int32_t n_tokens) const;
   int32_t NumAvailableBlocks() const { return pool_->num_available(); }
-  int32_t NumBlocks() const { return pool_->num_blocks(); }  // including the null block
+  // Including the null block; `group` 1 is the sliding group's pool.
+  int32_t NumBlocks(int32_t group = 0) const { return Pool(group).num_blocks(); }
+  // Leading blocks of a sequence with n_computed computed tokens whose sliding-layer K/V no
+  // present or future token reads (its window, the margin, and the attention kernels' 16-row
+  // alignment, attention.cc); 0 without a sliding group.
+  int32_t ReleasableSlidingBlocks(int32_t n_computed) const;
 
   // Fills `out` with the CSR tables of `seqs` in order (see KvTables). Validates every id first;
   // on error `out` is left empty.
@@ -180,37 +220,38 @@ class KvCache {
   std::byte* BlockData(BlockId b) { return storage_->BlockData(b); }
   const std::byte* BlockData(BlockId b) const { return storage_->BlockData(b); }
   KvStorage& storage() { return *storage_; }
+  // Key/Value: `b` is a block of the layer's group, KvSlot picks the right one (KvLayout).
   std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return LayerStorage(layer).BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return LayerStorage(layer).BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   std::byte* LatentPtr(BlockId b, int32_t layer) {
     return storage_->BlockData(b) + layout().LatentTileOffset(layer);
   }
   const std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return LayerStorage(layer).BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   const std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return LayerStorage(layer).BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   const std::byte* LatentPtr(BlockId b, int32_t layer) const {
     return storage_->BlockData(b) + layout().LatentTileOffset(layer);
   }
   // Row of one token slot inside those tiles: [head_dim] (or [kv_lora_rank + rope_dim]).
   std::byte* KeyRow(KvSlot s, int32_t layer, int32_t kv_head) {
-    return KeyPtr(s.block, layer, kv_head) + RowOffset(s);
+    return KeyPtr(LayerBlock(s, layer), layer, kv_head) + RowOffset(s);
   }
   std::byte* ValueRow(KvSlot s, int32_t layer, int32_t kv_head) {
-    return ValuePtr(s.block, layer, kv_head) + RowOffset(s);
+    return ValuePtr(LayerBlock(s, layer), layer, kv_head) + RowOffset(s);
   }
   std::byte* LatentRow(KvSlot s, int32_t layer) { return LatentPtr(s.block, layer) + RowOffset(s); }
   const std::byte* KeyRow(KvSlot s, int32_t layer, int32_t kv_head) const {
-    return KeyPtr(s.block, layer, kv_head) + RowOffset(s);
+    return KeyPtr(LayerBlock(s, layer), layer, kv_head) + RowOffset(s);
   }
   const std::byte* ValueRow(KvSlot s, int32_t layer, int32_t kv_head) const {
-    return ValuePtr(s.block, layer, kv_head) + RowOffset(s);
+    return ValuePtr(LayerBlock(s, layer), layer, kv_head) + RowOffset(s);
   }
   const std::byte* LatentRow(KvSlot s, int32_t layer) const {
     return LatentPtr(s.block, layer) + RowOffset(s);
@@ -232,21 +273,48 @@ class KvCache {
     std::vector<int32_t> tokens;    // [length]
     std::vector<BlockId> table;     // [ceil(length / bs)]
     std::vector<BlockHash> hashes;  // chained hashes of the first full computed blocks
+    // With a sliding group: [table.size()] that group's blocks; the first `sliding_released`
+    // are kNullBlock (released).
+    std::vector<BlockId> sliding_table;
+    int32_t sliding_released = 0;
   };
 
   KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
+          std::unique_ptr<BlockPool> sliding_pool, std::unique_ptr<KvStorage> sliding_storage,
           const KvCacheOptions& options);
+  bool has_sliding() const { return sliding_pool_ != nullptr; }
+  const BlockPool& Pool(int32_t group) const { return group == 0 ? *pool_ : *sliding_pool_; }
+  KvStorage& LayerStorage(int32_t layer) const {
+    return layout().layer_group(layer) == 0 ? *storage_ : *sliding_storage_;
+  }
+  BlockId LayerBlock(KvSlot s, int32_t layer) const {
+    return layout().layer_group(layer) == 0 ? s.block : s.sliding_block;
+  }
+  KvSlot SlotAt(const Sequence& s, int32_t pos) const;
+  // Hashes the full computed blocks not yet hashed into the prefix index (both groups).
+  void RegisterComputedBlocks(Sequence& s);
+  // Releases the sliding blocks ReleasableSlidingBlocks(n_computed) allows.
+  void ReleaseSlidingBlocks(Sequence& s);
+  absl::Status CheckSlidingInvariants() const;
   absl::StatusOr<Sequence*> Find(SeqId seq);
   absl::StatusOr<const Sequence*> Find(SeqId seq) const;
   size_t RowOffset(KvSlot s) const { return static_cast<size_t>(s.offset) * layout().row_bytes(); }
   bool Writable(BlockId b) const { return pool_->ref_count(b) == 1 && !pool_->has_hash(b); }
   // Replaces seq.table[i] with a private copy of its block. Precondition: a block is available.
+  // Same for the sliding group's table (precondition: a sliding block is available).
   void CopyOnWrite(Sequence& s, size_t i);
+  void CopySlidingOnWrite(Sequence& s, size_t i);
+  bool SlidingWritable(BlockId b) const {
+    return sliding_pool_->ref_count(b) == 1 && !sliding_pool_->has_hash(b);
+  }
   void ReleaseTail(Sequence& s, size_t keep_blocks);
   BlockHash ParentHash(const Sequence& s, size_t block_index) const;
 
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvStorage> storage_;
+  std::unique_ptr<BlockPool> sliding_pool_;  // null without a sliding group
+  std::unique_ptr<KvStorage> sliding_storage_;
+  int32_t release_margin_;
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_seed_;

@@ -3,6 +3,14 @@
 #include <limits>
 
 namespace kiln {
+namespace {
+
+size_t RoundUpToAlignment(size_t bytes) {
+  return (bytes + KvLayout::kBlockAlignment - 1) / KvLayout::kBlockAlignment *
+         KvLayout::kBlockAlignment;
+}
+
+}  // namespace
 
 absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, int32_t n_kv_heads,
                                         int32_t row_elems, int32_t kv_lora_rank, int32_t rope_dim,
@@ -76,9 +84,52 @@ absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, 
     return absl::InvalidArgumentError(absl::StrCat(
         "KvLayout ", what, ": block of ", static_cast<double>(data_bytes), " bytes is too large"));
   }
-  const size_t data = layout.block_data_bytes();
-  layout.block_bytes_ = (data + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment;
+  layout.group_n_layers_[0] = n_layers;
+  layout.block_bytes_[0] = RoundUpToAlignment(layout.block_data_bytes(0));
   return layout;
+}
+
+absl::StatusOr<KvLayout> KvLayout::WithSlidingGroup(std::span<const uint8_t> sliding,
+                                                    int32_t window) const {
+  if (kind_ != KvAttentionKind::kGqa || n_groups() != 1) {
+    return absl::InvalidArgumentError(
+        "KvLayout::WithSlidingGroup: needs a GQA layout without groups");
+  }
+  if (sliding.size() != static_cast<size_t>(n_layers_) || window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvLayout::WithSlidingGroup: ", sliding.size(), " layer flags for ", n_layers_,
+                     " layers, window ", window, " (needs one flag a layer, window >= 1)"));
+  }
+  KvLayout g = *this;
+  g.sliding_window_ = window;
+  g.group_n_layers_[0] = g.group_n_layers_[1] = 0;
+  for (uint8_t s : sliding) {
+    const int32_t group = s != 0 ? 1 : 0;
+    g.layer_group_.push_back(static_cast<uint8_t>(group));
+    g.layer_in_group_.push_back(g.group_n_layers_[group]++);
+  }
+  if (g.group_n_layers_[0] == 0 || g.group_n_layers_[1] == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvLayout::WithSlidingGroup: ", g.group_n_layers_[1], " of ", n_layers_,
+        " layers are sliding; a sliding group needs at least one global and one sliding layer"));
+  }
+  for (int32_t group = 0; group < 2; ++group) {
+    g.block_bytes_[group] = RoundUpToAlignment(g.block_data_bytes(group));
+  }
+  return g;
+}
+
+KvLayout KvLayout::GroupLayout(int32_t group) const {
+  KvLayout g = *this;
+  g.n_layers_ = group_n_layers_[group];
+  g.group_n_layers_[0] = g.n_layers_;
+  g.group_n_layers_[1] = 0;
+  g.block_bytes_[0] = block_bytes_[group];
+  g.block_bytes_[1] = 0;
+  g.layer_group_.clear();
+  g.layer_in_group_.clear();
+  g.sliding_window_ = 0;
+  return g;
 }
 
 absl::StatusOr<KvLayout> KvLayout::Gqa(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,

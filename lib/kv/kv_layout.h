@@ -19,12 +19,21 @@
 // unquantized as f16 (rope_elem_type, rope_offset_bytes). Rows stay independent (a row is written
 // whole, once), so copy-on-write and slot copies are unchanged.
 //
+// Sliding-window groups (gemma3; WithSlidingGroup): the layers split into group 0 (global
+// layers, every position) and group 1 (sliding layers, the last `sliding_window` positions). A
+// block then belongs to one group and holds that group's layers only: the tile formulas above
+// hold with a layer's index inside its group, and block_bytes(g) is each group's stride. KvCache
+// keeps one block table per group per sequence, so the sliding group's blocks that leave every
+// window can be released while the global group keeps the whole context (docs/kv_cache.md).
+//
 // Thread-safety: immutable after creation; free to share between threads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "lib/common/ggml_type.h"
 #include "lib/common/half.h"
@@ -50,8 +59,22 @@ class KvLayout {
   static absl::StatusOr<KvLayout> Mla(int32_t n_layers, int32_t kv_lora_rank, int32_t rope_dim,
                                       GgmlType elem_type, int32_t block_size = kDefaultBlockSize);
 
+  // This GQA layout split into a global group 0 and a sliding group 1: sliding[l] != 0 marks
+  // layer l as attending to the last `window` positions only. Requires a GQA layout without
+  // groups, sliding.size() == n_layers, window >= 1 and at least one layer in each group.
+  absl::StatusOr<KvLayout> WithSlidingGroup(std::span<const uint8_t> sliding, int32_t window) const;
+
   KvAttentionKind kind() const { return kind_; }
   int32_t n_layers() const { return n_layers_; }
+  // Groups: 1 (every layer in group 0) or 2 (WithSlidingGroup).
+  int32_t n_groups() const { return layer_group_.empty() ? 1 : 2; }
+  int32_t layer_group(int32_t layer) const {
+    return layer_group_.empty() ? 0 : layer_group_[static_cast<size_t>(layer)];
+  }
+  int32_t group_n_layers(int32_t group) const { return group_n_layers_[group]; }
+  int32_t sliding_window() const { return sliding_window_; }  // 0 without a sliding group
+  // One group's layers as a layout without groups (the bytes of that group's blocks).
+  KvLayout GroupLayout(int32_t group) const;
   // GQA: KV heads per layer. MLA: 1 (one latent "head").
   int32_t n_kv_heads() const { return n_kv_heads_; }
   // Elements per token row of one tile: GQA head_dim, MLA kv_lora_rank + rope_dim.
@@ -75,19 +98,21 @@ class KvLayout {
 
   size_t row_bytes() const { return row_bytes_; }
   size_t tile_bytes() const { return row_bytes() * static_cast<size_t>(block_size_); }
-  // Bytes of real data in one block, and the block stride (rounded up to kBlockAlignment).
-  size_t block_data_bytes() const {
-    return tile_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
+  // Bytes of real data in one block of a group, and its stride (rounded up to kBlockAlignment).
+  size_t block_data_bytes(int32_t group = 0) const {
+    return tile_bytes() * static_cast<size_t>(group_n_layers_[group]) *
+           static_cast<size_t>(tiles_per_layer());
   }
-  size_t block_bytes() const { return block_bytes_; }
-  // K/V bytes one token occupies: 2·layers·kv_heads·head_dim·bytes (GQA) or
+  size_t block_bytes(int32_t group = 0) const { return block_bytes_[group]; }
+  // K/V bytes one token occupies in every layer: 2·layers·kv_heads·head_dim·bytes (GQA) or
   // layers·(d_c + d_r)·bytes (MLA). Excludes the block padding.
   size_t bytes_per_token() const {
     return row_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
   }
 
   // Byte offsets of tiles inside a block. Preconditions (checked only by assert): GQA layout for
-  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads.
+  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads. With a
+  // sliding group, Key/Value offsets are inside a block of the layer's group.
   size_t KeyTileOffset(int32_t layer, int32_t kv_head) const {
     return TileIndex(layer, 0, kv_head) * tile_bytes();
   }
@@ -102,7 +127,9 @@ class KvLayout {
                                        int32_t row_elems, int32_t kv_lora_rank, int32_t rope_dim,
                                        GgmlType elem_type, int32_t block_size);
   size_t TileIndex(int32_t layer, int32_t k_or_v, int32_t kv_head) const {
-    return (static_cast<size_t>(layer) * 2 + static_cast<size_t>(k_or_v)) *
+    const int32_t in_group =
+        layer_group_.empty() ? layer : layer_in_group_[static_cast<size_t>(layer)];
+    return (static_cast<size_t>(in_group) * 2 + static_cast<size_t>(k_or_v)) *
                static_cast<size_t>(n_kv_heads_) +
            static_cast<size_t>(kv_head);
   }
@@ -116,7 +143,12 @@ class KvLayout {
   int32_t block_size_ = 0;
   GgmlType elem_type_ = GgmlType::kF32;
   size_t row_bytes_ = 0;
-  size_t block_bytes_ = 0;
+  int32_t group_n_layers_[2] = {0, 0};
+  size_t block_bytes_[2] = {0, 0};
+  // With a sliding group: [n_layers] each layer's group and its index inside it; else empty.
+  std::vector<uint8_t> layer_group_;
+  std::vector<int32_t> layer_in_group_;
+  int32_t sliding_window_ = 0;
 };
 
 // Element access for the plain KV element types (f32, f16, bf16; not q8_0): element `i` of a row or

@@ -39,5 +39,18 @@ std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t
 std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
                            const std::vector<int32_t>& tokens, int chunk, int start = 0);
 
+// A cache whose layout has the model's sliding layers as a group of their own
+// (KvLayout::WithSlidingGroup), so MarkComputed releases their blocks that leave every window:
+// `blocks` blocks of `block_size` tokens in each group. The null block of the sliding group is
+// filled with NaN, so that a read through a released table entry shows in the logits.
+std::unique_ptr<KvCache> MakeSlidingReleaseCache(const Model& model, GgmlType kv_type,
+                                                 int32_t block_size, int32_t blocks);
+
+// Runs the tokens of `tokens` not yet in the cache as one pass, then greedy-decodes n_new more
+// one pass each, marking every pass computed. Returns each pass's last logits row, concatenated;
+// `tokens` gets the decoded tokens. A failing step fails the test.
+std::vector<float> GreedyDecode(CpuForward& fwd, KvCache& cache, SeqId seq,
+                                std::vector<int32_t>& tokens, int n_new);
+
 }  // namespace testing
 }  // namespace kiln

@@ -2,7 +2,8 @@
 // scripts/fetch_gemma3.sh) against llama.cpp: its hyper-parameters and tensor types, kiln's
 // tokenizer and chat template against what llama.cpp tokenized, greedy continuations in the
 // llama.cpp order (which must be identical, top-2 logits bit for bit), and perplexity by
-// llama-perplexity's method in both numeric orders (kiln's within 0.5%, llama.cpp's equal).
+// llama-perplexity's method in both numeric orders (kiln's within 0.5%, llama.cpp's equal), and
+// the sliding layers' released blocks changing no logit.
 // Goldens:
 // tests/data/golden/gemma3_{greedy,perplexity}.json from scripts/gen_gemma3_goldens.py.
 //
@@ -226,6 +227,33 @@ TEST_F(E2eGemma3, PerplexityLlamaCppOrderEqualsLlamaCpp) {
   double kiln_ppl = 0, llama_ppl = 0;
   ASSERT_NO_FATAL_FAILURE(Perplexity(3, &kiln_ppl, &llama_ppl));
   EXPECT_NEAR(kiln_ppl / llama_ppl, 1.0, 1e-6);
+}
+
+// Releasing the sliding layers' blocks that leave every window (KvLayout::WithSlidingGroup) on
+// the real model, kiln's order: a 640-token prompt and 8 greedy tokens, every pass's logits
+// bitwise equal to a cache that keeps every block; 8 of the 41 sliding blocks are released (the
+// next token's window starts at 648 - 511 = 137, rounded down to 128). Not in quick mode
+// (sanitizers): two 640-token prefills of the 270M model; the tiny gemma3 covers it there.
+TEST_F(E2eGemma3, SlidingReleaseKeepsLogitsBitwise) {
+  if (E2eQuickMode()) GTEST_SKIP() << "quick mode: gemma3_forward_test checks release there";
+  ASSERT_NO_FATAL_FAILURE(MakeCache(GgmlType::kF16));
+  auto release = testing::MakeSlidingReleaseCache(*model_, GgmlType::kF16, 16, 80);
+  ASSERT_NE(release, nullptr);
+  const std::vector<int32_t> prompt =
+      testing::RandomTokens(640, static_cast<int64_t>(model_->hparams().n_vocab), 41);
+  std::vector<int32_t> kept_tokens = prompt, released_tokens = prompt;
+  const std::vector<float> kept =
+      testing::GreedyDecode(*forward_, *cache_, cache_->CreateSequence(), kept_tokens, 8);
+  const std::vector<float> released =
+      testing::GreedyDecode(*forward_, *release, release->CreateSequence(), released_tokens, 8);
+  EXPECT_EQ(released_tokens, kept_tokens);
+  EXPECT_TRUE(released == kept) << "logits differ with sliding blocks released";
+  const KvCacheCounters c = release->Counters(), k = cache_->Counters();
+  EXPECT_EQ(c.sliding_blocks_released, 8);
+  EXPECT_EQ(c.blocks_used, 41);
+  EXPECT_EQ(c.sliding_blocks_used, 33);
+  std::printf("gemma3-270m, 648 tokens: K/V in use %zu bytes with release, %zu without\n",
+              c.kv_bytes_in_use, k.kv_bytes_in_use);
 }
 
 }  // namespace

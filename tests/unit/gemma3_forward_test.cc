@@ -4,9 +4,11 @@
 // (embedding scale, Q/K norms, NEOX RoPE with the window layers' own base, query scaling,
 // sliding-window and global attention, post-norms, GeGLU, tied head), and the engine's promises
 // with windows: batch/chunk/thread invariance, tree nodes equal to their paths, prefix-cache hits
-// equal to a cold prefill. The real model against llama.cpp: e2e_gemma3_test.
+// equal to a cold prefill; with the sliding layers' blocks released (KvLayout::WithSlidingGroup)
+// every logit unchanged. The real model against llama.cpp: e2e_gemma3_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -64,7 +66,9 @@ std::unique_ptr<Model> LoadModel(const std::string& path) {
   return model.ok() ? std::move(*model) : nullptr;
 }
 
+using testing::GreedyDecode;
 using testing::MakeCache;
+using testing::MakeSlidingReleaseCache;
 using testing::Prefill;
 using testing::RandomTokens;
 
@@ -372,6 +376,75 @@ TEST_F(Gemma3Invariance, TreeNodesEqualTheirPaths) {
   const absl::Status too_deep = fwd.Forward(deep_batch, *cache, &out);
   EXPECT_EQ(too_deep.code(), absl::StatusCode::kInvalidArgument) << too_deep;
   EXPECT_NE(too_deep.message().find("sliding window"), std::string::npos) << too_deep;
+}
+
+// ---- Releasing the sliding layers' blocks that leave every window (KvLayout::WithSlidingGroup):
+// no logit may change. Blocks of 4 tokens, so the window of 8 leaves blocks often.
+
+// Greedy decoding over ten windows, in both kernel orders: logits bitwise equal to a cache that
+// keeps every block, with exactly the blocks below every window released; a fork rewound by four
+// tokens decodes the same too, and a rewind into released blocks is refused.
+TEST_F(Gemma3Invariance, SlidingReleaseKeepsLogitsBitwise) {
+  const int64_t V = model_->hparams().n_vocab;
+  const std::vector<int32_t> prompt = RandomTokens(20, V, 17);
+  for (bool llama_cpp_order : {false, true}) {
+    SCOPED_TRACE(llama_cpp_order ? "llama.cpp order" : "kiln order");
+    CpuForward fwd(*model_, 2);
+    fwd.set_llama_cpp_order(llama_cpp_order);
+    auto keep = MakeCache(*model_, GgmlType::kF16);
+    auto release = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 64);
+    ASSERT_NE(release, nullptr);
+    std::vector<int32_t> kept_tokens = prompt, released_tokens = prompt;
+    const SeqId a = keep->CreateSequence(), b = release->CreateSequence();
+    const std::vector<float> kept = GreedyDecode(fwd, *keep, a, kept_tokens, 60);
+    const std::vector<float> released = GreedyDecode(fwd, *release, b, released_tokens, 60);
+    EXPECT_EQ(released_tokens, kept_tokens);
+    EXPECT_EQ(released, kept);
+    // 80 tokens: the next token's window starts at 73, rounded down to 64: 16 of 20 blocks.
+    KvCacheCounters c = release->Counters();
+    EXPECT_EQ(c.sliding_blocks_released, 16);
+    EXPECT_EQ(c.sliding_blocks_used, 4);
+    EXPECT_EQ(c.blocks_used, 20);
+    EXPECT_EQ(c.kv_bytes_in_use, 20 * c.block_bytes + 4 * c.sliding_block_bytes);
+
+    // Fork, rewind four tokens, run two of them again and decode five: the same in both caches.
+    const SeqId fa = *keep->Fork(a), fb = *release->Fork(b);
+    ASSERT_TRUE(keep->Truncate(fa, 76).ok());
+    ASSERT_TRUE(release->Truncate(fb, 76).ok());
+    kept_tokens.resize(78);
+    released_tokens.resize(78);
+    EXPECT_EQ(GreedyDecode(fwd, *release, fb, released_tokens, 5),
+              GreedyDecode(fwd, *keep, fa, kept_tokens, 5));
+    EXPECT_EQ(released_tokens, kept_tokens);
+    // Back to 70 needs rows from 63 (rounded: 48), released: refused, nothing changed.
+    const absl::Status deep = release->Truncate(b, 70);
+    EXPECT_EQ(deep.code(), absl::StatusCode::kFailedPrecondition) << deep;
+    EXPECT_EQ(*release->Length(b), 80);
+    EXPECT_TRUE(release->CheckInvariants().ok()) << release->CheckInvariants();
+  }
+}
+
+// A prefix hit from a cache whose sliding blocks were released: the hit keeps the window's
+// blocks, and its logits equal the cold decode's bit for bit.
+TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
+  const int64_t V = model_->hparams().n_vocab;
+  std::vector<int32_t> tokens = RandomTokens(20, V, 23);
+  CpuForward fwd(*model_, 2);
+  auto cache = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 64);
+  ASSERT_NE(cache, nullptr);
+  const std::vector<float> cold = GreedyDecode(fwd, *cache, cache->CreateSequence(), tokens, 60);
+  const SeqId warm = cache->CreateSequence();
+  auto attached = cache->AttachCachedPrefix(warm, std::span(tokens).first(79));
+  ASSERT_TRUE(attached.ok());
+  EXPECT_EQ(*attached, 76);
+  // Only the window's blocks: token 76 reads from row 69, rounded down to 64 (block 16).
+  EXPECT_EQ(cache->SlidingBlockTable(warm)->size(), 19u);
+  EXPECT_EQ((*cache->SlidingBlockTable(warm))[15], kNullBlock);
+  std::vector<int32_t> prompt = tokens;
+  const std::vector<float> warm_rows = GreedyDecode(fwd, *cache, warm, prompt, 0);
+  ASSERT_EQ(warm_rows.size(), static_cast<size_t>(V));
+  EXPECT_EQ(warm_rows, std::vector<float>(cold.end() - V, cold.end()));
+  EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
 }
 
 }  // namespace

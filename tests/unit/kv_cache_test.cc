@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
@@ -448,6 +450,188 @@ TEST(KvCacheTest, UtilizationCountsSharedBlocksOnce) {
   EXPECT_EQ(counters.blocks_used, 4);
   EXPECT_EQ(counters.filled_slots, 4 + 2 + 4 + 1);
   EXPECT_DOUBLE_EQ(counters.utilization, 11.0 / 16.0);
+}
+
+// ---- Sliding-window group (KvLayout::WithSlidingGroup): layers 0-2 sliding with a window of
+// 8 positions, layer 3 global; blocks of 4 tokens.
+constexpr int32_t kWindow = 8;
+
+std::unique_ptr<KvCache> MakeSlidingCache(int32_t num_blocks, int32_t sliding_blocks = 0,
+                                          int32_t margin = 0) {
+  auto plain = KvLayout::Gqa(4, 1, 8, GgmlType::kF32, 4);
+  EXPECT_TRUE(plain.ok());
+  const std::vector<uint8_t> sliding = {1, 1, 1, 0};
+  auto layout = plain->WithSlidingGroup(sliding, kWindow);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  KvCacheOptions options;
+  options.num_blocks = num_blocks;
+  options.sliding_num_blocks = sliding_blocks;
+  options.sliding_release_margin = margin;
+  auto cache = KvCache::Create(*layout, options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+TEST(KvCacheSlidingTest, LayoutGroupsSplitTheLayers) {
+  auto plain = KvLayout::Gqa(4, 2, 8, GgmlType::kF16, 4);
+  ASSERT_TRUE(plain.ok());
+  const std::vector<uint8_t> sliding = {1, 0, 1, 1};
+  auto g = plain->WithSlidingGroup(sliding, 8);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->n_groups(), 2);
+  EXPECT_EQ(g->group_n_layers(0), 1);
+  EXPECT_EQ(g->group_n_layers(1), 3);
+  EXPECT_EQ(g->bytes_per_token(), plain->bytes_per_token());
+  EXPECT_EQ(g->block_data_bytes(1), 3 * g->block_data_bytes(0));
+  // Tiles are numbered inside the layer's group: layer 1 is group 0's first, layer 3 group 1's
+  // third.
+  EXPECT_EQ(g->KeyTileOffset(1, 0), 0u);
+  EXPECT_EQ(g->KeyTileOffset(3, 1), (2 * 2 * 2 + 1) * g->tile_bytes());
+  EXPECT_EQ(g->GroupLayout(1).n_layers(), 3);
+  EXPECT_EQ(g->GroupLayout(1).block_bytes(), g->block_bytes(1));
+  // Refusals: all sliding, all global, wrong count, a second split.
+  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{1, 1, 1, 1}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{0, 0, 0, 0}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{1, 0}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroup(sliding, 0).ok());
+  EXPECT_FALSE(g->WithSlidingGroup(sliding, 8).ok());
+}
+
+// Decoding one token at a time, a sliding block is released once every present and future
+// token's window (rounded down to the kernels' 16 rows) has left it; the global group keeps all.
+TEST(KvCacheSlidingTest, ReleasesBlocksThatLeaveEveryWindow) {
+  auto cache = MakeSlidingCache(64);
+  const SeqId seq = cache->CreateSequence();
+  const std::vector<int32_t> tokens = Iota(100);
+  for (int32_t n = 1; n <= 100; ++n) {
+    ASSERT_TRUE(cache->AppendSlots(seq, std::span(tokens).subspan(n - 1, 1)).ok());
+    ASSERT_TRUE(cache->MarkComputed(seq, n).ok());
+    // The first window row of the next token is n - 7; below its multiple of 16, whole blocks go.
+    const int32_t released = std::max(0, n - kWindow + 1) / 16 * 16 / 4;
+    ASSERT_EQ(cache->Counters().sliding_blocks_released, released) << "n = " << n;
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  }
+  const KvCacheCounters c = cache->Counters();
+  EXPECT_EQ(c.blocks_used, 25);
+  EXPECT_EQ(c.sliding_blocks_released, 20);  // rows [0, 80) of 100
+  EXPECT_EQ(c.sliding_blocks_used, 5);
+  EXPECT_EQ(c.kv_bytes_in_use, 25 * c.block_bytes + 5 * c.sliding_block_bytes);
+  auto table = cache->SlidingBlockTable(seq);
+  ASSERT_TRUE(table.ok());
+  ASSERT_EQ(table->size(), 25u);
+  EXPECT_EQ((*table)[19], kNullBlock);
+  EXPECT_NE((*table)[20], kNullBlock);
+  // Every token's slot names its block in both groups; released ones are the null block.
+  EXPECT_EQ(cache->SlotOf(seq, 99)->sliding_block, (*table)[24]);
+  EXPECT_EQ(cache->SlotOf(seq, 0)->sliding_block, kNullBlock);
+  KvTables tables;
+  ASSERT_TRUE(cache->BuildTables(std::vector<SeqId>{seq}, &tables).ok());
+  EXPECT_EQ(tables.sliding_indices.size(), tables.indices.size());
+}
+
+// A rewind into the window of released blocks is refused and changes nothing; one inside the
+// kept blocks (or the margin) works. Forks share both groups' blocks.
+TEST(KvCacheSlidingTest, TruncateBelowReleasedIsRefusedAndForkShares) {
+  for (int32_t margin : {0, 16}) {
+    auto cache = MakeSlidingCache(64, 0, margin);
+    const SeqId seq = cache->CreateSequence();
+    ASSERT_TRUE(cache->AppendSlots(seq, Iota(60)).ok());
+    ASSERT_TRUE(cache->MarkComputed(seq, 60).ok());
+    // Next token 60: window from 53, rounded to 48 (32 with the margin of 16): 12 (8) blocks.
+    const int32_t released = margin == 0 ? 12 : 8;
+    EXPECT_EQ(cache->Counters().sliding_blocks_released, released);
+    // The deepest rewind whose window starts at or above the released rows (48, with the margin
+    // 32): to 55 (its window from 48) or 40 (from 32); four tokens deeper is refused.
+    const int32_t deepest = margin == 0 ? 55 : 40;
+    const absl::Status deep = cache->Truncate(seq, deepest - 4);
+    EXPECT_EQ(deep.code(), absl::StatusCode::kFailedPrecondition) << deep;
+    EXPECT_EQ(*cache->Length(seq), 60);
+    EXPECT_TRUE(cache->Truncate(seq, deepest).ok());
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+    auto fork = cache->Fork(seq);
+    ASSERT_TRUE(fork.ok());
+    ASSERT_TRUE(cache->AppendSlots(*fork, Iota(3, 7)).ok());  // copy-on-write of both last blocks
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+    EXPECT_NE(cache->SlidingBlockTable(*fork)->back(), cache->SlidingBlockTable(seq)->back());
+    ASSERT_TRUE(cache->Free(seq).ok());
+    ASSERT_TRUE(cache->Free(*fork).ok());
+    const KvCacheCounters c = cache->Counters();
+    EXPECT_EQ(c.blocks_used, 0);
+    EXPECT_EQ(c.sliding_blocks_used, 0);
+    ASSERT_TRUE(cache->CheckInvariants().ok());
+  }
+}
+
+// A prefix hit counts only as far as the sliding group still finds its window's blocks.
+TEST(KvCacheSlidingTest, PrefixHitNeedsTheSlidingWindow) {
+  const std::vector<int32_t> tokens = Iota(80);
+  {  // Roomy: released sliding blocks stay cached, the whole prefix hits.
+    auto cache = MakeSlidingCache(64);
+    const SeqId a = cache->CreateSequence();
+    ASSERT_TRUE(cache->AppendSlots(a, tokens).ok());
+    ASSERT_TRUE(cache->MarkComputed(a, 80).ok());
+    EXPECT_GT(cache->Counters().sliding_blocks_cached, 0);
+    const SeqId b = cache->CreateSequence();
+    EXPECT_EQ(*cache->AttachCachedPrefix(b, std::span(tokens).first(79)), 76);
+    // Only the window's blocks are attached: next token 76 reads from 69 -> row 64, block 16.
+    auto table = cache->SlidingBlockTable(b);
+    ASSERT_EQ(table->size(), 19u);
+    EXPECT_EQ((*table)[15], kNullBlock);
+    EXPECT_NE((*table)[16], kNullBlock);
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  }
+  {  // The sliding group's cached blocks evicted: nothing past an empty window hits.
+    auto cache = MakeSlidingCache(128, 64);
+    const SeqId a = cache->CreateSequence();
+    ASSERT_TRUE(cache->AppendSlots(a, tokens).ok());
+    ASSERT_TRUE(cache->MarkComputed(a, 80).ok());
+    ASSERT_TRUE(cache->Free(a).ok());
+    EXPECT_EQ(cache->Counters().blocks_cached, 20);
+    // Evict every cached sliding block: a sequence that fills the sliding pool.
+    const SeqId filler = cache->CreateSequence();
+    ASSERT_TRUE(cache->AppendSlots(filler, Iota(4 * 63, 5000)).ok());
+    EXPECT_EQ(cache->Counters().sliding_blocks_cached, 0);
+    ASSERT_TRUE(cache->Free(filler).ok());
+    EXPECT_EQ(cache->Counters().blocks_cached, 20);  // the global group still holds all 80
+    const SeqId b = cache->CreateSequence();
+    // Every hit length needs at least its last block's sliding rows: none is usable.
+    EXPECT_EQ(*cache->AttachCachedPrefix(b, std::span(tokens).first(79)), 0);
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  }
+}
+
+// K/V bytes held at 4,096 tokens in gemma3-270m's layout (18 layers, 1 KV head of 256, f16,
+// window 512, every 6th layer global), with and without releasing sliding blocks.
+TEST(KvCacheSlidingTest, Gemma3_270mBytesAt4096Tokens) {
+  auto plain = KvLayout::Gqa(18, 1, 256, GgmlType::kF16, 16);
+  ASSERT_TRUE(plain.ok());
+  std::vector<uint8_t> sliding(18, 1);
+  for (int l = 5; l < 18; l += 6) sliding[l] = 0;
+  auto grouped = plain->WithSlidingGroup(sliding, 512);
+  ASSERT_TRUE(grouped.ok());
+  size_t bytes[2] = {0, 0};
+  for (int with_release = 0; with_release < 2; ++with_release) {
+    KvCacheOptions options;
+    options.num_blocks = 300;
+    auto cache = KvCache::Create(with_release ? *grouped : *plain, options);
+    ASSERT_TRUE(cache.ok());
+    const SeqId seq = (*cache)->CreateSequence();
+    const std::vector<int32_t> tokens = Iota(4096);
+    for (int32_t at = 0; at < 4096; at += 512) {  // prefill in chunks of 512
+      ASSERT_TRUE((*cache)->AppendSlots(seq, std::span(tokens).subspan(at, 512)).ok());
+      ASSERT_TRUE((*cache)->MarkComputed(seq, at + 512).ok());
+    }
+    bytes[with_release] = (*cache)->Counters().kv_bytes_in_use;
+  }
+  // Without: 18 layers x 4096 rows. With: 3 x 4096 + 15 x 512 (rows from 3584, the window of
+  // token 4096 (from 3585) rounded down to 16).
+  const size_t row = 2 * 256 * 2;  // K and V of one layer, f16
+  EXPECT_EQ(bytes[0], 18 * 4096 * row);
+  EXPECT_EQ(bytes[1], (3 * 4096 + 15 * 512) * row);
+  std::printf(
+      "gemma3-270m layout, 4096 tokens: K/V in use %zu bytes without release, %zu with "
+      "(%.2fx less)\n",
+      bytes[0], bytes[1], static_cast<double>(bytes[0]) / static_cast<double>(bytes[1]));
 }
 
 }  // namespace

@@ -9,8 +9,12 @@
 // function of the prefix, so a prefix-cache hit is correct exactly when the attached blocks
 // read back the values the reference expects.
 //
-// Operation count: $KILN_KV_RANDOM_OPS (default 100000) for the main GQA case; the f16 and MLA
-// cases run 30% of it. Release: ~1-3 s; ASan/UBSan: well under a minute.
+// A fourth case splits the layers into a sliding-window group (KvLayout::WithSlidingGroup):
+// there the released sliding blocks are skipped when reading back, released only below every
+// window, and a truncate is refused exactly when its window needs a released block.
+//
+// Operation count: $KILN_KV_RANDOM_OPS (default 100000) for the main GQA case; the f16, MLA and
+// sliding cases run 30% of it. Release: ~1-3 s; ASan/UBSan: well under a minute.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +56,7 @@ struct Config {
   int32_t block_size;
   int32_t num_blocks;  // including the null block
   double ops_fraction;
+  int32_t window = 0;  // > 0: layer 0 is a sliding-window layer in a group of its own
 };
 
 struct RefSeq {
@@ -70,6 +75,10 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
     auto layout = cfg.mla ? KvLayout::Mla(2, 3, 2, cfg.type, cfg.block_size)
                           : KvLayout::Gqa(2, 2, 3, cfg.type, cfg.block_size);
     ASSERT_TRUE(layout.ok()) << layout.status();
+    if (cfg.window > 0) {
+      layout = layout->WithSlidingGroup(std::vector<uint8_t>{1, 0}, cfg.window);
+      ASSERT_TRUE(layout.ok()) << layout.status();
+    }
     auto cache = KvCache::Create(*layout, {.num_blocks = cfg.num_blocks, .hash_seed = 17});
     ASSERT_TRUE(cache.ok()) << cache.status();
     cache_ = std::move(*cache);
@@ -106,6 +115,7 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
   void WriteToken(KvSlot slot, uint64_t seed) {
     const GgmlType type = cache_->layout().elem_type();
     for (int32_t l = 0; l < cache_->layout().n_layers(); ++l) {
+      EXPECT_NE(cache_->layout().layer_group(l) == 0 ? slot.block : slot.sliding_block, kNullBlock);
       for (int32_t t = 0; t < tiles_; ++t) {
         std::byte* row = Row(slot, l, t);
         for (int32_t d = 0; d < row_elems_; ++d) {
@@ -115,10 +125,12 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
     }
   }
 
-  // Empty string when the token at `slot` holds the K/V of `seed`.
+  // Empty string when the token at `slot` holds the K/V of `seed` (in the layers of the sliding
+  // group only while its block is not released).
   std::string CheckToken(KvSlot slot, uint64_t seed) {
     const GgmlType type = cache_->layout().elem_type();
     for (int32_t l = 0; l < cache_->layout().n_layers(); ++l) {
+      if (cache_->layout().layer_group(l) == 1 && slot.sliding_block == kNullBlock) continue;
       for (int32_t t = 0; t < tiles_; ++t) {
         const std::byte* row = Row(slot, l, t);
         for (int32_t d = 0; d < row_elems_; ++d) {
@@ -132,6 +144,21 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
       }
     }
     return "";
+  }
+
+  // Leading released (null) entries of a sequence's sliding table.
+  int32_t ReleasedBlocks(SeqId id) const {
+    const auto table = *cache_->SlidingBlockTable(id);
+    return static_cast<int32_t>(
+        std::find_if(table.begin(), table.end(), [](BlockId b) { return b != kNullBlock; }) -
+        table.begin());
+  }
+
+  // The first sliding-layer row a token at position `next` (or later) reads: its window's first
+  // row rounded down to the attention kernels' 16 rows. (0 without a window.)
+  int32_t FirstRead(int32_t next) const {
+    if (GetParam().window == 0) return INT32_MAX;
+    return std::max(0, next - GetParam().window + 1) / 16 * 16;
   }
 
   uint64_t PrefixSeed(const RefSeq& s, size_t upto_inclusive) const {
@@ -155,6 +182,13 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
         return absl::StrCat("seq ", s.id, " tokens differ");
       }
       auto table = *cache_->BlockTable(s.id);
+      auto sliding_table = *cache_->SlidingBlockTable(s.id);
+      if (sliding_table.size() != (GetParam().window > 0 ? table.size() : 0) ||
+          ReleasedBlocks(s.id) * bs_ > FirstRead(s.computed)) {
+        return absl::StrCat("seq ", s.id, " sliding table of ", sliding_table.size(), " (",
+                            ReleasedBlocks(s.id), " released) for ", table.size(),
+                            " blocks, computed ", s.computed);
+      }
       if (table.size() != (s.tokens.size() + bs_ - 1) / bs_) {
         return absl::StrCat("seq ", s.id, " has ", table.size(), " blocks for ", s.tokens.size(),
                             " tokens");
@@ -168,7 +202,8 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
       for (size_t q = 0; q < s.tokens.size(); ++q) {
         prefix = NextSeed(prefix, s.tokens[q]);
         if (s.seeds[q] != prefix) return absl::StrCat("reference broke its own invariant at ", q);
-        const KvSlot slot{table[q / bs_], static_cast<int32_t>(q % bs_)};
+        const KvSlot slot{table[q / bs_], static_cast<int32_t>(q % bs_),
+                          sliding_table.empty() ? kNullBlock : sliding_table[q / bs_]};
         std::string err = CheckToken(slot, s.seeds[q]);
         if (!err.empty()) return absl::StrCat("seq ", s.id, " pos ", q, ": ", err);
       }
@@ -185,6 +220,10 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
     if (c.blocks_used + c.blocks_free + c.blocks_cached != c.blocks_total) {
       return absl::StrCat("leak: used ", c.blocks_used, " free ", c.blocks_free, " cached ",
                           c.blocks_cached, " total ", c.blocks_total);
+    }
+    if (c.sliding_blocks_used + c.sliding_blocks_free + c.sliding_blocks_cached !=
+        c.sliding_blocks_total) {
+      return "sliding pool: used + free + cached != total";
     }
     if (c.num_sequences != static_cast<int32_t>(seqs_.size())) return "sequence count differs";
     absl::Status inv = cache_->CheckInvariants();
@@ -225,6 +264,7 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
   std::vector<RefSeq> seqs_;
   std::vector<KvSlot> slots_;
   int64_t exhausted_ = 0;
+  int64_t refused_truncates_ = 0;
 };
 
 TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
@@ -272,11 +312,17 @@ TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
       RefSeq& s = seqs_[i];
       const int32_t k = static_cast<int32_t>(uniform(1, 6));
       if (static_cast<int32_t>(s.tokens.size()) + k > kMaxLen) {
-        ASSERT_TRUE(cache_->Truncate(s.id, 0).ok());
-        s.tokens.clear();
-        s.seeds.clear();
-        s.computed = 0;
-        what = "truncate to 0 (length cap)";
+        const absl::Status st = cache_->Truncate(s.id, 0);
+        if (st.ok()) {
+          s.tokens.clear();
+          s.seeds.clear();
+          s.computed = 0;
+          what = "truncate to 0 (length cap)";
+        } else {  // sliding blocks released: the engine would recompute; here, start over
+          ASSERT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+          FreeAt(i);
+          what = "free (length cap, window released)";
+        }
       } else {
         std::vector<int32_t> tokens(k);
         const auto& prompt = prompts_[s.prompt];
@@ -353,7 +399,17 @@ TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
       RefSeq& s = seqs_[uniform(0, seqs_.size() - 1)];
       const int32_t len = static_cast<int32_t>(s.tokens.size());
       const int32_t n = static_cast<int32_t>(uniform(std::max(0, len - 8), len));
-      ASSERT_TRUE(cache_->Truncate(s.id, n).ok());
+      // Refused (nothing changed) exactly when the new length's window needs a released block.
+      const bool needs_released = ReleasedBlocks(s.id) * bs_ > FirstRead(std::min(n, s.computed));
+      const absl::Status st = cache_->Truncate(s.id, n);
+      ASSERT_EQ(st.ok(), !needs_released) << st << ": truncate to " << n << " of " << len;
+      if (!st.ok()) {
+        ASSERT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+        ++refused_truncates_;
+        what = "truncate (refused)";
+        ASSERT_EQ(CheckAll(), "");
+        continue;
+      }
       s.tokens.resize(n);
       s.seeds.resize(n);
       s.computed = std::min(s.computed, n);
@@ -373,6 +429,13 @@ TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
   EXPECT_GT(c.evictions, 0);
   EXPECT_GT(c.cow_copies, 0);
   EXPECT_GT(exhausted_, 0);
+  if (GetParam().window > 0) {
+    EXPECT_GT(c.sliding_blocks_released, 0);
+    EXPECT_GT(refused_truncates_, 0);
+    std::printf("%s: %lld sliding blocks released, %lld truncates refused\n",
+                GetParam().name.c_str(), static_cast<long long>(c.sliding_blocks_released),
+                static_cast<long long>(refused_truncates_));
+  }
   std::printf(
       "%s: %lld ops (create %lld, append %lld, fork %lld, overwrite %lld, computed %lld, "
       "truncate %lld, free %lld); prefix hit tokens %lld of %lld queried, evictions %lld, "
@@ -389,15 +452,16 @@ TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
   const KvCacheCounters end = cache_->Counters();
   EXPECT_EQ(end.blocks_used, 0);
   EXPECT_EQ(end.blocks_free + end.blocks_cached, end.blocks_total);
+  EXPECT_EQ(end.sliding_blocks_used, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, KvRandomTest,
-                         ::testing::Values(Config{"GqaF32Bs4", false, GgmlType::kF32, 4, 29, 1.0},
-                                           Config{"GqaF16Bs16", false, GgmlType::kF16, 16, 12, 0.3},
-                                           Config{"MlaBf16Bs3", true, GgmlType::kBF16, 3, 37, 0.3}),
-                         [](const ::testing::TestParamInfo<Config>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, KvRandomTest,
+    ::testing::Values(Config{"GqaF32Bs4", false, GgmlType::kF32, 4, 29, 1.0},
+                      Config{"GqaF16Bs16", false, GgmlType::kF16, 16, 12, 0.3},
+                      Config{"MlaBf16Bs3", true, GgmlType::kBF16, 3, 37, 0.3},
+                      Config{"GqaSlidingF32Bs4", false, GgmlType::kF32, 4, 29, 0.3, 5}),
+    [](const ::testing::TestParamInfo<Config>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace kiln

@@ -48,11 +48,12 @@ void StoreRow(const OpKernels& k, const float* src, int64_t n, GgmlType type, st
 }
 
 // The kernels' view of a mask: which cached rows and in-batch rows each token sees.
-AttentionBatch AttentionBatchOf(const AttentionMask& mask) {
+// `group`: the layer's KV group (its blocks, KvLayout).
+AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group = 0) {
   AttentionBatch ab;
   ab.seq = mask.seq;
   ab.kv_indptr = mask.tables->indptr;
-  ab.kv_indices = mask.tables->indices;
+  ab.kv_indices = mask.tables->indices_of(group);
   ab.n_visible = mask.n_visible;
   ab.first_visible = mask.first_visible;
   ab.extra_indptr = mask.extra_indptr;
@@ -216,18 +217,24 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
                                    const float* q, int32_t n_heads, float* out, float scale) {
   const KvLayout& layout = cache.layout();
   if (mask.tables == nullptr) return absl::InvalidArgumentError("Attention: no block tables");
-  const std::byte* pool_base = cache.BlockData(0);
+  if (layout.kind() != KvAttentionKind::kGqa || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Attention: layer ", layer, " of a cache that is not a GQA cache of it"));
+  }
+  // The layer's rows live in its group's blocks (KvLayout): that pool, stride and table.
+  const int32_t group = layout.layer_group(layer);
   PagedKvView kv;
   kv.block_size = layout.block_size();
   kv.n_kv_heads = layout.n_kv_heads();
   kv.head_dim = layout.head_dim();
-  kv.n_blocks = cache.NumBlocks();
+  kv.n_blocks = cache.NumBlocks(group);
   kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes =
+      static_cast<int64_t>(layout.block_bytes(group));
   kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
-  kv.k.base = pool_base + layout.KeyTileOffset(layer, 0);
-  kv.v.base = pool_base + layout.ValueTileOffset(layer, 0);
-  const AttentionBatch ab = AttentionBatchOf(mask);
+  kv.k.base = cache.KeyPtr(kNullBlock, layer, 0);
+  kv.v.base = cache.ValuePtr(kNullBlock, layer, 0);
+  const AttentionBatch ab = AttentionBatchOf(mask, group);
   // llama.cpp's order changes with the batch: one token decodes, two or more are a prompt.
   const AttentionOrder order = !llama_cpp_order_      ? AttentionOrder::kBatchInvariant
                                : mask.seq.size() >= 2 ? AttentionOrder::kLlamaCppPrompt
