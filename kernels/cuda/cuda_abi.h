@@ -10,7 +10,9 @@
 // 2: memory and streams (device buffers, pinned host buffers, async copies, memset, streams,
 //    memory info) and the per-thread error message.
 // 3: elementwise ops (RMSNorm, Add, AddRowBias, SwiGLU, GeGLU, Scale, RoPE, embedding gather).
-#define KILN_CUDA_MODULE_ABI 3
+// 4: kiln_cuda_matmul_caps (which weight types the GEMV and GEMM paths read, and GEMV's token
+//    limit), so the backend routes a matmul without its own copy of the kernels' type list.
+#define KILN_CUDA_MODULE_ABI 4
 
 extern "C" {
 
@@ -138,7 +140,13 @@ typedef int (*kiln_cuda_gemv_fn)(uint32_t type, const void* d_w, int64_t n_out, 
                                  const float* d_x, int64_t n_tokens, float* d_y,
                                  kiln_cuda_stream stream);
 
-// Dequantizes W (`type` as for gemv, or F32/BF16) into f16: d_out [n_rows, n_cols].
+// What the module can multiply a weight of ggml `type` with: *gemv_max_tokens = the most tokens one
+// kiln_cuda_gemv call takes (0: no GEMV kernel for the type), *gemm = 1 when
+// kiln_cuda_dequantize_f16 reads the type (the cuBLASLt path), else 0. An unknown type is not an
+// error (both 0); a null output pointer is INVALID_ARGUMENT. Needs no device.
+typedef int (*kiln_cuda_matmul_caps_fn)(uint32_t type, int32_t* gemv_max_tokens, int32_t* gemm);
+
+// Dequantizes W (`type` as for gemv) into f16: d_out [n_rows, n_cols].
 typedef int (*kiln_cuda_dequantize_f16_fn)(uint32_t type, const void* d_w, int64_t n_rows,
                                            int64_t n_cols, void* d_out_f16,
                                            kiln_cuda_stream stream);

@@ -115,3 +115,16 @@ KILN_CUDA_EXPORT int kiln_cuda_gemv(uint32_t type, const void* d_w, int64_t n_ou
                              type);
   }
 }
+
+// The GEMV switch above and kiln_cuda_dequantize_f16 (gemm.cu) read the same six types.
+KILN_CUDA_EXPORT int kiln_cuda_matmul_caps(uint32_t type, int32_t* gemv_max_tokens, int32_t* gemm) {
+  using namespace kiln::cuda;
+  if (gemv_max_tokens == nullptr || gemm == nullptr) {
+    return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_matmul_caps: null output");
+  }
+  const bool known = type == kTypeF16 || type == kTypeQ4_1 || type == kTypeQ5_0 ||
+                     type == kTypeQ8_0 || type == kTypeQ4_K || type == kTypeQ6_K;
+  *gemv_max_tokens = known ? kMaxTokens : 0;
+  *gemm = known ? 1 : 0;
+  return KILN_CUDA_OK;
+}

@@ -1,6 +1,5 @@
 #include "lib/backend/backend.h"
 
-#include "absl/strings/str_join.h"
 #include "lib/backend/cuda/cuda_backend.h"
 #include "lib/backend/cuda_loader.h"
 #include "lib/common/cpu_features.h"
@@ -18,12 +17,9 @@ std::string DescribeBackends() {
     return out;
   }
   // What a cache asking for CUDA gets (backend_select.h), so `kiln info` answers "why the CPU?".
-  const std::vector<std::string> missing = cuda::CudaBackend::IncompleteOps();
   const std::string use =
-      missing.empty()
-          ? "caches with backend cuda run here"
-          : StrCat("caches with backend cuda run on the CPU: no device kernels yet for ",
-                   absl::StrJoin(missing, ", "));
+      StrCat("caches with backend cuda run here when their K/V rows have at most ",
+             cuda::kMaxAttentionRowElems, " elements and the device has room");
   for (int d = 0; d < cuda->n_devices; ++d) {
     char name[256] = {0};
     size_t total = 0, free_bytes = 0;

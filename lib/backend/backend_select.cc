@@ -23,8 +23,8 @@ BackendDecision DecideBackend(BackendKind kind, const CudaProbe& probe, size_t n
                            probe.module->n_devices == 1 ? " device)" : " devices)"));
   }
   if (!probe.incomplete_ops.empty()) {
-    return Fallback(StrCat("the CUDA backend has no device kernels yet for ",
-                           absl::StrJoin(probe.incomplete_ops, ", ")));
+    return Fallback(StrCat("the CUDA backend cannot run this model's ",
+                           absl::StrJoin(probe.incomplete_ops, "; ")));
   }
   if (probe.device_free_bytes < needed_bytes + kCudaHeadroomBytes) {
     return Fallback(StrCat("device ", probe.device, " has ", probe.device_free_bytes >> 20,
@@ -35,11 +35,11 @@ BackendDecision DecideBackend(BackendKind kind, const CudaProbe& probe, size_t n
   return BackendDecision{true, ""};
 }
 
-CudaProbe ProbeCuda(int device) {
+CudaProbe ProbeCuda(int device, const KvLayout& layout) {
   CudaProbe probe;
   probe.device = device;
   probe.module = GetCudaModule(&probe.why_not);
-  probe.incomplete_ops = cuda::CudaBackend::IncompleteOps();
+  probe.incomplete_ops = cuda::CudaBackend::IncompleteOps(layout);
   if (probe.module != nullptr && device >= 0 && device < probe.module->n_devices) {
     size_t free_bytes = 0, total_bytes = 0;
     if (probe.module->mem_info(device, &free_bytes, &total_bytes) == KILN_CUDA_OK) {

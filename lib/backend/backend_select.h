@@ -9,6 +9,7 @@
 
 #include "lib/backend/backend.h"
 #include "lib/backend/cuda_loader.h"
+#include "lib/kv/kv_layout.h"
 
 namespace kiln {
 
@@ -24,7 +25,7 @@ struct CudaProbe {
   std::string why_not;                      // why module is null
   int device = 0;                           // the requested device
   size_t device_free_bytes = 0;             // cudaMemGetInfo's free bytes of that device
-  std::vector<std::string> incomplete_ops;  // CudaBackend::IncompleteOps()
+  std::vector<std::string> incomplete_ops;  // CudaBackend::IncompleteOps(the model's K/V)
 };
 
 struct BackendDecision {
@@ -40,11 +41,13 @@ inline constexpr size_t kCudaHeadroomBytes = size_t{512} << 20;
 
 // Pure: the choice for `kind`, given what probing found and the device bytes the engine needs
 // (weights + K/V pool). A CUDA request falls back to the CPU, in this order, when: the module
-// or a device is missing; the device index is out of range; the backend lacks ops the forward
-// pass calls; the device has less free memory than needed_bytes + kCudaHeadroomBytes.
+// or a device is missing; the device index is out of range; the backend cannot run an op the
+// model needs (IncompleteOps); the device has less free memory than needed_bytes +
+// kCudaHeadroomBytes.
 BackendDecision DecideBackend(BackendKind kind, const CudaProbe& probe, size_t needed_bytes);
 
-// Probes the CUDA module (GetCudaModule, the device's free memory) for `device`.
-CudaProbe ProbeCuda(int device);
+// Probes the CUDA module (GetCudaModule, the device's free memory) for `device` and a model
+// whose K/V cache has `layout`.
+CudaProbe ProbeCuda(int device, const KvLayout& layout);
 
 }  // namespace kiln

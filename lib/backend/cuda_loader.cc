@@ -69,6 +69,7 @@ absl::StatusOr<CudaModule> BindEntryPoints(const platform::SharedLibrary& librar
   bind(m.embedding_gather, "kiln_cuda_embedding_gather");
   bind(m.embedding_row_bytes, "kiln_cuda_embedding_row_bytes");
   bind(m.dequantize, "kiln_cuda_dequantize");
+  bind(m.matmul_caps, "kiln_cuda_matmul_caps");
   bind(m.gemv, "kiln_cuda_gemv");
   bind(m.dequantize_f16, "kiln_cuda_dequantize_f16");
   bind(m.gemm_context_create, "kiln_cuda_gemm_context_create");

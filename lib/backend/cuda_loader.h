@@ -43,6 +43,7 @@ struct CudaModule {
   // kernels
   kiln_cuda_dequantize_fn dequantize = nullptr;
   // compute kernels
+  kiln_cuda_matmul_caps_fn matmul_caps = nullptr;
   kiln_cuda_gemv_fn gemv = nullptr;
   kiln_cuda_dequantize_f16_fn dequantize_f16 = nullptr;
   kiln_cuda_gemm_context_create_fn gemm_context_create = nullptr;

@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   // The backend: the CPU unless CUDA is asked for and can hold the weights and the pool.
   BackendDecision decision;
   if (opt.backend != BackendKind::kCpu) {
-    const CudaProbe probe = ProbeCuda(opt.cuda_device);
+    const CudaProbe probe = ProbeCuda(opt.cuda_device, layout);
     decision =
         DecideBackend(opt.backend, probe, model.weight_bytes() + cache_options.capacity_bytes);
     if (decision.use_cuda) {

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "lib/backend/cuda/cuda_backend.h"
 #include "lib/engine/engine.h"
 #include "tests/common/test_util.h"
 
@@ -39,10 +40,12 @@ TEST(DecideBackend, EachFallbackNamesItsReason) {
   EXPECT_THAT(d.fallback_reason, HasSubstr("cuda_device 2 does not exist (2 devices)"));
 
   p.device = 1;
-  p.incomplete_ops = {"Attention", "MlaAttention"};
+  p.incomplete_ops = {"Attention over K/V rows of 1024 elements", "MlaAttention"};
   d = DecideBackend(BackendKind::kCuda, p, 1 << 20);
   EXPECT_FALSE(d.use_cuda);
-  EXPECT_THAT(d.fallback_reason, HasSubstr("no device kernels yet for Attention, MlaAttention"));
+  EXPECT_THAT(d.fallback_reason,
+              HasSubstr("cannot run this model's Attention over K/V rows of 1024 elements; "
+                        "MlaAttention"));
 
   p.incomplete_ops.clear();
   p.device_free_bytes = size_t{3} << 30;  // 3 GiB free; 3 GiB needed + headroom
@@ -55,41 +58,70 @@ TEST(DecideBackend, EachFallbackNamesItsReason) {
   EXPECT_EQ(d.fallback_reason, "");
 }
 
-// On this machine's real probe: without a device (or with one, while the CUDA backend still
-// lacks attention kernels) a CUDA request runs on the CPU, and the engine says why.
-TEST(EngineBackend, CudaRequestFallsBackToCpuWithReason) {
-  std::unique_ptr<Model> model =
-      testing::LoadRandomModel("tiny-llama-gqa", "q8_0", 5, "backend-select-tiny.gguf");
-  ASSERT_NE(model, nullptr);
-  EngineOptions options;
-  options.n_threads = 1;
-  options.n_ctx = 64;
-  auto cpu = Engine::Create(*model, options);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_THAT((*cpu)->BackendDescription(), StartsWith("cpu ("));
-  EXPECT_THAT((*cpu)->BackendDescription(), ::testing::Not(HasSubstr("cuda")));
-
-  options.backend = BackendKind::kCuda;
-  auto engine = Engine::Create(*model, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  EXPECT_THAT((*engine)->BackendDescription(), StartsWith("cpu ("));
-  EXPECT_THAT((*engine)->BackendDescription(), HasSubstr("; cuda requested, running on the CPU: "));
-  std::string why;
-  if (GetCudaModule(&why) == nullptr) {
-    EXPECT_THAT((*engine)->BackendDescription(), HasSubstr(why));
+// The CUDA backend runs every op the default model's shape (llama, GQA) and DeepSeek-V2's (MLA,
+// 512 + 64 latent rows) need, in each cache type; only a K/V row longer than the kernels read
+// is named.
+TEST(CudaIncompleteOps, NoneForLlamaOrDeepseek2) {
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kBF16}) {
+    auto llama = KvLayout::Gqa(30, 3, 64, type, 16);  // SmolLM2-135M
+    auto llama8b = KvLayout::Gqa(32, 8, 128, type, 16);
+    auto deepseek2 = KvLayout::Mla(27, 512, 64, type, 16);
+    ASSERT_TRUE(llama.ok() && llama8b.ok() && deepseek2.ok());
+    EXPECT_THAT(cuda::CudaBackend::IncompleteOps(*llama), ::testing::IsEmpty());
+    EXPECT_THAT(cuda::CudaBackend::IncompleteOps(*llama8b), ::testing::IsEmpty());
+    EXPECT_THAT(cuda::CudaBackend::IncompleteOps(*deepseek2), ::testing::IsEmpty());
   }
-  // The fallback engine computes: a prefill returns logits.
-  int32_t n_done = 0;
-  bool got_logits = false;
-  PrefillRequest request;
-  const std::vector<int32_t> tokens = {1, 2, 3};
-  request.seq =
-      (*engine)->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
-  request.tokens = tokens;
-  request.on_logits = [&](int32_t, const float*) { got_logits = true; };
-  ASSERT_TRUE((*engine)->Prefill(request, &n_done).ok());
-  EXPECT_EQ(n_done, 3);
-  EXPECT_TRUE(got_logits);
+  auto wide = KvLayout::Gqa(2, 1, 1024, GgmlType::kF16, 16);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_THAT(cuda::CudaBackend::IncompleteOps(*wide),
+              ::testing::ElementsAre("Attention over K/V rows of 1024 elements (the device "
+                                     "kernels read 640 at most)"));
+  // The probe carries them: without a device the module's absence is the reason, else none.
+  const CudaProbe probe = ProbeCuda(0, *wide);
+  EXPECT_EQ(probe.incomplete_ops.size(), 1u);
+}
+
+// On this machine's real probe, for llama and deepseek2: without a device a CUDA request runs on
+// the CPU and the engine says why (never a missing op); with one it runs on the device. Either
+// way the engine computes.
+TEST(EngineBackend, CudaRequestRunsOrFallsBackWithReason) {
+  for (const char* shape : {"tiny-llama-gqa", "tiny-deepseek2"}) {
+    SCOPED_TRACE(shape);
+    std::unique_ptr<Model> model =
+        testing::LoadRandomModel(shape, "q8_0", 5, StrCat("backend-select-", shape, ".gguf"));
+    ASSERT_NE(model, nullptr);
+    EngineOptions options;
+    options.n_threads = 1;
+    options.n_ctx = 64;
+    auto cpu = Engine::Create(*model, options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    EXPECT_THAT((*cpu)->BackendDescription(), StartsWith("cpu ("));
+    EXPECT_THAT((*cpu)->BackendDescription(), ::testing::Not(HasSubstr("cuda")));
+
+    options.backend = BackendKind::kCuda;
+    auto engine = Engine::Create(*model, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_THAT((*engine)->BackendDescription(), ::testing::Not(HasSubstr("cannot run")));
+    std::string why;
+    if (GetCudaModule(&why) == nullptr) {
+      EXPECT_THAT((*engine)->BackendDescription(), StartsWith("cpu ("));
+      EXPECT_THAT((*engine)->BackendDescription(),
+                  HasSubstr(StrCat("; cuda requested, running on the CPU: ", why)));
+    } else {
+      EXPECT_THAT((*engine)->BackendDescription(), StartsWith("cuda ("));
+    }
+    int32_t n_done = 0;
+    bool got_logits = false;
+    PrefillRequest request;
+    const std::vector<int32_t> tokens = {1, 2, 3};
+    request.seq =
+        (*engine)->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+    request.tokens = tokens;
+    request.on_logits = [&](int32_t, const float*) { got_logits = true; };
+    ASSERT_TRUE((*engine)->Prefill(request, &n_done).ok());
+    EXPECT_EQ(n_done, 3);
+    EXPECT_TRUE(got_logits);
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "kernels/cuda/sample_chain.h"
 #include "lib/backend/attention_mask.h"
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/backend/cuda/cuda_plan.h"
 #include "lib/backend/cuda_loader.h"
 #include "lib/backend/mla_attention.h"
 #include "lib/common/half.h"
@@ -501,6 +502,139 @@ std::string LastError(const CudaModule& m) {
   return msg;
 }
 
+// The plan's view of a layer addresses the rows the CPU's cache hands out, for GQA and MLA
+// layouts (a q8_0 MLA row's RoPE part as the f16 tail, the other types' rows all one type).
+TEST(CudaPlan, PagedKvOfAddressesTheCacheRows) {
+  const absl::StatusOr<KvLayout> layouts[] = {
+      KvLayout::Gqa(2, 2, 32, GgmlType::kF16, 8), KvLayout::Gqa(2, 3, 64, GgmlType::kQ8_0, 5),
+      KvLayout::Mla(2, MlaInputs::kKvl, MlaInputs::kRope, GgmlType::kF16, 8),
+      KvLayout::Mla(2, MlaInputs::kKvl, MlaInputs::kRope, GgmlType::kQ8_0, 8)};
+  for (const absl::StatusOr<KvLayout>& layout : layouts) {
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const bool mla = layout->kind() == KvAttentionKind::kMla;
+    SCOPED_TRACE(::testing::Message()
+                 << (mla ? "mla " : "gqa ") << static_cast<int>(layout->elem_type()));
+    const AttentionCase c = MakeAttentionCase(layout, 2 * layout->n_kv_heads(), 3);
+    const KilnCudaPagedKv kv = cuda::PagedKvOf(*layout, c.cache->BlockData(0), c.cache->NumBlocks(),
+                                               AttentionCase::kLayer);
+    EXPECT_EQ(kv.n_blocks, c.cache->NumBlocks());
+    EXPECT_EQ(kv.block_size, layout->block_size());
+    EXPECT_EQ(kv.head_dim, layout->row_elems());
+    EXPECT_EQ(kv.n_kv_heads, mla ? 1 : layout->n_kv_heads());
+    EXPECT_EQ(kv.elem_type, static_cast<uint32_t>(layout->elem_type()));
+    const bool q8_mla = mla && layout->elem_type() == GgmlType::kQ8_0;
+    EXPECT_EQ(kv.tail_start, q8_mla ? MlaInputs::kKvl : 0);
+    EXPECT_EQ(kv.tail_offset_bytes, q8_mla ? int64_t(layout->rope_offset_bytes()) : 0);
+    auto row_at = [&](const void* base, KvSlot s, int32_t h) {
+      return static_cast<const std::byte*>(base) + s.block * kv.block_stride_bytes +
+             h * kv.head_stride_bytes + s.offset * kv.row_bytes;
+    };
+    for (int32_t pos = 0; pos < 37; ++pos) {
+      const absl::StatusOr<KvSlot> slot = c.cache->SlotOf(c.ids[0], pos);
+      ASSERT_TRUE(slot.ok()) << slot.status();
+      if (mla) {
+        EXPECT_EQ(row_at(kv.d_k_base, *slot, 0), c.cache->LatentRow(*slot, AttentionCase::kLayer));
+        EXPECT_EQ(kv.d_v_base, kv.d_k_base);
+        continue;
+      }
+      for (int32_t h = 0; h < layout->n_kv_heads(); ++h) {
+        EXPECT_EQ(row_at(kv.d_k_base, *slot, h), c.cache->KeyRow(*slot, AttentionCase::kLayer, h));
+        EXPECT_EQ(row_at(kv.d_v_base, *slot, h),
+                  c.cache->ValueRow(*slot, AttentionCase::kLayer, h));
+      }
+    }
+  }
+}
+
+// The packed mask, read back through the kernels' index code, is the mask: each token's visible
+// positions in order and their cache slots (KvCache::SlotOf), for causal, windowed and tree
+// tokens; a mask without a window or extras packs them as absent.
+TEST(CudaPlan, PackedMaskWalksAsTheMask) {
+  const AttentionCase c = MakeAttentionCase(GgmlType::kF16, 4, 2, 32, 8, 4);
+  const AttentionMask mask = c.Mask();
+  const cuda::PackedMask packed = cuda::PackMask(mask);
+  std::vector<int32_t> copy = packed.data;  // what the backend uploads
+  const KilnCudaAttentionBatch b = cuda::BatchAt(packed, copy.data());
+  EXPECT_EQ(b.n_tokens, c.n_tokens());
+  ASSERT_NE(b.d_error, nullptr);
+  EXPECT_EQ(*b.d_error, 0);
+  const cuda::VisibleRows rows{b.d_seq, b.d_n_visible, b.d_first_visible, b.d_extra_indptr,
+                               b.d_extra_positions};
+  const cuda::BlockTables tables{b.d_kv_indptr, b.d_kv_indices, 8, c.cache->NumBlocks()};
+  int32_t max_visible = 0;
+  for (int32_t t = 0; t < c.n_tokens(); ++t) {
+    std::vector<int32_t> want;
+    for (int32_t p = mask.first_visible[t]; p < mask.n_visible[t]; ++p) want.push_back(p);
+    for (int32_t i = mask.extra_indptr[t]; i < mask.extra_indptr[t + 1]; ++i) {
+      want.push_back(mask.extra_positions[i]);
+    }
+    max_visible = std::max<int32_t>(max_visible, static_cast<int32_t>(want.size()));
+    ASSERT_EQ(cuda::VisibleCount(rows, t), static_cast<int32_t>(want.size())) << "token " << t;
+    for (int32_t i = 0; i < static_cast<int32_t>(want.size()); ++i) {
+      const int32_t pos = cuda::VisiblePosition(rows, t, i);
+      ASSERT_EQ(pos, want[i]) << "token " << t << " row " << i;
+      int32_t block = -1, offset = -1;
+      ASSERT_TRUE(cuda::LocatePosition(tables, mask.seq[t], pos, &block, &offset));
+      const absl::StatusOr<KvSlot> slot = c.cache->SlotOf(c.ids[mask.seq[t]], pos);
+      ASSERT_TRUE(slot.ok()) << slot.status();
+      EXPECT_EQ(block, slot->block);
+      EXPECT_EQ(offset, slot->offset);
+    }
+  }
+  EXPECT_EQ(packed.max_visible, max_visible);
+
+  AttentionMask plain = mask;
+  plain.first_visible = {};
+  plain.extra_indptr = {};
+  plain.extra_positions = {};
+  const cuda::PackedMask p2 = cuda::PackMask(plain);
+  std::vector<int32_t> copy2 = p2.data;
+  const KilnCudaAttentionBatch b2 = cuda::BatchAt(p2, copy2.data());
+  EXPECT_EQ(b2.d_first_visible, nullptr);
+  EXPECT_EQ(b2.d_extra_indptr, nullptr);
+  EXPECT_EQ(b2.d_extra_positions, nullptr);
+  EXPECT_EQ(copy2.size(), 2 * c.seq.size() + c.tables.indptr.size() + c.tables.indices.size() + 1);
+  EXPECT_EQ(p2.max_visible, 50);  // the windowed token sees its whole prefix without the window
+}
+
+TEST(CudaPlan, MatMulPathByTokensTypeAndShape) {
+  using cuda::MatMulPath;
+  const cuda::MatMulCaps both{8, true}, gemm_only{0, true}, none{};
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4096, 4096, 1), MatMulPath::kGemv);
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4096, 4096, cuda::kGemvMaxTokens),
+            MatMulPath::kGemv);
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4096, 4096, cuda::kGemvMaxTokens + 1),
+            MatMulPath::kGemm);
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4096, 4096, 512), MatMulPath::kGemm);
+  // Not on the device, no kernel for the type, no tokens: the CPU.
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, false, 4096, 4096, 1), MatMulPath::kCpu);
+  EXPECT_EQ(cuda::ChooseMatMulPath(none, true, 4096, 4096, 1), MatMulPath::kCpu);
+  EXPECT_EQ(cuda::ChooseMatMulPath(none, true, 4096, 4096, 512), MatMulPath::kCpu);
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4096, 4096, 0), MatMulPath::kCpu);
+  // A shape the f16 GEMM does not take (n_out not a multiple of 8): GEMV in chunks, else the CPU.
+  EXPECT_EQ(cuda::ChooseMatMulPath(both, true, 4100, 4096, 64), MatMulPath::kGemv);
+  EXPECT_EQ(cuda::ChooseMatMulPath(gemm_only, true, 4100, 4096, 64), MatMulPath::kCpu);
+  EXPECT_EQ(cuda::ChooseMatMulPath(gemm_only, true, 4096, 4096, 1), MatMulPath::kGemm);
+}
+
+TEST(CudaPlan, SplitsFillTheDeviceWithoutTinySplits) {
+  EXPECT_EQ(cuda::ChooseSplits(32, 64), 1);     // a short context: one split
+  EXPECT_EQ(cuda::ChooseSplits(32, 32768), 9);  // decode, 32 heads, 32k rows: 264 / 32 up
+  EXPECT_EQ(cuda::ChooseSplits(1, 32768), cuda::kMaxSplits);  // the kernel's limit
+  EXPECT_EQ(cuda::ChooseSplits(8, 200), 3);                   // 64 rows a split at least
+  EXPECT_EQ(cuda::ChooseSplits(512 * 32, 4096), 1);  // a prefill fills the device by itself
+  for (int64_t n_rows : {1, 7, 100, 1000}) {
+    for (int32_t max_visible : {0, 1, 65, 1000, 100000}) {
+      const int32_t s = cuda::ChooseSplits(n_rows, max_visible);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, cuda::kMaxSplits);
+      if (s > 1) {
+        EXPECT_GE(max_visible / s, cuda::kMinRowsPerSplit) << n_rows << " " << max_visible;
+      }
+    }
+  }
+}
+
 // The module this test was built with, bound without a device (nullopt: built without CUDA).
 std::optional<CudaModule> BuiltModule(std::string* why) {
 #ifdef KILN_CUDA_TEST_MODULE
@@ -545,6 +679,22 @@ TEST(CudaKernelsAbi, BadArgumentsReturnStatusAndMessage) {
   EXPECT_EQ(m->sample(fake, 1, 100, &no_top_k, &no_top_k, &u, &token, nullptr),
             KILN_CUDA_UNSUPPORTED);
   EXPECT_THAT(LastError(*m), HasSubstr("top_k 0"));
+  // The matmul capabilities: the six GEMV/GEMM types, GEMV's limit equal to the backend's
+  // threshold, nothing for the others, and a null output refused.
+  int32_t gemv_max = -1, gemm = -1;
+  for (GgmlType t : {GgmlType::kF16, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0,
+                     GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    ASSERT_EQ(m->matmul_caps(static_cast<uint32_t>(t), &gemv_max, &gemm), KILN_CUDA_OK);
+    EXPECT_EQ(gemv_max, cuda::kGemvMaxTokens) << static_cast<int>(t);
+    EXPECT_EQ(gemm, 1) << static_cast<int>(t);
+  }
+  for (uint32_t t : {0u, 2u, 13u, 30u, 999u}) {  // F32, Q4_0, Q5_K, BF16, unknown
+    ASSERT_EQ(m->matmul_caps(t, &gemv_max, &gemm), KILN_CUDA_OK);
+    EXPECT_EQ(gemv_max, 0) << t;
+    EXPECT_EQ(gemm, 0) << t;
+  }
+  EXPECT_EQ(m->matmul_caps(12, nullptr, &gemm), KILN_CUDA_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(*m), HasSubstr("kiln_cuda_matmul_caps: null output"));
 }
 
 // Device memory and a stream for one test; every call checked.
@@ -727,17 +877,8 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     const KvLayout& layout = c.cache->layout();
     const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
     const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
-    KilnCudaPagedKv kv = {};
-    kv.d_k_base = pool + layout.KeyTileOffset(AttentionCase::kLayer, 0);
-    kv.d_v_base = pool + layout.ValueTileOffset(AttentionCase::kLayer, 0);
-    kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-    kv.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
-    kv.row_bytes = static_cast<int64_t>(layout.row_bytes());
-    kv.n_blocks = c.cache->NumBlocks();
-    kv.block_size = layout.block_size();
-    kv.n_kv_heads = layout.n_kv_heads();
-    kv.head_dim = layout.head_dim();
-    kv.elem_type = static_cast<uint32_t>(layout.elem_type());
+    const KilnCudaPagedKv kv = cuda::PagedKvOf(layout, reinterpret_cast<const std::byte*>(pool),
+                                               c.cache->NumBlocks(), AttentionCase::kLayer);
     const int32_t zero = 0;
     KilnCudaAttentionBatch batch;
     batch.n_tokens = c.n_tokens();
@@ -826,20 +967,8 @@ TEST_F(CudaKernels, MlaAttentionMatchesCpu) {
     const KvLayout& layout = c.cache->layout();
     const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
     const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
-    KilnCudaPagedKv kv = {};
-    kv.d_k_base = kv.d_v_base = pool + layout.LatentTileOffset(AttentionCase::kLayer);
-    kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-    kv.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
-    kv.row_bytes = static_cast<int64_t>(layout.row_bytes());
-    kv.n_blocks = c.cache->NumBlocks();
-    kv.block_size = layout.block_size();
-    kv.n_kv_heads = 1;
-    kv.head_dim = layout.row_elems();
-    kv.elem_type = static_cast<uint32_t>(layout.elem_type());
-    if (layout.rope_elem_type() != layout.elem_type()) {
-      kv.tail_start = kvl;
-      kv.tail_offset_bytes = static_cast<int64_t>(layout.rope_offset_bytes());
-    }
+    const KilnCudaPagedKv kv = cuda::PagedKvOf(layout, reinterpret_cast<const std::byte*>(pool),
+                                               c.cache->NumBlocks(), AttentionCase::kLayer);
     const int32_t zero = 0;
     KilnCudaAttentionBatch batch;
     batch.n_tokens = c.n_tokens();

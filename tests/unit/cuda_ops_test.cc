@@ -26,6 +26,21 @@ TEST(CudaLoader, FallsBackCleanlyWithoutDevice) {
   }
 }
 
+// A module of the current ABI missing entry points is rejected, naming each missing one (here
+// all but the two the stand-in exports, the matmul capabilities of ABI 4 among them).
+TEST(CudaLoader, NamesEveryMissingEntryPoint) {
+  const absl::StatusOr<CudaModule> m = OpenCudaModule(KILN_CUDA_PARTIAL_MODULE);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(m.status().message());
+  EXPECT_THAT(message, HasSubstr("libkiln_cuda.so lacks entry points: kiln_cuda_last_error, "
+                                 "kiln_cuda_device_info, kiln_cuda_mem_info, "));
+  EXPECT_THAT(message, HasSubstr(", kiln_cuda_matmul_caps, kiln_cuda_gemv, "));
+  EXPECT_THAT(message, HasSubstr(", kiln_cuda_sample"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("kiln_cuda_device_count")));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("kiln_cuda_module_abi")));
+}
+
 TEST(CudaOps, DequantizeQ8_0MatchesCpu) {
   std::string why;
   const CudaModule* m = GetCudaModule(&why);

@@ -292,6 +292,12 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
 
 }  // namespace
 
+absl::Status ValidateAttentionBatch(const PagedKvView& kv, const AttentionBatch& b,
+                                    int32_t n_heads) {
+  KvElem k_elem, v_elem;
+  return ValidateAttention(kv, b, n_heads, &k_elem, &v_elem);
+}
+
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
                             const float* q, int32_t n_heads, float* out, float scale,
                             Scratch& scratch, AttentionOrder order, CpuLevel level) {

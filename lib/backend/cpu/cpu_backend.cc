@@ -47,9 +47,9 @@ void StoreRow(const OpKernels& k, const float* src, int64_t n, GgmlType type, st
   }
 }
 
-// The kernels' view of a mask: which cached rows and in-batch rows each token sees.
-// `group`: the layer's KV group (its blocks, KvLayout).
-AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group = 0) {
+}  // namespace
+
+AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group) {
   AttentionBatch ab;
   ab.seq = mask.seq;
   ab.kv_indptr = mask.tables->indptr;
@@ -61,7 +61,20 @@ AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group = 0) {
   return ab;
 }
 
-}  // namespace
+absl::Status DecodeLatentRow(const KvLayout& layout, const std::byte* row, float* c,
+                             float* k_rope) {
+  // The exact decoders (f16/bf16 widening, q8_0 as f16 scale x int8).
+  const QuantKernels* c_type = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
+  const QuantKernels* r_type = GetQuantKernels(layout.rope_elem_type(), CpuLevel::kScalar);
+  if (c_type == nullptr || c_type->dequantize == nullptr || r_type == nullptr ||
+      r_type->dequantize == nullptr) {
+    return absl::UnimplementedError("ReadLatent: the latent cache's element type has no decoder");
+  }
+  const int64_t kvl = layout.kv_lora_rank(), rd = layout.row_elems() - kvl;
+  c_type->dequantize(row, c, kvl);
+  if (rd > 0) r_type->dequantize(row + layout.rope_offset_bytes(), k_rope, rd);
+  return absl::OkStatus();
+}
 
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
 
@@ -299,13 +312,6 @@ absl::Status CpuBackend::ReadLatent(const KvCache& cache, int32_t layer,
   if (c == nullptr || k_rope == nullptr) {
     return absl::InvalidArgumentError("ReadLatent: c or k_rope is null");
   }
-  // The exact decoders (f16/bf16 widening, q8_0 as f16 scale x int8).
-  const QuantKernels* c_type = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
-  const QuantKernels* r_type = GetQuantKernels(layout.rope_elem_type(), CpuLevel::kScalar);
-  if (c_type == nullptr || c_type->dequantize == nullptr || r_type == nullptr ||
-      r_type->dequantize == nullptr) {
-    return absl::UnimplementedError("ReadLatent: the latent cache's element type has no decoder");
-  }
   const int64_t kvl = layout.kv_lora_rank(), rd = layout.row_elems() - kvl;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
@@ -314,9 +320,8 @@ absl::Status CpuBackend::ReadLatent(const KvCache& cache, int32_t layer,
                                                 slots[i].block, ", row ", slots[i].offset,
                                                 ") is outside the cache"));
     }
-    const std::byte* row = cache.LatentRow(slots[i], layer);
-    c_type->dequantize(row, c + i * kvl, kvl);
-    if (rd > 0) r_type->dequantize(row + layout.rope_offset_bytes(), k_rope + i * rd, rd);
+    KILN_RETURN_IF_ERROR(
+        DecodeLatentRow(layout, cache.LatentRow(slots[i], layer), c + i * kvl, k_rope + i * rd));
   }
   return absl::OkStatus();
 }

@@ -75,4 +75,14 @@ class CpuBackend final : public Backend {
   bool llama_cpp_order_ = false;
 };
 
+// The kernels' view of a mask (the same spans): which cached rows and in-batch rows each token
+// sees, for the layer's KV group `group` (KvLayout). The CUDA backend checks a mask with it before
+// launching (ValidateAttentionBatch).
+AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group = 0);
+
+// One latent row of an MLA cache (`row`: its row_bytes in host memory) as f32: c [kv_lora_rank]
+// and k_rope [rope_dim], exactly the values MlaAttention reads (ReadLatent's decoding, which the
+// CUDA backend applies to rows it downloads).
+absl::Status DecodeLatentRow(const KvLayout& layout, const std::byte* row, float* c, float* k_rope);
+
 }  // namespace kiln::cpu

@@ -249,9 +249,8 @@ absl::Status MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64
   return MatMulImpl(pool, w, x, nullptr, n_tokens, 0, w.n_out, y, scratch, level);
 }
 
-absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
-                         int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
-                         CpuLevel level) {
+absl::Status CheckMatMulRange(const WeightView& w, int64_t n_tokens, int64_t row_begin,
+                              int64_t row_end) {
   if (n_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("MatMulRange: n_tokens %d < 0", n_tokens));
   }
@@ -265,6 +264,13 @@ absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, 
         "MatMulRange: rows [%d, %d) do not start and end on multiples of %d (or the last row)",
         row_begin, row_end, kMatMulRowAlign));
   }
+  return absl::OkStatus();
+}
+
+absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
+                         int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
+                         CpuLevel level) {
+  KILN_RETURN_IF_ERROR(CheckMatMulRange(w, n_tokens, row_begin, row_end));
   return MatMulImpl(pool, w, x, nullptr, n_tokens, row_begin, row_end, y, scratch, level);
 }
 

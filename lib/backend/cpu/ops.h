@@ -82,6 +82,9 @@ absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, i
 absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
                          int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
                          CpuLevel level = BestCpuLevel());
+// MatMulRange's checks of n_tokens and the row range alone (the CUDA backend's range uses them).
+absl::Status CheckMatMulRange(const WeightView& w, int64_t n_tokens, int64_t row_begin,
+                              int64_t row_end);
 
 // ---- Embedding ----------------------------------------------------------------------------
 
@@ -260,6 +263,12 @@ struct AttentionBatch {
 //     (and, for an f16 cache, tinyBLAS's 16-lane K . q too).
 // The llama.cpp orders reproduce its bits (EngineOptions::llama_cpp_order).
 enum class AttentionOrder { kBatchInvariant, kLlamaCppDecode, kLlamaCppPrompt };
+
+// PagedAttention's argument checks alone (every error listed above, the same messages), for a
+// backend that runs the attention elsewhere: the CUDA backend checks a batch on the host before
+// its kernels read the device's copy of the same tables.
+absl::Status ValidateAttentionBatch(const PagedKvView& kv, const AttentionBatch& b,
+                                    int32_t n_heads);
 
 absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& batch,
                             const float* q, int32_t n_heads, float* out, float scale,

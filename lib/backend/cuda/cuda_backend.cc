@@ -48,11 +48,31 @@ class DeviceKvStorage final : public KvStorage {
   size_t block_bytes_;
 };
 
-absl::Status Unimplemented(std::string_view op) {
-  return absl::UnimplementedError(
-      StrCat("cuda backend: ", op,
-             " has no device kernel in libkiln_cuda.so yet (K/V are in device memory, so it "
-             "cannot run on the CPU either); use the CPU backend for this model"));
+// The CPU's attention checks need a view of the K/V: only the shape, the element types and
+// non-null bases are read (the device addresses are never dereferenced).
+cpu::PagedKvView CheckedView(const KilnCudaPagedKv& kv, GgmlType type) {
+  cpu::PagedKvView v;
+  v.k.type = v.v.type = type;
+  v.k.base = static_cast<const std::byte*>(kv.d_k_base);
+  v.v.base = static_cast<const std::byte*>(kv.d_v_base);
+  v.k.block_stride_bytes = v.v.block_stride_bytes = kv.block_stride_bytes;
+  v.k.head_stride_bytes = v.v.head_stride_bytes = kv.head_stride_bytes;
+  v.block_size = kv.block_size;
+  v.n_kv_heads = kv.n_kv_heads;
+  v.head_dim = kv.head_dim;
+  v.n_blocks = kv.n_blocks;
+  return v;
+}
+
+absl::Status CheckSlots(std::string_view op, const KvCache& cache, std::span<const KvSlot> slots) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
+        slots[i].offset >= cache.layout().block_size()) {
+      return absl::OutOfRangeError(StrCat(op, ": slots[", i, "] = (block ", slots[i].block,
+                                          ", offset ", slots[i].offset, ") outside the cache"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool DeviceGatherType(GgmlType t) {
@@ -77,6 +97,8 @@ CudaBackend::CudaBackend(const CudaModule& module, int device, int n_cpu_threads
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) m_.stream_synchronize(stream_);
   for (auto& [p, bytes] : scratch_) m_.device_free(p);
+  for (auto& [host, d] : constants_) m_.device_free(d);
+  m_.gemm_context_destroy(gemm_);
   m_.device_free(gelu_table_);
   m_.stream_destroy(stream_);
 }
@@ -96,11 +118,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
       module.device_alloc(device, kGeluTableBytes, &b->gelu_table_), "cuda backend: GELU table"));
   KILN_RETURN_IF_ERROR(b->Upload(b->gelu_table_, cpu::GeluF16Table(), kGeluTableBytes));
   KILN_RETURN_IF_ERROR(b->Sync("cuda backend: GELU table"));
+  // cuBLASLt's workspace: what its heuristics use for large prefill shapes on Hopper.
+  constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+  KILN_RETURN_IF_ERROR(
+      module.ToStatus(module.gemm_context_create(device, kGemmWorkspaceBytes, &b->gemm_),
+                      "cuda backend: cuBLASLt context"));
   return b;
 }
 
-std::vector<std::string> CudaBackend::IncompleteOps() {
-  return {"Attention", "MlaAttention", "WriteLatent", "ReadLatent"};
+std::vector<std::string> CudaBackend::IncompleteOps(const KvLayout& layout) {
+  if (layout.row_elems() <= kMaxAttentionRowElems) return {};
+  return {StrCat(layout.kind() == KvAttentionKind::kMla ? "MlaAttention" : "Attention",
+                 " over K/V rows of ", layout.row_elems(), " elements (the device kernels read ",
+                 kMaxAttentionRowElems, " at most)")};
 }
 
 absl::Status CudaBackend::TakeDeferredError() { return std::exchange(deferred_, absl::OkStatus()); }
@@ -110,13 +140,13 @@ std::string CudaBackend::Describe() const {
   size_t total = 0;
   m_.device_info(device_, name, sizeof name, &total);
   return StrCat("cuda (device ", device_, ": ", name, ", ", total >> 20, " MiB; per-op copies; ",
-                cpu_.Describe(), " for matmuls)");
+                cpu_.Describe(), " for weight types without a device kernel)");
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> CudaBackend::PrepareWeights(
     std::span<WeightView* const> matrices, bool release_file_pages) const {
-  // The host copies stay mapped (the CPU runs the matmuls for now), so release_file_pages is not
-  // acted on.
+  // The host copies stay mapped (the CPU multiplies the weight types the device cannot read),
+  // so release_file_pages is not acted on.
   auto store = std::make_unique<DeviceWeights>(m_);
   for (WeightView* w : matrices) {
     if (w->device_data != nullptr) continue;  // a view listed twice (a tied head)
@@ -336,23 +366,90 @@ absl::Status CudaBackend::EmbeddingGather(const WeightView& table, std::span<con
   return Sync("cuda EmbeddingGather");
 }
 
-// ---- matmuls: the CPU backend on the host copies (no device GEMM/GEMV in the module yet) ------
+// ---- matmuls ----------------------------------------------------------------------------------
+
+MatMulCaps CudaBackend::CapsOf(GgmlType type) const {
+  int32_t gemv_max_tokens = 0, gemm = 0;
+  // A failure (only for null outputs) leaves no device path: the CPU multiplies.
+  if (m_.matmul_caps(static_cast<uint32_t>(type), &gemv_max_tokens, &gemm) != KILN_CUDA_OK) {
+    return MatMulCaps{};
+  }
+  return MatMulCaps{gemv_max_tokens, gemm != 0};
+}
+
+absl::Status CudaBackend::DeviceMatMul(MatMulPath path, const MatMulCaps& caps, GgmlType type,
+                                       const void* d_w, int64_t n_out, int64_t n_in, const float* x,
+                                       int64_t n_tokens, float* y, int64_t ldy) {
+  const uint32_t t = static_cast<uint32_t>(type);
+  KILN_ASSIGN_OR_RETURN(void* x_d, Scratch(kInSlot, n_tokens * n_in * sizeof(float)));
+  KILN_ASSIGN_OR_RETURN(void* y_d, Scratch(kOutSlot, n_tokens * n_out * sizeof(float)));
+  KILN_RETURN_IF_ERROR(Upload(x_d, x, n_tokens * n_in * sizeof(float)));
+  const auto* xf = static_cast<const float*>(x_d);
+  auto* yf = static_cast<float*>(y_d);
+  if (path == MatMulPath::kGemv) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += caps.gemv_max_tokens) {
+      const int64_t nt = std::min<int64_t>(caps.gemv_max_tokens, n_tokens - t0);
+      KILN_RETURN_IF_ERROR(
+          m_.ToStatus(m_.gemv(t, d_w, n_out, n_in, xf + t0 * n_in, nt, yf + t0 * n_out, stream_),
+                      "cuda MatMul (GEMV)"));
+    }
+  } else {
+    KILN_ASSIGN_OR_RETURN(void* w_f16, Scratch(kWorkSlot, n_out * n_in * sizeof(uint16_t)));
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.dequantize_f16(t, d_w, n_out, n_in, w_f16, stream_),
+                                     "cuda MatMul (f16 weight)"));
+    KILN_RETURN_IF_ERROR(m_.ToStatus(
+        m_.gemm_f16(gemm_, w_f16, n_out, n_in, xf, n_tokens, yf, stream_), "cuda MatMul (GEMM)"));
+  }
+  if (ldy == n_out) {
+    KILN_RETURN_IF_ERROR(Download(y, y_d, n_tokens * n_out * sizeof(float)));
+    return Sync("cuda MatMul");
+  }
+  // Rows of a range: downloaded whole, then placed at their columns of y.
+  range_staging_.resize(n_tokens * n_out);
+  KILN_RETURN_IF_ERROR(Download(range_staging_.data(), y_d, n_tokens * n_out * sizeof(float)));
+  KILN_RETURN_IF_ERROR(Sync("cuda MatMulRange"));
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    std::copy_n(range_staging_.data() + i * n_out, n_out, y + i * ldy);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
-  return cpu_.MatMul(w, x, n_tokens, y);
+  const MatMulCaps caps = CapsOf(w.type);
+  const MatMulPath path =
+      ChooseMatMulPath(caps, w.device_data != nullptr, w.n_out, w.n_in, n_tokens);
+  if (path == MatMulPath::kCpu) return cpu_.MatMul(w, x, n_tokens, y);
+  return DeviceMatMul(path, caps, w.type, w.device_data, w.n_out, w.n_in, x, n_tokens, y, w.n_out);
 }
 
 absl::Status CudaBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
                                        const float* x, int64_t n_tokens, float* y) {
   KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
-  return cpu_.ExpertMatMul(w, n_expert, expert, x, n_tokens, y);
+  const bool fits = n_expert >= 1 && w.n_out % n_expert == 0 && expert >= 0 && expert < n_expert;
+  const int64_t rows = fits ? w.n_out / n_expert : 0;
+  const MatMulCaps caps = CapsOf(w.type);
+  const MatMulPath path =
+      fits ? ChooseMatMulPath(caps, w.device_data != nullptr, rows, w.n_in, n_tokens)
+           : MatMulPath::kCpu;
+  // The CPU also names a bad expert index.
+  if (path == MatMulPath::kCpu) return cpu_.ExpertMatMul(w, n_expert, expert, x, n_tokens, y);
+  const auto* d_w = static_cast<const std::byte*>(w.device_data) + expert * rows * w.row_bytes();
+  return DeviceMatMul(path, caps, w.type, d_w, rows, w.n_in, x, n_tokens, y, rows);
 }
 
 absl::Status CudaBackend::MatMulRange(const WeightView& w, const float* x, int64_t n_tokens,
                                       int64_t row_begin, int64_t row_end, float* y) {
   KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
-  return cpu_.MatMulRange(w, x, n_tokens, row_begin, row_end, y);
+  KILN_RETURN_IF_ERROR(cpu::CheckMatMulRange(w, n_tokens, row_begin, row_end));
+  const int64_t rows = row_end - row_begin;
+  const MatMulCaps caps = CapsOf(w.type);
+  const MatMulPath path =
+      rows > 0 ? ChooseMatMulPath(caps, w.device_data != nullptr, rows, w.n_in, n_tokens)
+               : MatMulPath::kCpu;
+  if (path == MatMulPath::kCpu) return cpu_.MatMulRange(w, x, n_tokens, row_begin, row_end, y);
+  const auto* d_w = static_cast<const std::byte*>(w.device_data) + row_begin * w.row_bytes();
+  return DeviceMatMul(path, caps, w.type, d_w, rows, w.n_in, x, n_tokens, y + row_begin, w.n_out);
 }
 
 absl::Status CudaBackend::MlaDecompressedAttention(const float* q,
@@ -378,13 +475,7 @@ absl::Status CudaBackend::WriteKv(KvCache& cache, int32_t layer, std::span<const
     return absl::InvalidArgumentError(
         StrCat("WriteKv: layer ", layer, " of a cache that is not a GQA cache of it"));
   }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
-        slots[i].offset >= layout.block_size()) {
-      return absl::OutOfRangeError(StrCat("WriteKv: slots[", i, "] = (block ", slots[i].block,
-                                          ", offset ", slots[i].offset, ") outside the cache"));
-    }
-  }
+  KILN_RETURN_IF_ERROR(CheckSlots("WriteKv", cache, slots));
   const int64_t hd = layout.head_dim(), n_kv = layout.n_kv_heads(), kv_dim = n_kv * hd;
   const size_t row_bytes = layout.row_bytes();
   staging_.resize(slots.size() * 2 * n_kv * row_bytes);
@@ -425,23 +516,176 @@ void CudaBackend::CopyKvSlot(KvCache& cache, KvSlot from, KvSlot to) {
   Defer(std::move(status), nullptr, 0);
 }
 
-absl::Status CudaBackend::Attention(const KvCache&, int32_t, const AttentionMask&, const float*,
-                                    int32_t, float*, float) {
-  return Unimplemented("Attention");
+// ---- attention on the device K/V ----------------------------------------------------------------
+
+absl::StatusOr<const float*> CudaBackend::DeviceConstant(const float* p, size_t n) {
+  for (const auto& [host, d] : constants_) {
+    if (host == p) return static_cast<const float*>(d);
+  }
+  void* d = nullptr;
+  KILN_RETURN_IF_ERROR(
+      m_.ToStatus(m_.device_alloc(device_, n * sizeof(float), &d), "cuda backend: MLA weights"));
+  constants_.emplace_back(p, d);
+  KILN_RETURN_IF_ERROR(Upload(d, p, n * sizeof(float)));
+  return static_cast<const float*>(d);
 }
 
-absl::Status CudaBackend::WriteLatent(KvCache&, int32_t, std::span<const KvSlot>, const float*) {
-  return Unimplemented("WriteLatent");
+template <typename Workspace, typename Launch>
+absl::Status CudaBackend::RunAttention(std::string_view what, const AttentionMask& mask,
+                                       const float* q, int64_t q_floats, int32_t n_heads,
+                                       float* out, int64_t out_floats, Workspace workspace_floats,
+                                       Launch launch) {
+  if (mask.seq.empty()) return absl::OkStatus();
+  const PackedMask packed = PackMask(mask);
+  const int32_t n_splits = ChooseSplits(packed.n_tokens * n_heads, packed.max_visible);
+  const size_t ws = workspace_floats(n_splits);
+  KILN_ASSIGN_OR_RETURN(void* mask_d, Scratch(kMaskSlot, packed.data.size() * sizeof(int32_t)));
+  KILN_ASSIGN_OR_RETURN(void* q_d, Scratch(kInSlot, q_floats * sizeof(float)));
+  KILN_ASSIGN_OR_RETURN(void* out_d, Scratch(kOutSlot, out_floats * sizeof(float)));
+  KILN_ASSIGN_OR_RETURN(void* ws_d, Scratch(kWorkSlot, ws * sizeof(float)));
+  KILN_RETURN_IF_ERROR(Upload(mask_d, packed.data.data(), packed.data.size() * sizeof(int32_t)));
+  KILN_RETURN_IF_ERROR(Upload(q_d, q, q_floats * sizeof(float)));
+  const KilnCudaAttentionBatch batch = BatchAt(packed, static_cast<int32_t*>(mask_d));
+  KILN_RETURN_IF_ERROR(
+      m_.ToStatus(launch(batch, static_cast<const float*>(q_d), n_splits, static_cast<float*>(ws_d),
+                         ws, static_cast<float*>(out_d)),
+                  StrCat("cuda ", what)));
+  int32_t flagged = 0;
+  KILN_RETURN_IF_ERROR(Download(out, out_d, out_floats * sizeof(float)));
+  KILN_RETURN_IF_ERROR(Download(&flagged, batch.d_error, sizeof flagged));
+  KILN_RETURN_IF_ERROR(Sync(StrCat("cuda ", what)));
+  if (flagged != 0) {
+    // The host checks passed, so the device read other tables than the host checked.
+    return absl::InternalError(StrCat("cuda ", what,
+                                      ": the kernel met a position outside its block table or "
+                                      "the pool, or a token that sees nothing"));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status CudaBackend::MlaAttention(const KvCache&, int32_t, const AttentionMask&, const float*,
-                                       int32_t, const MlaAttentionWeights&, float*, float) {
-  return Unimplemented("MlaAttention");
+absl::Status CudaBackend::Attention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                                    const float* q, int32_t n_heads, float* out, float scale) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kGqa || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        StrCat("Attention: layer ", layer, " of a cache that is not a GQA cache of it"));
+  }
+  if (mask.tables == nullptr) return absl::InvalidArgumentError("Attention: no block tables");
+  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.BlockData(0), cache.NumBlocks(), layer);
+  KILN_RETURN_IF_ERROR(cpu::ValidateAttentionBatch(CheckedView(kv, layout.elem_type()),
+                                                   cpu::AttentionBatchOf(mask), n_heads));
+  const int64_t floats = static_cast<int64_t>(mask.seq.size()) * n_heads * layout.head_dim();
+  return RunAttention(
+      "Attention", mask, q, floats, n_heads, out, floats,
+      [&](int32_t n_splits) {
+        return m_.paged_attention_workspace(static_cast<int64_t>(mask.seq.size()), n_heads,
+                                            n_splits, layout.head_dim());
+      },
+      [&](const KilnCudaAttentionBatch& batch, const float* d_q, int32_t n_splits, float* d_ws,
+          size_t ws, float* d_out) {
+        return m_.paged_attention(&kv, &batch, d_q, n_heads, scale, n_splits, d_ws, ws, d_out,
+                                  stream_);
+      });
 }
 
-absl::Status CudaBackend::ReadLatent(const KvCache&, int32_t, std::span<const KvSlot>, float*,
-                                     float*) {
-  return Unimplemented("ReadLatent");
+absl::Status CudaBackend::MlaAttention(const KvCache& cache, int32_t layer,
+                                       const AttentionMask& mask, const float* q, int32_t n_heads,
+                                       const MlaAttentionWeights& w, float* out, float scale) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        StrCat("MlaAttention: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  if (mask.tables == nullptr) return absl::InvalidArgumentError("MlaAttention: no block tables");
+  if (w.kv_lora_rank != layout.kv_lora_rank() || w.w_uk == nullptr || w.w_uv == nullptr ||
+      w.nope_dim < 1 || w.v_head_dim < 1) {
+    return absl::InvalidArgumentError(StrCat("MlaAttention: weights of kv_lora_rank ",
+                                             w.kv_lora_rank, " (the cache's ",
+                                             layout.kv_lora_rank(), "), nope_dim ", w.nope_dim,
+                                             ", v_head_dim ", w.v_head_dim, ", w_uk and w_uv set"));
+  }
+  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.BlockData(0), cache.NumBlocks(), layer);
+  // As the CPU: a q8_0 latent row is checked as an f16 row of the same width.
+  const GgmlType checked =
+      layout.elem_type() == GgmlType::kQ8_0 ? GgmlType::kF16 : layout.elem_type();
+  if (const absl::Status valid = cpu::ValidateAttentionBatch(CheckedView(kv, checked),
+                                                             cpu::AttentionBatchOf(mask), n_heads);
+      !valid.ok()) {
+    return absl::Status(valid.code(), StrCat("MlaAttention: ", valid.message()));
+  }
+  const int64_t kvl = layout.kv_lora_rank(), row = layout.row_elems();
+  const int64_t n_tokens = static_cast<int64_t>(mask.seq.size());
+  KILN_ASSIGN_OR_RETURN(const float* d_w_uk,
+                        DeviceConstant(w.w_uk, static_cast<size_t>(n_heads) * w.nope_dim * kvl));
+  KILN_ASSIGN_OR_RETURN(const float* d_w_uv,
+                        DeviceConstant(w.w_uv, static_cast<size_t>(n_heads) * w.v_head_dim * kvl));
+  return RunAttention(
+      "MlaAttention", mask, q, n_tokens * n_heads * (w.nope_dim + row - kvl), n_heads, out,
+      n_tokens * n_heads * w.v_head_dim,
+      [&](int32_t n_splits) {
+        return m_.mla_attention_workspace(n_tokens, n_heads, n_splits, static_cast<int32_t>(row));
+      },
+      [&](const KilnCudaAttentionBatch& batch, const float* d_q, int32_t n_splits, float* d_ws,
+          size_t ws, float* d_out) {
+        return m_.mla_attention(&kv, &batch, d_q, n_heads, d_w_uk, d_w_uv, w.kv_lora_rank,
+                                w.nope_dim, w.v_head_dim, scale, n_splits, d_ws, ws, d_out,
+                                stream_);
+      });
+}
+
+// Latent rows converted on the host by the CPU's code (the same bytes as a CPU cache), one copy
+// per row.
+absl::Status CudaBackend::WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
+                                      const float* latent) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        StrCat("WriteLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  KILN_RETURN_IF_ERROR(CheckSlots("WriteLatent", cache, slots));
+  const int64_t kvl = layout.kv_lora_rank(), row = layout.row_elems();
+  const size_t row_bytes = layout.row_bytes();
+  staging_.assign(slots.size() * row_bytes, std::byte{0});
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::byte* dst = staging_.data() + i * row_bytes;
+    cpu::StoreKvRow(latent + i * row, kvl, layout.elem_type(), dst);
+    cpu::StoreKvRow(latent + i * row + kvl, row - kvl, layout.rope_elem_type(),
+                    dst + layout.rope_offset_bytes());
+    KILN_RETURN_IF_ERROR(Upload(cache.LatentRow(slots[i], layer), dst, row_bytes));
+  }
+  return Sync("cuda WriteLatent");
+}
+
+// Rows downloaded, then decoded by the CPU's code (the values MlaAttention reads).
+absl::Status CudaBackend::ReadLatent(const KvCache& cache, int32_t layer,
+                                     std::span<const KvSlot> slots, float* c, float* k_rope) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(
+        StrCat("ReadLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
+  }
+  if (slots.empty()) return absl::OkStatus();
+  if (c == nullptr || k_rope == nullptr) {
+    return absl::InvalidArgumentError("ReadLatent: c or k_rope is null");
+  }
+  KILN_RETURN_IF_ERROR(CheckSlots("ReadLatent", cache, slots));
+  const size_t row_bytes = layout.row_bytes();
+  staging_.resize(slots.size() * row_bytes);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    KILN_RETURN_IF_ERROR(
+        Download(staging_.data() + i * row_bytes, cache.LatentRow(slots[i], layer), row_bytes));
+  }
+  KILN_RETURN_IF_ERROR(Sync("cuda ReadLatent"));
+  const int64_t kvl = layout.kv_lora_rank(), rd = layout.row_elems() - kvl;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    KILN_RETURN_IF_ERROR(cpu::DecodeLatentRow(layout, staging_.data() + i * row_bytes, c + i * kvl,
+                                              k_rope + i * rd));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kiln::cuda

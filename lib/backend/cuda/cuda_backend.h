@@ -5,19 +5,22 @@
 // NewKvStorage puts the K/V blocks in device memory (KvStorage::BlockData is then a device
 // address); the block tables (KvCache's CSR tables) are the CPU's, unchanged.
 //
-// Activations: the Backend interface passes host pointers. This first version copies each op's
+// Activations: the Backend interface passes host pointers. This version copies each op's
 // inputs to device scratch buffers, runs the kernel and copies the result back (correct, not
 // fast); docs/cuda_backend.md has the plan for device-resident activations.
 //
-// Ops without a device kernel in the module yet:
-//   MatMul, ExpertMatMul, MatMulRange, MlaDecompressedAttention: run on an embedded CPU backend
-//     (their inputs are host memory and the weights' host copies stay mapped), so results are
-//     correct, at CPU speed.
-//   Attention, MlaAttention, WriteLatent, ReadLatent: Unimplemented (their K/V are in device
-//     memory, which the CPU cannot read); IncompleteOps() lists them, and backend selection
-//     does not pick an incomplete CUDA backend for a model.
-//   EmbeddingGather of a type the device cannot dequantize (the K-quants, ...): gathered on the
-//     CPU from the host copy.
+// Matmuls (MatMul, ExpertMatMul, MatMulRange): GEMV up to kGemvMaxTokens tokens, the cuBLASLt
+//   GEMM (the weight dequantized to f16 into scratch per call) above (cuda_plan.h). A weight type
+//   the module cannot read (kiln_cuda_matmul_caps) runs on an embedded CPU backend over the host
+//   copy, which stays mapped. MatMulRange equals MatMul's columns bit for bit on the GEMV path;
+//   on the GEMM path within the GEMM's rounding (cuBLASLt picks its algorithm per shape).
+// Attention (GQA/MHA/MQA, causal, sliding-window and tree masks) and MlaAttention: the paged
+//   kernels on the device K/V with the CPU's block tables; the mask is checked on the host with
+//   the CPU's checks (the same errors) and uploaded with one copy. WriteLatent / ReadLatent
+//   convert rows on the host with the CPU's code. MlaDecompressedAttention (inputs in host
+//   memory) runs on the CPU.
+// EmbeddingGather of a type the device cannot dequantize (the K-quants, ...): gathered on the
+//   CPU from the host copy.
 //
 // Errors of the void ops (RmsNorm, Add, ...): the interface cannot return them, so the first one
 // is kept and returned by the next status-returning op (and by TakeDeferredError), and the op's
@@ -33,6 +36,7 @@
 #include "lib/backend/backend.h"
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cpu/ops.h"
+#include "lib/backend/cuda/cuda_plan.h"
 #include "lib/backend/cuda_loader.h"
 
 namespace kiln::cuda {
@@ -46,9 +50,10 @@ class CudaBackend final : public Backend {
                                                              int n_cpu_threads);
   ~CudaBackend() override;
 
-  // The ops that return Unimplemented on this backend ("Attention, MlaAttention, ..."); empty
-  // when every op runs.
-  static std::vector<std::string> IncompleteOps();
+  // The ops a model with this K/V layout needs that the device cannot run (an attention row
+  // longer than the kernels read); empty when every op runs. Backend selection does not pick
+  // the CUDA backend for a model with any.
+  static std::vector<std::string> IncompleteOps(const KvLayout& layout);
 
   // The first error of a void op since the last call, then OK.
   absl::Status TakeDeferredError();
@@ -115,10 +120,26 @@ class CudaBackend final : public Backend {
   absl::Status RunElementwise(std::string_view what,
                               std::initializer_list<std::pair<const float*, int64_t>> inputs,
                               bool in_place, float* out, int64_t n_out, Launch launch);
+  // y[t, 0 .. n_out) (rows ldy floats apart) = x[t, :] . W^T for the weight of ggml `type` at
+  // device address d_w (n_out rows of n_in), on `path` (GEMV or GEMM).
+  absl::Status DeviceMatMul(MatMulPath path, const MatMulCaps& caps, GgmlType type, const void* d_w,
+                            int64_t n_out, int64_t n_in, const float* x, int64_t n_tokens, float* y,
+                            int64_t ldy);
+  MatMulCaps CapsOf(GgmlType type) const;
+  // Uploads the mask and q, runs launch(batch, d_q, n_splits, d_workspace, d_out) with
+  // workspace_floats(n_splits) floats of workspace, and downloads out_floats of the output.
+  template <typename Workspace, typename Launch>
+  absl::Status RunAttention(std::string_view what, const AttentionMask& mask, const float* q,
+                            int64_t q_floats, int32_t n_heads, float* out, int64_t out_floats,
+                            Workspace workspace_floats, Launch launch);
+  // The device copy of the host floats [p, p + n) (uploaded on first use, kept while the backend
+  // lives): MLA's absorbed weights, which the model keeps alive and unchanged.
+  absl::StatusOr<const float*> DeviceConstant(const float* p, size_t n);
 
-  // Scratch slots of the RoPE tables (kept from PrepareRope to the batch's last RotateRope),
-  // past the element-wise ops' slots 0 to 2.
-  static constexpr int kRopeCosSlot = 3, kRopeSinSlot = 4;
+  // Scratch slots: an op's inputs, output and workspace; the RoPE tables (kept from PrepareRope
+  // to the batch's last RotateRope); an attention mask.
+  static constexpr int kInSlot = 0, kOutSlot = 1, kWorkSlot = 2, kRopeCosSlot = 3, kRopeSinSlot = 4,
+                       kMaskSlot = 5;
 
   const CudaModule& m_;
   int device_;
@@ -128,8 +149,11 @@ class CudaBackend final : public Backend {
   void* gelu_table_ = nullptr;  // [65536] f16, cpu::GeluF16Table() uploaded
   // RoPE: the CPU's table (built by the same code, so the angles are the same bits), uploaded.
   cpu::RopeTable rope_host_;
-  int64_t rope_n_tokens_ = 0;       // 0: no table prepared
-  std::vector<std::byte> staging_;  // WriteKv's converted rows
+  int64_t rope_n_tokens_ = 0;            // 0: no table prepared
+  std::vector<std::byte> staging_;       // WriteKv's and WriteLatent's converted rows, ReadLatent's
+  std::vector<float> range_staging_;     // MatMulRange's columns before they are placed in y
+  KilnCudaGemmContext* gemm_ = nullptr;  // cuBLASLt handle and workspace
+  std::vector<std::pair<const float*, void*>> constants_;  // DeviceConstant's copies
   absl::Status deferred_;
 };
 
