@@ -32,7 +32,8 @@ model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
 if command -v ccache >/dev/null; then
   export CCACHE_DIR=${KILN_MINGW_CCACHE:-$HOME/.cache/kiln/ccache-mingw} CCACHE_BASEDIR=$PWD
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # Without precompiled headers: ccache does not cache a compilation that reads one.
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DKILN_PCH=OFF)
   ccache --zero-stats >/dev/null
 else
   launcher=()
