@@ -149,10 +149,10 @@ func NewMedusaStrategy(target *Model, headPath string, opts MedusaOptions) (*Str
 }
 
 // EagleOptions are EAGLE-head parameters (kiln_eagle_params); zero values keep kiln's defaults
-// (top_k 8, max_depth 5, tree size chosen each step, one thread).
+// (the tree's shape and size chosen each step from the measured pass costs, one thread).
 type EagleOptions struct {
-	TopK       int32 // children per expanded node and nodes expanded per depth, 1..64
-	MaxDepth   int32 // deepest draft node, 1..16
+	TopK       int32 // children per expanded node and nodes expanded per depth, 1..64; 0: chosen each step
+	MaxDepth   int32 // deepest draft node, 1..16; 0: deeper while a draft step pays for itself
 	TreeTokens int32 // nodes verified per step; 0: chosen from the drafts and the pass cost
 	NThreads   int32 // threads of the head's matmuls
 }

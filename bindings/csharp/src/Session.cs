@@ -588,8 +588,8 @@ namespace Kiln
         }
 
         /// <summary>An EAGLE head for target from the head file headPath (architecture "eagle";
-        /// kiln-mkeagle writes untrained ones); 0 keeps a default (topK 8 in 1..64, maxDepth 5 in
-        /// 1..16, the tree size chosen each step, one thread). A head for another model or a file
+        /// kiln-mkeagle writes untrained ones); 0 keeps a default (topK in 1..64, maxDepth in 1..16
+        /// and the tree size chosen each step from the measured pass costs, one thread). A head for another model or a file
         /// that is not an eagle head throws KilnException(InvalidArgument), a malformed one
         /// KilnException(Format).</summary>
         public static Strategy Eagle(Model target, string headPath, int topK = 0, int maxDepth = 0,

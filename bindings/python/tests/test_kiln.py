@@ -539,7 +539,7 @@ def test_eagle_strategy(model, model_path, cache, eagle_head_path):
         m = s.spec_metrics
         assert m.steps > 0 and m.drafted > 0 and 0 <= m.accepted <= m.drafted, m
     with pytest.raises(KilnError) as e:
-        kiln.EagleStrategy(model, eagle_head_path, top_k=0)
+        kiln.EagleStrategy(model, eagle_head_path, top_k=65)
     assert e.value.status == Status.INVALID_ARGUMENT and "top_k" in e.value.message
     with pytest.raises(KilnError) as e:
         kiln.EagleStrategy(model, model_path)  # a model, not an eagle head

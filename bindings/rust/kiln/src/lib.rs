@@ -1039,9 +1039,10 @@ impl Default for MedusaOptions {
 /// kiln_eagle_params; `Default` is kiln's defaults.
 #[derive(Debug, Clone)]
 pub struct EagleOptions {
-    /// Children per expanded node and nodes expanded per depth, 1..=64.
+    /// Children per expanded node and nodes expanded per depth, 1..=64; 0 (the default): chosen
+    /// each step from the measured pass costs.
     pub top_k: i32,
-    /// Deepest draft node, 1..=16.
+    /// Deepest draft node, 1..=16; 0 (the default): deeper while a draft step pays for itself.
     pub max_depth: i32,
     /// Nodes verified per step; 0: chosen each step from the drafts' probabilities and the
     /// measured pass cost.

@@ -677,7 +677,7 @@ fn eagle_strategy() {
     let m = s.spec_metrics().unwrap();
     assert!(m.steps > 0 && m.drafted > 0 && m.accepted <= m.drafted, "{m:?}");
 
-    let e = Strategy::eagle(model(), &head, &EagleOptions { top_k: 0, ..options.clone() }).err().unwrap();
+    let e = Strategy::eagle(model(), &head, &EagleOptions { top_k: 65, ..options.clone() }).err().unwrap();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("top_k"), "{e}");
     let e = Strategy::eagle(model(), model_path(), &options).err().unwrap(); // a model, not a head
