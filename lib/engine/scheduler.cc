@@ -23,6 +23,11 @@ constexpr auto kHeldWait = std::chrono::milliseconds(2);
 // The prefill tokens a step gives the first prefilling session even when the decoding sessions
 // already use the whole budget.
 constexpr int32_t kMinPrefill = 32;
+// The tokens of a budgeted call's pass before any layer was measured: few enough that a layer
+// over them fits a frame's budget on slow CPUs too (a 32-token layer of the default model takes
+// 5-7 ms on a 2-core AVX2 machine, 4 tokens well under 1 ms). Later passes grow from what it
+// measured (MeanCost scales a smaller key's cost up linearly: a cautious guess).
+constexpr int32_t kFirstPassTokens = 4;
 
 // The weight of a new measurement in a unit's running mean cost.
 constexpr double kCostAlpha = 0.25;
@@ -273,7 +278,7 @@ int32_t Scheduler::PassTokensAtMost(int32_t budget) {
 
 int32_t Scheduler::TokensWithin(int32_t budget, double seconds) const {
   // Nothing measured yet: a small pass first, to measure.
-  if (MeanCost(UnitKind::kLayer, budget) < 0.0) return std::min(budget, kMinPrefill);
+  if (MeanCost(UnitKind::kLayer, budget) < 0.0) return std::min(budget, kFirstPassTokens);
   int32_t tokens = budget;
   while (tokens > 1) {
     const double first_unit = std::max(0.0, Predict(UnitKind::kBegin, tokens, true)) +

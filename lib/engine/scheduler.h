@@ -273,7 +273,7 @@ class Scheduler {
   void Record(UnitKind kind, int32_t tokens, double seconds, bool first);
   // The most tokens, up to `budget`, whose first unit (planning + embeddings + a layer) is
   // predicted to end within `seconds` as the first unit of a call, halving from `budget`; at
-  // least 1 (before any unit was measured: kMinPrefill). A unit always runs whole, so a prompt
+  // least 1 (before any unit was measured: kFirstPassTokens). A unit always runs whole, so a prompt
   // chunk whose layer is longer than a frame's budget would overrun every frame that runs it.
   int32_t TokensWithin(int32_t budget, double seconds) const;
   // At most the tokens a pass planned now with `budget` takes (PlanLocked's rules, before it

@@ -633,7 +633,7 @@ TEST_F(TinyScheduler, StepsSplitByTimeBudgetKeepEveryToken) {
 }
 
 // A budgeted pass takes only the tokens whose first unit is predicted to fit the budget: before
-// anything is measured a small one (kMinPrefill = 32 tokens of a 100-token prompt), then, with
+// anything is measured a small one (kFirstPassTokens = 4 tokens of a 100-token prompt), then, with
 // a budget below any unit, a single token; a step without a budget takes the whole prompt.
 TEST_F(TinyScheduler, BudgetedPassesTakeTheTokensThatFit) {
   auto engine = MakeEngine(*model_);
@@ -651,9 +651,9 @@ TEST_F(TinyScheduler, BudgetedPassesTakeTheTokensThatFit) {
     }
     return -1;
   };
-  EXPECT_EQ(next_pass_tokens(1e-9), 32);
+  EXPECT_EQ(next_pass_tokens(1e-9), 4);
   EXPECT_EQ(next_pass_tokens(1e-9), 1);
-  EXPECT_EQ(next_pass_tokens(0.0), 67);  // the rest of the prompt
+  EXPECT_EQ(next_pass_tokens(0.0), 95);  // the rest of the prompt
   session->reset();
 }
 
