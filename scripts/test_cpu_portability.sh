@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kiln on CPUs other than this one, under qemu-x86_64 (which raises SIGILL for any instruction the
 # emulated CPU lacks): as a CPU without AVX-512 (Haswell: AVX2) and one without AVX2 (Nehalem:
-# SSE4.2), each unless it is the host's own level (which ctest has just run natively), `kiln info` must name the level that CPU has, c_api_test must pass, and a short greedy
+# SSE4.2), each unless it is the host's own level (which ctest has just run natively),
+# `kiln info` must name the level that CPU has, c_api_test must pass, and a short greedy
 # `kiln generate` and kiln_logits_dump (per-step hashes of every logit) must equal the native
 # run's bit for bit, and c_session_test must pass with the native run's model output: as Haswell
 # every test that runs kernels (not cancel, cache-full or saved-state: they add time, no kernel); as
