@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch
-# the default model and Gemma 3 270M, run ctest, then the language bindings' tests (Python, Rust, Go, C#);
-# the release build's programs as other CPUs (qemu) and under valgrind; the Windows build
-# (mingw-w64: kiln.dll, the C API tests and kiln.exe under wine; see below for when); then again under
-# ASan+UBSan; the concurrency tests under ThreadSanitizer; then a short libFuzzer run. Set
-# KILN_SKIP_BINDINGS=1, KILN_SKIP_PORTABILITY=1, KILN_SKIP_WINDOWS=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1 or
-# KILN_SKIP_FUZZ=1 to skip a stage while iterating locally. The sanitizer
-# stages run the stress test (c_stress_test) for KILN_STRESS_SECONDS (default 30) instead of the
-# release stage's 5.
+# The whole test suite on a fresh Debian 12 machine: install, build (warnings are errors), fetch the
+# default model and Gemma 3 270M, run ctest, then the language bindings' tests (Python, Rust, Go,
+# C#); the release build's programs as other CPUs (qemu) and under valgrind; the Windows build
+# (mingw-w64: kiln.dll, the C API tests and kiln.exe under wine; see below for when); then again
+# under ASan+UBSan (the real-model tests in their quick mode: QuickMode in tests/common/test_util.h); the
+# concurrency tests under ThreadSanitizer; then a short libFuzzer run. Set KILN_SKIP_BINDINGS=1,
+# KILN_SKIP_PORTABILITY=1, KILN_SKIP_WINDOWS=1, KILN_SKIP_SANITIZE=1, KILN_SKIP_TSAN=1 or
+# KILN_SKIP_FUZZ=1 to skip a stage while iterating locally. The sanitizer stages run the stress test
+# (c_stress_test) for KILN_STRESS_SECONDS (default 30) instead of the release stage's 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh

@@ -1,13 +1,11 @@
 // The fixture the end-to-end tests of real models (tests/unit/e2e_*_test.cc) share: the model
 // loaded once per suite, a CPU forward pass of its own per test, a KV cache, and one batch run;
-// plus the quick mode in which they run a documented subset (under sanitizers, or with
-// KILN_E2E_QUICK=1).
+// in quick mode (QuickMode, test_util.h) they run a documented subset.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -17,26 +15,9 @@
 #include "lib/model/model.h"
 #include "tests/common/forward_util.h"
 #include "tests/common/golden.h"
-
-// Detected in each test's own translation unit, which the sanitizer build compiles with its flags.
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN_E2E_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define KILN_E2E_SANITIZED 1
-#endif
-#endif
-#ifndef KILN_E2E_SANITIZED
-#define KILN_E2E_SANITIZED 0
-#endif
+#include "tests/common/test_util.h"
 
 namespace kiln::testing {
-
-// True under sanitizers or with KILN_E2E_QUICK=1: the e2e tests then run their documented subset.
-inline bool E2eQuickMode() {
-  const char* env = std::getenv("KILN_E2E_QUICK");
-  return KILN_E2E_SANITIZED || (env != nullptr && std::string(env) == "1");
-}
 
 // A suite derives from this and calls LoadModel from its own SetUpTestSuite. Each e2e test is
 // its own executable with one such suite, so the one static model is that suite's.

@@ -16,6 +16,7 @@
 #include "lib/model/model.h"
 #include "lib/sample/sampler.h"
 #include "lib/session/session.h"
+#include "tests/common/test_util.h"
 
 namespace kiln::testing {
 
@@ -26,8 +27,8 @@ std::string ChatPrompt(std::string_view user);
 sample::SamplerParams GreedyParams();
 
 // The draft-head tests' sizes: tokens generated per prompt, samples of the distribution check
-// (fewer under AddressSanitizer, detected in each test's own translation unit).
-#if defined(__SANITIZE_ADDRESS__)
+// (fewer under sanitizers, detected in each test's own translation unit).
+#if KILN_TEST_SANITIZED
 inline constexpr int32_t kHeadTestMaxTokens = 8;
 inline constexpr int kDistributionSamples = 2000;
 #else
@@ -37,6 +38,10 @@ inline constexpr int kDistributionSamples = 8000;
 
 // Twenty chat prompts none of the trained heads saw in training (tools/train/).
 extern const char* const kHeldOutChatPrompts[20];
+// The held-out prompts a test runs: all twenty, the first four in quick mode (QuickMode).
+inline std::span<const char* const> HeldOutChatPrompts() {
+  return std::span<const char* const>(kHeldOutChatPrompts).first(QuickMode() ? 4 : 20);
+}
 
 // Sampled-distribution check of a feature-reading strategy (Medusa, EAGLE) on `engine`: one
 // speculative step from a fixed state on a fixed prompt, `samples` times, the first emitted

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,7 +11,27 @@
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
 
+// Detected in each test's own translation unit, which a sanitizer build compiles with its flags.
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define KILN_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef KILN_TEST_SANITIZED
+#define KILN_TEST_SANITIZED 0
+#endif
+
 namespace kiln::testing {
+
+// True under sanitizers or with KILN_QUICK=1: the real-model tests (end to end, speculative) then
+// run a documented subset, the same paths over fewer prompts and tokens; the release build runs
+// them whole.
+inline bool QuickMode() {
+  const char* env = std::getenv("KILN_QUICK");
+  return KILN_TEST_SANITIZED || (env != nullptr && std::string(env) == "1");
+}
 
 // Path of the default model (SmolLM2-135M-Instruct Q4_1), fetched by scripts/fetch_model.sh into
 // $KILN_MODEL_DIR (default ~/.cache/kiln). Fails the calling test (ADD_FAILURE) and returns ""

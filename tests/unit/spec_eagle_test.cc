@@ -338,7 +338,7 @@ TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
   auto strategy = MakeStrategy(*model_, EagleHeadInit::kLastLayer, "eagle-default.gguf", params);
   ASSERT_NE(strategy, nullptr);
   SpecMetrics total;
-  for (const char* p : kHeldOutChatPrompts) {
+  for (const char* p : kiln::testing::HeldOutChatPrompts()) {
     const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
     const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
     auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,

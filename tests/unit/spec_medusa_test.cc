@@ -330,7 +330,7 @@ TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
     strategy = std::move(*s);
   }
   SpecMetrics total;
-  for (const char* p : kHeldOutChatPrompts) {
+  for (const char* p : kiln::testing::HeldOutChatPrompts()) {
     const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
     const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
     auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,

@@ -22,6 +22,9 @@ import pytest
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIAS = "smollm2"
 SLOTS = 8
+# How many times slower than a release build this build runs (CMake sets 4 for a sanitizer build):
+# the hang guards' timeouts are multiplied by it, the latency assertions are not.
+TIME_SCALE = float(os.environ.get("KILN_TEST_TIME_SCALE", "1"))
 
 
 def model_path():
@@ -47,7 +50,7 @@ def start_server(*flags):
         yield {"base": base, "proc": proc}
     finally:  # also when the caller fails and drops the generator: no server left running
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60 * TIME_SCALE)
     assert proc.returncode == 0, f"kiln-server exited {proc.returncode}: {err}"
     assert "stopped" in out
 
@@ -55,7 +58,7 @@ def start_server(*flags):
 def make_client(server):
     # No retries: a 503 or a failure must show, not be retried away.
     return openai.OpenAI(base_url=server["base"] + "/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+                         timeout=120 * TIME_SCALE)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ def http(server, method, path, body=None, raw=None):
     req = urllib.request.Request(server["base"] + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60 * TIME_SCALE) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -194,7 +197,8 @@ def test_greedy_is_deterministic_and_equals_kiln_generate(client):
     assert cli, "KILN_CLI must name the kiln program"
     out = subprocess.run([cli, "generate", "-m", model_path(), "-p", prompt, "-n", "12",
                           "--temp", "0", "-t", "2", "--quiet"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=120 * TIME_SCALE,
+                         check=True).stdout
     assert out.endswith("\n")
     assert a == out[:-1]
 
@@ -224,7 +228,7 @@ def test_a_burst_of_clients_is_served():
         def one(i):
             # Plain http.client: the openai client's setup spreads the connects out in time.
             host, port = srv["base"].removeprefix("http://").split(":")
-            conn = HTTPConnection(host, int(port), timeout=60)
+            conn = HTTPConnection(host, int(port), timeout=60 * TIME_SCALE)
             barrier.wait()
             try:
                 conn.request("POST", "/v1/chat/completions", json.dumps(
