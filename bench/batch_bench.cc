@@ -27,7 +27,6 @@
 //     later ones), in the frames over budget (KILN_GAME_TRACE=1 also prints each of them), and
 //     in the thread pool (how long the stepping thread waited for workers' ranges, and the
 //     workers' wall minus CPU time in them: the time the OS did not run them).
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,7 +34,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -44,6 +42,7 @@
 #include <vector>
 
 #include "lib/backend/cpu/thread_pool.h"
+#include "lib/common/platform.h"
 #include "lib/engine/engine.h"
 #include "lib/model/model.h"
 #include "lib/quant/quant.h"
@@ -56,28 +55,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// CPU seconds the calling thread has run: on a loaded machine, what a step costs without the
-// time the OS gives other processes (with --threads 1 the whole step runs on this thread).
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// How many times the calling thread stopped running while it could still run (involuntary
-// context switches; Linux, else 0): the OS gave its core to another thread (also after a
-// sched_yield of the pool's waits, when another thread wanted the core), so the step's wall
-// time holds a slice of other threads' time.
-long InvoluntarySwitches() {
-#ifdef RUSAGE_THREAD
-  rusage usage{};
-  getrusage(RUSAGE_THREAD, &usage);
-  return usage.ru_nivcsw;
-#else
-  return 0;
-#endif
 }
 
 struct Stats {
@@ -366,15 +343,15 @@ void GameLoop(Bench& b, int frames, double budget_ms, int npcs, bool trace) {
   const Clock::time_point begin = Clock::now();
   Clock::time_point next_frame = begin;
   for (int f = 0; f < frames; ++f) {
-    const long switches_start = InvoluntarySwitches();
+    const long switches_start = kiln::platform::InvoluntaryContextSwitches();
     const Clock::time_point start = Clock::now();
-    const double cpu_start = ThreadCpuSeconds();
+    const double cpu_start = kiln::platform::ThreadCpuSeconds();
     // kiln_cache_step's call: the units of passes predicted to fit the budget.
     kiln::StepStats st;
     if (scheduler.active_tasks() > 0) st = scheduler.StepWithin(0, budget_ms / 1e3);
     step_ms.push_back(1e3 * Seconds(start, Clock::now()));
-    step_cpu_ms.push_back(1e3 * (ThreadCpuSeconds() - cpu_start));
-    const bool lost_core = InvoluntarySwitches() != switches_start;
+    step_cpu_ms.push_back(1e3 * (kiln::platform::ThreadCpuSeconds() - cpu_start));
+    const bool lost_core = kiln::platform::InvoluntaryContextSwitches() != switches_start;
     if (lost_core) {
       ++preempted;
     } else {

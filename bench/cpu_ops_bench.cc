@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/half.h"
+#include "lib/common/platform.h"
 
 namespace kiln::cpu {
 namespace {
@@ -118,13 +118,6 @@ void BenchMatMul(const std::vector<GgmlType>& types) {
   }
 }
 
-// This thread's CPU seconds (excludes time descheduled by other jobs on the shared cores).
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // CPU seconds per call of fn on this thread: best of at least 3 calls and of min_ms of calls.
 template <typename Fn>
 double CpuTimePerCall(Fn&& fn) {
@@ -132,9 +125,9 @@ double CpuTimePerCall(Fn&& fn) {
   double best = 1e30;
   const double start = NowSeconds();
   for (int i = 0; i < 3 || (NowSeconds() - start) * 1e3 < g_min_ms; ++i) {
-    const double t0 = ThreadCpuSeconds();
+    const double t0 = platform::ThreadCpuSeconds();
     fn();
-    best = std::min(best, ThreadCpuSeconds() - t0);
+    best = std::min(best, platform::ThreadCpuSeconds() - t0);
   }
   return best;
 }

@@ -10,7 +10,6 @@
 // Usage: float_tile_bench [--rows 2048] [--n 512] [--tokens 64] [--min_ms 300]
 //            [--offset F]  (rows start F floats past a 64-byte boundary; default 0)
 #include <immintrin.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -23,15 +22,10 @@
 #include <vector>
 
 #include "lib/common/half.h"
+#include "lib/common/platform.h"
 #include "lib/quant/quant.h"
 
 namespace {
-
-double ThreadSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // Seconds of thread CPU time per call of fn (repeated for at least min_s; the best of 3 runs).
 template <typename Fn>
@@ -39,12 +33,12 @@ double TimeIt(Fn&& fn, double min_s) {
   double best = 1e30;
   for (int run = 0; run < 3; ++run) {
     int calls = 0;
-    const double t0 = ThreadSeconds();
+    const double t0 = kiln::platform::ThreadCpuSeconds();
     double t = t0;
     do {
       fn();
       ++calls;
-      t = ThreadSeconds();
+      t = kiln::platform::ThreadCpuSeconds();
     } while (t - t0 < min_s / 3);
     best = std::min(best, (t - t0) / calls);
   }

@@ -14,9 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <vector>
 
+#include "lib/common/platform.h"
 #include "lib/sample/rejection_sampler.h"
 #include "lib/sample/sampler.h"
 
@@ -33,11 +33,7 @@ constexpr int kRepetitions = 5;
 
 // CPU time of this thread in µs: unlike wall time it does not count time other processes on the
 // shared machine hold the core (caches are still shared, so numbers are somewhat pessimistic).
-double ThreadMicros() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
+double ThreadMicros() { return 1e6 * kiln::platform::ThreadCpuSeconds(); }
 
 double Gaussian(Rng& rng) {
   const double u1 = 1.0 - rng.NextDouble(), u2 = rng.NextDouble();

@@ -31,6 +31,7 @@
 #ifdef KILN_PLATFORM_LINUX
 #include <linux/futex.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include <climits>
@@ -150,6 +151,16 @@ double ThreadCpuSeconds() {
   return 1e-7 * static_cast<double>(ticks(kernel) + ticks(user));
 #else
   return ProcessCpuSeconds();
+#endif
+}
+
+long InvoluntaryContextSwitches() {
+#if defined(KILN_PLATFORM_LINUX) && defined(RUSAGE_THREAD)
+  rusage usage{};
+  if (getrusage(RUSAGE_THREAD, &usage) != 0) return 0;
+  return usage.ru_nivcsw;
+#else
+  return 0;
 #endif
 }
 

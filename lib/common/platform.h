@@ -57,6 +57,10 @@ int PhysicalCoreCount();
 double ProcessCpuSeconds();
 // CPU time the calling thread has used (user + system), in seconds.
 double ThreadCpuSeconds();
+// How many times the calling thread stopped running while it could still run: the OS gave its
+// core to another thread, so a span of its wall time holds a slice of other threads' time. Linux;
+// 0 elsewhere.
+long InvoluntaryContextSwitches();
 
 // ---- Memory ---------------------------------------------------------------------------------
 
