@@ -4,12 +4,12 @@
 # SSE4.2), each unless it is the host's own level (which ctest has just run natively),
 # `kiln info` must name the level that CPU has, c_api_test must pass, and a short greedy
 # `kiln generate` and kiln_logits_dump (per-step hashes of every logit) must equal the native
-# run's bit for bit, and c_session_test must pass with the native run's model output: as Haswell
-# every test that runs kernels (not cancel, cache-full or saved-state: they add time, no kernel); as
-# Nehalem its generate and NULL-handle tests (emulating the scalar level costs ~1000x native:
-# `speculative` alone takes ~400 s; the sampler and prefix-cache tests run the kernels generate
-# runs, and the suite's time budget needs their minutes; KILN_PORTABILITY_FULL=1 runs every test
-# at both, ~25 CPU minutes). Then a short
+# run's bit for bit, and c_session_test must pass: as Haswell every test that runs kernels (not
+# cancel, cache-full or saved-state: they add time, no kernel), with the native run's model output;
+# as Nehalem its NULL-handle tests only (emulating the scalar level costs ~1000x native: its
+# `generate` alone takes ~110 s and runs the kernels kiln generate and the logits dump check there;
+# `speculative` ~400 s; the suite's time budget needs those minutes; KILN_PORTABILITY_FULL=1 runs
+# every test at both, ~25 CPU minutes). Then a short
 # `kiln generate` under valgrind memcheck: no errors, nothing definitely lost.
 # Usage: scripts/test_cpu_portability.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
@@ -28,9 +28,10 @@ command -v valgrind >/dev/null || { echo "test_cpu_portability: valgrind missing
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Short runs: qemu emulates 10-50x slower than native, the scalar level is slower still.
+# Short runs: qemu emulates 10-50x slower than native, the scalar level is slower still. --raw:
+# the chat template would make the prompt 35 tokens, half a minute of prefill at the scalar level.
 prompt="The capital of France is"
-generate=(generate -m "$model" --temp 0 -n 16 --threads 2 --quiet -p "$prompt")
+generate=(generate -m "$model" --temp 0 -n 16 --threads 2 --quiet --raw -p "$prompt")
 dump_args=("$model" "$prompt" 3)
 
 seconds() { date +%s%N; }
@@ -75,7 +76,7 @@ for cpu in Haswell:avx2 Nehalem:scalar; do
       tests[1]="$session_test null_handles generate llama_cpp_order speculative \
 sampler_and_logprobs prefix_cache"
     else
-      tests[1]="$session_test null_handles generate"
+      tests[1]="$session_test null_handles"
     fi
   fi
   for test in "${tests[@]}"; do
@@ -87,9 +88,10 @@ sampler_and_logprobs prefix_cache"
       fail=1
     fi
   done
-  # The session test's greedy text and counts, as far as the tests run here print them.
+  # The session test's greedy text and counts, where the tests run here print them (all but
+  # null_handles do).
   model_output <"$tmp/test.$name.c_session_test" >"$tmp/session.$name"
-  if [[ ! -s "$tmp/session.$name" ]] ||
+  if { [[ ! -s "$tmp/session.$name" ]] && [[ "${tests[1]}" != "$session_test null_handles" ]]; } ||
     [[ -n "$(comm -23 <(sort "$tmp/session.$name") <(sort "$tmp/session.native"))" ]]; then
     echo "qemu $name: c_session_test's output differs from the native run:" >&2
     diff "$tmp/session.native" "$tmp/session.$name" >&2 || true
@@ -112,7 +114,7 @@ done
 start=$(seconds)
 if ! valgrind --tool=memcheck --error-exitcode=1 --leak-check=full \
     --errors-for-leak-kinds=definite --show-leak-kinds=definite \
-    "$kiln" generate -m "$model" --temp 0 -n 4 --threads 2 --quiet -p "$prompt" \
+    "$kiln" generate -m "$model" --temp 0 -n 4 --threads 2 --quiet --raw -p "$prompt" \
     >"$tmp/text.valgrind" 2>"$tmp/valgrind.log"; then
   echo "valgrind: errors or definite leaks:" >&2
   tail -40 "$tmp/valgrind.log" >&2

@@ -30,7 +30,7 @@ sample::SamplerParams GreedyParams();
 // (fewer under sanitizers, detected in each test's own translation unit).
 #if KILN_TEST_SANITIZED
 inline constexpr int32_t kHeadTestMaxTokens = 8;
-inline constexpr int kDistributionSamples = 2000;
+inline constexpr int kDistributionSamples = 1000;
 #else
 inline constexpr int32_t kHeadTestMaxTokens = 16;
 inline constexpr int kDistributionSamples = 8000;
@@ -38,9 +38,9 @@ inline constexpr int kDistributionSamples = 8000;
 
 // Twenty chat prompts none of the trained heads saw in training (tools/train/).
 extern const char* const kHeldOutChatPrompts[20];
-// The held-out prompts a test runs: all twenty, the first four in quick mode (QuickMode).
+// The held-out prompts a test runs: all twenty, the first two in quick mode (QuickMode).
 inline std::span<const char* const> HeldOutChatPrompts() {
-  return std::span<const char* const>(kHeldOutChatPrompts).first(QuickMode() ? 4 : 20);
+  return std::span<const char* const>(kHeldOutChatPrompts).first(QuickMode() ? 2 : 20);
 }
 
 // Sampled-distribution check of a feature-reading strategy (Medusa, EAGLE) on `engine`: one

@@ -11,11 +11,13 @@
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/model.h"
 
-// Detected in each test's own translation unit, which a sanitizer build compiles with its flags.
-#if defined(__SANITIZE_ADDRESS__)
+// A sanitizer build (ASan+UBSan or TSan), detected in each test's own translation unit, which that
+// build compiles with its flags.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define KILN_TEST_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer) || \
+    __has_feature(thread_sanitizer)
 #define KILN_TEST_SANITIZED 1
 #endif
 #endif

@@ -431,7 +431,7 @@ const std::string kCopyPrompt = kiln::testing::ChatPrompt(
     "long discussion, the members agreed to increase funding for the library, reduce spending on "
     "travel, and postpone the new parking lot until next year.");
 
-#if defined(__SANITIZE_ADDRESS__)
+#if KILN_TEST_SANITIZED
 constexpr int32_t kFirst = 8, kMore = 12;
 #else
 constexpr int32_t kFirst = 16, kMore = 32;

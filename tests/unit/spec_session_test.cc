@@ -30,8 +30,8 @@ const std::string kLongCopyPrompt = kiln::testing::ChatPrompt(
     "long discussion, the members agreed to increase funding for the library, reduce spending on "
     "travel, and postpone the new parking lot until next year.");
 
-// Shorter generations under ASan (scripts/test.sh runs the whole suite there; ctest timeout 900 s).
-#if defined(__SANITIZE_ADDRESS__)
+// Shorter generations under the sanitizers (scripts/test.sh runs the whole suite under ASan).
+#if KILN_TEST_SANITIZED
 constexpr int32_t kBeforeFork = 6;
 constexpr int32_t kAfterFork = 10;
 constexpr int32_t kLogprobTokens = 24;

@@ -232,7 +232,7 @@ def test_a_burst_of_clients_is_served():
             barrier.wait()
             try:
                 conn.request("POST", "/v1/chat/completions", json.dumps(
-                    {"messages": [{"role": "user", "content": f"Fact {i}?"}], "max_tokens": 8,
+                    {"messages": [{"role": "user", "content": f"Fact {i}?"}], "max_tokens": 4,
                      "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
                 r = conn.getresponse()
                 return r.status, r.read().decode()
