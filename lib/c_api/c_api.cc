@@ -636,6 +636,12 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                     kiln::StrCat("kiln_cache_create: params->mla_prefill ", mla_prefill,
                                  " is not a kiln_mla_prefill (0 absorbed, 1 measured)"));
     }
+    if (params->sliding_window_sessions < 0) {
+      return Fail(KILN_ERR_INVALID_ARGUMENT,
+                  kiln::StrCat("kiln_cache_create: params->sliding_window_sessions ",
+                               params->sliding_window_sessions, " < 0"));
+    }
+    options.sliding_window_sessions = params->sliding_window_sessions;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
@@ -675,6 +681,11 @@ kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stat
     out.evictions = c.evictions;
     out.bytes_per_token = c.bytes_per_token;
     out.block_bytes = c.block_bytes;
+    out.kv_bytes_in_use = c.kv_bytes_in_use;
+    out.sliding_blocks_total = c.sliding_blocks_total;
+    out.sliding_blocks_used = c.sliding_blocks_used;
+    out.sliding_blocks_released = c.sliding_blocks_released;
+    out.sliding_block_bytes = c.sliding_block_bytes;
     return VersionedStruct<kiln_cache_stats>::WriteOutput("kiln_cache_get_stats", "stats", out,
                                                           stats);
   });

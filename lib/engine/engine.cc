@@ -7,6 +7,53 @@
 
 namespace kiln {
 
+namespace {
+
+// Pool sizes of a cache whose layout has a sliding group (EngineOptions::sliding_window_sessions):
+// the sliding pool holds that many sessions' live windows, the global pool the rest of the bytes
+// (or one full context when pool_bytes is 0). Rewrites capacity_bytes into block counts.
+absl::Status SizeSlidingPools(const KvLayout& layout, const EngineOptions& opt,
+                              KvCacheOptions* cache_options) {
+  const int64_t bs = opt.block_size;
+  // One session's live sliding rows: the window, the release margin and the attention's 16-row
+  // alignment behind its computed tokens, a partial block, and the most it appends before they
+  // are computed (a prompt chunk or a draft); plus a copy-on-write spare.
+  const int64_t rows = layout.sliding_window() + kSlidingReleaseMargin + 16 + bs +
+                       std::max<int64_t>(opt.prefill_chunk, kSlidingReleaseMargin + 1);
+  const int64_t per_session = (rows + bs - 1) / bs + 1;
+  const int64_t wanted =
+      std::min<int64_t>(per_session * opt.sliding_window_sessions + 1, INT32_MAX);
+  const size_t global_bytes = layout.block_bytes(0);
+  const size_t sliding_bytes = layout.block_bytes(1);
+  int64_t global = 0;
+  int64_t sliding = 0;
+  if (opt.pool_bytes == 0) {
+    global = (opt.n_ctx + bs - 1) / bs + 2;
+    sliding = std::min(global, wanted);
+  } else {
+    const size_t wanted_bytes = static_cast<size_t>(wanted) * sliding_bytes;
+    global = opt.pool_bytes > wanted_bytes
+                 ? static_cast<int64_t>((opt.pool_bytes - wanted_bytes) / global_bytes)
+                 : 0;
+    sliding = wanted;
+    if (global < sliding) {  // a small pool: never more sliding blocks than global ones
+      global = sliding = static_cast<int64_t>(opt.pool_bytes / (global_bytes + sliding_bytes));
+    }
+    if (global < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
+                       global_bytes + sliding_bytes, " bytes (one is the reserved null block)"));
+    }
+  }
+  cache_options->capacity_bytes = 0;
+  cache_options->num_blocks = static_cast<int32_t>(std::min<int64_t>(global, INT32_MAX));
+  cache_options->sliding_num_blocks = static_cast<int32_t>(sliding);
+  cache_options->sliding_release_margin = kSlidingReleaseMargin;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
                                                        const EngineOptions& options) {
   EngineOptions opt = options;
@@ -28,6 +75,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   }
   if (opt.step_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("step_tokens ", opt.step_tokens, " <= 0"));
+  }
+  if (opt.sliding_window_sessions < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sliding_window_sessions ", opt.sliding_window_sessions, " < 0"));
   }
   if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
   if (opt.n_ctx == 0) {
@@ -69,9 +120,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
       }
     }
   }
-  if (engine->backend_ == nullptr) {
-    engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
-  }
+  const bool on_cpu = engine->backend_ == nullptr;
+  if (on_cpu) engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
   engine->backend_description_ = engine->backend_->Describe();
   if (!decision.fallback_reason.empty()) {
     engine->backend_description_ += StrCat("; ", decision.fallback_reason);
@@ -80,6 +130,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   cache_options.storage = [backend = engine->backend_.get()](const KvLayout& l, int32_t n_blocks) {
     return backend->NewKvStorage(l, n_blocks);
   };
+  const ModelHparams& hp = model.hparams();
+  // (A model whose every layer slides keeps them all: a group needs a global layer.)
+  const bool has_global_layer =
+      std::find(hp.swa_layers.begin(), hp.swa_layers.end(), 0) != hp.swa_layers.end();
+  if (opt.sliding_window_sessions > 0 && hp.sliding_window > 0 && has_global_layer) {
+    if (on_cpu) {
+      KILN_ASSIGN_OR_RETURN(
+          layout, layout.WithSlidingGroup(hp.swa_layers, static_cast<int32_t>(hp.sliding_window)));
+      KILN_RETURN_IF_ERROR(SizeSlidingPools(layout, opt, &cache_options));
+      engine->max_draft_nodes_ = kSlidingReleaseMargin;
+    } else {
+      engine->backend_description_ +=
+          "; sliding-window release is CPU-only: every layer's K/V is kept";
+    }
+  }
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
   KILN_ASSIGN_OR_RETURN(engine->forward_, model.architecture().NewForwardWithOptions(
                                               model, *engine->backend_,

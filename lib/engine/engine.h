@@ -63,7 +63,18 @@ struct EngineOptions {
   // decompressed prefill for long chunks (faster; a token's last bits then depend on how its
   // prompt was chunked). architecture.h has the modes.
   MlaPrefillMode mla_prefill = MlaPrefillMode::kAbsorbed;
+  // Models with sliding-window layers (gemma3), CPU backend: 0 keeps every layer's K/V for the
+  // whole context (as llama.cpp's --swa-full); N > 0 puts the sliding layers' K/V in a pool of
+  // their own, sized for N sessions' windows, and releases the blocks that every window has left
+  // (docs/kv_cache.md). Rewinding past a released window then recomputes the session's K/V, and
+  // speculative drafts are cut to kSlidingReleaseMargin nodes.
+  int32_t sliding_window_sessions = 0;
 };
+
+// Tokens of sliding-layer K/V kept past the window when released (EngineOptions::
+// sliding_window_sessions): the longest speculative draft that can be rolled back, and the
+// rewind of one token that recomputes a session's last logits.
+inline constexpr int32_t kSlidingReleaseMargin = 64;
 
 // A run of new tokens for Engine::Prefill.
 struct PrefillRequest {
@@ -96,6 +107,9 @@ class Engine {
   // The backend in use ("cpu (avx2, 2 threads)"), and when a CUDA request fell back to the CPU,
   // "; cuda requested, running on the CPU: <reason>".
   const std::string& BackendDescription() const { return backend_description_; }
+  // The most draft nodes one speculative step may verify: kSlidingReleaseMargin when the cache
+  // releases sliding-window blocks, else unlimited.
+  int32_t max_draft_nodes() const { return max_draft_nodes_; }
 
   // Runs fn(KvCache&, ForwardPass&) with the engine mutex held; returns what fn returns. The
   // pass's Forward is the entry point of computation (lib/model/architecture.h).
@@ -123,6 +137,7 @@ class Engine {
   mutable std::mutex mu_;
   std::unique_ptr<Backend> backend_;  // declared before what borrows it
   std::string backend_description_;
+  int32_t max_draft_nodes_ = INT32_MAX;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ForwardPass> forward_;
   ForwardBatch batch_;  // Prefill's, under mu_

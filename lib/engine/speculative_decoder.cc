@@ -67,7 +67,8 @@ absl::Status SpeculativeDecoder::Propose(const std::vector<int32_t>& tokens, int
     return absl::InvalidArgumentError(
         absl::StrCat("SpeculativeDecoder::Step: max_emit ", max_emit, " < 1"));
   }
-  const int32_t max_nodes = std::min(max_emit, std::max(1, max_width)) - 1;
+  const int32_t max_nodes =
+      std::min(std::min(max_emit, std::max(1, max_width)) - 1, engine_.max_draft_nodes());
   draft_.Clear();
   if (strategy_ != nullptr && max_nodes > 0) {
     ProposeContext ctx{&sampler_.params(), &rng_, &cost_};

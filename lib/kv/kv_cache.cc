@@ -380,7 +380,7 @@ absl::Status KvCache::Truncate(SeqId seq, int32_t new_len) {
                                                    " of sequence ", seq, " is outside [0, ", len,
                                                    "]"));
   }
-  if (has_sliding() &&
+  if (has_sliding() && new_len > 0 &&
       s->sliding_released > BlocksBelowWindow(std::min(new_len, s->n_computed),
                                               layout().sliding_window(), 0, block_size_)) {
     return absl::FailedPreconditionError(

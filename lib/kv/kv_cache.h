@@ -181,8 +181,8 @@ class KvCache {
 
   // Shrinks `seq` to new_len (0 <= new_len <= Length) and releases the blocks past it, last
   // block first (speculative rollback). Cached blocks released stay in the prefix cache.
-  // FailedPrecondition (nothing changed) when new_len's window needs sliding blocks already
-  // released: the caller recomputes the sequence instead.
+  // FailedPrecondition (nothing changed) when new_len (> 0) needs sliding blocks already
+  // released for its window: the caller truncates to 0 and recomputes the sequence instead.
   absl::Status Truncate(SeqId seq, int32_t new_len);
 
   // Releases every block of `seq` (last block first) and forgets the id.

@@ -975,18 +975,18 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
   st.mutable_model()->set_description(ModelDescription(model));
   st.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
   st.set_n_computed(n_cached_);
-  if (options.kv) {
+  // A cache that releases sliding-window blocks no longer holds every row: its states hold the
+  // tokens only, and a restore recomputes the K/V.
+  const bool save_kv = options.kv && engine_.Locked([](KvCache& cache, ForwardPass&) {
+    return cache.layout().n_groups() == 1;
+  });
+  if (save_kv) {
     // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData).
     KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
       if (!cache.host_addressable()) {
         return absl::UnimplementedError(
             "SaveState: the K/V are in device memory (CUDA backend), which saving does not read "
             "yet; save without the K/V");
-      }
-      if (cache.layout().n_groups() != 1) {
-        return absl::UnimplementedError(
-            "SaveState: the K/V of a cache with a sliding-window group (whose released blocks "
-            "are gone) are not saved yet; save without the K/V");
       }
       KILN_ASSIGN_OR_RETURN(const int32_t computed, cache.NumComputed(seq_));
       if (computed < n_cached_) {
@@ -1132,7 +1132,11 @@ absl::Status Session::LoadState(std::string_view bytes) {
     engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq); }).IgnoreError();
   };
   SeqId fresh = 0;
-  if (st.has_kv()) {
+  // Saved K/V are copied in, except into a cache that releases sliding-window blocks: it
+  // recomputes them from the tokens as if they had not been saved (the same bits).
+  const bool grouped = engine_.Locked(
+      [](KvCache& cache, ForwardPass&) { return cache.layout().n_groups() != 1; });
+  if (st.has_kv() && !grouped) {
     // Copy the saved rows into fresh blocks. AppendSlots checks the capacity before it changes
     // anything, and nothing after it can fail.
     const state::KvData& kv = st.kv();
@@ -1141,11 +1145,6 @@ absl::Status Session::LoadState(std::string_view bytes) {
         return absl::UnimplementedError(
             "LoadState: the K/V are in device memory (CUDA backend), which restoring does not "
             "write yet; save the state without the K/V");
-      }
-      if (cache.layout().n_groups() != 1) {
-        return absl::UnimplementedError(
-            "LoadState: restoring K/V into a cache with a sliding-window group is not built yet; "
-            "save the state without the K/V");
       }
       const SeqId seq = cache.CreateSequence();
       absl::Status appended = cache.AppendSlots(seq, std::span(tokens).first(n_computed));
@@ -1266,9 +1265,15 @@ absl::Status Session::Rewind(int32_t n) {
   }
   const int32_t new_len = n_tokens() - n;
   if (new_len < n_cached_) {
-    KILN_RETURN_IF_ERROR(engine_.Locked(
-        [&](KvCache& cache, ForwardPass&) { return cache.Truncate(seq_, new_len); }));
-    n_cached_ = new_len;
+    KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
+      absl::Status st = cache.Truncate(seq_, new_len);
+      if (!absl::IsFailedPrecondition(st)) return st;
+      // The window of new_len was released (EngineOptions::sliding_window_sessions): the next
+      // generate recomputes the kept tokens, attaching what the prefix cache still holds.
+      n_cached_ = 0;
+      return cache.Truncate(seq_, 0);
+    }));
+    n_cached_ = std::min(n_cached_, new_len);
     logits_valid_ = false;
   }
   tokens_.resize(new_len);

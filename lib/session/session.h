@@ -110,7 +110,8 @@ struct SaveStateOptions {
   // bytes_per_token per token: 23 KB for the default model at f16), and the last logits, so a
   // restore is a copy. false: tokens only; the restore recomputes the K/V (a prefill; with prefix
   // caching on, cached prefix blocks are attached instead) and gets the same bits, since the
-  // kernels are batch invariant (not with EngineOptions::llama_cpp_order).
+  // kernels are batch invariant (not with EngineOptions::llama_cpp_order). A cache that releases
+  // sliding-window blocks (EngineOptions::sliding_window_sessions) saves and restores as false.
   bool kv = true;
   // true: the speculative strategy's adaptive state (Strategy::SaveState); a strategy that
   // cannot save it (the draft model) makes SaveState fail with Unimplemented. false: not stored;

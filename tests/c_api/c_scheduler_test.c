@@ -482,6 +482,39 @@ static void test_cache_mla_prefill(kiln_model* model) {
   CHECK(memcmp(last[0], last[1], sizeof last[0]) == 0);
 }
 
+/* kiln_cache_params.sliding_window_sessions: default 0, a negative value rejected naming the
+ * field, a struct from before the field gets the default; on a model without sliding-window
+ * layers (this one) it changes nothing: no sliding pool in the stats. Its effect on a gemma3
+ * model: gemma3_forward_test (EngineSlidingReleaseKeepsSessionsBitwise). */
+static void test_cache_sliding_window_sessions(kiln_model* model) {
+  kiln_cache_params cp;
+  kiln_cache* cache = NULL;
+  kiln_cache_stats st;
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  CHECK(cp.sliding_window_sessions == 0);
+  cp.n_threads = 2;
+  cp.n_ctx = 256;
+  cp.sliding_window_sessions = -1;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kiln_last_error_message(), "sliding_window_sessions -1") != NULL);
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, sliding_window_sessions);
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK); /* the bad value past it: ignored */
+  kiln_cache_destroy(cache);
+  cache = NULL;
+  cp.struct_size = sizeof cp;
+  cp.sliding_window_sessions = 2;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  memset(&st, 0xff, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
+  CHECK(st.sliding_blocks_total == 0 && st.sliding_blocks_used == 0);
+  CHECK(st.sliding_blocks_released == 0 && st.sliding_block_bytes == 0);
+  CHECK(st.kv_bytes_in_use == (size_t)st.blocks_used * st.block_bytes);
+  kiln_cache_destroy(cache);
+}
+
 int main(void) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
@@ -510,6 +543,7 @@ int main(void) {
   test_bad_arguments(model, cache);
   test_cache_step_tokens(model);
   test_cache_mla_prefill(model);
+  test_cache_sliding_window_sessions(model);
   test_host_steps(model, cache, expected);
   test_worker_and_callbacks(model, cache, expected);
   test_cancel(model, cache);

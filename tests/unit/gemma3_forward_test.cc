@@ -14,10 +14,14 @@
 #include <functional>
 #include <random>
 
+#include "lib/engine/engine.h"
 #include "lib/gguf/gguf.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/random_model.h"
+#include "lib/session/session.h"
+#include "lib/spec/ngram_strategy.h"
 #include "tests/common/forward_util.h"
+#include "tests/common/session_util.h"
 #include "tests/common/test_util.h"
 
 namespace kiln {
@@ -445,6 +449,110 @@ TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
   ASSERT_EQ(warm_rows.size(), static_cast<size_t>(V));
   EXPECT_EQ(warm_rows, std::vector<float>(cold.end() - V, cold.end()));
   EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+}
+
+// ---- The engine with release switched on (EngineOptions::sliding_window_sessions): sessions'
+// text bitwise the same as with every block kept, alone and batched beyond the sessions the
+// sliding pool is sized for, greedy and seeded, with and without n-gram speculation; a rewind
+// past a released window recomputes.
+
+struct SlidingRun {
+  std::vector<std::vector<int32_t>> tokens;  // per session, prompt and generated
+  KvCacheCounters counters;                  // at the end, every session still alive
+  int64_t preemptions = 0;
+};
+
+// Three sessions submitted together and stepped until done: 0 greedy, 1 seeded sampling, 2
+// greedy with n-gram drafts; prompts of 30-50 tokens that repeat themselves (drafts find
+// matches), 70 tokens each. Then session 0 (100 tokens) rewinds to 10 (into its released window
+// when release is on) and generates 20 more; session 1 is saved, restored into a new session,
+// and both generate 20 more.
+SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_sessions) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.prefill_chunk = 16;
+  options.sliding_window_sessions = sliding_window_sessions;
+  auto engine = testing::MakeEngine(model, options);
+  SlidingRun run;
+  if (engine == nullptr) return run;
+  const int64_t V = model.hparams().n_vocab;
+  sample::SamplerParams sampled = testing::Greedy();
+  sampled.temperature = 0.8f;
+  spec::NgramParams ngram_params;
+  ngram_params.min_ngram = 1;
+  ngram_params.max_draft = 4;
+  ngram_params.fixed_pass_cost_beta = 0.25;  // draft lengths independent of timing
+  auto ngram = spec::NgramStrategy::Create(ngram_params);
+  EXPECT_TRUE(ngram.ok()) << ngram.status();
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < 3; ++i) {
+    sessions.push_back(testing::NewSession(*engine, i == 1 ? sampled : testing::Greedy(), 7 + i));
+    if (i == 2) {
+      EXPECT_TRUE(sessions[i]->SetStrategy(ngram->get()).ok());
+    }
+    std::vector<int32_t> prompt = RandomTokens(15 + 5 * i, 3, V, 40 + i);
+    prompt.insert(prompt.end(), prompt.begin(), prompt.end());
+    SubmitOptions submit;
+    submit.prompt = prompt;
+    submit.generate.max_tokens = 70;
+    EXPECT_TRUE(sessions[i]->Submit(submit).ok());
+  }
+  int done = 0;
+  for (int step = 0; done < 3 && step < 10000; ++step) {
+    engine->scheduler().Step(0, 0.0);
+    for (auto& s : sessions) {
+      if (!s->request_in_flight()) continue;
+      PollResult poll;
+      EXPECT_TRUE(s->Poll(SIZE_MAX, SIZE_MAX, &poll).ok());
+      if (!poll.done) continue;
+      EXPECT_TRUE(poll.status.ok()) << poll.status;
+      ++done;
+    }
+  }
+  EXPECT_EQ(done, 3);
+  GenerateOptions more;
+  more.max_tokens = 20;
+  EXPECT_TRUE(sessions[0]->Rewind(90).ok());
+  auto generated = sessions[0]->Generate(more);
+  EXPECT_TRUE(generated.ok()) << generated.status();
+  // Session 1's state (K/V asked for) restored into a new session: both continue alike.
+  auto saved = sessions[1]->SaveState();
+  EXPECT_TRUE(saved.ok()) << saved.status();
+  auto restored = testing::NewSession(*engine, sampled, 99);
+  EXPECT_TRUE(restored->LoadState(saved.ok() ? *saved : "").ok());
+  EXPECT_TRUE(sessions[1]->Generate(more).ok());
+  EXPECT_TRUE(restored->Generate(more).ok());
+  EXPECT_EQ(restored->tokens(), sessions[1]->tokens());
+  for (auto& s : sessions) {
+    run.tokens.push_back(s->tokens());
+    run.preemptions += s->stats().preemptions;
+  }
+  run.counters = engine->Counters();
+  return run;
+}
+
+TEST_F(Gemma3Invariance, EngineSlidingReleaseKeepsSessionsBitwise) {
+  const SlidingRun kept = RunSlidingSessions(*model_, 0);
+  // Sized for two sessions' windows (the three in flight at once may preempt one another) and for
+  // three.
+  for (int32_t n_sessions : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "sliding_window_sessions " << n_sessions);
+    const SlidingRun released = RunSlidingSessions(*model_, n_sessions);
+    ASSERT_EQ(released.tokens.size(), 3u);
+    ASSERT_EQ(kept.tokens.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(released.tokens[i], kept.tokens[i]) << "session " << i;
+    EXPECT_EQ(kept.counters.sliding_blocks_total, 0);
+    EXPECT_GT(released.counters.sliding_blocks_released, 0);
+    EXPECT_LT(released.counters.kv_bytes_in_use, kept.counters.kv_bytes_in_use);
+    EXPECT_LT(released.counters.sliding_blocks_total, kept.counters.blocks_total);
+    std::printf(
+        "sliding_window_sessions %d: %d of %d sliding blocks, %lld released, %lld "
+        "preemptions; K/V in use %zu bytes, %zu with every block kept\n",
+        n_sessions, released.counters.sliding_blocks_total, kept.counters.blocks_total,
+        static_cast<long long>(released.counters.sliding_blocks_released),
+        static_cast<long long>(released.preemptions), released.counters.kv_bytes_in_use,
+        kept.counters.kv_bytes_in_use);
+  }
 }
 
 }  // namespace
