@@ -361,8 +361,9 @@ typedef struct kiln_cache_params {
    * N > 0 keeps the sliding layers' K/V only while some window still reads it, in a pool sized for
    * N sessions' windows (gemma3-270m at 4,096 tokens: about a third of the K/V bytes). Outputs do
    * not change. Then: rewinding a session past a released window recomputes its K/V on the next
-   * generate (prefix-cached blocks are reused); speculative steps draft at most 64 tokens; session
-   * states are saved and restored as with kiln_state_params.kv = 0 (a restore recomputes); with
+   * generate (prefix-cached blocks are reused); speculative steps draft at most 64 tokens; a
+   * session state's K/V hold the sliding layers' rows inside the window only (a cache that needs
+   * more, e.g. one with sliding_window_sessions 0, recomputes them on restore); with
    * more than N sessions holding K/V, requests in flight may be preempted (recomputed later) or
    * fail with KILN_ERR_CACHE_FULL, as when the pool is full.
    * Negative: KILN_ERR_INVALID_ARGUMENT. Models without both sliding and global layers, and the
@@ -796,8 +797,7 @@ typedef struct kiln_state_params {
    * type; about 23 KB per token for the default model at f16), so that a restore is a copy.
    * 0: tokens only, a state of a few bytes per token; the restore recomputes the K/V (a prefill,
    * attaching cached prefix blocks where the cache has them) and gets the same bits, except with
-   * kiln_cache_params.llama_cpp_order. A cache with kiln_cache_params.sliding_window_sessions
-   * saves and restores as with 0. */
+   * kiln_cache_params.llama_cpp_order. kiln_cache_params.sliding_window_sessions: see there. */
   int32_t kv;
   /* Non-zero (default): store the speculative strategy's adaptive state; a strategy that cannot
    * save it (the draft model) makes the save fail with KILN_ERR_UNSUPPORTED. 0: leave it out; a

@@ -262,6 +262,43 @@ absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
   return absl::OkStatus();
 }
 
+absl::Status KvCache::AppendSlotsForRestore(SeqId seq, std::span<const int32_t> token_ids,
+                                            int32_t n_computed) {
+  KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
+  if (!s->tokens.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("KvCache::AppendSlotsForRestore: sequence ",
+                                                      seq, " already holds ", s->tokens.size(),
+                                                      " tokens"));
+  }
+  if (n_computed < 0 || static_cast<size_t>(n_computed) > token_ids.size() ||
+      token_ids.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache::AppendSlotsForRestore: n_computed ",
+                                                   n_computed, " of ", token_ids.size(),
+                                                   " tokens"));
+  }
+  const int32_t blocks = CeilDiv(static_cast<int64_t>(token_ids.size()), block_size_);
+  const int32_t released = std::min(ReleasableSlidingBlocks(n_computed), blocks);
+  if (blocks > pool_->num_available() ||
+      (has_sliding() && blocks - released > sliding_pool_->num_available())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache full: restoring ", token_ids.size(), " tokens needs ", blocks, " blocks (",
+        pool_->num_available(), " available)",
+        has_sliding() ? absl::StrCat(" and ", blocks - released, " sliding-window blocks (",
+                                     sliding_pool_->num_available(), " available)")
+                      : std::string(),
+        "; free or preempt a sequence and retry"));
+  }
+  for (int32_t i = 0; i < blocks; ++i) {
+    s->table.push_back(pool_->Allocate());
+    if (has_sliding()) {
+      s->sliding_table.push_back(i < released ? kNullBlock : sliding_pool_->Allocate());
+    }
+  }
+  if (has_sliding()) s->sliding_released = released;
+  s->tokens.assign(token_ids.begin(), token_ids.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<KvSlot> KvCache::PrepareOverwrite(SeqId seq, int32_t pos, int32_t token_id) {
   KILN_ASSIGN_OR_RETURN(Sequence * s, Find(seq));
   const int32_t len = static_cast<int32_t>(s->tokens.size());

@@ -164,6 +164,14 @@ class KvCache {
   absl::Status AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
                            std::span<KvSlot> slots_out = {});
 
+  // On an empty sequence: room for `token_ids` whose first n_computed tokens' K/V the caller
+  // writes next (restoring a saved session), then MarkComputed(seq, n_computed). Like
+  // AppendSlots, except that the sliding group's leading blocks that n_computed computed tokens
+  // would already have released are not allocated (their entries are kNullBlock).
+  // Errors: ResourceExhausted (nothing changed), InvalidArgument, FailedPrecondition (not empty).
+  absl::Status AppendSlotsForRestore(SeqId seq, std::span<const int32_t> token_ids,
+                                     int32_t n_computed);
+
   // Prepares position `pos` (n_computed <= pos < length) for a new write of token `token_id`
   // (e.g. compacting accepted tree nodes): copies its block first when it is shared or hashed,
   // replaces the recorded token id, and returns the slot to write.

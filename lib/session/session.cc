@@ -897,6 +897,23 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
 
 namespace {
 
+// Start of tile t (KvData's order: per layer, K of each KV head then V, or the MLA latent) in
+// block b of the tile's layer's group.
+std::byte* TileData(KvCache& cache, BlockId b, int32_t t) {
+  const KvLayout& layout = cache.layout();
+  const int32_t layer = t / layout.tiles_per_layer();
+  const int32_t j = t % layout.tiles_per_layer();
+  if (layout.kind() == KvAttentionKind::kMla) return cache.LatentPtr(b, layer);
+  const int32_t heads = layout.n_kv_heads();
+  return j < heads ? cache.KeyPtr(b, layer, j) : cache.ValuePtr(b, layer, j - heads);
+}
+
+// Each tile's first saved row: KvData.sliding_first_row for the model's sliding layers, else 0.
+int32_t SavedFirstRow(const ModelHparams& hp, const KvLayout& layout, int32_t t,
+                      uint32_t sliding_first_row) {
+  return hp.is_swa(t / layout.tiles_per_layer()) ? static_cast<int32_t>(sliding_first_row) : 0;
+}
+
 std::string ModelDescription(const Model& model) {
   const ModelHparams& hp = model.hparams();
   return kiln::StrCat(hp.arch, " '", hp.name, "', ", hp.n_layer, " layers, vocab ", hp.n_vocab);
@@ -975,13 +992,9 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
   st.mutable_model()->set_description(ModelDescription(model));
   st.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
   st.set_n_computed(n_cached_);
-  // A cache that releases sliding-window blocks no longer holds every row: its states hold the
-  // tokens only, and a restore recomputes the K/V.
-  const bool save_kv = options.kv && engine_.Locked([](KvCache& cache, ForwardPass&) {
-    return cache.layout().n_groups() == 1;
-  });
-  if (save_kv) {
-    // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData).
+  if (options.kv) {
+    // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData);
+    // the sliding layers' from their first row not released.
     KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
       if (!cache.host_addressable()) {
         return absl::UnimplementedError(
@@ -994,21 +1007,31 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
                                                 " computed tokens, its sequence ", computed));
       }
       KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq_));
+      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> sliding_table,
+                            cache.SlidingBlockTable(seq_));
       const KvLayout& layout = cache.layout();
+      const int32_t bs = layout.block_size();
+      size_t released = 0;
+      while (released < sliding_table.size() && sliding_table[released] == kNullBlock) ++released;
       state::KvData* kv = st.mutable_kv();
       kv->set_elem_type(static_cast<uint32_t>(layout.elem_type()));
       kv->set_row_elems(static_cast<uint32_t>(layout.row_elems()));
+      kv->set_sliding_first_row(
+          static_cast<uint32_t>(std::min<int64_t>(n_cached_, static_cast<int64_t>(released) * bs)));
       const int32_t n_tiles = layout.n_layers() * layout.tiles_per_layer();
-      const int32_t bs = layout.block_size();
       const size_t row = layout.row_bytes();
       for (int32_t t = 0; t < n_tiles; ++t) {
+        const int32_t group = layout.layer_group(t / layout.tiles_per_layer());
+        const std::span<const BlockId> blocks = group == 0 ? table : sliding_table;
+        const int32_t first = SavedFirstRow(model.hparams(), layout, t, kv->sliding_first_row());
         std::string* tile = kv->add_tiles();
-        tile->reserve(static_cast<size_t>(n_cached_) * row);  // appended, not zero-filled first
-        const size_t tile_offset = static_cast<size_t>(t) * layout.tile_bytes();
-        for (int32_t b = 0; b * bs < n_cached_; ++b) {
-          const int32_t rows = std::min(bs, n_cached_ - b * bs);
-          tile->append(reinterpret_cast<const char*>(cache.BlockData(table[b]) + tile_offset),
+        tile->reserve(static_cast<size_t>(n_cached_ - first) * row);  // appended, not zeroed
+        for (int32_t r = first; r < n_cached_;) {
+          const int32_t rows = std::min(bs - r % bs, n_cached_ - r);
+          tile->append(reinterpret_cast<const char*>(TileData(cache, blocks[r / bs], t) +
+                                                     static_cast<size_t>(r % bs) * row),
                        static_cast<size_t>(rows) * row);
+          r += rows;
         }
       }
       return absl::OkStatus();
@@ -1095,6 +1118,7 @@ absl::Status Session::LoadState(std::string_view bytes) {
     target.kv_row_elems = layout.row_elems();
     target.kv_row_bytes = layout.row_bytes();
   });
+  if (model.hparams().sliding_window > 0) target.kv_sliding_layers = model.hparams().swa_layers;
   target.max_timed_width = spec::PassCostModel::kMaxTimedWidth;
   state::SessionState st;
   KILN_RETURN_IF_ERROR(state::Decode(bytes, target, &st));
@@ -1132,13 +1156,15 @@ absl::Status Session::LoadState(std::string_view bytes) {
     engine_.Locked([&](KvCache& cache, ForwardPass&) { return cache.Free(seq); }).IgnoreError();
   };
   SeqId fresh = 0;
-  // Saved K/V are copied in, except into a cache that releases sliding-window blocks: it
-  // recomputes them from the tokens as if they had not been saved (the same bits).
-  const bool grouped = engine_.Locked(
-      [](KvCache& cache, ForwardPass&) { return cache.layout().n_groups() != 1; });
-  if (st.has_kv() && !grouped) {
-    // Copy the saved rows into fresh blocks. AppendSlots checks the capacity before it changes
-    // anything, and nothing after it can fail.
+  // Saved K/V are copied in when they hold every row the cache keeps (a cache that releases
+  // sliding-window blocks keeps fewer); otherwise they are recomputed from the tokens, which
+  // gives the same bits.
+  const int32_t keep_from = engine_.Locked([&](KvCache& cache, ForwardPass&) {
+    return cache.ReleasableSlidingBlocks(n_computed) * cache.block_size();
+  });
+  if (st.has_kv() && static_cast<int64_t>(st.kv().sliding_first_row()) <= keep_from) {
+    // Copy the saved rows into fresh blocks. AppendSlotsForRestore checks the capacity before it
+    // changes anything, and nothing after it can fail.
     const state::KvData& kv = st.kv();
     auto created = engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::StatusOr<SeqId> {
       if (!cache.host_addressable()) {
@@ -1147,7 +1173,8 @@ absl::Status Session::LoadState(std::string_view bytes) {
             "write yet; save the state without the K/V");
       }
       const SeqId seq = cache.CreateSequence();
-      absl::Status appended = cache.AppendSlots(seq, std::span(tokens).first(n_computed));
+      const std::span<const int32_t> computed_tokens = std::span(tokens).first(n_computed);
+      absl::Status appended = cache.AppendSlotsForRestore(seq, computed_tokens, n_computed);
       if (!appended.ok()) {
         cache.Free(seq).IgnoreError();
         return absl::Status(appended.code(),
@@ -1155,17 +1182,23 @@ absl::Status Session::LoadState(std::string_view bytes) {
                                          " tokens: ", appended.message()));
       }
       KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq));
+      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> sliding_table,
+                            cache.SlidingBlockTable(seq));
       const KvLayout& layout = cache.layout();
       const int32_t bs = layout.block_size();
       const size_t row = layout.row_bytes();
-      for (int t = 0; t < kv.tiles_size(); ++t) {
-        const std::string& tile = kv.tiles(t);
-        const size_t tile_offset = static_cast<size_t>(t) * layout.tile_bytes();
-        for (int32_t b = 0; b * bs < n_computed; ++b) {
-          const int32_t rows = std::min(bs, n_computed - b * bs);
-          std::memcpy(cache.BlockData(table[b]) + tile_offset,
-                      tile.data() + static_cast<size_t>(b) * bs * row,
+      for (int32_t t = 0; t < kv.tiles_size(); ++t) {
+        const int32_t group = layout.layer_group(t / layout.tiles_per_layer());
+        const std::span<const BlockId> blocks = group == 0 ? table : sliding_table;
+        const int32_t saved_first =
+            SavedFirstRow(model.hparams(), layout, t, kv.sliding_first_row());
+        const char* src = kv.tiles(t).data();
+        for (int32_t r = group == 0 ? 0 : keep_from; r < n_computed;) {
+          const int32_t rows = std::min(bs - r % bs, n_computed - r);
+          std::memcpy(TileData(cache, blocks[r / bs], t) + static_cast<size_t>(r % bs) * row,
+                      src + static_cast<size_t>(r - saved_first) * row,
                       static_cast<size_t>(rows) * row);
+          r += rows;
         }
       }
       KILN_RETURN_IF_ERROR(cache.MarkComputed(seq, n_computed));

@@ -313,11 +313,23 @@ absl::Status Decode(std::string_view bytes, const StateTarget& target, SessionSt
                                     kv.row_elems(), " elements; the model has ", target.kv_tiles,
                                     " tiles of ", target.kv_row_elems));
     }
-    const size_t tile_bytes = static_cast<size_t>(s.n_computed()) * target.kv_row_bytes;
+    const size_t n_layers = target.kv_sliding_layers.size();
+    if (kv.sliding_first_row() > static_cast<uint32_t>(s.n_computed()) ||
+        (kv.sliding_first_row() > 0 &&
+         (n_layers == 0 || kv.tiles_size() % static_cast<int>(n_layers) != 0))) {
+      return Malformed(kiln::StrCat(
+          "K/V of sliding-window layers from row ", kv.sliding_first_row(), " of ", s.n_computed(),
+          " computed tokens", n_layers == 0 ? " on a model without sliding layers" : ""));
+    }
+    const int tiles_per_layer = n_layers == 0 ? 1 : kv.tiles_size() / static_cast<int>(n_layers);
     for (int i = 0; i < kv.tiles_size(); ++i) {
+      const bool sliding = n_layers != 0 && target.kv_sliding_layers[i / tiles_per_layer] != 0;
+      const uint32_t rows =
+          static_cast<uint32_t>(s.n_computed()) - (sliding ? kv.sliding_first_row() : 0u);
+      const size_t tile_bytes = static_cast<size_t>(rows) * target.kv_row_bytes;
       if (kv.tiles(i).size() != tile_bytes) {
-        return Malformed(kiln::StrCat("K/V tile ", i, " has ", kv.tiles(i).size(), " bytes; ",
-                                      s.n_computed(), " tokens need ", tile_bytes));
+        return Malformed(kiln::StrCat("K/V tile ", i, " has ", kv.tiles(i).size(), " bytes; ", rows,
+                                      " rows need ", tile_bytes));
       }
     }
   }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lib/common/ggml_type.h"
 #include "lib/common/status.h"
@@ -65,7 +66,10 @@ struct StateTarget {
   int32_t kv_tiles = 0;               // tiles per token: n_layers * tiles_per_layer
   int32_t kv_row_elems = 0;           // elements per row of a tile
   size_t kv_row_bytes = 0;            // bytes per row of a tile
-  int32_t max_timed_width = 0;        // spec::PassCostModel::kMaxTimedWidth
+  // [n_layers] when the model has sliding-window layers (non-zero: the layer slides; its tiles
+  // may start at KvData.sliding_first_row), else empty.
+  std::vector<uint8_t> kv_sliding_layers;
+  int32_t max_timed_width = 0;  // spec::PassCostModel::kMaxTimedWidth
 };
 
 // The envelope around `payload`. OutOfRange when the state would pass kMaxStateBytes.

@@ -456,8 +456,23 @@ TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
 // sliding pool is sized for, greedy and seeded, with and without n-gram speculation; a rewind
 // past a released window recomputes.
 
+EngineOptions SlidingEngineOptions(int32_t sliding_window_sessions) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.prefill_chunk = 16;
+  options.sliding_window_sessions = sliding_window_sessions;
+  return options;
+}
+
+sample::SamplerParams Sampled() {
+  sample::SamplerParams sampled = testing::Greedy();
+  sampled.temperature = 0.8f;
+  return sampled;
+}
+
 struct SlidingRun {
   std::vector<std::vector<int32_t>> tokens;  // per session, prompt and generated
+  std::string state;                         // session 1's, before its last 20 tokens
   KvCacheCounters counters;                  // at the end, every session still alive
   int64_t preemptions = 0;
 };
@@ -468,16 +483,11 @@ struct SlidingRun {
 // when release is on) and generates 20 more; session 1 is saved, restored into a new session,
 // and both generate 20 more.
 SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_sessions) {
-  EngineOptions options;
-  options.block_size = 4;
-  options.prefill_chunk = 16;
-  options.sliding_window_sessions = sliding_window_sessions;
-  auto engine = testing::MakeEngine(model, options);
+  auto engine = testing::MakeEngine(model, SlidingEngineOptions(sliding_window_sessions));
   SlidingRun run;
   if (engine == nullptr) return run;
   const int64_t V = model.hparams().n_vocab;
-  sample::SamplerParams sampled = testing::Greedy();
-  sampled.temperature = 0.8f;
+  const sample::SamplerParams sampled = Sampled();
   spec::NgramParams ngram_params;
   ngram_params.min_ngram = 1;
   ngram_params.max_draft = 4;
@@ -518,8 +528,10 @@ SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_session
   // Session 1's state (K/V asked for) restored into a new session: both continue alike.
   auto saved = sessions[1]->SaveState();
   EXPECT_TRUE(saved.ok()) << saved.status();
+  if (saved.ok()) run.state = *saved;
   auto restored = testing::NewSession(*engine, sampled, 99);
-  EXPECT_TRUE(restored->LoadState(saved.ok() ? *saved : "").ok());
+  EXPECT_TRUE(restored->LoadState(run.state).ok());
+  EXPECT_EQ(restored->stats().computed_tokens, 0);  // its own state: a copy
   EXPECT_TRUE(sessions[1]->Generate(more).ok());
   EXPECT_TRUE(restored->Generate(more).ok());
   EXPECT_EQ(restored->tokens(), sessions[1]->tokens());
@@ -545,6 +557,22 @@ TEST_F(Gemma3Invariance, EngineSlidingReleaseKeepsSessionsBitwise) {
     EXPECT_GT(released.counters.sliding_blocks_released, 0);
     EXPECT_LT(released.counters.kv_bytes_in_use, kept.counters.kv_bytes_in_use);
     EXPECT_LT(released.counters.sliding_blocks_total, kept.counters.blocks_total);
+    // Each run's state restored on an engine of the other kind (copied where it holds the rows
+    // that engine keeps, else recomputed): the same continuation.
+    for (const auto& [state, other] :
+         {std::pair{released.state, 0}, std::pair{kept.state, n_sessions}}) {
+      auto engine = testing::MakeEngine(*model_, SlidingEngineOptions(other));
+      ASSERT_NE(engine, nullptr);
+      auto restored = testing::NewSession(*engine, Sampled(), 5);
+      ASSERT_TRUE(restored->LoadState(state).ok());
+      // Without release the cache needs the rows the released state lacks: recomputed.
+      EXPECT_EQ(restored->stats().computed_tokens > 0, other == 0);
+      GenerateOptions more;
+      more.max_tokens = 20;
+      ASSERT_TRUE(restored->Generate(more).ok());
+      EXPECT_EQ(restored->tokens(), kept.tokens[1])
+          << "restored on sliding_window_sessions " << other;
+    }
     std::printf(
         "sliding_window_sessions %d: %d of %d sliding blocks, %lld released, %lld "
         "preemptions; K/V in use %zu bytes, %zu with every block kept\n",

@@ -296,6 +296,12 @@ TEST_F(TinyState, BadStatesAreRefusedAndChangeNothing) {
     lying = state::Encode(payload);
     ASSERT_TRUE(lying.ok());
     refused(*lying, absl::StatusCode::kDataLoss, "tile 2");
+    // Rows of sliding-window layers left out, on a model without them.
+    ASSERT_TRUE(payload.ParseFromString(file.payload()));
+    payload.mutable_kv()->set_sliding_first_row(1);
+    lying = state::Encode(payload);
+    ASSERT_TRUE(lying.ok());
+    refused(*lying, absl::StatusCode::kDataLoss, "without sliding layers");
   }
   // Other models: same shape and another seed (only the tensor data differ), another shape.
   for (Model* other : {other_seed_, other_shape_}) {
