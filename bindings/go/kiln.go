@@ -504,6 +504,10 @@ type CacheOptions struct {
 	Backend    Backend
 	CUDADevice int32
 	MLAPrefill MLAPrefill
+	// SlidingWindowSessions: models with sliding-window layers (gemma3), CPU backend; 0 keeps
+	// every layer's K/V, N > 0 releases the sliding layers' K/V once every window has left it, in
+	// a pool sized for N sessions' windows.
+	SlidingWindowSessions int32
 }
 
 // NewCache creates a cache on the model; close it before the model.
@@ -535,6 +539,7 @@ func (m *Model) NewCache(opts *CacheOptions) (*Cache, error) {
 	params.backend = C.kiln_backend_kind(opts.Backend)
 	params.cuda_device = C.int32_t(opts.CUDADevice)
 	params.mla_prefill = C.kiln_mla_prefill(opts.MLAPrefill)
+	params.sliding_window_sessions = C.int32_t(opts.SlidingWindowSessions)
 	var ptr *C.kiln_cache
 	if err := call(func() C.kiln_status { return C.kiln_cache_create(m.ptr, &params, &ptr) }); err != nil {
 		return nil, err
@@ -557,6 +562,13 @@ type CacheStats struct {
 	NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences int32
 	PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions                   int64
 	BytesPerToken, BlockBytes                                                      uint64
+	// K/V bytes held by sessions now, and the sliding-window pool (SlidingWindowSessions; zero
+	// without one): its blocks, those held, those released so far because every window had left
+	// them, and its block bytes.
+	KVBytesInUse                          uint64
+	SlidingBlocksTotal, SlidingBlocksUsed int32
+	SlidingBlocksReleased                 int64
+	SlidingBlockBytes                     uint64
 }
 
 // Stats reads the cache's counters.
@@ -573,6 +585,10 @@ func (c *Cache) Stats() (CacheStats, error) {
 		PrefixLookups: int64(s.prefix_lookups), PrefixQueryTokens: int64(s.prefix_query_tokens),
 		PrefixHitTokens: int64(s.prefix_hit_tokens), Evictions: int64(s.evictions),
 		BytesPerToken: uint64(s.bytes_per_token), BlockBytes: uint64(s.block_bytes),
+		KVBytesInUse:       uint64(s.kv_bytes_in_use),
+		SlidingBlocksTotal: int32(s.sliding_blocks_total), SlidingBlocksUsed: int32(s.sliding_blocks_used),
+		SlidingBlocksReleased: int64(s.sliding_blocks_released),
+		SlidingBlockBytes:     uint64(s.sliding_block_bytes),
 	}, nil
 }
 

@@ -251,12 +251,24 @@ namespace Kiln
         public Backend Backend = Backend.Cpu;
         public int CudaDevice;
         public MlaPrefill MlaPrefill = MlaPrefill.Absorbed;
+        /// <summary>Models with sliding-window layers (gemma3), CPU backend: 0 keeps every layer's
+        /// K/V; N &gt; 0 releases the sliding layers' K/V once every window has left it, in a pool
+        /// sized for N sessions' windows.</summary>
+        public int SlidingWindowSessions;
     }
 
     public struct CacheStats
     {
         public int NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences;
         public long PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions;
+        public long BytesPerToken, BlockBytes;
+        /// <summary>K/V bytes held by sessions now.</summary>
+        public long KvBytesInUse;
+        /// <summary>The sliding-window pool (CacheOptions.SlidingWindowSessions; zero without one):
+        /// its blocks, those held, those released so far because every window had left them, and
+        /// its block bytes.</summary>
+        public int SlidingBlocksTotal, SlidingBlocksUsed;
+        public long SlidingBlocksReleased, SlidingBlockBytes;
     }
 
     public struct StepResult
@@ -288,6 +300,7 @@ namespace Kiln
             p.Backend = (int)options.Backend;
             p.CudaDevice = options.CudaDevice;
             p.MlaPrefill = (int)options.MlaPrefill;
+            p.SlidingWindowSessions = options.SlidingWindowSessions;
             IntPtr raw;
             Interop.Check(Native.kiln_cache_create(model.Handle, ref p, out raw));
             Handle = new CacheHandle();
@@ -313,6 +326,10 @@ namespace Kiln
                     BlocksUsed = s.BlocksUsed, BlocksCached = s.BlocksCached, NSequences = s.NSequences,
                     PrefixLookups = s.PrefixLookups, PrefixQueryTokens = s.PrefixQueryTokens,
                     PrefixHitTokens = s.PrefixHitTokens, Evictions = s.Evictions,
+                    BytesPerToken = (long)(ulong)s.BytesPerToken, BlockBytes = (long)(ulong)s.BlockBytes,
+                    KvBytesInUse = (long)(ulong)s.KvBytesInUse, SlidingBlocksTotal = s.SlidingBlocksTotal,
+                    SlidingBlocksUsed = s.SlidingBlocksUsed, SlidingBlocksReleased = s.SlidingBlocksReleased,
+                    SlidingBlockBytes = (long)(ulong)s.SlidingBlockBytes,
                 };
             }
         }

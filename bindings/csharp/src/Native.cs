@@ -59,7 +59,7 @@ namespace Kiln
             public uint StructSize;
             public UIntPtr PoolBytes;
             public int BlockSize, KvType, PrefixCaching, NCtx, NThreads, LlamaCppOrder;
-            public int StepTokens, Backend, CudaDevice, MlaPrefill;
+            public int StepTokens, Backend, CudaDevice, MlaPrefill, SlidingWindowSessions;
         }
 
         [StructLayout(LayoutKind.Sequential)]
@@ -68,7 +68,10 @@ namespace Kiln
             public uint StructSize;
             public int NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences;
             public long PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions;
-            public UIntPtr BytesPerToken, BlockBytes;
+            public UIntPtr BytesPerToken, BlockBytes, KvBytesInUse;
+            public int SlidingBlocksTotal, SlidingBlocksUsed;
+            public long SlidingBlocksReleased;
+            public UIntPtr SlidingBlockBytes;
         }
 
         [StructLayout(LayoutKind.Sequential)]

@@ -107,7 +107,7 @@ public static class Tests
         var expected = new Dictionary<Type, int>
         {
             { typeof(Native.ModelParams), 56 }, { typeof(Native.ModelInfo), 88 },
-            { typeof(Native.CacheParams), 56 }, { typeof(Native.CacheStats), 80 },
+            { typeof(Native.CacheParams), 64 }, { typeof(Native.CacheStats), 112 },
             { typeof(Native.SamplerParams), 72 }, { typeof(Native.GenerateParams), 40 },
             { typeof(Native.GenerateResult), 12 }, { typeof(Native.RequestParams), 96 },
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
@@ -123,11 +123,23 @@ public static class Tests
         var offsets = new Dictionary<string, int>
         {
             { "LlamaCppOrder", 36 }, { "StepTokens", 40 }, { "Backend", 44 }, { "CudaDevice", 48 }, { "MlaPrefill", 52 },
+            { "SlidingWindowSessions", 56 },
         };
         foreach (var kv in offsets)
         {
             int offset = (int)Marshal.OffsetOf(typeof(Native.CacheParams), kv.Key);
             Check(offset == kv.Value, "CacheParams." + kv.Key + " at " + offset + ", not " + kv.Value);
+        }
+        // And of kiln_cache_stats' fields added after it.
+        var statsOffsets = new Dictionary<string, int>
+        {
+            { "KvBytesInUse", 80 }, { "SlidingBlocksTotal", 88 }, { "SlidingBlocksUsed", 92 },
+            { "SlidingBlocksReleased", 96 }, { "SlidingBlockBytes", 104 },
+        };
+        foreach (var kv in statsOffsets)
+        {
+            int offset = (int)Marshal.OffsetOf(typeof(Native.CacheStats), kv.Key);
+            Check(offset == kv.Value, "CacheStats." + kv.Key + " at " + offset + ", not " + kv.Value);
         }
     }
 

@@ -460,6 +460,11 @@ class CacheStats:
     evictions: int
     bytes_per_token: int
     block_bytes: int
+    kv_bytes_in_use: int
+    sliding_blocks_total: int
+    sliding_blocks_used: int
+    sliding_blocks_released: int
+    sliding_block_bytes: int
 
 
 @dataclass(frozen=True)
@@ -491,12 +496,15 @@ class Cache(_Handle):
         backend: Backend = Backend.CPU,
         cuda_device: int = 0,
         mla_prefill: MlaPrefill = MlaPrefill.ABSORBED,
+        sliding_window_sessions: int = 0,
     ) -> None:
         """kiln_cache_params. step_tokens: most tokens in one step's forward pass (None: kiln's
         512). backend CUDA or AUTO runs on the CUDA device `cuda_device` when it can, else on the
         CPU (the cache is created either way; the `backend` property says which and why).
-        mla_prefill: MLA models only. A bad value raises KilnError(INVALID_ARGUMENT) naming the
-        field."""
+        mla_prefill: MLA models only. sliding_window_sessions: models with sliding-window layers
+        (gemma3), CPU backend; 0 keeps every layer's K/V, N > 0 releases the sliding layers' K/V
+        once every window has left it, in a pool sized for N sessions' windows. A bad value raises
+        KilnError(INVALID_ARGUMENT) naming the field."""
         super().__init__()
         params = _init(_ffi.CacheParams, "kiln_cache_params_init")
         params.pool_bytes = pool_bytes
@@ -511,6 +519,7 @@ class Cache(_Handle):
         params.backend = int(backend)
         params.cuda_device = cuda_device
         params.mla_prefill = int(mla_prefill)
+        params.sliding_window_sessions = sliding_window_sessions
         h = c_void_p()
         _check(_lib.kiln_cache_create(model._handle(), byref(params), byref(h)), "kiln_cache_create")
         self._h = h.value

@@ -102,6 +102,7 @@ class CacheParams(Structure):
         ("backend", c_int),
         ("cuda_device", c_int32),
         ("mla_prefill", c_int),
+        ("sliding_window_sessions", c_int32),
     ]
 
 
@@ -121,6 +122,11 @@ class CacheStats(Structure):
         ("evictions", c_int64),
         ("bytes_per_token", c_size_t),
         ("block_bytes", c_size_t),
+        ("kv_bytes_in_use", c_size_t),
+        ("sliding_blocks_total", c_int32),
+        ("sliding_blocks_used", c_int32),
+        ("sliding_blocks_released", c_int64),
+        ("sliding_block_bytes", c_size_t),
     ]
 
 

@@ -445,7 +445,7 @@ def test_struct_layouts_match_the_header():
     from kiln import _ffi
 
     expected = {
-        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 56, "CacheStats": 80,
+        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 64, "CacheStats": 112,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
         "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "EagleParams": 20,
@@ -453,8 +453,17 @@ def test_struct_layouts_match_the_header():
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
     # The fields added after the ABI 1 baseline, at their offsetof in kiln_cache_params.
-    offsets = {"llama_cpp_order": 36, "step_tokens": 40, "backend": 44, "cuda_device": 48, "mla_prefill": 52}
+    offsets = {
+        "llama_cpp_order": 36, "step_tokens": 40, "backend": 44, "cuda_device": 48, "mla_prefill": 52,
+        "sliding_window_sessions": 56,
+    }
     assert {name: getattr(_ffi.CacheParams, name).offset for name in offsets} == offsets
+    # And in kiln_cache_stats.
+    offsets = {
+        "kv_bytes_in_use": 80, "sliding_blocks_total": 88, "sliding_blocks_used": 92,
+        "sliding_blocks_released": 96, "sliding_block_bytes": 104,
+    }
+    assert {name: getattr(_ffi.CacheStats, name).offset for name in offsets} == offsets
 
 
 def test_stream_raises_a_failed_request(cache):

@@ -154,6 +154,7 @@ pub struct kiln_cache_params {
     pub backend: kiln_backend_kind,
     pub cuda_device: i32,
     pub mla_prefill: kiln_mla_prefill,
+    pub sliding_window_sessions: i32,
 }
 
 #[repr(C)]
@@ -173,6 +174,11 @@ pub struct kiln_cache_stats {
     pub evictions: i64,
     pub bytes_per_token: usize,
     pub block_bytes: usize,
+    pub kv_bytes_in_use: usize,
+    pub sliding_blocks_total: i32,
+    pub sliding_blocks_used: i32,
+    pub sliding_blocks_released: i64,
+    pub sliding_block_bytes: usize,
 }
 
 #[repr(C)]
@@ -568,8 +574,8 @@ mod tests {
         // sizeof of each struct in C (gcc, LP64: x86-64 and aarch64 Linux).
         assert_eq!(core::mem::size_of::<kiln_model_params>(), 56);
         assert_eq!(core::mem::size_of::<kiln_model_info>(), 88);
-        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 56);
-        assert_eq!(core::mem::size_of::<kiln_cache_stats>(), 80);
+        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 64);
+        assert_eq!(core::mem::size_of::<kiln_cache_stats>(), 112);
         assert_eq!(core::mem::size_of::<kiln_sampler_params>(), 72);
         assert_eq!(core::mem::size_of::<kiln_generate_params>(), 40);
         assert_eq!(core::mem::size_of::<kiln_generate_result>(), 12);
@@ -602,5 +608,24 @@ mod tests {
         assert_eq!(offset!(backend), 44);
         assert_eq!(offset!(cuda_device), 48);
         assert_eq!(offset!(mla_prefill), 52);
+        assert_eq!(offset!(sliding_window_sessions), 56);
+    }
+
+    #[test]
+    fn cache_stats_offsets_match_the_header() {
+        // offsetof of the fields added after the ABI 1 baseline, in the header's order.
+        let s = core::mem::MaybeUninit::<kiln_cache_stats>::uninit();
+        let base = s.as_ptr() as usize;
+        macro_rules! offset {
+            ($field:ident) => {
+                // SAFETY: addr_of! forms the field's address without reading it.
+                unsafe { core::ptr::addr_of!((*s.as_ptr()).$field) as usize - base }
+            };
+        }
+        assert_eq!(offset!(kv_bytes_in_use), 80);
+        assert_eq!(offset!(sliding_blocks_total), 88);
+        assert_eq!(offset!(sliding_blocks_used), 92);
+        assert_eq!(offset!(sliding_blocks_released), 96);
+        assert_eq!(offset!(sliding_block_bytes), 104);
     }
 }

@@ -690,6 +690,10 @@ pub struct CacheOptions {
     pub backend: Backend,
     pub cuda_device: i32,
     pub mla_prefill: MlaPrefill,
+    /// Models with sliding-window layers (gemma3), CPU backend: 0 (default) keeps every layer's
+    /// K/V; N > 0 releases the sliding layers' K/V once every window has left it, in a pool sized
+    /// for N sessions' windows. Negative: [`Status::InvalidArgument`].
+    pub sliding_window_sessions: i32,
 }
 
 impl Default for CacheOptions {
@@ -707,6 +711,7 @@ impl Default for CacheOptions {
             backend: Backend::Cpu,
             cuda_device: p.cuda_device,
             mla_prefill: MlaPrefill::Absorbed,
+            sliding_window_sessions: p.sliding_window_sessions,
         }
     }
 }
@@ -770,6 +775,15 @@ pub struct CacheStats {
     pub evictions: i64,
     pub bytes_per_token: usize,
     pub block_bytes: usize,
+    /// K/V bytes held by sessions now.
+    pub kv_bytes_in_use: usize,
+    /// The sliding-window pool ([`CacheOptions::sliding_window_sessions`]; zero without one): its
+    /// blocks, those held, those released so far because every window had left them, and its
+    /// block bytes.
+    pub sliding_blocks_total: i32,
+    pub sliding_blocks_used: i32,
+    pub sliding_blocks_released: i64,
+    pub sliding_block_bytes: usize,
 }
 
 /// What one [`Cache::step`] did.
@@ -808,6 +822,7 @@ impl Cache {
             MlaPrefill::Absorbed => sys::KILN_MLA_PREFILL_ABSORBED,
             MlaPrefill::Measured => sys::KILN_MLA_PREFILL_MEASURED,
         };
+        p.sliding_window_sessions = options.sliding_window_sessions;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_cache_create(model.ptr(), &p, &mut raw) })?;
         Ok(Cache { raw: Arc::new(CacheRaw { ptr: raw, _model: model.raw.clone() }), model: model.clone() })
@@ -841,6 +856,11 @@ impl Cache {
             evictions: s.evictions,
             bytes_per_token: s.bytes_per_token,
             block_bytes: s.block_bytes,
+            kv_bytes_in_use: s.kv_bytes_in_use,
+            sliding_blocks_total: s.sliding_blocks_total,
+            sliding_blocks_used: s.sliding_blocks_used,
+            sliding_blocks_released: s.sliding_blocks_released,
+            sliding_block_bytes: s.sliding_block_bytes,
         })
     }
 
