@@ -56,6 +56,83 @@ inline __m256 Exp256(__m256 x) {
   return _mm256_andnot_ps(too_small, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
 }
 
+// ggml_v_expf on 8 lanes, bit for bit ExpGgml (kernels/cpu/ops_scalar.cc): the same FMAs; its
+// ldexp(j, n) for |n| <= 192 as (j * 2^(n/2)) * 2^(n - n/2): both factors are normal floats and
+// the first product is exact (|j| in [0.7, 1.5]), so the one rounding is ldexp's, subnormal
+// results included. |n| > 192 saturates to 0 or inf; NaN stays NaN.
+inline __m256 ExpGgml256(__m256 x) {
+  const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+  const __m256 n = _mm256_sub_ps(z, shift);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(
+          _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+          _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+  const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+  const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+  // Big lanes get n = 0 here (any finite scale will do: the blend below replaces them).
+  const __m256i ni = _mm256_cvttps_epi32(_mm256_andnot_ps(big, n));
+  const __m256i half_n = _mm256_srai_epi32(ni, 1);
+  const __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half_n, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_sub_epi32(ni, half_n), _mm256_set1_epi32(127)), 23));
+  const __m256 res = _mm256_mul_ps(_mm256_mul_ps(j, s1), s2);
+  if (_mm256_movemask_ps(big) == 0) return res;
+  const __m256 saturated = _mm256_blendv_ps(_mm256_set1_ps(__builtin_inff()), _mm256_setzero_ps(),
+                                            _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+  return _mm256_blendv_ps(res, saturated, big);
+}
+
+// Lanes [0, remaining) set, for maskload/maskstore.
+inline __m256i TailMask8(int64_t remaining) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(remaining < 8 ? remaining : 8)),
+                            lane);
+}
+
+void SwiGlu(const float* gate, const float* up, int64_t n, float* y) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = TailMask8(n - i);
+    const __m256 g = _mm256_maskload_ps(gate + i, m);
+    const __m256 e = ExpGgml256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_maskstore_ps(
+        y + i, m,
+        _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_maskload_ps(up + i, m)));
+  }
+}
+
+// _mm512_reduce_add_ps's order (GCC) on lanes lo[0..7], hi[0..7] = 8..15.
+inline float Reduce16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t7 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));  // (t6[0] + t6[2]), (t6[1] + t6[3])
+  return _mm_cvtss_f32(_mm_add_ss(t7, _mm_movehdup_ps(t7)));
+}
+
+double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
+  const __m256 mv = _mm256_set1_ps(max);
+  double sum = 0.0;
+  for (int64_t c = 0; c < n; c += 16) {
+    __m256 e[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = c + 8 * h;
+      const __m256i m = TailMask8(n - i);
+      // Lanes past n are 0 (their exp of the masked load's 0 - max is discarded).
+      e[h] = _mm256_and_ps(_mm256_castsi256_ps(m),
+                           ExpGgml256(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mv)));
+      _mm256_maskstore_ps(y + i, m, e[h]);
+    }
+    sum += static_cast<double>(Reduce16(e[0], e[1]));
+  }
+  return sum;
+}
+
 void Add(const float* a, const float* b, int64_t n, float* y) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -342,9 +419,12 @@ void GeGlu(const float* gate, const float* up, const uint16_t* table, int64_t n,
 }  // namespace
 
 void FillOpKernelsAvx2(OpKernels* k) {
-  // The llama-path kernels (rms_norm, swiglu, ggml-order attention) keep the scalar definitions
-  // here: same bits as ggml's AVX-512 arithmetic (op_kernels.h); AVX-512 machines get the fast
-  // ones. kiln's attention order is defined per lane, so 8-lane versions give its bits too.
+  // rms_norm and ggml-order attention's scores and V side keep the scalar definitions here:
+  // same bits as ggml's AVX-512 arithmetic (op_kernels.h); AVX-512 machines get the fast ones.
+  // kiln's attention order, swiglu and softmax_exp are defined per lane, so 8-lane versions
+  // give their bits too.
+  k->swiglu = SwiGlu;
+  k->softmax_exp = SoftmaxExp;
   k->kv_scores_rows = KvScoresRows;
   k->kv_accumulate_rows = KvAccumulateRows;
   k->geglu = GeGlu;  // element-wise: the same bits as the scalar definition

@@ -612,6 +612,59 @@ TEST(ElementwiseTest, GeGluSameBitsAtEveryLevel) {
   }
 }
 
+// swiglu and softmax_exp use ggml_v_expf's polynomial (ExpGgml): the same bits at every level,
+// over exp arguments from saturation (|n| > 192) through subnormal results to overflow, specials
+// (signed zeros, infinities, NaN), every tail length, and softmax_exp's chunked double sum. A NaN
+// argument gives a NaN, whose sign may differ between levels (which FMA operand's NaN
+// propagates).
+TEST(ElementwiseTest, SwiGluAndSoftmaxExpSameBitsAtEveryLevel) {
+  auto same = [](float a, float b) {
+    return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, sizeof a) == 0;
+  };
+  std::vector<float> args;
+  for (float x = -140.0f; x <= 140.0f; x += 1.0f / 64) args.push_back(x);
+  for (float x : {-1e30f, 1e30f, -200.0f, 200.0f, -133.2f, 133.2f, -103.97f, -87.34f, 88.73f, -0.0f,
+                  0.0f, 1e-30f, -1e-30f}) {
+    args.push_back(x);
+    args.push_back(std::nextafter(x, 0.0f));
+  }
+  for (float x : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    args.push_back(x);
+  }
+  std::mt19937 rng(21);
+  std::vector<float> up = RandomVector(static_cast<int64_t>(args.size()), rng, -2, 2);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{15}, int64_t{16}, int64_t{17},
+                    int64_t{40}, static_cast<int64_t>(args.size())}) {
+    // A window of the arguments that moves with n, so short lengths see different values.
+    const float* x = args.data() + (args.size() - static_cast<size_t>(n)) * (n % 5) / 5;
+    const float* u = up.data() + (x - args.data());
+    std::vector<float> swiglu_want(n), exp_want(n);
+    scalar.swiglu(x, u, n, swiglu_want.data());
+    const double sum_want = scalar.softmax_exp(x, 0.5f, n, exp_want.data());
+    for (CpuLevel level : Levels()) {
+      SCOPED_TRACE(CpuLevelName(level));
+      const OpKernels& k = GetOpKernels(level);
+      std::vector<float> y(n, 5.0f);
+      k.swiglu(x, u, n, y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(same(y[i], swiglu_want[i]))
+            << "swiglu n " << n << " gate " << x[i] << ": " << y[i] << " vs " << swiglu_want[i];
+      }
+      std::fill(y.begin(), y.end(), 5.0f);
+      const double sum = k.softmax_exp(x, 0.5f, n, y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(same(y[i], exp_want[i]))
+            << "softmax_exp n " << n << " x " << x[i] << ": " << y[i] << " vs " << exp_want[i];
+      }
+      EXPECT_TRUE(std::isnan(sum) ? std::isnan(sum_want)
+                                  : std::memcmp(&sum, &sum_want, sizeof sum) == 0)
+          << "n " << n << ": " << sum << " vs " << sum_want;
+    }
+  }
+}
+
 TEST(ElementwiseTest, ScaleMultipliesEveryElementAtEveryLevel) {
   std::mt19937 rng(7);
   for (int64_t n : {1, 17, 640}) {
