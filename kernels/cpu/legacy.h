@@ -171,8 +171,10 @@ void VecDotTileF32F32Avx512(int64_t n, const void* w, size_t w_stride, int n_row
 void VecDotTileF16F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                             size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
-// --- MatMul's activation quantizers (rules: lib/quant/activation.h), AVX-512
-// (kernels/cpu/activation_avx512.cc): the same bytes as the scalar ones.
+// --- MatMul's activation quantizers (rules: lib/quant/activation.h), AVX2 and AVX-512
+// (kernels/cpu/activation_avx2.cc, activation_avx512.cc): the same bytes as the scalar ones.
+void QuantizeActivationQ8_0Avx2(const float* x, void* y, int64_t n);
+void QuantizeActivationQ8_1Avx2(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_0Avx512(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_1Avx512(const float* x, void* y, int64_t n);
 

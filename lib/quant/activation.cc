@@ -60,12 +60,16 @@ void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n) {
 }  // namespace quant
 
 QuantizeRowFn ActivationQuantizer(GgmlType act_type, CpuLevel level) {
-  const bool avx512 = std::min(level, BestCpuLevel()) == CpuLevel::kAvx512;
+  const CpuLevel usable = std::min(level, BestCpuLevel());
   switch (act_type) {
     case GgmlType::kQ8_0:
-      return avx512 ? quant::QuantizeActivationQ8_0Avx512 : quant::QuantizeActivationQ8_0Ref;
+      return usable == CpuLevel::kAvx512 ? quant::QuantizeActivationQ8_0Avx512
+             : usable == CpuLevel::kAvx2 ? quant::QuantizeActivationQ8_0Avx2
+                                         : quant::QuantizeActivationQ8_0Ref;
     case GgmlType::kQ8_1:
-      return avx512 ? quant::QuantizeActivationQ8_1Avx512 : quant::QuantizeActivationQ8_1Ref;
+      return usable == CpuLevel::kAvx512 ? quant::QuantizeActivationQ8_1Avx512
+             : usable == CpuLevel::kAvx2 ? quant::QuantizeActivationQ8_1Avx2
+                                         : quant::QuantizeActivationQ8_1Ref;
     default: {
       const QuantKernels* k = GetQuantKernels(act_type, level);
       return k != nullptr ? k->quantize : nullptr;

@@ -24,7 +24,7 @@ namespace kiln {
 QuantizeRowFn ActivationQuantizer(GgmlType act_type, CpuLevel level);
 
 namespace quant {
-// Row quantizers: scalar here (lib/quant/activation.cc); AVX-512 in kernels/cpu/legacy.h.
+// Row quantizers: scalar here (lib/quant/activation.cc); AVX2 and AVX-512 in kernels/cpu/legacy.h.
 void QuantizeActivationQ8_0Ref(const float* x, void* y, int64_t n);
 void QuantizeActivationQ8_1Ref(const float* x, void* y, int64_t n);
 // One block of 32: writes q, sets *sum = Σ q, returns d (unrounded).

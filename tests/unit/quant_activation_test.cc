@@ -56,14 +56,17 @@ TEST(ActivationQuantizer, RoundsHalfToEvenWithScale127OverAmax) {
 }
 
 TEST(ActivationQuantizer, EveryLevelGivesTheSameBytes) {
+  // 43 blocks: whole groups of 8 and 16 blocks (the SIMD forms' vectors of scales) and a tail.
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 3.0f);
-  const int64_t n = 32 * 40;
+  const int64_t n = 32 * 43;
   std::vector<float> x(n);
   for (float& v : x) v = dist(rng);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: d = 0, q = 0
   x[32 * 17 + 5] = 1e7f;                            // d = 78740 rounds to an infinite f16
-  std::fill(x.begin() + 32 * 19, x.begin() + 32 * 20, 1e-6f);  // d is an f16 subnormal
+  std::fill(x.begin() + 32 * 19, x.begin() + 32 * 20, 1e-6f);     // d is an f16 subnormal
+  x[32 * 41 + 3] = -x[32 * 41 + 3] * 1e3f;                        // amax from a negative element
+  for (int j = 0; j < 32; ++j) x[32 * 42 + j] = (j - 16) * 0.5f;  // ties at every step
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ8_1}) {
     const size_t bytes = (type == GgmlType::kQ8_0 ? 34 : 36) * (n / 32);
     std::vector<uint8_t> want(bytes), got(bytes);
