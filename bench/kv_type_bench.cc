@@ -113,21 +113,28 @@ void RoundE4m3Scaled(float* rows, int n_rows, int n, int rows_per_scale) {
   }
 }
 
-int RoundingError(const std::string& model_path, int context) {
+// The model at model_path (exits on failure) and `context` token ids from a fixed seed.
+std::unique_ptr<kiln::Model> LoadWithPrompt(const std::string& model_path, int context,
+                                            std::vector<int32_t>* prompt) {
   kiln::ModelLoadOptions load;
   load.path = model_path;
   auto model = kiln::Model::Load(load);
   if (!model.ok()) Die("load " + model_path + ": " + std::string(model.status().message()));
-  std::vector<int32_t> prompt;
   std::mt19937 rng(1);
   for (int i = 0; i < context; ++i) {
-    prompt.push_back(static_cast<int32_t>(rng() % (*model)->hparams().n_vocab));
+    prompt->push_back(static_cast<int32_t>(rng() % (*model)->hparams().n_vocab));
   }
+  return std::move(*model);
+}
+
+int RoundingError(const std::string& model_path, int context) {
+  std::vector<int32_t> prompt;
+  const std::unique_ptr<kiln::Model> model = LoadWithPrompt(model_path, context, &prompt);
   kiln::EngineOptions eo;
   eo.n_ctx = context + 16;
   eo.prefix_caching = false;
   eo.kv_type = kiln::GgmlType::kF32;
-  auto engine = kiln::Engine::Create(**model, eo);
+  auto engine = kiln::Engine::Create(*model, eo);
   if (!engine.ok()) Die(std::string(engine.status().message()));
   Run run;
   run.engine = std::move(*engine);
@@ -248,15 +255,8 @@ int main(int argc, char** argv) {
     p = comma + 1;
   }
 
-  kiln::ModelLoadOptions load;
-  load.path = model_path;
-  auto model = kiln::Model::Load(load);
-  if (!model.ok()) Die("load " + model_path + ": " + std::string(model.status().message()));
   std::vector<int32_t> prompt;
-  std::mt19937 rng(1);
-  for (int i = 0; i < context; ++i) {
-    prompt.push_back(static_cast<int32_t>(rng() % (*model)->hparams().n_vocab));
-  }
+  const std::unique_ptr<kiln::Model> model = LoadWithPrompt(model_path, context, &prompt);
   std::printf("%s, %d thread(s), context %d, %d decode steps x %d repeats\n",
               model_path.substr(model_path.rfind('/') + 1).c_str(), threads, context, n_decode,
               repeats);
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     eo.prefix_caching = false;
     eo.n_threads = threads;
     eo.kv_type = p.type;
-    auto engine = kiln::Engine::Create(**model, eo);
+    auto engine = kiln::Engine::Create(*model, eo);
     if (!engine.ok()) Die(std::string(engine.status().message()));
     p.run.engine = std::move(*engine);
     p.seq = p.run.engine->Locked(
