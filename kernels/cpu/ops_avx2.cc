@@ -353,6 +353,145 @@ void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
   }
 }
 
+// ---- The llama.cpp order (op_kernels.h): ggml's AVX-512 lanes, 8 at a time. Each lane is one
+// FMA chain whatever the register width, so 8-lane registers give the definition's bits when
+// the lanes are reduced in its order.
+
+inline int64_t RowBytes(KvElem elem, int64_t d) {
+  return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
+}
+
+// kv_scores: ggml's 64 lanes as 8 registers (acc[m] = lanes 8m .. 8m + 7) or tinyBLAS's 16 as
+// 2, one head at a time (its 8 chains fill the FMA pipes); K widened as it is read. The lanes are
+// summed as ((l0 + l2) + (l1 + l3)) per 16 (acc 0/4/2/6 for lanes 0..7, 1/5/3/7 for 8..15), then
+// in _mm512_reduce_add_ps's order; a d % step tail (the callers pass none) is the definition's.
+void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
+              int64_t d, int64_t n_lanes, float* scores, int64_t score_stride) {
+  const bool tiny_blas = n_lanes == kAttnLanesTinyBlas;
+  const int64_t step = tiny_blas ? 16 : 64;
+  const int64_t full = d - d % step, row_bytes = RowBytes(elem, d);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* k = static_cast<const uint8_t*>(k_rows) + j * row_bytes;
+    for (int64_t g = 0; g < n_q; ++g) {
+      const float* qg = q + g * d;
+      __m256 acc[8];
+      for (__m256& a : acc) a = _mm256_setzero_ps();
+      for (int64_t i0 = 0; i0 < full; i0 += step) {
+        for (int m = 0; m < step / 8; ++m) {
+          acc[m] = _mm256_fmadd_ps(LoadKv8(k, elem, i0 + 8 * m), _mm256_loadu_ps(qg + i0 + 8 * m),
+                                   acc[m]);
+        }
+      }
+      const __m256 lo =
+          tiny_blas ? acc[0]
+                    : _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+      const __m256 hi =
+          tiny_blas ? acc[1]
+                    : _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+      float s = Reduce16(lo, hi);
+      for (int64_t i = full; i < d; ++i) s += LoadKv1(k, elem, i) * qg[i];
+      scores[g * score_stride + j] = s;
+    }
+  }
+}
+
+// kv_accumulate: row j's FMA into its lane's accumulator row, 8 columns at a time.
+void KvAccumulate(float* acc, const float* p, const void* v_rows, int64_t n_rows, int64_t lane0,
+                  int64_t n_lanes, KvElem elem, int64_t d) {
+  const int64_t row_bytes = RowBytes(elem, d), full = d - d % 8;
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const void* v = static_cast<const uint8_t*>(v_rows) + j * row_bytes;
+    float* a = acc + ((lane0 + j) % n_lanes) * d;
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int64_t i = 0; i < full; i += 8) {
+      _mm256_storeu_ps(a + i, _mm256_fmadd_ps(LoadKv8(v, elem, i), pj, _mm256_loadu_ps(a + i)));
+    }
+    for (int64_t i = full; i < d; ++i) a[i] = std::fma(LoadKv1(v, elem, i), p[j], a[i]);
+  }
+}
+
+// kv_accumulate_groups: run r's 16 rows go to lanes 16 (r % lane groups) + 0..15. Per lane group,
+// half (8 lanes) and 8 columns, the 8 accumulators stay in registers over the group's runs in
+// index order, so each lane's FMA order is kv_accumulate's.
+void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups, int64_t n_groups,
+                        int64_t n_lanes, KvElem elem, int64_t d) {
+  const int64_t lane_groups = n_lanes / 16;
+  const int64_t row_bytes = RowBytes(elem, d), full = d - d % 8;
+  for (int64_t lg = 0; lg < lane_groups && lg < n_groups; ++lg) {
+    for (int64_t half = 0; half < 16; half += 8) {
+      float* lanes = acc + (16 * lg + half) * d;  // [8, d]
+      for (int64_t i = 0; i < full; i += 8) {
+        __m256 a[8];
+        for (int l = 0; l < 8; ++l) a[l] = _mm256_loadu_ps(lanes + l * d + i);
+        for (int64_t r = lg; r < n_groups; r += lane_groups) {
+          const uint8_t* rows = static_cast<const uint8_t*>(v_groups[r]) + half * row_bytes;
+          const float* pr = p + 16 * r + half;
+          for (int l = 0; l < 8; ++l) {
+            a[l] = _mm256_fmadd_ps(LoadKv8(rows + l * row_bytes, elem, i), _mm256_set1_ps(pr[l]),
+                                   a[l]);
+          }
+        }
+        for (int l = 0; l < 8; ++l) _mm256_storeu_ps(lanes + l * d + i, a[l]);
+      }
+      for (int64_t i = full; i < d; ++i) {
+        for (int l = 0; l < 8; ++l) {
+          float a = lanes[l * d + i];
+          for (int64_t r = lg; r < n_groups; r += lane_groups) {
+            const uint8_t* row = static_cast<const uint8_t*>(v_groups[r]) + (half + l) * row_bytes;
+            a = std::fma(LoadKv1(row, elem, i), p[16 * r + half + l], a);
+          }
+          lanes[l * d + i] = a;
+        }
+      }
+    }
+  }
+}
+
+// reduce_lanes: the definition's tree, element-wise over 8 columns at a time.
+void ReduceLanes(const float* acc, int64_t n_lanes, int64_t d, float* out) {
+  const bool tiny_blas = n_lanes == kAttnLanesTinyBlas;
+  const int64_t full = d - d % 8;
+  for (int64_t i = 0; i < full; i += 8) {
+    auto lane = [&](int64_t l) { return _mm256_loadu_ps(acc + l * d + i); };
+    __m256 v[16];
+    for (int l = 0; l < 16; ++l) {
+      v[l] = tiny_blas ? lane(l)
+                       : _mm256_add_ps(_mm256_add_ps(lane(l), lane(32 + l)),
+                                       _mm256_add_ps(lane(16 + l), lane(48 + l)));
+    }
+    __m256 t3[8], t6[4];
+    for (int l = 0; l < 8; ++l) t3[l] = _mm256_add_ps(v[8 + l], v[l]);
+    for (int l = 0; l < 4; ++l) t6[l] = _mm256_add_ps(t3[4 + l], t3[l]);
+    _mm256_storeu_ps(out + i,
+                     _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3])));
+  }
+  for (int64_t i = full; i < d; ++i) {
+    float v[16];
+    for (int l = 0; l < 16; ++l) {
+      v[l] = tiny_blas ? acc[l * d + i]
+                       : (acc[l * d + i] + acc[(32 + l) * d + i]) +
+                             (acc[(16 + l) * d + i] + acc[(48 + l) * d + i]);
+    }
+    float t3[8], t6[4];
+    for (int l = 0; l < 8; ++l) t3[l] = v[8 + l] + v[l];
+    for (int l = 0; l < 4; ++l) t6[l] = t3[4 + l] + t3[l];
+    out[i] = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+  }
+}
+
+// round_f16: vcvtps2ph (nearest even) and back; a chunk holding a NaN takes the definition (every
+// NaN as sign | 0x7E00, where vcvtps2ph would keep part of its payload).
+void RoundF16(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) break;
+    _mm256_storeu_ps(
+        x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  }
+  for (; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
 // op_kernels.h's q8_0_dot_ggml: the 4-element lanes from 16-bit products (|q| <= 128 each, so
 // every product and pair sum is exact), pair sums widened by madd, then adjacent pairs added.
 float Q8_0DotGgml(const void* w, const void* a, int64_t n) {
@@ -419,10 +558,9 @@ void GeGlu(const float* gate, const float* up, const uint16_t* table, int64_t n,
 }  // namespace
 
 void FillOpKernelsAvx2(OpKernels* k) {
-  // rms_norm and ggml-order attention's scores and V side keep the scalar definitions here:
-  // same bits as ggml's AVX-512 arithmetic (op_kernels.h); AVX-512 machines get the fast ones.
-  // kiln's attention order, swiglu and softmax_exp are defined per lane, so 8-lane versions
-  // give their bits too.
+  // Every kernel is defined per lane, in AVX-512's lanes where ggml's order has them, so 8-lane
+  // versions give the definitions' bits. rms_norm keeps the scalar one: its in-order double sum
+  // is one add chain per row.
   k->swiglu = SwiGlu;
   k->softmax_exp = SoftmaxExp;
   k->kv_scores_rows = KvScoresRows;
@@ -435,6 +573,11 @@ void FillOpKernelsAvx2(OpKernels* k) {
   k->store_f16 = StoreF16;
   k->rope_pairs = RopePairs;
   k->q8_0_dot_ggml = Q8_0DotGgml;
+  k->kv_scores = KvScores;
+  k->kv_accumulate = KvAccumulate;
+  k->kv_accumulate_groups = KvAccumulateGroups;
+  k->reduce_lanes = ReduceLanes;
+  k->round_f16 = RoundF16;
 }
 
 }  // namespace kiln::cpu

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -24,6 +25,104 @@ namespace {
 
 using kiln::testing::Levels;
 using kiln::testing::RandomVector;
+
+// ---- The llama.cpp order's kernels --------------------------------------------------------
+
+// n_rows rows of d random elements of `elem`, as the cache stores them (q8_0: whole blocks).
+std::vector<uint8_t> RandomKvRows(KvElem elem, int64_t n_rows, int64_t d, std::mt19937& rng) {
+  const std::vector<float> x = RandomVector(n_rows * d, rng, -2.0f, 2.0f);
+  std::vector<uint8_t> out;
+  auto put16 = [&](uint16_t h) { out.insert(out.end(), {uint8_t(h & 0xFF), uint8_t(h >> 8)}); };
+  if (elem == KvElem::kF32) {
+    out.resize(x.size() * 4);
+    std::memcpy(out.data(), x.data(), out.size());
+  } else if (elem == KvElem::kQ8_0) {
+    std::uniform_int_distribution<int> q(-127, 127);
+    for (int64_t b = 0; b < n_rows * d / 32; ++b) {
+      put16(Fp32ToFp16(x[b] / 64));
+      for (int i = 0; i < 32; ++i) out.push_back(static_cast<uint8_t>(q(rng)));
+    }
+  } else {
+    for (float f : x) put16(elem == KvElem::kF16 ? Fp32ToFp16(f) : Fp32ToBf16(f));
+  }
+  return out;
+}
+
+// Every level's kv_scores, kv_accumulate, kv_accumulate_groups, reduce_lanes and round_f16 give
+// the scalar definitions' bits: each element type, both lane counts, column tails, lane offsets
+// that wrap, and (round_f16) ties, subnormals, overflow and NaN.
+TEST(LlamaOrderKernelsTest, SameBitsAtEveryLevel) {
+  std::mt19937 rng(31);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  for (KvElem elem : {KvElem::kF32, KvElem::kF16, KvElem::kBf16, KvElem::kQ8_0}) {
+    for (int64_t n_lanes : {kAttnLanes, kAttnLanesTinyBlas}) {
+      for (int64_t d : {int64_t{8}, int64_t{36}, int64_t{64}, int64_t{80}, int64_t{192}}) {
+        if (elem == KvElem::kQ8_0 && d % 32 != 0) continue;
+        SCOPED_TRACE(::testing::Message()
+                     << "elem " << static_cast<int>(elem) << " lanes " << n_lanes << " d " << d);
+        const int64_t n_rows = 96, n_q = 3;
+        const std::vector<uint8_t> rows = RandomKvRows(elem, n_rows, d, rng);
+        const int64_t row_bytes = static_cast<int64_t>(rows.size()) / n_rows;
+        const std::vector<float> q = RandomVector(n_q * d, rng, -2.0f, 2.0f);
+        const std::vector<float> p = RandomVector(n_rows, rng, 0.0f, 1.0f);
+        const std::vector<float> acc0 = RandomVector(kAttnLanes * d, rng, -1.0f, 1.0f);
+        std::vector<const void*> groups;  // runs of 16 rows in index order
+        for (int64_t r = 0; r < n_rows / 16; ++r)
+          groups.push_back(rows.data() + 16 * r * row_bytes);
+        // The callers pass kv_scores whole lane steps only (attention.cc, matmul_llama_cpp.cc).
+        const bool scores = d % (n_lanes == kAttnLanes ? 64 : 16) == 0;
+        std::vector<float> scores_want(n_q * n_rows), acc_want = acc0, groups_want = acc0,
+                                                      reduced_want(d);
+        if (scores) {
+          scalar.kv_scores(q.data(), n_q, rows.data(), n_rows, elem, d, n_lanes, scores_want.data(),
+                           n_rows);
+        }
+        scalar.kv_accumulate(acc_want.data(), p.data(), rows.data(), n_rows, 13, n_lanes, elem, d);
+        scalar.kv_accumulate_groups(groups_want.data(), p.data(), groups.data(),
+                                    static_cast<int64_t>(groups.size()), n_lanes, elem, d);
+        scalar.reduce_lanes(acc_want.data(), n_lanes, d, reduced_want.data());
+        for (CpuLevel level : Levels()) {
+          SCOPED_TRACE(CpuLevelName(level));
+          const OpKernels& k = GetOpKernels(level);
+          if (scores) {
+            std::vector<float> s(n_q * n_rows);
+            k.kv_scores(q.data(), n_q, rows.data(), n_rows, elem, d, n_lanes, s.data(), n_rows);
+            EXPECT_TRUE(same(s, scores_want)) << "kv_scores";
+          }
+          std::vector<float> acc = acc0, grouped = acc0, reduced(d);
+          k.kv_accumulate(acc.data(), p.data(), rows.data(), n_rows, 13, n_lanes, elem, d);
+          EXPECT_TRUE(same(acc, acc_want)) << "kv_accumulate";
+          k.kv_accumulate_groups(grouped.data(), p.data(), groups.data(),
+                                 static_cast<int64_t>(groups.size()), n_lanes, elem, d);
+          EXPECT_TRUE(same(grouped, groups_want)) << "kv_accumulate_groups";
+          k.reduce_lanes(acc_want.data(), n_lanes, d, reduced.data());
+          EXPECT_TRUE(same(reduced, reduced_want)) << "reduce_lanes";
+        }
+      }
+    }
+  }
+  // round_f16: a NaN becomes the quiet NaN with its sign at every level.
+  std::vector<float> x = RandomVector(37, rng, -70000.0f, 70000.0f);
+  for (float v : {65504.0f, 65520.0f, 65519.996f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 6e-8f,
+                  2.9e-8f, 3e-8f, -0.0f, std::numeric_limits<float>::infinity()}) {
+    x.push_back(v);
+  }
+  std::vector<float> with_nan = x;
+  with_nan[3] = std::numeric_limits<float>::quiet_NaN();
+  with_nan[20] = -std::numeric_limits<float>::signaling_NaN();
+  for (const std::vector<float>& in : {x, with_nan}) {
+    std::vector<float> want = in;
+    scalar.round_f16(want.data(), static_cast<int64_t>(want.size()));
+    for (CpuLevel level : Levels()) {
+      std::vector<float> got = in;
+      GetOpKernels(level).round_f16(got.data(), static_cast<int64_t>(got.size()));
+      EXPECT_TRUE(same(got, want)) << "round_f16 " << CpuLevelName(level);
+    }
+  }
+}
 
 // ---- Paged attention ----------------------------------------------------------------------
 

@@ -341,7 +341,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
   // in place, which needs a contiguous q; a converted f16 q is contiguous), V.p for both types.
   const bool prompt = order == AttentionOrder::kLlamaCppPrompt;
   const int64_t kq_lanes = prompt && q_to_f16 ? kAttnLanesTinyBlas : kAttnLanes;
-  // The AVX-512 score kernel covers whole steps of its lanes; other head sizes use the definition.
+  // The SIMD score kernels cover whole steps of their lanes; other head sizes use the definition.
   const auto kv_scores =
       d % kq_lanes == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
   const int64_t n_lanes = prompt ? kAttnLanesTinyBlas : kAttnLanes;

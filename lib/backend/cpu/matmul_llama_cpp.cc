@@ -1,6 +1,7 @@
 #include "lib/backend/cpu/matmul_llama_cpp.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -33,8 +34,26 @@ float HsumFloat8(const float* x) {
   return ((x[4] + x[0]) + (x[6] + x[2])) + ((x[5] + x[1]) + (x[7] + x[3]));
 }
 
+// Byte k of kBit4OfByte[b] is 0x10 where bit k of b is set: Q5_0's fifth bits, 8 at a time.
+constexpr auto kBit4OfByte = [] {
+  std::array<uint64_t, 256> t{};
+  for (int b = 0; b < 256; ++b) {
+    for (int k = 0; k < 8; ++k) t[b] |= static_cast<uint64_t>((b >> k) & 1) << (8 * k + 4);
+  }
+  return t;
+}();
+constexpr uint64_t kEveryByte = 0x0101010101010101;
+
+// Eight values v < 2 bias (bias 16 or 8; one per byte of v) as the int8 bytes v - bias: from the
+// bias up that is v mod bias, below it v - bias + 256 = (v mod bias) | (256 - bias), the bit
+// `bias` clear times (256 - bias) / bias (no carry between bytes).
+uint64_t MinusBias(uint64_t v, uint64_t bias) {
+  return (v & (bias - 1) * kEveryByte) | ((~v & bias * kEveryByte) * ((256 - bias) / bias));
+}
+
 // A Q5_0 weight row as the Q8_0 row of its values q - 16 (same d): ggml_vec_dot_q5_0_q8_0 is
-// then op_kernels.h's q8_0_dot_ggml on it (the same scale product, the same lanes).
+// then op_kernels.h's q8_0_dot_ggml on it (the same scale product, the same lanes). Element j of
+// a block is (qs[j] & 15) | bit j of qh << 4, element j + 16 (qs[j] >> 4) | bit j + 16 << 4.
 void Q5_0RowAsQ8_0(const uint8_t* w, int64_t n_in, uint8_t* out) {
   for (int64_t b = 0; b < n_in / kQ8Block; ++b) {
     const auto* wb = reinterpret_cast<const quant::BlockQ5_0*>(w + b * sizeof(quant::BlockQ5_0));
@@ -42,25 +61,33 @@ void Q5_0RowAsQ8_0(const uint8_t* w, int64_t n_in, uint8_t* out) {
     std::memcpy(ob, wb->d, 2);
     uint32_t qh;
     std::memcpy(&qh, wb->qh, 4);
-    auto* q = reinterpret_cast<int8_t*>(ob + 2);
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<int8_t>(((wb->qs[j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-      q[j + 16] = static_cast<int8_t>(((wb->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    for (int j = 0; j < 16; j += 8) {
+      uint64_t qs;
+      std::memcpy(&qs, wb->qs + j, 8);
+      const uint64_t lo = (qs & 15 * kEveryByte) | kBit4OfByte[(qh >> j) & 255];
+      const uint64_t hi = ((qs >> 4) & 15 * kEveryByte) | kBit4OfByte[(qh >> (j + 16)) & 255];
+      const uint64_t q_lo = MinusBias(lo, 16), q_hi = MinusBias(hi, 16);
+      std::memcpy(ob + 2 + j, &q_lo, 8);
+      std::memcpy(ob + 2 + 16 + j, &q_hi, 8);
     }
   }
 }
 
 // A Q4_0 weight row as the Q8_0 row of its values q - 8 (same d): ggml_vec_dot_q4_0_q8_0 and
-// tinyBLAS_Q0_AVX are then op_kernels.h's q8_0_dot_ggml on it, as for Q5_0.
+// tinyBLAS_Q0_AVX are then op_kernels.h's q8_0_dot_ggml on it, as for Q5_0. Element j of a
+// block is qs[j] & 15, element j + 16 qs[j] >> 4.
 void Q4_0RowAsQ8_0(const uint8_t* w, int64_t n_in, uint8_t* out) {
   for (int64_t b = 0; b < n_in / kQ8Block; ++b) {
     const auto* wb = reinterpret_cast<const quant::BlockQ4_0*>(w + b * sizeof(quant::BlockQ4_0));
     uint8_t* ob = out + b * kQ8BlockBytes;
     std::memcpy(ob, wb->d, 2);
-    auto* q = reinterpret_cast<int8_t*>(ob + 2);
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<int8_t>((wb->qs[j] & 15) - 8);
-      q[j + 16] = static_cast<int8_t>((wb->qs[j] >> 4) - 8);
+    for (int j = 0; j < 16; j += 8) {
+      uint64_t qs;
+      std::memcpy(&qs, wb->qs + j, 8);
+      const uint64_t q_lo = MinusBias(qs & 15 * kEveryByte, 8);
+      const uint64_t q_hi = MinusBias((qs >> 4) & 15 * kEveryByte, 8);
+      std::memcpy(ob + 2 + j, &q_lo, 8);
+      std::memcpy(ob + 2 + 16 + j, &q_hi, 8);
     }
   }
 }
