@@ -15,10 +15,11 @@ namespace {
 absl::Status SizeSlidingPools(const KvLayout& layout, const EngineOptions& opt,
                               KvCacheOptions* cache_options) {
   const int64_t bs = opt.block_size;
-  // One session's live sliding rows: the window, the release margin and the attention's 16-row
+  // One session's live sliding rows: the window, the release margin and the attention's row
   // alignment behind its computed tokens, a partial block, and the most it appends before they
   // are computed (a prompt chunk or a draft); plus a copy-on-write spare.
-  const int64_t rows = layout.sliding_window() + kSlidingReleaseMargin + 16 + bs +
+  const int64_t rows = layout.sliding_window() + kSlidingReleaseMargin +
+                       KvCache::kSlidingRowAlignment + bs +
                        std::max<int64_t>(opt.prefill_chunk, kSlidingReleaseMargin + 1);
   const int64_t per_session = (rows + bs - 1) / bs + 1;
   const int64_t wanted =

@@ -9,15 +9,12 @@ namespace {
 
 int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
-// The attention kernels' llama.cpp order scores a window's rows from its first row rounded down
-// to a multiple of this (attention.cc), so those rows must stay readable too.
-constexpr int32_t kAttentionRowAlignment = 16;
-
 // Leading blocks no token at position >= next_pos - margin reads in a layer with this window.
 int32_t BlocksBelowWindow(int32_t next_pos, int32_t window, int32_t margin, int32_t block_size) {
   const int64_t first = static_cast<int64_t>(next_pos) - window + 1 - margin;
   if (first <= 0) return 0;
-  return static_cast<int32_t>(first / kAttentionRowAlignment * kAttentionRowAlignment / block_size);
+  return static_cast<int32_t>(first / KvCache::kSlidingRowAlignment *
+                              KvCache::kSlidingRowAlignment / block_size);
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> NewStorage(const KvCacheOptions& options,

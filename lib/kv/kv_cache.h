@@ -139,6 +139,10 @@ struct KvCacheCounters {
 
 class KvCache {
  public:
+  // The llama.cpp order's attention scores a sliding window's rows from its first row rounded
+  // down to a multiple of this (attention.cc), so those rows must stay readable too.
+  static constexpr int32_t kSlidingRowAlignment = 16;
+
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout,
                                                          const KvCacheOptions& options);
 
@@ -211,8 +215,8 @@ class KvCache {
   // Including the null block; `group` 1 is the sliding group's pool.
   int32_t NumBlocks(int32_t group = 0) const { return Pool(group).num_blocks(); }
   // Leading blocks of a sequence with n_computed computed tokens whose sliding-layer K/V no
-  // present or future token reads (its window, the margin, and the attention kernels' 16-row
-  // alignment, attention.cc); 0 without a sliding group.
+  // present or future token reads (its window, the margin, and kSlidingRowAlignment); 0 without
+  // a sliding group.
   int32_t ReleasableSlidingBlocks(int32_t n_computed) const;
 
   // Fills `out` with the CSR tables of `seqs` in order (see KvTables). Validates every id first;
