@@ -66,7 +66,8 @@ fi
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan+UBSan build + ctest"
-  # The benchmarks are not built: nothing runs them here.
+  # The benchmarks are not built: nothing runs them here. The test sources get ASan only
+  # (tests/CMakeLists.txt): UBSan checks what they run.
   scripts/build.sh build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF \
     -DKILN_BUILD_BENCH=OFF
   (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
