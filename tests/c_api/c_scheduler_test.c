@@ -515,7 +515,8 @@ static void test_cache_sliding_window_sessions(kiln_model* model) {
   kiln_cache_destroy(cache);
 }
 
-int main(void) {
+/* argv[1]: the model (default: the default model in KILN_MODEL_DIR or ~/.cache/kiln). */
+int main(int argc, char** argv) {
   char path[1024];
   const char* dir = getenv("KILN_MODEL_DIR");
   const char* home = getenv("HOME");
@@ -526,7 +527,9 @@ int main(void) {
   output expected[kSessions];
   kiln_model_params_init(&mp, sizeof mp);
   kiln_cache_params_init(&cp, sizeof cp);
-  if (dir && *dir) {
+  if (argc > 1) {
+    snprintf(path, sizeof path, "%s", argv[1]);
+  } else if (dir && *dir) {
     snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
   } else {
     snprintf(path, sizeof path, "%s/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs c_stress_test on a tiny random-weight model written by kiln-mkmodel.
-#   c_stress_test.sh KILN_MKMODEL C_STRESS_TEST [SECONDS]
-# SECONDS defaults to $KILN_STRESS_SECONDS, else 5 (scripts/test.sh's sanitizer stages set 30).
+# Runs a C API test program on a tiny random-weight model written by kiln-mkmodel:
+#   tiny_model_test.sh KILN_MKMODEL PROGRAM [ARGS...]   runs PROGRAM TINY.gguf [ARGS...]
+# (c_stress_test always; c_scheduler_test under ThreadSanitizer, see CMakeLists.txt.)
 set -euo pipefail
 mkmodel="$1"
-stress="$2"
-seconds="${3:-${KILN_STRESS_SECONDS:-5}}"
+program="$2"
+shift 2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$mkmodel" --shape tiny-llama-gqa --type q8_0 --seed 23 --out "$tmp/tiny.gguf" >/dev/null
-"$stress" "$tmp/tiny.gguf" "$seconds"
+"$program" "$tmp/tiny.gguf" "$@"
