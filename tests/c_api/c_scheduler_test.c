@@ -1,7 +1,7 @@
-/* The non-blocking C API (strict C11 + POSIX threads) on the default model (or argv[1]'s): submit and poll with
- * host-driven steps under a time budget, the worker thread, callbacks (what may and may not be
- * called from them), cancel of a queued, prefilling and decoding request, busy rules and bad
- * arguments, and blocking generates on several threads giving the text of sequential ones. */
+/* The non-blocking C API (strict C11 + POSIX threads) on the default model (or argv[1]'s): submit
+ * and poll with host-driven steps under a time budget, the worker thread, callbacks (what may and
+ * may not be called from them), cancel of a queued, prefilling and decoding request, busy rules and
+ * bad arguments, and blocking generates on several threads giving the text of sequential ones. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <pthread.h>
