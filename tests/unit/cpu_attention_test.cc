@@ -185,6 +185,14 @@ struct SeqKv {
   std::vector<int32_t> blocks;
 };
 
+// Block ids 0 .. n - 1 in a random order: WriteSequence takes its blocks from the back.
+std::vector<int32_t> ShuffledBlockIds(int32_t n, std::mt19937& rng) {
+  std::vector<int32_t> ids(n);
+  for (int32_t i = 0; i < n; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  return ids;
+}
+
 // Writes `len` random positions of a new sequence into free blocks taken from `free_blocks`.
 SeqKv WriteSequence(TestCache& cache, int32_t len, std::vector<int32_t>& free_blocks,
                     std::mt19937& rng) {
@@ -228,9 +236,7 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
                    << "heads " << sh.n_heads << "/" << sh.n_kv_heads << " d " << sh.head_dim
                    << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
       TestCache cache(sh.n_kv_heads, sh.head_dim, sh.block_size, 64, type);
-      std::vector<int32_t> free_blocks(64);
-      for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
-      std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+      std::vector<int32_t> free_blocks = ShuffledBlockIds(64, rng);
       // Three sequences; the batch holds a prefill chunk of seq 0, one decode token of seq 1
       // and two of seq 2 (positions chosen to cross block boundaries).
       const int32_t lens[] = {37, 1, 50};
@@ -400,9 +406,7 @@ TEST(PagedAttentionTest, SlidingWindowSeesOnlyItsWindow) {
   for (const AttnShape& sh : {AttnShape{4, 1, 64, 16}, AttnShape{6, 2, 32, 5}}) {
     SCOPED_TRACE(::testing::Message() << "bs " << sh.block_size);
     TestCache cache(sh.n_kv_heads, sh.head_dim, sh.block_size, 64, GgmlType::kF32);
-    std::vector<int32_t> free_blocks(64);
-    for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
-    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    std::vector<int32_t> free_blocks = ShuffledBlockIds(64, rng);
     const SeqKv s = WriteSequence(cache, 90, free_blocks, rng);
     const std::vector<int32_t> indptr = {0, static_cast<int32_t>(s.blocks.size())};
     const int32_t window = 12;
@@ -571,9 +575,7 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
                    << "heads " << sh.n_heads << " latent " << sh.kv_lora_rank << "+" << sh.rope_dim
                    << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
       TestCache cache(1, row, sh.block_size, 64, q8 ? GgmlType::kF32 : type);
-      std::vector<int32_t> free_blocks(64);
-      for (int32_t i = 0; i < 64; ++i) free_blocks[i] = i;
-      std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+      std::vector<int32_t> free_blocks = ShuffledBlockIds(64, rng);
       const int32_t lens[] = {37, 1, 50};
       std::vector<SeqKv> seqs;
       std::vector<int32_t> indptr = {0}, indices;
