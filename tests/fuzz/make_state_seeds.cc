@@ -2,7 +2,8 @@
 // valid session states for the fuzz target's dimensions (tests/fuzz/state_fuzz_target.h), each
 // twice: as a whole state (first byte 0) and as a bare payload (first byte 1, the fuzzer wraps
 // it in a valid envelope). Seeds: tokens only; K/V of every token with logits; K/V of all but
-// the pending last token; a speculative section with a pass-cost model and an n-gram state.
+// the pending last token; K/V whose sliding layer starts at row 10; a speculative section with a
+// pass-cost model and an n-gram state.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -33,20 +34,35 @@ SessionState Base(int n_tokens) {
   return s;
 }
 
-void AddKv(SessionState* s, int n_computed) {
+// K/V of n_computed tokens; the sliding layer's tiles from sliding_first_row on.
+void AddKv(SessionState* s, int n_computed, int sliding_first_row = 0) {
   const kiln::state::StateTarget t = kiln::fuzz::StateFuzzTarget();
   s->set_n_computed(n_computed);
   kiln::state::KvData* kv = s->mutable_kv();
   kv->set_elem_type(static_cast<uint32_t>(t.kv_type));
   kv->set_row_elems(static_cast<uint32_t>(t.kv_row_elems));
+  kv->set_sliding_first_row(static_cast<uint32_t>(sliding_first_row));
+  const int tiles_per_layer = t.kv_tiles / static_cast<int>(t.kv_sliding_layers.size());
   for (int i = 0; i < t.kv_tiles; ++i) {
-    kv->add_tiles(std::string(static_cast<size_t>(n_computed) * t.kv_row_bytes, char('a' + i)));
+    const int rows =
+        t.kv_sliding_layers[i / tiles_per_layer] != 0 ? n_computed - sliding_first_row : n_computed;
+    kv->add_tiles(std::string(static_cast<size_t>(rows) * t.kv_row_bytes, char('a' + i)));
   }
 }
 
+// Writes both forms of a seed that the reader accepts (a refused seed would fuzz the early checks
+// only); false with a message otherwise.
 bool Write(const std::string& dir, const std::string& name, const SessionState& s) {
   auto encoded = kiln::state::Encode(s);
   if (!encoded.ok()) return false;
+  SessionState decoded;
+  const absl::Status accepted =
+      kiln::state::Decode(*encoded, kiln::fuzz::StateFuzzTarget(), &decoded);
+  if (!accepted.ok()) {
+    std::fprintf(stderr, "kiln-state-seeds: seed %s is refused: %s\n", name.c_str(),
+                 std::string(accepted.message()).c_str());
+    return false;
+  }
   const std::string payload = s.SerializeAsString();
   for (int mode = 0; mode < 2; ++mode) {
     std::ofstream out(dir + "/" + name + (mode == 0 ? "-state" : "-payload"), std::ios::binary);
@@ -79,6 +95,9 @@ int main(int argc, char** argv) {
   lp->set_token(5);
   lp->set_logprob(-0.5f);
   seeds.emplace_back("kv-pending", pending);
+  SessionState sliding = Base(24);
+  AddKv(&sliding, 24, 10);
+  seeds.emplace_back("kv-sliding", sliding);
   SessionState spec = Base(30);
   spec.set_n_computed(29);
   kiln::state::PassCostState* cost = spec.mutable_speculative()->mutable_cost();

@@ -1,4 +1,5 @@
-// The target state_reader_fuzz reads states against (the dimensions of a small model), shared
+// The target state_reader_fuzz reads states against (the dimensions of a small model with one
+// sliding-window layer and one global layer, as gemma3 interleaves them), shared
 // with kiln-state-seeds, which writes seed states that fit it.
 #pragma once
 
@@ -17,6 +18,7 @@ inline state::StateTarget StateFuzzTarget() {
   t.kv_tiles = 2 * 2 * 2;  // 2 layers, K and V, 2 KV heads
   t.kv_row_elems = 8;
   t.kv_row_bytes = 16;
+  t.kv_sliding_layers = {1, 0};  // layer 0 slides (its tiles may start later), layer 1 is global
   t.max_timed_width = spec::PassCostModel::kMaxTimedWidth;
   return t;
 }

@@ -40,11 +40,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   size_t sink = 0;
-  // What LoadState copies: every tile is n_computed rows, the logits n_vocab or none.
+  // What LoadState copies: every tile of a global layer is n_computed rows, of a sliding layer
+  // the rows from sliding_first_row on; the logits n_vocab or none.
   if (s.has_kv()) {
-    const size_t tile_bytes = static_cast<size_t>(s.n_computed()) * target.kv_row_bytes;
-    for (const std::string& tile : s.kv().tiles()) {
-      if (tile.size() != tile_bytes) __builtin_trap();
+    const int tiles_per_layer =
+        s.kv().tiles_size() / static_cast<int>(target.kv_sliding_layers.size());
+    for (int i = 0; i < s.kv().tiles_size(); ++i) {
+      const std::string& tile = s.kv().tiles(i);
+      const bool sliding = target.kv_sliding_layers[i / tiles_per_layer] != 0;
+      const uint32_t first = sliding ? s.kv().sliding_first_row() : 0;
+      if (first > static_cast<uint32_t>(s.n_computed())) __builtin_trap();
+      const size_t rows = static_cast<size_t>(s.n_computed()) - first;
+      if (tile.size() != rows * target.kv_row_bytes) __builtin_trap();
       if (!tile.empty())
         sink += static_cast<uint8_t>(tile.front()) + static_cast<uint8_t>(tile.back());
     }
