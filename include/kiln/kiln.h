@@ -938,6 +938,11 @@ typedef struct kiln_eagle_params {
   int32_t tree_tokens;  /* nodes verified per step; 0 (default): chosen each step from the
                          * drafts' path probabilities and the measured pass cost */
   int32_t n_threads;    /* threads of the head's matmuls; default 1; <= 0: physical cores */
+  int32_t merge_ngram;  /* (after the struct's first 0.2.0 form) nonzero (default 1): the
+                         * n-gram prompt-lookup continuation of the context (the defaults of
+                         * kiln_strategy_create_ngram, its cost-aware length) is merged into
+                         * every tree, on top of tree_tokens: text that copies its context
+                         * (quoting, editing) gets long accepted runs */
 } kiln_eagle_params;
 
 /* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */

@@ -210,6 +210,7 @@ kiln_eagle_params Defaults() {
   p.max_depth = d.max_depth;
   p.tree_tokens = d.tree_tokens;
   p.n_threads = d.n_threads;
+  p.merge_ngram = d.merge_ngram ? 1 : 0;
   return p;
 }
 
@@ -1376,6 +1377,7 @@ kiln_status kiln_strategy_create_eagle(const kiln_model* target, const char* hea
     p.max_depth = read.max_depth;
     p.tree_tokens = read.tree_tokens;
     p.n_threads = read.n_threads;
+    p.merge_ngram = read.merge_ngram != 0;
     auto s = kiln::spec::EagleStrategy::Load(head_path, *target->model, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(

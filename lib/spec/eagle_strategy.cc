@@ -289,6 +289,10 @@ EagleStrategy::EagleStrategy(std::shared_ptr<const EagleHead> head, const Model&
               head_->rms_eps}),
       cache_(std::move(cache)) {
   seq_ = cache_->CreateSequence();
+  if (params_.merge_ngram) {
+    auto ngram = NgramStrategy::Create(NgramParams{});
+    if (ngram.ok()) ngram_ = std::move(*ngram);  // the defaults are valid parameters
+  }
 }
 
 absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Load(const std::string& path,
@@ -324,6 +328,11 @@ absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Create(
 }
 
 void EagleStrategy::Reset() {
+  ResetHead();
+  if (ngram_ != nullptr) ngram_->Reset();
+}
+
+void EagleStrategy::ResetHead() {
   cache_->Truncate(seq_, 0).IgnoreError();
   base_ = -1;
   committed_ = 0;
@@ -343,13 +352,13 @@ void EagleStrategy::ObserveTargetFeatures(int32_t first_position, int32_t contex
                                           std::span<const float> features, int64_t n_embd) {
   const int64_t d = head_->n_embd;
   if (n_embd != d || features.empty() || features.size() % d != 0) {
-    Reset();
+    ResetHead();
     return;
   }
   const int32_t rows = static_cast<int32_t>(features.size() / d);
   const int32_t next = base_ + committed_ + static_cast<int32_t>(pending_.size() / d);
   if (base_ < 0 || first_position != next || first_position + rows + 1 != context_len) {
-    Reset();  // not the continuation of what the head holds: start over from here
+    ResetHead();  // not the continuation of what the head holds: start over from here
     base_ = first_position;
   }
   pending_.insert(pending_.end(), features.begin(), features.end());
@@ -486,12 +495,31 @@ absl::Status EagleStrategy::Propose(std::span<const int32_t> context, int32_t ma
   out->Clear();
   absl::Status st = ProposeTree(context, max_draft, ctx, out);
   // Whatever happened, the drafted entries leave the head's cache: it holds the committed ones.
-  if (cache_->Truncate(seq_, committed_).ok() && st.ok()) return absl::OkStatus();
-  out->Clear();
-  Reset();
-  // A head that cannot run (its cache full) makes the step plain decoding, not an error.
-  if (absl::IsResourceExhausted(st)) return absl::OkStatus();
-  return st;
+  if (!cache_->Truncate(seq_, committed_).ok() || !st.ok()) {
+    out->Clear();
+    ResetHead();
+    // A head that cannot run (its cache full) makes the step plain decoding, not an error.
+    if (!absl::IsResourceExhausted(st)) return st;
+  }
+  return ngram_ != nullptr ? MergeNgramChain(context, max_draft, ctx, out) : absl::OkStatus();
+}
+
+absl::Status EagleStrategy::MergeNgramChain(std::span<const int32_t> context, int32_t max_draft,
+                                            const ProposeContext& ctx, DraftTree* out) {
+  // The n-gram strategy proposes (and learns its acceptance) every step, also when the head
+  // drafted nothing; its cost-aware length prices the chain as if verified alone.
+  DraftTree chain;
+  KILN_RETURN_IF_ERROR(
+      ngram_->Propose(context, std::max<int32_t>(0, max_draft - out->size()), ctx, &chain));
+  int32_t parent = -1;
+  for (int32_t token : chain.tokens) {
+    int32_t same = -1;  // the node under `parent` that drafts `token` already
+    for (int32_t i = 0; i < out->size() && same < 0; ++i) {
+      if (out->parents[i] == parent && out->tokens[i] == token) same = i;
+    }
+    parent = same >= 0 ? same : out->Add(token, parent);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_t max_draft,
@@ -506,17 +534,17 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
       n_pending == 0 && base_ >= 0 && root_context_len_ == len && base_ + committed_ == len - 1;
   // The head must hold the context up to the root's feature (position len - 2).
   if (!reuse && (base_ < 0 || n_pending == 0 || base_ + committed_ + n_pending != len - 1)) {
-    if (base_ >= 0 && base_ + committed_ + n_pending != len - 1) Reset();
+    if (base_ >= 0 && base_ + committed_ + n_pending != len - 1) ResetHead();
     return absl::OkStatus();
   }
   for (int32_t j = 0; j < committed_; ++j) {
     if (committed_tokens_[j] != context[base_ + 1 + j]) {
-      Reset();  // the text changed under the head
+      ResetHead();  // the text changed under the head
       return absl::OkStatus();
     }
   }
   if (committed_ + n_pending + MaxTopK(params_) * MaxDepth(params_) > params_.n_ctx) {
-    Reset();  // beyond the head's capacity: plain decoding from here
+    ResetHead();  // beyond the head's capacity: plain decoding from here
     return absl::OkStatus();
   }
 

@@ -24,7 +24,9 @@
 //      budget is EagleParams::tree_tokens when set, else the n maximising
 //      (1 + sum of the n best path probabilities) / c(n + 1), c the decoder's measured relative
 //      pass cost (draft_policy.h): the path probabilities estimate the accepted length;
-//   4. the head's cache is truncated back to the committed entries: the drafted entries never
+//   4. with EagleParams::merge_ngram, the n-gram strategy's chain for the context is merged in
+//      (the nodes it shares with the tree are reused, the rest hang under the last shared one);
+//   5. the head's cache is truncated back to the committed entries: the drafted entries never
 //      stay; the entries of the accepted path are recomputed from the target's true features at
 //      the next step. So the head's cache always holds exactly the accepted text.
 // The tree's shape by default (EagleParams 0) follows two measured costs, c(w) above and s, one
@@ -75,6 +77,7 @@
 #include "lib/model/decoder.h"
 #include "lib/model/model.h"
 #include "lib/spec/draft_head.h"
+#include "lib/spec/ngram_strategy.h"
 
 namespace kiln::spec {
 
@@ -90,7 +93,13 @@ struct EagleParams {
   int32_t tree_tokens = 0;
   int32_t max_tree_tokens = 64;  // upper bound of the chosen budget
   int32_t n_ctx = 4096;          // head cache capacity in entries (the head resets beyond it)
-  int n_threads = 1;             // threads of the head's matmuls; <= 0: physical cores
+  // Merge the n-gram strategy's continuation of the context (prompt lookup with its default
+  // NgramParams and cost-aware length, ngram_strategy.h) into every tree, within max_draft: the
+  // chain follows the head's nodes that draft the same tokens and adds the rest, so text that
+  // copies the context (quoting, editing) gets the long runs a head rarely drafts. The chain's
+  // nodes come on top of tree_tokens.
+  bool merge_ngram = true;
+  int n_threads = 1;  // threads of the head's matmuls; <= 0: physical cores
 };
 
 // Bounds of the automatic top_k and depth (EagleParams 0).
@@ -200,6 +209,11 @@ class EagleStrategy final : public Strategy {
   absl::Status RunHead(std::span<const Row> rows, int32_t logits_from);
   absl::Status ProposeTree(std::span<const int32_t> context, int32_t max_draft,
                            const ProposeContext& ctx, DraftTree* out);
+  // Adds the n-gram chain to *out (EagleParams::merge_ngram).
+  absl::Status MergeNgramChain(std::span<const int32_t> context, int32_t max_draft,
+                               const ProposeContext& ctx, DraftTree* out);
+  // Forgets the head's context (the n-gram strategy keeps what it learned).
+  void ResetHead();
   // The LM head drafts are scored with: the head's reduced one, else the target's.
   const WeightView& DraftLmHead() const;
   // *order = the indices of nodes_, most likely first (ties: creation order).
@@ -228,6 +242,7 @@ class EagleStrategy final : public Strategy {
   DecoderLayer layer_;  // the head's decoder layer (views into head_)
   DecoderBlock block_;  // its arithmetic on backend_
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<NgramStrategy> ngram_;  // null unless params_.merge_ngram
   SeqId seq_ = -1;
   int32_t base_ = -1;                      // text position of head entry 0
   int32_t committed_ = 0;                  // committed entries in the head's cache

@@ -291,7 +291,11 @@ static void test_model(const char* path) {
   kiln_eagle_params ep;
   CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
   CHECK(ep.struct_size == sizeof ep && ep.top_k == 0 && ep.max_depth == 0 && ep.tree_tokens == 0 &&
-        ep.n_threads == 1);
+        ep.n_threads == 1 && ep.merge_ngram == 1);
+  /* A caller from before merge_ngram: its struct ends at n_threads, the field is not written. */
+  ep.merge_ngram = 7;
+  CHECK(kiln_eagle_params_init(&ep, offsetof(kiln_eagle_params, merge_ngram)) == KILN_OK);
+  CHECK(ep.merge_ngram == 7 && ep.n_threads == 1);
   CHECK(kiln_eagle_params_init(&ep, 2) == KILN_ERR_INVALID_ARGUMENT);
   CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
   kiln_strategy* eagle = NULL;

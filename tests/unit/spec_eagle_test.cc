@@ -9,7 +9,8 @@
 //   - at temperature 1 the first emitted token is distributed as the target's;
 //   - a head with a reduced draft vocabulary drafts only its tokens, keeps greedy output and the
 //     sampled distribution; a malformed vocabulary is refused naming the fault;
-//   - the automatic tree (top_k, depth) follows the pass and draft-step costs.
+//   - the automatic tree (top_k, depth) follows the pass and draft-step costs;
+//   - the n-gram chain merged into the tree gets a copy accepted that the head alone misses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -294,6 +295,7 @@ TEST_F(SpecEagleTest, ReducedVocabularyHeadDraftsOnlyItsTokensAndStaysExact) {
   const std::vector<int32_t> ids = TwoThirdsOf(*tiny_);
   EagleParams params;
   params.tree_tokens = 10;
+  params.merge_ngram = false;  // the head's own drafts (an n-gram chain may copy any token)
   auto strategy =
       MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-tiny-vocab.gguf", params, ids);
   ASSERT_NE(strategy, nullptr);
@@ -388,6 +390,7 @@ TEST_F(SpecEagleTest, HeadCacheRollsBackToTheAcceptedPath) {
   params.tree_tokens = 10;
   params.top_k = 8;  // a fixed shape: the fresh head has no history to choose one from
   params.max_depth = 5;
+  params.merge_ngram = false;  // the head's drafts only, so that steps accept its entries
   auto eagle = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
   auto fresh = MakeStrategy(*tiny_, EagleHeadInit::kLastLayer, "eagle-rollback.gguf", params);
   ASSERT_TRUE(eagle != nullptr && fresh != nullptr);
@@ -478,6 +481,7 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
   EagleParams params;
   params.top_k = 4;
   params.max_depth = 3;
+  params.merge_ngram = false;  // the head's tree alone
   auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-budget.gguf", params);
   ASSERT_NE(strategy, nullptr);
   const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
@@ -525,7 +529,9 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
 TEST_F(SpecEagleTest, TreeShapeFollowsTheCosts) {
   const Model& model = *model_;
   const int64_t d = model.hparams().n_embd;
-  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-auto.gguf");
+  EagleParams params;
+  params.merge_ngram = false;  // the head's tree alone
+  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-auto.gguf", params);
   ASSERT_NE(strategy, nullptr);
   const std::vector<int32_t> prompt = Encode(ChatPrompt(kHeldOutChatPrompts[0]));
   const int32_t n = static_cast<int32_t>(prompt.size());
@@ -559,6 +565,45 @@ TEST_F(SpecEagleTest, TreeShapeFollowsTheCosts) {
   EXPECT_EQ(strategy->next_top_k(), std::clamp(cheap.size(), kEagleAutoMinTopK, kEagleAutoMaxTopK));
   std::printf("automatic tree with free passes: depth %d, %d nodes, next top_k %d\n",
               strategy->last_depth(), cheap.size(), strategy->next_top_k());
+}
+
+// A head that drafts nothing useful (random weights) on a prompt whose answer copies it: with the
+// n-gram chain merged into its trees the copy is accepted, without it (almost) nothing is; the
+// greedy output is plain decoding's either way. The pass cost is pinned (slope 0.05), so the
+// chain's length does not depend on timing.
+TEST_F(SpecEagleTest, MergedNgramChainGetsCopiesAccepted) {
+  EagleParams merged;
+  merged.tree_tokens = 2;
+  merged.top_k = 2;
+  merged.max_depth = 1;
+  EagleParams alone = merged;
+  alone.merge_ngram = false;
+  auto with_chain = MakeStrategy(*model_, EagleHeadInit::kRandom, "eagle-random.gguf", merged);
+  auto head_only = MakeStrategy(*model_, EagleHeadInit::kRandom, "eagle-random.gguf", alone);
+  ASSERT_TRUE(with_chain != nullptr && head_only != nullptr);
+  const std::vector<int32_t> prompt = Encode(
+      ChatPrompt("Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near "
+                 "the river bank."));
+  const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
+  SpecMetrics metrics[2];
+  Strategy* strategies[2] = {with_chain.get(), head_only.get()};
+  for (int i = 0; i < 2; ++i) {
+    PassCostModel cost;
+    cost.Pin(0.05);
+    auto spec = GenerateSpeculative(*engine_, prompt, kiln::testing::GreedyParams(), 0,
+                                    strategies[i], kHeadTestMaxTokens, &cost);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->tokens, plain) << (i == 0 ? "merged" : "head only");
+    metrics[i] = spec->metrics;
+  }
+  EXPECT_GE(metrics[0].accepted * 3, metrics[0].generated) << "a third of the copy from drafts";
+  EXPECT_GT(metrics[0].accepted, metrics[1].accepted);
+  std::printf(
+      "copy prompt, random head: merged n-gram %lld of %lld tokens accepted in %lld steps, "
+      "head only %lld in %lld steps\n",
+      static_cast<long long>(metrics[0].accepted), static_cast<long long>(metrics[0].generated),
+      static_cast<long long>(metrics[0].steps), static_cast<long long>(metrics[1].accepted),
+      static_cast<long long>(metrics[1].steps));
 }
 
 }  // namespace
