@@ -155,6 +155,9 @@ type EagleOptions struct {
 	MaxDepth   int32 // deepest draft node, 1..16; 0: deeper while a draft step pays for itself
 	TreeTokens int32 // nodes verified per step; 0: chosen from the drafts and the pass cost
 	NThreads   int32 // threads of the head's matmuls
+	// NoMergeNgram leaves out the n-gram prompt-lookup continuation of the context that kiln
+	// merges into every tree by default (on top of TreeTokens).
+	NoMergeNgram bool
 }
 
 // NewEagleStrategy creates a strategy from the EAGLE head in headPath (architecture "eagle";
@@ -173,6 +176,9 @@ func NewEagleStrategy(target *Model, headPath string, opts EagleOptions) (*Strat
 	p.tree_tokens = C.int32_t(opts.TreeTokens)
 	if opts.NThreads != 0 {
 		p.n_threads = C.int32_t(opts.NThreads)
+	}
+	if opts.NoMergeNgram {
+		p.merge_ngram = 0
 	}
 	cpath := C.CString(headPath)
 	defer C.free(unsafe.Pointer(cpath))

@@ -196,7 +196,7 @@ namespace Kiln
         internal struct EagleParams
         {
             public uint StructSize;
-            public int TopK, MaxDepth, TreeTokens, NThreads;
+            public int TopK, MaxDepth, TreeTokens, NThreads, MergeNgram;
         }
 
         [StructLayout(LayoutKind.Sequential)]

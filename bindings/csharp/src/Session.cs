@@ -589,11 +589,12 @@ namespace Kiln
 
         /// <summary>An EAGLE head for target from the head file headPath (architecture "eagle";
         /// kiln-mkeagle writes untrained ones); 0 keeps a default (topK in 1..64, maxDepth in 1..16
-        /// and the tree size chosen each step from the measured pass costs, one thread). A head for another model or a file
-        /// that is not an eagle head throws KilnException(InvalidArgument), a malformed one
-        /// KilnException(Format).</summary>
+        /// and the tree size chosen each step from the measured pass costs, one thread). mergeNgram
+        /// false: without the n-gram prompt-lookup continuation of the context that kiln merges into
+        /// every tree by default. A head for another model or a file that is not an eagle head
+        /// throws KilnException(InvalidArgument), a malformed one KilnException(Format).</summary>
         public static Strategy Eagle(Model target, string headPath, int topK = 0, int maxDepth = 0,
-                                     int treeTokens = 0, int nThreads = 0)
+                                     int treeTokens = 0, int nThreads = 0, bool mergeNgram = true)
         {
             var p = new Native.EagleParams();
             Interop.Check(Native.kiln_eagle_params_init(ref p, Native.SizeOf<Native.EagleParams>()));
@@ -601,6 +602,7 @@ namespace Kiln
             if (maxDepth != 0) p.MaxDepth = maxDepth;
             p.TreeTokens = treeTokens;
             if (nThreads != 0) p.NThreads = nThreads;
+            p.MergeNgram = mergeNgram ? 1 : 0;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_eagle(target.Handle, Interop.CString(headPath), ref p, out raw));
             return new Strategy(raw, target.Handle);

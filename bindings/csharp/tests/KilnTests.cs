@@ -113,7 +113,7 @@ public static class Tests
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
             { typeof(Native.StepResult), 32 }, { typeof(Native.StateParams), 12 },
             { typeof(Native.NgramParams), 40 }, { typeof(Native.DraftParams), 32 },
-            { typeof(Native.MedusaParams), 12 }, { typeof(Native.EagleParams), 20 },
+            { typeof(Native.MedusaParams), 12 }, { typeof(Native.EagleParams), 24 },
             { typeof(Native.SpecMetrics), 56 }, { typeof(Native.ChatMessage), 16 },
             { typeof(Native.TokenLogprob), 8 }, { typeof(Native.LogitBias), 8 },
         };
@@ -141,6 +141,9 @@ public static class Tests
             int offset = (int)Marshal.OffsetOf(typeof(Native.CacheStats), kv.Key);
             Check(offset == kv.Value, "CacheStats." + kv.Key + " at " + offset + ", not " + kv.Value);
         }
+        // And of kiln_eagle_params' field added after its first form.
+        int mergeNgram = (int)Marshal.OffsetOf(typeof(Native.EagleParams), "MergeNgram");
+        Check(mergeNgram == 20, "EagleParams.MergeNgram at " + mergeNgram + ", not 20");
     }
 
     public static void TestLoadProgressAndCancel()
@@ -643,6 +646,14 @@ public static class Tests
             Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless");
             SpecMetrics m = s.SpecMetrics;
             Check(m.Steps > 0 && m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
+            s.SetStrategy(null);
+        }
+        // Without the n-gram candidates merged in: the head's tree alone, still exact.
+        using (Strategy alone = Strategy.Eagle(_model, head, topK: 4, maxDepth: 3, nThreads: 1, mergeNgram: false))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(alone);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless without the n-gram merge");
             s.SetStrategy(null);
         }
         var e = Throws(Status.InvalidArgument, () => Strategy.Eagle(_model, head, maxDepth: 17));

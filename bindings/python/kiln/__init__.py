@@ -708,8 +708,10 @@ class EagleStrategy(Strategy):
         self, target: Model, head_path: Union[str, os.PathLike[str]], **params: Union[int, float, bool]
     ) -> None:
         """Keywords: top_k (1..64), max_depth (1..16), tree_tokens (each 0, the default: chosen
-        each step from the measured pass costs), n_threads (kiln_eagle_params). A head for another model or a file that is not an eagle
-        head raises KilnError(INVALID_ARGUMENT), a malformed one KilnError(FORMAT)."""
+        each step from the measured pass costs), n_threads, merge_ngram (a bool, default True: the
+        n-gram prompt-lookup continuation of the context is merged into every tree)
+        (kiln_eagle_params). A head for another model or a file that is not an eagle head raises
+        KilnError(INVALID_ARGUMENT), a malformed one KilnError(FORMAT)."""
         super().__init__()
         p = _init(_ffi.EagleParams, "kiln_eagle_params_init")
         _set_fields(p, params, "EagleStrategy")

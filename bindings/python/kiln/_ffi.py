@@ -256,6 +256,7 @@ class EagleParams(Structure):
         ("max_depth", c_int32),
         ("tree_tokens", c_int32),
         ("n_threads", c_int32),
+        ("merge_ngram", c_int32),
     ]
 
 

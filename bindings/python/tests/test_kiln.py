@@ -448,7 +448,7 @@ def test_struct_layouts_match_the_header():
         "ModelParams": 56, "ModelInfo": 88, "CacheParams": 64, "CacheStats": 112,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
-        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "EagleParams": 20,
+        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "EagleParams": 24,
         "SpecMetrics": 56,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
@@ -464,6 +464,8 @@ def test_struct_layouts_match_the_header():
         "sliding_blocks_released": 96, "sliding_block_bytes": 104,
     }
     assert {name: getattr(_ffi.CacheStats, name).offset for name in offsets} == offsets
+    # And in kiln_eagle_params.
+    assert _ffi.EagleParams.merge_ngram.offset == 20
 
 
 def test_stream_raises_a_failed_request(cache):
@@ -547,6 +549,11 @@ def test_eagle_strategy(model, model_path, cache, eagle_head_path):
         assert s.generate(MAX).tokens == expected
         m = s.spec_metrics
         assert m.steps > 0 and m.drafted > 0 and 0 <= m.accepted <= m.drafted, m
+    # Without the n-gram candidates merged in: the head's tree alone, still exact.
+    with kiln.EagleStrategy(model, eagle_head_path, top_k=4, max_depth=3, n_threads=1,
+                            merge_ngram=False) as eagle, chat_session(cache) as s:
+        s.set_strategy(eagle)
+        assert s.generate(MAX).tokens == expected
     with pytest.raises(KilnError) as e:
         kiln.EagleStrategy(model, eagle_head_path, top_k=65)
     assert e.value.status == Status.INVALID_ARGUMENT and "top_k" in e.value.message

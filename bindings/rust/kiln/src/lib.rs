@@ -1069,6 +1069,9 @@ pub struct EagleOptions {
     pub tree_tokens: i32,
     /// Threads of the head's matmuls; <= 0: physical cores.
     pub n_threads: i32,
+    /// The n-gram prompt-lookup continuation of the context merged into every tree, on top of
+    /// `tree_tokens` (the default): text that copies its context gets long accepted runs.
+    pub merge_ngram: bool,
 }
 
 impl Default for EagleOptions {
@@ -1079,6 +1082,7 @@ impl Default for EagleOptions {
             max_depth: p.max_depth,
             tree_tokens: p.tree_tokens,
             n_threads: p.n_threads,
+            merge_ngram: p.merge_ngram != 0,
         }
     }
 }
@@ -1149,6 +1153,7 @@ impl Strategy {
         p.max_depth = options.max_depth;
         p.tree_tokens = options.tree_tokens;
         p.n_threads = options.n_threads;
+        p.merge_ngram = options.merge_ngram as i32;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_strategy_create_eagle(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
         // The head reads the target's features and shares its vocabulary matrices.

@@ -676,6 +676,13 @@ fn eagle_strategy() {
     assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
     let m = s.spec_metrics().unwrap();
     assert!(m.steps > 0 && m.drafted > 0 && m.accepted <= m.drafted, "{m:?}");
+    assert!(EagleOptions::default().merge_ngram);
+    // Without the n-gram candidates merged in: the head's tree alone, still exact.
+    let alone =
+        Strategy::eagle(model(), &head, &EagleOptions { merge_ngram: false, ..options.clone() }).unwrap();
+    let mut s = chat_session();
+    s.set_strategy(Some(alone)).unwrap();
+    assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
 
     let e = Strategy::eagle(model(), &head, &EagleOptions { top_k: 65, ..options.clone() }).err().unwrap();
     assert_eq!(e.status(), Status::InvalidArgument);
