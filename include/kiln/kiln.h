@@ -908,6 +908,9 @@ typedef struct kiln_medusa_params {
   int32_t max_draft;    /* most tree nodes verified per step (the head file's tree, cut); 0
                          * (default): the whole tree */
   int32_t n_threads;    /* threads of the heads' LM-head matmul; default 1; <= 0: physical cores */
+  int32_t merge_ngram;  /* (after the struct's first 0.2.0 form) nonzero (default 1): the
+                         * n-gram prompt-lookup continuation of the context is merged into every
+                         * tree, on top of the file's tree (as kiln_eagle_params.merge_ngram) */
 } kiln_medusa_params;
 
 /* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */

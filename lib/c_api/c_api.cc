@@ -199,6 +199,7 @@ kiln_medusa_params Defaults() {
   const kiln::spec::MedusaParams d;
   p.max_draft = d.max_draft;
   p.n_threads = d.n_threads;
+  p.merge_ngram = d.merge_ngram ? 1 : 0;
   return p;
 }
 
@@ -1343,6 +1344,7 @@ kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* he
     kiln::spec::MedusaParams p;
     p.max_draft = read.max_draft;
     p.n_threads = read.n_threads;
+    p.merge_ngram = read.merge_ngram != 0;
     auto s = kiln::spec::MedusaStrategy::Load(head_path, *target->model, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(

@@ -103,7 +103,9 @@ template <>
 struct StructReleases<kiln_medusa_params> {
   static constexpr const char* kName = "kiln_medusa_params";
   static constexpr const char* kInit = "kiln_medusa_params_init";
-  static constexpr std::array kEnds = {KILN_FIELD_END(kiln_medusa_params, n_threads)};  // 0.2
+  static constexpr std::array kEnds = {
+      KILN_FIELD_END(kiln_medusa_params, n_threads),     // 0.2
+      KILN_FIELD_END(kiln_medusa_params, merge_ngram)};  // 0.2: merge_ngram
 };
 template <>
 struct StructReleases<kiln_eagle_params> {

@@ -55,6 +55,18 @@ struct DraftTree {
     parents.push_back(parent);
     return size() - 1;
   }
+  // Merges a chain continuing the root (deterministic trees): follows the nodes that already
+  // draft its tokens from the root down and appends the rest under the last one it shared.
+  void MergeChain(std::span<const int32_t> chain) {
+    int32_t parent = -1;
+    for (int32_t token : chain) {
+      int32_t same = -1;
+      for (int32_t i = 0; i < size() && same < 0; ++i) {
+        if (parents[i] == parent && tokens[i] == token) same = i;
+      }
+      parent = same >= 0 ? same : Add(token, parent);
+    }
+  }
 };
 
 // What a strategy may use while proposing.

@@ -501,25 +501,7 @@ absl::Status EagleStrategy::Propose(std::span<const int32_t> context, int32_t ma
     // A head that cannot run (its cache full) makes the step plain decoding, not an error.
     if (!absl::IsResourceExhausted(st)) return st;
   }
-  return ngram_ != nullptr ? MergeNgramChain(context, max_draft, ctx, out) : absl::OkStatus();
-}
-
-absl::Status EagleStrategy::MergeNgramChain(std::span<const int32_t> context, int32_t max_draft,
-                                            const ProposeContext& ctx, DraftTree* out) {
-  // The n-gram strategy proposes (and learns its acceptance) every step, also when the head
-  // drafted nothing; its cost-aware length prices the chain as if verified alone.
-  DraftTree chain;
-  KILN_RETURN_IF_ERROR(
-      ngram_->Propose(context, std::max<int32_t>(0, max_draft - out->size()), ctx, &chain));
-  int32_t parent = -1;
-  for (int32_t token : chain.tokens) {
-    int32_t same = -1;  // the node under `parent` that drafts `token` already
-    for (int32_t i = 0; i < out->size() && same < 0; ++i) {
-      if (out->parents[i] == parent && out->tokens[i] == token) same = i;
-    }
-    parent = same >= 0 ? same : out->Add(token, parent);
-  }
-  return absl::OkStatus();
+  return ngram_ != nullptr ? ngram_->MergeInto(context, max_draft, ctx, out) : absl::OkStatus();
 }
 
 absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_t max_draft,

@@ -209,9 +209,6 @@ class EagleStrategy final : public Strategy {
   absl::Status RunHead(std::span<const Row> rows, int32_t logits_from);
   absl::Status ProposeTree(std::span<const int32_t> context, int32_t max_draft,
                            const ProposeContext& ctx, DraftTree* out);
-  // Adds the n-gram chain to *out (EagleParams::merge_ngram).
-  absl::Status MergeNgramChain(std::span<const int32_t> context, int32_t max_draft,
-                               const ProposeContext& ctx, DraftTree* out);
   // Forgets the head's context (the n-gram strategy keeps what it learned).
   void ResetHead();
   // The LM head drafts are scored with: the head's reduced one, else the target's.

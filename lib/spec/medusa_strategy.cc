@@ -170,7 +170,12 @@ MedusaStrategy::MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Mod
       target_(&target),
       params_(params),
       backend_(std::make_unique<cpu::CpuBackend>(params.n_threads)),
-      reduced_(std::move(reduced)) {}
+      reduced_(std::move(reduced)) {
+  if (params_.merge_ngram) {
+    auto ngram = NgramStrategy::Create(NgramParams{});
+    if (ngram.ok()) ngram_ = std::move(*ngram);  // the defaults are valid parameters
+  }
+}
 
 absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Load(const std::string& path,
                                                                      const Model& target,
@@ -207,6 +212,7 @@ absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Create(
 void MedusaStrategy::Reset() {
   feature_.clear();
   feature_context_len_ = -1;
+  if (ngram_ != nullptr) ngram_->Reset();
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MedusaStrategy::Clone() const {
@@ -219,7 +225,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MedusaStrategy::Clone() const {
 void MedusaStrategy::ObserveTargetFeatures(int32_t first_position, int32_t context_len,
                                            std::span<const float> features, int64_t n_embd) {
   if (n_embd != head_->n_embd || features.size() < static_cast<size_t>(n_embd)) {
-    Reset();
+    feature_.clear();
+    feature_context_len_ = -1;
     return;
   }
   // The last row is the feature that predicted the new root (position context_len - 1).
@@ -230,6 +237,12 @@ void MedusaStrategy::ObserveTargetFeatures(int32_t first_position, int32_t conte
 absl::Status MedusaStrategy::Propose(std::span<const int32_t> context, int32_t max_draft,
                                      const ProposeContext& ctx, DraftTree* out) {
   out->Clear();
+  KILN_RETURN_IF_ERROR(ProposeTree(context, max_draft, out));
+  return ngram_ != nullptr ? ngram_->MergeInto(context, max_draft, ctx, out) : absl::OkStatus();
+}
+
+absl::Status MedusaStrategy::ProposeTree(std::span<const int32_t> context, int32_t max_draft,
+                                         DraftTree* out) {
   if (feature_context_len_ != static_cast<int32_t>(context.size()) || feature_.empty()) {
     return absl::OkStatus();  // no feature for this context: a plain step gives one
   }

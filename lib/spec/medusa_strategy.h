@@ -15,8 +15,9 @@
 // rejection with one-hot drafts). Medusa's "typical acceptance" (lossy) is not implemented.
 //
 // When there is no feature for the current context (the first step after a prompt, or the
-// context changed under the strategy), it proposes nothing: that step is plain decoding and
-// yields the feature for the next one.
+// context changed under the strategy), the heads propose nothing: that step verifies only the
+// n-gram chain (MedusaParams::merge_ngram) or is plain decoding, and yields the feature for the
+// next one.
 //
 // Head file (GGUF, general.architecture "medusa", lib/spec/draft_head.h for the fingerprint and
 // tree keys):
@@ -46,6 +47,7 @@
 #include "lib/engine/strategy.h"
 #include "lib/model/model.h"
 #include "lib/spec/draft_head.h"
+#include "lib/spec/ngram_strategy.h"
 
 namespace kiln::spec {
 
@@ -53,6 +55,10 @@ struct MedusaParams {
   // Most tree nodes proposed per step (the first max_draft nodes of the file's tree); 0: all.
   int32_t max_draft = 0;
   int n_threads = 1;  // threads of the heads' LM-head matmul; <= 0: physical cores
+  // Merge the n-gram strategy's continuation of the context (prompt lookup, default NgramParams,
+  // its cost-aware length) into every tree, within max_draft and on top of the file's tree
+  // (NgramStrategy::MergeInto): copies of the context get long accepted runs.
+  bool merge_ngram = true;
 };
 
 // The weights of a Medusa head file, in f32.
@@ -111,6 +117,8 @@ class MedusaStrategy final : public Strategy {
  private:
   MedusaStrategy(std::shared_ptr<const MedusaHead> head, const Model& target,
                  const MedusaParams& params, std::shared_ptr<const ReducedLmHead> reduced);
+  // The heads' tree (Propose adds the n-gram chain).
+  absl::Status ProposeTree(std::span<const int32_t> context, int32_t max_draft, DraftTree* out);
 
   std::shared_ptr<const MedusaHead> head_;
   const Model* target_;
@@ -119,6 +127,7 @@ class MedusaStrategy final : public Strategy {
   // The head file's reduced LM head when it has one (prepared once, shared by clones); else the
   // heads score with the target's output.
   std::shared_ptr<const ReducedLmHead> reduced_;
+  std::unique_ptr<NgramStrategy> ngram_;   // null unless params_.merge_ngram
   std::vector<float> feature_;             // [n_embd] the feature that predicted the root
   int32_t feature_context_len_ = -1;       // the context length feature_ is valid for
   std::vector<float> z_;                   // [heads, n_embd]

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 
+#include "lib/common/status.h"
 #include "lib/session/session_state.pb.h"
 
 namespace kiln::spec {
@@ -205,6 +206,14 @@ absl::Status NgramStrategy::Propose(std::span<const int32_t> context, int32_t ma
     for (int32_t i = 0; i < k; ++i) parent = out->Add(pending_[i], parent);
     return absl::OkStatus();
   }
+  return absl::OkStatus();
+}
+
+absl::Status NgramStrategy::MergeInto(std::span<const int32_t> context, int32_t max_draft,
+                                      const ProposeContext& ctx, DraftTree* tree) {
+  DraftTree chain;
+  KILN_RETURN_IF_ERROR(Propose(context, std::max(0, max_draft - tree->size()), ctx, &chain));
+  tree->MergeChain(chain.tokens);
   return absl::OkStatus();
 }
 

@@ -66,6 +66,12 @@ class NgramStrategy final : public Strategy {
   absl::StatusOr<std::string> SaveState() const override;
   absl::Status LoadState(std::string_view state) override;
 
+  // Proposes for `context` within the room max_draft leaves beside *tree (learning as Propose
+  // does) and merges that chain into *tree (DraftTree::MergeChain): the n-gram candidates of the
+  // head strategies (EAGLE, Medusa). The chain's length is priced as if it were verified alone.
+  absl::Status MergeInto(std::span<const int32_t> context, int32_t max_draft,
+                         const ProposeContext& ctx, DraftTree* tree);
+
   // Start of the most recent earlier occurrence of the last n tokens of `context` (an occurrence
   // that is followed by at least one token), or -1. Exposed for tests.
   static int64_t FindMostRecent(std::span<const int32_t> context, int32_t n);

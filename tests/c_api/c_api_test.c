@@ -277,7 +277,11 @@ static void test_model(const char* path) {
   /* Medusa heads: defaults, a missing file, and a file that is not a head (the model itself). */
   kiln_medusa_params mp;
   CHECK(kiln_medusa_params_init(&mp, sizeof mp) == KILN_OK);
-  CHECK(mp.struct_size == sizeof mp && mp.max_draft == 0 && mp.n_threads == 1);
+  CHECK(mp.struct_size == sizeof mp && mp.max_draft == 0 && mp.n_threads == 1 &&
+        mp.merge_ngram == 1);
+  mp.merge_ngram = 7; /* a caller from before merge_ngram: the field is not written */
+  CHECK(kiln_medusa_params_init(&mp, offsetof(kiln_medusa_params, merge_ngram)) == KILN_OK);
+  CHECK(mp.merge_ngram == 7 && mp.n_threads == 1);
   kiln_strategy* medusa = NULL;
   CHECK(kiln_strategy_create_medusa(model, "/nonexistent/head.gguf", &mp, &medusa) == KILN_ERR_IO);
   CHECK(kiln_strategy_create_medusa(model, path, &mp, &medusa) == KILN_ERR_INVALID_ARGUMENT);

@@ -8,6 +8,7 @@
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/random_model.h"
 #include "lib/sample/sampler.h"
+#include "lib/spec/spec_generate.h"
 #include "lib/tokenizer/tokenizer.h"
 #include "tests/common/test_util.h"
 
@@ -48,6 +49,34 @@ void LoadModelAndEngine(const std::string& path, int32_t n_ctx, Model** model_ou
 std::string* SpecHeadTest::tiny_path_ = nullptr;
 Model* SpecHeadTest::tiny_ = nullptr;
 Engine* SpecHeadTest::tiny_engine_ = nullptr;
+
+void SpecHeadTest::ExpectMergedNgramChainGetsCopiesAccepted(spec::Strategy* merged,
+                                                            spec::Strategy* heads_only,
+                                                            const char* what) {
+  const std::vector<int32_t> prompt = Encode(
+      ChatPrompt("Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near "
+                 "the river bank."));
+  const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
+  spec::SpecMetrics metrics[2];
+  spec::Strategy* strategies[2] = {merged, heads_only};
+  for (int i = 0; i < 2; ++i) {
+    spec::PassCostModel cost;
+    cost.Pin(0.05);
+    auto run = spec::GenerateSpeculative(*engine_, prompt, GreedyParams(), 0, strategies[i],
+                                         kHeadTestMaxTokens, &cost);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->tokens, plain) << what << (i == 0 ? " merged" : " heads only");
+    metrics[i] = run->metrics;
+  }
+  EXPECT_GE(metrics[0].accepted * 3, metrics[0].generated) << what << ": a third from drafts";
+  EXPECT_GT(metrics[0].accepted, metrics[1].accepted) << what;
+  std::printf(
+      "copy prompt, %s: merged n-gram %lld of %lld tokens accepted in %lld steps, "
+      "heads only %lld in %lld steps\n",
+      what, static_cast<long long>(metrics[0].accepted),
+      static_cast<long long>(metrics[0].generated), static_cast<long long>(metrics[0].steps),
+      static_cast<long long>(metrics[1].accepted), static_cast<long long>(metrics[1].steps));
+}
 
 void SpecHeadTest::SetUpTestSuite() {
   LoadDefaultModel(1024);

@@ -83,6 +83,15 @@ class SpecHeadTest : public SpecModelTest {
   static void SetUpTestSuite();
   static void TearDownTestSuite();
 
+  // The n-gram chain merged into a head's trees (merge_ngram): on a prompt whose answer copies
+  // it, `merged` (a head that drafts nothing useful, with the merge) has at least a third of the
+  // answer accepted and more than `heads_only` (the same head without it); greedy output is
+  // plain decoding's for both. The pass cost is pinned (slope 0.05): the chain's length does not
+  // depend on timing. `what` names the strategy in the printed line.
+  static void ExpectMergedNgramChainGetsCopiesAccepted(spec::Strategy* merged,
+                                                       spec::Strategy* heads_only,
+                                                       const char* what);
+
   static std::string* tiny_path_;
   static Model* tiny_;
   static Engine* tiny_engine_;

@@ -8,7 +8,8 @@
 //   - greedy output with the Medusa strategy is identical to plain greedy decoding (20 prompts,
 //     the committed head for the default model when present, else a random head);
 //   - at temperature 1 the first emitted token is distributed as the target's (tiny model, a
-//     random head whose tree has several children per node).
+//     random head whose tree has several children per node);
+//   - the n-gram chain merged into the heads' trees gets a copy accepted.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -191,7 +192,9 @@ TEST_F(SpecMedusaTest, ReducedVocabularyHeadDraftsItsTokensAndKeepsGreedyOutput)
                           model, RandomHead(model, 2, 0.0f, 5, {-1, -1, 0, 0}, {0, 1, 0, 1}), ids),
                       path, true)
           .ok());
-  auto strategy = MedusaStrategy::Load(path, model, {});
+  MedusaParams heads_only;
+  heads_only.merge_ngram = false;  // the heads' own drafts (an n-gram chain may copy any token)
+  auto strategy = MedusaStrategy::Load(path, model, heads_only);
   ASSERT_TRUE(strategy.ok()) << strategy.status();
   ASSERT_EQ((*strategy)->head().vocab_ids, ids);
 
@@ -349,6 +352,19 @@ TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
               trained ? "trained" : "random", static_cast<long long>(total.steps),
               static_cast<long long>(total.drafted), static_cast<long long>(total.accepted),
               total.MeanAcceptedPerStep());
+}
+
+// The n-gram chain merged into the trees of random Medusa heads gets a copy accepted
+// (SpecHeadTest::ExpectMergedNgramChainGetsCopiesAccepted says what is checked).
+TEST_F(SpecMedusaTest, MergedNgramChainGetsCopiesAccepted) {
+  auto head = std::make_shared<const MedusaHead>(RandomHead(*model_, 1, 0.5f, 7, {-1, -1}, {0, 1}));
+  MedusaParams alone;
+  alone.merge_ngram = false;
+  auto merged = MedusaStrategy::Create(head, *model_, {});
+  auto heads_only = MedusaStrategy::Create(head, *model_, alone);
+  ASSERT_TRUE(merged.ok() && heads_only.ok()) << merged.status() << heads_only.status();
+  ExpectMergedNgramChainGetsCopiesAccepted(merged->get(), heads_only->get(),
+                                           "medusa, random heads");
 }
 
 // The first emitted token is distributed as plain sampling's (ExpectFirstTokenHasTargetDistribution
