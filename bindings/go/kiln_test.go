@@ -440,6 +440,21 @@ func TestMedusaStrategy(t *testing.T) {
 		m.TargetPassesPerToken <= 0 || m.TargetPassesPerToken > 1 {
 		t.Fatalf("metrics %+v (%v)", m, err)
 	}
+	// Without the n-gram candidates merged in: the heads' tree alone, still exact.
+	alone, err := NewMedusaStrategy(model, head, MedusaOptions{NThreads: 1, NoMergeNgram: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alone.Close()
+	s2 := chatSession(t, nil)
+	defer s2.Close()
+	if err := s2.SetStrategy(alone); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGenerate(t, s2, maxTokens); !equal(got.Tokens, expected.Tokens) {
+		t.Fatalf("medusa without n-gram merge %v, plain %v", got.Tokens, expected.Tokens)
+	}
+	s2.SetStrategy(nil)
 	// A model is not a head trained for it; a missing file names itself.
 	_, err = NewMedusaStrategy(model, modelPath, MedusaOptions{})
 	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "not a medusa head") {

@@ -124,6 +124,9 @@ func NewDraftStrategyWith(target *Model, draftPath string, opts DraftOptions) (*
 type MedusaOptions struct {
 	MaxDraft int32 // most tree nodes verified per step (the head file's tree, cut)
 	NThreads int32 // threads of the heads' LM-head matmul
+	// NoMergeNgram leaves out the n-gram prompt-lookup continuation of the context that kiln
+	// merges into every tree by default (on top of the head file's tree).
+	NoMergeNgram bool
 }
 
 // NewMedusaStrategy creates a strategy from the trained Medusa heads in headPath (tools/train/
@@ -138,6 +141,9 @@ func NewMedusaStrategy(target *Model, headPath string, opts MedusaOptions) (*Str
 	}
 	if opts.NThreads != 0 {
 		p.n_threads = C.int32_t(opts.NThreads)
+	}
+	if opts.NoMergeNgram {
+		p.merge_ngram = 0
 	}
 	cpath := C.CString(headPath)
 	defer C.free(unsafe.Pointer(cpath))

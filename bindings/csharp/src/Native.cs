@@ -189,7 +189,7 @@ namespace Kiln
         internal struct MedusaParams
         {
             public uint StructSize;
-            public int MaxDraft, NThreads;
+            public int MaxDraft, NThreads, MergeNgram;
         }
 
         [StructLayout(LayoutKind.Sequential)]

@@ -573,15 +573,19 @@ namespace Kiln
 
         /// <summary>Trained Medusa heads for target from the head file headPath (tools/train/
         /// makes them; the repository's models/ holds one for the default model); 0 keeps a
-        /// default (the file's whole tree, one thread). A head trained for another model, or a
-        /// file that is not a head, throws KilnException(InvalidArgument) saying what differs; a
-        /// missing file KilnException(IO).</summary>
-        public static Strategy Medusa(Model target, string headPath, int maxDraft = 0, int nThreads = 0)
+        /// default (the file's whole tree, one thread). mergeNgram false: without the n-gram
+        /// prompt-lookup continuation of the context that kiln merges into every tree by default.
+        /// A head trained for another model, or a file that is not a head, throws
+        /// KilnException(InvalidArgument) saying what differs; a missing file
+        /// KilnException(IO).</summary>
+        public static Strategy Medusa(Model target, string headPath, int maxDraft = 0, int nThreads = 0,
+                                      bool mergeNgram = true)
         {
             var p = new Native.MedusaParams();
             Interop.Check(Native.kiln_medusa_params_init(ref p, Native.SizeOf<Native.MedusaParams>()));
             if (maxDraft != 0) p.MaxDraft = maxDraft;
             if (nThreads != 0) p.NThreads = nThreads;
+            p.MergeNgram = mergeNgram ? 1 : 0;
             IntPtr raw;
             Interop.Check(Native.kiln_strategy_create_medusa(target.Handle, Interop.CString(headPath), ref p, out raw));
             return new Strategy(raw, target.Handle);

@@ -113,7 +113,7 @@ public static class Tests
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
             { typeof(Native.StepResult), 32 }, { typeof(Native.StateParams), 12 },
             { typeof(Native.NgramParams), 40 }, { typeof(Native.DraftParams), 32 },
-            { typeof(Native.MedusaParams), 12 }, { typeof(Native.EagleParams), 24 },
+            { typeof(Native.MedusaParams), 16 }, { typeof(Native.EagleParams), 24 },
             { typeof(Native.SpecMetrics), 56 }, { typeof(Native.ChatMessage), 16 },
             { typeof(Native.TokenLogprob), 8 }, { typeof(Native.LogitBias), 8 },
         };
@@ -141,9 +141,11 @@ public static class Tests
             int offset = (int)Marshal.OffsetOf(typeof(Native.CacheStats), kv.Key);
             Check(offset == kv.Value, "CacheStats." + kv.Key + " at " + offset + ", not " + kv.Value);
         }
-        // And of kiln_eagle_params' field added after its first form.
+        // And of kiln_eagle_params' and kiln_medusa_params' fields added after their first form.
         int mergeNgram = (int)Marshal.OffsetOf(typeof(Native.EagleParams), "MergeNgram");
         Check(mergeNgram == 20, "EagleParams.MergeNgram at " + mergeNgram + ", not 20");
+        mergeNgram = (int)Marshal.OffsetOf(typeof(Native.MedusaParams), "MergeNgram");
+        Check(mergeNgram == 12, "MedusaParams.MergeNgram at " + mergeNgram + ", not 12");
     }
 
     public static void TestLoadProgressAndCancel()
@@ -435,6 +437,14 @@ public static class Tests
             Check(m.Steps > 0 && m.Drafted > 0 && m.Accepted <= m.Drafted, "metrics");
             Check(Math.Abs(m.MeanAcceptedPerStep - (double)m.Accepted / m.Steps) < 1e-9, "mean accepted per step");
             Check(m.TargetPassesPerToken > 0 && m.TargetPassesPerToken <= 1, "passes per token");
+            s.SetStrategy(null);
+        }
+        // Without the n-gram candidates merged in: the heads' tree alone, still exact.
+        using (Strategy alone = Strategy.Medusa(_model, head, nThreads: 1, mergeNgram: false))
+        using (Session s = ChatSession())
+        {
+            s.SetStrategy(alone);
+            Check(s.Generate(Max).Tokens.SequenceEqual(expected), "lossless without the n-gram merge");
             s.SetStrategy(null);
         }
         // A model is not a head trained for it; a missing file names itself.

@@ -686,9 +686,11 @@ class MedusaStrategy(Strategy):
     def __init__(
         self, target: Model, head_path: Union[str, os.PathLike[str]], **params: Union[int, float, bool]
     ) -> None:
-        """Keywords: max_draft (tree nodes verified per step; 0: the head's whole tree), n_threads
-        (kiln_medusa_params). A head trained for another model, or a file that is not a head,
-        raises KilnError(INVALID_ARGUMENT) saying what differs; a missing file KilnError(IO)."""
+        """Keywords: max_draft (tree nodes verified per step; 0: the head's whole tree), n_threads,
+        merge_ngram (a bool, default True: the n-gram prompt-lookup continuation of the context is
+        merged into every tree) (kiln_medusa_params). A head trained for another model, or a file
+        that is not a head, raises KilnError(INVALID_ARGUMENT) saying what differs; a missing file
+        KilnError(IO)."""
         super().__init__()
         p = _init(_ffi.MedusaParams, "kiln_medusa_params_init")
         _set_fields(p, params, "MedusaStrategy")

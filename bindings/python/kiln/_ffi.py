@@ -246,7 +246,12 @@ class DraftParams(Structure):
 
 
 class MedusaParams(Structure):
-    _fields_ = [("struct_size", c_uint32), ("max_draft", c_int32), ("n_threads", c_int32)]
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("max_draft", c_int32),
+        ("n_threads", c_int32),
+        ("merge_ngram", c_int32),
+    ]
 
 
 class EagleParams(Structure):

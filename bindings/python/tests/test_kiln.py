@@ -317,6 +317,11 @@ def test_medusa_strategy(model, model_path, cache, tmp_path):
         assert m.steps > 0 and m.drafted > 0 and 0 <= m.accepted <= m.drafted, m
         assert m.mean_accepted_per_step == pytest.approx(m.accepted / m.steps)
         assert 0 < m.target_passes_per_token <= 1.0
+    # Without the n-gram candidates merged in: the heads' tree alone, still exact.
+    with kiln.MedusaStrategy(model, HEAD_PATH, n_threads=1, merge_ngram=False) as medusa, \
+            chat_session(cache) as s:
+        s.set_strategy(medusa)
+        assert s.generate(MAX).tokens == expected
     with pytest.raises(KilnError) as e:
         kiln.MedusaStrategy(model, model_path)  # a model, not a head trained for it
     assert e.value.status == Status.INVALID_ARGUMENT and "not a medusa head" in e.value.message
@@ -448,7 +453,7 @@ def test_struct_layouts_match_the_header():
         "ModelParams": 56, "ModelInfo": 88, "CacheParams": 64, "CacheStats": 112,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
-        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 12, "EagleParams": 24,
+        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 16, "EagleParams": 24,
         "SpecMetrics": 56,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
@@ -464,8 +469,9 @@ def test_struct_layouts_match_the_header():
         "sliding_blocks_released": 96, "sliding_block_bytes": 104,
     }
     assert {name: getattr(_ffi.CacheStats, name).offset for name in offsets} == offsets
-    # And in kiln_eagle_params.
+    # And in kiln_eagle_params and kiln_medusa_params.
     assert _ffi.EagleParams.merge_ngram.offset == 20
+    assert _ffi.MedusaParams.merge_ngram.offset == 12
 
 
 def test_stream_raises_a_failed_request(cache):

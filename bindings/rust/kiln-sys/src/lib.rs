@@ -320,6 +320,7 @@ pub struct kiln_medusa_params {
     pub struct_size: u32,
     pub max_draft: i32,
     pub n_threads: i32,
+    pub merge_ngram: i32,
 }
 
 #[repr(C)]
@@ -587,7 +588,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<kiln_state_params>(), 12);
         assert_eq!(core::mem::size_of::<kiln_ngram_params>(), 40);
         assert_eq!(core::mem::size_of::<kiln_draft_params>(), 32);
-        assert_eq!(core::mem::size_of::<kiln_medusa_params>(), 12);
+        assert_eq!(core::mem::size_of::<kiln_medusa_params>(), 16);
         assert_eq!(core::mem::size_of::<kiln_eagle_params>(), 24);
         assert_eq!(core::mem::size_of::<kiln_spec_metrics>(), 56);
     }
@@ -638,5 +639,15 @@ mod tests {
         // SAFETY: addr_of! forms the field's address without reading it.
         let offset = unsafe { core::ptr::addr_of!((*p.as_ptr()).merge_ngram) as usize - base };
         assert_eq!(offset, 20);
+    }
+
+    #[test]
+    fn medusa_params_offsets_match_the_header() {
+        // offsetof of the fields added after the struct's first form.
+        let p = core::mem::MaybeUninit::<kiln_medusa_params>::uninit();
+        let base = p.as_ptr() as usize;
+        // SAFETY: addr_of! forms the field's address without reading it.
+        let offset = unsafe { core::ptr::addr_of!((*p.as_ptr()).merge_ngram) as usize - base };
+        assert_eq!(offset, 12);
     }
 }

@@ -1047,12 +1047,15 @@ pub struct MedusaOptions {
     pub max_draft: i32,
     /// Threads of the heads' LM-head matmul; <= 0: physical cores.
     pub n_threads: i32,
+    /// The n-gram prompt-lookup continuation of the context merged into every tree, on top of
+    /// the head file's tree (the default): text that copies its context gets long accepted runs.
+    pub merge_ngram: bool,
 }
 
 impl Default for MedusaOptions {
     fn default() -> Self {
         let p = init_params::<sys::kiln_medusa_params>(sys::kiln_medusa_params_init);
-        MedusaOptions { max_draft: p.max_draft, n_threads: p.n_threads }
+        MedusaOptions { max_draft: p.max_draft, n_threads: p.n_threads, merge_ngram: p.merge_ngram != 0 }
     }
 }
 
@@ -1137,6 +1140,7 @@ impl Strategy {
         let mut p = init_params::<sys::kiln_medusa_params>(sys::kiln_medusa_params_init);
         p.max_draft = options.max_draft;
         p.n_threads = options.n_threads;
+        p.merge_ngram = options.merge_ngram as i32;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_strategy_create_medusa(target.ptr(), path.as_ptr(), &p, &mut raw) })?;
         // The heads share the target's output matrix: the strategy keeps the model alive.

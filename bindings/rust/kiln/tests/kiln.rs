@@ -424,6 +424,13 @@ fn medusa_strategy() {
     assert!(m.steps > 0 && m.drafted > 0 && m.accepted <= m.drafted, "{m:?}");
     assert!((m.mean_accepted_per_step - m.accepted as f64 / m.steps as f64).abs() < 1e-9, "{m:?}");
     assert!(m.target_passes_per_token > 0.0 && m.target_passes_per_token <= 1.0, "{m:?}");
+    assert!(kiln::MedusaOptions::default().merge_ngram);
+    // Without the n-gram candidates merged in: the heads' tree alone, still exact.
+    let no_merge = kiln::MedusaOptions { merge_ngram: false, ..options.clone() };
+    let alone = Strategy::medusa(model(), &head, &no_merge).unwrap();
+    let mut s = chat_session();
+    s.set_strategy(Some(alone)).unwrap();
+    assert_eq!(s.generate(&max(MAX)).unwrap().tokens, expected);
 
     // A model is not a head trained for it; a missing file names itself.
     let e = Strategy::medusa(model(), model_path(), &options).err().unwrap();
