@@ -5,11 +5,12 @@
 // send renders the conversation with the model's chat template (kiln_chat_apply_template),
 // submits the part of its tokens the session does not hold yet (kiln_session_submit), and every
 // frame polls the session for new text (kiln_session_poll). Stop is kiln_session_cancel, "branch
-// from here" is kiln_session_fork, the strategy picker attaches an n-gram or Medusa strategy
-// (kiln_session_set_strategy) whose metrics give the acceptance rate, and conversations are saved
-// and reopened through the session-state API (kiln_session_save_state_file/load_state_file) next
-// to a small text file with their messages. Models load on a background thread (ModelLoad) whose
-// progress callback feeds a progress bar and carries the cancel button's request.
+// from here" is kiln_session_fork, the strategy picker attaches an n-gram, Medusa or EAGLE
+// strategy (kiln_session_set_strategy) whose metrics give the acceptance rate, and conversations
+// are saved and reopened through the session-state API (kiln_session_save_state_file/
+// load_state_file) next to a small text file with their messages. Models load on a background
+// thread (ModelLoad) whose progress callback feeds a progress bar and carries the cancel button's
+// request.
 //
 // --script FILE drives the same actions the buttons do (samples/chat-desktop/tests/run_test.py
 // uses it under Xvfb); --reference FILE recomputes every answer of a transcript with the blocking
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -45,12 +47,33 @@ std::string HomeCacheDir() {
   return std::string(home != nullptr ? home : ".") + "/.cache/kiln";
 }
 
+enum class StrategyKind { kNone = 0, kNgram = 1, kMedusa = 2, kEagle = 3 };
+constexpr int kStrategyKinds = 4;
+const char* const kStrategyNames[] = {"none", "n-gram", "medusa", "eagle"};       // the picker's
+const char* const kStrategyScriptNames[] = {"none", "ngram", "medusa", "eagle"};  // `strategy X`
+
+// The strategies that draft with a trained head file, in StrategyKind order from kMedusa: the
+// name in their flag (--NAME FILE), the load line (NAME=ok) and errors, and what follows the
+// model's name in their head file's name (HeadFileFor).
+struct HeadKind {
+  const char* name;
+  const char* suffix;
+};
+constexpr HeadKind kHeadKinds[] = {{"medusa", ".medusa.gguf"}, {"eagle", ".eagle.gguf"}};
+constexpr size_t kHeads = std::size(kHeadKinds);
+
+// kHeadKinds' index of a head strategy (kMedusa, kEagle).
+size_t HeadIndex(StrategyKind kind) {
+  return static_cast<size_t>(kind) - static_cast<size_t>(StrategyKind::kMedusa);
+}
+
 struct Options {
   std::string model_path = HomeCacheDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string model_dir = HomeCacheDir();            // where the model picker lists .gguf files
   std::string save_dir = HomeCacheDir() + "/chats";  // saved conversations
-  std::string medusa_head;  // --medusa FILE; empty: MedusaHeadFor(the model) when it exists
-  int max_tokens = 256;     // per answer
+  // --medusa FILE, --eagle FILE (kHeadKinds' order); empty: HeadFileFor(the model) when it exists
+  std::string head_files[kHeads];
+  int max_tokens = 256;  // per answer
   int n_ctx = 2048;
   int threads = 0;  // 0: kiln's default (physical cores)
   int width = 1000;
@@ -177,15 +200,13 @@ const char* StopReasonName(kiln_stop_reason reason) {
 
 // ---------------------------------------------------------------- conversations
 
-enum class StrategyKind { kNone = 0, kNgram = 1, kMedusa = 2 };
-const char* const kStrategyNames[] = {"none", "n-gram", "medusa"};
-
-// The trained Medusa head that goes with a model: "<dir>/<name up to its first dot>.medusa.gguf"
-// (SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct.medusa.gguf), in the model's
-// directory or else in the repository's models/ (KILN_CHAT_HEAD_DIR, set by the build).
-std::string MedusaHeadFor(const std::string& model_path) {
+// The trained head that goes with a model: "<dir>/<name up to its first dot><suffix>"
+// (SmolLM2-135M-Instruct.Q4_1.gguf, ".medusa.gguf" -> SmolLM2-135M-Instruct.medusa.gguf), in
+// the model's directory or else in the repository's models/ (KILN_CHAT_HEAD_DIR, set by the
+// build).
+std::string HeadFileFor(const std::string& model_path, const char* suffix) {
   const std::string stem = fs::path(model_path).filename().string();
-  const std::string name = stem.substr(0, stem.find('.')) + ".medusa.gguf";
+  const std::string name = stem.substr(0, stem.find('.')) + suffix;
   std::error_code ec;
   fs::path beside = fs::path(model_path).parent_path() / name;
   if (fs::exists(beside, ec)) return beside.string();
@@ -194,6 +215,34 @@ std::string MedusaHeadFor(const std::string& model_path) {
   if (fs::exists(in_repo, ec)) return in_repo.string();
 #endif
   return "";
+}
+
+// A head file for a model and whether it fits it.
+struct Head {
+  std::string file;   // "" when there is none to try
+  std::string error;  // why it does not fit the model ("" when it does, or was not tried)
+};
+
+// The strategy of kHeadKinds[head] from `file` for `model`, with kiln's defaults; NULL, with
+// kiln's error (naming the file, and for a head trained for another model what differs) in
+// `error`, when it does not fit.
+kiln_strategy* CreateHeadStrategy(const kiln_model* model, size_t head, const std::string& file,
+                                  std::string* error) {
+  kiln_strategy* strategy = nullptr;
+  kiln_status s;
+  if (head == HeadIndex(StrategyKind::kMedusa)) {
+    kiln_medusa_params params;
+    kiln_medusa_params_init(&params, sizeof params);
+    s = kiln_strategy_create_medusa(model, file.c_str(), &params, &strategy);
+  } else {
+    kiln_eagle_params params;
+    kiln_eagle_params_init(&params, sizeof params);
+    s = kiln_strategy_create_eagle(model, file.c_str(), &params, &strategy);
+  }
+  if (s != KILN_OK) {
+    *error = KilnError((std::string(kHeadKinds[head].name) + " head " + file).c_str(), s);
+  }
+  return strategy;
 }
 
 struct Conversation {
@@ -234,12 +283,13 @@ struct RetiredModel {
 // A model load on its own thread, so that the UI thread never waits on one: it retires the
 // previous model (its conversations, cache and model, whose destruction waits for the cache's
 // worker), loads the file with a progress callback that feeds the progress bar and carries the
-// cancel request, creates the cache and starts its worker, and tries the Medusa head on the new
-// model. The UI thread reads `progress` every frame and takes the result once `done` is set.
+// cancel request, creates the cache and starts its worker, and tries the trained heads (Medusa,
+// EAGLE) on the new model. The UI thread reads `progress` every frame and takes the result once
+// `done` is set.
 struct ModelLoad {
-  // Set before the thread starts, then read only.
+  // Set before the thread starts, then read only (but for the heads' errors, below).
   std::string path;
-  std::string medusa_head;  // "" when there is none to try
+  Head heads[kHeads];  // their files; the thread sets the errors of those that do not fit
   int n_ctx = 0;
   int threads = 0;
 
@@ -252,8 +302,7 @@ struct ModelLoad {
   kiln_model* model = nullptr;
   kiln_cache* cache = nullptr;
   kiln_status status = KILN_OK;
-  std::string error;         // names the file on failure
-  std::string medusa_error;  // why the head does not fit this model ("" when it does)
+  std::string error;  // names the file on failure
 
   // UI thread only.
   Clock::time_point start = Clock::now();
@@ -290,14 +339,11 @@ struct ModelLoad {
         error = KilnError(("create the cache for " + path).c_str(), status);
       }
     }
-    if (status == KILN_OK && !medusa_head.empty()) {
+    for (size_t i = 0; i < kHeads && status == KILN_OK; ++i) {
       // Tried once here (it reads the head file); a conversation that picks it creates its own.
-      kiln_medusa_params params;
-      kiln_medusa_params_init(&params, sizeof params);
-      kiln_strategy* probe = nullptr;
-      kiln_status s = kiln_strategy_create_medusa(model, medusa_head.c_str(), &params, &probe);
-      if (s != KILN_OK) medusa_error = KilnError(("medusa head " + medusa_head).c_str(), s);
-      kiln_strategy_destroy(probe);
+      if (!heads[i].file.empty()) {
+        kiln_strategy_destroy(CreateHeadStrategy(model, i, heads[i].file, &heads[i].error));
+      }
     }
     if (status != KILN_OK) {
       kiln_cache_destroy(cache);
@@ -315,8 +361,7 @@ struct App {
   kiln_cache* cache = nullptr;
   std::string model_error;
   std::unique_ptr<ModelLoad> load;  // the load in flight, if any
-  std::string medusa_head;          // the head file tried on the model ("" when none)
-  std::string medusa_error;         // why it does not fit the model ("" when it does)
+  Head heads[kHeads];               // the head files tried on the model
   std::vector<std::unique_ptr<Conversation>> conversations;
   size_t current = 0;
   std::string input;
@@ -352,15 +397,17 @@ struct App {
       return false;
     }
     model_error.clear();
-    medusa_error.clear();
     opt.model_path = path;
     model_path_field = path;
     load = std::make_unique<ModelLoad>();
     load->path = path;
-    load->medusa_head = !opt.medusa_head.empty() ? opt.medusa_head : MedusaHeadFor(path);
+    for (size_t i = 0; i < kHeads; ++i) {
+      load->heads[i].file =
+          !opt.head_files[i].empty() ? opt.head_files[i] : HeadFileFor(path, kHeadKinds[i].suffix);
+      heads[i] = {load->heads[i].file, ""};
+    }
     load->n_ctx = opt.n_ctx;
     load->threads = opt.threads;
-    medusa_head = load->medusa_head;
     RetiredModel retired{std::move(conversations), cache, model};
     conversations.clear();
     current = 0;
@@ -386,13 +433,18 @@ struct App {
     load->thread.join();
     std::unique_ptr<ModelLoad> finished = std::move(load);
     const double seconds = std::chrono::duration<double>(Clock::now() - finished->start).count();
-    std::printf("--- load status=%s frames=%d progress_calls=%d seconds=%.2f medusa=%s\n",
+    std::string fits;  // " medusa=ok eagle=none"
+    for (size_t i = 0; i < kHeads; ++i) {
+      const Head& head = finished->heads[i];
+      fits += std::string(" ") + kHeadKinds[i].name + "=" +
+              (head.file.empty()             ? "none"
+               : finished->status != KILN_OK ? "untried"
+               : head.error.empty()          ? "ok"
+                                             : "unfit");
+    }
+    std::printf("--- load status=%s frames=%d progress_calls=%d seconds=%.2f%s\n",
                 kiln_status_name(finished->status), finished->frames,
-                finished->progress_calls.load(), seconds,
-                finished->medusa_head.empty()    ? "none"
-                : finished->status != KILN_OK    ? "untried"
-                : finished->medusa_error.empty() ? "ok"
-                                                 : "unfit");
+                finished->progress_calls.load(), seconds, fits.c_str());
     std::fflush(stdout);
     if (finished->status != KILN_OK) {
       model_error = finished->error;
@@ -402,14 +454,17 @@ struct App {
     }
     model = finished->model;
     cache = finished->cache;
-    medusa_error = finished->medusa_error;
+    for (size_t i = 0; i < kHeads; ++i) heads[i].error = finished->heads[i].error;
     NewConversation();
   }
 
-  // The picker offers Medusa when a head file exists for the model and fits it (the load tried
-  // it); for one that does not fit, the bar shows kiln's error instead.
-  bool MedusaOffered() const {
-    return model != nullptr && !medusa_head.empty() && medusa_error.empty();
+  // The picker offers none and n-gram always, and a head strategy (Medusa, EAGLE) when a head
+  // file exists for the model and fits it (the load tried it); for one that does not fit, the bar
+  // shows kiln's error instead.
+  bool Offered(StrategyKind kind) const {
+    if (kind == StrategyKind::kNone || kind == StrategyKind::kNgram) return true;
+    const Head& head = heads[HeadIndex(kind)];
+    return model != nullptr && !head.file.empty() && head.error.empty();
   }
 
   Conversation* AddConversation(std::unique_ptr<Conversation> conv) {
@@ -577,24 +632,21 @@ struct App {
         conv->error = KilnError("n-gram strategy", s);
         return false;
       }
-    } else if (kind == StrategyKind::kMedusa) {
-      if (!medusa_error.empty()) {
-        conv->error = medusa_error;
+    } else if (kind != StrategyKind::kNone) {
+      const size_t i = HeadIndex(kind);
+      if (!heads[i].error.empty()) {
+        conv->error = heads[i].error;
         return false;
       }
-      if (!MedusaOffered()) {
-        conv->error = "medusa strategy: no head file for " + opt.model_path +
-                      " (--medusa FILE, or " + fs::path(opt.model_path).filename().string() +
-                      "'s name up to its first dot + .medusa.gguf next to it)";
+      if (!Offered(kind)) {
+        conv->error = std::string(kHeadKinds[i].name) + " strategy: no head file for " +
+                      opt.model_path + " (--" + kHeadKinds[i].name + " FILE, or " +
+                      fs::path(opt.model_path).filename().string() +
+                      "'s name up to its first dot + " + kHeadKinds[i].suffix + " next to it)";
         return false;
       }
-      kiln_medusa_params mp;
-      kiln_medusa_params_init(&mp, sizeof mp);
-      kiln_status s = kiln_strategy_create_medusa(model, medusa_head.c_str(), &mp, &strategy);
-      if (s != KILN_OK) {
-        conv->error = KilnError(("medusa head " + medusa_head).c_str(), s);
-        return false;
-      }
+      strategy = CreateHeadStrategy(model, i, heads[i].file, &conv->error);
+      if (strategy == nullptr) return false;
     }
     kiln_status s = kiln_session_set_strategy(conv->session, strategy);
     if (s != KILN_OK) {
@@ -787,16 +839,24 @@ void DrawTopBar(App& app) {
   if (conv == nullptr) return;
   ImGui::SameLine();
   ImGui::SetNextItemWidth(90);
-  int kind = static_cast<int>(conv->strategy_kind);
+  const int current = static_cast<int>(conv->strategy_kind);
   ImGui::BeginDisabled(conv->generating);
-  if (ImGui::Combo("strategy", &kind, kStrategyNames, app.MedusaOffered() ? 3 : 2)) {
-    app.SetStrategy(conv, static_cast<StrategyKind>(kind));
+  // Only the offered strategies are listed: either head may be missing or unfit without the other.
+  if (ImGui::BeginCombo("strategy", kStrategyNames[current])) {
+    for (int kind = 0; kind < kStrategyKinds; ++kind) {
+      if (app.Offered(static_cast<StrategyKind>(kind)) &&
+          ImGui::Selectable(kStrategyNames[kind], kind == current)) {
+        app.SetStrategy(conv, static_cast<StrategyKind>(kind));
+      }
+    }
+    ImGui::EndCombo();
   }
   ImGui::EndDisabled();
-  if (!app.medusa_error.empty()) {
+  for (size_t i = 0; i < kHeads; ++i) {
+    if (app.heads[i].error.empty()) continue;
     ImGui::SameLine();
-    ImGui::TextColored(kErrorColor, "(no medusa)");
-    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", app.medusa_error.c_str());
+    ImGui::TextColored(kErrorColor, "(no %s)", kHeadKinds[i].name);
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", app.heads[i].error.c_str());
   }
   ImGui::Text("%.1f tokens/s  |  %d tokens", conv->tokens_per_s, conv->n_generated);
   ImGui::SameLine();
@@ -872,7 +932,7 @@ void DrawFrame(App& app) {
 
 // One action per line, run one per frame through the same App calls the buttons make:
 //   type TEXT | send | wait | stop | new | branch N (1-based message) | save NAME | open NAME |
-//   strategy none|ngram|medusa | model PATH | wait-load | cancel-load | screenshot FILE.bmp |
+//   strategy none|ngram|medusa|eagle | model PATH | wait-load | cancel-load | screenshot FILE.bmp |
 //   print | quit
 // `wait` holds the script (not the UI) until the current answer ends. `model` starts a load and
 // returns; while a load is in flight every action but cancel-load, screenshot and quit holds
@@ -928,10 +988,10 @@ struct Script {
     } else if (verb == "open") {
       ok = app.Open(arg) != nullptr;
     } else if (verb == "strategy") {
-      ok = (arg == "none" || arg == "ngram" || arg == "medusa") &&
-           app.SetStrategy(conv, arg == "ngram"    ? StrategyKind::kNgram
-                                 : arg == "medusa" ? StrategyKind::kMedusa
-                                                   : StrategyKind::kNone);
+      const auto* names = std::begin(kStrategyScriptNames);
+      const auto* name = std::find(names, std::end(kStrategyScriptNames), arg);
+      ok = name != std::end(kStrategyScriptNames) &&
+           app.SetStrategy(conv, static_cast<StrategyKind>(name - names));
     } else if (verb == "model") {
       ok = app.StartLoad(arg);
     } else if (verb == "screenshot") {
@@ -1033,8 +1093,8 @@ int RunReference(const Options& opt) {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: kiln-chat [--model FILE.gguf] [--medusa HEAD.gguf] [--model-dir DIR]\n"
-               "  [--save-dir DIR]\n"
+               "usage: kiln-chat [--model FILE.gguf] [--medusa HEAD.gguf] [--eagle HEAD.gguf]\n"
+               "  [--model-dir DIR] [--save-dir DIR]\n"
                "  [--max-tokens N] [--ctx N] [--threads N] [--size WxH]\n"
                "  [--script FILE] [--reference TRANSCRIPT]\n");
 }
@@ -1053,7 +1113,9 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
     if (arg == "--model") {
       opt->model_path = value;
     } else if (arg == "--medusa") {
-      opt->medusa_head = value;
+      opt->head_files[HeadIndex(StrategyKind::kMedusa)] = value;
+    } else if (arg == "--eagle") {
+      opt->head_files[HeadIndex(StrategyKind::kEagle)] = value;
     } else if (arg == "--model-dir") {
       opt->model_dir = value;
     } else if (arg == "--save-dir") {

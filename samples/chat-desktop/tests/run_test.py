@@ -7,14 +7,16 @@ Drives the app through its --script mode (the actions its buttons take): wait fo
 model load (on its own thread, frames rendering meanwhile), ask, take a screenshot once the answer
 is shown, switch to the n-gram strategy and ask again, branch from the first answer and ask
 something else, save the branch, open it as a new conversation and ask once more, switch it to the
-trained Medusa head and ask again, then load a missing model from the model picker (the error
-names the file), start a load and cancel it, load the model again (a fresh chat), send and stop at
-once, and quit while one more load is in flight. Checks that every answer is non-empty and equal,
-text for text, to what the blocking C API gives for the same conversation in a fresh session
-(kiln-chat --reference; greedy, so exact: the n-gram and Medusa answers too), that frames were
-rendered while the first load ran, that the Medusa answer drafted tokens, that the reopened
-conversation holds the saved messages, that the stopped request ended cancelled, and that the
-screenshot is a real rendered frame. Exit 77 (skipped) without the model or Xvfb.
+trained Medusa head and ask again, then to the trained EAGLE head (when models/ has it) and ask
+again, then load a missing model from the model picker (the error names the file), start a load
+and cancel it, load the model again (a fresh chat), send and stop at once, and quit while one more
+load is in flight. Checks that every answer is non-empty and equal, text for text, to what the
+blocking C API gives for the same conversation in a fresh session (kiln-chat --reference; greedy,
+so exact: the n-gram, Medusa and EAGLE answers too), that frames were rendered while the first
+load ran, that the Medusa and EAGLE answers drafted tokens, that the reopened conversation holds
+the saved messages, that the stopped request ended cancelled, that the screenshot is a real
+rendered frame, and that a head file that does not fit the model is refused with kiln's reason,
+for each kind of head. Exit 77 (skipped) without the model or Xvfb.
 """
 import os
 import re
@@ -26,8 +28,9 @@ import tempfile
 import time
 
 MODEL = os.path.expanduser("~/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf")
-HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models",
-                    "SmolLM2-135M-Instruct.medusa.gguf")
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models")
+HEAD = os.path.join(MODELS, "SmolLM2-135M-Instruct.medusa.gguf")
+EAGLE_HEAD = os.path.join(MODELS, "SmolLM2-135M-Instruct.eagle.gguf")
 MAX_TOKENS = 12
 WIDTH, HEIGHT = 1000, 680
 
@@ -55,7 +58,7 @@ strategy medusa
 type Which one is longer?
 send
 wait
-model {missing}
+{eagle}model {missing}
 wait-load
 model {model}
 cancel-load
@@ -68,6 +71,15 @@ stop
 wait
 model {model}
 quit
+"""
+
+# Inserted after the Medusa answer when the EAGLE head is there: one more answer, in the same
+# conversation.
+EAGLE_SCRIPT = """\
+strategy eagle
+type Which one is wider?
+send
+wait
 """
 
 
@@ -145,6 +157,11 @@ def main():
     if shutil.which("Xvfb") is None:
         print("skipped: no Xvfb (apt-get install xvfb)")
         return 77
+    # The EAGLE answer needs the trained head; without it the rest still runs.
+    eagle = os.path.exists(EAGLE_HEAD)
+    if not eagle:
+        print(f"EAGLE answer skipped: {EAGLE_HEAD} is missing")
+    n_eagle = 1 if eagle else 0  # the answers it adds
     failures = []
     with tempfile.TemporaryDirectory() as tmp, \
             Xvfb(f"{WIDTH + 24}x{HEIGHT + 88}x24") as xvfb:
@@ -152,7 +169,8 @@ def main():
         script = os.path.join(tmp, "script.txt")
         with open(script, "w") as f:
             missing = os.path.join(tmp, "missing.gguf")
-            f.write(SCRIPT.format(shot=shot, model=MODEL, missing=missing))
+            f.write(SCRIPT.format(shot=shot, model=MODEL, missing=missing,
+                                  eagle=EAGLE_SCRIPT if eagle else ""))
         common = ["--model", MODEL, "--max-tokens", str(MAX_TOKENS), "--threads", "2"]
         # Under ASan (scripts/test.sh's sanitizer stage) the window's run leaves leak detection
         # off: D-Bus (through SDL) and Mesa's GL driver leave allocations at exit that LeakSanitizer
@@ -162,7 +180,8 @@ def main():
         window_env["ASAN_OPTIONS"] = ":".join(
             filter(None, [os.environ.get("ASAN_OPTIONS"), "detect_leaks=0"]))
         app = run([chat, "--script", script, "--save-dir", os.path.join(tmp, "saves"),
-                   "--size", f"{WIDTH}x{HEIGHT}", "--medusa", HEAD] + common, env=window_env)
+                   "--size", f"{WIDTH}x{HEIGHT}", "--medusa", HEAD] +
+                  (["--eagle", EAGLE_HEAD] if eagle else []) + common, env=window_env)
         if app.returncode != 0:
             failures.append(f"kiln-chat exited with {app.returncode}")
         check_screenshot(shot, failures)
@@ -171,7 +190,7 @@ def main():
         # ended before the cancel came), the one the last answers use; the load in flight at
         # `quit` never ends.
         loads = re.findall(r"--- load status=(\w+) frames=(\d+) progress_calls=(\d+) "
-                           r"seconds=([\d.]+) medusa=(\w+)", app.stdout)
+                           r"seconds=([\d.]+) medusa=(\w+) eagle=(\w+)", app.stdout)
         print("loads:", loads)
         if [status for status, *_ in loads] not in (
                 ["KILN_OK", "KILN_ERR_IO", "KILN_ERR_CANCELLED", "KILN_OK"],
@@ -182,20 +201,21 @@ def main():
             # over before the next frame.
             if int(loads[0][1]) < 1:
                 failures.append("no frame was rendered while the first model loaded")
-            if int(loads[0][2]) < 3 or loads[0][4] != "ok":
-                failures.append(f"the first load reported no progress or no fitting Medusa head: "
-                                f"{loads[0]}")
+            if int(loads[0][2]) < 3 or loads[0][4] != "ok" or (eagle and loads[0][5] != "ok"):
+                failures.append(f"the first load reported no progress or no fitting Medusa (or "
+                                f"EAGLE) head: {loads[0]}")
         if f"--- load error: load {missing}: KILN_ERR_IO" not in app.stdout:
             failures.append("the missing model's error does not name the file")
 
         # Blocks printed when an answer ends, in script order; the `print` after `open` is the
-        # fourth one, and the stopped answer (a block only when it stopped after its prompt)
-        # the seventh: it cannot be reproduced, it ended when the stop came.
+        # fourth one, the Medusa answer the sixth, the EAGLE one (if any) the seventh, and the
+        # stopped answer (a block only when it stopped after its prompt) the last: it cannot be
+        # reproduced, it ended when the stop came.
         found = blocks(app.stdout)
-        answers = found[:3] + found[4:6]
-        if len(found) not in (6, 7):
-            failures.append(f"expected 6 or 7 transcript blocks (answers and a print), got "
-                            f"{len(found)}")
+        answers = found[:3] + found[4:6 + n_eagle]
+        if len(found) not in (6 + n_eagle, 7 + n_eagle):
+            failures.append(f"expected {6 + n_eagle} or {7 + n_eagle} transcript blocks (answers "
+                            f"and a print), got {len(found)}")
         else:
             branch_title, branch_lines = found[2]
             reopened_title, reopened_lines = found[3]
@@ -210,12 +230,14 @@ def main():
                 failures.append(f"an empty answer in '{title}'")
         stats = re.findall(r"--- stats stop=(\w+) tokens=(\d+) tokens_per_s=([\d.]+) drafted=(\d+)",
                            app.stdout)
-        # An answer whose tokens all arrive in one frame has no measured speed; not all five can.
-        if not any(int(n) > 1 and float(speed) > 0 for _, n, speed, _ in stats[:5]):
+        # An answer whose tokens all arrive in one frame has no measured speed; not all can.
+        if not any(int(n) > 1 and float(speed) > 0 for _, n, speed, _ in stats[:len(answers)]):
             failures.append("no answer reported its tokens/s")
-        if len(stats) < 5 or int(stats[4][3]) <= 0:
-            failures.append(f"the Medusa answer drafted nothing: {stats[4:5]}")
-        stopped = stats[5:] or re.findall(r"--- stopped before the answer: (\w+)", app.stdout)
+        for index, name in [(4, "Medusa")] + [(5, "EAGLE")] * n_eagle:
+            if len(stats) <= index or int(stats[index][3]) <= 0:
+                failures.append(f"the {name} answer drafted nothing: {stats[index:index + 1]}")
+        stopped = (stats[len(answers):] or
+                   re.findall(r"--- stopped before the answer: (\w+)", app.stdout))
         if len(stopped) != 1 or (stopped[0] != "KILN_ERR_CANCELLED" and
                                  stopped[0][0] != "cancelled"):
             failures.append(f"the stopped request did not end cancelled: {stopped}")
@@ -239,14 +261,17 @@ def main():
         if bad.returncode != 1 or missing not in bad.stderr:
             failures.append("a missing model did not fail with a message naming the file")
         # A head that does not fit the model (here the model itself: not a head at all) is not
-        # offered; asking for it fails with kiln's reason.
-        with open(script, "w") as f:
-            f.write("strategy medusa\n")
-        unfit = run([chat, "--model", MODEL, "--medusa", MODEL, "--script", script],
-                    env=window_env)
-        if (unfit.returncode != 1 or "medusa=unfit" not in unfit.stdout or
-                "not a medusa head" not in unfit.stderr):
-            failures.append("a head that does not fit the model was not refused with kiln's reason")
+        # offered; asking for it fails with kiln's reason. Each kind of head is tried on its own,
+        # since the first refusal ends the script; neither needs a trained head.
+        for name, reason in [("medusa", "not a medusa head"), ("eagle", "not an eagle head")]:
+            with open(script, "w") as f:
+                f.write(f"strategy {name}\n")
+            unfit = run([chat, "--model", MODEL, f"--{name}", MODEL, "--script", script],
+                        env=window_env)
+            if (unfit.returncode != 1 or f"{name}=unfit" not in unfit.stdout or
+                    reason not in unfit.stderr):
+                failures.append(f"a {name} head that does not fit the model was not refused with "
+                                f"kiln's reason")
 
     for failure in failures:
         print("FAIL:", failure)
