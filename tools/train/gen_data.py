@@ -8,11 +8,14 @@
 templates) or chat-eval (chat_prompts.py's evaluation prompts: topics and templates the chat set
 does not have, for train_medusa.py --eval-data). --sample-every N: every N-th prompt is answered with sampling at --sample-temp (seeded
 by its index) instead of --temp, so the heads also see the model's sampled continuations.
+--jobs N: N `kiln generate` processes at once (each with --threads); lines are still written in
+prompt order, and each answer is the same as alone (seeded, batch-invariant kernels).
 
 Writes DIR/samples.tsv: one line per prompt, `prompt<TAB>answer` with backslash, tab and newline
 escaped (\\\\, \\t, \\n). Resumable: prompts already in the file are skipped.
 """
 import argparse
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--source", choices=["stdlib", "chat", "chat-eval"], default="stdlib")
     ap.add_argument("--sample-every", type=int, default=0)
     ap.add_argument("--sample-temp", type=float, default=0.8)
+    ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "samples.tsv")
@@ -49,15 +53,20 @@ def main():
     todo = {"stdlib": stdlib_prompts.prompts, "chat": chat_prompts.prompts,
             "chat-eval": chat_prompts.eval_prompts}[args.source]()[: args.count]
     start = time.time()
-    with open(path, "a", encoding="utf-8") as f:
-        for i, p in enumerate(todo[done:], start=done):
-            sampled = args.sample_every > 0 and i % args.sample_every == args.sample_every - 1
-            temp = args.sample_temp if sampled else args.temp
-            r = subprocess.run(
-                [args.kiln, "generate", "-m", args.model, "-p", p, "-n", str(args.n_predict),
-                 "--temp", str(temp), "--seed", str(i), "-t", str(args.threads), "-q"],
-                capture_output=True, text=True, check=True)
-            f.write(escape(p) + "\t" + escape(r.stdout) + "\n")
+
+    def answer(i):
+        sampled = args.sample_every > 0 and i % args.sample_every == args.sample_every - 1
+        temp = args.sample_temp if sampled else args.temp
+        return subprocess.run(
+            [args.kiln, "generate", "-m", args.model, "-p", todo[i], "-n", str(args.n_predict),
+             "--temp", str(temp), "--seed", str(i), "-t", str(args.threads), "-q"],
+            capture_output=True, text=True, check=True).stdout
+
+    with open(path, "a", encoding="utf-8") as f, \
+            concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        # map yields in prompt order, so an interrupted run leaves a prefix of the list.
+        for i, text in enumerate(pool.map(answer, range(done, len(todo))), start=done):
+            f.write(escape(todo[i]) + "\t" + escape(text) + "\n")
             f.flush()
             if i % 20 == 0:
                 print(f"{i + 1}/{len(todo)} prompts, {time.time() - start:.0f} s", flush=True)

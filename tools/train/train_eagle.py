@@ -20,7 +20,8 @@ top-1 accuracy on them (teacher-forced: the share of depth-1 drafts the target w
 The exported head drafts over that same reduced vocabulary (--vocab V > 0): eagle.vocab.ids (the
 V ids, ascending) and eagle.lm_head.weight (the target's own LM-head rows for them, in its type),
 so each draft node costs V / n_vocab of the full LM head; --vocab 0 exports a head that drafts
-with the target's full LM head. At export the log also gives the held-out top-1 when drafts are
+with the target's full LM head. The head's own matrices are exported as Q8_0 (--matrix-type f16
+keeps them f16): a head pass streams them once per draft depth. At export the log also gives the held-out top-1 when drafts are
 restricted to the subset (a target outside it counts as a miss), what kiln will see.
 
 Rows of a sample are consecutive positions from the prompt's last token on, as kiln's head sees
@@ -238,7 +239,7 @@ def evaluate(eval_fn, p, samples, val, batch, max_rows, embd, lm_head, subset=No
     return correct / max(total, 1.0)
 
 
-def export(path, p, shape, fp, model_path, subset):
+def export(path, p, shape, fp, model_path, subset, matrix_type):
     w = gguf.GGUFWriter(path, "eagle")
     w.add_uint64("eagle.target.vocab_hash", fp["vocab_hash"])
     w.add_uint32("eagle.target.vocab_size", fp["vocab_size"])
@@ -250,8 +251,14 @@ def export(path, p, shape, fp, model_path, subset):
     w.add_uint32("eagle.attention.key_length", shape["head_dim"])
     w.add_uint32("eagle.feed_forward_length", shape["n_ff"])
     for name, tensor in TENSOR_NAMES.items():
-        x = np.asarray(p[name])
-        w.add_tensor(tensor, x.astype(np.float16 if name in MATRICES else np.float32))
+        x = np.asarray(p[name], dtype=np.float32)
+        if name not in MATRICES:
+            w.add_tensor(tensor, x)
+        elif matrix_type == "q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(tensor, gguf.quants.quantize(x, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(tensor, x.astype(np.float16))
     if subset is not None:
         # The target's own LM-head rows for the subset, bytes unchanged (its quant type).
         t = lm_head_tensor(gguf.GGUFReader(model_path))
@@ -282,6 +289,9 @@ def main():
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--export", help="write the head file from the checkpoint and exit")
+    ap.add_argument("--matrix-type", choices=["q8_0", "f16"], default="q8_0",
+                    help="exported type of the head's matrices (q8_0: about half the bytes a "
+                         "head pass reads)")
     args = ap.parse_args()
 
     shape, embd = target_shape(args.model)
@@ -321,7 +331,7 @@ def main():
             acc = evaluate(eval_fn, p, samples, val_idx, args.batch, args.max_rows, embd, lm_head,
                            draft_vocab)
             print(f"held-out top-1 drafting over the {draft_vocab.size} tokens: {acc:.4f}")
-        export(args.export, p, shape, fp, args.model, draft_vocab)
+        export(args.export, p, shape, fp, args.model, draft_vocab, args.matrix_type)
         print(f"wrote {args.export}")
         return
 
