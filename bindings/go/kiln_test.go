@@ -446,15 +446,7 @@ func TestMedusaStrategy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer alone.Close()
-	s2 := chatSession(t, nil)
-	defer s2.Close()
-	if err := s2.SetStrategy(alone); err != nil {
-		t.Fatal(err)
-	}
-	if got := mustGenerate(t, s2, maxTokens); !equal(got.Tokens, expected.Tokens) {
-		t.Fatalf("medusa without n-gram merge %v, plain %v", got.Tokens, expected.Tokens)
-	}
-	s2.SetStrategy(nil)
+	expectPlainOutput(t, alone, expected.Tokens, "medusa without n-gram merge")
 	// A model is not a head trained for it; a missing file names itself.
 	_, err = NewMedusaStrategy(model, modelPath, MedusaOptions{})
 	if e := wantStatus(t, err, ErrInvalidArgument); !strings.Contains(e.Message, "not a medusa head") {
@@ -601,6 +593,21 @@ func mustGenerate(t *testing.T, s *Session, n int) GenerateResult {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// expectPlainOutput runs strategy on a fresh chat session and checks that its greedy output is
+// plain decoding's (expected).
+func expectPlainOutput(t *testing.T, strategy *Strategy, expected []int32, what string) {
+	t.Helper()
+	s := chatSession(t, nil)
+	defer s.Close()
+	if err := s.SetStrategy(strategy); err != nil {
+		t.Fatal(err)
+	}
+	defer s.SetStrategy(nil)
+	if got := mustGenerate(t, s, maxTokens); !equal(got.Tokens, expected) {
+		t.Fatalf("%s %v, plain %v", what, got.Tokens, expected)
+	}
 }
 
 func equal(a, b []int32) bool {

@@ -632,22 +632,16 @@ mod tests {
     }
 
     #[test]
-    fn eagle_params_offsets_match_the_header() {
-        // offsetof of the fields added after the struct's first form.
-        let p = core::mem::MaybeUninit::<kiln_eagle_params>::uninit();
-        let base = p.as_ptr() as usize;
-        // SAFETY: addr_of! forms the field's address without reading it.
-        let offset = unsafe { core::ptr::addr_of!((*p.as_ptr()).merge_ngram) as usize - base };
-        assert_eq!(offset, 20);
-    }
-
-    #[test]
-    fn medusa_params_offsets_match_the_header() {
-        // offsetof of the fields added after the struct's first form.
-        let p = core::mem::MaybeUninit::<kiln_medusa_params>::uninit();
-        let base = p.as_ptr() as usize;
-        // SAFETY: addr_of! forms the field's address without reading it.
-        let offset = unsafe { core::ptr::addr_of!((*p.as_ptr()).merge_ngram) as usize - base };
-        assert_eq!(offset, 12);
+    fn head_params_offsets_match_the_header() {
+        // offsetof of merge_ngram, added after the structs' first form.
+        macro_rules! offset {
+            ($struct:ty, $field:ident) => {{
+                let p = core::mem::MaybeUninit::<$struct>::uninit();
+                // SAFETY: addr_of! forms the field's address without reading it.
+                unsafe { core::ptr::addr_of!((*p.as_ptr()).$field) as usize - p.as_ptr() as usize }
+            }};
+        }
+        assert_eq!(offset!(kiln_eagle_params, merge_ngram), 20);
+        assert_eq!(offset!(kiln_medusa_params, merge_ngram), 12);
     }
 }
