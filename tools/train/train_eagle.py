@@ -4,6 +4,7 @@
   python3 tools/train/train_eagle.py --model MODEL --data PREFIX [--data PREFIX ...] --out DIR
       [--minutes 60] [--max-steps N] [--batch 8] [--lr 3e-4] [--seed 0]
   python3 tools/train/train_eagle.py --model MODEL --data PREFIX --out DIR --export HEAD.gguf
+      [--eval-data PREFIX ...]
 
 JAX on the CPU (`pip install jax numpy gguf`; training only, kiln never needs it). The head is
 the one kiln runs (lib/spec/eagle_strategy.h): entry i of a sample reads
@@ -289,6 +290,9 @@ def main():
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--export", help="write the head file from the checkpoint and exit")
+    ap.add_argument("--eval-data", action="append", default=[],
+                    help="at export, also the top-1 on these kiln-features outputs (every "
+                         "sample; e.g. gen_data.py --source chat-eval: prompts training never saw)")
     ap.add_argument("--matrix-type", choices=["q8_0", "f16"], default="q8_0",
                     help="exported type of the head's matrices (q8_0: about half the bytes a "
                          "head pass reads)")
@@ -331,6 +335,12 @@ def main():
             acc = evaluate(eval_fn, p, samples, val_idx, args.batch, args.max_rows, embd, lm_head,
                            draft_vocab)
             print(f"held-out top-1 drafting over the {draft_vocab.size} tokens: {acc:.4f}")
+        if args.eval_data:
+            eval_samples = load_samples(args.eval_data, args.max_rows)
+            every = np.arange(len(eval_samples))
+            acc = evaluate(eval_fn, p, eval_samples, every, args.batch, args.max_rows, embd,
+                           lm_head, draft_vocab)
+            print(f"--eval-data top-1 drafting as exported: {acc:.4f} over {len(every)} samples")
         export(args.export, p, shape, fp, args.model, draft_vocab, args.matrix_type)
         print(f"wrote {args.export}")
         return
