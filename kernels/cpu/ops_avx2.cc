@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu/op_kernels.h"
+#include "kernels/cpu/unroll.h"
 #include "lib/common/half.h"
 
 namespace kiln::cpu {
@@ -268,98 +269,193 @@ inline float LoadKv1(const void* row, KvElem elem, int64_t i) {
   return 0.0f;
 }
 
-// kv_scores_rows (op_kernels.h): lanes 0..7 and 8..15 of a row's 16 FMA chains in two registers,
-// then per 128-bit half (x0 + x2) + (x1 + x3) (= Q0, Q1 from lanes 0..7, Q2, Q3 from 8..15), then
-// (Q0 + Q2) + (Q1 + Q3); the d % 16 tail one FMA each. Each K row is widened once for all heads.
-void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
-                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
-  const int64_t full = d - d % 16;
-  alignas(32) float widened[1024];  // one K row as f32 (head_dim <= 1024)
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const float* k = static_cast<const float*>(k_rows[j]);
-    if (elem != KvElem::kF32) {
-      for (int64_t i = 0; i < full; i += 8)
-        _mm256_store_ps(widened + i, LoadKv8(k_rows[j], elem, i));
-      for (int64_t i = full; i < d; ++i) widened[i] = LoadKv1(k_rows[j], elem, i);
-      k = widened;
+inline int64_t RowBytes(KvElem elem, int64_t d) {
+  return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
+}
+
+// The visible rows are scattered over the cache's blocks (a block's rows of one head are
+// contiguous, the blocks are not), so the hardware prefetchers lose the stream at every block:
+// fetch the whole row kPrefetchRows ahead into L1 while this one is read. Whole rows, also where
+// a pass reads only some columns, so that the later passes over the same rows find them in L2.
+constexpr int64_t kPrefetchRows = 8;
+inline void PrefetchRow(const void* const* rows, int64_t j, int64_t n_rows, int64_t row_bytes) {
+  if (j + kPrefetchRows >= n_rows) return;
+  const char* row = static_cast<const char*>(rows[j + kPrefetchRows]);
+  for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+  _mm_prefetch(row + row_bytes - 1, _MM_HINT_T0);
+}
+
+// Lane sums of 4 rows' 16 lanes (row r: lanes 0..7 in lo[r], 8..15 in hi[r]) -> lane r = row r's
+// sum in kv_scores_rows's tree: shuffles pair x[4q] with x[4q + 2] and x[4q + 1] with x[4q + 3]
+// of two rows, vhaddps adds those pairs (the quad sums Q_q of 4 rows per 128-bit half: Q0, Q1
+// from lo, Q2, Q3 from hi), then (Q0 + Q2) + (Q1 + Q3).
+inline __m128 TransposeSum4(const __m256 lo[4], const __m256 hi[4]) {
+  auto quads = [](const __m256 v[4]) {
+    const __m256 ab = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 cd = _mm256_add_ps(_mm256_shuffle_ps(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_hadd_ps(ab, cd);  // per half: the quad sum of rows 0, 1, 2, 3
+  };
+  const __m256 s = _mm256_add_ps(quads(lo), quads(hi));  // Q0 + Q2 | Q1 + Q3
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// Widened K rows live in a per-call stack buffer of 4 rows when they fit (head_dim <= 256).
+constexpr int64_t kMaxWidenedDim = 256;
+
+// kv_scores_rows for one K element type: per run of 4 rows, the rows widened once for all n_q
+// heads (d <= kMaxWidenedDim; larger heads convert as they read), then per head 8 accumulators
+// (4 rows x 16 lanes) in registers and one TransposeSum4; the missing rows of a last partial run
+// read zeros and their sums are dropped. The d % 16 tail follows per row, one FMA each.
+template <KvElem kElem>
+void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                    int64_t d, float* scores, int64_t score_stride) {
+  alignas(32) static const float kZeroRow[1024] = {};
+  constexpr bool kWiden = kElem != KvElem::kF32;
+  alignas(32) float widened[kWiden ? 4 * kMaxWidenedDim : 1];
+  const bool widen = kWiden && d <= kMaxWidenedDim;
+  const int64_t full = d - d % 16, row_bytes = RowBytes(kElem, d);
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 4) {
+    const int rows = n_rows - j0 < 4 ? static_cast<int>(n_rows - j0) : 4;
+    const void* run[4];
+    for (int r = 0; r < 4; ++r) run[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
+    for (int r = 0; r < rows; ++r) PrefetchRow(k_rows, j0 + r, n_rows, row_bytes);
+    if (widen) {
+      for (int r = 0; r < 4; ++r) {
+        float* dst = widened + r * d;
+        for (int64_t i = 0; i < full; i += 8) {
+          _mm256_store_ps(dst + i, r < rows ? LoadKv8(run[r], kElem, i) : _mm256_setzero_ps());
+        }
+        run[r] = dst;
+      }
     }
-    for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
-      const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
-      __m256 lo[4], hi[4];
-      for (int g = 0; g < 4; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < full; i += 16) {
-        const __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + i + 8);
-        for (int g = 0; g < ng; ++g) {
-          const float* qg = q + (g0 + g) * d + i;
-          lo[g] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qg), lo[g]);
-          hi[g] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qg + 8), hi[g]);
+    auto scores_of = [&]<KvElem E>() {
+      for (int64_t g = 0; g < n_q; ++g) {
+        const float* qg = q + g * d;
+        __m256 lo[4], hi[4];
+        Unroll<4>([&](auto r) { lo[r] = hi[r] = _mm256_setzero_ps(); });
+        for (int64_t i = 0; i < full; i += 16) {
+          const __m256 q0 = _mm256_loadu_ps(qg + i), q1 = _mm256_loadu_ps(qg + i + 8);
+          Unroll<4>([&](auto r) {
+            lo[r] = _mm256_fmadd_ps(LoadKv8(run[r], E, i), q0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(LoadKv8(run[r], E, i + 8), q1, hi[r]);
+          });
+        }
+        alignas(16) float sums[4];
+        _mm_store_ps(sums, TransposeSum4(lo, hi));
+        float* sg = scores + g * score_stride + j0;
+        for (int r = 0; r < rows; ++r) {
+          float s = sums[r];
+          for (int64_t i = full; i < d; ++i)
+            s = std::fma(LoadKv1(k_rows[j0 + r], kElem, i), qg[i], s);
+          sg[r] = s;
         }
       }
-      for (int g = 0; g < ng; ++g) {
-        // t: lane 0 of each 128-bit half = (x0 + x2) + (x1 + x3) of that half's quad.
-        auto quads = [](__m256 v) {
-          const __m256 pairs = _mm256_add_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
-          return _mm256_add_ps(pairs, _mm256_permute_ps(pairs, _MM_SHUFFLE(2, 3, 0, 1)));
-        };
-        const __m256 qs = _mm256_add_ps(quads(lo[g]), quads(hi[g]));  // Q0 + Q2 | Q1 + Q3
-        float s =
-            _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(qs), _mm256_extractf128_ps(qs, 1)));
-        const float* qg = q + (g0 + g) * d;
-        for (int64_t i = full; i < d; ++i) s = std::fma(k[i], qg[i], s);
-        scores[(g0 + g) * score_stride + j] = s;
-      }
+    };
+    if (widen) {
+      scores_of.template operator()<KvElem::kF32>();
+    } else {
+      scores_of.template operator()<kElem>();
     }
   }
 }
 
-// kv_accumulate_rows (op_kernels.h): up to 4 heads x 16 columns per pass over the rows (8
-// accumulators, continuing out's chains), each V slice widened once for the heads; the d % 16
-// columns one FMA each.
-void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
-                      const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
-  const int64_t full = d - d % 16;
-  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
-    const int64_t ng = n_q - g0 < 4 ? n_q - g0 : 4;
-    const float* pg = p + g0 * p_stride;
-    for (int64_t c = 0; c < full; c += 16) {
-      __m256 a0[4], a1[4];
-      for (int g = 0; g < 4; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
-      for (int g = 0; g < ng; ++g) {
-        a0[g] = _mm256_loadu_ps(out + (g0 + g) * d + c);
-        a1[g] = _mm256_loadu_ps(out + (g0 + g) * d + c + 8);
-      }
-      for (int64_t j = 0; j < n_rows; ++j) {
-        const __m256 v0 = LoadKv8(v_rows[j], elem, c), v1 = LoadKv8(v_rows[j], elem, c + 8);
-        for (int g = 0; g < ng; ++g) {
-          const __m256 pj = _mm256_set1_ps(pg[g * p_stride + j]);
-          a0[g] = _mm256_fmadd_ps(v0, pj, a0[g]);
-          a1[g] = _mm256_fmadd_ps(v1, pj, a1[g]);
-        }
-      }
-      for (int g = 0; g < ng; ++g) {
-        _mm256_storeu_ps(out + (g0 + g) * d + c, a0[g]);
-        _mm256_storeu_ps(out + (g0 + g) * d + c + 8, a1[g]);
-      }
+// f.template operator()<E>() with E = elem as a compile-time constant (one instantiation per
+// element type, so LoadKv8's switch folds away).
+template <typename F>
+void WithKvElem(KvElem elem, F&& f) {
+  switch (elem) {
+    case KvElem::kF32:
+      return f.template operator()<KvElem::kF32>();
+    case KvElem::kF16:
+      return f.template operator()<KvElem::kF16>();
+    case KvElem::kBf16:
+      return f.template operator()<KvElem::kBf16>();
+    case KvElem::kQ8_0:
+      return f.template operator()<KvElem::kQ8_0>();
+  }
+}
+
+// kv_scores_rows (op_kernels.h).
+void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                  KvElem elem, int64_t d, float* scores, int64_t score_stride) {
+  WithKvElem(elem, [&]<KvElem E>() {
+    KvScoresRowsOf<E>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+  });
+}
+
+// NQ heads x up to S slices of 8 columns per pass over the rows, one V element type, continuing
+// the chains in out: NQ * S accumulators stay in registers (at least 8 chains, so the FMA
+// latency is hidden; 3 heads x 4 slices fill the 16 ymm registers, and measured faster than
+// 3 x 3 where a 64-wide f16 row then takes 3 passes), each V slice converted once for the heads.
+template <int NQ, int S, KvElem kElem>
+void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
+                        int64_t n_rows, int64_t d) {
+  const int64_t full = d - d % 8, row_bytes = RowBytes(kElem, d);
+  for (int64_t c0 = 0; c0 < full; c0 += 8 * S) {
+    const int slices = full - c0 < 8 * S ? static_cast<int>((full - c0) / 8) : S;
+    __m256 acc[NQ][S];
+    Unroll<NQ>([&](auto g) {
+      Unroll<S>([&](auto s) {
+        acc[g][s] = s < slices ? _mm256_loadu_ps(out + g * d + c0 + 8 * s) : _mm256_setzero_ps();
+      });
+    });
+    for (int64_t j = 0; j < n_rows; ++j) {
+      PrefetchRow(v_rows, j, n_rows, row_bytes);
+      __m256 pj[NQ];
+      Unroll<NQ>([&](auto g) { pj[g] = _mm256_set1_ps(p[g * p_stride + j]); });
+      Unroll<S>([&](auto s) {
+        if (s >= slices) return;  // the last pass's missing slices, the same for every row
+        const __m256 v = LoadKv8(v_rows[j], kElem, c0 + 8 * s);
+        Unroll<NQ>([&](auto g) { acc[g][s] = _mm256_fmadd_ps(v, pj[g], acc[g][s]); });
+      });
     }
-    for (int64_t g = 0; g < ng; ++g) {
-      for (int64_t i = full; i < d; ++i) {
-        float acc = out[(g0 + g) * d + i];
-        for (int64_t j = 0; j < n_rows; ++j) {
-          acc = std::fma(LoadKv1(v_rows[j], elem, i), pg[g * p_stride + j], acc);
-        }
-        out[(g0 + g) * d + i] = acc;
+    Unroll<NQ>([&](auto g) {
+      Unroll<S>([&](auto s) {
+        if (s < slices) _mm256_storeu_ps(out + g * d + c0 + 8 * s, acc[g][s]);
+      });
+    });
+  }
+  for (int g = 0; g < NQ; ++g) {
+    for (int64_t i = full; i < d; ++i) {
+      float acc = out[g * d + i];
+      for (int64_t j = 0; j < n_rows; ++j) {
+        acc = std::fma(LoadKv1(v_rows[j], kElem, i), p[g * p_stride + j], acc);
       }
+      out[g * d + i] = acc;
     }
   }
+}
+
+// kv_accumulate_rows (op_kernels.h), in groups of up to 4 heads.
+void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
+                      const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
+  WithKvElem(elem, [&]<KvElem E>() {
+    for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
+      float* og = out + g0 * d;
+      const float* pg = p + g0 * p_stride;
+      switch (n_q - g0 < 4 ? n_q - g0 : 4) {
+        case 1:
+          KvAccumulateRowsOf<1, 8, E>(og, pg, p_stride, v_rows, n_rows, d);
+          break;
+        case 2:
+          KvAccumulateRowsOf<2, 4, E>(og, pg, p_stride, v_rows, n_rows, d);
+          break;
+        case 3:
+          KvAccumulateRowsOf<3, 4, E>(og, pg, p_stride, v_rows, n_rows, d);
+          break;
+        default:
+          KvAccumulateRowsOf<4, 2, E>(og, pg, p_stride, v_rows, n_rows, d);
+          break;
+      }
+    }
+  });
 }
 
 // ---- The llama.cpp order (op_kernels.h): ggml's AVX-512 lanes, 8 at a time. Each lane is one
 // FMA chain whatever the register width, so 8-lane registers give the definition's bits when
 // the lanes are reduced in its order.
-
-inline int64_t RowBytes(KvElem elem, int64_t d) {
-  return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
-}
 
 // kv_scores: ggml's 64 lanes as 8 registers (acc[m] = lanes 8m .. 8m + 7) or tinyBLAS's 16 as
 // 2, one head at a time (its 8 chains fill the FMA pipes); K widened as it is read. The lanes are

@@ -48,6 +48,60 @@ std::vector<uint8_t> RandomKvRows(KvElem elem, int64_t n_rows, int64_t d, std::m
   return out;
 }
 
+// Every level's kv_scores_rows and kv_accumulate_rows (kiln's batch-invariant order) give the
+// scalar definitions' bits: each element type, every head count up to two groups of 4, row
+// counts around the SIMD runs, column tails (accumulate; the SIMD scores take d % 16 == 0, as
+// their callers guarantee), heads wider than the widened-row buffers (d 288), and chains that
+// continue from a non-zero out.
+TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
+  std::mt19937 rng(37);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  for (KvElem elem : {KvElem::kF32, KvElem::kF16, KvElem::kBf16, KvElem::kQ8_0}) {
+    for (int64_t d :
+         {int64_t{16}, int64_t{40}, int64_t{64}, int64_t{80}, int64_t{128}, int64_t{288}}) {
+      if (elem == KvElem::kQ8_0 && d % 32 != 0) continue;
+      for (int64_t n_q : {1, 2, 3, 4, 5, 7, 9}) {
+        for (int64_t n_rows : {1, 3, 4, 5, 17, 34}) {
+          SCOPED_TRACE(::testing::Message() << "elem " << static_cast<int>(elem) << " d " << d
+                                            << " n_q " << n_q << " rows " << n_rows);
+          const std::vector<uint8_t> rows = RandomKvRows(elem, n_rows, d, rng);
+          const int64_t row_bytes = static_cast<int64_t>(rows.size()) / n_rows;
+          std::vector<const void*> row_ptrs;  // reversed: rows need not be contiguous or ordered
+          for (int64_t r = n_rows - 1; r >= 0; --r) row_ptrs.push_back(rows.data() + r * row_bytes);
+          const std::vector<float> q = RandomVector(n_q * d, rng, -2.0f, 2.0f);
+          const int64_t stride = n_rows + 3;
+          const std::vector<float> p = RandomVector(n_q * stride, rng, 0.0f, 1.0f);
+          const std::vector<float> out0 = RandomVector(n_q * d, rng, -1.0f, 1.0f);
+          const bool scores = d % 16 == 0;
+          std::vector<float> scores_want(n_q * stride), out_want = out0;
+          if (scores) {
+            scalar.kv_scores_rows(q.data(), n_q, row_ptrs.data(), n_rows, elem, d,
+                                  scores_want.data(), stride);
+          }
+          scalar.kv_accumulate_rows(out_want.data(), p.data(), stride, n_q, row_ptrs.data(), n_rows,
+                                    elem, d);
+          for (CpuLevel level : Levels()) {
+            SCOPED_TRACE(CpuLevelName(level));
+            const OpKernels& k = GetOpKernels(level);
+            if (scores) {
+              std::vector<float> s(n_q * stride);
+              k.kv_scores_rows(q.data(), n_q, row_ptrs.data(), n_rows, elem, d, s.data(), stride);
+              EXPECT_TRUE(same(s, scores_want)) << "kv_scores_rows";
+            }
+            std::vector<float> out = out0;
+            k.kv_accumulate_rows(out.data(), p.data(), stride, n_q, row_ptrs.data(), n_rows, elem,
+                                 d);
+            EXPECT_TRUE(same(out, out_want)) << "kv_accumulate_rows";
+          }
+        }
+      }
+    }
+  }
+}
+
 // Every level's kv_scores, kv_accumulate, kv_accumulate_groups, reduce_lanes and round_f16 give
 // the scalar definitions' bits: each element type, both lane counts, column tails, lane offsets
 // that wrap, and (round_f16) ties, subnormals, overflow and NaN.
