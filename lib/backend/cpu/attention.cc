@@ -208,6 +208,18 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
     }
     t0 += run;
   }
+  // ParallelFor gives each thread a contiguous range of tasks, and a causal chunk's work grows
+  // with its position (a prompt's last chunk sees every row): in prompt order the last thread
+  // would get about 2T - 1 times the first one's work. Ordered first, last, second, second to
+  // last, ..., every contiguous range holds as many early chunks as late ones. (Each token's
+  // result does not depend on which task computes it.)
+  std::vector<std::pair<int64_t, int64_t>> balanced;
+  balanced.reserve(chunks.size());
+  for (size_t lo = 0, hi = chunks.size(); lo < hi;) {
+    balanced.push_back(chunks[lo++]);
+    if (lo < hi) balanced.push_back(chunks[--hi]);
+  }
+  chunks = std::move(balanced);
   const uint8_t* k_base = static_cast<const uint8_t*>(kv.k.base);
   const uint8_t* v_base = static_cast<const uint8_t*>(kv.v.base);
   const size_t k_row_bytes = RowBytes(k_elem, d), v_row_bytes = RowBytes(v_elem, d);
