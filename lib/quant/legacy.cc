@@ -49,6 +49,9 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(kQ8_0, QuantizeRowQ8_0Avx2, DequantizeRowQ8_0Avx2, kQ8_0, VecDotQ8_0Q8_0Avx2);
       set(kQ8_1, QuantizeRowQ8_1Avx2, DequantizeRowQ8_1Avx2, kQ8_1, VecDotQ8_1Q8_1Avx2);
       r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx2;  // rows x tokens, same bits
+      // One token too: 1.1-1.4x vec_dot per row on an AVX2-only Zen (cpu_ops_bench --tile
+      // --types=q5_0, 576-1536 wide), where no multi-row kernel shares the activations.
+      r[GgmlType::kQ5_0].tile_for_one_token = true;
       set_interleaved(InterleavedTileQ4_1Q8_1Avx2, InterleavedTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
