@@ -359,7 +359,11 @@ int main(int argc, char** argv) {
   if (tile_only) {
     for (GgmlType t : types) {
       const QuantKernels* k = GetQuantKernels(t);
-      if (k->vec_dot_tile != nullptr || k->vec_dot_rows != nullptr) cpu::BenchTile(t);
+      // (AVX2's Q4_1 and Q8_0 have only the integer-order kernel on interleaved rows.)
+      if (k->vec_dot_tile != nullptr || k->vec_dot_rows != nullptr ||
+          k->interleaved_tile != nullptr) {
+        cpu::BenchTile(t);
+      }
     }
     return 0;
   }
