@@ -1,6 +1,7 @@
 // AVX2+FMA+F16C versions of the CPU op kernels (kernels/cpu/op_kernels.h). Compiled with
 // -mavx2 -mfma -mf16c (kernels/cpu/CMakeLists.txt); only called when the CPU has them.
-// No std:: templates or shared inline functions here (see op_kernels.h). Tails (n % 8) run
+// No std:: templates or shared inline functions here (see op_kernels.h; unroll.h and
+// kv_elem_dispatch.h only ever take this file's own lambdas). Tails (n % 8) run
 // scalar code in the same order on every call, so results stay deterministic.
 #include <immintrin.h>
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/kv_elem_dispatch.h"
 #include "kernels/cpu/op_kernels.h"
 #include "kernels/cpu/unroll.h"
 #include "lib/common/half.h"
@@ -358,22 +360,6 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
     } else {
       scores_of.template operator()<kElem>();
     }
-  }
-}
-
-// f.template operator()<E>() with E = elem as a compile-time constant (one instantiation per
-// element type, so LoadKv8's switch folds away).
-template <typename F>
-void WithKvElem(KvElem elem, F&& f) {
-  switch (elem) {
-    case KvElem::kF32:
-      return f.template operator()<KvElem::kF32>();
-    case KvElem::kF16:
-      return f.template operator()<KvElem::kF16>();
-    case KvElem::kBf16:
-      return f.template operator()<KvElem::kBf16>();
-    case KvElem::kQ8_0:
-      return f.template operator()<KvElem::kQ8_0>();
   }
 }
 

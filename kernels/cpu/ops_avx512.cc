@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/f16_avx512.h"
+#include "kernels/cpu/kv_elem_dispatch.h"
 #include "kernels/cpu/op_kernels.h"
 #include "kernels/cpu/unroll.h"
 #include "lib/common/half.h"
@@ -400,22 +401,6 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
     } else {
       scores_of.template operator()<kElem>();
     }
-  }
-}
-
-// f.template operator()<E>() with E = elem as a compile-time constant (one instantiation per
-// element type, so LoadKv's switch folds away).
-template <typename F>
-void WithKvElem(KvElem elem, F&& f) {
-  switch (elem) {
-    case KvElem::kF32:
-      return f.template operator()<KvElem::kF32>();
-    case KvElem::kF16:
-      return f.template operator()<KvElem::kF16>();
-    case KvElem::kBf16:
-      return f.template operator()<KvElem::kBf16>();
-    case KvElem::kQ8_0:
-      return f.template operator()<KvElem::kQ8_0>();
   }
 }
 

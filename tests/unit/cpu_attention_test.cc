@@ -28,6 +28,11 @@ using kiln::testing::RandomVector;
 
 // ---- The llama.cpp order's kernels --------------------------------------------------------
 
+// Whether a and b hold the same floats, bit for bit.
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
 // n_rows rows of d random elements of `elem`, as the cache stores them (q8_0: whole blocks).
 std::vector<uint8_t> RandomKvRows(KvElem elem, int64_t n_rows, int64_t d, std::mt19937& rng) {
   const std::vector<float> x = RandomVector(n_rows * d, rng, -2.0f, 2.0f);
@@ -56,9 +61,6 @@ std::vector<uint8_t> RandomKvRows(KvElem elem, int64_t n_rows, int64_t d, std::m
 TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
   std::mt19937 rng(37);
   const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-  };
   for (KvElem elem : {KvElem::kF32, KvElem::kF16, KvElem::kBf16, KvElem::kQ8_0}) {
     for (int64_t d :
          {int64_t{16}, int64_t{40}, int64_t{64}, int64_t{80}, int64_t{128}, int64_t{288}}) {
@@ -89,12 +91,12 @@ TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
             if (scores) {
               std::vector<float> s(n_q * stride);
               k.kv_scores_rows(q.data(), n_q, row_ptrs.data(), n_rows, elem, d, s.data(), stride);
-              EXPECT_TRUE(same(s, scores_want)) << "kv_scores_rows";
+              EXPECT_TRUE(SameBits(s, scores_want)) << "kv_scores_rows";
             }
             std::vector<float> out = out0;
             k.kv_accumulate_rows(out.data(), p.data(), stride, n_q, row_ptrs.data(), n_rows, elem,
                                  d);
-            EXPECT_TRUE(same(out, out_want)) << "kv_accumulate_rows";
+            EXPECT_TRUE(SameBits(out, out_want)) << "kv_accumulate_rows";
           }
         }
       }
@@ -108,9 +110,6 @@ TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
 TEST(LlamaOrderKernelsTest, SameBitsAtEveryLevel) {
   std::mt19937 rng(31);
   const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-  };
   for (KvElem elem : {KvElem::kF32, KvElem::kF16, KvElem::kBf16, KvElem::kQ8_0}) {
     for (int64_t n_lanes : {kAttnLanes, kAttnLanesTinyBlas}) {
       for (int64_t d : {int64_t{8}, int64_t{36}, int64_t{64}, int64_t{80}, int64_t{192}}) {
@@ -144,16 +143,16 @@ TEST(LlamaOrderKernelsTest, SameBitsAtEveryLevel) {
           if (scores) {
             std::vector<float> s(n_q * n_rows);
             k.kv_scores(q.data(), n_q, rows.data(), n_rows, elem, d, n_lanes, s.data(), n_rows);
-            EXPECT_TRUE(same(s, scores_want)) << "kv_scores";
+            EXPECT_TRUE(SameBits(s, scores_want)) << "kv_scores";
           }
           std::vector<float> acc = acc0, grouped = acc0, reduced(d);
           k.kv_accumulate(acc.data(), p.data(), rows.data(), n_rows, 13, n_lanes, elem, d);
-          EXPECT_TRUE(same(acc, acc_want)) << "kv_accumulate";
+          EXPECT_TRUE(SameBits(acc, acc_want)) << "kv_accumulate";
           k.kv_accumulate_groups(grouped.data(), p.data(), groups.data(),
                                  static_cast<int64_t>(groups.size()), n_lanes, elem, d);
-          EXPECT_TRUE(same(grouped, groups_want)) << "kv_accumulate_groups";
+          EXPECT_TRUE(SameBits(grouped, groups_want)) << "kv_accumulate_groups";
           k.reduce_lanes(acc_want.data(), n_lanes, d, reduced.data());
-          EXPECT_TRUE(same(reduced, reduced_want)) << "reduce_lanes";
+          EXPECT_TRUE(SameBits(reduced, reduced_want)) << "reduce_lanes";
         }
       }
     }
@@ -173,7 +172,7 @@ TEST(LlamaOrderKernelsTest, SameBitsAtEveryLevel) {
     for (CpuLevel level : Levels()) {
       std::vector<float> got = in;
       GetOpKernels(level).round_f16(got.data(), static_cast<int64_t>(got.size()));
-      EXPECT_TRUE(same(got, want)) << "round_f16 " << CpuLevelName(level);
+      EXPECT_TRUE(SameBits(got, want)) << "round_f16 " << CpuLevelName(level);
     }
   }
 }
