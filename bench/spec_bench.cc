@@ -26,6 +26,8 @@
 //              [--medusa-nodes N,M,.. (one Medusa strategy per count, each verifying the first
 //              N nodes of the file's tree, side by side: does a smaller tree win?)]
 //              [--only-medusa (plain and the head strategies, medusa and eagle, only)]
+//              [--typical (adds medusa-typ / eagle-typ rows: the same heads with the lossy
+//               typical acceptance; at temperature 0 they verify greedily, as the exact rows)]
 // With --medusa it first prints the cost of one Medusa proposal (the heads and their LM head,
 // full tree, median of 200 calls on a fixed feature) against one plain decoding step.
 #include <algorithm>
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
   int32_t eagle_top_k = 0, eagle_depth = 0;
   std::vector<int32_t> medusa_nodes;  // empty: one Medusa strategy with the file's whole tree
   bool only_medusa = false;
+  bool typical = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -120,13 +123,13 @@ int main(int argc, char** argv) {
           "                  [--ngram-min N (shortest suffix, 1)]\n"
           "                  [--prompts N (4, per set, at most 4)] [--temp T] [--set chat|copy]\n"
           "                  [--medusa HEAD.gguf] [--medusa-nodes N,M,..] [--eagle HEAD.gguf]..\n"
-          "                  [--eagle-shape TOP_K,DEPTH (0,0)] [--only-medusa]\n"
+          "                  [--eagle-shape TOP_K,DEPTH (0,0)] [--only-medusa] [--typical]\n"
           "Decode tokens/s of plain decoding, n-gram (cost-aware and always-max), and a draft\n"
           "model cut from the target, at temperature 0 and 0.8 on chat and copy-heavy prompts.\n");
       return 0;
     }
-    if (a == "--only-medusa") {  // the one flag without a value
-      only_medusa = true;
+    if (a == "--only-medusa" || a == "--typical") {  // the flags without a value
+      (a == "--typical" ? typical : only_medusa) = true;
       --i;
       continue;
     }
@@ -259,6 +262,18 @@ int main(int argc, char** argv) {
       strategies.push_back({medusa_names.back().c_str(), medusa_cut.back().get()});
     }
     if (medusa_nodes.empty()) strategies.push_back({"medusa", medusa.get()});
+    if (typical) {
+      MedusaParams lossy;
+      lossy.typical = sample::TypicalAcceptance{};
+      auto s = MedusaStrategy::Create(std::make_shared<const MedusaHead>(medusa->head()), **model,
+                                      lossy);
+      if (!s.ok()) {
+        std::fprintf(stderr, "medusa: %s\n", std::string(s.status().message()).c_str());
+        return 1;
+      }
+      medusa_cut.push_back(std::move(*s));
+      strategies.push_back({"medusa-typ", medusa_cut.back().get()});
+    }
     // Proposal cost: the full tree from a fixed feature (the heads' cost does not depend on it).
     const int64_t d = (*model)->hparams().n_embd;
     const std::vector<float> feature(d, 0.5f);
@@ -291,7 +306,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::unique_ptr<EagleStrategy>> eagles;
   std::vector<std::string> eagle_names;
-  eagle_names.reserve(eagle_paths.size());  // strategies keeps pointers into the names
+  eagle_names.reserve(2 * eagle_paths.size());  // strategies keeps pointers into the names
   for (const std::string& path : eagle_paths) {
     EagleParams ep;
     ep.n_threads = threads;
@@ -308,6 +323,24 @@ int main(int argc, char** argv) {
                 static_cast<long long>(vocab ? vocab->ids.size() : (*model)->hparams().n_vocab));
     eagles.push_back(std::move(*loaded));
     strategies.push_back({eagle_names.back().c_str(), eagles.back().get()});
+  }
+  std::vector<std::unique_ptr<EagleStrategy>> eagles_typical;  // --typical: not in `eagles`
+  if (typical) {
+    for (size_t e = 0; e < eagle_paths.size(); ++e) {
+      EagleParams ep;
+      ep.n_threads = threads;
+      ep.top_k = eagle_top_k;
+      ep.max_depth = eagle_depth;
+      ep.typical = sample::TypicalAcceptance{};
+      auto loaded = EagleStrategy::Load(eagle_paths[e], **model, ep);
+      if (!loaded.ok()) {
+        std::fprintf(stderr, "eagle: %s\n", std::string(loaded.status().message()).c_str());
+        return 1;
+      }
+      eagles_typical.push_back(std::move(*loaded));
+      eagle_names.push_back(eagle_names[e] + "-typ");
+      strategies.push_back({eagle_names.back().c_str(), eagles_typical.back().get()});
+    }
   }
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",

@@ -911,6 +911,15 @@ typedef struct kiln_medusa_params {
   int32_t merge_ngram;  /* (after the struct's first 0.2.0 form) nonzero (default 1): the
                          * n-gram prompt-lookup continuation of the context is merged into every
                          * tree, on top of the file's tree (as kiln_eagle_params.merge_ngram) */
+  /* (after merge_ngram) nonzero: Medusa's typical acceptance instead of exact verification
+   * when sampling (temperature > 0). LOSSY: the text is no longer distributed as plain sampling;
+   * kiln_spec_metrics.accepted_lossy counts the tokens it accepted. A draft token is accepted when
+   * the target gives it a probability above min(typical_epsilon, typical_delta * exp(-H)), H the
+   * entropy of the target's distribution after the sampler chain; the longest accepted path wins
+   * and the next token is sampled from the target after it. 0 (default): exact. */
+  int32_t typical_acceptance;
+  float typical_epsilon; /* in (0, 1]; default 0.09 (Medusa's) */
+  float typical_delta;   /* > 0; default 0.3 (Medusa's) */
 } kiln_medusa_params;
 
 /* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
@@ -946,6 +955,10 @@ typedef struct kiln_eagle_params {
                          * kiln_strategy_create_ngram, its cost-aware length) is merged into
                          * every tree, on top of tree_tokens: text that copies its context
                          * (quoting, editing) gets long accepted runs */
+  /* (after merge_ngram) as in kiln_medusa_params: the lossy typical acceptance when nonzero */
+  int32_t typical_acceptance;
+  float typical_epsilon; /* in (0, 1]; default 0.09 */
+  float typical_delta;   /* > 0; default 0.3 */
 } kiln_eagle_params;
 
 /* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
@@ -978,6 +991,10 @@ typedef struct kiln_spec_metrics {
   int64_t generated;              /* tokens emitted by speculative steps */
   double mean_accepted_per_step;  /* accepted / steps */
   double target_passes_per_token; /* steps / generated (1 = plain decoding) */
+  /* (after target_passes_per_token) of `accepted`: the tokens the lossy typical acceptance
+   * accepted (kiln_medusa_params.typical_acceptance); 0 unless chosen. Read it only when
+   * struct_size covers it. */
+  int64_t accepted_lossy;
 } kiln_spec_metrics;
 
 /* Fills *out (out->struct_size set by the caller) with the session's cumulative speculative

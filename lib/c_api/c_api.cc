@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -193,6 +194,22 @@ kiln_draft_params Defaults() {
   return p;
 }
 
+// Typical acceptance off, with Medusa's thresholds ready for a caller who turns it on.
+template <typename HeadParams>
+void SetTypicalDefaults(HeadParams* p) {
+  const kiln::sample::TypicalAcceptance d;
+  p->typical_acceptance = 0;
+  p->typical_epsilon = d.epsilon;
+  p->typical_delta = d.delta;
+}
+
+// The typical rule a head strategy's C params ask for (nullopt: exact verification).
+template <typename HeadParams>
+std::optional<kiln::sample::TypicalAcceptance> TypicalFrom(const HeadParams& p) {
+  if (p.typical_acceptance == 0) return std::nullopt;
+  return kiln::sample::TypicalAcceptance{p.typical_epsilon, p.typical_delta};
+}
+
 template <>
 kiln_medusa_params Defaults() {
   kiln_medusa_params p = VersionedStruct<kiln_medusa_params>::Zeroed();
@@ -200,6 +217,7 @@ kiln_medusa_params Defaults() {
   p.max_draft = d.max_draft;
   p.n_threads = d.n_threads;
   p.merge_ngram = d.merge_ngram ? 1 : 0;
+  SetTypicalDefaults(&p);
   return p;
 }
 
@@ -212,6 +230,7 @@ kiln_eagle_params Defaults() {
   p.tree_tokens = d.tree_tokens;
   p.n_threads = d.n_threads;
   p.merge_ngram = d.merge_ngram ? 1 : 0;
+  SetTypicalDefaults(&p);
   return p;
 }
 
@@ -1345,6 +1364,7 @@ kiln_status kiln_strategy_create_medusa(const kiln_model* target, const char* he
     p.max_draft = read.max_draft;
     p.n_threads = read.n_threads;
     p.merge_ngram = read.merge_ngram != 0;
+    p.typical = TypicalFrom(read);
     auto s = kiln::spec::MedusaStrategy::Load(head_path, *target->model, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(
@@ -1380,6 +1400,7 @@ kiln_status kiln_strategy_create_eagle(const kiln_model* target, const char* hea
     p.tree_tokens = read.tree_tokens;
     p.n_threads = read.n_threads;
     p.merge_ngram = read.merge_ngram != 0;
+    p.typical = TypicalFrom(read);
     auto s = kiln::spec::EagleStrategy::Load(head_path, *target->model, p);
     if (!s.ok()) {
       return FromAbsl(absl::Status(
@@ -1420,6 +1441,7 @@ kiln_status kiln_session_get_spec_metrics(const kiln_session* session, kiln_spec
     metrics.generated = m.generated;
     metrics.mean_accepted_per_step = m.MeanAcceptedPerStep();
     metrics.target_passes_per_token = m.TargetPassesPerToken();
+    metrics.accepted_lossy = m.accepted_lossy;
     return VersionedStruct<kiln_spec_metrics>::WriteOutput("kiln_session_get_spec_metrics", "out",
                                                            metrics, out);
   });

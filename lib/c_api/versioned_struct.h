@@ -104,23 +104,26 @@ struct StructReleases<kiln_medusa_params> {
   static constexpr const char* kName = "kiln_medusa_params";
   static constexpr const char* kInit = "kiln_medusa_params_init";
   static constexpr std::array kEnds = {
-      KILN_FIELD_END(kiln_medusa_params, n_threads),     // 0.2
-      KILN_FIELD_END(kiln_medusa_params, merge_ngram)};  // 0.2: merge_ngram
+      KILN_FIELD_END(kiln_medusa_params, n_threads),       // 0.2
+      KILN_FIELD_END(kiln_medusa_params, merge_ngram),     // 0.2: merge_ngram
+      KILN_FIELD_END(kiln_medusa_params, typical_delta)};  // 0.2: typical acceptance
 };
 template <>
 struct StructReleases<kiln_eagle_params> {
   static constexpr const char* kName = "kiln_eagle_params";
   static constexpr const char* kInit = "kiln_eagle_params_init";
   static constexpr std::array kEnds = {
-      KILN_FIELD_END(kiln_eagle_params, n_threads),     // 0.2
-      KILN_FIELD_END(kiln_eagle_params, merge_ngram)};  // 0.2: merge_ngram
+      KILN_FIELD_END(kiln_eagle_params, n_threads),       // 0.2
+      KILN_FIELD_END(kiln_eagle_params, merge_ngram),     // 0.2: merge_ngram
+      KILN_FIELD_END(kiln_eagle_params, typical_delta)};  // 0.2: typical acceptance
 };
 template <>
 struct StructReleases<kiln_spec_metrics> {
   static constexpr const char* kName = "kiln_spec_metrics";
   static constexpr const char* kInit = nullptr;
   static constexpr std::array kEnds = {
-      KILN_FIELD_END(kiln_spec_metrics, target_passes_per_token)};  // 0.2
+      KILN_FIELD_END(kiln_spec_metrics, target_passes_per_token),  // 0.2
+      KILN_FIELD_END(kiln_spec_metrics, accepted_lossy)};          // 0.2: typical acceptance
 };
 template <>
 struct StructReleases<kiln_state_params> {

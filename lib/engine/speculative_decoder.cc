@@ -123,8 +123,15 @@ absl::Status SpeculativeDecoder::Verify(const std::vector<int32_t>& tokens,
   }
   if (!st.ok()) return st;
   sample::DraftTree tree{&p_[0], nodes_};
+  verified_lossy_ = false;
   if (sampler_.params().temperature <= 0.0f) return sample::VerifyTreeGreedy(tree, &verify_);
   sample::RngUniformSource uniforms(rng_);
+  const sample::TypicalAcceptance* typical =
+      strategy_ == nullptr ? nullptr : strategy_->typical_acceptance();
+  if (typical != nullptr) {
+    verified_lossy_ = true;
+    return sample::VerifyTreeTypical(tree, *typical, uniforms, &verify_);
+  }
   return sample::VerifyTree(tree, uniforms, &verify_);
 }
 
@@ -183,6 +190,7 @@ absl::Status SpeculativeDecoder::Complete(std::vector<int32_t>* tokens, int32_t 
   ++metrics_.steps;
   metrics_.drafted += n_nodes;
   metrics_.accepted += m;
+  if (verified_lossy_) metrics_.accepted_lossy += m;
   metrics_.generated += keep;
   return absl::OkStatus();
 }

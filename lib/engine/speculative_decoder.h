@@ -149,6 +149,7 @@ class SpeculativeDecoder {
   std::vector<int32_t> path_;             // scratch
   std::vector<float> features_;           // [kept tokens, n_embd] for ObserveTargetFeatures
   sample::VerifyResult verify_;
+  bool verified_lossy_ = false;  // verify_ came from the typical (lossy) rule
 };
 
 }  // namespace kiln::spec

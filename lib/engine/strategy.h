@@ -26,6 +26,7 @@
 #include "lib/common/strings.h"
 #include "lib/engine/draft_policy.h"
 #include "lib/sample/distribution.h"
+#include "lib/sample/rejection_sampler.h"
 #include "lib/sample/rng.h"
 #include "lib/sample/sampler.h"
 
@@ -87,6 +88,9 @@ struct SpecMetrics {
   int64_t drafted = 0;    // draft nodes proposed and verified
   int64_t accepted = 0;   // draft nodes accepted (before any end-of-generation / max cut)
   int64_t generated = 0;  // tokens emitted (accepted + recovered/bonus, after the cut)
+  // Of `accepted`: those the lossy typical rule accepted (Strategy::typical_acceptance); 0 unless
+  // a user chose it, so nonzero means the output was not distributed as plain sampling.
+  int64_t accepted_lossy = 0;
 
   // Accepted draft tokens per step (0 when no step ran).
   double MeanAcceptedPerStep() const {
@@ -124,6 +128,11 @@ class Strategy {
   // decoder then asks its passes for the final hidden states (ForwardBatch::want_hidden) and
   // hands those of the accepted path to ObserveTargetFeatures after every step.
   virtual bool wants_target_features() const { return false; }
+
+  // The lossy typical-acceptance rule (rejection_sampler.h) when the user chose it for this
+  // strategy; nullptr (the default): exact verification. Used only when sampling (temperature >
+  // 0): greedy verification is already what typical acceptance tends to at temperature 0.
+  virtual const sample::TypicalAcceptance* typical_acceptance() const { return nullptr; }
 
   // After a step (only when wants_target_features): `features` [n, n_embd] (row-major) are the
   // target's final hidden states (after the output norm: what the LM head multiplies) of the

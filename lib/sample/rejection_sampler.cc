@@ -1,6 +1,7 @@
 #include "lib/sample/rejection_sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -253,6 +254,65 @@ absl::Status VerifyTreeGreedy(const DraftTree& tree, VerifyResult* out) {
     out->tokens.push_back(best);
     current = accepted;
   }
+  out->tokens.push_back(out->next_token);
+  return absl::OkStatus();
+}
+
+absl::Status CheckTypicalAcceptance(const TypicalAcceptance& rule) {
+  if (!(rule.epsilon > 0.0f && rule.epsilon <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("typical acceptance: epsilon %g is outside (0, 1]", rule.epsilon));
+  }
+  if (!(rule.delta > 0.0f) || !std::isfinite(rule.delta)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("typical acceptance: delta %g is not a finite number > 0", rule.delta));
+  }
+  return absl::OkStatus();
+}
+
+double TypicalThreshold(const Distribution& p, const TypicalAcceptance& rule) {
+  double entropy = 0.0;
+  for (const TokenProb& c : p.candidates) {
+    if (c.prob > 0.0f) entropy -= static_cast<double>(c.prob) * std::log(c.prob);
+  }
+  return std::min<double>(rule.epsilon, rule.delta * std::exp(-entropy));
+}
+
+absl::Status VerifyTreeTypical(const DraftTree& tree, const TypicalAcceptance& rule,
+                               UniformSource& uniforms, VerifyResult* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("VerifyTreeTypical: out is null");
+  KILN_RETURN_IF_ERROR(CheckTypicalAcceptance(rule));
+  ResetResult(out);
+  std::vector<int32_t> child_begin, children;
+  KILN_RETURN_IF_ERROR(BuildChildren(tree, &child_begin, &children));
+  const size_t n = tree.nodes.size();
+  // Per node, in topological order: on an all-accepted path? its depth and sum of log p(x).
+  std::vector<char> on_path(n, 0);
+  std::vector<int32_t> depth(n, 0);
+  std::vector<double> log_p(n, 0.0);
+  std::vector<double> threshold(n + 1, -1.0);  // [1 + node]: of the node's p, when needed
+  int32_t best = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const DraftNode& node = tree.nodes[i];
+    if (node.parent >= 0 && !on_path[node.parent]) continue;
+    const Distribution& p = node.parent < 0 ? *tree.root_p : *tree.nodes[node.parent].p;
+    double& t = threshold[node.parent + 1];
+    if (t < 0.0) t = TypicalThreshold(p, rule);
+    const double px = p.ProbOf(node.token);
+    if (!(px > t)) continue;
+    on_path[i] = 1;
+    depth[i] = node.parent < 0 ? 1 : depth[node.parent] + 1;
+    log_p[i] = (node.parent < 0 ? 0.0 : log_p[node.parent]) + std::log(px);
+    if (best < 0 || depth[i] > depth[best] || (depth[i] == depth[best] && log_p[i] > log_p[best])) {
+      best = static_cast<int32_t>(i);
+    }
+  }
+  for (int32_t v = best; v >= 0; v = tree.nodes[v].parent) out->accepted_nodes.push_back(v);
+  std::reverse(out->accepted_nodes.begin(), out->accepted_nodes.end());
+  for (int32_t v : out->accepted_nodes) out->tokens.push_back(tree.nodes[v].token);
+  const Distribution& last = best < 0 ? *tree.root_p : *tree.nodes[best].p;
+  KILN_ASSIGN_OR_RETURN(out->next_token, Draw(last, uniforms, out));
+  out->is_bonus = true;
   out->tokens.push_back(out->next_token);
   return absl::OkStatus();
 }

@@ -48,8 +48,17 @@
 //     tokens is exact, whatever produced it.
 //   Not exact: trees pruned or re-ranked after sampling using the sampled tokens' values (e.g.
 //   keeping the sampled children with the highest draft probability) unless the tokens are then
-//   treated as deterministic AND verified with q = nullptr; and Medusa's "typical acceptance",
-//   which is a different (lossy) rule and is not implemented here.
+//   treated as deterministic AND verified with q = nullptr; and Medusa's "typical acceptance"
+//   (VerifyTreeTypical below), a different rule that is lossy by design.
+//
+// Typical acceptance (VerifyTreeTypical; Cai et al. 2024, Medusa section 3.3.1), LOSSY: the output
+// is no longer distributed as plain sampling. A draft token x at a node with target p is accepted
+// when p(x) > min(epsilon, delta * exp(-H(p))) (H: the entropy of p, in nats), whatever q was;
+// of the root-to-node paths whose every token is accepted, the longest wins (ties: the higher
+// sum of log p(x) along it, then the lower node index). The token after it is drawn from that
+// node's p (is_bonus true, even where the node has children). Plausible tokens are kept where
+// the target is unsure (high entropy lowers the threshold), so more drafts are accepted than by
+// rejection sampling at temperature > 0; callers must report it as lossy (SpecMetrics).
 //
 // Greedy verification (VerifyTreeGreedy): the longest path whose every token equals the argmax of
 // the target at its position (first matching child in index order), then the target's argmax
@@ -147,6 +156,24 @@ absl::Status VerifyTree(const DraftTree& tree, UniformSource& uniforms, VerifyRe
 absl::Status VerifyChain(std::span<const int32_t> tokens, std::span<const Distribution> q,
                          std::span<const Distribution> p, UniformSource& uniforms,
                          VerifyResult* out);
+
+// The lossy typical-acceptance rule (see above). Medusa's defaults: epsilon 0.09, delta 0.3.
+struct TypicalAcceptance {
+  float epsilon = 0.09f;  // the threshold's cap, in (0, 1]
+  float delta = 0.3f;     // the factor of exp(-entropy), > 0
+};
+
+// OK, or InvalidArgument naming the field outside its range.
+absl::Status CheckTypicalAcceptance(const TypicalAcceptance& rule);
+
+// min(epsilon, delta * exp(-H(p))): a draft token needs a target probability above it.
+double TypicalThreshold(const Distribution& p, const TypicalAcceptance& rule);
+
+// Typical-acceptance verification (see above): InvalidArgument for a malformed tree (as VerifyTree)
+// or a rule outside its ranges; errors from `uniforms` are passed through. The q fields are
+// ignored.
+absl::Status VerifyTreeTypical(const DraftTree& tree, const TypicalAcceptance& rule,
+                               UniformSource& uniforms, VerifyResult* out);
 
 // Greedy verification (see above); the q fields are ignored.
 absl::Status VerifyTreeGreedy(const DraftTree& tree, VerifyResult* out);

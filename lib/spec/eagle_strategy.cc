@@ -311,6 +311,7 @@ absl::StatusOr<std::unique_ptr<EagleStrategy>> EagleStrategy::Create(
                      " (0..16), tree_tokens ", params.tree_tokens, " (>= 0), max_tree_tokens ",
                      params.max_tree_tokens, " (>= 1), n_ctx ", params.n_ctx, " (>= 16)"));
   }
+  if (params.typical) KILN_RETURN_IF_ERROR(sample::CheckTypicalAcceptance(*params.typical));
   if (head == nullptr || head->n_embd != target.hparams().n_embd) {
     return absl::InvalidArgumentError("EagleStrategy: the head's hidden size is not the target's");
   }

@@ -56,7 +56,8 @@
 // Exactness: the tree's tokens are deterministic (top-k of the head's logits, ties to the lower
 // token id), so the decoder's tree verification is exact under any sampler chain: greedy output
 // equals plain decoding, sampled output is distributed as plain sampling (recursive rejection
-// with one-hot drafts).
+// with one-hot drafts), unless the user opts into Medusa's lossy typical acceptance
+// (EagleParams::typical).
 //
 // Head file: GGUF, general.architecture "eagle", docs/speculative.md lists the keys and tensors.
 //
@@ -65,6 +66,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -100,6 +102,9 @@ struct EagleParams {
   // nodes come on top of tree_tokens.
   bool merge_ngram = true;
   int n_threads = 1;  // threads of the head's matmuls; <= 0: physical cores
+  // Set: Medusa's typical acceptance (rejection_sampler.h) instead of exact verification when
+  // sampling, LOSSY (SpecMetrics::accepted_lossy counts what it accepted); unset (default): exact.
+  std::optional<sample::TypicalAcceptance> typical;
 };
 
 // Bounds of the automatic top_k and depth (EagleParams 0).
@@ -169,6 +174,9 @@ class EagleStrategy final : public Strategy {
   // plain decoding, which gives it the feature to continue from).
   absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
   bool wants_target_features() const override { return true; }
+  const sample::TypicalAcceptance* typical_acceptance() const override {
+    return params_.typical ? &*params_.typical : nullptr;
+  }
   void ObserveTargetFeatures(int32_t first_position, int32_t context_len,
                              std::span<const float> features, int64_t n_embd) override;
 

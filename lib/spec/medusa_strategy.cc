@@ -190,6 +190,7 @@ absl::StatusOr<std::unique_ptr<MedusaStrategy>> MedusaStrategy::Create(
     return absl::InvalidArgumentError(
         kiln::StrCat("MedusaParams.max_draft ", params.max_draft, " < 0"));
   }
+  if (params.typical) KILN_RETURN_IF_ERROR(sample::CheckTypicalAcceptance(*params.typical));
   if (head == nullptr || head->n_embd != target.hparams().n_embd) {
     return absl::InvalidArgumentError("MedusaStrategy: the head's hidden size is not the target's");
   }

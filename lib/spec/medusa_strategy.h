@@ -12,7 +12,8 @@
 // Exactness: the candidates are deterministic (top-k of the heads' logits, ties to the lower
 // token id), so the decoder's tree verification is exact under any sampler chain: greedy output
 // equals plain decoding, and sampled output has plain sampling's distribution (recursive
-// rejection with one-hot drafts). Medusa's "typical acceptance" (lossy) is not implemented.
+// rejection with one-hot drafts), unless the user opts into Medusa's lossy "typical acceptance"
+// (MedusaParams::typical).
 //
 // When there is no feature for the current context (the first step after a prompt, or the
 // context changed under the strategy), the heads propose nothing: that step verifies only the
@@ -39,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,9 @@ struct MedusaParams {
   // its cost-aware length) into every tree, within max_draft and on top of the file's tree
   // (NgramStrategy::MergeInto): copies of the context get long accepted runs.
   bool merge_ngram = true;
+  // Set: Medusa's typical acceptance (rejection_sampler.h) instead of exact verification when
+  // sampling, LOSSY (SpecMetrics::accepted_lossy counts what it accepted); unset (default): exact.
+  std::optional<sample::TypicalAcceptance> typical;
 };
 
 // The weights of a Medusa head file, in f32.
@@ -106,6 +111,9 @@ class MedusaStrategy final : public Strategy {
   void Reset() override;
   absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
   bool wants_target_features() const override { return true; }
+  const sample::TypicalAcceptance* typical_acceptance() const override {
+    return params_.typical ? &*params_.typical : nullptr;
+  }
   void ObserveTargetFeatures(int32_t first_position, int32_t context_len,
                              std::span<const float> features, int64_t n_embd) override;
 

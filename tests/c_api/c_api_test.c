@@ -279,6 +279,13 @@ static void test_model(const char* path) {
   CHECK(kiln_medusa_params_init(&mp, sizeof mp) == KILN_OK);
   CHECK(mp.struct_size == sizeof mp && mp.max_draft == 0 && mp.n_threads == 1 &&
         mp.merge_ngram == 1);
+  /* Typical acceptance (lossy) is off unless asked for, with Medusa's thresholds ready; a caller
+   * from before it gets its struct's fields only. */
+  CHECK(mp.typical_acceptance == 0 && mp.typical_epsilon == 0.09f && mp.typical_delta == 0.3f);
+  mp.typical_acceptance = 5;
+  CHECK(kiln_medusa_params_init(&mp, offsetof(kiln_medusa_params, typical_acceptance)) == KILN_OK);
+  CHECK(mp.typical_acceptance == 5 && mp.merge_ngram == 1);
+  CHECK(kiln_medusa_params_init(&mp, sizeof mp) == KILN_OK);
   mp.merge_ngram = 7; /* a caller from before merge_ngram: the field is not written */
   CHECK(kiln_medusa_params_init(&mp, offsetof(kiln_medusa_params, merge_ngram)) == KILN_OK);
   CHECK(mp.merge_ngram == 7 && mp.n_threads == 1);
@@ -296,6 +303,7 @@ static void test_model(const char* path) {
   CHECK(kiln_eagle_params_init(&ep, sizeof ep) == KILN_OK);
   CHECK(ep.struct_size == sizeof ep && ep.top_k == 0 && ep.max_depth == 0 && ep.tree_tokens == 0 &&
         ep.n_threads == 1 && ep.merge_ngram == 1);
+  CHECK(ep.typical_acceptance == 0 && ep.typical_epsilon == 0.09f && ep.typical_delta == 0.3f);
   /* A caller from before merge_ngram: its struct ends at n_threads, the field is not written. */
   ep.merge_ngram = 7;
   CHECK(kiln_eagle_params_init(&ep, offsetof(kiln_eagle_params, merge_ngram)) == KILN_OK);

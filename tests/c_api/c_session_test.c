@@ -620,6 +620,59 @@ static void test_speculative(kiln_model* model, kiln_cache* cache) {
   CHECK(strstr(kiln_last_error_message(), "max_draft") != NULL);
 }
 
+/* Typical acceptance (lossy) through the C API with the committed EAGLE head: bad thresholds are
+ * refused naming the field; a sampled text reports every accepted draft token as lossy, exact
+ * verification none; a caller from before accepted_lossy has its struct left as it was there. */
+static void test_typical_acceptance(kiln_model* model, kiln_cache* cache) {
+  static const char kPrompt[] =
+      "<|im_start|>user\nWhat should I pack for a weekend of hiking?<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const char* head = KILN_SOURCE_DIR "/models/SmolLM2-135M-Instruct.eagle.gguf";
+  kiln_eagle_params ep;
+  kiln_strategy* exact = NULL;
+  kiln_strategy* typical = NULL;
+  kiln_sampler_params sp;
+  kiln_sampler* sampler = NULL;
+  kiln_spec_metrics m, old;
+  kiln_eagle_params_init(&ep, sizeof ep);
+  ep.merge_ngram = 0;
+  CHECK(kiln_strategy_create_eagle(model, head, &ep, &exact) == KILN_OK);
+  ep.typical_acceptance = 1;
+  ep.typical_epsilon = 0.0f;
+  CHECK(kiln_strategy_create_eagle(model, head, &ep, &typical) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "epsilon") != NULL);
+  ep.typical_epsilon = 0.09f;
+  ep.typical_delta = -1.0f;
+  CHECK(kiln_strategy_create_eagle(model, head, &ep, &typical) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(kiln_last_error_message(), "delta") != NULL);
+  ep.typical_delta = 0.3f;
+  CHECK(kiln_strategy_create_eagle(model, head, &ep, &typical) == KILN_OK);
+  kiln_sampler_params_init(&sp, sizeof sp);
+  sp.temperature = 0.8f;
+  sp.seed = 3;
+  CHECK(kiln_sampler_create(&sp, &sampler) == KILN_OK);
+  if (exact == NULL || typical == NULL || sampler == NULL) return;
+
+  memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  generate_ids(model, cache, sampler, typical, kPrompt, 32, &m);
+  CHECK(m.accepted > 0 && m.accepted_lossy == m.accepted);
+  printf("typical acceptance: %lld steps, %lld accepted, %lld lossy\n", (long long)m.steps,
+         (long long)m.accepted, (long long)m.accepted_lossy);
+  memset(&old, 0, sizeof old);
+  old.struct_size = (uint32_t)offsetof(kiln_spec_metrics, accepted_lossy);
+  old.accepted_lossy = -5;
+  generate_ids(model, cache, sampler, typical, kPrompt, 32, &old);
+  CHECK(old.steps > 0 && old.accepted_lossy == -5);
+  memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  generate_ids(model, cache, sampler, exact, kPrompt, 32, &m);
+  CHECK(m.steps > 0 && m.accepted_lossy == 0);
+  kiln_sampler_destroy(sampler);
+  kiln_strategy_destroy(typical);
+  kiln_strategy_destroy(exact);
+}
+
 /* Saved states: a seeded session saved (to a buffer with and without K/V, and to a file) and
  * restored into new sessions continues with exactly the tokens the original generates; bad
  * input (NULL, small buffer, bad struct_size, truncated or corrupted bytes, a missing file) is
@@ -741,6 +794,7 @@ ADAPT_MODEL_CACHE(null_handles)
 ADAPT_MODEL_CACHE(generate)
 ADAPT_MODEL(llama_cpp_order)
 ADAPT_MODEL_CACHE(speculative)
+ADAPT_MODEL_CACHE(typical_acceptance)
 ADAPT_MODEL_CACHE(sampler_and_logprobs)
 ADAPT_MODEL_CACHE(cancel_during_prefill)
 ADAPT_MODEL_CACHE(cancel_and_count_during_generate)
@@ -756,6 +810,7 @@ static const named_test kTests[] = {
     {"generate", run_generate},
     {"llama_cpp_order", run_llama_cpp_order},
     {"speculative", run_speculative},
+    {"typical_acceptance", run_typical_acceptance},
     {"sampler_and_logprobs", run_sampler_and_logprobs},
     {"cache_full", run_cache_full},
     {"cancel_during_prefill", run_cancel_during_prefill},

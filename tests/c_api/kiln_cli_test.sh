@@ -4,6 +4,8 @@
 #     same answer split over two runs by --save-state / --load-state; a file that is not a
 #     state refused with the reason;
 #   chat: two scripted turns, the second reusing the first turn's tokens;
+#   generate --strategy eagle:HEAD --typical-acceptance: at --temp 0 the greedy answer; sampled,
+#     the lossy acceptances reported; the flag refused without a head strategy;
 #   generate --cache-type q8_0: an answer, the same over --save-state / --load-state; a bad type
 #     refused with the allowed ones;
 #   perplexity: the last line is "perplexity: <finite value>" (f16 and q8_0 caches);
@@ -52,6 +54,29 @@ if kiln generate -m "$model" --load-state "$src/README.md" -n 4 --quiet >/dev/nu
   exit 1
 fi
 grep -q "session state" "$tmp/err3" || { echo "generate --load-state: no reason given" >&2; exit 1; }
+
+# Typical acceptance (lossy) with the committed EAGLE head: greedy verification at --temp 0 (the
+# plain answer); when sampling, stderr reports what the lossy rule accepted.
+eagle="$src/models/SmolLM2-135M-Instruct.eagle.gguf"
+kiln generate -m "$model" --temp 0 -n 32 --threads 2 --quiet --strategy "eagle:$eagle" \
+  --typical-acceptance -p "What is the capital of France? Answer in one sentence." \
+  >"$tmp/typical0" 2>"$tmp/typical0_err"
+if [[ "$(cat "$tmp/typical0")" != "$expected" ]]; then
+  echo "generate --typical-acceptance --temp 0: stdout was '$(cat "$tmp/typical0")'" >&2
+  exit 1
+fi
+kiln generate -m "$model" --temp 0.8 --seed 3 -n 24 --threads 2 --strategy "eagle:$eagle" \
+  --typical-acceptance -p "What should I pack for a weekend of hiking?" >/dev/null \
+  2>"$tmp/typical_err"
+grep -q "accepted by the lossy typical acceptance" "$tmp/typical_err" ||
+  { echo "generate --typical-acceptance: '$(cat "$tmp/typical_err")'" >&2; exit 1; }
+if kiln generate -m "$model" --strategy ngram --typical-acceptance -p hi -n 1 >/dev/null \
+  2>"$tmp/typical_bad"; then
+  echo "generate --strategy ngram --typical-acceptance: succeeded" >&2
+  exit 1
+fi
+grep -q "needs --strategy medusa:PATH or eagle:PATH" "$tmp/typical_bad" ||
+  { echo "generate --typical-acceptance misuse: '$(cat "$tmp/typical_bad")'" >&2; exit 1; }
 
 # A q8_0 K/V cache (--cache-type): a greedy answer, the same when split over two runs by
 # --save-state / --load-state (the state holds the q8_0 rows); an unknown type refused.

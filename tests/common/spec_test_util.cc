@@ -78,6 +78,48 @@ void SpecHeadTest::ExpectMergedNgramChainGetsCopiesAccepted(spec::Strategy* merg
       static_cast<long long>(metrics[1].accepted), static_cast<long long>(metrics[1].steps));
 }
 
+void SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(spec::Strategy* exact,
+                                                                        spec::Strategy* typical,
+                                                                        const char* what) {
+  sample::SamplerParams sampled = GreedyParams();
+  sampled.temperature = 0.8f;
+  spec::SpecMetrics totals[2];  // exact, typical
+  spec::Strategy* strategies[2] = {exact, typical};
+  uint64_t seed = 0;
+  for (const char* p : HeldOutChatPrompts()) {
+    const std::vector<int32_t> prompt = Encode(ChatPrompt(p));
+    const std::vector<int32_t> plain = PlainGreedy(prompt, kHeadTestMaxTokens);
+    auto greedy =
+        spec::GenerateSpeculative(*engine_, prompt, GreedyParams(), 0, typical, kHeadTestMaxTokens);
+    ASSERT_TRUE(greedy.ok()) << greedy.status();
+    EXPECT_EQ(greedy->tokens, plain) << what << ": " << p;
+    EXPECT_EQ(greedy->metrics.accepted_lossy, 0) << what << ": greedy verification is exact";
+    ++seed;
+    for (int i = 0; i < 2; ++i) {
+      spec::PassCostModel cost;
+      cost.Pin(0.2);
+      auto run = spec::GenerateSpeculative(*engine_, prompt, sampled, seed, strategies[i],
+                                           kHeadTestMaxTokens, &cost);
+      ASSERT_TRUE(run.ok()) << run.status();
+      totals[i].steps += run->metrics.steps;
+      totals[i].accepted += run->metrics.accepted;
+      totals[i].accepted_lossy += run->metrics.accepted_lossy;
+    }
+  }
+  EXPECT_EQ(totals[0].accepted_lossy, 0) << what;
+  EXPECT_EQ(totals[1].accepted_lossy, totals[1].accepted) << what;
+  EXPECT_GT(totals[1].accepted, 0) << what;
+  if (!QuickMode()) {
+    EXPECT_GE(totals[1].MeanAcceptedPerStep(), totals[0].MeanAcceptedPerStep() + 0.1) << what;
+  }
+  std::printf(
+      "%s at temperature 0.8: exact %.2f accepted per step (%lld steps), typical %.2f "
+      "(%lld steps, %lld accepted, all lossy)\n",
+      what, totals[0].MeanAcceptedPerStep(), static_cast<long long>(totals[0].steps),
+      totals[1].MeanAcceptedPerStep(), static_cast<long long>(totals[1].steps),
+      static_cast<long long>(totals[1].accepted));
+}
+
 void SpecHeadTest::SetUpTestSuite() {
   LoadDefaultModel(1024);
   tiny_path_ = new std::string(WriteEditedModel("tiny-llama-gqa"));

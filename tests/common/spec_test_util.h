@@ -92,6 +92,15 @@ class SpecHeadTest : public SpecModelTest {
                                                        spec::Strategy* heads_only,
                                                        const char* what);
 
+  // Typical acceptance (lossy) against exact verification with the same trained head, on the
+  // held-out chat prompts: at temperature 0 `typical` still gives plain greedy output and
+  // reports nothing lossy; at temperature 0.8 (seeds 1..n, pass cost pinned at slope 0.2) every
+  // token it accepts is counted in accepted_lossy, exact verification reports none, and typical
+  // accepts more per step (with all 20 prompts: at least 0.1 more; in quick mode, some).
+  static void ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(spec::Strategy* exact,
+                                                                   spec::Strategy* typical,
+                                                                   const char* what);
+
   static std::string* tiny_path_;
   static Model* tiny_;
   static Engine* tiny_engine_;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "lib/sample/distribution.h"
 #include "lib/sample/rejection_sampler.h"
 #include "lib/sample/rng.h"
@@ -231,6 +232,105 @@ TEST(RejectionGreedy, StochasticVerifierOnOneHotTargetsAgreesAndDrawsNothing) {
   EXPECT_EQ(stochastic.tokens, greedy.tokens);
   EXPECT_EQ(stochastic.tokens, (std::vector<int32_t>{1, 0, 4}));
   EXPECT_EQ(none.consumed(), 0u);
+}
+
+// --- typical acceptance (lossy, Medusa's rule) -------------------------------------------------
+
+TEST(TypicalAcceptance, ThresholdIsMinOfEpsilonAndScaledExpOfMinusEntropy) {
+  const Distribution uniform4 = Dist(6, {{A, 1}, {B, 1}, {C, 1}, {D, 1}});
+  const TypicalAcceptance medusa;                                     // epsilon 0.09, delta 0.3
+  EXPECT_NEAR(TypicalThreshold(uniform4, medusa), 0.3 * 0.25, 1e-6);  // exp(-ln 4) = 1/4
+  EXPECT_NEAR(TypicalThreshold(Distribution::OneHot(6, A), medusa), 0.09, 1e-7);  // H = 0
+  EXPECT_NEAR(TypicalThreshold(uniform4, {0.5f, 1.0f}), 0.25, 1e-6);
+  EXPECT_NEAR(TypicalThreshold(uniform4, {0.2f, 1.0f}), 0.2, 1e-6);
+}
+
+TEST(TypicalAcceptance, LongestAcceptedPathWinsThenTheNextTokenIsDrawnAfterIt) {
+  constexpr int32_t E = 4, F = 5;
+  const int32_t V = 6;
+  // Root: H = 1.03 nats, threshold min(0.09, 0.3 * 0.357) = 0.09: A, B and C pass.
+  const Distribution root = Dist(V, {{A, 0.5}, {B, 0.3}, {C, 0.2}});
+  const Distribution after_a = Dist(V, {{D, 0.05}, {E, 0.95}});  // threshold 0.09: D fails
+  const Distribution after_b = Dist(V, {{D, 0.6}, {E, 0.4}});    // D and E pass
+  const Distribution after_bd = Dist(V, {{F, 0.7}, {A, 0.3}});
+  const Distribution after_be = Dist(V, {{F, 1.0}});
+  const Distribution after_ad = Dist(V, {{F, 1.0}});
+  // Tree: root -> {A (n0), B (n1)}; n0 -> D (n2); n1 -> {D (n3), E (n4)}. n3 and n4 are both two
+  // deep: n3 has the higher sum of log p (0.3 * 0.6 > 0.3 * 0.4).
+  const std::vector<DraftNode> nodes = {{-1, A, nullptr, &after_a},
+                                        {-1, B, nullptr, &after_b},
+                                        {0, D, nullptr, &after_ad},
+                                        {1, D, nullptr, &after_bd},
+                                        {1, E, nullptr, &after_be}};
+  for (const auto& [u, want] : {std::pair{0.5, F}, std::pair{0.9, A}}) {
+    FixedUniformSource uniforms({u});
+    VerifyResult r;
+    ASSERT_TRUE(VerifyTreeTypical({&root, nodes}, {}, uniforms, &r).ok());
+    EXPECT_EQ(r.accepted_nodes, (std::vector<int32_t>{1, 3}));
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{B, D, want}));
+    EXPECT_TRUE(r.is_bonus);
+    EXPECT_EQ(r.uniforms_used, 1);
+  }
+  // A stricter cap (epsilon 0.35) leaves only A at the root, whose child D fails: one token.
+  FixedUniformSource one({0.5});
+  VerifyResult r;
+  ASSERT_TRUE(VerifyTreeTypical({&root, nodes}, {0.35f, 1.0f}, one, &r).ok());
+  EXPECT_EQ(r.accepted_nodes, (std::vector<int32_t>{0}));
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{A, E}));  // after_a at u = 0.5: E
+}
+
+TEST(TypicalAcceptance, NothingAcceptedDrawsFromTheRootTarget) {
+  const Distribution root = Dist(4, {{A, 0.97}, {B, 0.03}});
+  const Distribution after_b = Dist(4, {{C, 1.0}});
+  const std::vector<DraftNode> nodes = {{-1, B, nullptr, &after_b}};  // 0.03 < 0.09
+  FixedUniformSource uniforms({0.999});
+  VerifyResult r;
+  ASSERT_TRUE(VerifyTreeTypical({&root, nodes}, {}, uniforms, &r).ok());
+  EXPECT_TRUE(r.accepted_nodes.empty());
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{B}));  // drawn from the root: u = 0.999 -> B
+}
+
+// Why the rule is opt-in: a draft token the target gives 0.2 is always kept, where plain
+// sampling (and exact verification) emits it one time in five.
+TEST(TypicalAcceptance, IsLossy) {
+  const Distribution root = Dist(4, {{A, 0.8}, {B, 0.2}});
+  const Distribution after_b = Dist(4, {{C, 1.0}});
+  const std::vector<DraftNode> nodes = {{-1, B, nullptr, &after_b}};
+  Rng rng(11);
+  int typical_b = 0, exact_b = 0;
+  constexpr int kTrials = 2000;
+  for (int i = 0; i < kTrials; ++i) {
+    RngUniformSource uniforms(rng);
+    VerifyResult typical, exact;
+    ASSERT_TRUE(VerifyTreeTypical({&root, nodes}, {}, uniforms, &typical).ok());
+    ASSERT_TRUE(VerifyTree({&root, nodes}, uniforms, &exact).ok());
+    typical_b += typical.tokens[0] == B;
+    exact_b += exact.tokens[0] == B;
+  }
+  EXPECT_EQ(typical_b, kTrials);
+  // Binomial(2000, 0.2): mean 400, standard deviation 17.9; 5 deviations either side.
+  EXPECT_NEAR(exact_b, 400, 90);
+}
+
+TEST(TypicalAcceptance, BadRulesAndMalformedTreesAreErrors) {
+  const Distribution root = Dist(4, {{A, 0.5}, {B, 0.5}});
+  const std::vector<DraftNode> nodes = {{-1, B, nullptr, &root}};
+  FixedUniformSource uniforms({0.5, 0.5});
+  VerifyResult r;
+  for (const TypicalAcceptance& bad :
+       {TypicalAcceptance{0.0f, 0.3f}, TypicalAcceptance{1.5f, 0.3f},
+        TypicalAcceptance{std::nanf(""), 0.3f}, TypicalAcceptance{0.09f, 0.0f},
+        TypicalAcceptance{0.09f, INFINITY}}) {
+    const absl::Status st = VerifyTreeTypical({&root, nodes}, bad, uniforms, &r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(
+        absl::StrContains(st.message(), bad.epsilon > 0 && bad.epsilon <= 1 ? "delta" : "epsilon"))
+        << st;
+  }
+  const std::vector<DraftNode> bad_parent = {{3, B, nullptr, &root}};
+  EXPECT_EQ(VerifyTreeTypical({&root, bad_parent}, {}, uniforms, &r).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(uniforms.consumed(), 0u);
 }
 
 // --- (a) acceptance rate ---------------------------------------------------------------------

@@ -394,6 +394,26 @@ TEST_F(SpecEagleTest, TrainedHeadKeepsGreedyOutputAndIsAccepted) {
               static_cast<long long>(total.accepted), total.MeanAcceptedPerStep());
 }
 
+// (SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy says what is checked).
+TEST_F(SpecEagleTest, TrainedHeadTypicalAcceptanceAcceptsMoreAndIsReportedLossy) {
+  const std::string path = kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf");
+  EagleParams params;
+  params.tree_tokens = 8;
+  params.top_k = 4;
+  params.max_depth = 3;
+  params.merge_ngram = false;
+  auto exact = EagleStrategy::Load(path, *model_, params);
+  params.typical = sample::TypicalAcceptance{};
+  auto typical = EagleStrategy::Load(path, *model_, params);
+  ASSERT_TRUE(exact.ok() && typical.ok()) << exact.status() << typical.status();
+  ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(exact->get(), typical->get(),
+                                                       "eagle (trained head)");
+  params.typical = sample::TypicalAcceptance{0.0f, 0.3f};
+  auto bad = EagleStrategy::Load(path, *model_, params);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("epsilon"), absl::string_view::npos) << bad.status();
+}
+
 TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOnTheTinyModel) {
   EagleParams params;
   params.tree_tokens = 10;

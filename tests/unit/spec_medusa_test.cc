@@ -354,6 +354,22 @@ TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
               total.MeanAcceptedPerStep());
 }
 
+// (SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy says what is checked).
+TEST_F(SpecMedusaTest, TrainedHeadTypicalAcceptanceAcceptsMoreAndIsReportedLossy) {
+  MedusaParams params;
+  params.merge_ngram = false;
+  auto exact = MedusaStrategy::Load(TrainedHeadPath(), *model_, params);
+  params.typical = sample::TypicalAcceptance{};
+  auto typical = MedusaStrategy::Load(TrainedHeadPath(), *model_, params);
+  ASSERT_TRUE(exact.ok() && typical.ok()) << exact.status() << typical.status();
+  ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(exact->get(), typical->get(),
+                                                       "medusa (trained head)");
+  params.typical = sample::TypicalAcceptance{0.09f, -1.0f};
+  auto bad = MedusaStrategy::Load(TrainedHeadPath(), *model_, params);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("delta"), absl::string_view::npos) << bad.status();
+}
+
 // The n-gram chain merged into the trees of random Medusa heads gets a copy accepted
 // (SpecHeadTest::ExpectMergedNgramChainGetsCopiesAccepted says what is checked).
 TEST_F(SpecMedusaTest, MergedNgramChainGetsCopiesAccepted) {

@@ -1,6 +1,7 @@
 // kiln generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //               [--seed S] [--threads N] [--ctx N] [--raw] [--quiet]
 //               [--strategy none|ngram|draft:PATH|medusa:PATH|eagle:PATH] [--draft-max K]
+//               [--typical-acceptance]
 //               [--load-state FILE] [--save-state FILE]
 // Streams the continuation to stdout; statistics go to stderr. --load-state continues a saved
 // session with its sampler settings and random state (the sampling flags do not apply then; the
@@ -32,6 +33,9 @@ void GenerateUsage() {
                "  --draft-max K       most draft tokens per step (default: ngram 8, draft 5,\n"
                "                      medusa: the head file's whole tree, eagle: chosen per\n"
                "                      step from the measured pass cost)\n"
+               "  --typical-acceptance  medusa and eagle: Medusa's typical acceptance instead\n"
+               "                      of exact verification when sampling; LOSSY (the text is\n"
+               "                      not distributed as plain sampling), more tokens per step\n"
                "  --load-state FILE   continue a saved session, with its sampler settings and\n"
                "                      random state (-p then adds the next turn)\n"
                "  --save-state FILE   save the session after generating\n%s",
@@ -52,6 +56,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   bool have_prompt = false, raw = false, quiet = false;
   std::string strategy_name = "none";
   long long draft_max = 0;  // 0: the strategy's default
+  bool typical_acceptance = false;
   std::string load_state, save_state;
   for (size_t i = 0; i < args.size(); ++i) {
     const int r = ParseGenFlag(args, &i, &flags);
@@ -76,6 +81,8 @@ int RunGenerate(const std::vector<std::string>& args) {
           !ParseIntFlag(a, v, 1, 256, &draft_max, "must be an integer in [1, 256]")) {
         return 2;
       }
+    } else if (a == "--typical-acceptance") {
+      typical_acceptance = true;
     } else if (a == "--load-state") {
       if (!TakeFlagValue(args, &i, &load_state)) return 2;
     } else if (a == "--save-state") {
@@ -92,6 +99,12 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   if (flags.model_path.empty() || (!have_prompt && load_state.empty())) {
     GenerateUsage();
+    return 2;
+  }
+  if (typical_acceptance && strategy_name.rfind("medusa:", 0) != 0 &&
+      strategy_name.rfind("eagle:", 0) != 0) {
+    std::fprintf(
+        stderr, "kiln generate: --typical-acceptance needs --strategy medusa:PATH or eagle:PATH\n");
     return 2;
   }
   kiln_model* model = LoadModelOrReport(flags.model_path);
@@ -139,12 +152,14 @@ int RunGenerate(const std::vector<std::string>& args) {
       kiln_medusa_params mp;
       kiln_medusa_params_init(&mp, sizeof mp);
       if (draft_max > 0) mp.max_draft = static_cast<int32_t>(draft_max);
+      mp.typical_acceptance = typical_acceptance ? 1 : 0;
       s = kiln_strategy_create_medusa(model, strategy_name.c_str() + 7, &mp, &strategy);
     } else if (strategy_name.rfind("eagle:", 0) == 0) {
       kiln_eagle_params ep;
       kiln_eagle_params_init(&ep, sizeof ep);
       if (draft_max > 0) ep.tree_tokens = static_cast<int32_t>(draft_max);
       ep.n_threads = flags.threads;
+      ep.typical_acceptance = typical_acceptance ? 1 : 0;
       s = kiln_strategy_create_eagle(model, strategy_name.c_str() + 6, &ep, &strategy);
     }
     if (s != KILN_OK) {
@@ -219,6 +234,10 @@ int RunGenerate(const std::vector<std::string>& args) {
                          ? 100.0 * static_cast<double>(m.accepted) / static_cast<double>(m.drafted)
                          : 0.0,
                      m.mean_accepted_per_step, m.target_passes_per_token);
+        if (typical_acceptance) {
+          std::fprintf(stderr, "speculative: %lld accepted by the lossy typical acceptance\n",
+                       static_cast<long long>(m.accepted_lossy));
+        }
       }
     }
     if (!save_state.empty()) {

@@ -630,6 +630,7 @@ class SpecMetrics:
     generated: int
     mean_accepted_per_step: float
     target_passes_per_token: float
+    accepted_lossy: int = 0  # of accepted: kept by the lossy typical acceptance (0 unless chosen)
 
 
 class Strategy(_Handle):
@@ -688,7 +689,9 @@ class MedusaStrategy(Strategy):
     ) -> None:
         """Keywords: max_draft (tree nodes verified per step; 0: the head's whole tree), n_threads,
         merge_ngram (a bool, default True: the n-gram prompt-lookup continuation of the context is
-        merged into every tree) (kiln_medusa_params). A head trained for another model, or a file
+        merged into every tree), typical_acceptance (a bool, default False: True trades exactness
+        for more accepted drafts when sampling, LOSSY; thresholds typical_epsilon 0.09 and
+        typical_delta 0.3) (kiln_medusa_params). A head trained for another model, or a file
         that is not a head, raises KilnError(INVALID_ARGUMENT) saying what differs; a missing file
         KilnError(IO)."""
         super().__init__()
@@ -711,7 +714,8 @@ class EagleStrategy(Strategy):
     ) -> None:
         """Keywords: top_k (1..64), max_depth (1..16), tree_tokens (each 0, the default: chosen
         each step from the measured pass costs), n_threads, merge_ngram (a bool, default True: the
-        n-gram prompt-lookup continuation of the context is merged into every tree)
+        n-gram prompt-lookup continuation of the context is merged into every tree),
+        typical_acceptance, typical_epsilon, typical_delta (as MedusaStrategy's)
         (kiln_eagle_params). A head for another model or a file that is not an eagle head raises
         KilnError(INVALID_ARGUMENT), a malformed one KilnError(FORMAT)."""
         super().__init__()
@@ -1036,7 +1040,13 @@ class Session(_Handle):
         out = _out(_ffi.SpecMetrics)
         _check(_lib.kiln_session_get_spec_metrics(self._handle(), byref(out)), "kiln_session_get_spec_metrics")
         return SpecMetrics(
-            out.steps, out.drafted, out.accepted, out.generated, out.mean_accepted_per_step, out.target_passes_per_token
+            out.steps,
+            out.drafted,
+            out.accepted,
+            out.generated,
+            out.mean_accepted_per_step,
+            out.target_passes_per_token,
+            out.accepted_lossy,
         )
 
     # -- saved states

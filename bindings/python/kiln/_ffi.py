@@ -251,6 +251,9 @@ class MedusaParams(Structure):
         ("max_draft", c_int32),
         ("n_threads", c_int32),
         ("merge_ngram", c_int32),
+        ("typical_acceptance", c_int32),
+        ("typical_epsilon", c_float),
+        ("typical_delta", c_float),
     ]
 
 
@@ -262,6 +265,9 @@ class EagleParams(Structure):
         ("tree_tokens", c_int32),
         ("n_threads", c_int32),
         ("merge_ngram", c_int32),
+        ("typical_acceptance", c_int32),
+        ("typical_epsilon", c_float),
+        ("typical_delta", c_float),
     ]
 
 
@@ -274,6 +280,7 @@ class SpecMetrics(Structure):
         ("generated", c_int64),
         ("mean_accepted_per_step", c_double),
         ("target_passes_per_token", c_double),
+        ("accepted_lossy", c_int64),
     ]
 
 

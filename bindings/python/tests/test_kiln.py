@@ -334,6 +334,26 @@ def test_medusa_strategy(model, model_path, cache, tmp_path):
     assert e.value.status == Status.INVALID_ARGUMENT and "max_draft" in e.value.message
 
 
+def test_medusa_typical_acceptance_is_reported_lossy(model, cache):
+    # Opt-in and lossy: when sampling, every draft token it keeps is counted in accepted_lossy;
+    # at temperature 0 it verifies greedily (plain decoding's tokens, nothing lossy).
+    with chat_session(cache) as plain:
+        expected = plain.generate(MAX).tokens
+    with kiln.MedusaStrategy(model, HEAD_PATH, typical_acceptance=True) as medusa:
+        with chat_session(cache) as s:
+            s.set_strategy(medusa)
+            assert s.generate(MAX).tokens == expected
+            assert s.spec_metrics.accepted_lossy == 0
+        with chat_session(cache, temperature=0.8, seed=5) as s:
+            s.set_strategy(medusa)
+            s.generate(4 * MAX)
+            m = s.spec_metrics
+            assert m.steps > 0 and m.accepted_lossy == m.accepted, m
+    with pytest.raises(KilnError) as e:
+        kiln.MedusaStrategy(model, HEAD_PATH, typical_acceptance=True, typical_epsilon=2.0)
+    assert e.value.status == Status.INVALID_ARGUMENT and "epsilon" in e.value.message
+
+
 def test_submit_poll_step_matches_blocking(cache):
     with chat_session(cache) as ref:
         expected = ref.generate(MAX)
@@ -453,8 +473,8 @@ def test_struct_layouts_match_the_header():
         "ModelParams": 56, "ModelInfo": 88, "CacheParams": 64, "CacheStats": 112,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
-        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 16, "EagleParams": 24,
-        "SpecMetrics": 56,
+        "NgramParams": 40, "DraftParams": 32, "MedusaParams": 28, "EagleParams": 36,
+        "SpecMetrics": 64,
     }
     assert {name: sizeof(getattr(_ffi, name)) for name in expected} == expected
     # The fields added after the ABI 1 baseline, at their offsetof in kiln_cache_params.
@@ -472,6 +492,12 @@ def test_struct_layouts_match_the_header():
     # And in kiln_eagle_params and kiln_medusa_params.
     assert _ffi.EagleParams.merge_ngram.offset == 20
     assert _ffi.MedusaParams.merge_ngram.offset == 12
+    # Their typical-acceptance fields, and kiln_spec_metrics.accepted_lossy.
+    assert [getattr(_ffi.EagleParams, f).offset for f in ("typical_acceptance", "typical_epsilon",
+                                                         "typical_delta")] == [24, 28, 32]
+    assert [getattr(_ffi.MedusaParams, f).offset for f in ("typical_acceptance", "typical_epsilon",
+                                                          "typical_delta")] == [16, 20, 24]
+    assert _ffi.SpecMetrics.accepted_lossy.offset == 56
 
 
 def test_stream_raises_a_failed_request(cache):
