@@ -636,6 +636,10 @@ static void test_typical_acceptance(kiln_model* model, kiln_cache* cache) {
   kiln_spec_metrics m, old;
   kiln_eagle_params_init(&ep, sizeof ep);
   ep.merge_ngram = 0;
+  /* A fixed tree: the default one follows the measured costs, and a sanitizer's are others. */
+  ep.tree_tokens = 8;
+  ep.top_k = 4;
+  ep.max_depth = 3;
   CHECK(kiln_strategy_create_eagle(model, head, &ep, &exact) == KILN_OK);
   ep.typical_acceptance = 1;
   ep.typical_epsilon = 0.0f;

@@ -1,5 +1,6 @@
 #include "tests/common/spec_test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -7,6 +8,7 @@
 #include "lib/engine/speculative_decoder.h"
 #include "lib/gguf/gguf_writer.h"
 #include "lib/model/random_model.h"
+#include "lib/sample/rejection_sampler.h"
 #include "lib/sample/sampler.h"
 #include "lib/spec/spec_generate.h"
 #include "lib/tokenizer/tokenizer.h"
@@ -118,6 +120,118 @@ void SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(spec::St
       what, totals[0].MeanAcceptedPerStep(), static_cast<long long>(totals[0].steps),
       totals[1].MeanAcceptedPerStep(), static_cast<long long>(totals[1].steps),
       static_cast<long long>(totals[1].accepted));
+}
+
+void SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution(spec::Strategy* strategy,
+                                                                    const char* what) {
+  constexpr int kTreeVerifications = 200000;
+  const int64_t d = model_->hparams().n_embd, n_vocab = model_->hparams().n_vocab;
+  // A few tokens into the answer (the heads draft the answer, not its first token, best).
+  std::vector<int32_t> prompt = Encode(ChatPrompt("Write a haiku about the sea."));
+  const std::vector<int32_t> answer_start = PlainGreedy(prompt, 4);
+  prompt.insert(prompt.end(), answer_start.begin(), answer_start.end());
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  sample::SamplerParams params;
+  params.temperature = 1.0f;
+  params.top_k = 40;
+  params.top_p = 0.9f;
+  params.min_p = 0.0f;
+  sample::Sampler sampler(params);
+
+  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> features;  // [n - 1, d]: every prompt row the strategy may read
+  PrefillRequest prefill;
+  prefill.seq = seq;
+  prefill.tokens = std::span(prompt).first(n - 1);
+  prefill.logits_from = 0;
+  prefill.on_logits = [](int32_t, const float*) {};
+  prefill.on_hidden = [&](int32_t, const float* row) {
+    features.insert(features.end(), row, row + d);
+  };
+  ASSERT_TRUE(engine_->Prefill(prefill).ok());
+  ASSERT_EQ(static_cast<int64_t>(features.size()), (n - 1) * d);
+  strategy->Reset();
+  strategy->ObserveTargetFeatures(0, n, features, d);
+  spec::DraftTree draft;
+  sample::Rng rng(2024);
+  spec::ProposeContext ctx{&params, &rng, nullptr};
+  ASSERT_TRUE(strategy->Propose(prompt, 8, ctx, &draft).ok());
+  ASSERT_GE(draft.size(), 2) << what;
+  ASSERT_TRUE(draft.deterministic) << what;
+
+  // The decoder's pass: the root at position n - 1, each node at the root's position plus its
+  // depth, in cache order root, nodes.
+  std::vector<int32_t> path = {prompt.back()};
+  path.insert(path.end(), draft.tokens.begin(), draft.tokens.end());
+  std::vector<int32_t> depth(draft.size());
+  ForwardBatch batch;
+  batch.Add(prompt.back(), seq, n - 1, /*want_logits=*/true);
+  for (int32_t i = 0; i < draft.size(); ++i) {
+    const int32_t parent = draft.parents[i];
+    depth[i] = parent < 0 ? 1 : depth[parent] + 1;
+    batch.Add(draft.tokens[i], seq, n - 1 + depth[i], /*want_logits=*/true,
+              /*parent=*/parent < 0 ? 0 : parent + 1, /*cache_index=*/n + i);
+  }
+  ForwardOutput out;
+  ASSERT_TRUE(engine_
+                  ->Locked([&](KvCache& c, ForwardPass& pass) {
+                    KILN_RETURN_IF_ERROR(c.AppendSlots(seq, path));
+                    return pass.Forward(batch, c, &out);
+                  })
+                  .ok());
+  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+
+  // Target distributions with the node's ancestors as history, as SpeculativeDecoder::Verify.
+  std::vector<sample::Distribution> p(draft.size() + 1);
+  ASSERT_TRUE(sampler.Apply(std::span(out.LogitsRow(0), n_vocab), prompt, &p[0]).ok());
+  std::vector<sample::DraftNode> nodes(draft.size());
+  for (int32_t i = 0; i < draft.size(); ++i) {
+    std::vector<int32_t> history;
+    for (int32_t a = i; a >= 0; a = draft.parents[a]) history.push_back(draft.tokens[a]);
+    history.insert(history.end(), prompt.rbegin(), prompt.rend());
+    std::reverse(history.begin(), history.end());
+    ASSERT_TRUE(sampler.Apply(std::span(out.LogitsRow(i + 1), n_vocab), history, &p[i + 1]).ok());
+    nodes[i] = {draft.parents[i], draft.tokens[i], nullptr, &p[i + 1]};
+  }
+  const sample::DraftTree tree{&p[0], nodes};
+
+  // The first token's total variation from p[0] over kTreeVerifications runs of `verify`.
+  int accepted_at_root = 0;
+  auto first_token_tv = [&](auto verify) {
+    std::map<int32_t, int> counts;
+    accepted_at_root = 0;
+    sample::Rng verify_rng(7);
+    sample::RngUniformSource uniforms(verify_rng);
+    sample::VerifyResult result;
+    for (int i = 0; i < kTreeVerifications; ++i) {
+      EXPECT_TRUE(verify(uniforms, &result).ok());
+      ++counts[result.tokens[0]];
+      accepted_at_root += result.num_accepted() > 0;
+    }
+    sample::Distribution empirical;
+    empirical.vocab_size = static_cast<int32_t>(n_vocab);
+    for (const auto& [token, count] : counts) {
+      empirical.candidates.push_back({token, static_cast<float>(count) / kTreeVerifications});
+    }
+    return sample::TotalVariation(empirical, p[0]);
+  };
+  // Negative control: the lossy typical rule on the same tree is far off.
+  const double typical_tv = first_token_tv([&](sample::UniformSource& u, sample::VerifyResult* r) {
+    return sample::VerifyTreeTypical(tree, {}, u, r);
+  });
+  EXPECT_GT(typical_tv, 0.05) << what;
+  const double tv = first_token_tv([&](sample::UniformSource& u, sample::VerifyResult* r) {
+    return sample::VerifyTree(tree, u, r);
+  });
+  EXPECT_LT(tv, 0.01) << what;
+  EXPECT_GT(accepted_at_root, 0) << what;
+  EXPECT_LT(accepted_at_root, kTreeVerifications) << what;
+  std::printf(
+      "%s: tree of %d nodes, %zu root candidates, root draft accepted %.3f of %d "
+      "verifications, first-token total variation %.4f (typical acceptance: %.4f)\n",
+      what, draft.size(), p[0].candidates.size(),
+      static_cast<double>(accepted_at_root) / kTreeVerifications, kTreeVerifications, tv,
+      typical_tv);
 }
 
 void SpecHeadTest::SetUpTestSuite() {

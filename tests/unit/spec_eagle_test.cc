@@ -414,6 +414,19 @@ TEST_F(SpecEagleTest, TrainedHeadTypicalAcceptanceAcceptsMoreAndIsReportedLossy)
   EXPECT_NE(bad.status().message().find("epsilon"), absl::string_view::npos) << bad.status();
 }
 
+// (SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution says what is checked).
+TEST_F(SpecEagleTest, TrainedHeadTreeKeepsTheSampledDistribution) {
+  EagleParams params;
+  params.tree_tokens = 8;
+  params.top_k = 4;
+  params.max_depth = 3;
+  params.merge_ngram = false;
+  auto strategy = EagleStrategy::Load(
+      kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf"), *model_, params);
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  ExpectTreeVerificationKeepsTheTargetDistribution(strategy->get(), "eagle (trained head)");
+}
+
 TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOnTheTinyModel) {
   EagleParams params;
   params.tree_tokens = 10;

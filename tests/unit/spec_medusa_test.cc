@@ -354,6 +354,15 @@ TEST_F(SpecMedusaTest, GreedyOutputIsPlainDecodingOn20Prompts) {
               total.MeanAcceptedPerStep());
 }
 
+// (SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution says what is checked).
+TEST_F(SpecMedusaTest, TrainedHeadTreeKeepsTheSampledDistribution) {
+  MedusaParams params;
+  params.merge_ngram = false;
+  auto strategy = MedusaStrategy::Load(TrainedHeadPath(), *model_, params);
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  ExpectTreeVerificationKeepsTheTargetDistribution(strategy->get(), "medusa (trained head)");
+}
+
 // (SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy says what is checked).
 TEST_F(SpecMedusaTest, TrainedHeadTypicalAcceptanceAcceptsMoreAndIsReportedLossy) {
   MedusaParams params;
