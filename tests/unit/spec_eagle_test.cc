@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,20 @@ using kiln::testing::kHeldOutChatPrompts;
 
 using kiln::testing::kDistributionSamples;
 using kiln::testing::kHeadTestMaxTokens;
+
+// The committed head for the default model, with a fixed tree (8 nodes, top_k 4, depth 3: no
+// timing involved) and the head's drafts only (no n-gram chain merged in); `typical` as given.
+absl::StatusOr<std::unique_ptr<EagleStrategy>> LoadTrainedHead(
+    const Model& model, std::optional<sample::TypicalAcceptance> typical = std::nullopt) {
+  EagleParams params;
+  params.tree_tokens = 8;
+  params.top_k = 4;
+  params.max_depth = 3;
+  params.merge_ngram = false;
+  params.typical = typical;
+  return EagleStrategy::Load(kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf"),
+                             model, params);
+}
 
 // Forwards to an EagleStrategy and records every feature row the decoder hands it and every
 // token it drafts.
@@ -364,13 +379,7 @@ TEST_F(SpecEagleTest, GreedyOutputIsPlainDecodingOn20Prompts) {
 // least 0.3 tokens per step (0.48 measured on the 20 prompts, 16 tokens each; a head that has
 // learned nothing accepts about none; in quick mode, some).
 TEST_F(SpecEagleTest, TrainedHeadKeepsGreedyOutputAndIsAccepted) {
-  const std::string path = kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf");
-  EagleParams params;
-  params.tree_tokens = 8;
-  params.top_k = 4;
-  params.max_depth = 3;
-  params.merge_ngram = false;  // the head's drafts only
-  auto strategy = EagleStrategy::Load(path, *model_, params);
+  auto strategy = LoadTrainedHead(*model_);
   ASSERT_TRUE(strategy.ok()) << strategy.status();
   SpecMetrics total;
   for (const char* p : kiln::testing::HeldOutChatPrompts()) {
@@ -396,33 +405,19 @@ TEST_F(SpecEagleTest, TrainedHeadKeepsGreedyOutputAndIsAccepted) {
 
 // (SpecHeadTest::ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy says what is checked).
 TEST_F(SpecEagleTest, TrainedHeadTypicalAcceptanceAcceptsMoreAndIsReportedLossy) {
-  const std::string path = kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf");
-  EagleParams params;
-  params.tree_tokens = 8;
-  params.top_k = 4;
-  params.max_depth = 3;
-  params.merge_ngram = false;
-  auto exact = EagleStrategy::Load(path, *model_, params);
-  params.typical = sample::TypicalAcceptance{};
-  auto typical = EagleStrategy::Load(path, *model_, params);
+  auto exact = LoadTrainedHead(*model_);
+  auto typical = LoadTrainedHead(*model_, sample::TypicalAcceptance{});
   ASSERT_TRUE(exact.ok() && typical.ok()) << exact.status() << typical.status();
   ExpectTypicalAcceptanceAcceptsMoreAndIsReportedLossy(exact->get(), typical->get(),
                                                        "eagle (trained head)");
-  params.typical = sample::TypicalAcceptance{0.0f, 0.3f};
-  auto bad = EagleStrategy::Load(path, *model_, params);
+  auto bad = LoadTrainedHead(*model_, sample::TypicalAcceptance{0.0f, 0.3f});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("epsilon"), absl::string_view::npos) << bad.status();
 }
 
 // (SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution says what is checked).
 TEST_F(SpecEagleTest, TrainedHeadTreeKeepsTheSampledDistribution) {
-  EagleParams params;
-  params.tree_tokens = 8;
-  params.top_k = 4;
-  params.max_depth = 3;
-  params.merge_ngram = false;
-  auto strategy = EagleStrategy::Load(
-      kiln::testing::SourcePath("models/SmolLM2-135M-Instruct.eagle.gguf"), *model_, params);
+  auto strategy = LoadTrainedHead(*model_);
   ASSERT_TRUE(strategy.ok()) << strategy.status();
   ExpectTreeVerificationKeepsTheTargetDistribution(strategy->get(), "eagle (trained head)");
 }
