@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -304,43 +305,40 @@ int main(int argc, char** argv) {
                                                    : static_cast<int64_t>(h.vocab_ids.size())),
         step_ms, step_ms > 0 ? Median(ms) / step_ms : 0.0);
   }
-  std::vector<std::unique_ptr<EagleStrategy>> eagles;
+  // One EagleStrategy per --eagle file, and with --typical each again with the lossy rule.
+  std::vector<std::unique_ptr<EagleStrategy>> eagles, eagles_typical;
   std::vector<std::string> eagle_names;
   eagle_names.reserve(2 * eagle_paths.size());  // strategies keeps pointers into the names
-  for (const std::string& path : eagle_paths) {
+  auto load_eagle = [&](const std::string& path,
+                        std::optional<sample::TypicalAcceptance> rule) -> EagleStrategy* {
     EagleParams ep;
     ep.n_threads = threads;
     ep.top_k = eagle_top_k;
     ep.max_depth = eagle_depth;
+    ep.typical = rule;
     auto loaded = EagleStrategy::Load(path, **model, ep);
     if (!loaded.ok()) {
       std::fprintf(stderr, "eagle: %s\n", std::string(loaded.status().message()).c_str());
-      return 1;
+      return nullptr;
     }
-    const std::shared_ptr<const ReducedLmHead>& vocab = (*loaded)->head().draft_vocab;
-    eagle_names.push_back(eagles.empty() ? "eagle" : kiln::StrCat("eagle", eagles.size() + 1));
+    auto& list = rule ? eagles_typical : eagles;
+    list.push_back(std::move(*loaded));
+    return list.back().get();
+  };
+  for (const std::string& path : eagle_paths) {
+    EagleStrategy* eagle = load_eagle(path, std::nullopt);
+    if (eagle == nullptr) return 1;
+    const std::shared_ptr<const ReducedLmHead>& vocab = eagle->head().draft_vocab;
+    eagle_names.push_back(eagles.size() == 1 ? "eagle" : kiln::StrCat("eagle", eagles.size()));
     std::printf("%s: %s, draft vocabulary %lld\n", eagle_names.back().c_str(), path.c_str(),
                 static_cast<long long>(vocab ? vocab->ids.size() : (*model)->hparams().n_vocab));
-    eagles.push_back(std::move(*loaded));
-    strategies.push_back({eagle_names.back().c_str(), eagles.back().get()});
+    strategies.push_back({eagle_names.back().c_str(), eagle});
   }
-  std::vector<std::unique_ptr<EagleStrategy>> eagles_typical;  // --typical: not in `eagles`
-  if (typical) {
-    for (size_t e = 0; e < eagle_paths.size(); ++e) {
-      EagleParams ep;
-      ep.n_threads = threads;
-      ep.top_k = eagle_top_k;
-      ep.max_depth = eagle_depth;
-      ep.typical = sample::TypicalAcceptance{};
-      auto loaded = EagleStrategy::Load(eagle_paths[e], **model, ep);
-      if (!loaded.ok()) {
-        std::fprintf(stderr, "eagle: %s\n", std::string(loaded.status().message()).c_str());
-        return 1;
-      }
-      eagles_typical.push_back(std::move(*loaded));
-      eagle_names.push_back(eagle_names[e] + "-typ");
-      strategies.push_back({eagle_names.back().c_str(), eagles_typical.back().get()});
-    }
+  for (size_t e = 0; typical && e < eagle_paths.size(); ++e) {
+    EagleStrategy* eagle = load_eagle(eagle_paths[e], sample::TypicalAcceptance{});
+    if (eagle == nullptr) return 1;
+    eagle_names.push_back(eagle_names[e] + "-typ");
+    strategies.push_back({eagle_names.back().c_str(), eagle});
   }
   std::printf(
       "spec_bench: %s, %d threads, %d tokens, %d reps, ngram max %d, draft %d layers max %d\n",

@@ -52,6 +52,31 @@ std::string* SpecHeadTest::tiny_path_ = nullptr;
 Model* SpecHeadTest::tiny_ = nullptr;
 Engine* SpecHeadTest::tiny_engine_ = nullptr;
 
+namespace {
+
+// The sampled-distribution checks' chain: temperature 1, top-k and top-p as given, min-p off.
+sample::SamplerParams SampledParams(int32_t top_k, float top_p) {
+  sample::SamplerParams params;
+  params.temperature = 1.0f;
+  params.top_k = top_k;
+  params.top_p = top_p;
+  params.min_p = 0.0f;
+  return params;
+}
+
+// Total variation between the first tokens counted in `counts` (of `samples`) and `target`.
+double FirstTokenTotalVariation(const std::map<int32_t, int>& counts, int samples,
+                                const sample::Distribution& target) {
+  sample::Distribution empirical;
+  empirical.vocab_size = target.vocab_size;
+  for (const auto& [token, count] : counts) {
+    empirical.candidates.push_back({token, static_cast<float>(count) / samples});
+  }
+  return sample::TotalVariation(empirical, target);
+}
+
+}  // namespace
+
 void SpecHeadTest::ExpectMergedNgramChainGetsCopiesAccepted(spec::Strategy* merged,
                                                             spec::Strategy* heads_only,
                                                             const char* what) {
@@ -131,11 +156,7 @@ void SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution(spec::Strate
   const std::vector<int32_t> answer_start = PlainGreedy(prompt, 4);
   prompt.insert(prompt.end(), answer_start.begin(), answer_start.end());
   const int32_t n = static_cast<int32_t>(prompt.size());
-  sample::SamplerParams params;
-  params.temperature = 1.0f;
-  params.top_k = 40;
-  params.top_p = 0.9f;
-  params.min_p = 0.0f;
+  const sample::SamplerParams params = SampledParams(40, 0.9f);
   sample::Sampler sampler(params);
 
   const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
@@ -208,12 +229,7 @@ void SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution(spec::Strate
       ++counts[result.tokens[0]];
       accepted_at_root += result.num_accepted() > 0;
     }
-    sample::Distribution empirical;
-    empirical.vocab_size = static_cast<int32_t>(n_vocab);
-    for (const auto& [token, count] : counts) {
-      empirical.candidates.push_back({token, static_cast<float>(count) / kTreeVerifications});
-    }
-    return sample::TotalVariation(empirical, p[0]);
+    return FirstTokenTotalVariation(counts, kTreeVerifications, p[0]);
   };
   // Negative control: the lossy typical rule on the same tree is far off.
   const double typical_tv = first_token_tv([&](sample::UniformSource& u, sample::VerifyResult* r) {
@@ -333,11 +349,7 @@ void ExpectFirstTokenHasTargetDistribution(Engine& engine, const Model& model,
   const int64_t d = model.hparams().n_embd, n_vocab = model.hparams().n_vocab;
   const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
   const int32_t n = static_cast<int32_t>(prompt.size());
-  sample::SamplerParams params;
-  params.temperature = 1.0f;
-  params.top_k = 8;
-  params.top_p = 1.0f;
-  params.min_p = 0.0f;
+  const sample::SamplerParams params = SampledParams(8, 1.0f);
 
   const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
   std::vector<float> root_logits, feature;
@@ -375,15 +387,7 @@ void ExpectFirstTokenHasTargetDistribution(Engine& engine, const Model& model,
         engine.Locked([&](KvCache& c, ForwardPass&) { return c.Truncate(seq, n - 1); }).ok());
   }
   engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
-  double tv = 0.0;
-  std::map<int32_t, double> expected;
-  for (const auto& c : target.candidates) expected[c.token] = c.prob;
-  for (const auto& [token, count] : counts) expected.try_emplace(token, 0.0);
-  for (const auto& [token, p] : expected) {
-    const double seen = counts.count(token) ? counts[token] : 0;
-    tv += std::abs(seen / samples - p);
-  }
-  tv *= 0.5;
+  const double tv = FirstTokenTotalVariation(counts, samples, target);
   std::printf(
       "first token: total variation %.4f over %d samples; %lld drafts accepted, %lld "
       "steps rejected at the root\n",
