@@ -1,5 +1,7 @@
 // Model load time for a GGUF (default: the default model): open + validate + tokenizer build +
-// weight binding, repeated; prints median and min-max. Usage: load_bench [MODEL] [REPEATS]
+// weight binding and preparation (the interleaved copies), repeated; prints median and min-max.
+// Usage: load_bench [MODEL] [REPEATS] [mmap|read|both]   (default: 20 loads, both ways)
+// bench/bench_load.py runs it one load per process beside llama.cpp's llama_load_peer.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,7 +13,7 @@
 
 int main(int argc, char** argv) {
   std::string path;
-  if (argc > 1) {
+  if (argc > 1 && argv[1][0] != '\0') {
     path = argv[1];
   } else {
     const char* dir = std::getenv("KILN_MODEL_DIR");
@@ -19,7 +21,13 @@ int main(int argc, char** argv) {
            "/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 20;
+  const std::string mode = argc > 3 ? argv[3] : "both";
+  if (repeats < 1 || (mode != "mmap" && mode != "read" && mode != "both")) {
+    std::fprintf(stderr, "usage: load_bench [MODEL] [REPEATS >= 1] [mmap|read|both]\n");
+    return 2;
+  }
   for (bool mmap : {true, false}) {
+    if (mode != "both" && mmap != (mode == "mmap")) continue;
     std::vector<double> ms;
     for (int i = 0; i < repeats; ++i) {
       kiln::ModelLoadOptions options;

@@ -177,6 +177,17 @@ void* AlignedAlloc(size_t alignment, size_t bytes) {
 #endif
 }
 
+void* AlignedAllocLarge(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  if (bytes < kHugePage) return AlignedAlloc(64, bytes);
+  void* p = AlignedAlloc(kHugePage, bytes);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // Advice only: where THP is off (or "never") the pages stay 4 KiB.
+  if (p != nullptr) madvise(p, (bytes + kHugePage - 1) & ~(kHugePage - 1), MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
 void AlignedFree(void* p) {
 #if defined(_WIN32)
   _aligned_free(p);

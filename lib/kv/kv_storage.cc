@@ -1,7 +1,8 @@
 #include "lib/kv/kv_storage.h"
 
 #include <cstring>
-#include <new>
+
+#include "lib/common/platform.h"
 
 namespace kiln {
 namespace {
@@ -9,9 +10,7 @@ namespace {
 class HostKvStorage final : public KvStorage {
  public:
   HostKvStorage(std::byte* base, size_t block_bytes) : base_(base), block_bytes_(block_bytes) {}
-  ~HostKvStorage() override {
-    ::operator delete[](base_, std::align_val_t{KvLayout::kBlockAlignment});
-  }
+  ~HostKvStorage() override { platform::AlignedFree(base_); }
   std::byte* BlockData(BlockId b) override { return base_ + static_cast<size_t>(b) * block_bytes_; }
   void CopyBlock(BlockId from, BlockId to) override {
     std::memcpy(BlockData(to), BlockData(from), block_bytes_);
@@ -33,8 +32,9 @@ absl::StatusOr<std::unique_ptr<KvStorage>> NewHostKvStorage(const KvLayout& layo
   if (bytes / layout.block_bytes() != static_cast<size_t>(n_blocks)) {
     return absl::InvalidArgumentError("KV storage: n_blocks * block_bytes overflows size_t");
   }
-  auto* raw = static_cast<std::byte*>(
-      ::operator new[](bytes, std::align_val_t{KvLayout::kBlockAlignment}, std::nothrow));
+  // Huge pages: decode reads rows scattered over the pool's blocks (fewer TLB misses).
+  static_assert(KvLayout::kBlockAlignment <= 64);
+  auto* raw = static_cast<std::byte*>(platform::AlignedAllocLarge(bytes));
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV storage: cannot allocate ", bytes, " bytes for ", n_blocks, " blocks"));

@@ -1,5 +1,6 @@
 #include "lib/quant/interleave.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,21 +10,27 @@ namespace kiln::quant {
 
 namespace {
 
-// Rows of Src blocks -> groups of 16 rows of Dst blocks (zeroed first: rows past n_rows stay
-// zero); put(dst, r, src) stores one source block as row r of an interleaved block.
+// Rows of Src blocks -> groups of 16 rows of Dst blocks; put(dst, r, src) stores one source block
+// as row r of an interleaved block and writes all of row r's bytes. Group by group, so each
+// destination block is written once, in address order (a load's page faults and cache lines go
+// one way); only the last group's rows past n_rows are zeroed.
 template <typename Src, typename Dst, typename Put>
 void InterleaveRows(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out,
                     Put put) {
   const int64_t nb = n_in / kQK;
-  const int64_t n_groups = (n_rows + kInterleaveRows - 1) / kInterleaveRows;
   auto* dst = static_cast<Dst*>(out);
-  std::memset(dst, 0, n_groups * nb * sizeof(Dst));
-  for (int64_t row = 0; row < n_rows; ++row) {
-    const auto* src = reinterpret_cast<const Src*>(static_cast<const uint8_t*>(w) +
-                                                   static_cast<size_t>(row) * w_stride);
-    const int r = static_cast<int>(row % kInterleaveRows);
-    Dst* group = dst + row / kInterleaveRows * nb;
-    for (int64_t b = 0; b < nb; ++b) put(group[b], r, src[b]);
+  for (int64_t first = 0; first < n_rows; first += kInterleaveRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kInterleaveRows, n_rows - first));
+    Dst* group = dst + first / kInterleaveRows * nb;
+    if (rows < kInterleaveRows) std::memset(group, 0, nb * sizeof(Dst));
+    const Src* src[kInterleaveRows];
+    for (int r = 0; r < rows; ++r) {
+      src[r] = reinterpret_cast<const Src*>(static_cast<const uint8_t*>(w) +
+                                            static_cast<size_t>(first + r) * w_stride);
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int r = 0; r < rows; ++r) put(group[b], r, src[r][b]);
+    }
   }
 }
 
@@ -48,13 +55,18 @@ size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
 }
 
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ8_0, BlockQ8_0x16>(
-      w, w_stride, n_in, n_rows, out, [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
-        for (int e = 0; e < kQK; ++e) {
-          p.qs[e / 4][4 * r + e % 4] = static_cast<uint8_t>(src.qs[e] + 128);
-        }
-        std::memcpy(p.d[r], src.d, 2);
-      });
+  InterleaveRows<BlockQ8_0, BlockQ8_0x16>(w, w_stride, n_in, n_rows, out,
+                                          [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
+                                            // + 128 on each int8 byte is a flip of its top bit; 4
+                                            // elements per 32-bit word.
+                                            for (int i = 0; i < kQK / 4; ++i) {
+                                              uint32_t four;
+                                              std::memcpy(&four, src.qs + 4 * i, 4);
+                                              four ^= 0x80808080u;
+                                              std::memcpy(&p.qs[i][4 * r], &four, 4);
+                                            }
+                                            std::memcpy(p.d[r], src.d, 2);
+                                          });
 }
 
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {

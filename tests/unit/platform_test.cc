@@ -173,6 +173,17 @@ TEST(PlatformTest, AlignedAllocRoundsUpAndAligns) {
   EXPECT_EQ(AlignedAlloc(64, SIZE_MAX - 10), nullptr) << "rounding up would overflow";
 }
 
+TEST(PlatformTest, AlignedAllocLargeAlignsToHugePages) {
+  for (size_t bytes : {size_t{100}, (size_t{2} << 20) - 1, size_t{2} << 20, size_t{5000001}}) {
+    std::unique_ptr<void, AlignedFreeDeleter> p(AlignedAllocLarge(bytes));
+    ASSERT_NE(p, nullptr) << bytes;
+    const size_t alignment = bytes < (size_t{2} << 20) ? 64 : size_t{2} << 20;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.get()) % alignment, 0u) << bytes;
+    std::memset(p.get(), 0xab, bytes);
+  }
+  EXPECT_EQ(AlignedAllocLarge(SIZE_MAX - 10), nullptr) << "rounding up would overflow";
+}
+
 TEST(PlatformTest, SharedLibraries) {
   absl::StatusOr<SharedLibrary> missing = SharedLibrary::Load(TempPath("no_such_library.so"));
   ASSERT_FALSE(missing.ok());

@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
   size_t total = 0;
   for (const WeightView* w : matrices) total += bytes_of(*w);
   if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
-  auto* data = static_cast<uint8_t*>(platform::AlignedAlloc(kAlign, total));
+  auto* data = static_cast<uint8_t*>(platform::AlignedAllocLarge(total));
   if (data == nullptr) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
@@ -114,11 +114,22 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
   for (WeightView* w : matrices) {
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
-    GetQuantKernels(w->type)->interleave(static_cast<const uint8_t*>(w->data), w->row_bytes(),
-                                         w->n_in, w->n_out, next);
+    // Slices of about 4 MiB of the file (whole groups of 16 rows), each slice's file pages
+    // released as soon as it is copied: the peak holds one slice twice, not a whole matrix
+    // (a tied 262,144-row embedding is 170 MB).
+    const QuantKernels* k = GetQuantKernels(w->type);
+    const int64_t slice_rows =
+        std::max<int64_t>(1, (int64_t{4} << 20) / (w->row_bytes() * quant::kInterleaveRows)) *
+        quant::kInterleaveRows;
+    for (int64_t row = 0; row < w->n_out; row += slice_rows) {
+      const int64_t rows = std::min(slice_rows, w->n_out - row);
+      const uint8_t* src = static_cast<const uint8_t*>(w->data) + row * w->row_bytes();
+      k->interleave(src, w->row_bytes(), w->n_in, rows,
+                    next + row / quant::kInterleaveRows * k->interleaved_group_bytes(w->n_in));
+      if (release_file_pages) platform::ReleaseMappedPages(src, rows * w->row_bytes());
+    }
     w->interleaved = next;
     next += bytes;
-    if (release_file_pages) platform::ReleaseMappedPages(w->data, w->row_bytes() * w->n_out);
   }
   return store;
 }
