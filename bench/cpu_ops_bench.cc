@@ -240,12 +240,12 @@ void BenchTile(GgmlType type) {
   }
 }
 
-void BenchAttention() {
-  printf(
-      "\n== PagedAttention (SmolLM2-135M layer: 9 q heads, 3 kv heads, head_dim 64, block 16)\n");
+void BenchAttention(const char* name, int32_t n_heads, int32_t n_kv, int32_t d) {
+  printf("\n== PagedAttention (%s layer: %d q heads, %d kv heads, head_dim %d, block 16)\n", name,
+         n_heads, n_kv, d);
   printf("%-5s %8s %8s %14s %14s %16s\n", "kv", "context", "tokens", "us/token 1T", "us/token 2T",
          "GB/s KV read 1T");
-  const int32_t n_heads = 9, n_kv = 3, d = 64, bs = 16;
+  const int32_t bs = 16;
   std::mt19937 rng(2);
   ThreadPool pool1(1), pool2(2);
   Scratch scratch;
@@ -307,6 +307,12 @@ void BenchAttention() {
   }
 }
 
+// One layer of each default test model (a decode token of Gemma 3 270M has one kv head).
+void BenchAttentionShapes() {
+  BenchAttention("SmolLM2-135M", 9, 3, 64);
+  BenchAttention("Gemma 3 270M", 4, 1, 256);
+}
+
 void BenchSmallOps() {
   printf("\n== Row ops (one row, best level)\n");
   std::mt19937 rng(3);
@@ -353,7 +359,7 @@ int main(int argc, char** argv) {
   printf("kiln cpu_ops_bench: cpu level %s, %d physical cores\n", CpuLevelName(BestCpuLevel()),
          cpu::PhysicalCoreCount());
   if (attention_only) {
-    cpu::BenchAttention();
+    cpu::BenchAttentionShapes();
     return 0;
   }
   if (tile_only) {
@@ -369,7 +375,7 @@ int main(int argc, char** argv) {
   }
   cpu::BenchThreadPool();
   cpu::BenchSmallOps();
-  cpu::BenchAttention();
+  cpu::BenchAttentionShapes();
   cpu::BenchMatMul(types);
   for (GgmlType t : types) {
     if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);

@@ -521,6 +521,75 @@ TEST(PagedAttentionTest, SlidingWindowSeesOnlyItsWindow) {
   EXPECT_NE(st.message().find("first_visible has 2 entries"), std::string::npos) << st;
 }
 
+// A decode token with long context and fewer kv heads than threads is split by rows (scores)
+// and by columns (V . P) over the threads; one thread never splits. The bits
+// must be the same at every thread count and level, with windows and tree extras, and near the
+// contiguous reference.
+TEST(PagedAttentionTest, DecodeSplitOverThreadsGivesTheSameBits) {
+  std::mt19937 rng(11);
+  ThreadPool pool1(1), pool2(2), pool3(3), pool4(4);
+  Scratch scratch;
+  // (9, 3, 64): the default model (split on 4 threads); (4, 1, 256): Gemma 3 270M (on 2, 3
+  // and 4); d 72: no column split; 2 kv heads split on 3 and 4 threads.
+  const AttnShape shapes[] = {{9, 3, 64, 16}, {4, 1, 256, 16}, {6, 3, 72, 8}, {8, 2, 32, 16}};
+  for (const AttnShape& sh : shapes) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
+      if (type == GgmlType::kQ8_0 && sh.head_dim % 32 != 0) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << sh.n_heads << "/" << sh.n_kv_heads << " d " << sh.head_dim << " "
+                   << GgmlTypeName(static_cast<uint32_t>(type)));
+      const int32_t len = 700, n_blocks = (len + sh.block_size - 1) / sh.block_size;
+      TestCache cache(sh.n_kv_heads, sh.head_dim, sh.block_size, n_blocks, type);
+      std::vector<int32_t> free_blocks = ShuffledBlockIds(n_blocks, rng);
+      const SeqKv s = WriteSequence(cache, len, free_blocks, rng);
+      const std::vector<int32_t> one_seq = {0}, indptr = {0, n_blocks};
+      const int64_t qsize = static_cast<int64_t>(sh.n_heads) * sh.head_dim;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+      struct Case {
+        int32_t n_visible, first;
+        std::vector<int32_t> extras;
+      };
+      // Causal at 256 (the split's threshold), 257 and 700; a 300-row window; a tree node
+      // after a 600-token prefix.
+      const Case cases[] = {
+          {256, 0, {}}, {257, 0, {}}, {700, 0, {}}, {650, 350, {}}, {600, 0, {610, 650, 699}}};
+      for (const Case& c : cases) {
+        SCOPED_TRACE(::testing::Message() << "n_visible " << c.n_visible << " first " << c.first
+                                          << " extras " << c.extras.size());
+        const std::vector<int32_t> nv = {c.n_visible}, first = {c.first};
+        const std::vector<int32_t> extra_indptr = {0, static_cast<int32_t>(c.extras.size())};
+        AttentionBatch batch{one_seq, indptr, s.blocks, nv, {}, {}, first};
+        if (!c.extras.empty()) {
+          batch.extra_indptr = extra_indptr;
+          batch.extra_positions = c.extras;
+        }
+        const std::vector<float> q = RandomVector(qsize, rng, -2.0f, 2.0f);
+        std::vector<float> want(qsize);
+        ASSERT_TRUE(PagedAttention(pool1, cache.View(), batch, q.data(), sh.n_heads, want.data(), 0,
+                                   scratch)
+                        .ok());
+        std::vector<int32_t> visible;
+        for (int32_t j = c.first; j < c.n_visible; ++j) visible.push_back(j);
+        visible.insert(visible.end(), c.extras.begin(), c.extras.end());
+        std::vector<float> expect(qsize);
+        ref::Attention(q.data(), sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(), s.v.data(),
+                       visible, scale, expect.data(), /*round_to_f16=*/false);
+        for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(want[i], expect[i], 2e-5f) << "i " << i;
+        for (ThreadPool* pool : {&pool2, &pool3, &pool4}) {
+          for (CpuLevel level : Levels()) {
+            std::vector<float> got(qsize);
+            ASSERT_TRUE(PagedAttention(*pool, cache.View(), batch, q.data(), sh.n_heads, got.data(),
+                                       0, scratch, AttentionOrder::kBatchInvariant, level)
+                            .ok());
+            EXPECT_EQ(0, std::memcmp(got.data(), want.data(), qsize * 4))
+                << pool->n_threads() << " threads, " << CpuLevelName(level);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(PagedAttentionTest, RejectsBadTables) {
   ThreadPool pool(1);
   Scratch scratch;

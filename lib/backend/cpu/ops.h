@@ -245,14 +245,16 @@ struct AttentionBatch {
 // llama.cpp orders with an f16 cache, q and the softmax weights are rounded to f16 before their
 // products (ggml's f16 path); kiln's order keeps them in f32. Tasks: in kiln's order, a chunk
 // of up to 8 tokens of one sequence x a kv head (the rows all of the chunk's tokens see are
-// handled in one call for the chunk's G x tokens heads); in the llama.cpp orders, a (token, kv
-// head) pair (each K/V row read for the G query heads of its group). Errors: any index or count out
-// of range (names field and index), a token that sees nothing, n_heads not a multiple of
-// n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16/Q8_0, a Q8_0 cache with head_dim not a
-// multiple of 32. Q8_0 rows are read as the exact f32 values they hold (f16 scale x int8) and
-// then follow the f32 path of each order; q stays f32 (llama.cpp's q8_0 cache needs its flash
-// attention, which quantizes q to Q8_0 and runs an online softmax: not reproduced here, so the
-// llama.cpp orders with a Q8_0 cache are not llama.cpp's bits). K . q and V . P have three orders:
+// handled in one call for the chunk's G x tokens heads), and a lone decode token with fewer kv
+// heads than threads and at least 256 rows split by rows, then by columns; in the llama.cpp
+// orders, a (token, kv head) pair (each K/V row read for the G query heads of its group). Errors:
+// any index or count out of range (names field and index), a token that sees nothing, n_heads not a
+// multiple of n_kv_heads, head_dim > 1024, KV type not F32/F16/BF16/Q8_0, a Q8_0 cache with
+// head_dim not a multiple of 32. Q8_0 rows are read as the exact f32 values they hold (f16 scale x
+// int8) and then follow the f32 path of each order; q stays f32 (llama.cpp's q8_0 cache needs its
+// flash attention, which quantizes q to Q8_0 and runs an online softmax: not reproduced here, so
+// the llama.cpp orders with a Q8_0 cache are not llama.cpp's bits). K . q and V . P have three
+// orders:
 //   kBatchInvariant (default): K . q in 16 lanes per (row, head), 16 rows' lanes summed at once
 //     (kv_scores_rows); V . P as one FMA chain per output element over the visible rows in
 //     index order (kv_accumulate_rows). The same for every token whatever its batch (each
