@@ -379,30 +379,27 @@ template <int NQ, int S, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
   const int64_t full = d - d % 8, row_bytes = RowBytes(kElem, d);
-  for (int64_t c0 = 0; c0 < full; c0 += 8 * S) {
-    const int slices = full - c0 < 8 * S ? static_cast<int>((full - c0) / 8) : S;
-    __m256 acc[NQ][S];
+  // Passes of S slices, then one of the 1..S-1 left, each with its slice count a constant: a
+  // run-time count kept the accumulators on the stack (every FMA then waited on a store).
+  ForEachTile<S>(static_cast<int>(full / 8), [&]<int kSlices>(int slice0) {
+    const int64_t c0 = 8 * static_cast<int64_t>(slice0);
+    __m256 acc[NQ][kSlices];
     Unroll<NQ>([&](auto g) {
-      Unroll<S>([&](auto s) {
-        acc[g][s] = s < slices ? _mm256_loadu_ps(out + g * d + c0 + 8 * s) : _mm256_setzero_ps();
-      });
+      Unroll<kSlices>([&](auto s) { acc[g][s] = _mm256_loadu_ps(out + g * d + c0 + 8 * s); });
     });
     for (int64_t j = 0; j < n_rows; ++j) {
       PrefetchRow(v_rows, j, n_rows, row_bytes);
       __m256 pj[NQ];
       Unroll<NQ>([&](auto g) { pj[g] = _mm256_set1_ps(p[g * p_stride + j]); });
-      Unroll<S>([&](auto s) {
-        if (s >= slices) return;  // the last pass's missing slices, the same for every row
+      Unroll<kSlices>([&](auto s) {
         const __m256 v = LoadKv8(v_rows[j], kElem, c0 + 8 * s);
         Unroll<NQ>([&](auto g) { acc[g][s] = _mm256_fmadd_ps(v, pj[g], acc[g][s]); });
       });
     }
     Unroll<NQ>([&](auto g) {
-      Unroll<S>([&](auto s) {
-        if (s < slices) _mm256_storeu_ps(out + g * d + c0 + 8 * s, acc[g][s]);
-      });
+      Unroll<kSlices>([&](auto s) { _mm256_storeu_ps(out + g * d + c0 + 8 * s, acc[g][s]); });
     });
-  }
+  });
   for (int g = 0; g < NQ; ++g) {
     for (int64_t i = full; i < d; ++i) {
       float acc = out[g * d + i];
