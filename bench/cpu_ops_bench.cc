@@ -1,23 +1,28 @@
 // CPU backend op benchmark: matmul GB/s (decode) and GFLOP/s (prefill) per registered weight
 // type, paged attention time per token, ThreadPool::ParallelFor overhead.
 //
-//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile] [--attention]
+//   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile] [--attention] [--peak]
 //
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
 // integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q4_K,
 // q5_K, q6_K; --types filters them too). --attention runs only the paged-attention table (f16, q8_0
-// and f32 caches at contexts 128, 1,024 and 4,096).
+// and f32 caches at contexts 128, 1,024 and 4,096). --peak prints only the int8 dot-product peak
+// of 1 and 2 threads (also printed before the tile tables, whose last column is the default
+// order's kernel as a share of the 1-thread peak).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
 // at least --min_ms in total.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +137,79 @@ double CpuTimePerCall(Fn&& fn) {
   return best;
 }
 
+// The int8 dot-product peak the integer matmuls could at best reach: 12 independent chains of
+// the instructions a u8 x s8 block product costs, with operands in registers. AVX2:
+// vpmaddubsw (32 u8 x s8 products, pairwise summed to s16), vpmaddwd by ones (to s32), vpaddd;
+// AVX-512 VNNI: one vpdpbusd (64 products into s32). Returns int8 multiply-adds done.
+__attribute__((target("avx2"))) int64_t Int8PeakLoopAvx2(int64_t iters, int32_t* sink) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  const __m256i u = _mm256_set1_epi8(3), s8 = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) {
+      // The weights differ per chain in a real kernel; an asm barrier keeps s8 from being hoisted.
+      __m256i w = s8;
+      __asm__("" : "+x"(w));
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, w), ones));
+    }
+  }
+  __m256i t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm256_add_epi32(t, acc[i]);
+  *sink += _mm256_extract_epi32(t, 0);
+  return iters * 12 * 32;
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t Int8PeakLoopAvx512(int64_t iters,
+                                                                                  int32_t* sink) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i u = _mm512_set1_epi8(3), s8 = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], u, s8);
+  }
+  __m512i t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm512_add_epi32(t, acc[i]);
+  int32_t lanes[16];
+  _mm512_storeu_si512(lanes, t);
+  *sink += lanes[0];
+  return iters * 12 * 64;
+}
+
+// G int8 multiply-adds per second of the peak loop on n_threads threads at once (wall time;
+// best of 5 rounds of `iters` each), or 0 below AVX2.
+double Int8PeakGmacs(int n_threads, int64_t iters) {
+  const CpuLevel level = BestCpuLevel();
+  if (level == CpuLevel::kScalar) return 0;
+  auto loop = [&](int32_t* sink) {
+    return level == CpuLevel::kAvx512 ? Int8PeakLoopAvx512(iters, sink)
+                                      : Int8PeakLoopAvx2(iters, sink);
+  };
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<int32_t> sinks(n_threads);
+    std::vector<std::thread> threads;
+    const double t0 = NowSeconds();
+    for (int t = 1; t < n_threads; ++t) threads.emplace_back([&, t] { loop(&sinks[t]); });
+    const int64_t macs = loop(&sinks[0]) * n_threads;
+    for (std::thread& th : threads) th.join();
+    best = std::max(best, macs / (NowSeconds() - t0) * 1e-9);
+  }
+  return best;
+}
+
+// The peak on 1 and 2 threads: the first is the 100% of the tile tables' "% of int8 peak"; the
+// ratio is the most any compute-bound work (a prompt's matmuls) can gain from a second thread
+// on this machine.
+double PrintInt8Peak() {
+  const double one = Int8PeakGmacs(1, 20'000'000), two = Int8PeakGmacs(2, 20'000'000);
+  printf(
+      "int8 dot-product peak (%s: %s, 12 chains): 1 thread %.1f G multiply-adds/s (%.1f "
+      "GOP/s), 2 threads %.1f (%.2fx)\n",
+      CpuLevelName(BestCpuLevel()),
+      BestCpuLevel() == CpuLevel::kAvx512 ? "vpdpbusd" : "vpmaddubsw + vpmaddwd + vpaddd", one,
+      2 * one, two, two / one);
+  return one;
+}
+
 // Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0, Q4_1, Q5_0) on the SmolLM2-135M shapes,
 // one thread, activations pre-quantized: the pre-tile path (token by token: vec_dot per row for one
 // Q8_0 token, vec_dot_rows over 16-row chunks otherwise, 32-token tiles, as MatMul did) against
@@ -140,7 +218,7 @@ double CpuTimePerCall(Fn&& fn) {
 // mode's kernel; Q4_1 and Q8_0) in the same blocking. GFLOP/s = 2 * n_in * n_out * tokens /
 // thread CPU time (best of >= 3 calls; CPU time so that other jobs on the shared cores do not
 // count). Weights of these shapes stay in L2/L3: kernel speed, not memory speed.
-void BenchTile(GgmlType type) {
+void BenchTile(GgmlType type, double peak_gmacs) {
   const QuantKernels* k = GetQuantKernels(type);
   const std::string name = GgmlTypeName(static_cast<uint32_t>(type));
   const QuantKernels* act = GetQuantKernels(k->vec_dot_type);
@@ -152,8 +230,8 @@ void BenchTile(GgmlType type) {
     printf("(no vec_dot_tile for %s at this level: the tile columns time the old path)\n",
            name.c_str());
   }
-  printf("%-8s %-6s %7s %12s %12s %8s %15s %12s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
-         "tile GFLOP/s", "speedup", "integer GFLOP/s", "tile w GB/s");
+  printf("%-8s %-6s %7s %12s %12s %8s %15s %12s %11s\n", "n_in", "n_out", "tokens", "old GFLOP/s",
+         "tile GFLOP/s", "speedup", "integer GFLOP/s", "tile w GB/s", "% of peak");
   struct Shape {
     int64_t n_in, n_out;
   };
@@ -227,14 +305,17 @@ void BenchTile(GgmlType type) {
       const double flops = 2.0 * sh.n_in * sh.n_out * n_tok;
       const double t_old = CpuTimePerCall(old_path), t_tile = CpuTimePerCall(tile_path);
       char integer[32] = "-";
+      // The default order's kernel (interleaved rows where the type has it), against the peak.
+      double best_gflops = flops / t_tile * 1e-9;
       if (k->interleaved_tile != nullptr) {
-        std::snprintf(integer, sizeof(integer), "%.1f",
-                      flops / CpuTimePerCall(integer_path) * 1e-9);
+        best_gflops = flops / CpuTimePerCall(integer_path) * 1e-9;
+        std::snprintf(integer, sizeof(integer), "%.1f", best_gflops);
       }
-      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx %15s %12.1f\n",
+      printf("%-8lld %-6lld %7lld %12.1f %12.1f %7.2fx %15s %12.1f %10.0f%%\n",
              static_cast<long long>(sh.n_in), static_cast<long long>(sh.n_out),
              static_cast<long long>(n_tok), flops / t_old * 1e-9, flops / t_tile * 1e-9,
-             t_old / t_tile, integer, static_cast<double>(w.size()) / t_tile * 1e-9);
+             t_old / t_tile, integer, static_cast<double>(w.size()) / t_tile * 1e-9,
+             peak_gmacs > 0 ? 100.0 * best_gflops / (2 * peak_gmacs) : 0.0);
       fflush(stdout);
     }
   }
@@ -339,12 +420,14 @@ int main(int argc, char** argv) {
   std::string type_filter;
   bool tile_only = false;       // --tile: only the matmul kernel comparison
   bool attention_only = false;  // --attention: only the paged-attention table
+  bool peak_only = false;       // --peak: only the int8 dot-product peak
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--types=", 8) == 0)
       type_filter = absl::StrCat(",", argv[i] + 8, ",");
     if (std::strncmp(argv[i], "--min_ms=", 9) == 0) cpu::g_min_ms = std::atof(argv[i] + 9);
     if (std::strcmp(argv[i], "--tile") == 0) tile_only = true;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+    if (std::strcmp(argv[i], "--peak") == 0) peak_only = true;
   }
   std::vector<GgmlType> types;
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
@@ -362,13 +445,18 @@ int main(int argc, char** argv) {
     cpu::BenchAttentionShapes();
     return 0;
   }
+  if (peak_only) {
+    cpu::PrintInt8Peak();
+    return 0;
+  }
   if (tile_only) {
+    const double peak = cpu::PrintInt8Peak();
     for (GgmlType t : types) {
       const QuantKernels* k = GetQuantKernels(t);
       // (AVX2's Q4_1 and Q8_0 have only the integer-order kernel on interleaved rows.)
       if (k->vec_dot_tile != nullptr || k->vec_dot_rows != nullptr ||
           k->interleaved_tile != nullptr) {
-        cpu::BenchTile(t);
+        cpu::BenchTile(t, peak);
       }
     }
     return 0;
@@ -377,8 +465,9 @@ int main(int argc, char** argv) {
   cpu::BenchSmallOps();
   cpu::BenchAttentionShapes();
   cpu::BenchMatMul(types);
+  const double peak = cpu::PrintInt8Peak();
   for (GgmlType t : types) {
-    if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t);
+    if (GetQuantKernels(t)->vec_dot_tile != nullptr) cpu::BenchTile(t, peak);
   }
   return 0;
 }
