@@ -54,19 +54,26 @@ size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
 }
 
+namespace {
+
+// One Q8_0 block as row r of an interleaved block: + 128 on each int8 element is a flip of its
+// top bit, done 4 elements (one 32-bit word) at a time.
+void PutQ8_0Row(BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
+  for (int i = 0; i < kQK / 4; ++i) {
+    uint32_t four;
+    std::memcpy(&four, src.qs + 4 * i, 4);
+    four ^= 0x80808080u;
+    std::memcpy(&p.qs[i][4 * r], &four, 4);
+  }
+  std::memcpy(p.d[r], src.d, 2);
+}
+
+}  // namespace
+
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ8_0, BlockQ8_0x16>(w, w_stride, n_in, n_rows, out,
-                                          [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
-                                            // + 128 on each int8 byte is a flip of its top bit; 4
-                                            // elements per 32-bit word.
-                                            for (int i = 0; i < kQK / 4; ++i) {
-                                              uint32_t four;
-                                              std::memcpy(&four, src.qs + 4 * i, 4);
-                                              four ^= 0x80808080u;
-                                              std::memcpy(&p.qs[i][4 * r], &four, 4);
-                                            }
-                                            std::memcpy(p.d[r], src.d, 2);
-                                          });
+  InterleaveRows<BlockQ8_0, BlockQ8_0x16>(
+      w, w_stride, n_in, n_rows, out,
+      [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) { PutQ8_0Row(p, r, src); });
 }
 
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
