@@ -40,27 +40,17 @@ absl::StatusOr<SpecGenerateResult> GenerateSpeculative(Engine& engine,
     prefill.seq = seq;
     prefill.tokens = prompt.first(prompt.size() - 1);
     prefill.last_logits = false;
-    // Strategies that draft from target features get the prompt's last computed row (the one
-    // that would have predicted the root), so the first step already speculates.
-    const bool features = strategy != nullptr && strategy->wants_target_features();
-    std::vector<float> last_feature;
-    if (features) {
-      prefill.last_logits = true;
-      prefill.on_logits = [](int32_t, const float*) {};
-      prefill.on_hidden = [&](int32_t, const float* row) {
-        last_feature.assign(row, row + engine.model().hparams().n_embd);
-      };
-    }
+    // Strategies that draft from target features get none from the prompt: as in a session,
+    // the first step is plain and yields the feature of the prompt's last position. (The row
+    // before it, which the prefill could hand over, pairs the second-to-last prompt position
+    // with the last prompt token: an entry the heads are never trained on, since their training
+    // rows start at the prompt's last position; its drafts were junk.)
     KILN_RETURN_IF_ERROR(engine.Prefill(prefill));
     SpecGenerateResult result;
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());
     SpeculativeDecoder decoder(engine, seq, sampler, rng, strategy);
     if (cost != nullptr) decoder.cost_model() = *cost;
     if (strategy != nullptr) strategy->Reset();
-    if (features && !last_feature.empty()) {
-      const int32_t n = static_cast<int32_t>(prompt.size());
-      strategy->ObserveTargetFeatures(n - 2, n, last_feature, engine.model().hparams().n_embd);
-    }
     SpecStepResult step;
     int32_t generated = 0;
     const auto start = std::chrono::steady_clock::now();

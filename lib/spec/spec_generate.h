@@ -2,7 +2,8 @@
 // benchmarks and tools that do not need a Session (sessions use the decoder directly).
 //
 // It creates a sequence in the engine's cache, computes prompt[0, n - 1) in chunks (the last
-// prompt token is the first root), then runs decoder steps until max_tokens tokens, an
+// prompt token is the first root; that first step is plain for strategies that draft from target
+// features, as in a session), then runs decoder steps until max_tokens tokens, an
 // end-of-generation token (kept, like Session::Generate), or the engine's n_ctx. The sequence is
 // freed at the end. With strategy == nullptr it is plain decoding, one token per target pass.
 //
