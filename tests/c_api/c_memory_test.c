@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
 #if !MEMORY_TEST_RUNS
   (void)argc;
   (void)argv;
+  (void)g_failures;
   printf("c_memory_test: skipped: needs Linux's VmHWM, without a sanitizer's shadow memory\n");
   return 77;
 #else
