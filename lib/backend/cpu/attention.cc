@@ -13,6 +13,14 @@ size_t RowBytes(KvElem e, int64_t d) {
   return static_cast<size_t>(e == KvElem::kF32 ? 4 * d : e == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d);
 }
 
+// The softmax of n scaled scores in place, as ggml's soft_max_ext (op_kernels.h): scale, exp
+// against the max with a double sum, then one multiply by the sum's inverse.
+void ScaledSoftmax(const OpKernels& k, float* s, int64_t n, float scale) {
+  k.scale(s, scale, n);
+  const double sum = k.softmax_exp(s, k.max(s, n), n, s);
+  k.scale(s, static_cast<float>(1.0 / sum), n);
+}
+
 absl::Status ValidateAttention(const PagedKvView& kv, const AttentionBatch& b, int32_t n_heads,
                                KvElem* k_elem, KvElem* v_elem) {
   if (kv.n_kv_heads <= 0 || kv.head_dim <= 0 || kv.block_size <= 0 || kv.n_blocks < 0) {
@@ -283,9 +291,7 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
             const int64_t n_vis = common + n_own;
             for (int64_t g = 0; g < group; ++g) {
               float* sg = st + g * max_visible;
-              k.scale(sg, scale, n_vis);
-              const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
-              k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+              ScaledSoftmax(k, sg, n_vis, scale);
             }
           }
           // V . P: the common rows for every head at once, then each token's own rows.
@@ -357,12 +363,13 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
       b.extra_indptr.empty() ? nullptr : b.extra_positions.data() + b.extra_indptr[0];
   const int64_t n_vis = n_prefix + (extras ? b.extra_indptr[1] - b.extra_indptr[0] : 0);
   const int32_t* blocks = b.kv_indices.data() + b.kv_indptr[b.seq[0]];
+  const size_t k_row_bytes = RowBytes(k_elem, d), v_row_bytes = RowBytes(v_elem, d);
   // The cache row of visible row j of kv head h, `offset` bytes in.
-  auto row = [&](const KvTensorView& t, KvElem e, int64_t h, int64_t j, size_t offset) {
+  auto row = [&](const KvTensorView& t, size_t row_bytes, int64_t h, int64_t j, size_t offset) {
     const int64_t pos = j < n_prefix ? first + j : extras[j - n_prefix];
     return static_cast<const void*>(static_cast<const uint8_t*>(t.base) +
                                     blocks[pos / bs] * t.block_stride_bytes +
-                                    h * t.head_stride_bytes + (pos % bs) * RowBytes(e, d) + offset);
+                                    h * t.head_stride_bytes + (pos % bs) * row_bytes + offset);
   };
   const auto kv_scores_rows =
       d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
@@ -376,7 +383,7 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t h = task / row_slices, s = task % row_slices;
       const int64_t j0 = n_vis * s / row_slices, j1 = n_vis * (s + 1) / row_slices;
-      for (int64_t j = j0; j < j1; ++j) w.rows[j - j0] = row(kv.k, k_elem, h, j, 0);
+      for (int64_t j = j0; j < j1; ++j) w.rows[j - j0] = row(kv.k, k_row_bytes, h, j, 0);
       kv_scores_rows(q + h * group * d, group, w.rows, j1 - j0, k_elem, d,
                      w.scores + h * group * n_vis + j0, n_vis);
     }
@@ -393,14 +400,12 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
         std::copy(w.scores + h * group * n_vis, w.scores + (h + 1) * group * n_vis, w.p);
         for (int64_t g = 0; g < group; ++g) {
           float* pg = w.p + g * n_vis;
-          k.scale(pg, scale, n_vis);
-          const double sum = k.softmax_exp(pg, k.max(pg, n_vis), n_vis, pg);
-          k.scale(pg, static_cast<float>(1.0 / sum), n_vis);
+          ScaledSoftmax(k, pg, n_vis, scale);
         }
         normalized = h;
       }
       const size_t offset = RowBytes(v_elem, c0);
-      for (int64_t j = 0; j < n_vis; ++j) w.rows[j] = row(kv.v, v_elem, h, j, offset);
+      for (int64_t j = 0; j < n_vis; ++j) w.rows[j] = row(kv.v, v_row_bytes, h, j, offset);
       std::fill(w.slice, w.slice + group * width, 0.0f);
       k.kv_accumulate_rows(w.slice, w.p, n_vis, group, w.rows, n_vis, v_elem, width);
       for (int64_t g = 0; g < group; ++g) {
@@ -443,6 +448,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     max_visible = std::max(max_visible, b.n_visible[t] - first + first % 16 + extra);
   }
   if (order == AttentionOrder::kBatchInvariant && UseSplitDecode(pool, kv, n_tokens, max_visible)) {
+    // Sized for max_visible rows: at least the token's n_vis, which lays the workspace out.
     auto* ws = static_cast<uint8_t*>(scratch.Get(
         SplitDecodeWorkspace::Bytes(pool.n_threads(), kv.n_kv_heads, group, max_visible, d)));
     if (ws == nullptr) {
@@ -551,9 +557,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       for (int64_t g = 0; g < group; ++g) {
         float* sg = sc + g * max_visible;
         std::fill(sg, sg + lead, -INFINITY);
-        k.scale(sg, scale, n_vis);
-        const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
-        k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+        ScaledSoftmax(k, sg, n_vis, scale);
         if (p_to_f16) k.round_f16(sg, n_vis);
       }
       float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
@@ -727,9 +731,7 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
       }
       for (int64_t g = 0; g < nh; ++g) {
         float* sg = scores + g * max_visible;
-        k.scale(sg, scale, n_vis);
-        const double sum = k.softmax_exp(sg, k.max(sg, n_vis), n_vis, sg);
-        k.scale(sg, static_cast<float>(1.0 / sum), n_vis);
+        ScaledSoftmax(k, sg, n_vis, scale);
       }
       // Σ_j p_j c_j over the rows' first kv_lora_rank elements, all the group's heads at once.
       std::fill(latent_out, latent_out + nh * kvl, 0.0f);
@@ -826,9 +828,7 @@ absl::Status MlaDecompressedAttention(ThreadPool& pool, const MlaDecompressedKv&
         float* sg = scores + g * n_ctx;
         const int64_t nv = n_visible[t0 + g];
         if (rd > 0) k.add(sg, rope_part + g * n_ctx, nv, sg);
-        k.scale(sg, scale, nv);
-        const double sum = k.softmax_exp(sg, k.max(sg, nv), nv, sg);
-        k.scale(sg, static_cast<float>(1.0 / sum), nv);
+        ScaledSoftmax(k, sg, nv, scale);
       }
       // Σ_j p_j v_j: the rows every token sees in one call, then each token's own tail, one
       // chain per output element in row order either way.
