@@ -69,7 +69,7 @@ long InvoluntaryContextSwitches();
 // for aligned blocks).
 void* AlignedAlloc(size_t alignment, size_t bytes);
 void AlignedFree(void* p);
-// AlignedAlloc for a large buffer that lives as long as a model or cache (weights, K/V): from
+// AlignedAlloc for a large buffer written once and then streamed (the weights' copies): from
 // 2 MiB up aligned to 2 MiB and advised for transparent huge pages where the OS has them (Linux
 // MADV_HUGEPAGE), so first touch maps 2 MiB at a time (100 MiB faulted in 13 ms instead of 67
 // on the development VM) and a stream over it misses the TLB less. Free with AlignedFree.
