@@ -68,7 +68,8 @@ struct OpKernels {
   // `elem`, d per row): scores[g * score_stride + j] = Dot(k_rows + j*d, q + g*d). K rows of
   // f16/bf16 are widened to f32 first. With n_lanes = kAttnLanes, Dot is ggml_vec_dot_f32: 4 x 16
   // FMA lanes over each 64 elements, reduced ((l0 + l2) + (l1 + l3)) then as
-  // _mm512_reduce_add_ps, then the tail added one product at a time; with n_lanes =
+  // _mm512_reduce_add_ps, then the tail added one product at a time (to a double for f16, as
+  // ggml_vec_dot_f16); with n_lanes =
   // kAttnLanesTinyBlas (d % 16 == 0) it is tinyBLAS's: 16 FMA lanes, _mm512_reduce_add_ps.
   void (*kv_scores)(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, KvElem elem,
                     int64_t d, int64_t n_lanes, float* scores, int64_t score_stride);

@@ -148,7 +148,14 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
         v[l] = step == 16 ? lanes[l] : (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l]);
       }
       float s = Reduce16(v);
-      for (int64_t i = full; i < d; ++i) s += k[i] * qg[i];
+      if (elem == KvElem::kF16 && step == 64) {
+        // ggml_vec_dot_f16 adds its tail to a double (each f16 x f16 product is exact in f32).
+        double sd = s;
+        for (int64_t i = full; i < d; ++i) sd += static_cast<double>(k[i] * qg[i]);
+        s = static_cast<float>(sd);
+      } else {
+        for (int64_t i = full; i < d; ++i) s += k[i] * qg[i];
+      }
       scores[g * score_stride + j] = s;
     }
   }

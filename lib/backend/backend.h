@@ -116,10 +116,21 @@ class Backend {
   // visible j), out = W_UV_h (Σ_j p_j c_j).
   //   q: [n_tokens, n_heads, nope_dim + rope_dim] (rope part rotated)   out: [n_tokens, n_heads,
   //   v_head_dim]; scale <= 0: 1 / sqrt(nope_dim + rope_dim). The batch's latent rows must be in
-  //   the cache before the call. Batch invariant in either numeric order (no llama.cpp order).
+  //   the cache before the call. Batch invariant in either numeric order (the llama.cpp order uses
+  //   MlaLatentAttention).
   virtual absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                                     const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                                     float* out, float scale) = 0;
+  // MLA in the llama.cpp order, as llama.cpp's deepseek2 graph computes it: the caller absorbs
+  // the query (q_abs = [W_UK_hᵀ q_nope | rope(q_r)], its own matmul) and applies W_UV to the
+  // result; this is the attention between, the latent rows as one K head shared by all heads
+  // whose first kv_lora_rank elements are V:
+  //   out[t, h, :] = softmax_j(q_abs[t, h, :] . row_j * scale) . c_j
+  //   q_abs: [n_tokens, n_heads, kv_lora_rank + rope_dim]   out: [n_tokens, n_heads, kv_lora_rank]
+  // Only while llama_cpp_order() is on (FailedPrecondition otherwise); not on a q8_0 latent cache.
+  virtual absl::Status MlaLatentAttention(const KvCache& cache, int32_t layer,
+                                          const AttentionMask& mask, const float* q_abs,
+                                          int32_t n_heads, float* out, float scale) = 0;
   // Reads back the latent rows of `slots` of `layer` as f32: c (the first kv_lora_rank elements)
   // and rope(k_r), exactly the values MlaAttention reads (a q8_0 c as scale x int8).
   //   c: [slots.size(), kv_lora_rank]   k_rope: [slots.size(), rope_dim]

@@ -99,8 +99,10 @@ struct MlaLayer {
   const WeightView* ffn_gate;   // [n_embd -> n_ff]; null in a mixture-of-experts layer
   const WeightView* ffn_up;     // [n_embd -> n_ff]; null in a mixture-of-experts layer
   const WeightView* ffn_down;   // [n_ff -> n_embd]; null in a mixture-of-experts layer
-  std::vector<float> w_uk;      // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
-  std::vector<float> w_uv;      // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
+  const WeightView* k_b;    // attn_k_b: per head kv_lora_rank rows of nope_dim; null (attn_kv_b)
+  const WeightView* v_b;    // attn_v_b: per head v_head_dim rows of kv_lora_rank; null (attn_kv_b)
+  std::vector<float> w_uk;  // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
+  std::vector<float> w_uv;  // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
 };
 
 class MlaForward final : public ForwardPass {
@@ -158,6 +160,8 @@ class MlaForward final : public ForwardPass {
   absl::Status PlanAttention(const ForwardBatch& batch, const KvCache& cache);
   // One layer's attention of the whole batch: q_ [n, n_head, qk] -> attn_ [n, n_head, v_head_dim].
   absl::Status RunAttention(const KvCache& cache, int32_t il, float scale);
+  // The same in the llama.cpp order, as its deepseek2 graph computes it (split attn_k_b/attn_v_b).
+  absl::Status RunAttentionLlamaCpp(const KvCache& cache, int32_t il, float scale);
 
   const Model& model_;
   const ModelHparams& hp_;
@@ -190,6 +194,7 @@ class MlaForward final : public ForwardPass {
   };
   std::vector<DecompressedSeq> decompressed_;
   std::vector<float> ctx_c_, ctx_kr_, ctx_k_, ctx_v_, seq_q_, seq_out_, abs_q_, abs_out_;
+  std::vector<float> head_in_, head_out_;  // one head's rows of the llama.cpp order's matmuls
   std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, attn_, proj_, gate_, up_;
 };
 
@@ -312,6 +317,7 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
                 vd = m.v_head_dim, qk = m.qk_head_dim();
   const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
                                       static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
+  if (backend_.llama_cpp_order() && L.k_b != nullptr) return RunAttentionLlamaCpp(cache, il, scale);
   if (abs_all_) {
     return backend_.MlaAttention(cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb,
                                  attn_.data(), scale);
@@ -365,6 +371,67 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
     for (int64_t a = 0; a < n_s; ++a) {
       std::memcpy(attn_.data() + d.tokens[a] * n_head * vd, seq_out_.data() + a * n_head * vd,
                   n_head * vd * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// llama.cpp's absorbed deepseek2 graph (flash attention off), op for op. Per head h, q_abs =
+// attn_k_b_h q_nope is a matmul of its own (llama.cpp's rules: 8-bit activations for q8_0 weights,
+// f16 for f16; f32 weights always as ggml_vec_dot_f32, since ggml's permuted q_nope is not
+// contiguous, so one token at a time here); then the latent attention (Backend::MlaLatentAttention:
+// the cache's rows as one K head, their c part as V); then attn_v_b_h times the latent sum.
+absl::Status MlaForward::RunAttentionLlamaCpp(const KvCache& cache, int32_t il, float scale) {
+  const MlaHparams& m = hp_.mla;
+  const MlaLayer& L = layers_[il];
+  const int64_t n = static_cast<int64_t>(positions_.size()), n_head = hp_.n_head,
+                kvl = m.kv_lora_rank, rd = m.rope_dim, nope = m.nope_dim, vd = m.v_head_dim,
+                qk = m.qk_head_dim(), row = kvl + rd;
+  Grow(head_in_, n * std::max(nope, kvl));
+  Grow(head_out_, n * std::max(kvl, vd));
+  Grow(abs_q_, n * n_head * row);
+  Grow(abs_out_, n * n_head * kvl);
+  // Head h's rows of a per-head 3-D weight (`rows` rows each), read from the file's bytes.
+  auto head_rows = [](const WeightView& w, int64_t h, int64_t rows) {
+    WeightView v = w;
+    v.data = w.Row(h * rows);
+    v.n_out = rows;
+    v.interleaved = nullptr;
+    v.device_data = nullptr;
+    return v;
+  };
+  for (int64_t h = 0; h < n_head; ++h) {  // q_abs[t, h] = [attn_k_b_h q_nope[t, h] | rope(q_r)]
+    const WeightView k_b = head_rows(*L.k_b, h, kvl);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(head_in_.data() + t * nope, q_.data() + (t * n_head + h) * qk,
+                  nope * sizeof(float));
+    }
+    if (k_b.type == GgmlType::kF32) {
+      for (int64_t t = 0; t < n; ++t) {
+        KILN_RETURN_IF_ERROR(
+            backend_.MatMul(k_b, head_in_.data() + t * nope, 1, head_out_.data() + t * kvl));
+      }
+    } else {
+      KILN_RETURN_IF_ERROR(backend_.MatMul(k_b, head_in_.data(), n, head_out_.data()));
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* qa = abs_q_.data() + (t * n_head + h) * row;
+      std::memcpy(qa, head_out_.data() + t * kvl, kvl * sizeof(float));
+      std::memcpy(qa + kvl, q_.data() + (t * n_head + h) * qk + nope, rd * sizeof(float));
+    }
+  }
+  KILN_RETURN_IF_ERROR(backend_.MlaLatentAttention(
+      cache, il, mask_, abs_q_.data(), static_cast<int32_t>(n_head), abs_out_.data(), scale));
+  for (int64_t h = 0; h < n_head; ++h) {  // attn[t, h] = attn_v_b_h latent[t, h]
+    const WeightView v_b = head_rows(*L.v_b, h, vd);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(head_in_.data() + t * kvl, abs_out_.data() + (t * n_head + h) * kvl,
+                  kvl * sizeof(float));
+    }
+    KILN_RETURN_IF_ERROR(backend_.MatMul(v_b, head_in_.data(), n, head_out_.data()));
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(attn_.data() + (t * n_head + h) * vd, head_out_.data() + t * vd,
+                  vd * sizeof(float));
     }
   }
   return absl::OkStatus();
@@ -537,15 +604,16 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
       KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
     }
+    L.k_b = L.v_b = nullptr;
     L.w_uk.resize(static_cast<size_t>(n_head * nope * kvl));
     L.w_uv.resize(static_cast<size_t>(n_head * vd * kvl));
     if (m.split_kv_b) {
       // attn_k_b: per head kv_lora_rank rows of nope_dim (W_UKᵀ); attn_v_b: per head v_head_dim
       // rows of kv_lora_rank (W_UV).
-      KILN_ASSIGN_OR_RETURN(const WeightView* kb, required(l, "attn_k_b.weight"));
-      KILN_ASSIGN_OR_RETURN(const WeightView* vb, required(l, "attn_v_b.weight"));
-      KILN_ASSIGN_OR_RETURN(std::vector<float> k_b, DequantizeAll(*kb));
-      KILN_ASSIGN_OR_RETURN(std::vector<float> v_b, DequantizeAll(*vb));
+      KILN_ASSIGN_OR_RETURN(L.k_b, required(l, "attn_k_b.weight"));
+      KILN_ASSIGN_OR_RETURN(L.v_b, required(l, "attn_v_b.weight"));
+      KILN_ASSIGN_OR_RETURN(std::vector<float> k_b, DequantizeAll(*L.k_b));
+      KILN_ASSIGN_OR_RETURN(std::vector<float> v_b, DequantizeAll(*L.v_b));
       for (int64_t hh = 0; hh < n_head; ++hh) {
         for (int64_t dd = 0; dd < nope; ++dd) {
           for (int64_t r = 0; r < kvl; ++r) {

@@ -782,6 +782,84 @@ TEST(MlaAttentionTest, MatchesDecompressedReferenceAndIsBatchInvariant) {
   }
 }
 
+// MLA in the llama.cpp orders (llama.cpp's absorbed graph: the latent rows as one K head whose
+// first kv_lora_rank elements are V) is PagedAttention's llama.cpp order over the whole rows,
+// restricted to the first kv_lora_rank output columns (each output element is its own lane chain):
+// the same bits, for prompt and decode batches, tree extras, every cache type it takes and every
+// level.
+TEST(MlaLatentAttentionTest, EqualsPagedAttentionsLatentColumns) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  Scratch scratch;
+  struct Shape {
+    int32_t n_heads, kv_lora_rank, rope_dim, block_size;
+  };
+  for (const Shape& sh : {Shape{4, 64, 16, 16}, Shape{3, 40, 8, 5}}) {
+    const int32_t row = sh.kv_lora_rank + sh.rope_dim;
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << sh.n_heads << " latent " << sh.kv_lora_rank << "+" << sh.rope_dim
+                   << " bs " << sh.block_size << " " << GgmlTypeName(static_cast<uint32_t>(type)));
+      TestCache cache(1, row, sh.block_size, 64, type);
+      std::vector<int32_t> free_blocks = ShuffledBlockIds(64, rng);
+      std::vector<int32_t> indptr = {0}, indices;
+      for (int32_t len : {37, 1, 50}) {
+        const SeqKv s = WriteSequence(cache, len, free_blocks, rng);
+        indices.insert(indices.end(), s.blocks.begin(), s.blocks.end());
+        indptr.push_back(static_cast<int32_t>(indices.size()));
+      }
+      const PagedKvView view = LatentView(cache);
+      // Prompt: a chunk of seq 0, a token of seq 2 and a tree node of seq 2 (ancestors at 44 and
+      // 47, itself at 49). Decode: the last position of seq 1.
+      const std::vector<int32_t> seq_of = {0, 0, 0, 2, 2}, n_visible = {35, 36, 37, 16, 40};
+      const std::vector<int32_t> extra_indptr = {0, 0, 0, 0, 0, 3}, extra_positions = {44, 47, 49};
+      const AttentionBatch prompt{seq_of,    indptr,       indices,
+                                  n_visible, extra_indptr, extra_positions};
+      const std::vector<int32_t> one_seq = {1}, one_nv = {1};
+      const AttentionBatch decode{one_seq, indptr, indices, one_nv, {}, {}};
+      const float scale = 0.125f;
+      for (const auto& [batch, order] : {std::pair{prompt, AttentionOrder::kLlamaCppPrompt},
+                                         std::pair{decode, AttentionOrder::kLlamaCppDecode}}) {
+        const int64_t n = static_cast<int64_t>(batch.seq.size());
+        const std::vector<float> q = RandomVector(n * sh.n_heads * row, rng, -2.0f, 2.0f);
+        std::vector<float> full(n * sh.n_heads * row), latent(n * sh.n_heads * sh.kv_lora_rank);
+        ASSERT_TRUE(PagedAttention(pool, view, batch, q.data(), sh.n_heads, full.data(), scale,
+                                   scratch, order)
+                        .ok());
+        for (CpuLevel level : Levels()) {
+          ASSERT_TRUE(MlaLatentAttentionLlamaCpp(pool, view, batch, q.data(), sh.n_heads,
+                                                 sh.kv_lora_rank, latent.data(), scale, scratch,
+                                                 order, level)
+                          .ok());
+          for (int64_t th = 0; th < n * sh.n_heads; ++th) {
+            ASSERT_EQ(0, std::memcmp(latent.data() + th * sh.kv_lora_rank, full.data() + th * row,
+                                     sh.kv_lora_rank * sizeof(float)))
+                << "(token, head) " << th << ", " << CpuLevelName(level)
+                << (order == AttentionOrder::kLlamaCppPrompt ? ", prompt" : ", decode");
+          }
+        }
+      }
+      // What it refuses, naming the op.
+      std::vector<float> q(sh.n_heads * row), out(sh.n_heads * row);
+      auto status = [&](const PagedKvView& v, int32_t kvl, AttentionOrder order) {
+        return MlaLatentAttentionLlamaCpp(pool, v, decode, q.data(), sh.n_heads, kvl, out.data(),
+                                          scale, scratch, order);
+      };
+      EXPECT_EQ(status(view, sh.kv_lora_rank, AttentionOrder::kBatchInvariant).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(status(view, row + 1, AttentionOrder::kLlamaCppDecode).code(),
+                absl::StatusCode::kInvalidArgument);
+      PagedKvView q8 = view;
+      q8.k.type = q8.v.type = GgmlType::kQ8_0;
+      if (row % 32 == 0) {
+        const absl::Status s = status(q8, sh.kv_lora_rank, AttentionOrder::kLlamaCppDecode);
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+        EXPECT_NE(s.message().find("MlaLatentAttention"), std::string::npos) << s;
+      }
+    }
+  }
+}
+
 // MLA's decompressed attention against a float64 evaluation of its formula (rope_dim 16 and 0,
 // nope_dim 32 (SIMD scores) and 20 (the definition)); every token's output is bitwise the same
 // alone, in a batch with others, and on one or two threads.

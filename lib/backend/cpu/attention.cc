@@ -415,59 +415,34 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
   });
 }
 
-}  // namespace
-
-absl::Status ValidateAttentionBatch(const PagedKvView& kv, const AttentionBatch& b,
-                                    int32_t n_heads) {
-  KvElem k_elem, v_elem;
-  return ValidateAttention(kv, b, n_heads, &k_elem, &v_elem);
-}
-
-absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
-                            const float* q, int32_t n_heads, float* out, float scale,
-                            Scratch& scratch, AttentionOrder order, CpuLevel level) {
-  KvElem k_elem, v_elem;
-  KILN_RETURN_IF_ERROR(ValidateAttention(kv, b, n_heads, &k_elem, &v_elem));
-  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
-  if (n_tokens == 0) return absl::OkStatus();
-  if (q == nullptr || out == nullptr) {
-    return absl::InvalidArgumentError("PagedAttention: q or out is null");
-  }
-  const int64_t d = kv.head_dim;
-  const int64_t bs = kv.block_size;
-  const int64_t group = n_heads / kv.n_kv_heads;
-  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const OpKernels& k = GetOpKernels(level);
+// The longest visible list of any token of the batch. The llama.cpp orders start a window at its
+// row rounded down to a multiple of 16.
+int64_t MaxVisible(const AttentionBatch& b) {
   const bool has_extra = !b.extra_indptr.empty();
   const bool has_first = !b.first_visible.empty();
-  int64_t max_visible = 0;  // longest visible list of any token
-  for (int64_t t = 0; t < n_tokens; ++t) {
+  int64_t max_visible = 0;
+  for (size_t t = 0; t < b.seq.size(); ++t) {
     const int64_t extra = has_extra ? b.extra_indptr[t + 1] - b.extra_indptr[t] : 0;
     const int64_t first = has_first ? b.first_visible[t] : 0;
-    // The llama.cpp orders start a window at its row rounded down to a multiple of 16.
     max_visible = std::max(max_visible, b.n_visible[t] - first + first % 16 + extra);
   }
-  if (order == AttentionOrder::kBatchInvariant && UseSplitDecode(pool, kv, n_tokens, max_visible)) {
-    // Sized for max_visible rows: at least the token's n_vis, which lays the workspace out.
-    auto* ws = static_cast<uint8_t*>(scratch.Get(
-        SplitDecodeWorkspace::Bytes(pool.n_threads(), kv.n_kv_heads, group, max_visible, d)));
-    if (ws == nullptr) {
-      return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
-    }
-    SplitDecodeAttention(pool, kv, b, q, n_heads, out, scale, ws, k_elem, v_elem, k);
-    return absl::OkStatus();
-  }
-  if (order == AttentionOrder::kBatchInvariant) {
-    const size_t per_thread = ChunkWorkspace::Bytes(kMaxChunkTokens * group, max_visible, d);
-    uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
-    if (ws == nullptr) {
-      return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
-    }
-    BatchInvariantAttention(pool, kv, b, q, n_heads, out, scale, ws, per_thread, max_visible,
-                            k_elem, v_elem, k);
-    return absl::OkStatus();
-  }
+  return max_visible;
+}
 
+// The llama.cpp orders of PagedAttention (v_dim == head_dim) and of MLA's latent attention
+// (v_dim < head_dim: V is the first v_dim elements of each K row, as ggml's view of its latent
+// cache). Tasks are (token, kv head) pairs; out: [n_tokens, n_heads, v_dim].
+absl::Status LlamaCppOrderAttention(ThreadPool& pool, const PagedKvView& kv,
+                                    const AttentionBatch& b, const float* q, int32_t n_heads,
+                                    int64_t v_dim, float* out, float scale, Scratch& scratch,
+                                    AttentionOrder order, KvElem k_elem, KvElem v_elem,
+                                    const OpKernels& k, int64_t max_visible) {
+  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
+  const int64_t d = kv.head_dim, vd = v_dim;
+  const int64_t bs = kv.block_size;
+  const int64_t group = n_heads / kv.n_kv_heads;
+  const bool has_extra = !b.extra_indptr.empty();
+  const bool has_first = !b.first_visible.empty();
   // llama.cpp's f16 cache path (ggml_vec_dot_f16 / tinyBLAS f16): q and the softmax weights are
   // rounded to f16 before their products with K and V. (kiln's order keeps them in f32.)
   const bool q_to_f16 = k_elem == KvElem::kF16;
@@ -481,11 +456,10 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       d % kq_lanes == 0 ? k.kv_scores : GetOpKernels(CpuLevel::kScalar).kv_scores;
   const int64_t n_lanes = prompt ? kAttnLanesTinyBlas : kAttnLanes;
 
-  // The llama.cpp orders. Per-thread workspace: scores [G, max_visible], lane accumulator
-  // [kAttnLanes, d] and rounded q [G, d] (floats), then the V row pointers of the whole lane
-  // groups [max_visible].
+  // Per-thread workspace: scores [G, max_visible], lane accumulator [kAttnLanes, v_dim] and
+  // rounded q [G, d] (floats), then the V row pointers of the whole lane groups [max_visible].
   const size_t floats_bytes =
-      Align64((group * max_visible + kAttnLanes * d + group * d) * sizeof(float));
+      Align64((group * max_visible + kAttnLanes * vd + group * d) * sizeof(float));
   const size_t per_thread = floats_bytes + Align64(max_visible * sizeof(const void*));
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
   if (ws == nullptr) {
@@ -498,8 +472,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
 
   pool.ParallelFor(n_tokens * kv.n_kv_heads, [&](int64_t task0, int64_t task1, int thread) {
     float* sc = reinterpret_cast<float*>(ws + per_thread * thread);  // [G, max_visible]
-    float* acc = sc + group * max_visible;                           // [kAttnLanes, d]
-    float* q_rounded = acc + kAttnLanes * d;                         // [G, d]
+    float* acc = sc + group * max_visible;                           // [kAttnLanes, v_dim]
+    float* q_rounded = acc + kAttnLanes * vd;                        // [G, d]
     const void** v_rows = reinterpret_cast<const void**>(ws + per_thread * thread + floats_bytes);
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t t = task / kv.n_kv_heads, h = task % kv.n_kv_heads;
@@ -560,33 +534,91 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
         ScaledSoftmax(k, sg, n_vis, scale);
         if (p_to_f16) k.round_f16(sg, n_vis);
       }
-      float* ot = out + (t * n_heads + h * group) * d;  // [G, d]
+      float* ot = out + (t * n_heads + h * group) * vd;  // [G, v_dim]
       // out = V^T . p per head, in the llama.cpp order's lanes over the visible index.
       // Leading runs that are whole 16-row lane groups (a causal prefix with block_size 16)
       // take the register-blocked kernel; the rest (a partial last block, tree extras) follow
-      // in index order through the generic one.
+      // in index order through the generic one. V rows shorter than their stride (MLA's) go one
+      // at a time (the kernels read consecutive rows of v_dim elements).
       int64_t n_groups = 0;
-      for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
-        if (first != 0 || index != 16 * n_groups || count != 16) return;
-        v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes + h * kv.v.head_stride_bytes +
-                             row * v_row_bytes;
-      });
+      if (vd == d) {
+        for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
+          if (first != 0 || index != 16 * n_groups || count != 16) return;
+          v_rows[n_groups++] = v_base + block * kv.v.block_stride_bytes +
+                               h * kv.v.head_stride_bytes + row * v_row_bytes;
+        });
+      }
       const int64_t grouped_rows = 16 * n_groups;
       for (int64_t g = 0; g < group; ++g) {
-        std::fill(acc, acc + n_lanes * d, 0.0f);
+        std::fill(acc, acc + n_lanes * vd, 0.0f);
         const float* pg = sc + g * max_visible;
-        k.kv_accumulate_groups(acc, pg, v_rows, n_groups, n_lanes, v_elem, d);
+        k.kv_accumulate_groups(acc, pg, v_rows, n_groups, n_lanes, v_elem, vd);
         for_each_run([&](int32_t block, int64_t row, int64_t count, int64_t index) {
           if (index < grouped_rows) return;
           const uint8_t* vt = v_base + block * kv.v.block_stride_bytes +
                               h * kv.v.head_stride_bytes + row * v_row_bytes;
-          k.kv_accumulate(acc, pg + index, vt, count, first + index, n_lanes, v_elem, d);
+          if (vd == d) {
+            k.kv_accumulate(acc, pg + index, vt, count, first + index, n_lanes, v_elem, vd);
+            return;
+          }
+          for (int64_t r = 0; r < count; ++r) {
+            k.kv_accumulate(acc, pg + index + r, vt + r * v_row_bytes, 1, first + index + r,
+                            n_lanes, v_elem, vd);
+          }
         });
-        k.reduce_lanes(acc, n_lanes, d, ot + g * d);
+        k.reduce_lanes(acc, n_lanes, vd, ot + g * vd);
       }
     }
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateAttentionBatch(const PagedKvView& kv, const AttentionBatch& b,
+                                    int32_t n_heads) {
+  KvElem k_elem, v_elem;
+  return ValidateAttention(kv, b, n_heads, &k_elem, &v_elem);
+}
+
+absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
+                            const float* q, int32_t n_heads, float* out, float scale,
+                            Scratch& scratch, AttentionOrder order, CpuLevel level) {
+  KvElem k_elem, v_elem;
+  KILN_RETURN_IF_ERROR(ValidateAttention(kv, b, n_heads, &k_elem, &v_elem));
+  const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
+  if (n_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("PagedAttention: q or out is null");
+  }
+  const int64_t d = kv.head_dim;
+  const int64_t group = n_heads / kv.n_kv_heads;
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const OpKernels& k = GetOpKernels(level);
+  const int64_t max_visible = MaxVisible(b);
+  if (order == AttentionOrder::kBatchInvariant && UseSplitDecode(pool, kv, n_tokens, max_visible)) {
+    // Sized for max_visible rows: at least the token's n_vis, which lays the workspace out.
+    auto* ws = static_cast<uint8_t*>(scratch.Get(
+        SplitDecodeWorkspace::Bytes(pool.n_threads(), kv.n_kv_heads, group, max_visible, d)));
+    if (ws == nullptr) {
+      return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
+    }
+    SplitDecodeAttention(pool, kv, b, q, n_heads, out, scale, ws, k_elem, v_elem, k);
+    return absl::OkStatus();
+  }
+  if (order == AttentionOrder::kBatchInvariant) {
+    const size_t per_thread = ChunkWorkspace::Bytes(kMaxChunkTokens * group, max_visible, d);
+    uint8_t* ws = static_cast<uint8_t*>(scratch.Get(per_thread * pool.n_threads()));
+    if (ws == nullptr) {
+      return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
+    }
+    BatchInvariantAttention(pool, kv, b, q, n_heads, out, scale, ws, per_thread, max_visible,
+                            k_elem, v_elem, k);
+    return absl::OkStatus();
+  }
+
+  return LlamaCppOrderAttention(pool, kv, b, q, n_heads, d, out, scale, scratch, order, k_elem,
+                                v_elem, k, max_visible);
 }
 
 absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
@@ -743,6 +775,39 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
     }
   });
   return absl::OkStatus();
+}
+
+absl::Status MlaLatentAttentionLlamaCpp(ThreadPool& pool, const PagedKvView& kv,
+                                        const AttentionBatch& b, const float* q, int32_t n_heads,
+                                        int32_t kv_lora_rank, float* out, float scale,
+                                        Scratch& scratch, AttentionOrder order, CpuLevel level) {
+  if (kv.n_kv_heads != 1 || kv.k.base != kv.v.base || kv.k.type != kv.v.type) {
+    return absl::InvalidArgumentError(
+        "MlaLatentAttention: the latent view must be one kv head with k and v the same rows");
+  }
+  if (order == AttentionOrder::kBatchInvariant) {
+    return absl::InvalidArgumentError("MlaLatentAttention: only the llama.cpp orders");
+  }
+  KvElem k_elem, v_elem;
+  const absl::Status valid = ValidateAttention(kv, b, n_heads, &k_elem, &v_elem);
+  if (!valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat("MlaLatentAttention: ", valid.message()));
+  }
+  if (k_elem == KvElem::kQ8_0) {
+    return absl::UnimplementedError(
+        "MlaLatentAttention: a q8_0 latent cache (llama.cpp's needs its flash attention)");
+  }
+  if (kv_lora_rank <= 0 || kv_lora_rank > kv.head_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaLatentAttention: kv_lora_rank %d is outside [1, row %d]", kv_lora_rank, kv.head_dim));
+  }
+  if (b.seq.empty()) return absl::OkStatus();
+  if (q == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("MlaLatentAttention: q or out is null");
+  }
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
+  return LlamaCppOrderAttention(pool, kv, b, q, n_heads, kv_lora_rank, out, scale, scratch, order,
+                                k_elem, v_elem, GetOpKernels(level), MaxVisible(b));
 }
 
 absl::Status MlaDecompressedAttention(ThreadPool& pool, const MlaDecompressedKv& kv, const float* q,

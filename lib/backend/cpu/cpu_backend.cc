@@ -62,6 +62,26 @@ AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group) {
   return ab;
 }
 
+namespace {
+
+// The latent rows of an MLA cache's `layer` as one kv head whose K is the whole row and V its
+// first kv_lora_rank elements.
+PagedKvView LatentView(const KvCache& cache, int32_t layer) {
+  const KvLayout& layout = cache.layout();
+  PagedKvView kv;
+  kv.block_size = layout.block_size();
+  kv.n_kv_heads = 1;
+  kv.head_dim = static_cast<int32_t>(layout.row_elems());
+  kv.n_blocks = cache.NumBlocks();
+  kv.k.type = kv.v.type = layout.elem_type();
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
+  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+  kv.k.base = kv.v.base = cache.BlockData(0) + layout.LatentTileOffset(layer);
+  return kv;
+}
+
+}  // namespace
+
 absl::Status DecodeLatentRow(const KvLayout& layout, const std::byte* row, float* c,
                              float* k_rope) {
   // The exact decoders (f16/bf16 widening, q8_0 as f16 scale x int8).
@@ -329,18 +349,29 @@ absl::Status CpuBackend::MlaAttention(const KvCache& cache, int32_t layer,
                                                    " differs from the cache's ",
                                                    layout.kv_lora_rank()));
   }
-  // The latent rows as one kv head whose K is the whole row and V its first kv_lora_rank.
-  PagedKvView kv;
-  kv.block_size = layout.block_size();
-  kv.n_kv_heads = 1;
-  kv.head_dim = static_cast<int32_t>(layout.row_elems());
-  kv.n_blocks = cache.NumBlocks();
-  kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
-  kv.k.base = kv.v.base = cache.BlockData(0) + layout.LatentTileOffset(layer);
-  const AttentionBatch ab = AttentionBatchOf(mask);
-  return MlaPagedAttention(pool_, kv, ab, w, q, n_heads, out, scale, scratch_);
+  return MlaPagedAttention(pool_, LatentView(cache, layer), AttentionBatchOf(mask), w, q, n_heads,
+                           out, scale, scratch_);
+}
+
+absl::Status CpuBackend::MlaLatentAttention(const KvCache& cache, int32_t layer,
+                                            const AttentionMask& mask, const float* q_abs,
+                                            int32_t n_heads, float* out, float scale) {
+  const KvLayout& layout = cache.layout();
+  if (layout.kind() != KvAttentionKind::kMla || layer < 0 || layer >= layout.n_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("MlaLatentAttention: layer ", layer,
+                                                   " of a cache that is not an MLA cache of it"));
+  }
+  if (mask.tables == nullptr) {
+    return absl::InvalidArgumentError("MlaLatentAttention: no block tables");
+  }
+  if (!llama_cpp_order_) {
+    return absl::FailedPreconditionError("MlaLatentAttention: only in the llama.cpp order");
+  }
+  const AttentionOrder order =
+      mask.seq.size() >= 2 ? AttentionOrder::kLlamaCppPrompt : AttentionOrder::kLlamaCppDecode;
+  return MlaLatentAttentionLlamaCpp(pool_, LatentView(cache, layer), AttentionBatchOf(mask), q_abs,
+                                    n_heads, static_cast<int32_t>(layout.kv_lora_rank()), out,
+                                    scale, scratch_, order);
 }
 
 absl::Status CpuBackend::ReadLatent(const KvCache& cache, int32_t layer,

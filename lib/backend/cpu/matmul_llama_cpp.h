@@ -39,8 +39,9 @@
 //     acc[l] = fma(w[16c + l], x[16c + l], acc[l]) over c in order, summed in
 //     _mm512_reduce_add_ps order; otherwise ggml_vec_dot_f32 / _f16: 4 x 16 lanes over each 64
 //     elements, ((L0 + L2) + (L1 + L3)) then _mm512_reduce_add_ps order, then the last
-//     n_in % 64 products added one at a time (unfused, as the attention kernels do; not checked
-//     against ggml, whose compiler may fuse them: weight rows are multiples of 64 in practice).
+//     n_in % 64 products added one at a time, unfused (F32: to the float sum; F16: to a double,
+//     as ggml_vec_dot_f16 does; both checked by the deepseek2 goldens, whose 32-element
+//     attn_k_b rows are all tail).
 //     So, like llama.cpp itself, these two types are not batch invariant.
 //
 // The same bits on every CPU. The float types use the attention kernels' dot (kernels.h

@@ -298,6 +298,22 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
                                float* out, float scale, Scratch& scratch,
                                CpuLevel level = BestCpuLevel());
 
+// MLA's attention over the latent rows as llama.cpp's deepseek2 graph computes it (its absorbed
+// form, flash attention off; Backend::MlaLatentAttention): the latent rows [c | rope(k_r)]
+// (`kv` as for MlaPagedAttention; head_dim = kv_lora_rank + rope_dim) are one K head shared by
+// every query head, and their first kv_lora_rank elements are V:
+//   out[t, h, :] = softmax_j(q[t, h, :] . row_j * scale) . row_j[:kv_lora_rank]
+//   q: [n_tokens, n_heads, head_dim] (the absorbed query W_UK_hᵀ q_nope, then rope(q_r))
+//   out: [n_tokens, n_heads, kv_lora_rank] (the caller applies W_UV)
+// Only the llama.cpp orders (PagedAttention's, with its GQA rules), f32, f16 or bf16 latents.
+// scale <= 0: 1 / sqrt(head_dim). Errors: PagedAttention's, kBatchInvariant, a q8_0 latent
+// (Unimplemented), kv_lora_rank outside [1, head_dim].
+absl::Status MlaLatentAttentionLlamaCpp(ThreadPool& pool, const PagedKvView& kv,
+                                        const AttentionBatch& batch, const float* q,
+                                        int32_t n_heads, int32_t kv_lora_rank, float* out,
+                                        float scale, Scratch& scratch, AttentionOrder order,
+                                        CpuLevel level = BestCpuLevel());
+
 // MLA's decompressed attention (Backend::MlaDecompressedAttention): one sequence's tokens over
 // keys [k_nope[j, h, :] | k_rope[j, :]] and values v[j, h, :] in f32, rows [0, n_visible[t]).
 struct MlaDecompressedKv {

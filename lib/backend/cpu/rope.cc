@@ -126,7 +126,9 @@ absl::Status RopeTable::Build(const RopeConfig& c, int32_t head_dim,
       if (ext_factor != 0.0f) {
         const float y = (static_cast<float>(i) - corr_low) / std::max(0.001f, corr_high - corr_low);
         const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * ext_factor;
-        theta = std::fma(theta_extrap, ramp_mix, theta_interp * (1.0f - ramp_mix));
+        // ggml's theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix as GCC contracts it
+        // (the first product fused: tiny-deepseek2-yarn's goldens are bitwise only so).
+        theta = std::fma(theta_interp, 1.0f - ramp_mix, theta_extrap * ramp_mix);
       }
       ct[i] = std::cos(theta) * mscale;
       st[i] = std::sin(theta) * mscale;

@@ -660,6 +660,13 @@ absl::Status CudaBackend::WriteLatent(KvCache& cache, int32_t layer, std::span<c
 }
 
 // Rows downloaded, then decoded by the CPU's code (the values MlaAttention reads).
+absl::Status CudaBackend::MlaLatentAttention(const KvCache&, int32_t, const AttentionMask&,
+                                             const float*, int32_t, float*, float) {
+  KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+  return absl::UnimplementedError(
+      "MlaLatentAttention: the llama.cpp order's MLA attention runs on the CPU backend only");
+}
+
 absl::Status CudaBackend::ReadLatent(const KvCache& cache, int32_t layer,
                                      std::span<const KvSlot> slots, float* c, float* k_rope) {
   KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));

@@ -93,6 +93,10 @@ class CudaBackend final : public Backend {
   absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                             const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                             float* out, float scale) override;
+  // The llama.cpp order's MLA attention runs on the CPU only: Unimplemented here.
+  absl::Status MlaLatentAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
+                                  const float* q_abs, int32_t n_heads, float* out,
+                                  float scale) override;
   absl::Status ReadLatent(const KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
                           float* c, float* k_rope) override;
   absl::Status MlaDecompressedAttention(const float* q, std::span<const int32_t> n_visible,
