@@ -175,7 +175,7 @@ void RouteExperts(const MoeHparams& m, const float* logits, const float* probs_b
     }
     std::iota(ids.begin(), ids.end(), 0);
     std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
-    float sum = 0.0f;
+    double sum = 0.0;  // ggml_sum_rows adds in double
     for (int64_t j = 0; j < k; ++j) {
       experts[r * k + j] = ids[j];
       weights[r * k + j] = probs[ids[j]];
@@ -183,7 +183,7 @@ void RouteExperts(const MoeHparams& m, const float* logits, const float* probs_b
     }
     for (int64_t j = 0; j < k; ++j) {
       float& w = weights[r * k + j];
-      if (m.weights_norm) w /= std::max(sum, kMinWeightSum);
+      if (m.weights_norm) w /= std::max(static_cast<float>(sum), kMinWeightSum);
       if (m.weights_scale != 1.0f) w *= m.weights_scale;
     }
   }

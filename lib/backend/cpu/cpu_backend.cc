@@ -192,6 +192,13 @@ absl::Status CpuBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int
     e.interleaved = static_cast<const uint8_t*>(w.interleaved) +
                     static_cast<size_t>(expert * rows / quant::kInterleaveRows) * group_bytes;
   }
+  if (llama_cpp_order_ && (w.type == GgmlType::kF32 || w.type == GgmlType::kF16)) {
+    // ggml's mul_mat_id has no tinyBLAS path: float experts take ggml_vec_dot per token.
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      KILN_RETURN_IF_ERROR(MatMul(e, x + t * w.n_in, 1, y + t * rows));
+    }
+    return absl::OkStatus();
+  }
   return MatMul(e, x, n_tokens, y);
 }
 
