@@ -317,7 +317,12 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
                 vd = m.v_head_dim, qk = m.qk_head_dim();
   const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
                                       static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
-  if (backend_.llama_cpp_order() && L.k_b != nullptr) return RunAttentionLlamaCpp(cache, il, scale);
+  // llama.cpp's graph needs split attn_k_b/attn_v_b, and a float cache (its q8_0 cache needs its
+  // flash attention): otherwise the llama.cpp order takes kiln's absorbed form.
+  if (backend_.llama_cpp_order() && L.k_b != nullptr &&
+      cache.layout().elem_type() != GgmlType::kQ8_0) {
+    return RunAttentionLlamaCpp(cache, il, scale);
+  }
   if (abs_all_) {
     return backend_.MlaAttention(cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb,
                                  attn_.data(), scale);

@@ -299,8 +299,9 @@ std::unique_ptr<KvCache> NewCache(const Model& model, GgmlType kv_type, int32_t 
 // Empty on a failed pass (after a test failure naming it).
 std::vector<std::vector<float>> PromptThenDecode(const Model& model, KvCache& cache,
                                                  const std::vector<int32_t>& tokens,
-                                                 size_t n_prompt) {
+                                                 size_t n_prompt, bool llama_cpp_order = false) {
   CpuForward forward(model, kThreads);
+  forward.set_llama_cpp_order(llama_cpp_order);
   const SeqId seq = cache.CreateSequence();
   std::vector<std::vector<float>> got;
   EXPECT_TRUE(cache.AppendSlots(seq, std::span(tokens.data(), n_prompt)).ok());
@@ -576,22 +577,28 @@ TEST(Deepseek2Forward, Q8_0LatentCacheStaysCloseToTheFloat64Reference) {
     auto model = WriteAndLoad(shape, 11);
     ASSERT_NE(model, nullptr);
     const std::vector<std::vector<double>> want = ReferenceLogits(*model, tokens);
-    auto cache = NewCache(*model, GgmlType::kQ8_0);
-    ASSERT_NE(cache, nullptr);
-    EXPECT_EQ(cache->Counters().bytes_per_token, 2u * (64 / 32 * 34 + 16 * 2));
-    const std::vector<std::vector<float>> got = PromptThenDecode(*model, *cache, tokens, 7);
-    ASSERT_EQ(got.size(), tokens.size());
-    double max_diff = 0;
-    for (size_t t = 0; t < tokens.size(); ++t) {
-      for (size_t v = 0; v < got[t].size(); ++v) {
-        max_diff = std::max(max_diff, std::abs(got[t][v] - want[t][v]));
+    // The llama.cpp order too: it takes kiln's absorbed form on a q8_0 latent (llama.cpp's own
+    // q8_0 cache needs its flash attention).
+    for (bool llama_cpp_order : {false, true}) {
+      auto cache = NewCache(*model, GgmlType::kQ8_0);
+      ASSERT_NE(cache, nullptr);
+      EXPECT_EQ(cache->Counters().bytes_per_token, 2u * (64 / 32 * 34 + 16 * 2));
+      const std::vector<std::vector<float>> got =
+          PromptThenDecode(*model, *cache, tokens, 7, llama_cpp_order);
+      ASSERT_EQ(got.size(), tokens.size());
+      double max_diff = 0;
+      for (size_t t = 0; t < tokens.size(); ++t) {
+        for (size_t v = 0; v < got[t].size(); ++v) {
+          max_diff = std::max(max_diff, std::abs(got[t][v] - want[t][v]));
+        }
       }
+      std::printf("%s, q8_0 latent%s: max |kiln - float64 reference| %.3e\n", shape,
+                  llama_cpp_order ? ", llama.cpp order" : "", max_diff);
+      // Measured 3.4e-2 to 4.8e-2 (x86-64, AVX2; |logit| up to 3.6); a misplaced latent or RoPE
+      // part would be off by O(1).
+      EXPECT_LT(max_diff, 0.1);
+      EXPECT_GT(max_diff, 1e-6);  // the latent really was quantized
     }
-    std::printf("%s, q8_0 latent: max |kiln - float64 reference| %.3e\n", shape, max_diff);
-    // Measured 3.4e-2 to 4.8e-2 (x86-64, AVX2; |logit| up to 3.6); a misplaced latent or RoPE
-    // part would be off by O(1).
-    EXPECT_LT(max_diff, 0.1);
-    EXPECT_GT(max_diff, 1e-6);  // the latent really was quantized
   }
 }
 
