@@ -318,10 +318,12 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
   const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
                                       static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
   // llama.cpp's graph needs split attn_k_b/attn_v_b, and a float cache (its q8_0 cache needs its
-  // flash attention): otherwise the llama.cpp order takes kiln's absorbed form.
+  // flash attention): otherwise the llama.cpp order takes kiln's absorbed form, as it does on a
+  // backend without the llama.cpp order's MLA attention (CUDA: that order is the CPU's only).
   if (backend_.llama_cpp_order() && L.k_b != nullptr &&
       cache.layout().elem_type() != GgmlType::kQ8_0) {
-    return RunAttentionLlamaCpp(cache, il, scale);
+    const absl::Status status = RunAttentionLlamaCpp(cache, il, scale);
+    if (!absl::IsUnimplemented(status)) return status;
   }
   if (abs_all_) {
     return backend_.MlaAttention(cache, il, mask_, q_.data(), static_cast<int32_t>(n_head), absorb,
