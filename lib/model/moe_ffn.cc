@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "lib/backend/cpu/dispatch.h"
 #include "lib/model/model.h"
 
 namespace kiln {
@@ -132,15 +133,16 @@ void RouteExperts(const MoeHparams& m, const float* logits, const float* probs_b
   const int64_t per_group = grouped ? n / m.n_group : n;
   std::vector<float> group_score(static_cast<size_t>(grouped ? m.n_group : 0));
   std::vector<int32_t> group_ids(group_score.size());
+  // ggml_soft_max's arithmetic (ggml_v_expf's polynomial, the exponentials summed in double in
+  // chunks of 16, one multiply by the inverse): the op kernels of the llama.cpp order's attention
+  // softmax, the same bits at every SIMD level (op_kernels.h).
+  const cpu::OpKernels& ops = cpu::GetOpKernels(BestCpuLevel());
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * n;
     if (m.gating == MoeGating::kSoftmax) {
-      const float mx = *std::max_element(z, z + n);
-      double sum = 0;  // ggml sums the exponentials in double
-      for (int64_t e = 0; e < n; ++e) sum += (probs[e] = std::exp(z[e] - mx));
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t e = 0; e < n; ++e) probs[e] *= inv;
-    } else {
+      const double sum = ops.softmax_exp(z, ops.max(z, n), n, probs.data());
+      ops.scale(probs.data(), static_cast<float>(1.0 / sum), n);
+    } else {  // ggml_vec_sigmoid_f32: libm's expf
       for (int64_t e = 0; e < n; ++e) probs[e] = 1.0f / (1.0f + std::exp(-z[e]));
     }
     for (int64_t e = 0; e < n; ++e) select[e] = probs[e] + (probs_bias ? probs_bias[e] : 0.0f);

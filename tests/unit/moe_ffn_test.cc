@@ -6,13 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "lib/backend/cpu/cpu_backend.h"
+#include "lib/backend/cpu/dispatch.h"
 #include "lib/common/ggml_type.h"
 #include "lib/quant/quant.h"
 
@@ -133,6 +136,38 @@ TEST(RouteExperts, GroupsMaskExpertsBeforeTheTopK) {
   RouteExperts(m, logits.data(), bias.data(), 1, experts, weights);
   EXPECT_EQ(experts[0], 0);
   EXPECT_EQ(experts[1], 2);
+}
+
+// Softmax gating is ggml_soft_max's arithmetic, as llama.cpp routes: every weight bitwise the
+// scalar definition of the op kernels' softmax (ggml_v_expf's polynomial, a double sum in chunks
+// of 16), which is not libm's exp (some of the 64 probabilities differ from it in the last bits).
+TEST(RouteExperts, SoftmaxIsGgmlSoftMax) {
+  MoeHparams m;
+  m.n_expert = 64;
+  m.n_expert_used = 64;
+  m.gating = MoeGating::kSoftmax;
+  std::vector<float> logits(64);
+  for (int e = 0; e < 64; ++e) logits[e] = std::sin(0.37f * static_cast<float>(e)) * 3.0f;
+  std::vector<int32_t> experts(64);
+  std::vector<float> weights(64);
+  RouteExperts(m, logits.data(), nullptr, 1, experts.data(), weights.data());
+  const cpu::OpKernels& scalar = cpu::GetOpKernels(CpuLevel::kScalar);
+  std::vector<float> ggml(64);
+  const double sum =
+      scalar.softmax_exp(logits.data(), scalar.max(logits.data(), 64), 64, ggml.data());
+  scalar.scale(ggml.data(), static_cast<float>(1.0 / sum), 64);
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double libm_sum = 0;
+  for (float z : logits) libm_sum += std::exp(z - mx);
+  int differ_from_libm = 0;
+  for (int j = 0; j < 64; ++j) {
+    const int e = experts[j];
+    EXPECT_EQ(weights[j], ggml[e]) << "expert " << e;
+    const float libm = std::exp(logits[e] - mx) * static_cast<float>(1.0 / libm_sum);
+    differ_from_libm += libm != weights[j] ? 1 : 0;
+  }
+  EXPECT_GT(differ_from_libm, 0);
+  std::printf("softmax gating: %d of 64 probabilities differ from libm's exp\n", differ_from_libm);
 }
 
 // Softmax gating over all experts, weights the probabilities themselves (no normalization, scale
