@@ -504,10 +504,10 @@ type CacheOptions struct {
 	Backend    Backend
 	CUDADevice int32
 	MLAPrefill MLAPrefill
-	// SlidingWindowSessions: models with sliding-window layers (gemma3), CPU backend; 0 keeps
-	// every layer's K/V, N > 0 releases the sliding layers' K/V once every window has left it, in
-	// a pool sized for N sessions' windows.
-	SlidingWindowSessions int32
+	// SwaFull: models with sliding-window and global layers (gemma3), CPU backend; false releases
+	// the sliding layers' K/V once every window has left it, back to the pool, true keeps every
+	// layer's K/V.
+	SwaFull bool
 }
 
 // NewCache creates a cache on the model; close it before the model.
@@ -539,7 +539,9 @@ func (m *Model) NewCache(opts *CacheOptions) (*Cache, error) {
 	params.backend = C.kiln_backend_kind(opts.Backend)
 	params.cuda_device = C.int32_t(opts.CUDADevice)
 	params.mla_prefill = C.kiln_mla_prefill(opts.MLAPrefill)
-	params.sliding_window_sessions = C.int32_t(opts.SlidingWindowSessions)
+	if opts.SwaFull {
+		params.swa_full = 1
+	}
 	var ptr *C.kiln_cache
 	if err := call(func() C.kiln_status { return C.kiln_cache_create(m.ptr, &params, &ptr) }); err != nil {
 		return nil, err
@@ -562,9 +564,9 @@ type CacheStats struct {
 	NCtx, BlockSize, BlocksTotal, BlocksFree, BlocksUsed, BlocksCached, NSequences int32
 	PrefixLookups, PrefixQueryTokens, PrefixHitTokens, Evictions                   int64
 	BytesPerToken, BlockBytes                                                      uint64
-	// K/V bytes held by sessions now, and the sliding-window pool (SlidingWindowSessions; zero
-	// without one): its blocks, those held, those released so far because every window had left
-	// them, and its block bytes.
+	// K/V bytes held by sessions now, and the sliding-window layers' blocks (SwaFull false; zero
+	// otherwise): 0 (they share the pool), those held (part of BlocksUsed), those released so far
+	// because every window had left them, and BlockBytes.
 	KVBytesInUse                          uint64
 	SlidingBlocksTotal, SlidingBlocksUsed int32
 	SlidingBlocksReleased                 int64

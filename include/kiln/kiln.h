@@ -356,19 +356,20 @@ typedef struct kiln_cache_params {
   /* Added in 0.2.0 after the ABI 1 baseline. MLA prompt attention (kiln_mla_prefill above);
    * default KILN_MLA_PREFILL_ABSORBED. */
   kiln_mla_prefill mla_prefill;
-  /* Added in 0.2.0 after the ABI 1 baseline. Models with sliding-window layers (gemma3), CPU
-   * backend: 0 (default) keeps every layer's K/V for the whole context (llama.cpp's --swa-full);
-   * N > 0 keeps the sliding layers' K/V only while some window still reads it, in a pool sized for
-   * N sessions' windows (gemma3-270m at 4,096 tokens: about a third of the K/V bytes). Outputs do
-   * not change. Then: rewinding a session past a released window recomputes its K/V on the next
-   * generate (prefix-cached blocks are reused); speculative steps draft at most 64 tokens; a
-   * session state's K/V hold the sliding layers' rows inside the window only (a cache that needs
-   * more, e.g. one with sliding_window_sessions 0, recomputes them on restore); with
-   * more than N sessions holding K/V, requests in flight may be preempted (recomputed later) or
-   * fail with KILN_ERR_CACHE_FULL, as when the pool is full.
-   * Negative: KILN_ERR_INVALID_ARGUMENT. Models without both sliding and global layers, and the
-   * CUDA backend, ignore it. */
+  /* Added in 0.2.0 after the ABI 1 baseline; no longer read (the sliding-window layers' blocks
+   * now share the pool, see swa_full), except that a negative value is still
+   * KILN_ERR_INVALID_ARGUMENT. */
   int32_t sliding_window_sessions;
+  /* Added in 0.2.0 after the ABI 1 baseline. Models with both sliding-window and global layers
+   * (gemma3), CPU backend: 0 (default) keeps the sliding layers' K/V only while some window still
+   * reads it and returns the blocks to the pool for any session (gemma3-270m at 4,096 tokens:
+   * about a third of the K/V bytes). Outputs do not change. Then: rewinding a session past a
+   * released window recomputes its K/V on the next generate (prefix-cached blocks are reused);
+   * speculative steps draft at most 64 tokens; a session state's K/V hold the sliding layers'
+   * rows inside the window only (a cache that keeps more recomputes them on restore).
+   * Non-zero keeps every layer's K/V for the whole context (llama.cpp's --swa-full). Other models
+   * and the CUDA backend keep every layer's K/V either way. */
+  int swa_full;
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,
@@ -407,9 +408,11 @@ typedef struct kiln_cache_stats {
   int64_t evictions;
   size_t bytes_per_token;
   size_t block_bytes;
-  /* Added in 0.2.0 after the ABI 1 baseline. K/V bytes held by sessions now, and the sliding-
-   * window pool (kiln_cache_params.sliding_window_sessions; zero without one): its blocks, those
-   * held, those released so far because every window had left them, and its block bytes. */
+  /* Added in 0.2.0 after the ABI 1 baseline. K/V bytes held by sessions now (blocks_used *
+   * block_bytes), and the sliding-window layers' blocks (kiln_cache_params.swa_full 0; zero
+   * otherwise): sliding_blocks_used of blocks_used hold them, sliding_blocks_released were
+   * returned to the pool so far because every window had left them. sliding_blocks_total is 0
+   * and sliding_block_bytes block_bytes: they share the pool's blocks. */
   size_t kv_bytes_in_use;
   int32_t sliding_blocks_total;
   int32_t sliding_blocks_used;
@@ -797,7 +800,7 @@ typedef struct kiln_state_params {
    * type; about 23 KB per token for the default model at f16), so that a restore is a copy.
    * 0: tokens only, a state of a few bytes per token; the restore recomputes the K/V (a prefill,
    * attaching cached prefix blocks where the cache has them) and gets the same bits, except with
-   * kiln_cache_params.llama_cpp_order. kiln_cache_params.sliding_window_sessions: see there. */
+   * kiln_cache_params.llama_cpp_order. kiln_cache_params.swa_full: see there. */
   int32_t kv;
   /* Non-zero (default): store the speculative strategy's adaptive state; a strategy that cannot
    * save it (the draft model) makes the save fail with KILN_ERR_UNSUPPORTED. 0: leave it out; a

@@ -39,6 +39,16 @@ struct WeightView {
     return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
   }
   const float* AsF32() const { return static_cast<const float*>(data); }  // f32 vectors
+  // Rows [first, first + count) of the file's bytes as a weight of their own (an expert of a 3-D
+  // tensor, a head's rows); without the prepared copies, which are laid out for the whole tensor.
+  WeightView Rows(int64_t first, int64_t count) const {
+    WeightView v = *this;
+    v.data = Row(first);
+    v.n_out = count;
+    v.interleaved = nullptr;
+    v.device_data = nullptr;
+    return v;
+  }
 };
 
 }  // namespace kiln

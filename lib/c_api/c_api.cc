@@ -662,7 +662,7 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                   kiln::StrCat("kiln_cache_create: params->sliding_window_sessions ",
                                params->sliding_window_sessions, " < 0"));
     }
-    options.sliding_window_sessions = params->sliding_window_sessions;
+    options.swa_full = params->swa_full != 0;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),
@@ -703,7 +703,7 @@ kiln_status kiln_cache_get_stats(const kiln_cache* cache, kiln_cache_stats* stat
     out.bytes_per_token = c.bytes_per_token;
     out.block_bytes = c.block_bytes;
     out.kv_bytes_in_use = c.kv_bytes_in_use;
-    out.sliding_blocks_total = c.sliding_blocks_total;
+    out.sliding_blocks_total = 0;  // the sliding layers' blocks share the pool
     out.sliding_blocks_used = c.sliding_blocks_used;
     out.sliding_blocks_released = c.sliding_blocks_released;
     out.sliding_block_bytes = c.sliding_block_bytes;

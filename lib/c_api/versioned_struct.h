@@ -53,11 +53,12 @@ struct StructReleases<kiln_cache_params> {
   static constexpr const char* kName = "kiln_cache_params";
   static constexpr const char* kInit = "kiln_cache_params_init";
   static constexpr std::array kEnds = {
-      KILN_FIELD_END(kiln_cache_params, llama_cpp_order),           // ABI 1 baseline
-      KILN_FIELD_END(kiln_cache_params, step_tokens),               // 0.2.0 after the baseline
-      KILN_FIELD_END(kiln_cache_params, cuda_device),               // 0.2.0: backend, cuda_device
-      KILN_FIELD_END(kiln_cache_params, mla_prefill),               // 0.2.0: mla_prefill
-      KILN_FIELD_END(kiln_cache_params, sliding_window_sessions)};  // 0.2.0
+      KILN_FIELD_END(kiln_cache_params, llama_cpp_order),          // ABI 1 baseline
+      KILN_FIELD_END(kiln_cache_params, step_tokens),              // 0.2.0 after the baseline
+      KILN_FIELD_END(kiln_cache_params, cuda_device),              // 0.2.0: backend, cuda_device
+      KILN_FIELD_END(kiln_cache_params, mla_prefill),              // 0.2.0: mla_prefill
+      KILN_FIELD_END(kiln_cache_params, sliding_window_sessions),  // 0.2.0
+      KILN_FIELD_END(kiln_cache_params, swa_full)};                // 0.2.0: swa_full
 };
 template <>
 struct StructReleases<kiln_cache_stats> {

@@ -9,48 +9,22 @@ namespace kiln {
 
 namespace {
 
-// Pool sizes of a cache whose layout has a sliding group (EngineOptions::sliding_window_sessions):
-// the sliding pool holds that many sessions' live windows, the global pool the rest of the bytes
-// (or one full context when pool_bytes is 0). Rewrites capacity_bytes into block counts.
-absl::Status SizeSlidingPools(const KvLayout& layout, const EngineOptions& opt,
-                              KvCacheOptions* cache_options) {
-  const int64_t bs = opt.block_size;
-  // One session's live sliding rows: the window, the release margin and the attention's row
-  // alignment behind its computed tokens, a partial block, and the most it appends before they
-  // are computed (a prompt chunk or a draft); plus a copy-on-write spare.
-  const int64_t rows = layout.sliding_window() + kSlidingReleaseMargin +
-                       KvCache::kSlidingRowAlignment + bs +
-                       std::max<int64_t>(opt.prefill_chunk, kSlidingReleaseMargin + 1);
-  const int64_t per_session = (rows + bs - 1) / bs + 1;
-  const int64_t wanted =
-      std::min<int64_t>(per_session * opt.sliding_window_sessions + 1, INT32_MAX);
-  const size_t global_bytes = layout.block_bytes(0);
-  const size_t sliding_bytes = layout.block_bytes(1);
-  int64_t global = 0;
-  int64_t sliding = 0;
+// The K/V pool's bytes: pool_bytes, which must hold a block of every group and the null block,
+// or when it is 0 room for one full context of every group (its blocks, a copy-on-write spare
+// per group and the null block).
+absl::StatusOr<size_t> PoolBytes(const KvLayout& layout, const EngineOptions& opt) {
+  const size_t groups = static_cast<size_t>(layout.n_groups());
   if (opt.pool_bytes == 0) {
-    global = (opt.n_ctx + bs - 1) / bs + 2;
-    sliding = std::min(global, wanted);
-  } else {
-    const size_t wanted_bytes = static_cast<size_t>(wanted) * sliding_bytes;
-    global = opt.pool_bytes > wanted_bytes
-                 ? static_cast<int64_t>((opt.pool_bytes - wanted_bytes) / global_bytes)
-                 : 0;
-    sliding = wanted;
-    if (global < sliding) {  // a small pool: never more sliding blocks than global ones
-      global = sliding = static_cast<int64_t>(opt.pool_bytes / (global_bytes + sliding_bytes));
-    }
-    if (global < 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
-                       global_bytes + sliding_bytes, " bytes (one is the reserved null block)"));
-    }
+    const size_t blocks_per_group =
+        static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 1;
+    return (blocks_per_group * groups + 1) * layout.block_bytes();
   }
-  cache_options->capacity_bytes = 0;
-  cache_options->num_blocks = static_cast<int32_t>(std::min<int64_t>(global, INT32_MAX));
-  cache_options->sliding_num_blocks = static_cast<int32_t>(sliding);
-  cache_options->sliding_release_margin = kSlidingReleaseMargin;
-  return absl::OkStatus();
+  if (opt.pool_bytes < (groups + 1) * layout.block_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool_bytes ", opt.pool_bytes, " holds fewer than ", groups + 1, " blocks of ",
+        layout.block_bytes(), " bytes (one a layer group and the reserved null block)"));
+  }
+  return opt.pool_bytes;
 }
 
 }  // namespace
@@ -77,40 +51,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   if (opt.step_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("step_tokens ", opt.step_tokens, " <= 0"));
   }
-  if (opt.sliding_window_sessions < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sliding_window_sessions ", opt.sliding_window_sessions, " < 0"));
-  }
   if (opt.llama_cpp_order) opt.prefill_chunk = kLlamaCppUbatch;
   if (opt.n_ctx == 0) {
     opt.n_ctx = model.hparams().n_ctx_train > 0
                     ? static_cast<int32_t>(std::min<int64_t>(model.hparams().n_ctx_train, 1 << 20))
                     : 4096;
   }
-  KILN_ASSIGN_OR_RETURN(KvLayout layout, model.architecture().CacheLayout(
-                                             model.hparams(), opt.kv_type, opt.block_size));
+  KILN_ASSIGN_OR_RETURN(KvLayout layout,
+                        model.architecture().CacheLayoutForOrder(
+                            model.hparams(), opt.kv_type, opt.block_size, opt.llama_cpp_order));
   std::unique_ptr<Engine> engine(new Engine(model, opt));
   KvCacheOptions cache_options;
   cache_options.enable_prefix_caching = opt.prefix_caching;
-  if (opt.pool_bytes == 0) {
-    // Room for one full context: its blocks, a copy-on-write spare and the null block.
-    const size_t blocks =
-        static_cast<size_t>((opt.n_ctx + opt.block_size - 1) / opt.block_size) + 2;
-    cache_options.capacity_bytes = blocks * layout.block_bytes();
-  } else {
-    if (opt.pool_bytes < 2 * layout.block_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool_bytes ", opt.pool_bytes, " holds fewer than 2 blocks of ",
-                       layout.block_bytes(), " bytes (one is the reserved null block)"));
-    }
-    cache_options.capacity_bytes = opt.pool_bytes;
-  }
-  // The backend: the CPU unless CUDA is asked for and can hold the weights and the pool.
+  // The backend: the CPU unless CUDA is asked for and can hold the weights and the pool (of the
+  // layout without groups: CUDA keeps every layer's K/V).
   BackendDecision decision;
   if (opt.backend != BackendKind::kCpu) {
     const CudaProbe probe = ProbeCuda(opt.cuda_device, layout);
-    decision =
-        DecideBackend(opt.backend, probe, model.weight_bytes() + cache_options.capacity_bytes);
+    const size_t pool_bytes = PoolBytes(layout, opt).value_or(opt.pool_bytes);
+    decision = DecideBackend(opt.backend, probe, model.weight_bytes() + pool_bytes);
     if (decision.use_cuda) {
       auto cuda = cuda::CudaBackend::Create(*probe.module, opt.cuda_device, opt.n_threads);
       if (cuda.ok()) {
@@ -135,17 +94,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   // (A model whose every layer slides keeps them all: a group needs a global layer.)
   const bool has_global_layer =
       std::find(hp.swa_layers.begin(), hp.swa_layers.end(), 0) != hp.swa_layers.end();
-  if (opt.sliding_window_sessions > 0 && hp.sliding_window > 0 && has_global_layer) {
+  if (!opt.swa_full && hp.sliding_window > 0 && has_global_layer) {
     if (on_cpu) {
       KILN_ASSIGN_OR_RETURN(
-          layout, layout.WithSlidingGroup(hp.swa_layers, static_cast<int32_t>(hp.sliding_window)));
-      KILN_RETURN_IF_ERROR(SizeSlidingPools(layout, opt, &cache_options));
+          layout, layout.WithSlidingGroups(hp.swa_layers, static_cast<int32_t>(hp.sliding_window)));
+      cache_options.sliding_release_margin = kSlidingReleaseMargin;
       engine->max_draft_nodes_ = kSlidingReleaseMargin;
     } else {
       engine->backend_description_ +=
           "; sliding-window release is CPU-only: every layer's K/V is kept";
     }
   }
+  KILN_ASSIGN_OR_RETURN(cache_options.capacity_bytes, PoolBytes(layout, opt));
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));
   KILN_ASSIGN_OR_RETURN(engine->forward_, model.architecture().NewForwardWithOptions(
                                               model, *engine->backend_,

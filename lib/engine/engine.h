@@ -63,16 +63,17 @@ struct EngineOptions {
   // decompressed prefill for long chunks (faster; a token's last bits then depend on how its
   // prompt was chunked). architecture.h has the modes.
   MlaPrefillMode mla_prefill = MlaPrefillMode::kAbsorbed;
-  // Models with sliding-window layers (gemma3), CPU backend: 0 keeps every layer's K/V for the
-  // whole context (as llama.cpp's --swa-full); N > 0 puts the sliding layers' K/V in a pool of
-  // their own, sized for N sessions' windows, and releases the blocks that every window has left
-  // (docs/kv_cache.md). Rewinding past a released window then recomputes the session's K/V, and
-  // speculative drafts are cut to kSlidingReleaseMargin nodes.
-  int32_t sliding_window_sessions = 0;
+  // Models with both sliding-window and global layers (gemma3), CPU backend: false (default)
+  // puts each kind of layer in block groups of its own over the one pool and releases the
+  // sliding layers' blocks that every window has left, for any session to reuse
+  // (docs/kv_cache.md); rewinding past a released window then recomputes the session's K/V, and
+  // speculative drafts are cut to kSlidingReleaseMargin nodes. true keeps every layer's K/V for
+  // the whole context (llama.cpp's --swa-full).
+  bool swa_full = false;
 };
 
-// Tokens of sliding-layer K/V kept past the window when released (EngineOptions::
-// sliding_window_sessions): the longest speculative draft that can be rolled back, and the
+// Tokens of sliding-layer K/V kept past the window when released (EngineOptions::swa_full
+// false): the longest speculative draft that can be rolled back, and the
 // rewind of one token that recomputes a session's last logits.
 inline constexpr int32_t kSlidingReleaseMargin = 64;
 

@@ -38,55 +38,37 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout,
         absl::StrCat("KvCacheOptions: set exactly one of num_blocks (", options.num_blocks,
                      ") and capacity_bytes (", options.capacity_bytes, ")"));
   }
-  const bool sliding = layout.n_groups() == 2;
-  if (options.sliding_num_blocks < 0 || options.sliding_release_margin < 0 ||
-      (options.sliding_num_blocks != 0 && (!sliding || options.capacity_bytes != 0))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvCacheOptions: sliding_num_blocks ", options.sliding_num_blocks,
-        " and sliding_release_margin ", options.sliding_release_margin,
-        " must be >= 0; sliding_num_blocks needs a layout with a sliding group and num_blocks"));
+  if (options.sliding_release_margin < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheOptions: sliding_release_margin ",
+                                                   options.sliding_release_margin, " < 0"));
   }
   int64_t n_blocks = options.num_blocks;
   if (options.capacity_bytes != 0) {
-    const size_t per_block = layout.block_bytes(0) + (sliding ? layout.block_bytes(1) : 0);
-    n_blocks = static_cast<int64_t>(options.capacity_bytes / per_block);
+    n_blocks = static_cast<int64_t>(options.capacity_bytes / layout.block_bytes());
     if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
     if (n_blocks < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KvCacheOptions.capacity_bytes ", options.capacity_bytes, " holds ", n_blocks,
-          " blocks of ", per_block, " bytes; need at least 2 (1 + the null block)"));
+          " blocks of ", layout.block_bytes(), " bytes; need at least 2 (1 + the null block)"));
     }
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                         BlockPool::Create(layout, static_cast<int32_t>(n_blocks)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage,
                         NewStorage(options, layout, static_cast<int32_t>(n_blocks)));
-  std::unique_ptr<BlockPool> sliding_pool;
-  std::unique_ptr<KvStorage> sliding_storage;
-  if (sliding) {
-    const int32_t n_sliding = options.sliding_num_blocks != 0 ? options.sliding_num_blocks
-                                                              : static_cast<int32_t>(n_blocks);
-    const KvLayout group = layout.GroupLayout(1);
-    KILN_ASSIGN_OR_RETURN(sliding_pool, BlockPool::Create(group, n_sliding));
-    KILN_ASSIGN_OR_RETURN(sliding_storage, NewStorage(options, group, n_sliding));
-  }
-  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), std::move(storage),
-                                              std::move(sliding_pool), std::move(sliding_storage),
-                                              options));
+  return std::unique_ptr<KvCache>(new KvCache(std::move(pool), std::move(storage), options));
 }
 
 KvCache::KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
-                 std::unique_ptr<BlockPool> sliding_pool,
-                 std::unique_ptr<KvStorage> sliding_storage, const KvCacheOptions& options)
+                 const KvCacheOptions& options)
     : pool_(std::move(pool)),
       storage_(std::move(storage)),
-      sliding_pool_(std::move(sliding_pool)),
-      sliding_storage_(std::move(sliding_storage)),
       release_margin_(options.sliding_release_margin),
       block_size_(pool_->layout().block_size()),
       prefix_caching_(options.enable_prefix_caching),
       hash_seed_(options.hash_seed),
-      fill_scratch_(pool_->num_blocks(), 0) {}
+      fill_scratch_(pool_->num_blocks(), 0),
+      sliding_scratch_(pool_->num_blocks(), 0) {}
 
 absl::StatusOr<KvCache::Sequence*> KvCache::Find(SeqId seq) {
   auto it = seqs_.find(seq);
@@ -106,12 +88,20 @@ absl::StatusOr<const KvCache::Sequence*> KvCache::Find(SeqId seq) const {
 
 SeqId KvCache::CreateSequence(uint64_t extra_key) {
   const SeqId id = next_seq_id_++;
-  seqs_[id].extra_key = extra_key;
+  Sequence& s = seqs_[id];
+  s.extra_key = extra_key;
+  s.group_tables.resize(static_cast<size_t>(n_groups() - 1));
   return id;
 }
 
 BlockHash KvCache::ParentHash(const Sequence& s, size_t block_index) const {
   return block_index == 0 ? RootBlockHash(s.extra_key, hash_seed_) : s.hashes[block_index - 1];
+}
+
+BlockHash KvCache::GroupHash(const BlockHash& h, int32_t group) {
+  if (group == 0) return h;
+  const uint64_t g = static_cast<uint64_t>(group);
+  return BlockHash{h.lo ^ (g * 0x9e3779b97f4a7c15ULL), h.hi + g * 0xc2b2ae3d27d4eb4fULL};
 }
 
 absl::StatusOr<int32_t> KvCache::AttachCachedPrefix(SeqId seq, std::span<const int32_t> tokens) {
@@ -137,27 +127,40 @@ absl::StatusOr<int32_t> KvCache::AttachCachedPrefix(SeqId seq, std::span<const i
     s->hashes.push_back(h);
     parent = h;
   }
-  if (has_sliding()) {
-    // The hit counts only as far as the sliding group finds its window's blocks (same hashes).
-    auto sliding_hit = [&](size_t j) {
+  if (n_groups() > 1) {
+    // The hit counts only as far as every other group finds its blocks under the same hashes:
+    // all of them for a global group, the window's for a sliding one.
+    auto group_hit = [&](int32_t g, size_t j) {
       const auto block_tokens = tokens.subspan(j * block_size_, block_size_);
-      return sliding_pool_->Lookup(s->hashes[j], ParentHash(*s, j), s->extra_key, block_tokens);
+      return pool_->Lookup(GroupHash(s->hashes[j], g), GroupHash(ParentHash(*s, j), g),
+                           s->extra_key, block_tokens);
     };
+    const int32_t first_sliding = layout().first_sliding_group();
+    for (int32_t g = 1; g < first_sliding; ++g) {
+      size_t j = 0;
+      while (j < i && group_hit(g, j) != kNullBlock) ++j;
+      i = j;
+    }
     size_t low = 0;
-    for (;; --i) {
+    for (;; --i) {  // i == 0 always ends it
       low = static_cast<size_t>(ReleasableSlidingBlocks(static_cast<int32_t>(i) * block_size_));
-      size_t j = low;
-      while (j < i && sliding_hit(j) != kNullBlock) ++j;
-      if (j == i) break;  // i == 0 always ends here
+      bool found = true;
+      for (int32_t g = first_sliding; found && g < n_groups(); ++g) {
+        for (size_t j = low; found && j < i; ++j) found = group_hit(g, j) != kNullBlock;
+      }
+      if (found) break;
     }
     for (size_t j = s->table.size(); j > i; --j) pool_->Release(s->table[j - 1]);
     s->table.resize(i);
     s->hashes.resize(i);
-    s->sliding_table.assign(i, kNullBlock);
     s->sliding_released = static_cast<int32_t>(low);
-    for (size_t j = low; j < i; ++j) {
-      s->sliding_table[j] = sliding_hit(j);
-      sliding_pool_->Ref(s->sliding_table[j]);
+    for (int32_t g = 1; g < n_groups(); ++g) {
+      std::vector<BlockId>& table = Table(*s, g);
+      table.assign(i, kNullBlock);
+      for (size_t j = layout().group_is_sliding(g) ? low : 0; j < i; ++j) {
+        table[j] = group_hit(g, j);
+        pool_->Ref(table[j]);
+      }
     }
   }
   const int32_t attached = static_cast<int32_t>(i) * block_size_;
@@ -175,10 +178,11 @@ absl::StatusOr<int32_t> KvCache::BlocksNeededToAppend(SeqId seq, int32_t n_token
   }
   if (n_tokens == 0) return 0;
   const int64_t len = static_cast<int64_t>(s->tokens.size());
-  const int32_t fresh =
-      CeilDiv(len + n_tokens, block_size_) - static_cast<int32_t>(s->table.size());
-  const bool cow = len % block_size_ != 0 && !Writable(s->table.back());
-  return fresh + (cow ? 1 : 0);
+  const int64_t fresh =
+      CeilDiv(len + n_tokens, block_size_) - static_cast<int64_t>(s->table.size());
+  int64_t needed = fresh * n_groups();
+  for (int32_t g = 0; g < n_groups(); ++g) needed += NeedsCopyBeforeAppend(*s, g) ? 1 : 0;
+  return static_cast<int32_t>(std::min<int64_t>(needed, INT32_MAX));
 }
 
 int32_t KvCache::ReleasableSlidingBlocks(int32_t n_computed) const {
@@ -188,24 +192,19 @@ int32_t KvCache::ReleasableSlidingBlocks(int32_t n_computed) const {
 
 KvSlot KvCache::SlotAt(const Sequence& s, int32_t pos) const {
   const size_t i = static_cast<size_t>(pos / block_size_);
-  return KvSlot{s.table[i], pos % block_size_, has_sliding() ? s.sliding_table[i] : kNullBlock};
+  KvSlot slot{.block = s.table[i], .offset = pos % block_size_};
+  for (size_t g = 0; g < s.group_tables.size(); ++g) slot.group_blocks[g] = s.group_tables[g][i];
+  return slot;
 }
 
-void KvCache::CopyOnWrite(Sequence& s, size_t i) {
-  const BlockId old_block = s.table[i];
+void KvCache::CopyOnWrite(Sequence& s, int32_t group, size_t i) {
+  std::vector<BlockId>& table = Table(s, group);
+  const BlockId old_block = table[i];
   const BlockId new_block = pool_->Allocate();
   storage_->CopyBlock(old_block, new_block);
-  s.table[i] = new_block;
+  table[i] = new_block;
   pool_->Release(old_block);  // a hashed block with no other holder goes to the LRU, still cached
   ++stats_.cow_copies;
-}
-
-void KvCache::CopySlidingOnWrite(Sequence& s, size_t i) {
-  const BlockId old_block = s.sliding_table[i];
-  const BlockId new_block = sliding_pool_->Allocate();
-  sliding_storage_->CopyBlock(old_block, new_block);
-  s.sliding_table[i] = new_block;
-  sliding_pool_->Release(old_block);
 }
 
 absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
@@ -223,34 +222,20 @@ absl::Status KvCache::AppendSlots(SeqId seq, std::span<const int32_t> token_ids,
   if (n == 0) return absl::OkStatus();
   KILN_ASSIGN_OR_RETURN(const int32_t needed, BlocksNeededToAppend(seq, n));
   const int32_t len = static_cast<int32_t>(s->tokens.size());
-  // The sliding group takes the same fresh blocks, and its own copy of a shared last block.
-  const bool sliding_cow =
-      has_sliding() && len % block_size_ != 0 && !SlidingWritable(s->sliding_table.back());
-  const int32_t sliding_needed =
-      !has_sliding() ? 0
-                     : CeilDiv(static_cast<int64_t>(len) + n, block_size_) -
-                           static_cast<int32_t>(s->table.size()) + (sliding_cow ? 1 : 0);
-  if (has_sliding() && sliding_needed > sliding_pool_->num_available()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache full: appending ", n, " tokens to sequence ", seq, " (length ", len, ") needs ",
-        sliding_needed, " sliding-window blocks, ", sliding_pool_->num_available(),
-        " available; free or preempt a sequence and retry"));
-  }
   if (needed > pool_->num_available()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache full: appending ", n, " tokens to sequence ", seq, " (length ",
-                     s->tokens.size(), ") needs ", needed, " blocks, ", pool_->num_available(),
-                     " available (", pool_->num_free(), " free, ", pool_->num_cached(),
-                     " cached); free or preempt a sequence"
-                     " and retry"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache full: appending ", n, " tokens to sequence ", seq, " (length ", s->tokens.size(),
+        ") needs ", needed, " blocks, ", pool_->num_available(), " available (", pool_->num_free(),
+        " free, ", pool_->num_cached(), " cached); free or preempt a sequence and retry"));
   }
   // Capacity is guaranteed from here on: mutate.
-  if (len % block_size_ != 0 && !Writable(s->table.back())) CopyOnWrite(*s, s->table.size() - 1);
-  if (sliding_cow) CopySlidingOnWrite(*s, s->sliding_table.size() - 1);
+  for (int32_t g = 0; g < n_groups(); ++g) {
+    if (NeedsCopyBeforeAppend(*s, g)) CopyOnWrite(*s, g, s->table.size() - 1);
+  }
   const int32_t total_blocks = CeilDiv(static_cast<int64_t>(len) + n, block_size_);
   while (static_cast<int32_t>(s->table.size()) < total_blocks) {
     s->table.push_back(pool_->Allocate());
-    if (has_sliding()) s->sliding_table.push_back(sliding_pool_->Allocate());
+    for (std::vector<BlockId>& table : s->group_tables) table.push_back(pool_->Allocate());
   }
   s->tokens.insert(s->tokens.end(), token_ids.begin(), token_ids.end());
   if (!slots_out.empty()) {
@@ -275,20 +260,19 @@ absl::Status KvCache::AppendSlotsForRestore(SeqId seq, std::span<const int32_t> 
   }
   const int32_t blocks = CeilDiv(static_cast<int64_t>(token_ids.size()), block_size_);
   const int32_t released = std::min(ReleasableSlidingBlocks(n_computed), blocks);
-  if (blocks > pool_->num_available() ||
-      (has_sliding() && blocks - released > sliding_pool_->num_available())) {
+  const int64_t n_sliding_groups = n_groups() - layout().first_sliding_group();
+  const int64_t needed =
+      static_cast<int64_t>(blocks) * n_groups() - static_cast<int64_t>(released) * n_sliding_groups;
+  if (needed > pool_->num_available()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache full: restoring ", token_ids.size(), " tokens needs ", blocks, " blocks (",
-        pool_->num_available(), " available)",
-        has_sliding() ? absl::StrCat(" and ", blocks - released, " sliding-window blocks (",
-                                     sliding_pool_->num_available(), " available)")
-                      : std::string(),
-        "; free or preempt a sequence and retry"));
+        "KV cache full: restoring ", token_ids.size(), " tokens needs ", needed, " blocks (",
+        pool_->num_available(), " available); free or preempt a sequence and retry"));
   }
   for (int32_t i = 0; i < blocks; ++i) {
     s->table.push_back(pool_->Allocate());
-    if (has_sliding()) {
-      s->sliding_table.push_back(i < released ? kNullBlock : sliding_pool_->Allocate());
+    for (int32_t g = 1; g < n_groups(); ++g) {
+      const bool skip = layout().group_is_sliding(g) && i < released;
+      Table(*s, g).push_back(skip ? kNullBlock : pool_->Allocate());
     }
   }
   if (has_sliding()) s->sliding_released = released;
@@ -306,16 +290,17 @@ absl::StatusOr<KvSlot> KvCache::PrepareOverwrite(SeqId seq, int32_t pos, int32_t
                      ") (computed tokens are immutable)"));
   }
   const size_t i = static_cast<size_t>(pos / block_size_);
-  const bool cow = !Writable(s->table[i]);
-  // (pos >= n_computed: its sliding block is never released.)
-  const bool sliding_cow = has_sliding() && !SlidingWritable(s->sliding_table[i]);
-  if ((cow && pool_->num_available() < 1) || (sliding_cow && sliding_pool_->num_available() < 1)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache full: overwriting position ", pos, " of sequence ", seq,
-                     " needs a copy of shared block ", s->table[i], ", no block available"));
+  // (pos >= n_computed: its sliding blocks are never released.)
+  int32_t copies = 0;
+  for (int32_t g = 0; g < n_groups(); ++g) copies += Writable(Table(*s, g)[i]) ? 0 : 1;
+  if (copies > pool_->num_available()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache full: overwriting position ", pos, " of sequence ", seq, " needs copies of ",
+        copies, " shared blocks, ", pool_->num_available(), " available"));
   }
-  if (cow) CopyOnWrite(*s, i);
-  if (sliding_cow) CopySlidingOnWrite(*s, i);
+  for (int32_t g = 0; g < n_groups(); ++g) {
+    if (!Writable(Table(*s, g)[i])) CopyOnWrite(*s, g, i);
+  }
   s->tokens[pos] = token_id;
   return SlotAt(*s, pos);
 }
@@ -343,16 +328,14 @@ void KvCache::RegisterComputedBlocks(Sequence& s) {
     const auto block_tokens = tokens.subspan(i * block_size_, block_size_);
     const BlockHash h = ChainBlockHash(parent, s.extra_key, block_tokens);
     s.hashes.push_back(h);
-    const BlockId b = s.table[i];
-    // An already hashed block (attached, or shared with a fork) keeps its entry; a duplicate of a
-    // block that is already cached stays unhashed (the index keeps the first copy).
-    if (!pool_->has_hash(b)) {
-      pool_->RegisterHash(b, h, parent, s.extra_key, block_tokens);
-    }
-    // The sliding group's block of the same tokens, under the same hash in its own pool.
-    if (has_sliding() && s.sliding_table[i] != kNullBlock &&
-        !sliding_pool_->has_hash(s.sliding_table[i])) {
-      sliding_pool_->RegisterHash(s.sliding_table[i], h, parent, s.extra_key, block_tokens);
+    // Each group's block of these tokens, under the hash salted with its group. An already hashed
+    // block (attached, or shared with a fork) keeps its entry; a duplicate of a block that is
+    // already cached stays unhashed (the index keeps the first copy); a released one is gone.
+    for (int32_t g = 0; g < n_groups(); ++g) {
+      const BlockId b = Table(s, g)[i];
+      if (b != kNullBlock && !pool_->has_hash(b)) {
+        pool_->RegisterHash(b, GroupHash(h, g), GroupHash(parent, g), s.extra_key, block_tokens);
+      }
     }
   }
 }
@@ -361,9 +344,12 @@ void KvCache::ReleaseSlidingBlocks(Sequence& s) {
   const int32_t releasable = ReleasableSlidingBlocks(s.n_computed);
   // Last block first (as ReleaseTail): a released run's later blocks are evicted first.
   for (int32_t i = releasable - 1; i >= s.sliding_released; --i) {
-    sliding_pool_->Release(s.sliding_table[static_cast<size_t>(i)]);
-    s.sliding_table[static_cast<size_t>(i)] = kNullBlock;
-    ++stats_.sliding_blocks_released;
+    for (int32_t g = layout().first_sliding_group(); g < n_groups(); ++g) {
+      BlockId& b = Table(s, g)[static_cast<size_t>(i)];
+      pool_->Release(b);
+      b = kNullBlock;
+      ++stats_.sliding_blocks_released;
+    }
   }
   s.sliding_released = std::max(s.sliding_released, releasable);
 }
@@ -377,14 +363,17 @@ absl::StatusOr<SeqId> KvCache::Fork(SeqId seq) {
   copy.n_computed = src->n_computed;
   copy.tokens.reserve(src->tokens.size() + static_cast<size_t>(block_size_));
   copy.tokens.assign(src->tokens.begin(), src->tokens.end());
-  copy.table.reserve(src->table.size() + 1);
-  copy.table.assign(src->table.begin(), src->table.end());
   copy.hashes = src->hashes;
-  copy.sliding_table = src->sliding_table;
   copy.sliding_released = src->sliding_released;
-  for (BlockId b : copy.table) pool_->Ref(b);
-  for (BlockId b : copy.sliding_table) {
-    if (b != kNullBlock) sliding_pool_->Ref(b);
+  copy.group_tables.resize(src->group_tables.size());
+  for (int32_t g = 0; g < n_groups(); ++g) {
+    const std::vector<BlockId>& from = Table(*src, g);
+    std::vector<BlockId>& to = Table(copy, g);
+    to.reserve(from.size() + 1);
+    to.assign(from.begin(), from.end());
+    for (BlockId b : to) {
+      if (b != kNullBlock) pool_->Ref(b);
+    }
   }
   const SeqId id = next_seq_id_++;
   seqs_.emplace(id, std::move(copy));
@@ -395,15 +384,13 @@ void KvCache::ReleaseTail(Sequence& s, size_t keep_blocks) {
   // Last block first: the tail of a cached chain enters the LRU before its parents, so it is
   // evicted first.
   while (s.table.size() > keep_blocks) {
-    pool_->Release(s.table.back());
-    s.table.pop_back();
-    if (!has_sliding()) continue;
-    if (s.sliding_table.back() != kNullBlock) sliding_pool_->Release(s.sliding_table.back());
-    s.sliding_table.pop_back();
+    for (int32_t g = 0; g < n_groups(); ++g) {
+      std::vector<BlockId>& table = Table(s, g);
+      if (table.back() != kNullBlock) pool_->Release(table.back());
+      table.pop_back();
+    }
   }
-  if (has_sliding()) {
-    s.sliding_released = std::min(s.sliding_released, static_cast<int32_t>(keep_blocks));
-  }
+  s.sliding_released = std::min(s.sliding_released, static_cast<int32_t>(keep_blocks));
 }
 
 absl::Status KvCache::Truncate(SeqId seq, int32_t new_len) {
@@ -446,14 +433,18 @@ absl::StatusOr<int32_t> KvCache::NumComputed(SeqId seq) const {
   return s->n_computed;
 }
 
-absl::StatusOr<std::span<const BlockId>> KvCache::BlockTable(SeqId seq) const {
+absl::StatusOr<std::span<const BlockId>> KvCache::BlockTable(SeqId seq, int32_t group) const {
   KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
-  return std::span<const BlockId>(s->table);
+  if (group < 0 || group >= n_groups()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCache::BlockTable: group ", group,
+                                                   " of a layout with ", n_groups(), " groups"));
+  }
+  return std::span<const BlockId>(Table(*s, group));
 }
 
-absl::StatusOr<std::span<const BlockId>> KvCache::SlidingBlockTable(SeqId seq) const {
+absl::StatusOr<int32_t> KvCache::SlidingBlocksReleased(SeqId seq) const {
   KILN_ASSIGN_OR_RETURN(const Sequence* s, Find(seq));
-  return std::span<const BlockId>(s->sliding_table);
+  return s->sliding_released;
 }
 
 absl::StatusOr<std::span<const int32_t>> KvCache::Tokens(SeqId seq) const {
@@ -475,7 +466,8 @@ absl::Status KvCache::BuildTables(std::span<const SeqId> seqs, KvTables* out) co
   out->indptr.clear();
   out->indices.clear();
   out->last_page_len.clear();
-  out->sliding_indices.clear();
+  out->group_indices.resize(static_cast<size_t>(n_groups() - 1));
+  for (std::vector<int32_t>& indices : out->group_indices) indices.clear();
   for (size_t j = 0; j < seqs.size(); ++j) {
     if (!seqs_.contains(seqs[j])) {
       return absl::InvalidArgumentError(
@@ -486,8 +478,10 @@ absl::Status KvCache::BuildTables(std::span<const SeqId> seqs, KvTables* out) co
   for (SeqId id : seqs) {
     const Sequence& s = seqs_.find(id)->second;
     out->indices.insert(out->indices.end(), s.table.begin(), s.table.end());
-    out->sliding_indices.insert(out->sliding_indices.end(), s.sliding_table.begin(),
-                                s.sliding_table.end());
+    for (size_t g = 0; g < s.group_tables.size(); ++g) {
+      out->group_indices[g].insert(out->group_indices[g].end(), s.group_tables[g].begin(),
+                                   s.group_tables[g].end());
+    }
     out->indptr.push_back(static_cast<int32_t>(out->indices.size()));
     const int32_t len = static_cast<int32_t>(s.tokens.size());
     out->last_page_len.push_back(
@@ -507,25 +501,25 @@ KvCacheCounters KvCache::Counters() const {
   c.bytes_per_token = layout().bytes_per_token();
   c.block_bytes = layout().block_bytes();
   c.kv_bytes_in_use = static_cast<size_t>(c.blocks_used) * c.block_bytes;
-  if (has_sliding()) {
-    c.sliding_blocks_total = sliding_pool_->num_usable();
-    c.sliding_blocks_free = sliding_pool_->num_free();
-    c.sliding_blocks_cached = sliding_pool_->num_cached();
-    c.sliding_blocks_used = sliding_pool_->num_used();
-    c.sliding_block_bytes = layout().block_bytes(1);
-    c.kv_bytes_in_use += static_cast<size_t>(c.sliding_blocks_used) * c.sliding_block_bytes;
-  }
+  c.sliding_block_bytes = has_sliding() ? c.block_bytes : 0;
   // A shared block counts once, filled up to the furthest slot any holder uses.
   std::fill(fill_scratch_.begin(), fill_scratch_.end(), 0);
+  std::fill(sliding_scratch_.begin(), sliding_scratch_.end(), 0);
   for (const auto& [id, s] : seqs_) {
     const int32_t len = static_cast<int32_t>(s.tokens.size());
-    for (size_t i = 0; i < s.table.size(); ++i) {
-      const int32_t filled = std::min(block_size_, len - static_cast<int32_t>(i) * block_size_);
-      int32_t& f = fill_scratch_[s.table[i]];
-      f = std::max(f, filled);
+    for (int32_t g = 0; g < n_groups(); ++g) {
+      const std::vector<BlockId>& table = Table(s, g);
+      for (size_t i = 0; i < table.size(); ++i) {
+        if (table[i] == kNullBlock) continue;
+        const int32_t filled = std::min(block_size_, len - static_cast<int32_t>(i) * block_size_);
+        int32_t& f = fill_scratch_[table[i]];
+        f = std::max(f, filled);
+        sliding_scratch_[table[i]] = layout().group_is_sliding(g) ? 1 : 0;
+      }
     }
   }
   for (int32_t f : fill_scratch_) c.filled_slots += f;
+  for (uint8_t sliding : sliding_scratch_) c.sliding_blocks_used += sliding;
   c.allocated_slots = static_cast<int64_t>(c.blocks_used) * block_size_;
   c.utilization = c.allocated_slots == 0 ? 1.0
                                          : static_cast<double>(c.filled_slots) /
@@ -547,11 +541,11 @@ absl::Status KvCache::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " computed ", s.n_computed,
                                               " hashes ", s.hashes.size()));
     }
-    for (BlockId b : s.table) {
-      if (b <= kNullBlock || b >= pool_->num_blocks()) {
-        return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " points at block ", b));
+    KILN_RETURN_IF_ERROR(CheckGroupInvariants(id, s));
+    for (int32_t g = 0; g < n_groups(); ++g) {
+      for (BlockId b : Table(s, g)) {
+        if (b != kNullBlock) ++holders[b];
       }
-      ++holders[b];
     }
   }
   for (BlockId b = 1; b < pool_->num_blocks(); ++b) {
@@ -561,37 +555,37 @@ absl::Status KvCache::CheckInvariants() const {
                                               " holders"));
     }
   }
-  return has_sliding() ? CheckSlidingInvariants() : absl::OkStatus();
+  return absl::OkStatus();
 }
 
-absl::Status KvCache::CheckSlidingInvariants() const {
-  KILN_RETURN_IF_ERROR(sliding_pool_->CheckInvariants());
-  std::vector<int32_t> holders(sliding_pool_->num_blocks(), 0);
-  for (const auto& [id, s] : seqs_) {
-    if (s.sliding_table.size() != s.table.size() || s.sliding_released < 0 ||
-        static_cast<size_t>(s.sliding_released) > s.table.size() ||
-        s.sliding_released >
-            BlocksBelowWindow(s.n_computed, layout().sliding_window(), 0, block_size_)) {
-      return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " has ",
-                                              s.sliding_table.size(), " sliding blocks (",
-                                              s.sliding_released, " released) for ", s.table.size(),
-                                              " blocks, ", s.n_computed, " computed"));
-    }
-    for (size_t i = 0; i < s.sliding_table.size(); ++i) {
-      const BlockId b = s.sliding_table[i];
-      const bool released = i < static_cast<size_t>(s.sliding_released);
-      if (released ? b != kNullBlock : (b <= kNullBlock || b >= sliding_pool_->num_blocks())) {
-        return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " sliding block ", i,
-                                                " is ", b, " (released: ", released, ")"));
-      }
-      if (!released) ++holders[b];
-    }
+// Every group's table as long as group 0's; only a sliding group's first `sliding_released`
+// entries null, and those within what the window allows.
+absl::Status KvCache::CheckGroupInvariants(SeqId id, const Sequence& s) const {
+  if (s.group_tables.size() != static_cast<size_t>(n_groups() - 1) || s.sliding_released < 0 ||
+      static_cast<size_t>(s.sliding_released) > s.table.size() ||
+      s.sliding_released >
+          (has_sliding()
+               ? BlocksBelowWindow(s.n_computed, layout().sliding_window(), 0, block_size_)
+               : 0)) {
+    return absl::InternalError(
+        absl::StrCat("KvCache: sequence ", id, " has ", s.group_tables.size() + 1,
+                     " group tables, ", s.sliding_released, " sliding blocks released, for ",
+                     s.table.size(), " blocks, ", s.n_computed, " computed"));
   }
-  for (BlockId b = 1; b < sliding_pool_->num_blocks(); ++b) {
-    if (holders[b] != sliding_pool_->ref_count(b)) {
-      return absl::InternalError(absl::StrCat("KvCache: sliding block ", b, " has ref count ",
-                                              sliding_pool_->ref_count(b), " but ", holders[b],
-                                              " holders"));
+  for (int32_t g = 0; g < n_groups(); ++g) {
+    const std::vector<BlockId>& table = Table(s, g);
+    if (table.size() != s.table.size()) {
+      return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " group ", g, " has ",
+                                              table.size(), " blocks for ", s.table.size()));
+    }
+    for (size_t i = 0; i < table.size(); ++i) {
+      const bool released =
+          layout().group_is_sliding(g) && i < static_cast<size_t>(s.sliding_released);
+      const BlockId b = table[i];
+      if (released ? b != kNullBlock : (b <= kNullBlock || b >= pool_->num_blocks())) {
+        return absl::InternalError(absl::StrCat("KvCache: sequence ", id, " group ", g, " block ",
+                                                i, " is ", b, " (released: ", released, ")"));
+      }
     }
   }
   return absl::OkStatus();

@@ -25,13 +25,15 @@
 // carries no prefix hash. Otherwise AppendSlots / PrepareOverwrite first copy it to a fresh block
 // (one memcpy of block_bytes) and the sequence's table points at the copy.
 //
-// Sliding-window group (a layout made by KvLayout::WithSlidingGroup): the sliding layers' K/V
-// live in blocks of their own pool, and a sequence has a second block table for them, with the
-// same length as the first. MarkComputed releases the sliding blocks that every present and
-// future token's window has left (ReleasableSlidingBlocks): their table entries become
-// kNullBlock and the blocks go back to their pool, hashed ones as evictable cached blocks. A
-// prefix-cache hit then counts only as far as the sliding group still finds its window's blocks;
-// a Truncate below what is released fails (FailedPrecondition: recompute the sequence).
+// Layer groups (a layout made by KvLayout::WithSlidingGroups): each group's layers live in blocks
+// of their own, all from the one pool, and a sequence has one block table per group, all of the
+// same length. A copy-on-write, a prefix hash or a release acts on each group's block (the
+// prefix index keys a group's blocks by the chained hash salted with the group). MarkComputed
+// releases the sliding groups' blocks that every present and future token's window has left
+// (ReleasableSlidingBlocks): their table entries become kNullBlock and the blocks go back to the
+// pool, hashed ones as evictable cached blocks, for any group to reuse. A prefix-cache hit counts
+// only as far as every group still finds its blocks (the sliding groups: their window's); a
+// Truncate below what is released fails (FailedPrecondition: recompute the sequence).
 //
 // Failure: cache full is ResourceExhausted (the C API maps it to KILN_ERR_CACHE_FULL); the
 // capacity is checked before anything is mutated, so a failing call leaves every sequence and
@@ -44,6 +46,7 @@
 // mutating call.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -65,10 +68,13 @@ using SeqId = int64_t;
 // Where one token's K/V live. flat() = block * block_size + offset is the "slot mapping" index
 // (a row index into the pool viewed as [n_blocks * block_size] token slots per tile).
 struct KvSlot {
-  BlockId block = kNullBlock;
+  BlockId block = kNullBlock;  // group 0's
   int32_t offset = 0;
-  BlockId sliding_block = kNullBlock;  // the slot's block in the sliding group (if the layout has
-                                       // one), at the same offset
+  // With layer groups: the slot's block in groups 1, 2, ... (same offset); else kNullBlock.
+  std::array<BlockId, KvLayout::kMaxGroups - 1> group_blocks{};
+  BlockId group_block(int32_t group) const {
+    return group == 0 ? block : group_blocks[static_cast<size_t>(group - 1)];
+  }
   friend bool operator==(const KvSlot&, const KvSlot&) = default;
 };
 
@@ -81,10 +87,11 @@ struct KvTables {
   std::vector<int32_t> indptr;         // [n_seqs + 1]
   std::vector<int32_t> indices;        // [sum of blocks]
   std::vector<int32_t> last_page_len;  // [n_seqs]
-  // With a sliding group: that group's blocks, same indptr (kNullBlock where released); else empty.
-  std::vector<int32_t> sliding_indices;  // [sum of blocks]
+  // With layer groups: groups 1, 2, ...'s blocks, same indptr (kNullBlock where released); else
+  // empty.
+  std::vector<std::vector<int32_t>> group_indices;  // [n_groups - 1][sum of blocks]
   const std::vector<int32_t>& indices_of(int32_t group) const {
-    return group == 0 ? indices : sliding_indices;
+    return group == 0 ? indices : group_indices[static_cast<size_t>(group - 1)];
   }
 };
 
@@ -95,10 +102,8 @@ struct KvCacheOptions {
   size_t capacity_bytes = 0;
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // seeds the chained block hashes (block_hash.h)
-  // Layouts with a sliding group: the sliding pool's blocks (with num_blocks; 0: as many as the
-  // global pool; with capacity_bytes both pools get the same count, from their summed block
-  // bytes), and the rewind (tokens) that sliding blocks are kept for past the window.
-  int32_t sliding_num_blocks = 0;
+  // Layouts with sliding groups: the rewind (tokens) that sliding blocks are kept for past the
+  // window.
   int32_t sliding_release_margin = 0;
   // Where the blocks' bytes live (a backend's Backend::NewKvStorage); empty: host memory
   // (NewHostKvStorage).
@@ -112,7 +117,7 @@ struct KvCacheCounters {
   int64_t prefix_query_tokens = 0;  // tokens offered to AttachCachedPrefix
   int64_t prefix_hit_tokens = 0;    // tokens attached from the cache
   int64_t evictions = 0;            // cached blocks evicted to make room
-  int64_t cow_copies = 0;           // blocks copied before a write
+  int64_t cow_copies = 0;           // blocks copied before a write (of every group)
   // Current state.
   int32_t blocks_total = 0;   // usable blocks (excluding the null block)
   int32_t blocks_free = 0;    // ref 0, no hash
@@ -123,17 +128,13 @@ struct KvCacheCounters {
   int64_t allocated_slots = 0;  // blocks_used * block_size
   double utilization = 0.0;     // filled_slots / allocated_slots (1.0 when nothing is used)
   size_t bytes_per_token = 0;   // every layer's (what a token costs while nothing is released)
-  size_t block_bytes = 0;       // the global group's
-  // The sliding group (zero without one): its pool as above, and the blocks released so far
-  // (cumulative) because every window had left them.
-  int32_t sliding_blocks_total = 0;
-  int32_t sliding_blocks_free = 0;
+  size_t block_bytes = 0;       // every group's
+  // The sliding groups (zero without them): the blocks they hold now (part of blocks_used) and
+  // those released so far (cumulative) because every window had left them.
   int32_t sliding_blocks_used = 0;
-  int32_t sliding_blocks_cached = 0;
   int64_t sliding_blocks_released = 0;
-  size_t sliding_block_bytes = 0;
-  // K/V bytes held by sequences: blocks_used * block_bytes + sliding_blocks_used *
-  // sliding_block_bytes.
+  size_t sliding_block_bytes = 0;  // block_bytes with sliding groups
+  // K/V bytes held by sequences: blocks_used * block_bytes.
   size_t kv_bytes_in_use = 0;
 };
 
@@ -170,7 +171,7 @@ class KvCache {
 
   // On an empty sequence: room for `token_ids` whose first n_computed tokens' K/V the caller
   // writes next (restoring a saved session), then MarkComputed(seq, n_computed). Like
-  // AppendSlots, except that the sliding group's leading blocks that n_computed computed tokens
+  // AppendSlots, except that the sliding groups' leading blocks that n_computed computed tokens
   // would already have released are not allocated (their entries are kNullBlock).
   // Errors: ResourceExhausted (nothing changed), InvalidArgument, FailedPrecondition (not empty).
   absl::Status AppendSlotsForRestore(SeqId seq, std::span<const int32_t> token_ids,
@@ -202,21 +203,22 @@ class KvCache {
 
   absl::StatusOr<int32_t> Length(SeqId seq) const;
   absl::StatusOr<int32_t> NumComputed(SeqId seq) const;
-  absl::StatusOr<std::span<const BlockId>> BlockTable(SeqId seq) const;  // valid until next call
-  // The sliding group's table (empty without one; kNullBlock where released).
-  absl::StatusOr<std::span<const BlockId>> SlidingBlockTable(SeqId seq) const;
+  // Group 0's table, and any group's (kNullBlock where released); valid until the next call.
+  absl::StatusOr<std::span<const BlockId>> BlockTable(SeqId seq, int32_t group = 0) const;
+  // Leading blocks whose sliding-group entries are released (0 without sliding groups).
+  absl::StatusOr<int32_t> SlidingBlocksReleased(SeqId seq) const;
   absl::StatusOr<std::span<const int32_t>> Tokens(SeqId seq) const;  // valid until next call
   absl::StatusOr<KvSlot> SlotOf(SeqId seq, int32_t pos) const;
   bool Contains(SeqId seq) const { return seqs_.contains(seq); }
 
-  // Blocks AppendSlots(seq, n tokens) would take from the pool (including a copy-on-write).
+  // Blocks AppendSlots(seq, n tokens) would take from the pool (every group's, including
+  // copies-on-write).
   absl::StatusOr<int32_t> BlocksNeededToAppend(SeqId seq, int32_t n_tokens) const;
   int32_t NumAvailableBlocks() const { return pool_->num_available(); }
-  // Including the null block; `group` 1 is the sliding group's pool.
-  int32_t NumBlocks(int32_t group = 0) const { return Pool(group).num_blocks(); }
+  int32_t NumBlocks() const { return pool_->num_blocks(); }  // including the null block
   // Leading blocks of a sequence with n_computed computed tokens whose sliding-layer K/V no
   // present or future token reads (its window, the margin, and kSlidingRowAlignment); 0 without
-  // a sliding group.
+  // sliding groups.
   int32_t ReleasableSlidingBlocks(int32_t n_computed) const;
 
   // Fills `out` with the CSR tables of `seqs` in order (see KvTables). Validates every id first;
@@ -234,19 +236,19 @@ class KvCache {
   KvStorage& storage() { return *storage_; }
   // Key/Value: `b` is a block of the layer's group, KvSlot picks the right one (KvLayout).
   std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return LayerStorage(layer).BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return LayerStorage(layer).BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   std::byte* LatentPtr(BlockId b, int32_t layer) {
     return storage_->BlockData(b) + layout().LatentTileOffset(layer);
   }
   const std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return LayerStorage(layer).BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
   }
   const std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return LayerStorage(layer).BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
   }
   const std::byte* LatentPtr(BlockId b, int32_t layer) const {
     return storage_->BlockData(b) + layout().LatentTileOffset(layer);
@@ -283,57 +285,61 @@ class KvCache {
     uint64_t extra_key = 0;
     int32_t n_computed = 0;
     std::vector<int32_t> tokens;    // [length]
-    std::vector<BlockId> table;     // [ceil(length / bs)]
+    std::vector<BlockId> table;     // [ceil(length / bs)] group 0's blocks
     std::vector<BlockHash> hashes;  // chained hashes of the first full computed blocks
-    // With a sliding group: [table.size()] that group's blocks; the first `sliding_released`
-    // are kNullBlock (released).
-    std::vector<BlockId> sliding_table;
+    // With layer groups: [n_groups - 1][table.size()] groups 1, 2, ...'s blocks; the sliding
+    // groups' first `sliding_released` are kNullBlock (released).
+    std::vector<std::vector<BlockId>> group_tables;
     int32_t sliding_released = 0;
   };
 
   KvCache(std::unique_ptr<BlockPool> pool, std::unique_ptr<KvStorage> storage,
-          std::unique_ptr<BlockPool> sliding_pool, std::unique_ptr<KvStorage> sliding_storage,
           const KvCacheOptions& options);
-  bool has_sliding() const { return sliding_pool_ != nullptr; }
-  const BlockPool& Pool(int32_t group) const { return group == 0 ? *pool_ : *sliding_pool_; }
-  KvStorage& LayerStorage(int32_t layer) const {
-    return layout().layer_group(layer) == 0 ? *storage_ : *sliding_storage_;
+  int32_t n_groups() const { return layout().n_groups(); }
+  bool has_sliding() const { return layout().sliding_window() > 0; }
+  static std::vector<BlockId>& Table(Sequence& s, int32_t group) {
+    return group == 0 ? s.table : s.group_tables[static_cast<size_t>(group - 1)];
+  }
+  static const std::vector<BlockId>& Table(const Sequence& s, int32_t group) {
+    return group == 0 ? s.table : s.group_tables[static_cast<size_t>(group - 1)];
   }
   BlockId LayerBlock(KvSlot s, int32_t layer) const {
-    return layout().layer_group(layer) == 0 ? s.block : s.sliding_block;
+    return s.group_block(layout().layer_group(layer));
   }
+  // A group's prefix-index key: the chained hash salted with the group (group 0: unchanged).
+  static BlockHash GroupHash(const BlockHash& h, int32_t group);
   KvSlot SlotAt(const Sequence& s, int32_t pos) const;
-  // Hashes the full computed blocks not yet hashed into the prefix index (both groups).
+  // Hashes the full computed blocks not yet hashed into the prefix index (every group).
   void RegisterComputedBlocks(Sequence& s);
   // Releases the sliding blocks ReleasableSlidingBlocks(n_computed) allows.
   void ReleaseSlidingBlocks(Sequence& s);
-  absl::Status CheckSlidingInvariants() const;
+  absl::Status CheckGroupInvariants(SeqId id, const Sequence& s) const;
   absl::StatusOr<Sequence*> Find(SeqId seq);
   absl::StatusOr<const Sequence*> Find(SeqId seq) const;
   size_t RowOffset(KvSlot s) const { return static_cast<size_t>(s.offset) * layout().row_bytes(); }
   bool Writable(BlockId b) const { return pool_->ref_count(b) == 1 && !pool_->has_hash(b); }
-  // Replaces seq.table[i] with a private copy of its block. Precondition: a block is available.
-  // Same for the sliding group's table (precondition: a sliding block is available).
-  void CopyOnWrite(Sequence& s, size_t i);
-  void CopySlidingOnWrite(Sequence& s, size_t i);
-  bool SlidingWritable(BlockId b) const {
-    return sliding_pool_->ref_count(b) == 1 && !sliding_pool_->has_hash(b);
+  // Whether appending to `s` must first copy group `group`'s (partly filled) last block.
+  bool NeedsCopyBeforeAppend(const Sequence& s, int32_t group) const {
+    return s.tokens.size() % static_cast<size_t>(block_size_) != 0 &&
+           !Writable(Table(s, group).back());
   }
+  // Replaces group `group`'s table[i] with a private copy of its block. Precondition: a block is
+  // available.
+  void CopyOnWrite(Sequence& s, int32_t group, size_t i);
   void ReleaseTail(Sequence& s, size_t keep_blocks);
   BlockHash ParentHash(const Sequence& s, size_t block_index) const;
 
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvStorage> storage_;
-  std::unique_ptr<BlockPool> sliding_pool_;  // null without a sliding group
-  std::unique_ptr<KvStorage> sliding_storage_;
   int32_t release_margin_;
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_seed_;
   SeqId next_seq_id_ = 1;
   absl::flat_hash_map<SeqId, Sequence> seqs_;
-  KvCacheCounters stats_;                      // the cumulative fields
-  mutable std::vector<int32_t> fill_scratch_;  // [n_blocks], used by Counters()
+  KvCacheCounters stats_;                         // the cumulative fields
+  mutable std::vector<int32_t> fill_scratch_;     // [n_blocks], used by Counters()
+  mutable std::vector<uint8_t> sliding_scratch_;  // [n_blocks], used by Counters()
 };
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "lib/kv/kv_layout.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace kiln {
@@ -84,51 +85,55 @@ absl::StatusOr<KvLayout> KvLayout::Make(KvAttentionKind kind, int32_t n_layers, 
     return absl::InvalidArgumentError(absl::StrCat(
         "KvLayout ", what, ": block of ", static_cast<double>(data_bytes), " bytes is too large"));
   }
-  layout.group_n_layers_[0] = n_layers;
-  layout.block_bytes_[0] = RoundUpToAlignment(layout.block_data_bytes(0));
+  layout.layers_per_group_ = n_layers;
+  layout.block_bytes_ = RoundUpToAlignment(layout.block_data_bytes());
   return layout;
 }
 
-absl::StatusOr<KvLayout> KvLayout::WithSlidingGroup(std::span<const uint8_t> sliding,
-                                                    int32_t window) const {
+absl::StatusOr<KvLayout> KvLayout::WithSlidingGroups(std::span<const uint8_t> sliding,
+                                                     int32_t window) const {
   if (kind_ != KvAttentionKind::kGqa || n_groups() != 1) {
     return absl::InvalidArgumentError(
-        "KvLayout::WithSlidingGroup: needs a GQA layout without groups");
+        "KvLayout::WithSlidingGroups: needs a GQA layout without groups");
   }
   if (sliding.size() != static_cast<size_t>(n_layers_) || window < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvLayout::WithSlidingGroup: ", sliding.size(), " layer flags for ", n_layers_,
-                     " layers, window ", window, " (needs one flag a layer, window >= 1)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvLayout::WithSlidingGroups: ", sliding.size(), " layer flags for ", n_layers_,
+        " layers, window ", window, " (needs one flag a layer, window >= 1)"));
+  }
+  int32_t n_sliding = 0;
+  for (uint8_t s : sliding) n_sliding += s != 0 ? 1 : 0;
+  const int32_t n_global = n_layers_ - n_sliding;
+  if (n_global == 0 || n_sliding == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvLayout::WithSlidingGroups: ", n_sliding, " of ", n_layers_,
+        " layers are sliding; sliding groups need at least one global and one sliding layer"));
+  }
+  // Equal blocks for every group: as many layers per group as the smaller kind has (no block
+  // half empty), widened until the groups fit in kMaxGroups.
+  auto groups_of = [](int32_t layers, int32_t per_group) {
+    return (layers + per_group - 1) / per_group;
+  };
+  int32_t per_group = std::min(n_global, n_sliding);
+  while (groups_of(n_global, per_group) + groups_of(n_sliding, per_group) > kMaxGroups) {
+    ++per_group;
   }
   KvLayout g = *this;
   g.sliding_window_ = window;
-  g.group_n_layers_[0] = g.group_n_layers_[1] = 0;
+  g.layers_per_group_ = per_group;
+  g.first_sliding_group_ = groups_of(n_global, per_group);
+  g.group_sliding_.assign(static_cast<size_t>(g.first_sliding_group_), 0);
+  g.group_sliding_.resize(
+      static_cast<size_t>(g.first_sliding_group_ + groups_of(n_sliding, per_group)), 1);
+  int32_t seen[2] = {0, 0};  // global, sliding layers so far
   for (uint8_t s : sliding) {
-    const int32_t group = s != 0 ? 1 : 0;
-    g.layer_group_.push_back(static_cast<uint8_t>(group));
-    g.layer_in_group_.push_back(g.group_n_layers_[group]++);
+    const int32_t kind = s != 0 ? 1 : 0;
+    const int32_t index = seen[kind]++;
+    g.layer_group_.push_back(
+        static_cast<uint8_t>((kind == 1 ? g.first_sliding_group_ : 0) + index / per_group));
+    g.layer_in_group_.push_back(index % per_group);
   }
-  if (g.group_n_layers_[0] == 0 || g.group_n_layers_[1] == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvLayout::WithSlidingGroup: ", g.group_n_layers_[1], " of ", n_layers_,
-        " layers are sliding; a sliding group needs at least one global and one sliding layer"));
-  }
-  for (int32_t group = 0; group < 2; ++group) {
-    g.block_bytes_[group] = RoundUpToAlignment(g.block_data_bytes(group));
-  }
-  return g;
-}
-
-KvLayout KvLayout::GroupLayout(int32_t group) const {
-  KvLayout g = *this;
-  g.n_layers_ = group_n_layers_[group];
-  g.group_n_layers_[0] = g.n_layers_;
-  g.group_n_layers_[1] = 0;
-  g.block_bytes_[0] = block_bytes_[group];
-  g.block_bytes_[1] = 0;
-  g.layer_group_.clear();
-  g.layer_in_group_.clear();
-  g.sliding_window_ = 0;
+  g.block_bytes_ = RoundUpToAlignment(g.block_data_bytes());
   return g;
 }
 

@@ -19,12 +19,15 @@
 // unquantized as f16 (rope_elem_type, rope_offset_bytes). Rows stay independent (a row is written
 // whole, once), so copy-on-write and slot copies are unchanged.
 //
-// Sliding-window groups (gemma3; WithSlidingGroup): the layers split into group 0 (global
-// layers, every position) and group 1 (sliding layers, the last `sliding_window` positions). A
-// block then belongs to one group and holds that group's layers only: the tile formulas above
-// hold with a layer's index inside its group, and block_bytes(g) is each group's stride. KvCache
-// keeps one block table per group per sequence, so the sliding group's blocks that leave every
-// window can be released while the global group keeps the whole context (docs/kv_cache.md).
+// Sliding-window groups (gemma3; WithSlidingGroups): the layers split into groups of at most
+// layers_per_group() layers each, global layers (every position) in the leading groups and
+// sliding layers (the last `sliding_window` positions) in the rest. A block then belongs to one
+// group and holds that group's layers only: the tile formulas above hold with a layer's index
+// inside its group. Every group's block has the same bytes (a group of fewer layers leaves the
+// rest of its block unused), so all groups draw from one pool, as vLLM's KV-cache groups do:
+// blocks a sliding group releases serve any group. KvCache keeps one block table per group per
+// sequence, so the sliding groups' blocks that leave every window can be released while the
+// global groups keep the whole context (docs/kv_cache.md).
 //
 // Thread-safety: immutable after creation; free to share between threads.
 #pragma once
@@ -50,6 +53,8 @@ class KvLayout {
  public:
   static constexpr int32_t kDefaultBlockSize = 16;
   static constexpr size_t kBlockAlignment = 64;
+  // Most groups a layout splits into (WithSlidingGroups widens the groups to stay within it).
+  static constexpr int32_t kMaxGroups = 8;
 
   // MHA/GQA/MQA. Requires every count >= 1 and elem_type in {f32, f16, bf16, q8_0}; q8_0 needs
   // head_dim % 32 == 0.
@@ -59,22 +64,30 @@ class KvLayout {
   static absl::StatusOr<KvLayout> Mla(int32_t n_layers, int32_t kv_lora_rank, int32_t rope_dim,
                                       GgmlType elem_type, int32_t block_size = kDefaultBlockSize);
 
-  // This GQA layout split into a global group 0 and a sliding group 1: sliding[l] != 0 marks
-  // layer l as attending to the last `window` positions only. Requires a GQA layout without
-  // groups, sliding.size() == n_layers, window >= 1 and at least one layer in each group.
-  absl::StatusOr<KvLayout> WithSlidingGroup(std::span<const uint8_t> sliding, int32_t window) const;
+  // This GQA layout split into groups of one attention kind each: sliding[l] != 0 marks layer l
+  // as attending to the last `window` positions only. Groups hold min(global, sliding layers)
+  // layers each, more where that would make over kMaxGroups groups; the global layers' groups
+  // come first. Requires a GQA layout without groups, sliding.size() == n_layers, window >= 1 and
+  // at least one layer of each kind.
+  absl::StatusOr<KvLayout> WithSlidingGroups(std::span<const uint8_t> sliding,
+                                             int32_t window) const;
 
   KvAttentionKind kind() const { return kind_; }
   int32_t n_layers() const { return n_layers_; }
-  // Groups: 1 (every layer in group 0) or 2 (WithSlidingGroup).
-  int32_t n_groups() const { return layer_group_.empty() ? 1 : 2; }
+  // Groups: 1 (every layer in group 0) or more (WithSlidingGroups).
+  int32_t n_groups() const {
+    return group_sliding_.empty() ? 1 : static_cast<int32_t>(group_sliding_.size());
+  }
   int32_t layer_group(int32_t layer) const {
     return layer_group_.empty() ? 0 : layer_group_[static_cast<size_t>(layer)];
   }
-  int32_t group_n_layers(int32_t group) const { return group_n_layers_[group]; }
-  int32_t sliding_window() const { return sliding_window_; }  // 0 without a sliding group
-  // One group's layers as a layout without groups (the bytes of that group's blocks).
-  KvLayout GroupLayout(int32_t group) const;
+  bool group_is_sliding(int32_t group) const {
+    return !group_sliding_.empty() && group_sliding_[static_cast<size_t>(group)] != 0;
+  }
+  int32_t first_sliding_group() const { return first_sliding_group_; }  // n_groups() without
+  // Layers whose tiles one block holds: n_layers without groups.
+  int32_t layers_per_group() const { return layers_per_group_; }
+  int32_t sliding_window() const { return sliding_window_; }  // 0 without sliding groups
   // GQA: KV heads per layer. MLA: 1 (one latent "head").
   int32_t n_kv_heads() const { return n_kv_heads_; }
   // Elements per token row of one tile: GQA head_dim, MLA kv_lora_rank + rope_dim.
@@ -98,12 +111,13 @@ class KvLayout {
 
   size_t row_bytes() const { return row_bytes_; }
   size_t tile_bytes() const { return row_bytes() * static_cast<size_t>(block_size_); }
-  // Bytes of real data in one block of a group, and its stride (rounded up to kBlockAlignment).
-  size_t block_data_bytes(int32_t group = 0) const {
-    return tile_bytes() * static_cast<size_t>(group_n_layers_[group]) *
+  // Bytes of one block's tiles (a group's layers), and its stride (rounded up to
+  // kBlockAlignment).
+  size_t block_data_bytes() const {
+    return tile_bytes() * static_cast<size_t>(layers_per_group_) *
            static_cast<size_t>(tiles_per_layer());
   }
-  size_t block_bytes(int32_t group = 0) const { return block_bytes_[group]; }
+  size_t block_bytes() const { return block_bytes_; }
   // K/V bytes one token occupies in every layer: 2·layers·kv_heads·head_dim·bytes (GQA) or
   // layers·(d_c + d_r)·bytes (MLA). Excludes the block padding.
   size_t bytes_per_token() const {
@@ -112,7 +126,7 @@ class KvLayout {
 
   // Byte offsets of tiles inside a block. Preconditions (checked only by assert): GQA layout for
   // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads. With a
-  // sliding group, Key/Value offsets are inside a block of the layer's group.
+  // sliding groups, Key/Value offsets are inside a block of the layer's group.
   size_t KeyTileOffset(int32_t layer, int32_t kv_head) const {
     return TileIndex(layer, 0, kv_head) * tile_bytes();
   }
@@ -143,11 +157,14 @@ class KvLayout {
   int32_t block_size_ = 0;
   GgmlType elem_type_ = GgmlType::kF32;
   size_t row_bytes_ = 0;
-  int32_t group_n_layers_[2] = {0, 0};
-  size_t block_bytes_[2] = {0, 0};
-  // With a sliding group: [n_layers] each layer's group and its index inside it; else empty.
+  int32_t layers_per_group_ = 0;
+  size_t block_bytes_ = 0;
+  // With sliding groups: [n_layers] each layer's group and its index inside it, and [n_groups]
+  // whether a group's layers slide; else empty.
   std::vector<uint8_t> layer_group_;
   std::vector<int32_t> layer_in_group_;
+  std::vector<uint8_t> group_sliding_;
+  int32_t first_sliding_group_ = 1;
   int32_t sliding_window_ = 0;
 };
 

@@ -141,6 +141,14 @@ class Architecture {
   // The cache layout for K/V elements of `kv_type`.
   virtual absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
                                                int32_t block_size) const = 0;
+  // The same for a kernel order (what the engine calls): CacheLayout's, unless the family's
+  // llama.cpp graph keeps its K/V in another form in that order.
+  virtual absl::StatusOr<KvLayout> CacheLayoutForOrder(const ModelHparams& hp, GgmlType kv_type,
+                                                       int32_t block_size,
+                                                       bool llama_cpp_order) const {
+    (void)llama_cpp_order;
+    return CacheLayout(hp, kv_type, block_size);
+  }
 
   // A forward pass of `model` on `backend` (both must outlive it).
   virtual absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,

@@ -101,11 +101,11 @@ absl::Status DecoderForward::Validate(const ForwardBatch& batch, const KvCache& 
       layout.n_kv_heads() != hp_.n_head_kv || layout.head_dim() != hp_.head_dim) {
     return absl::InvalidArgumentError("forward: the KV cache layout does not match the model");
   }
-  // A sliding group must hold exactly the model's sliding layers, with its window.
-  if (layout.n_groups() == 2) {
+  // Sliding groups must hold exactly the model's sliding layers, with its window.
+  if (layout.n_groups() > 1) {
     bool match = layout.sliding_window() == hp_.sliding_window;
     for (int32_t l = 0; match && l < layout.n_layers(); ++l) {
-      match = (layout.layer_group(l) == 1) == hp_.is_swa(l);
+      match = layout.group_is_sliding(layout.layer_group(l)) == hp_.is_swa(l);
     }
     if (!match) {
       return absl::InvalidArgumentError(

@@ -101,6 +101,7 @@ struct MlaLayer {
   const WeightView* ffn_down;   // [n_ff -> n_embd]; null in a mixture-of-experts layer
   const WeightView* k_b;    // attn_k_b: per head kv_lora_rank rows of nope_dim; null (attn_kv_b)
   const WeightView* v_b;    // attn_v_b: per head v_head_dim rows of kv_lora_rank; null (attn_kv_b)
+  const WeightView* kv_b;   // attn_kv_b: per head nope_dim + v_head_dim rows; null (attn_k_b)
   std::vector<float> w_uk;  // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
   std::vector<float> w_uv;  // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
 };
@@ -162,6 +163,11 @@ class MlaForward final : public ForwardPass {
   absl::Status RunAttention(const KvCache& cache, int32_t il, float scale);
   // The same in the llama.cpp order, as its deepseek2 graph computes it (split attn_k_b/attn_v_b).
   absl::Status RunAttentionLlamaCpp(const KvCache& cache, int32_t il, float scale);
+  // Whether `layout` is MlaMhaCacheLayout's (a combined attn_kv_b file in the llama.cpp order).
+  bool IsMhaCache(const KvLayout& layout) const;
+  // Writes one layer's decompressed K and V from latent_ and runs multi-head attention over them,
+  // as llama.cpp's deepseek2 graph does for a combined attn_kv_b.
+  absl::Status RunMhaAttention(KvCache& cache, int32_t il, float scale);
 
   const Model& model_;
   const ModelHparams& hp_;
@@ -194,12 +200,22 @@ class MlaForward final : public ForwardPass {
   };
   std::vector<DecompressedSeq> decompressed_;
   std::vector<float> ctx_c_, ctx_kr_, ctx_k_, ctx_v_, seq_q_, seq_out_, abs_q_, abs_out_;
-  std::vector<float> head_in_, head_out_;  // one head's rows of the llama.cpp order's matmuls
+  std::vector<float> head_in_, head_out_;      // one head's rows of the llama.cpp order's matmuls
+  std::vector<float> mha_kv_, mha_k_, mha_v_;  // RunMhaAttention's [n, n_head, ...] rows
   std::vector<float> x_, h_, qa_, q_, kva_, latent_, kr_, qpe_, attn_, proj_, gate_, up_;
 };
 
+bool MlaForward::IsMhaCache(const KvLayout& layout) const {
+  auto mha = MlaMhaCacheLayout(hp_, layout.elem_type(), layout.block_size());
+  return !hp_.mla.split_kv_b && backend_.llama_cpp_order() && mha.ok() &&
+         layout.kind() == KvAttentionKind::kGqa && layout.n_groups() == 1 &&
+         layout.n_layers() == mha->n_layers() && layout.n_kv_heads() == mha->n_kv_heads() &&
+         layout.head_dim() == mha->head_dim();
+}
+
 absl::Status MlaForward::Validate(const ForwardBatch& batch, const KvCache& cache) const {
   const KvLayout& layout = cache.layout();
+  if (IsMhaCache(layout)) return CheckBatchTokens(batch, cache, hp_.n_vocab);
   if (layout.kind() != KvAttentionKind::kMla || layout.n_layers() != hp_.n_layer ||
       layout.kv_lora_rank() != hp_.mla.kv_lora_rank || layout.rope_dim() != hp_.mla.rope_dim) {
     return absl::InvalidArgumentError(
@@ -383,6 +399,52 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
   return absl::OkStatus();
 }
 
+// llama.cpp's deepseek2 graph for a combined attn_kv_b (flash attention off): kv = attn_kv_b c for
+// every token (one matmul in the llama.cpp order), K_h = [k_nope_h | rope(kr)] and V_h = v_h
+// stored in the cache, then the attention of a GQA model with n_head KV heads. The padding past
+// qk_head_dim (K, q) or v_head_dim (V) is zeros, so each score and each output element is the
+// same sum as without it; the output's padding is dropped.
+absl::Status MlaForward::RunMhaAttention(KvCache& cache, int32_t il, float scale) {
+  const MlaHparams& m = hp_.mla;
+  const MlaLayer& L = layers_[il];
+  const int64_t n = static_cast<int64_t>(positions_.size()), n_head = hp_.n_head,
+                kvl = m.kv_lora_rank, rd = m.rope_dim, nope = m.nope_dim, vd = m.v_head_dim,
+                qk = m.qk_head_dim(), row = kvl + rd, hd = cache.layout().head_dim();
+  Grow(head_in_, n * kvl);
+  Grow(mha_kv_, n * n_head * (nope + vd));
+  Grow(abs_q_, n * n_head * hd);
+  Grow(abs_out_, n * n_head * hd);
+  mha_k_.assign(static_cast<size_t>(n * n_head * hd), 0.0f);
+  mha_v_.assign(static_cast<size_t>(n * n_head * hd), 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(head_in_.data() + t * kvl, latent_.data() + t * row, kvl * sizeof(float));
+  }
+  KILN_RETURN_IF_ERROR(backend_.MatMul(*L.kv_b, head_in_.data(), n, mha_kv_.data()));
+  std::fill(abs_q_.begin(), abs_q_.begin() + n * n_head * hd, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < n_head; ++h) {
+      const float* kv = mha_kv_.data() + (t * n_head + h) * (nope + vd);
+      float* k = mha_k_.data() + (t * n_head + h) * hd;
+      std::memcpy(k, kv, nope * sizeof(float));
+      std::memcpy(k + nope, kr_.data() + t * rd, rd * sizeof(float));
+      std::memcpy(mha_v_.data() + (t * n_head + h) * hd, kv + nope, vd * sizeof(float));
+      std::memcpy(abs_q_.data() + (t * n_head + h) * hd, q_.data() + (t * n_head + h) * qk,
+                  qk * sizeof(float));
+    }
+  }
+  KILN_RETURN_IF_ERROR(backend_.WriteKv(cache, il, std::span<const KvSlot>(slots_.data(), n),
+                                        mha_k_.data(), mha_v_.data()));
+  KILN_RETURN_IF_ERROR(backend_.Attention(cache, il, mask_, abs_q_.data(),
+                                          static_cast<int32_t>(n_head), abs_out_.data(), scale));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < n_head; ++h) {
+      std::memcpy(attn_.data() + (t * n_head + h) * vd, abs_out_.data() + (t * n_head + h) * hd,
+                  vd * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // llama.cpp's absorbed deepseek2 graph (flash attention off), op for op. Per head h, q_abs =
 // attn_k_b_h q_nope is a matmul of its own (llama.cpp's rules: 8-bit activations for q8_0 weights,
 // f16 for f16; f32 weights always as ggml_vec_dot_f32, since ggml's permuted q_nope is not
@@ -398,17 +460,8 @@ absl::Status MlaForward::RunAttentionLlamaCpp(const KvCache& cache, int32_t il, 
   Grow(head_out_, n * std::max(kvl, vd));
   Grow(abs_q_, n * n_head * row);
   Grow(abs_out_, n * n_head * kvl);
-  // Head h's rows of a per-head 3-D weight (`rows` rows each), read from the file's bytes.
-  auto head_rows = [](const WeightView& w, int64_t h, int64_t rows) {
-    WeightView v = w;
-    v.data = w.Row(h * rows);
-    v.n_out = rows;
-    v.interleaved = nullptr;
-    v.device_data = nullptr;
-    return v;
-  };
   for (int64_t h = 0; h < n_head; ++h) {  // q_abs[t, h] = [attn_k_b_h q_nope[t, h] | rope(q_r)]
-    const WeightView k_b = head_rows(*L.k_b, h, kvl);
+    const WeightView k_b = L.k_b->Rows(h * kvl, kvl);  // head h's rows of the 3-D weight
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(head_in_.data() + t * nope, q_.data() + (t * n_head + h) * qk,
                   nope * sizeof(float));
@@ -430,7 +483,7 @@ absl::Status MlaForward::RunAttentionLlamaCpp(const KvCache& cache, int32_t il, 
   KILN_RETURN_IF_ERROR(backend_.MlaLatentAttention(
       cache, il, mask_, abs_q_.data(), static_cast<int32_t>(n_head), abs_out_.data(), scale));
   for (int64_t h = 0; h < n_head; ++h) {  // attn[t, h] = attn_v_b_h latent[t, h]
-    const WeightView v_b = head_rows(*L.v_b, h, vd);
+    const WeightView v_b = L.v_b->Rows(h * vd, vd);
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(head_in_.data() + t * kvl, abs_out_.data() + (t * n_head + h) * kvl,
                   kvl * sizeof(float));
@@ -447,7 +500,8 @@ absl::Status MlaForward::RunAttentionLlamaCpp(const KvCache& cache, int32_t il, 
 absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) {
   KILN_RETURN_IF_ERROR(Validate(batch, cache));
   KILN_RETURN_IF_ERROR(BuildVisibility(batch, cache));
-  KILN_RETURN_IF_ERROR(PlanAttention(batch, cache));
+  const bool mha_cache = IsMhaCache(cache.layout());
+  if (!mha_cache) KILN_RETURN_IF_ERROR(PlanAttention(batch, cache));
   const MlaHparams& m = hp_.mla;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   const int64_t d = hp_.n_embd, n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim,
@@ -511,10 +565,14 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
       }
       std::memcpy(latent_.data() + i * row + kvl, kr_.data() + i * rd, rd * sizeof(float));
     }
-    KILN_RETURN_IF_ERROR(
-        backend_.WriteLatent(cache, il, std::span<const KvSlot>(slots_.data(), n), latent_.data()));
-    // Attention over the latent rows, absorbed or decompressed.  attn_: [n, n_head, v_head_dim]
-    KILN_RETURN_IF_ERROR(RunAttention(cache, il, scale));
+    if (mha_cache) {  // attn_: [n, n_head, v_head_dim]
+      KILN_RETURN_IF_ERROR(RunMhaAttention(cache, il, scale));
+    } else {
+      KILN_RETURN_IF_ERROR(backend_.WriteLatent(
+          cache, il, std::span<const KvSlot>(slots_.data(), n), latent_.data()));
+      // Attention over the latent rows, absorbed or decompressed.
+      KILN_RETURN_IF_ERROR(RunAttention(cache, il, scale));
+    }
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wo, attn_.data(), n, proj_.data()));  // [n, n_embd]
     backend_.Add(x, proj_.data(), n * d, x);
     // The last layer's feed-forward runs only for the logit tokens (as the decoder's does).
@@ -569,6 +627,14 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
 
 }  // namespace
 
+absl::StatusOr<KvLayout> MlaMhaCacheLayout(const ModelHparams& hp, GgmlType kv_type,
+                                           int32_t block_size) {
+  const MlaHparams& m = hp.mla;
+  return KvLayout::Gqa(static_cast<int32_t>(hp.n_layer), static_cast<int32_t>(hp.n_head),
+                       static_cast<int32_t>(std::max(m.qk_head_dim(), m.v_head_dim)), kv_type,
+                       block_size);
+}
+
 absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, Backend& backend,
                                                            MlaPrefillMode mode) {
   const ModelHparams& hp = model.hparams();
@@ -611,7 +677,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       KILN_ASSIGN_OR_RETURN(L.ffn_up, required(l, "ffn_up.weight"));
       KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
     }
-    L.k_b = L.v_b = nullptr;
+    L.k_b = L.v_b = L.kv_b = nullptr;
     L.w_uk.resize(static_cast<size_t>(n_head * nope * kvl));
     L.w_uv.resize(static_cast<size_t>(n_head * vd * kvl));
     if (m.split_kv_b) {
@@ -631,8 +697,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       L.w_uv = std::move(v_b);
     } else {
       // attn_kv_b: per head nope_dim key rows then v_head_dim value rows, each kv_lora_rank long.
-      KILN_ASSIGN_OR_RETURN(const WeightView* kvb, required(l, "attn_kv_b.weight"));
-      KILN_ASSIGN_OR_RETURN(std::vector<float> kv_b, DequantizeAll(*kvb));
+      KILN_ASSIGN_OR_RETURN(L.kv_b, required(l, "attn_kv_b.weight"));
+      KILN_ASSIGN_OR_RETURN(std::vector<float> kv_b, DequantizeAll(*L.kv_b));
       for (int64_t hh = 0; hh < n_head; ++hh) {
         const float* head = kv_b.data() + hh * (nope + vd) * kvl;
         std::copy(head, head + nope * kvl, L.w_uk.begin() + hh * nope * kvl);

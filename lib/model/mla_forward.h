@@ -17,6 +17,11 @@
 // rule's minimum (docs/numerics.md). The per-head W_UK/W_UV products run in f32 over the
 // dequantized attn_k_b/attn_v_b (or attn_kv_b) rows; the projections use the backend's matmuls.
 //
+// In the llama.cpp order, a file with the combined attn_kv_b runs as llama.cpp runs it: ordinary
+// multi-head attention over K = [W_UK_h c | rope(kr)] and V = W_UV_h c, computed per token by one
+// matmul with attn_kv_b and cached decompressed (MlaMhaCacheLayout; the engine asks the
+// architecture for the layout of its order).
+//
 // Visibility is the decoder's: causal tokens see cache indices [0, cache_index]; a tree node sees
 // its causal root's prefix plus its tree ancestors and itself.
 #pragma once
@@ -35,6 +40,11 @@ namespace kiln {
 // n_ctx cache rows (the chunk's own included), runs decompressed. It depends on that sequence's
 // chunk alone, never on the rest of the batch (mla_forward.cc has the measured figures).
 bool ChooseDecompressed(const ModelHparams& hp, int64_t n_new, int64_t n_ctx);
+
+// The llama.cpp order's cache for files with the combined attn_kv_b: a GQA layout of n_head KV
+// heads of max(qk_head_dim, v_head_dim) elements (K = [k_nope | k_rope], V = v, each zero-padded).
+absl::StatusOr<KvLayout> MlaMhaCacheLayout(const ModelHparams& hp, GgmlType kv_type,
+                                           int32_t block_size);
 
 // Unimplemented for rope scaling other than YaRN. Layers from n_layer_dense_lead on run their
 // feed-forward as mixture-of-experts (moe_ffn.h). The default keeps every bitwise guarantee of

@@ -1006,13 +1006,9 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
         return absl::InternalError(kiln::StrCat("SaveState: the session counts ", n_cached_,
                                                 " computed tokens, its sequence ", computed));
       }
-      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq_));
-      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> sliding_table,
-                            cache.SlidingBlockTable(seq_));
+      KILN_ASSIGN_OR_RETURN(const int32_t released, cache.SlidingBlocksReleased(seq_));
       const KvLayout& layout = cache.layout();
       const int32_t bs = layout.block_size();
-      size_t released = 0;
-      while (released < sliding_table.size() && sliding_table[released] == kNullBlock) ++released;
       state::KvData* kv = st.mutable_kv();
       kv->set_elem_type(static_cast<uint32_t>(layout.elem_type()));
       kv->set_row_elems(static_cast<uint32_t>(layout.row_elems()));
@@ -1021,8 +1017,9 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
       const int32_t n_tiles = layout.n_layers() * layout.tiles_per_layer();
       const size_t row = layout.row_bytes();
       for (int32_t t = 0; t < n_tiles; ++t) {
-        const int32_t group = layout.layer_group(t / layout.tiles_per_layer());
-        const std::span<const BlockId> blocks = group == 0 ? table : sliding_table;
+        KILN_ASSIGN_OR_RETURN(
+            const std::span<const BlockId> blocks,
+            cache.BlockTable(seq_, layout.layer_group(t / layout.tiles_per_layer())));
         const int32_t first = SavedFirstRow(model.hparams(), layout, t, kv->sliding_first_row());
         std::string* tile = kv->add_tiles();
         tile->reserve(static_cast<size_t>(n_cached_ - first) * row);  // appended, not zeroed
@@ -1181,19 +1178,16 @@ absl::Status Session::LoadState(std::string_view bytes) {
                             kiln::StrCat("LoadState: restoring the K/V of ", n_computed,
                                          " tokens: ", appended.message()));
       }
-      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> table, cache.BlockTable(seq));
-      KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> sliding_table,
-                            cache.SlidingBlockTable(seq));
       const KvLayout& layout = cache.layout();
       const int32_t bs = layout.block_size();
       const size_t row = layout.row_bytes();
       for (int32_t t = 0; t < kv.tiles_size(); ++t) {
         const int32_t group = layout.layer_group(t / layout.tiles_per_layer());
-        const std::span<const BlockId> blocks = group == 0 ? table : sliding_table;
+        KILN_ASSIGN_OR_RETURN(const std::span<const BlockId> blocks, cache.BlockTable(seq, group));
         const int32_t saved_first =
             SavedFirstRow(model.hparams(), layout, t, kv.sliding_first_row());
         const char* src = kv.tiles(t).data();
-        for (int32_t r = group == 0 ? 0 : keep_from; r < n_computed;) {
+        for (int32_t r = layout.group_is_sliding(group) ? keep_from : 0; r < n_computed;) {
           const int32_t rows = std::min(bs - r % bs, n_computed - r);
           std::memcpy(TileData(cache, blocks[r / bs], t) + static_cast<size_t>(r % bs) * row,
                       src + static_cast<size_t>(r - saved_first) * row,
@@ -1301,7 +1295,7 @@ absl::Status Session::Rewind(int32_t n) {
     KILN_RETURN_IF_ERROR(engine_.Locked([&](KvCache& cache, ForwardPass&) -> absl::Status {
       absl::Status st = cache.Truncate(seq_, new_len);
       if (!absl::IsFailedPrecondition(st)) return st;
-      // The window of new_len was released (EngineOptions::sliding_window_sessions): the next
+      // The window of new_len was released (EngineOptions::swa_full false): the next
       // generate recomputes the kept tokens, attaching what the prefix cache still holds.
       n_cached_ = 0;
       return cache.Truncate(seq_, 0);

@@ -111,7 +111,7 @@ struct SaveStateOptions {
   // restore is a copy. false: tokens only; the restore recomputes the K/V (a prefill; with prefix
   // caching on, cached prefix blocks are attached instead) and gets the same bits, since the
   // kernels are batch invariant (not with EngineOptions::llama_cpp_order). A cache that releases
-  // sliding-window blocks (EngineOptions::sliding_window_sessions) saves the sliding layers' rows
+  // sliding-window blocks (EngineOptions::swa_full false) saves the sliding layers' rows
   // it still holds; a cache that needs rows a state lacks recomputes the K/V from its tokens.
   bool kv = true;
   // true: the speculative strategy's adaptive state (Strategy::SaveState); a strategy that

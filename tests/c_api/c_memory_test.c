@@ -44,6 +44,7 @@ static void check_model(const char* path) {
   kiln_model_params mp;
   kiln_cache_params cp;
   kiln_cache_stats st;
+  kiln_model_info info;
   kiln_generate_params gp;
   kiln_generate_result gr;
   kiln_model* model = NULL;
@@ -81,11 +82,20 @@ static void check_model(const char* path) {
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
+    /* gemma3's sliding-window layers hold blocks of their own groups in the one pool (the default
+     * swa_full 0); other models report none. */
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    CHECK(kiln_model_get_info(model, &info) == KILN_OK);
+    if (info.architecture != NULL && strcmp(info.architecture, "gemma3") == 0) {
+      CHECK(st.sliding_blocks_total == 0 && st.sliding_blocks_used > 0);
+      CHECK(st.sliding_blocks_used < st.blocks_used && st.sliding_block_bytes == st.block_bytes);
+    } else {
+      CHECK(st.sliding_blocks_used == 0 && st.sliding_block_bytes == 0);
+    }
     peak_kib = status_kib("VmHWM");
     file_mib = (double)file.st_size / (1 << 20);
-    pool_mib = ((double)st.blocks_total * (double)st.block_bytes +
-                (double)st.sliding_blocks_total * (double)st.sliding_block_bytes) /
-               (1 << 20);
+    pool_mib = (double)st.blocks_total * (double)st.block_bytes / (1 << 20);
     peak_mib = peak_kib / 1024.0;
     budget_mib = before_kib / 1024.0 + file_mib + pool_mib + 64.0;
     printf(

@@ -482,16 +482,17 @@ static void test_cache_mla_prefill(kiln_model* model) {
   CHECK(memcmp(last[0], last[1], sizeof last[0]) == 0);
 }
 
-/* kiln_cache_params.sliding_window_sessions: default 0, a negative value rejected naming the
- * field, a struct from before the field gets the default; on a model without sliding-window
- * layers (this one) it changes nothing: no sliding pool in the stats. Its effect on a gemma3
- * model: gemma3_forward_test (EngineSlidingReleaseKeepsSessionsBitwise). */
-static void test_cache_sliding_window_sessions(kiln_model* model) {
+/* kiln_cache_params.sliding_window_sessions (no longer read): default 0, a negative value still
+ * rejected naming the field, a struct from before the field gets the default, a positive value
+ * accepted; swa_full: default 0. On a model without sliding-window layers (this one) neither
+ * changes anything: no sliding blocks in the stats. Release on a gemma3 model:
+ * gemma3_forward_test (EngineSlidingReleaseKeepsSessionsBitwise). */
+static void test_cache_sliding_window_params(kiln_model* model) {
   kiln_cache_params cp;
   kiln_cache* cache = NULL;
   kiln_cache_stats st;
   CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
-  CHECK(cp.sliding_window_sessions == 0);
+  CHECK(cp.sliding_window_sessions == 0 && cp.swa_full == 0);
   cp.n_threads = 2;
   cp.n_ctx = 256;
   cp.sliding_window_sessions = -1;
@@ -504,6 +505,7 @@ static void test_cache_sliding_window_sessions(kiln_model* model) {
   cache = NULL;
   cp.struct_size = sizeof cp;
   cp.sliding_window_sessions = 2;
+  cp.swa_full = 1;
   CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
   if (cache == NULL) return;
   memset(&st, 0xff, sizeof st);
@@ -546,7 +548,7 @@ int main(int argc, char** argv) {
   test_bad_arguments(model, cache);
   test_cache_step_tokens(model);
   test_cache_mla_prefill(model);
-  test_cache_sliding_window_sessions(model);
+  test_cache_sliding_window_params(model);
   test_host_steps(model, cache, expected);
   test_worker_and_callbacks(model, cache, expected);
   test_cancel(model, cache);

@@ -13,10 +13,10 @@ CpuForward::CpuForward(const Model& model, int n_threads)
     : backend_(n_threads), pass_(model.architecture().NewForward(model, backend_)) {}
 
 absl::StatusOr<KvLayout> CpuForward::CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                                 int32_t block_size) {
+                                                 int32_t block_size, bool llama_cpp_order) {
   const Architecture* arch = FindArchitecture(hp.arch);
   if (arch == nullptr) return absl::NotFoundError(StrCat("no architecture ", hp.arch));
-  return arch->CacheLayout(hp, kv_type, block_size);
+  return arch->CacheLayoutForOrder(hp, kv_type, block_size, llama_cpp_order);
 }
 
 absl::Status CpuForward::Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out) {
@@ -59,7 +59,7 @@ std::unique_ptr<KvCache> MakeSlidingReleaseCache(const Model& model, GgmlType kv
   auto plain = CpuForward::CacheLayout(hp, kv_type, block_size);
   EXPECT_TRUE(plain.ok()) << plain.status();
   if (!plain.ok()) return nullptr;
-  auto layout = plain->WithSlidingGroup(hp.swa_layers, static_cast<int32_t>(hp.sliding_window));
+  auto layout = plain->WithSlidingGroups(hp.swa_layers, static_cast<int32_t>(hp.sliding_window));
   EXPECT_TRUE(layout.ok()) << layout.status();
   if (!layout.ok()) return nullptr;
   KvCacheOptions options;
@@ -68,7 +68,7 @@ std::unique_ptr<KvCache> MakeSlidingReleaseCache(const Model& model, GgmlType kv
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return nullptr;
   for (int32_t l = 0; l < layout->n_layers(); ++l) {
-    if (layout->layer_group(l) != 1) continue;
+    if (!layout->group_is_sliding(layout->layer_group(l))) continue;
     for (int32_t h = 0; h < layout->n_kv_heads(); ++h) {
       std::memset((*cache)->KeyPtr(kNullBlock, l, h), 0xff, layout->tile_bytes());
       std::memset((*cache)->ValuePtr(kNullBlock, l, h), 0xff, layout->tile_bytes());

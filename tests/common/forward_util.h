@@ -17,9 +17,9 @@ class CpuForward {
   // n_threads <= 0: physical cores. The model must outlive this object.
   CpuForward(const Model& model, int n_threads);
 
-  // The cache layout the model's architecture needs.
+  // The cache layout the model's architecture needs (in the llama.cpp order when asked).
   static absl::StatusOr<KvLayout> CacheLayout(const ModelHparams& hp, GgmlType kv_type,
-                                              int32_t block_size);
+                                              int32_t block_size, bool llama_cpp_order = false);
 
   absl::Status Forward(const ForwardBatch& batch, KvCache& cache, ForwardOutput* out);
   void set_llama_cpp_order(bool on) { backend_.set_llama_cpp_order(on); }
@@ -39,10 +39,10 @@ std::unique_ptr<KvCache> MakeCache(const Model& model, GgmlType kv_type, int32_t
 std::vector<float> Prefill(CpuForward& fwd, KvCache& cache, SeqId seq,
                            const std::vector<int32_t>& tokens, int chunk, int start = 0);
 
-// A cache whose layout has the model's sliding layers as a group of their own
-// (KvLayout::WithSlidingGroup), so MarkComputed releases their blocks that leave every window:
-// `blocks` blocks of `block_size` tokens in each group. The null block of the sliding group is
-// filled with NaN, so that a read through a released table entry shows in the logits.
+// A cache whose layout has the model's sliding layers in groups of their own
+// (KvLayout::WithSlidingGroups), so MarkComputed releases their blocks that leave every window:
+// `blocks` blocks of `block_size` tokens shared by the groups. The null block's sliding-layer
+// tiles are filled with NaN, so that a read through a released table entry shows in the logits.
 std::unique_ptr<KvCache> MakeSlidingReleaseCache(const Model& model, GgmlType kv_type,
                                                  int32_t block_size, int32_t blocks);
 

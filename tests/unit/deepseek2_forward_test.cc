@@ -20,6 +20,7 @@
 #include "lib/model/random_model.h"
 #include "tests/common/forward_util.h"
 #include "tests/common/golden.h"
+#include "tests/common/session_util.h"
 #include "tests/common/test_util.h"
 
 namespace kiln {
@@ -285,8 +286,11 @@ std::vector<std::vector<double>> ReferenceLogits(const Model& model,
   return logits;
 }
 
-std::unique_ptr<KvCache> NewCache(const Model& model, GgmlType kv_type, int32_t blocks = 16) {
-  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16);
+// The cache of the kernel order's layout (a combined attn_kv_b file in the llama.cpp order caches
+// decompressed K and V, as llama.cpp does).
+std::unique_ptr<KvCache> NewCache(const Model& model, GgmlType kv_type, int32_t blocks = 16,
+                                  bool llama_cpp_order = false) {
+  auto layout = CpuForward::CacheLayout(model.hparams(), kv_type, 16, llama_cpp_order);
   EXPECT_TRUE(layout.ok()) << layout.status();
   KvCacheOptions options;
   options.num_blocks = blocks;
@@ -488,6 +492,22 @@ TEST(Deepseek2Forward, MeasuredChoiceKeepsGreedyTokens) {
   EXPECT_EQ(greedy(MlaPrefillMode::kDecompressed, prompt.size()), want);
 }
 
+// The last token's logits of `prompt` prefilled into a new sequence of `engine` (empty after a
+// failure, which fails the test).
+std::vector<float> PrefillLastLogits(Engine& engine, const Model& model,
+                                     std::span<const int32_t> prompt) {
+  std::vector<float> logits;
+  PrefillRequest request;
+  request.seq = engine.Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
+  request.tokens = prompt;
+  request.on_logits = [&](int32_t, const float* row) {
+    logits.assign(row, row + model.hparams().n_vocab);
+  };
+  const absl::Status st = engine.Prefill(request);
+  EXPECT_TRUE(st.ok()) << st;
+  return logits;
+}
+
 // EngineOptions::mla_prefill (kiln_cache_params.mla_prefill) through the engine: a 300-token
 // prompt prefilled in chunks of 256 and of 64. Absorbed (the default): the last token's logits
 // are bitwise the same for both chunkings. Measured: the 256-token chunk runs decompressed, so
@@ -505,21 +525,8 @@ TEST(Deepseek2Forward, EngineMlaPrefillOptionTradesChunkInvarianceForTheMeasured
     options.prefix_caching = false;
     options.prefill_chunk = chunk;
     options.mla_prefill = mode;
-    std::vector<float> logits;
-    auto engine = Engine::Create(*model, options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return logits;
-    const SeqId seq =
-        (*engine)->Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
-    PrefillRequest request;
-    request.seq = seq;
-    request.tokens = prompt;
-    request.on_logits = [&](int32_t, const float* row) {
-      logits.assign(row, row + model->hparams().n_vocab);
-    };
-    const absl::Status st = (*engine)->Prefill(request);
-    EXPECT_TRUE(st.ok()) << st;
-    return logits;
+    auto engine = testing::MakeEngine(*model, options);
+    return engine == nullptr ? std::vector<float>() : PrefillLastLogits(*engine, *model, prompt);
   };
   EXPECT_EQ(EngineOptions().mla_prefill, MlaPrefillMode::kAbsorbed);
   const std::vector<float> absorbed = last_logits(MlaPrefillMode::kAbsorbed, 256);
@@ -645,12 +652,13 @@ TEST(Deepseek2Forward, TreeNodeEqualsItsPath) {
 
 // Against llama.cpp (tests/data/golden/deepseek2*_greedy.json, scripts/gen_arch_goldens.py):
 // llama.cpp's prompt in one batch, then its greedy tokens fed back one at a time. In the llama.cpp
-// order, files with split attn_k_b/attn_v_b (llama.cpp's MLA graph: deepseek2, lite, yarn, moe)
-// give llama.cpp's top two logits bit for bit and its greedy token at every step, for f32, f16 and
-// q8_0 weights with the f32 and the f16 cache. Elsewhere (the kiln order; the combined attn_kv_b
-// file, which llama.cpp runs as ordinary multi-head attention over decompressed K/V) kiln's logits
-// of llama.cpp's top two tokens are within `Bound(type)` of llama.cpp's, and kiln's greedy token
-// is llama.cpp's wherever llama.cpp's top two are further apart than twice the bound. Measured
+// order every file gives llama.cpp's top two logits bit for bit and its greedy token at every
+// step, for f32, f16 and q8_0 weights with the f32 and the f16 cache: files with split
+// attn_k_b/attn_v_b through llama.cpp's MLA graph (deepseek2, lite, yarn, moe), the combined
+// attn_kv_b file as the ordinary multi-head attention over decompressed K/V llama.cpp runs it as
+// (kvb). In the kiln order kiln's logits of llama.cpp's top two tokens are within `Bound(type)`
+// of llama.cpp's, and kiln's greedy token is llama.cpp's wherever llama.cpp's top two are further
+// apart than twice the bound. Measured
 // maxima over the goldens (x86-64, AVX2), either order where not bitwise: f32 weights 3.3e-6 with
 // the f32 cache and 2.3e-3 with f16, f16 6.3e-3, q8_0 9.0e-2 (the kiln order multiplies the
 // dequantized attn_k_b/attn_v_b in f32). deepseek2_moe has f32 and f16 weights only: a
@@ -689,7 +697,7 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
     for (const testing::Json& run : entry["runs"].items) {
       const GgmlType kv_type = run["kv_type"].str == "f16" ? GgmlType::kF16 : GgmlType::kF32;
       for (bool llama_cpp_order : {true, false}) {
-        const bool bitwise = llama_cpp_order && entry["shape"].str != "tiny-deepseek2-kvb";
+        const bool bitwise = llama_cpp_order;
         CpuForward forward(**model, kThreads);
         forward.set_llama_cpp_order(llama_cpp_order);
         double max_diff = 0;
@@ -697,7 +705,7 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
         for (const testing::Json& tc : run["cases"].items) {
           SCOPED_TRACE(StrCat(entry["shape"].str, " ", entry["type"].str, ", KV ",
                               run["kv_type"].str, llama_cpp_order ? ", llama.cpp order" : ""));
-          auto cache = NewCache(**model, kv_type);
+          auto cache = NewCache(**model, kv_type, 16, llama_cpp_order);
           ASSERT_NE(cache, nullptr);
           const std::vector<int32_t> prompt = tc["prompt_ids"].Ints();
           const std::vector<int32_t> expected = tc["generated_ids"].Ints();
@@ -783,26 +791,83 @@ TEST(Deepseek2Forward, MoeBatchEqualsTokensOneAtATime) {
   }
 }
 
-// An MLA model refuses a GQA cache, naming the layout.
+// An MLA model refuses a GQA cache, naming the layout; only a combined attn_kv_b file in the
+// llama.cpp order takes one (the decompressed K/V of MlaMhaCacheLayout: 4 heads of 48).
 TEST(Deepseek2Forward, RefusesAGqaCache) {
-  auto model = WriteAndLoad("tiny-deepseek2", 13);
+  for (const char* shape : {"tiny-deepseek2", "tiny-deepseek2-kvb"}) {
+    auto model = WriteAndLoad(shape, 13);
+    ASSERT_NE(model, nullptr);
+    auto layout = KvLayout::Gqa(2, 4, 48, GgmlType::kF16);
+    ASSERT_TRUE(layout.ok());
+    for (bool llama_cpp_order : {false, true}) {
+      SCOPED_TRACE(StrCat(shape, llama_cpp_order ? ", llama.cpp order" : ""));
+      KvCacheOptions options;
+      options.num_blocks = 4;
+      auto cache = KvCache::Create(*layout, options);
+      ASSERT_TRUE(cache.ok());
+      CpuForward forward(*model, kThreads);
+      forward.set_llama_cpp_order(llama_cpp_order);
+      const SeqId seq = (*cache)->CreateSequence();
+      const std::vector<int32_t> t = {1};
+      ASSERT_TRUE((*cache)->AppendSlots(seq, t).ok());
+      ForwardBatch batch;
+      batch.Add(1, seq, 0, true);
+      ForwardOutput out;
+      const absl::Status st = forward.Forward(batch, **cache, &out);
+      if (llama_cpp_order && std::string(shape) == "tiny-deepseek2-kvb") {
+        EXPECT_TRUE(st.ok()) << st;
+        continue;
+      }
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      EXPECT_NE(st.message().find("MLA"), std::string::npos) << st;
+    }
+  }
+}
+
+// The engine asks the architecture for its order's layout: a combined attn_kv_b file caches
+// decompressed K/V in the llama.cpp order (f16: 2 layers x K and V x 4 heads x 48 x 2 bytes a
+// token, against 2 x (64 + 16) x 2 for the latent rows), its q8_0 cache the latent rows; a prompt's
+// logits through the engine equal the forward pass's on that layout bit for bit.
+TEST(Deepseek2Forward, EngineCachesDecompressedKvForACombinedKvbFileInTheLlamaCppOrder) {
+  auto model = WriteAndLoad("tiny-deepseek2-kvb", 21);
   ASSERT_NE(model, nullptr);
-  auto layout = KvLayout::Gqa(2, 4, 48, GgmlType::kF16);
-  ASSERT_TRUE(layout.ok());
-  KvCacheOptions options;
-  options.num_blocks = 4;
-  auto cache = KvCache::Create(*layout, options);
-  ASSERT_TRUE(cache.ok());
+  const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 100};
+  auto engine_with = [&](bool llama_cpp_order, GgmlType kv_type) {
+    EngineOptions options;
+    options.n_threads = kThreads;
+    options.n_ctx = 256;
+    options.llama_cpp_order = llama_cpp_order;
+    options.kv_type = kv_type;
+    return testing::MakeEngine(*model, options);
+  };
+  struct Case {
+    bool llama_cpp_order;
+    GgmlType kv_type;
+    size_t bytes_per_token;
+  };
+  for (const Case& c : {Case{true, GgmlType::kF16, 2 * 2 * 4 * 48 * 2},
+                        Case{false, GgmlType::kF16, 2 * (64 + 16) * 2},
+                        Case{true, GgmlType::kQ8_0, 2 * (64 / 32 * 34 + 16 * 2)}}) {
+    auto engine = engine_with(c.llama_cpp_order, c.kv_type);
+    ASSERT_NE(engine, nullptr);
+    EXPECT_EQ(engine->Counters().bytes_per_token, c.bytes_per_token);
+  }
+  auto engine = engine_with(true, GgmlType::kF16);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<float> via_engine = PrefillLastLogits(*engine, *model, prompt);
   CpuForward forward(*model, kThreads);
-  const SeqId seq = (*cache)->CreateSequence();
-  const std::vector<int32_t> t = {1};
-  ASSERT_TRUE((*cache)->AppendSlots(seq, t).ok());
-  ForwardBatch batch;
-  batch.Add(1, seq, 0, true);
+  forward.set_llama_cpp_order(true);
+  auto cache = NewCache(*model, GgmlType::kF16, 16, /*llama_cpp_order=*/true);
+  ASSERT_NE(cache, nullptr);
+  const SeqId direct_seq = cache->CreateSequence();
+  ASSERT_TRUE(cache->AppendSlots(direct_seq, prompt).ok());
+  ForwardBatch batch;  // logits of the last token only, as the engine's prefill asks
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  for (int32_t i = 0; i < n; ++i) batch.Add(prompt[i], direct_seq, i, i == n - 1);
   ForwardOutput out;
-  const absl::Status st = forward.Forward(batch, **cache, &out);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("MLA"), std::string::npos) << st;
+  ASSERT_TRUE(forward.Forward(batch, *cache, &out).ok());
+  ASSERT_EQ(via_engine.size(), static_cast<size_t>(out.n_vocab));
+  EXPECT_EQ(via_engine, std::vector<float>(out.LogitsRow(0), out.LogitsRow(0) + out.n_vocab));
 }
 
 }  // namespace

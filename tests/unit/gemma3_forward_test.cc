@@ -4,7 +4,7 @@
 // (embedding scale, Q/K norms, NEOX RoPE with the window layers' own base, query scaling,
 // sliding-window and global attention, post-norms, GeGLU, tied head), and the engine's promises
 // with windows: batch/chunk/thread invariance, tree nodes equal to their paths, prefix-cache hits
-// equal to a cold prefill; with the sliding layers' blocks released (KvLayout::WithSlidingGroup)
+// equal to a cold prefill; with the sliding layers' blocks released (KvLayout::WithSlidingGroups)
 // every logit unchanged. The real model against llama.cpp: e2e_gemma3_test.
 #include <gtest/gtest.h>
 
@@ -382,8 +382,9 @@ TEST_F(Gemma3Invariance, TreeNodesEqualTheirPaths) {
   EXPECT_NE(too_deep.message().find("sliding window"), std::string::npos) << too_deep;
 }
 
-// ---- Releasing the sliding layers' blocks that leave every window (KvLayout::WithSlidingGroup):
-// no logit may change. Blocks of 4 tokens, so the window of 8 leaves blocks often.
+// ---- Releasing the sliding layers' blocks that leave every window (KvLayout::WithSlidingGroups;
+// six groups of one layer, the global layer 5 in group 0): no logit may change. Blocks of 4
+// tokens, so the window of 8 leaves blocks often.
 
 // Greedy decoding over ten windows, in both kernel orders: logits bitwise equal to a cache that
 // keeps every block, with exactly the blocks below every window released; a fork rewound by four
@@ -396,7 +397,7 @@ TEST_F(Gemma3Invariance, SlidingReleaseKeepsLogitsBitwise) {
     CpuForward fwd(*model_, 2);
     fwd.set_llama_cpp_order(llama_cpp_order);
     auto keep = MakeCache(*model_, GgmlType::kF16);
-    auto release = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 64);
+    auto release = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 128);
     ASSERT_NE(release, nullptr);
     std::vector<int32_t> kept_tokens = prompt, released_tokens = prompt;
     const SeqId a = keep->CreateSequence(), b = release->CreateSequence();
@@ -404,12 +405,13 @@ TEST_F(Gemma3Invariance, SlidingReleaseKeepsLogitsBitwise) {
     const std::vector<float> released = GreedyDecode(fwd, *release, b, released_tokens, 60);
     EXPECT_EQ(released_tokens, kept_tokens);
     EXPECT_EQ(released, kept);
-    // 80 tokens: the next token's window starts at 73, rounded down to 64: 16 of 20 blocks.
+    // 80 tokens: the next token's window starts at 73, rounded down to 64: 16 of 20 blocks in
+    // each of the 5 sliding groups.
     KvCacheCounters c = release->Counters();
-    EXPECT_EQ(c.sliding_blocks_released, 16);
-    EXPECT_EQ(c.sliding_blocks_used, 4);
-    EXPECT_EQ(c.blocks_used, 20);
-    EXPECT_EQ(c.kv_bytes_in_use, 20 * c.block_bytes + 4 * c.sliding_block_bytes);
+    EXPECT_EQ(c.sliding_blocks_released, 5 * 16);
+    EXPECT_EQ(c.sliding_blocks_used, 5 * 4);
+    EXPECT_EQ(c.blocks_used, 20 + 5 * 4);
+    EXPECT_EQ(c.kv_bytes_in_use, (20 + 5 * 4) * c.block_bytes);
 
     // Fork, rewind four tokens, run two of them again and decode five: the same in both caches.
     const SeqId fa = *keep->Fork(a), fb = *release->Fork(b);
@@ -434,7 +436,7 @@ TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
   const int64_t V = model_->hparams().n_vocab;
   std::vector<int32_t> tokens = RandomTokens(20, V, 23);
   CpuForward fwd(*model_, 2);
-  auto cache = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 64);
+  auto cache = MakeSlidingReleaseCache(*model_, GgmlType::kF16, 4, 256);
   ASSERT_NE(cache, nullptr);
   const std::vector<float> cold = GreedyDecode(fwd, *cache, cache->CreateSequence(), tokens, 60);
   const SeqId warm = cache->CreateSequence();
@@ -442,8 +444,10 @@ TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
   ASSERT_TRUE(attached.ok());
   EXPECT_EQ(*attached, 76);
   // Only the window's blocks: token 76 reads from row 69, rounded down to 64 (block 16).
-  EXPECT_EQ(cache->SlidingBlockTable(warm)->size(), 19u);
-  EXPECT_EQ((*cache->SlidingBlockTable(warm))[15], kNullBlock);
+  for (int32_t g = 1; g < 6; ++g) {
+    EXPECT_EQ(cache->BlockTable(warm, g)->size(), 19u);
+    EXPECT_EQ((*cache->BlockTable(warm, g))[15], kNullBlock);
+  }
   std::vector<int32_t> prompt = tokens;
   const std::vector<float> warm_rows = GreedyDecode(fwd, *cache, warm, prompt, 0);
   ASSERT_EQ(warm_rows.size(), static_cast<size_t>(V));
@@ -451,16 +455,19 @@ TEST_F(Gemma3Invariance, SlidingReleasePrefixHitEqualsCold) {
   EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
 }
 
-// ---- The engine with release switched on (EngineOptions::sliding_window_sessions): sessions'
-// text bitwise the same as with every block kept, alone and batched beyond the sessions the
-// sliding pool is sized for, greedy and seeded, with and without n-gram speculation; a rewind
-// past a released window recomputes.
+// ---- The engine releasing sliding blocks (the default; EngineOptions::swa_full keeps them):
+// sessions' text bitwise the same as with every block kept, batched, in a roomy pool and in one
+// too small for every block kept, greedy and seeded, with and without n-gram speculation; a
+// rewind past a released window recomputes.
 
-EngineOptions SlidingEngineOptions(int32_t sliding_window_sessions) {
+// pool_blocks 0: room for a full context.
+EngineOptions SlidingEngineOptions(bool swa_full, int64_t pool_blocks = 0) {
   EngineOptions options;
   options.block_size = 4;
   options.prefill_chunk = 16;
-  options.sliding_window_sessions = sliding_window_sessions;
+  options.swa_full = swa_full;
+  // Blocks of the released layout: one layer, 4 rows of K and V at f16 (head_dim 64).
+  options.pool_bytes = static_cast<size_t>(pool_blocks) * (2 * 4 * 64 * 2);
   return options;
 }
 
@@ -482,8 +489,8 @@ struct SlidingRun {
 // matches), 70 tokens each. Then session 0 (100 tokens) rewinds to 10 (into its released window
 // when release is on) and generates 20 more; session 1 is saved, restored into a new session,
 // and both generate 20 more.
-SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_sessions) {
-  auto engine = testing::MakeEngine(model, SlidingEngineOptions(sliding_window_sessions));
+SlidingRun RunSlidingSessions(const Model& model, bool swa_full, int64_t pool_blocks = 0) {
+  auto engine = testing::MakeEngine(model, SlidingEngineOptions(swa_full, pool_blocks));
   SlidingRun run;
   if (engine == nullptr) return run;
   const int64_t V = model.hparams().n_vocab;
@@ -530,7 +537,8 @@ SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_session
   EXPECT_TRUE(saved.ok()) << saved.status();
   if (saved.ok()) run.state = *saved;
   auto restored = testing::NewSession(*engine, sampled, 99);
-  EXPECT_TRUE(restored->LoadState(run.state).ok());
+  const absl::Status loaded = restored->LoadState(run.state);
+  EXPECT_TRUE(loaded.ok()) << loaded;
   EXPECT_EQ(restored->stats().computed_tokens, 0);  // its own state: a copy
   EXPECT_TRUE(sessions[1]->Generate(more).ok());
   EXPECT_TRUE(restored->Generate(more).ok());
@@ -544,43 +552,58 @@ SlidingRun RunSlidingSessions(const Model& model, int32_t sliding_window_session
 }
 
 TEST_F(Gemma3Invariance, EngineSlidingReleaseKeepsSessionsBitwise) {
-  const SlidingRun kept = RunSlidingSessions(*model_, 0);
-  // Sized for two sessions' windows (the three in flight at once may preempt one another) and for
-  // three.
-  for (int32_t n_sessions : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "sliding_window_sessions " << n_sessions);
-    const SlidingRun released = RunSlidingSessions(*model_, n_sessions);
+  const SlidingRun kept = RunSlidingSessions(*model_, /*swa_full=*/true);
+  ASSERT_EQ(kept.tokens.size(), 3u);
+  EXPECT_EQ(kept.counters.sliding_blocks_used + kept.counters.sliding_blocks_released, 0);
+  // A pool with room for a full context, and one that holds the three sessions (and a restored
+  // copy of one) only because released blocks return to it: smaller than the K/V they hold with
+  // every block kept.
+  constexpr int64_t kSmallPool = 480;
+  EXPECT_GT(kept.counters.kv_bytes_in_use, SlidingEngineOptions(false, kSmallPool).pool_bytes);
+  for (int64_t pool_blocks : {int64_t{0}, kSmallPool}) {
+    SCOPED_TRACE(::testing::Message() << "pool of " << pool_blocks << " blocks");
+    const SlidingRun released = RunSlidingSessions(*model_, /*swa_full=*/false, pool_blocks);
     ASSERT_EQ(released.tokens.size(), 3u);
-    ASSERT_EQ(kept.tokens.size(), 3u);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(released.tokens[i], kept.tokens[i]) << "session " << i;
-    EXPECT_EQ(kept.counters.sliding_blocks_total, 0);
     EXPECT_GT(released.counters.sliding_blocks_released, 0);
     EXPECT_LT(released.counters.kv_bytes_in_use, kept.counters.kv_bytes_in_use);
-    EXPECT_LT(released.counters.sliding_blocks_total, kept.counters.blocks_total);
     // Each run's state restored on an engine of the other kind (copied where it holds the rows
     // that engine keeps, else recomputed): the same continuation.
-    for (const auto& [state, other] :
-         {std::pair{released.state, 0}, std::pair{kept.state, n_sessions}}) {
-      auto engine = testing::MakeEngine(*model_, SlidingEngineOptions(other));
+    for (const auto& [state, swa_full] :
+         {std::pair{released.state, true}, std::pair{kept.state, false}}) {
+      auto engine = testing::MakeEngine(*model_, SlidingEngineOptions(swa_full));
       ASSERT_NE(engine, nullptr);
       auto restored = testing::NewSession(*engine, Sampled(), 5);
       ASSERT_TRUE(restored->LoadState(state).ok());
       // Without release the cache needs the rows the released state lacks: recomputed.
-      EXPECT_EQ(restored->stats().computed_tokens > 0, other == 0);
+      EXPECT_EQ(restored->stats().computed_tokens > 0, swa_full);
       GenerateOptions more;
       more.max_tokens = 20;
       ASSERT_TRUE(restored->Generate(more).ok());
-      EXPECT_EQ(restored->tokens(), kept.tokens[1])
-          << "restored on sliding_window_sessions " << other;
+      EXPECT_EQ(restored->tokens(), kept.tokens[1]) << "restored with swa_full " << swa_full;
     }
     std::printf(
-        "sliding_window_sessions %d: %d of %d sliding blocks, %lld released, %lld "
+        "pool of %lld blocks: %d of %d blocks hold sliding layers, %lld released, %lld "
         "preemptions; K/V in use %zu bytes, %zu with every block kept\n",
-        n_sessions, released.counters.sliding_blocks_total, kept.counters.blocks_total,
+        static_cast<long long>(pool_blocks), released.counters.sliding_blocks_used,
+        released.counters.blocks_used,
         static_cast<long long>(released.counters.sliding_blocks_released),
         static_cast<long long>(released.preemptions), released.counters.kv_bytes_in_use,
         kept.counters.kv_bytes_in_use);
   }
+}
+
+// With release the pool must hold a block of each of the six groups and the null block.
+TEST_F(Gemma3Invariance, EngineRefusesAPoolWithoutABlockPerGroup) {
+  auto too_small = Engine::Create(*model_, SlidingEngineOptions(false, 6));
+  ASSERT_FALSE(too_small.ok());
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_small.status().message().find("pool_bytes"), std::string::npos)
+      << too_small.status();
+  EXPECT_TRUE(Engine::Create(*model_, SlidingEngineOptions(false, 7)).ok());
+  // Every layer in one block: 6 of the blocks above each, and the null block.
+  EXPECT_FALSE(Engine::Create(*model_, SlidingEngineOptions(true, 11)).ok());
+  EXPECT_TRUE(Engine::Create(*model_, SlidingEngineOptions(true, 12)).ok());
 }
 
 }  // namespace

@@ -452,20 +452,20 @@ TEST(KvCacheTest, UtilizationCountsSharedBlocksOnce) {
   EXPECT_DOUBLE_EQ(counters.utilization, 11.0 / 16.0);
 }
 
-// ---- Sliding-window group (KvLayout::WithSlidingGroup): layers 0-2 sliding with a window of
-// 8 positions, layer 3 global; blocks of 4 tokens.
+// ---- Sliding-window groups (KvLayout::WithSlidingGroups): layers 0-2 sliding with a window of
+// 8 positions, layer 3 global; blocks of 4 tokens, one layer per group: group 0 holds layer 3,
+// groups 1-3 layers 0-2.
 constexpr int32_t kWindow = 8;
+constexpr int32_t kSlidingGroups = 3;
 
-std::unique_ptr<KvCache> MakeSlidingCache(int32_t num_blocks, int32_t sliding_blocks = 0,
-                                          int32_t margin = 0) {
+std::unique_ptr<KvCache> MakeSlidingCache(int32_t num_blocks, int32_t margin = 0) {
   auto plain = KvLayout::Gqa(4, 1, 8, GgmlType::kF32, 4);
   EXPECT_TRUE(plain.ok());
   const std::vector<uint8_t> sliding = {1, 1, 1, 0};
-  auto layout = plain->WithSlidingGroup(sliding, kWindow);
+  auto layout = plain->WithSlidingGroups(sliding, kWindow);
   EXPECT_TRUE(layout.ok()) << layout.status();
   KvCacheOptions options;
   options.num_blocks = num_blocks;
-  options.sliding_num_blocks = sliding_blocks;
   options.sliding_release_margin = margin;
   auto cache = KvCache::Create(*layout, options);
   EXPECT_TRUE(cache.ok()) << cache.status();
@@ -476,31 +476,71 @@ TEST(KvCacheSlidingTest, LayoutGroupsSplitTheLayers) {
   auto plain = KvLayout::Gqa(4, 2, 8, GgmlType::kF16, 4);
   ASSERT_TRUE(plain.ok());
   const std::vector<uint8_t> sliding = {1, 0, 1, 1};
-  auto g = plain->WithSlidingGroup(sliding, 8);
+  auto g = plain->WithSlidingGroups(sliding, 8);
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(g->n_groups(), 2);
-  EXPECT_EQ(g->group_n_layers(0), 1);
-  EXPECT_EQ(g->group_n_layers(1), 3);
+  // One global layer: groups of one layer, the global one first.
+  EXPECT_EQ(g->n_groups(), 4);
+  EXPECT_EQ(g->layers_per_group(), 1);
+  EXPECT_EQ(g->first_sliding_group(), 1);
+  EXPECT_FALSE(g->group_is_sliding(0));
+  EXPECT_TRUE(g->group_is_sliding(3));
+  EXPECT_EQ(g->layer_group(1), 0);
+  EXPECT_EQ(g->layer_group(0), 1);
+  EXPECT_EQ(g->layer_group(3), 3);
   EXPECT_EQ(g->bytes_per_token(), plain->bytes_per_token());
-  EXPECT_EQ(g->block_data_bytes(1), 3 * g->block_data_bytes(0));
-  // Tiles are numbered inside the layer's group: layer 1 is group 0's first, layer 3 group 1's
-  // third.
+  EXPECT_EQ(g->block_data_bytes(), plain->block_data_bytes() / 4);
+  // Tiles are numbered inside the layer's group: every layer is its group's first.
   EXPECT_EQ(g->KeyTileOffset(1, 0), 0u);
-  EXPECT_EQ(g->KeyTileOffset(3, 1), (2 * 2 * 2 + 1) * g->tile_bytes());
-  EXPECT_EQ(g->GroupLayout(1).n_layers(), 3);
-  EXPECT_EQ(g->GroupLayout(1).block_bytes(), g->block_bytes(1));
+  EXPECT_EQ(g->KeyTileOffset(3, 1), 1 * g->tile_bytes());
+  EXPECT_EQ(g->ValueTileOffset(3, 1), 3 * g->tile_bytes());
   // Refusals: all sliding, all global, wrong count, a second split.
-  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{1, 1, 1, 1}, 8).ok());
-  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{0, 0, 0, 0}, 8).ok());
-  EXPECT_FALSE(plain->WithSlidingGroup(std::vector<uint8_t>{1, 0}, 8).ok());
-  EXPECT_FALSE(plain->WithSlidingGroup(sliding, 0).ok());
-  EXPECT_FALSE(g->WithSlidingGroup(sliding, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroups(std::vector<uint8_t>{1, 1, 1, 1}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroups(std::vector<uint8_t>{0, 0, 0, 0}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroups(std::vector<uint8_t>{1, 0}, 8).ok());
+  EXPECT_FALSE(plain->WithSlidingGroups(sliding, 0).ok());
+  EXPECT_FALSE(g->WithSlidingGroups(sliding, 8).ok());
+}
+
+// Group sizes: the smaller kind's layer count, widened to at most KvLayout::kMaxGroups groups.
+TEST(KvCacheSlidingTest, LayoutGroupSizes) {
+  struct Case {
+    int32_t n_layers;
+    std::vector<int32_t> global;  // the global layers
+    int32_t per_group, n_groups, first_sliding;
+  };
+  const Case cases[] = {
+      {18, {5, 11, 17}, 3, 6, 1},      // gemma3-270m: 3 global, 15 sliding
+      {26, {5, 11, 17, 23}, 4, 7, 1},  // gemma3-1b: 4 and 22, the last sliding group half used
+      {21, {0}, 3, 8, 1},              // 1 and 20: groups of one would make 21
+      {12, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 2, 6, 5},  // more global layers than sliding ones
+  };
+  for (const Case& c : cases) {
+    auto plain = KvLayout::Gqa(c.n_layers, 1, 32, GgmlType::kF16, 16);
+    ASSERT_TRUE(plain.ok());
+    std::vector<uint8_t> sliding(static_cast<size_t>(c.n_layers), 1);
+    for (int32_t l : c.global) sliding[static_cast<size_t>(l)] = 0;
+    auto g = plain->WithSlidingGroups(sliding, 64);
+    ASSERT_TRUE(g.ok()) << g.status();
+    SCOPED_TRACE(::testing::Message() << c.n_layers << " layers");
+    EXPECT_EQ(g->layers_per_group(), c.per_group);
+    EXPECT_EQ(g->n_groups(), c.n_groups);
+    EXPECT_EQ(g->first_sliding_group(), c.first_sliding);
+    EXPECT_LE(g->n_groups(), KvLayout::kMaxGroups);
+    // Every layer in a group of its kind, at most per_group layers per group, distinct tiles.
+    std::vector<int32_t> per_group(static_cast<size_t>(g->n_groups()), 0);
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      EXPECT_EQ(g->group_is_sliding(g->layer_group(l)), sliding[static_cast<size_t>(l)] != 0);
+      EXPECT_EQ(g->KeyTileOffset(l, 0) / (2 * g->tile_bytes()),
+                static_cast<size_t>(per_group[static_cast<size_t>(g->layer_group(l))]++));
+    }
+    for (int32_t n : per_group) EXPECT_LE(n, c.per_group);
+  }
 }
 
 // Decoding one token at a time, a sliding block is released once every present and future
 // token's window (rounded down to the kernels' 16 rows) has left it; the global group keeps all.
 TEST(KvCacheSlidingTest, ReleasesBlocksThatLeaveEveryWindow) {
-  auto cache = MakeSlidingCache(64);
+  auto cache = MakeSlidingCache(128);
   const SeqId seq = cache->CreateSequence();
   const std::vector<int32_t> tokens = Iota(100);
   for (int32_t n = 1; n <= 100; ++n) {
@@ -508,38 +548,70 @@ TEST(KvCacheSlidingTest, ReleasesBlocksThatLeaveEveryWindow) {
     ASSERT_TRUE(cache->MarkComputed(seq, n).ok());
     // The first window row of the next token is n - 7; below its multiple of 16, whole blocks go.
     const int32_t released = std::max(0, n - kWindow + 1) / 16 * 16 / 4;
-    ASSERT_EQ(cache->Counters().sliding_blocks_released, released) << "n = " << n;
+    ASSERT_EQ(cache->Counters().sliding_blocks_released, kSlidingGroups * released) << "n = " << n;
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
   }
   const KvCacheCounters c = cache->Counters();
-  EXPECT_EQ(c.blocks_used, 25);
-  EXPECT_EQ(c.sliding_blocks_released, 20);  // rows [0, 80) of 100
-  EXPECT_EQ(c.sliding_blocks_used, 5);
-  EXPECT_EQ(c.kv_bytes_in_use, 25 * c.block_bytes + 5 * c.sliding_block_bytes);
-  auto table = cache->SlidingBlockTable(seq);
-  ASSERT_TRUE(table.ok());
-  ASSERT_EQ(table->size(), 25u);
-  EXPECT_EQ((*table)[19], kNullBlock);
-  EXPECT_NE((*table)[20], kNullBlock);
-  // Every token's slot names its block in both groups; released ones are the null block.
-  EXPECT_EQ(cache->SlotOf(seq, 99)->sliding_block, (*table)[24]);
-  EXPECT_EQ(cache->SlotOf(seq, 0)->sliding_block, kNullBlock);
+  EXPECT_EQ(c.sliding_blocks_released, kSlidingGroups * 20);  // rows [0, 80) of 100
+  EXPECT_EQ(c.sliding_blocks_used, kSlidingGroups * 5);
+  EXPECT_EQ(c.blocks_used, 25 + kSlidingGroups * 5);
+  EXPECT_EQ(c.kv_bytes_in_use, (25 + kSlidingGroups * 5) * c.block_bytes);
+  EXPECT_EQ(*cache->SlidingBlocksReleased(seq), 20);
+  for (int32_t g = 1; g <= kSlidingGroups; ++g) {
+    auto table = cache->BlockTable(seq, g);
+    ASSERT_TRUE(table.ok());
+    ASSERT_EQ(table->size(), 25u);
+    EXPECT_EQ((*table)[19], kNullBlock);
+    EXPECT_NE((*table)[20], kNullBlock);
+    // Every token's slot names its block in every group; released ones are the null block.
+    EXPECT_EQ(cache->SlotOf(seq, 99)->group_block(g), (*table)[24]);
+    EXPECT_EQ(cache->SlotOf(seq, 0)->group_block(g), kNullBlock);
+  }
+  EXPECT_FALSE(cache->BlockTable(seq, 4).ok());
   KvTables tables;
   ASSERT_TRUE(cache->BuildTables(std::vector<SeqId>{seq}, &tables).ok());
-  EXPECT_EQ(tables.sliding_indices.size(), tables.indices.size());
+  ASSERT_EQ(tables.group_indices.size(), 3u);
+  EXPECT_EQ(tables.indices_of(3).size(), tables.indices.size());
+}
+
+// The groups share one pool: blocks released by the sliding groups serve the global one. 100
+// tokens would take 100 blocks with every group's kept; 48 hold them here.
+TEST(KvCacheSlidingTest, ReleasedBlocksServeEveryGroup) {
+  auto cache = MakeSlidingCache(48);
+  const SeqId seq = cache->CreateSequence();
+  const std::vector<int32_t> tokens = Iota(100);
+  for (int32_t n = 1; n <= 100; ++n) {
+    ASSERT_TRUE(cache->AppendSlots(seq, std::span(tokens).subspan(n - 1, 1)).ok()) << "n = " << n;
+    ASSERT_TRUE(cache->MarkComputed(seq, n).ok());
+  }
+  ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  const KvCacheCounters c = cache->Counters();
+  EXPECT_EQ(c.blocks_used, 25 + kSlidingGroups * 5);
+  EXPECT_GT(c.evictions, 0);  // released blocks were cached, then taken for new ones
+  // Without release the same pool is full after 44 tokens (11 blocks of 4 groups, + the null).
+  auto plain = KvLayout::Gqa(4, 1, 8, GgmlType::kF32, 4);
+  ASSERT_TRUE(plain.ok());
+  auto grouped = plain->WithSlidingGroups(std::vector<uint8_t>{1, 1, 1, 0}, 100000);
+  ASSERT_TRUE(grouped.ok());
+  auto kept = KvCache::Create(*grouped, KvCacheOptions{.num_blocks = 48});
+  ASSERT_TRUE(kept.ok());
+  const SeqId other = (*kept)->CreateSequence();
+  EXPECT_TRUE((*kept)->AppendSlots(other, Iota(44)).ok());
+  const absl::Status full = (*kept)->AppendSlots(other, Iota(1));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
 }
 
 // A rewind into the window of released blocks is refused and changes nothing; one inside the
-// kept blocks (or the margin) works. Forks share both groups' blocks.
+// kept blocks (or the margin) works. Forks share every group's blocks.
 TEST(KvCacheSlidingTest, TruncateBelowReleasedIsRefusedAndForkShares) {
   for (int32_t margin : {0, 16}) {
-    auto cache = MakeSlidingCache(64, 0, margin);
+    auto cache = MakeSlidingCache(128, margin);
     const SeqId seq = cache->CreateSequence();
     ASSERT_TRUE(cache->AppendSlots(seq, Iota(60)).ok());
     ASSERT_TRUE(cache->MarkComputed(seq, 60).ok());
     // Next token 60: window from 53, rounded to 48 (32 with the margin of 16): 12 (8) blocks.
     const int32_t released = margin == 0 ? 12 : 8;
-    EXPECT_EQ(cache->Counters().sliding_blocks_released, released);
+    EXPECT_EQ(cache->Counters().sliding_blocks_released, kSlidingGroups * released);
     // The deepest rewind whose window starts at or above the released rows (48, with the margin
     // 32): to 55 (its window from 48) or 40 (from 32); four tokens deeper is refused.
     const int32_t deepest = margin == 0 ? 55 : 40;
@@ -550,9 +622,14 @@ TEST(KvCacheSlidingTest, TruncateBelowReleasedIsRefusedAndForkShares) {
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
     auto fork = cache->Fork(seq);
     ASSERT_TRUE(fork.ok());
-    ASSERT_TRUE(cache->AppendSlots(*fork, Iota(3, 7)).ok());  // copy-on-write of both last blocks
+    const int64_t copies = cache->Counters().cow_copies;
+    ASSERT_TRUE(cache->AppendSlots(*fork, Iota(3, 7)).ok());
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
-    EXPECT_NE(cache->SlidingBlockTable(*fork)->back(), cache->SlidingBlockTable(seq)->back());
+    // A shared partial last block is copied in every group.
+    EXPECT_EQ(cache->Counters().cow_copies, copies + (deepest % 4 != 0 ? 1 + kSlidingGroups : 0));
+    for (int32_t g = 0; g <= kSlidingGroups; ++g) {
+      EXPECT_NE(cache->BlockTable(*fork, g)->back(), cache->BlockTable(seq, g)->back());
+    }
     ASSERT_TRUE(cache->Free(seq).ok());
     ASSERT_TRUE(cache->Free(*fork).ok());
     const KvCacheCounters c = cache->Counters();
@@ -562,40 +639,46 @@ TEST(KvCacheSlidingTest, TruncateBelowReleasedIsRefusedAndForkShares) {
   }
 }
 
-// A prefix hit counts only as far as the sliding group still finds its window's blocks.
+// A prefix hit counts only as far as every group still finds its blocks, the sliding ones their
+// window's.
 TEST(KvCacheSlidingTest, PrefixHitNeedsTheSlidingWindow) {
   const std::vector<int32_t> tokens = Iota(80);
   {  // Roomy: released sliding blocks stay cached, the whole prefix hits.
-    auto cache = MakeSlidingCache(64);
+    auto cache = MakeSlidingCache(128);
     const SeqId a = cache->CreateSequence();
     ASSERT_TRUE(cache->AppendSlots(a, tokens).ok());
     ASSERT_TRUE(cache->MarkComputed(a, 80).ok());
-    EXPECT_GT(cache->Counters().sliding_blocks_cached, 0);
+    EXPECT_EQ(cache->Counters().blocks_cached, kSlidingGroups * 16);
     const SeqId b = cache->CreateSequence();
     EXPECT_EQ(*cache->AttachCachedPrefix(b, std::span(tokens).first(79)), 76);
     // Only the window's blocks are attached: next token 76 reads from 69 -> row 64, block 16.
-    auto table = cache->SlidingBlockTable(b);
-    ASSERT_EQ(table->size(), 19u);
-    EXPECT_EQ((*table)[15], kNullBlock);
-    EXPECT_NE((*table)[16], kNullBlock);
+    for (int32_t g = 1; g <= kSlidingGroups; ++g) {
+      auto table = cache->BlockTable(b, g);
+      ASSERT_EQ(table->size(), 19u);
+      EXPECT_EQ((*table)[15], kNullBlock);
+      EXPECT_NE((*table)[16], kNullBlock);
+    }
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
   }
-  {  // The sliding group's cached blocks evicted: nothing past an empty window hits.
-    auto cache = MakeSlidingCache(128, 64);
+  {  // The released sliding blocks evicted: a hit whose window needed them is gone.
+    auto cache = MakeSlidingCache(128);
     const SeqId a = cache->CreateSequence();
     ASSERT_TRUE(cache->AppendSlots(a, tokens).ok());
-    ASSERT_TRUE(cache->MarkComputed(a, 80).ok());
+    ASSERT_TRUE(cache->MarkComputed(a, 80).ok());  // releases blocks 0-15 of groups 1-3
     ASSERT_TRUE(cache->Free(a).ok());
-    EXPECT_EQ(cache->Counters().blocks_cached, 20);
-    // Evict every cached sliding block: a sequence that fills the sliding pool.
+    EXPECT_EQ(cache->Counters().blocks_cached, 80);
+    // 47 free blocks, then the LRU: the 48 released sliding blocks, then the global block 19
+    // (Free releases the last position first).
     const SeqId filler = cache->CreateSequence();
-    ASSERT_TRUE(cache->AppendSlots(filler, Iota(4 * 63, 5000)).ok());
-    EXPECT_EQ(cache->Counters().sliding_blocks_cached, 0);
+    ASSERT_TRUE(cache->AppendSlots(filler, Iota(4 * 24, 5000)).ok());
+    EXPECT_EQ(cache->Counters().evictions, 49);
     ASSERT_TRUE(cache->Free(filler).ok());
-    EXPECT_EQ(cache->Counters().blocks_cached, 20);  // the global group still holds all 80
+    // 60 tokens' last block needs sliding rows from 48 (block 12): no hit length is usable.
     const SeqId b = cache->CreateSequence();
-    // Every hit length needs at least its last block's sliding rows: none is usable.
-    EXPECT_EQ(*cache->AttachCachedPrefix(b, std::span(tokens).first(79)), 0);
+    EXPECT_EQ(*cache->AttachCachedPrefix(b, std::span(tokens).first(60)), 0);
+    // 79 tokens' window (blocks 16-18) was never released: the hit stays whole.
+    const SeqId c = cache->CreateSequence();
+    EXPECT_EQ(*cache->AttachCachedPrefix(c, std::span(tokens).first(79)), 76);
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
   }
 }
@@ -607,12 +690,13 @@ TEST(KvCacheSlidingTest, Gemma3_270mBytesAt4096Tokens) {
   ASSERT_TRUE(plain.ok());
   std::vector<uint8_t> sliding(18, 1);
   for (int l = 5; l < 18; l += 6) sliding[l] = 0;
-  auto grouped = plain->WithSlidingGroup(sliding, 512);
+  auto grouped = plain->WithSlidingGroups(sliding, 512);
   ASSERT_TRUE(grouped.ok());
+  EXPECT_EQ(grouped->n_groups(), 6);  // groups of 3 layers: 1 global, 5 sliding
   size_t bytes[2] = {0, 0};
   for (int with_release = 0; with_release < 2; ++with_release) {
     KvCacheOptions options;
-    options.num_blocks = 300;
+    options.num_blocks = with_release ? 640 : 260;
     auto cache = KvCache::Create(with_release ? *grouped : *plain, options);
     ASSERT_TRUE(cache.ok());
     const SeqId seq = (*cache)->CreateSequence();

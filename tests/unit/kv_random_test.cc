@@ -56,7 +56,8 @@ struct Config {
   int32_t block_size;
   int32_t num_blocks;  // including the null block
   double ops_fraction;
-  int32_t window = 0;  // > 0: layer 0 is a sliding-window layer in a group of its own
+  int32_t window = 0;  // > 0: the layers `sliding` marks attend to this window only
+  std::vector<uint8_t> sliding = {1, 0};  // with a window: each layer's flag (KvLayout groups)
 };
 
 struct RefSeq {
@@ -72,11 +73,12 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
  protected:
   void SetUp() override {
     const Config& cfg = GetParam();
-    auto layout = cfg.mla ? KvLayout::Mla(2, 3, 2, cfg.type, cfg.block_size)
-                          : KvLayout::Gqa(2, 2, 3, cfg.type, cfg.block_size);
+    const int32_t n_layers = cfg.window > 0 ? static_cast<int32_t>(cfg.sliding.size()) : 2;
+    auto layout = cfg.mla ? KvLayout::Mla(n_layers, 3, 2, cfg.type, cfg.block_size)
+                          : KvLayout::Gqa(n_layers, 2, 3, cfg.type, cfg.block_size);
     ASSERT_TRUE(layout.ok()) << layout.status();
     if (cfg.window > 0) {
-      layout = layout->WithSlidingGroup(std::vector<uint8_t>{1, 0}, cfg.window);
+      layout = layout->WithSlidingGroups(cfg.sliding, cfg.window);
       ASSERT_TRUE(layout.ok()) << layout.status();
     }
     auto cache = KvCache::Create(*layout, {.num_blocks = cfg.num_blocks, .hash_seed = 17});
@@ -115,7 +117,7 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
   void WriteToken(KvSlot slot, uint64_t seed) {
     const GgmlType type = cache_->layout().elem_type();
     for (int32_t l = 0; l < cache_->layout().n_layers(); ++l) {
-      EXPECT_NE(cache_->layout().layer_group(l) == 0 ? slot.block : slot.sliding_block, kNullBlock);
+      EXPECT_NE(slot.group_block(cache_->layout().layer_group(l)), kNullBlock);
       for (int32_t t = 0; t < tiles_; ++t) {
         std::byte* row = Row(slot, l, t);
         for (int32_t d = 0; d < row_elems_; ++d) {
@@ -130,7 +132,10 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
   std::string CheckToken(KvSlot slot, uint64_t seed) {
     const GgmlType type = cache_->layout().elem_type();
     for (int32_t l = 0; l < cache_->layout().n_layers(); ++l) {
-      if (cache_->layout().layer_group(l) == 1 && slot.sliding_block == kNullBlock) continue;
+      const int32_t group = cache_->layout().layer_group(l);
+      if (cache_->layout().group_is_sliding(group) && slot.group_block(group) == kNullBlock) {
+        continue;
+      }
       for (int32_t t = 0; t < tiles_; ++t) {
         const std::byte* row = Row(slot, l, t);
         for (int32_t d = 0; d < row_elems_; ++d) {
@@ -146,9 +151,10 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
     return "";
   }
 
-  // Leading released (null) entries of a sequence's sliding table.
+  // Leading released (null) entries of a sequence's first sliding group's table.
   int32_t ReleasedBlocks(SeqId id) const {
-    const auto table = *cache_->SlidingBlockTable(id);
+    if (GetParam().window == 0) return 0;
+    const auto table = *cache_->BlockTable(id, cache_->layout().first_sliding_group());
     return static_cast<int32_t>(
         std::find_if(table.begin(), table.end(), [](BlockId b) { return b != kNullBlock; }) -
         table.begin());
@@ -181,29 +187,43 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
       if (!std::equal(tokens.begin(), tokens.end(), s.tokens.begin(), s.tokens.end())) {
         return absl::StrCat("seq ", s.id, " tokens differ");
       }
+      const KvLayout& layout = cache_->layout();
       auto table = *cache_->BlockTable(s.id);
-      auto sliding_table = *cache_->SlidingBlockTable(s.id);
-      if (sliding_table.size() != (GetParam().window > 0 ? table.size() : 0) ||
-          ReleasedBlocks(s.id) * bs_ > FirstRead(s.computed)) {
-        return absl::StrCat("seq ", s.id, " sliding table of ", sliding_table.size(), " (",
-                            ReleasedBlocks(s.id), " released) for ", table.size(),
-                            " blocks, computed ", s.computed);
+      const int32_t released = ReleasedBlocks(s.id);
+      if (released * bs_ > FirstRead(s.computed) ||
+          *cache_->SlidingBlocksReleased(s.id) != released) {
+        return absl::StrCat("seq ", s.id, " has ", released, " sliding blocks released, computed ",
+                            s.computed);
       }
       if (table.size() != (s.tokens.size() + bs_ - 1) / bs_) {
         return absl::StrCat("seq ", s.id, " has ", table.size(), " blocks for ", s.tokens.size(),
                             " tokens");
       }
-      for (BlockId b : table) {
-        if (b <= kNullBlock || b >= GetParam().num_blocks) return absl::StrCat("bad block ", b);
-        ++holders[b];
+      // Every group's table: as long as group 0's, null exactly at a sliding group's released
+      // entries.
+      std::vector<std::span<const BlockId>> tables;
+      for (int32_t g = 0; g < layout.n_groups(); ++g) {
+        tables.push_back(*cache_->BlockTable(s.id, g));
+        if (tables[g].size() != table.size()) {
+          return absl::StrCat("seq ", s.id, " group ", g, " table of ", tables[g].size());
+        }
+        for (size_t i = 0; i < table.size(); ++i) {
+          const BlockId b = tables[g][i];
+          if (layout.group_is_sliding(g) && i < static_cast<size_t>(released)) {
+            if (b != kNullBlock) return absl::StrCat("seq ", s.id, " released block ", b);
+            continue;
+          }
+          if (b <= kNullBlock || b >= GetParam().num_blocks) return absl::StrCat("bad block ", b);
+          ++holders[b];
+        }
       }
       // Read back every token through the table (not through stored slots).
       uint64_t prefix = RootSeed(s.extra_key);
       for (size_t q = 0; q < s.tokens.size(); ++q) {
         prefix = NextSeed(prefix, s.tokens[q]);
         if (s.seeds[q] != prefix) return absl::StrCat("reference broke its own invariant at ", q);
-        const KvSlot slot{table[q / bs_], static_cast<int32_t>(q % bs_),
-                          sliding_table.empty() ? kNullBlock : sliding_table[q / bs_]};
+        KvSlot slot{.block = table[q / bs_], .offset = static_cast<int32_t>(q % bs_)};
+        for (size_t g = 1; g < tables.size(); ++g) slot.group_blocks[g - 1] = tables[g][q / bs_];
         std::string err = CheckToken(slot, s.seeds[q]);
         if (!err.empty()) return absl::StrCat("seq ", s.id, " pos ", q, ": ", err);
       }
@@ -220,10 +240,6 @@ class KvRandomTest : public ::testing::TestWithParam<Config> {
     if (c.blocks_used + c.blocks_free + c.blocks_cached != c.blocks_total) {
       return absl::StrCat("leak: used ", c.blocks_used, " free ", c.blocks_free, " cached ",
                           c.blocks_cached, " total ", c.blocks_total);
-    }
-    if (c.sliding_blocks_used + c.sliding_blocks_free + c.sliding_blocks_cached !=
-        c.sliding_blocks_total) {
-      return "sliding pool: used + free + cached != total";
     }
     if (c.num_sequences != static_cast<int32_t>(seqs_.size())) return "sequence count differs";
     absl::Status inv = cache_->CheckInvariants();
@@ -457,10 +473,13 @@ TEST_P(KvRandomTest, MatchesReferenceAfterEveryOperation) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, KvRandomTest,
-    ::testing::Values(Config{"GqaF32Bs4", false, GgmlType::kF32, 4, 29, 1.0},
-                      Config{"GqaF16Bs16", false, GgmlType::kF16, 16, 12, 0.3},
-                      Config{"MlaBf16Bs3", true, GgmlType::kBF16, 3, 37, 0.3},
-                      Config{"GqaSlidingF32Bs4", false, GgmlType::kF32, 4, 29, 0.3, 5}),
+    ::testing::Values(
+        Config{"GqaF32Bs4", false, GgmlType::kF32, 4, 29, 1.0},
+        Config{"GqaF16Bs16", false, GgmlType::kF16, 16, 12, 0.3},
+        Config{"MlaBf16Bs3", true, GgmlType::kBF16, 3, 37, 0.3},
+        Config{"GqaSlidingF32Bs4", false, GgmlType::kF32, 4, 29, 0.3, 5},
+        // Two global groups and a sliding one (layers 0 and 2 global).
+        Config{"GqaSlidingThreeGroupsF16Bs4", false, GgmlType::kF16, 4, 41, 0.3, 5, {0, 1, 0}}),
     [](const ::testing::TestParamInfo<Config>& info) { return info.param.name; });
 
 }  // namespace

@@ -44,7 +44,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     std::fprintf(stderr,
                  "usage: kiln perplexity -m MODEL -f FILE [--ctx N (default 512)] [--threads N] "
                  "[--chunks N] [--cache-type T] [--mla-prefill M]\n"
-                 "       [--sliding-window-sessions N]\n");
+                 "       [--swa-full]\n");
     return 2;
   }
   std::ifstream in(file, std::ios::binary);
@@ -70,7 +70,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     cp.kv_type = flags.cache_type;
     cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
     cp.mla_prefill = flags.mla_prefill;
-    cp.sliding_window_sessions = flags.sliding_window_sessions;
+    cp.swa_full = flags.swa_full ? 1 : 0;
     kiln_status s = kiln_cache_create(model, &cp, &cache);
     if (s != KILN_OK) {
       ReportError("creating the cache", s);

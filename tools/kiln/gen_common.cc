@@ -55,22 +55,14 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
     flags->llama_cpp_order = true;
     return 1;
   }
-  static const char* kWithValue[] = {"-m",
-                                     "--model",
-                                     "-n",
-                                     "--n-predict",
-                                     "--temp",
-                                     "--top-k",
-                                     "--top-p",
-                                     "--min-p",
-                                     "--seed",
-                                     "--threads",
-                                     "-t",
-                                     "--ctx",
-                                     "-c",
-                                     "--cache-type",
-                                     "--mla-prefill",
-                                     "--sliding-window-sessions"};
+  if (a == "--swa-full") {
+    flags->swa_full = true;
+    return 1;
+  }
+  static const char* kWithValue[] = {"-m",     "--model",      "-n",           "--n-predict",
+                                     "--temp", "--top-k",      "--top-p",      "--min-p",
+                                     "--seed", "--threads",    "-t",           "--ctx",
+                                     "-c",     "--cache-type", "--mla-prefill"};
   bool known = false;
   for (const char* f : kWithValue) known |= a == f;
   if (!known) return 0;
@@ -113,10 +105,6 @@ int ParseGenFlag(const std::vector<std::string>& args, size_t* i, GenFlags* flag
       }
     }
     if (!ok) BadFlagValue(a, v, "f16, f32, bf16 or q8_0");
-  } else if (a == "--sliding-window-sessions") {
-    if ((ok = ParseIntFlag(a, v, 0, 1 << 20, &n))) {
-      flags->sliding_window_sessions = static_cast<int32_t>(n);
-    }
   } else if (a == "--mla-prefill") {
     ok = true;
     if (v == "absorbed") {
@@ -148,10 +136,8 @@ std::string GenFlagsHelp(const GenFlags& defaults, std::string_view n_predict_wh
                 "  --mla-prefill M     MLA models' prompt attention: absorbed (default; logits\n"
                 "                      independent of prompt chunking) or measured (long chunks\n"
                 "                      decompressed: faster, last bits depend on chunking)\n"
-                "  --sliding-window-sessions N\n"
-                "                      sliding-window models (gemma3): keep their sliding layers'\n"
-                "                      K/V only inside the window, pooled for N sessions (default\n"
-                "                      0: keep every layer's K/V)\n",
+                "  --swa-full          sliding-window models (gemma3): keep every layer's K/V\n"
+                "                      (default: the sliding layers' only inside the window)\n",
                 static_cast<int>(n_predict_what.size()), n_predict_what.data(), defaults.n_predict,
                 defaults.temp, defaults.top_k, defaults.top_p, defaults.min_p, defaults.ctx);
   return buf;
@@ -166,7 +152,7 @@ bool MakeCacheAndSampler(kiln_model* model, const GenFlags& flags, kiln_cache** 
   cp.llama_cpp_order = flags.llama_cpp_order ? 1 : 0;
   cp.kv_type = flags.cache_type;
   cp.mla_prefill = flags.mla_prefill;
-  cp.sliding_window_sessions = flags.sliding_window_sessions;
+  cp.swa_full = flags.swa_full ? 1 : 0;
   kiln_status s = kiln_cache_create(model, &cp, cache);
   if (s != KILN_OK) {
     ReportError("creating the cache", s);

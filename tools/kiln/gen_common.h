@@ -32,7 +32,7 @@ struct GenFlags {
   bool llama_cpp_order = false;           // --llama-cpp-order: llama.cpp's exact arithmetic
   kiln_kv_type cache_type = KILN_KV_F16;  // --cache-type f16|f32|bf16|q8_0
   kiln_mla_prefill mla_prefill = KILN_MLA_PREFILL_ABSORBED;  // --mla-prefill absorbed|measured
-  int32_t sliding_window_sessions = 0;                       // --sliding-window-sessions N
+  bool swa_full = false;                                     // --swa-full
 };
 
 // If args[*i] is one of the shared flags, consumes it (and its value), stores it and returns 1;

@@ -251,10 +251,10 @@ namespace Kiln
         public Backend Backend = Backend.Cpu;
         public int CudaDevice;
         public MlaPrefill MlaPrefill = MlaPrefill.Absorbed;
-        /// <summary>Models with sliding-window layers (gemma3), CPU backend: 0 keeps every layer's
-        /// K/V; N &gt; 0 releases the sliding layers' K/V once every window has left it, in a pool
-        /// sized for N sessions' windows.</summary>
-        public int SlidingWindowSessions;
+        /// <summary>Models with sliding-window and global layers (gemma3), CPU backend: false
+        /// (default) releases the sliding layers' K/V once every window has left it, back to the
+        /// pool; true keeps every layer's K/V (llama.cpp's --swa-full).</summary>
+        public bool SwaFull;
     }
 
     public struct CacheStats
@@ -264,9 +264,9 @@ namespace Kiln
         public long BytesPerToken, BlockBytes;
         /// <summary>K/V bytes held by sessions now.</summary>
         public long KvBytesInUse;
-        /// <summary>The sliding-window pool (CacheOptions.SlidingWindowSessions; zero without one):
-        /// its blocks, those held, those released so far because every window had left them, and
-        /// its block bytes.</summary>
+        /// <summary>The sliding-window layers' blocks (CacheOptions.SwaFull false; zero otherwise):
+        /// 0 (they share the pool), those held (part of BlocksUsed), those released so far because
+        /// every window had left them, and BlockBytes.</summary>
         public int SlidingBlocksTotal, SlidingBlocksUsed;
         public long SlidingBlocksReleased, SlidingBlockBytes;
     }
@@ -300,7 +300,7 @@ namespace Kiln
             p.Backend = (int)options.Backend;
             p.CudaDevice = options.CudaDevice;
             p.MlaPrefill = (int)options.MlaPrefill;
-            p.SlidingWindowSessions = options.SlidingWindowSessions;
+            p.SwaFull = options.SwaFull ? 1 : 0;
             IntPtr raw;
             Interop.Check(Native.kiln_cache_create(model.Handle, ref p, out raw));
             Handle = new CacheHandle();

@@ -59,7 +59,9 @@ namespace Kiln
             public uint StructSize;
             public UIntPtr PoolBytes;
             public int BlockSize, KvType, PrefixCaching, NCtx, NThreads, LlamaCppOrder;
-            public int StepTokens, Backend, CudaDevice, MlaPrefill, SlidingWindowSessions;
+            public int StepTokens, Backend, CudaDevice, MlaPrefill;
+            public int SlidingWindowSessions; // no longer read
+            public int SwaFull;
         }
 
         [StructLayout(LayoutKind.Sequential)]

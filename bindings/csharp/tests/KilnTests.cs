@@ -123,7 +123,7 @@ public static class Tests
         var offsets = new Dictionary<string, int>
         {
             { "LlamaCppOrder", 36 }, { "StepTokens", 40 }, { "Backend", 44 }, { "CudaDevice", 48 }, { "MlaPrefill", 52 },
-            { "SlidingWindowSessions", 56 },
+            { "SlidingWindowSessions", 56 }, { "SwaFull", 60 },
         };
         foreach (var kv in offsets)
         {

@@ -102,7 +102,8 @@ class CacheParams(Structure):
         ("backend", c_int),
         ("cuda_device", c_int32),
         ("mla_prefill", c_int),
-        ("sliding_window_sessions", c_int32),
+        ("sliding_window_sessions", c_int32),  # no longer read
+        ("swa_full", c_int),
     ]
 
 

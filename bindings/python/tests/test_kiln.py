@@ -480,7 +480,7 @@ def test_struct_layouts_match_the_header():
     # The fields added after the ABI 1 baseline, at their offsetof in kiln_cache_params.
     offsets = {
         "llama_cpp_order": 36, "step_tokens": 40, "backend": 44, "cuda_device": 48, "mla_prefill": 52,
-        "sliding_window_sessions": 56,
+        "sliding_window_sessions": 56, "swa_full": 60,
     }
     assert {name: getattr(_ffi.CacheParams, name).offset for name in offsets} == offsets
     # And in kiln_cache_stats.

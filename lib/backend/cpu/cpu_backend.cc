@@ -183,10 +183,7 @@ absl::Status CpuBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int
                         w.name, w.n_out));
   }
   const int64_t rows = w.n_out / n_expert;
-  WeightView e = w;
-  e.n_out = rows;
-  e.data = w.Row(expert * rows);
-  e.interleaved = nullptr;
+  WeightView e = w.Rows(expert * rows, rows);
   if (w.interleaved != nullptr && rows % quant::kInterleaveRows == 0) {
     const size_t group_bytes = GetQuantKernels(w.type)->interleaved_group_bytes(w.n_in);
     e.interleaved = static_cast<const uint8_t*>(w.interleaved) +
@@ -303,16 +300,15 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
     return absl::InvalidArgumentError(
         absl::StrCat("Attention: layer ", layer, " of a cache that is not a GQA cache of it"));
   }
-  // The layer's rows live in its group's blocks (KvLayout): that pool, stride and table.
+  // The layer's rows live in its group's blocks (KvLayout): that group's table.
   const int32_t group = layout.layer_group(layer);
   PagedKvView kv;
   kv.block_size = layout.block_size();
   kv.n_kv_heads = layout.n_kv_heads();
   kv.head_dim = layout.head_dim();
-  kv.n_blocks = cache.NumBlocks(group);
+  kv.n_blocks = cache.NumBlocks();
   kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes =
-      static_cast<int64_t>(layout.block_bytes(group));
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
   kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
   kv.k.base = cache.KeyPtr(kNullBlock, layer, 0);
   kv.v.base = cache.ValuePtr(kNullBlock, layer, 0);

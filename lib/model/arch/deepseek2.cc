@@ -281,6 +281,19 @@ class Deepseek2Architecture final : public Architecture {
                          static_cast<int32_t>(hp.mla.rope_dim), kv_type, block_size);
   }
 
+  // llama.cpp runs a file with the combined attn_kv_b as ordinary multi-head attention over the
+  // decompressed K and V (deepseek2.cpp's non-MLA branch), so the llama.cpp order caches those
+  // (MlaMhaCacheLayout); a q8_0 cache keeps the latent rows and kiln's absorbed form, as with
+  // split attn_k_b/attn_v_b (llama.cpp's quantized caches need its flash attention).
+  absl::StatusOr<KvLayout> CacheLayoutForOrder(const ModelHparams& hp, GgmlType kv_type,
+                                               int32_t block_size,
+                                               bool llama_cpp_order) const override {
+    if (llama_cpp_order && !hp.mla.split_kv_b && kv_type != GgmlType::kQ8_0) {
+      return MlaMhaCacheLayout(hp, kv_type, block_size);
+    }
+    return CacheLayout(hp, kv_type, block_size);
+  }
+
   absl::StatusOr<std::unique_ptr<ForwardPass>> NewForward(const Model& model,
                                                           Backend& backend) const override {
     return NewForwardWithOptions(model, backend, ForwardOptions{});

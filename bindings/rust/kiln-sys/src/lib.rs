@@ -154,7 +154,8 @@ pub struct kiln_cache_params {
     pub backend: kiln_backend_kind,
     pub cuda_device: i32,
     pub mla_prefill: kiln_mla_prefill,
-    pub sliding_window_sessions: i32,
+    pub sliding_window_sessions: i32, // no longer read
+    pub swa_full: c_int,
 }
 
 #[repr(C)]
@@ -611,6 +612,7 @@ mod tests {
         assert_eq!(offset!(cuda_device), 48);
         assert_eq!(offset!(mla_prefill), 52);
         assert_eq!(offset!(sliding_window_sessions), 56);
+        assert_eq!(offset!(swa_full), 60);
     }
 
     #[test]

@@ -690,10 +690,10 @@ pub struct CacheOptions {
     pub backend: Backend,
     pub cuda_device: i32,
     pub mla_prefill: MlaPrefill,
-    /// Models with sliding-window layers (gemma3), CPU backend: 0 (default) keeps every layer's
-    /// K/V; N > 0 releases the sliding layers' K/V once every window has left it, in a pool sized
-    /// for N sessions' windows. Negative: [`Status::InvalidArgument`].
-    pub sliding_window_sessions: i32,
+    /// Models with sliding-window and global layers (gemma3), CPU backend: false (default)
+    /// releases the sliding layers' K/V once every window has left it, back to the pool; true
+    /// keeps every layer's K/V (llama.cpp's --swa-full).
+    pub swa_full: bool,
 }
 
 impl Default for CacheOptions {
@@ -711,7 +711,7 @@ impl Default for CacheOptions {
             backend: Backend::Cpu,
             cuda_device: p.cuda_device,
             mla_prefill: MlaPrefill::Absorbed,
-            sliding_window_sessions: p.sliding_window_sessions,
+            swa_full: p.swa_full != 0,
         }
     }
 }
@@ -777,9 +777,9 @@ pub struct CacheStats {
     pub block_bytes: usize,
     /// K/V bytes held by sessions now.
     pub kv_bytes_in_use: usize,
-    /// The sliding-window pool ([`CacheOptions::sliding_window_sessions`]; zero without one): its
-    /// blocks, those held, those released so far because every window had left them, and its
-    /// block bytes.
+    /// The sliding-window layers' blocks ([`CacheOptions::swa_full`] false; zero otherwise): 0 (they
+    /// share the pool), those held (part of blocks_used), those released so far because every
+    /// window had left them, and block_bytes.
     pub sliding_blocks_total: i32,
     pub sliding_blocks_used: i32,
     pub sliding_blocks_released: i64,
@@ -822,7 +822,7 @@ impl Cache {
             MlaPrefill::Absorbed => sys::KILN_MLA_PREFILL_ABSORBED,
             MlaPrefill::Measured => sys::KILN_MLA_PREFILL_MEASURED,
         };
-        p.sliding_window_sessions = options.sliding_window_sessions;
+        p.swa_full = options.swa_full as c_int;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_cache_create(model.ptr(), &p, &mut raw) })?;
         Ok(Cache { raw: Arc::new(CacheRaw { ptr: raw, _model: model.raw.clone() }), model: model.clone() })
