@@ -146,9 +146,8 @@ void Scale(float* x, float s, int64_t n) {
 void RoundF16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_cvtph_ps(h));
+    _mm512_mask_storeu_ps(x + i, m,
+                          _mm512_cvtph_ps(F16OfLanesAvx512(_mm512_maskz_loadu_ps(m, x + i))));
   }
 }
 
