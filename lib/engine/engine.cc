@@ -80,8 +80,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
       }
     }
   }
-  const bool on_cpu = engine->backend_ == nullptr;
-  if (on_cpu) engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
+  if (engine->backend_ == nullptr)
+    engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
   engine->backend_description_ = engine->backend_->Describe();
   if (!decision.fallback_reason.empty()) {
     engine->backend_description_ += StrCat("; ", decision.fallback_reason);
@@ -95,15 +95,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
   const bool has_global_layer =
       std::find(hp.swa_layers.begin(), hp.swa_layers.end(), 0) != hp.swa_layers.end();
   if (!opt.swa_full && hp.sliding_window > 0 && has_global_layer) {
-    if (on_cpu) {
-      KILN_ASSIGN_OR_RETURN(
-          layout, layout.WithSlidingGroups(hp.swa_layers, static_cast<int32_t>(hp.sliding_window)));
-      cache_options.sliding_release_margin = kSlidingReleaseMargin;
-      engine->max_draft_nodes_ = kSlidingReleaseMargin;
-    } else {
-      engine->backend_description_ +=
-          "; sliding-window release is CPU-only: every layer's K/V is kept";
-    }
+    KILN_ASSIGN_OR_RETURN(
+        layout, layout.WithSlidingGroups(hp.swa_layers, static_cast<int32_t>(hp.sliding_window)));
+    cache_options.sliding_release_margin = kSlidingReleaseMargin;
+    engine->max_draft_nodes_ = kSlidingReleaseMargin;
   }
   KILN_ASSIGN_OR_RETURN(cache_options.capacity_bytes, PoolBytes(layout, opt));
   KILN_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, cache_options));

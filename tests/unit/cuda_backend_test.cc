@@ -369,18 +369,27 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
 
 // GQA (and MHA, MQA) attention on the device K/V against the CPU's on the same rows and mask,
 // |err| <= 5e-5 * max(1, |want|) (f32 sums in another order); a mask the CPU refuses is refused
-// with the CPU's message before anything runs.
+// with the CPU's message before anything runs. The last shape has a sliding-window group (layer
+// 1, window 128: nothing released), whose rows live in other blocks of the one pool.
 TEST_F(CudaBackendTest, AttentionMatchesCpu) {
   struct Shape {
     GgmlType type;
     int32_t n_heads, n_kv_heads, head_dim;
+    bool sliding_group = false;
   };
   for (const Shape sh : {Shape{GgmlType::kF32, 4, 4, 40}, Shape{GgmlType::kF16, 6, 2, 64},
-                         Shape{GgmlType::kBF16, 3, 1, 32}, Shape{GgmlType::kQ8_0, 8, 2, 128}}) {
-    SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(sh.type) << " heads "
-                                      << sh.n_heads << "/" << sh.n_kv_heads);
+                         Shape{GgmlType::kBF16, 3, 1, 32}, Shape{GgmlType::kQ8_0, 8, 2, 128},
+                         Shape{GgmlType::kF16, 4, 2, 64, /*sliding_group=*/true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "type " << static_cast<int>(sh.type) << " heads " << sh.n_heads << "/"
+                 << sh.n_kv_heads << (sh.sliding_group ? ", sliding group" : ""));
     auto layout = KvLayout::Gqa(2, sh.n_kv_heads, sh.head_dim, sh.type, 16);
     ASSERT_TRUE(layout.ok()) << layout.status();
+    if (sh.sliding_group) {
+      const std::vector<uint8_t> sliding = {0, 1};
+      layout = layout->WithSlidingGroups(sliding, 128);
+      ASSERT_TRUE(layout.ok()) << layout.status();
+    }
     CachePair c = MakeCaches(*layout, cpu_, *gpu_);
     const auto q = Random(c.seq.size() * sh.n_heads * sh.head_dim, -2, 2, 31);
     std::vector<float> want(q.size()), got(q.size());

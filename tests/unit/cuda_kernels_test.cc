@@ -597,6 +597,37 @@ TEST(CudaPlan, PackedMaskWalksAsTheMask) {
   EXPECT_EQ(p2.max_visible, 50);  // the windowed token sees its whole prefix without the window
 }
 
+// A layout with a sliding-window group (layer 1; window 64, so nothing is released): the packed
+// table is the asked group's, each position locating its slot's block of that group, which is
+// another block than group 0's.
+TEST(CudaPlan, PackedMaskTakesTheGroupsTable) {
+  const std::vector<uint8_t> sliding = {0, 1};
+  auto grouped = KvLayout::Gqa(2, 2, 32, GgmlType::kF16, 8)->WithSlidingGroups(sliding, 64);
+  const AttentionCase c = MakeAttentionCase(grouped, 4, 6);
+  ASSERT_EQ(c.cache->layout().layer_group(AttentionCase::kLayer), 1);
+  const AttentionMask mask = c.Mask();
+  for (int32_t group : {0, 1}) {
+    SCOPED_TRACE(group);
+    const cuda::PackedMask packed = cuda::PackMask(mask, group);
+    std::vector<int32_t> copy = packed.data;
+    const KilnCudaAttentionBatch b = cuda::BatchAt(packed, copy.data());
+    const cuda::BlockTables tables{b.d_kv_indptr, b.d_kv_indices, 8, c.cache->NumBlocks()};
+    int32_t other_than_group_0 = 0;
+    for (int32_t s = 0; s < 3; ++s) {
+      for (int32_t pos = 0; pos < 25; ++pos) {
+        int32_t block = -1, offset = -1;
+        ASSERT_TRUE(cuda::LocatePosition(tables, s, pos, &block, &offset));
+        const absl::StatusOr<KvSlot> slot = c.cache->SlotOf(c.ids[s], pos);
+        ASSERT_TRUE(slot.ok()) << slot.status();
+        EXPECT_EQ(block, slot->group_block(group)) << "sequence " << s << " position " << pos;
+        EXPECT_EQ(offset, slot->offset);
+        other_than_group_0 += block != slot->block ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(other_than_group_0, group == 0 ? 0 : 3 * 25);
+  }
+}
+
 TEST(CudaPlan, MatMulPathByTokensTypeAndShape) {
   using cuda::MatMulPath;
   const cuda::MatMulCaps both{8, true}, gemm_only{0, true}, none{};

@@ -64,12 +64,16 @@ cpu::PagedKvView CheckedView(const KilnCudaPagedKv& kv, GgmlType type) {
   return v;
 }
 
-absl::Status CheckSlots(std::string_view op, const KvCache& cache, std::span<const KvSlot> slots) {
+// Each slot's block of `layer`'s group (KvLayout) inside the pool.
+absl::Status CheckSlots(std::string_view op, const KvCache& cache, int32_t layer,
+                        std::span<const KvSlot> slots) {
+  const int32_t group = cache.layout().layer_group(layer);
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].block < 0 || slots[i].block >= cache.NumBlocks() || slots[i].offset < 0 ||
+    const BlockId block = slots[i].group_block(group);
+    if (block < 0 || block >= cache.NumBlocks() || slots[i].offset < 0 ||
         slots[i].offset >= cache.layout().block_size()) {
-      return absl::OutOfRangeError(StrCat(op, ": slots[", i, "] = (block ", slots[i].block,
-                                          ", offset ", slots[i].offset, ") outside the cache"));
+      return absl::OutOfRangeError(StrCat(op, ": slots[", i, "] = (block ", block, ", offset ",
+                                          slots[i].offset, ") outside the cache"));
     }
   }
   return absl::OkStatus();
@@ -475,7 +479,7 @@ absl::Status CudaBackend::WriteKv(KvCache& cache, int32_t layer, std::span<const
     return absl::InvalidArgumentError(
         StrCat("WriteKv: layer ", layer, " of a cache that is not a GQA cache of it"));
   }
-  KILN_RETURN_IF_ERROR(CheckSlots("WriteKv", cache, slots));
+  KILN_RETURN_IF_ERROR(CheckSlots("WriteKv", cache, layer, slots));
   const int64_t hd = layout.head_dim(), n_kv = layout.n_kv_heads(), kv_dim = n_kv * hd;
   const size_t row_bytes = layout.row_bytes();
   staging_.resize(slots.size() * 2 * n_kv * row_bytes);
@@ -532,11 +536,11 @@ absl::StatusOr<const float*> CudaBackend::DeviceConstant(const float* p, size_t 
 
 template <typename Workspace, typename Launch>
 absl::Status CudaBackend::RunAttention(std::string_view what, const AttentionMask& mask,
-                                       const float* q, int64_t q_floats, int32_t n_heads,
-                                       float* out, int64_t out_floats, Workspace workspace_floats,
-                                       Launch launch) {
+                                       int32_t group, const float* q, int64_t q_floats,
+                                       int32_t n_heads, float* out, int64_t out_floats,
+                                       Workspace workspace_floats, Launch launch) {
   if (mask.seq.empty()) return absl::OkStatus();
-  const PackedMask packed = PackMask(mask);
+  const PackedMask packed = PackMask(mask, group);
   const int32_t n_splits = ChooseSplits(packed.n_tokens * n_heads, packed.max_visible);
   const size_t ws = workspace_floats(n_splits);
   KILN_ASSIGN_OR_RETURN(void* mask_d, Scratch(kMaskSlot, packed.data.size() * sizeof(int32_t)));
@@ -572,12 +576,14 @@ absl::Status CudaBackend::Attention(const KvCache& cache, int32_t layer, const A
         StrCat("Attention: layer ", layer, " of a cache that is not a GQA cache of it"));
   }
   if (mask.tables == nullptr) return absl::InvalidArgumentError("Attention: no block tables");
+  // The layer's rows live in its group's blocks (KvLayout): that group's table.
+  const int32_t group = layout.layer_group(layer);
   const KilnCudaPagedKv kv = PagedKvOf(layout, cache.BlockData(0), cache.NumBlocks(), layer);
   KILN_RETURN_IF_ERROR(cpu::ValidateAttentionBatch(CheckedView(kv, layout.elem_type()),
-                                                   cpu::AttentionBatchOf(mask), n_heads));
+                                                   cpu::AttentionBatchOf(mask, group), n_heads));
   const int64_t floats = static_cast<int64_t>(mask.seq.size()) * n_heads * layout.head_dim();
   return RunAttention(
-      "Attention", mask, q, floats, n_heads, out, floats,
+      "Attention", mask, group, q, floats, n_heads, out, floats,
       [&](int32_t n_splits) {
         return m_.paged_attention_workspace(static_cast<int64_t>(mask.seq.size()), n_heads,
                                             n_splits, layout.head_dim());
@@ -622,8 +628,8 @@ absl::Status CudaBackend::MlaAttention(const KvCache& cache, int32_t layer,
   KILN_ASSIGN_OR_RETURN(const float* d_w_uv,
                         DeviceConstant(w.w_uv, static_cast<size_t>(n_heads) * w.v_head_dim * kvl));
   return RunAttention(
-      "MlaAttention", mask, q, n_tokens * n_heads * (w.nope_dim + row - kvl), n_heads, out,
-      n_tokens * n_heads * w.v_head_dim,
+      "MlaAttention", mask, /*group=*/0, q, n_tokens * n_heads * (w.nope_dim + row - kvl), n_heads,
+      out, n_tokens * n_heads * w.v_head_dim,
       [&](int32_t n_splits) {
         return m_.mla_attention_workspace(n_tokens, n_heads, n_splits, static_cast<int32_t>(row));
       },
@@ -645,7 +651,7 @@ absl::Status CudaBackend::WriteLatent(KvCache& cache, int32_t layer, std::span<c
     return absl::InvalidArgumentError(
         StrCat("WriteLatent: layer ", layer, " of a cache that is not an MLA cache of it"));
   }
-  KILN_RETURN_IF_ERROR(CheckSlots("WriteLatent", cache, slots));
+  KILN_RETURN_IF_ERROR(CheckSlots("WriteLatent", cache, layer, slots));
   const int64_t kvl = layout.kv_lora_rank(), row = layout.row_elems();
   const size_t row_bytes = layout.row_bytes();
   staging_.assign(slots.size() * row_bytes, std::byte{0});
@@ -679,7 +685,7 @@ absl::Status CudaBackend::ReadLatent(const KvCache& cache, int32_t layer,
   if (c == nullptr || k_rope == nullptr) {
     return absl::InvalidArgumentError("ReadLatent: c or k_rope is null");
   }
-  KILN_RETURN_IF_ERROR(CheckSlots("ReadLatent", cache, slots));
+  KILN_RETURN_IF_ERROR(CheckSlots("ReadLatent", cache, layer, slots));
   const size_t row_bytes = layout.row_bytes();
   staging_.resize(slots.size() * row_bytes);
   for (size_t i = 0; i < slots.size(); ++i) {

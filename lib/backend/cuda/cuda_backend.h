@@ -130,12 +130,13 @@ class CudaBackend final : public Backend {
                             int64_t n_out, int64_t n_in, const float* x, int64_t n_tokens, float* y,
                             int64_t ldy);
   MatMulCaps CapsOf(GgmlType type) const;
-  // Uploads the mask and q, runs launch(batch, d_q, n_splits, d_workspace, d_out) with
-  // workspace_floats(n_splits) floats of workspace, and downloads out_floats of the output.
+  // Uploads the mask (with layer group `group`'s block table) and q, runs launch(batch, d_q,
+  // n_splits, d_workspace, d_out) with workspace_floats(n_splits) floats of workspace, and
+  // downloads out_floats of the output.
   template <typename Workspace, typename Launch>
-  absl::Status RunAttention(std::string_view what, const AttentionMask& mask, const float* q,
-                            int64_t q_floats, int32_t n_heads, float* out, int64_t out_floats,
-                            Workspace workspace_floats, Launch launch);
+  absl::Status RunAttention(std::string_view what, const AttentionMask& mask, int32_t group,
+                            const float* q, int64_t q_floats, int32_t n_heads, float* out,
+                            int64_t out_floats, Workspace workspace_floats, Launch launch);
   // The device copy of the host floats [p, p + n) (uploaded on first use, kept while the backend
   // lives): MLA's absorbed weights, which the model keeps alive and unchanged.
   absl::StatusOr<const float*> DeviceConstant(const float* p, size_t n);

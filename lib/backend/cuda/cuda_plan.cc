@@ -41,7 +41,7 @@ KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const std::byte* pool, int32_t
   return kv;
 }
 
-PackedMask PackMask(const AttentionMask& mask) {
+PackedMask PackMask(const AttentionMask& mask, int32_t group) {
   PackedMask p;
   p.n_tokens = static_cast<int64_t>(mask.seq.size());
   auto append = [&p](std::span<const int32_t> a) {
@@ -51,7 +51,7 @@ PackedMask PackMask(const AttentionMask& mask) {
   };
   p.seq = append(mask.seq);
   p.kv_indptr = append(mask.tables->indptr);
-  p.kv_indices = append(mask.tables->indices);
+  p.kv_indices = append(mask.tables->indices_of(group));
   p.n_visible = append(mask.n_visible);
   if (!mask.first_visible.empty()) p.first_visible = append(mask.first_visible);
   if (!mask.extra_indptr.empty()) {

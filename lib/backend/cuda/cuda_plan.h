@@ -61,8 +61,9 @@ struct PackedMask {
          extra_indptr = kAbsent, extra_positions = kAbsent, error = 0;
   int32_t max_visible = 0;  // the most rows one token sees (for ChooseSplits)
 };
-// Packs a mask that cpu::ValidateAttentionBatch accepted (mask.tables set).
-PackedMask PackMask(const AttentionMask& mask);
+// Packs a mask that cpu::ValidateAttentionBatch accepted (mask.tables set), with the block table
+// of layer group `group` (KvLayout: a sliding-window group's table has kNullBlock where released).
+PackedMask PackMask(const AttentionMask& mask, int32_t group = 0);
 // The batch descriptor over a copy of packed.data starting at `base` (device memory for the
 // kernels, host memory in the tests).
 KilnCudaAttentionBatch BatchAt(const PackedMask& packed, int32_t* base);
