@@ -7,6 +7,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/f16_avx512.h"
@@ -47,6 +48,20 @@ inline __m512 Exp512(__m512 x) {
 // Bytes of one K/V row of d elements (op_kernels.h).
 inline int64_t RowBytes(KvElem elem, int64_t d) {
   return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
+}
+
+// Asks for the cache lines of K/V rows [first, last) of `rows` (each row_bytes long), into L2.
+// The rows of a paged cache lie in blocks scattered over the pool (a block's tile of one layer
+// and head is a few KiB inside its own 4 KiB page), too short for the hardware prefetchers, which
+// stop at page boundaries: the attention kernels fetch kPrefetchRows ahead this way. Measured on
+// the default model at context 1,024 (engine_bench, 4 interleaved runs each, Zen 4): 1 thread
+// 106-117 -> 133-146 tok/s, 2 threads 133-155 -> 161-186; prefetching into L1 instead, 32 rows
+// ahead, gave 111-119.
+inline void PrefetchRows(const void* const* rows, int64_t first, int64_t last, int64_t row_bytes) {
+  for (int64_t j = first; j < last; ++j) {
+    const char* r = static_cast<const char*>(rows[j]);
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(r + off, _MM_HINT_T2);
+  }
 }
 
 // 16 (or fewer, masked) K/V elements of `elem` at element offset i as floats (i % 16 == 0 for
@@ -358,6 +373,10 @@ void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
   }
 }
 
+// How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRows; 32 and 128
+// measured within noise of 64).
+constexpr int64_t kPrefetchRows = 64;
+
 // Widened rows live in a per-call stack buffer of 16 rows when they fit (head_dim <= 256).
 constexpr int64_t kMaxWidenedDim = 256;
 
@@ -373,8 +392,11 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
   constexpr bool kWiden = kElem != KvElem::kF32;
   alignas(64) float widened[kWiden ? 16 * kMaxWidenedDim : 1];
   const bool widen = kWiden && d <= kMaxWidenedDim;
+  const int64_t row_bytes = RowBytes(kElem, d);
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
+    PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
+                 std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
     const void* block[16];
     for (int r = 0; r < 16; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
     if (widen) {
@@ -415,6 +437,7 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
 template <int NQ, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
+  const int64_t row_bytes = RowBytes(kElem, d);
   for (int64_t c0 = 0; c0 < d; c0 += 64) {
     __mmask16 m[4];
     for (int s = 0; s < 4; ++s) m[s] = c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
@@ -424,6 +447,10 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
           [&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(m[s], out + g * d + c0 + 16 * s); });
     });
     for (int64_t j = 0; j < n_rows; ++j) {
+      if (c0 == 0 && j % 16 == 0) {
+        PrefetchRows(v_rows, std::min(n_rows, j + kPrefetchRows),
+                     std::min(n_rows, j + kPrefetchRows + 16), row_bytes);
+      }
       __m512 pj[NQ];
       Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
       Unroll<4>([&](auto s) {
