@@ -21,6 +21,8 @@ constexpr std::string_view kArch = "eagle";
 
 // Weight of a new head pass in the moving average of its time (about the last 10 matter).
 constexpr double kDraftStepEmaWeight = 0.1;
+// Per step without the head's drafts, the share of the way back to calibration 1 (Accepted).
+constexpr double kCalibrationRecovery = 0.05;
 
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
@@ -462,6 +464,25 @@ void EagleStrategy::SortByLogp(std::vector<int32_t>* order) const {
                    [&](int32_t a, int32_t b) { return nodes_[a].logp > nodes_[b].logp; });
 }
 
+void EagleStrategy::Accepted(int32_t drafted, std::span<const int32_t> accepted) {
+  if (drafted > 0 && last_expected_ > 0.0) {
+    accepted_sum_ = (1.0 - kDraftStepEmaWeight) * accepted_sum_ +
+                    kDraftStepEmaWeight * static_cast<double>(accepted.size());
+    expected_sum_ =
+        (1.0 - kDraftStepEmaWeight) * expected_sum_ + kDraftStepEmaWeight * last_expected_;
+  } else {
+    // A step without the head's drafts teaches nothing: drift back toward calibration 1, so that
+    // a head whose low calibration stopped it drafting tries again.
+    accepted_sum_ += kCalibrationRecovery * (expected_sum_ - accepted_sum_);
+  }
+  last_expected_ = 0.0;
+}
+
+double EagleStrategy::Calibration() const {
+  if (expected_sum_ <= 0.0) return 1.0;
+  return std::clamp(accepted_sum_ / expected_sum_, kMinCalibration, kMaxCalibration);
+}
+
 double EagleStrategy::RelativeCost(const PassCostModel* cost, int32_t width) {
   return cost != nullptr ? cost->RelativeCost(width)
                          : 1.0 + PassCostModel::kPriorBeta * (width - 1);
@@ -469,9 +490,13 @@ double EagleStrategy::RelativeCost(const PassCostModel* cost, int32_t width) {
 
 int32_t EagleStrategy::ChooseBudget(std::span<const int32_t> order, int32_t cap,
                                     const PassCostModel* cost, double* expected) const {
-  // Expected accepted length of the n best nodes: the sum of their path probabilities.
+  // Expected accepted length of the n best nodes: the sum of their path probabilities, as
+  // calibrated by what verification accepted.
   const int32_t limit = std::min<int32_t>(cap, static_cast<int32_t>(order.size()));
-  auto p = [&](int32_t k) { return std::exp(static_cast<double>(nodes_[order[k]].logp)); };
+  const double calibration = Calibration();
+  auto p = [&](int32_t k) {
+    return std::min(1.0, calibration * std::exp(static_cast<double>(nodes_[order[k]].logp)));
+  };
   *expected = 0.0;
   if (params_.tree_tokens > 0) {
     for (int32_t k = 0; k < limit; ++k) *expected += p(k);
@@ -589,6 +614,7 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
       // step and s one more, both in one-token target passes (measured).
       double frontier_p = 0.0;
       for (int32_t f : frontier) frontier_p += std::exp(static_cast<double>(nodes_[f].logp));
+      frontier_p *= Calibration();
       SortByLogp(&order);
       double expected = 0.0;
       const int32_t n = ChooseBudget(order, cap, ctx.cost, &expected);
@@ -632,6 +658,8 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
   const int32_t budget = ChooseBudget(order, cap, ctx.cost, &expected);
   last_budget_ = budget;
   order.resize(budget);
+  last_expected_ = 0.0;  // uncalibrated, what Accepted compares the accepted count with
+  for (int32_t i : order) last_expected_ += std::exp(static_cast<double>(nodes_[i].logp));
   std::sort(order.begin(), order.end());  // creation order: parents first
   std::vector<int32_t> index_of(nodes_.size(), -1);
   out->deterministic = true;

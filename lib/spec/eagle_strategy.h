@@ -168,7 +168,9 @@ class EagleStrategy final : public Strategy {
   std::string_view name() const override { return "eagle"; }
   absl::Status Propose(std::span<const int32_t> context, int32_t max_draft,
                        const ProposeContext& ctx, DraftTree* out) override;
-  void Accepted(int32_t drafted, std::span<const int32_t> accepted) override {}
+  // Learns how the head's path probabilities compare with what verification accepts
+  // (Calibration).
+  void Accepted(int32_t drafted, std::span<const int32_t> accepted) override;
   void Reset() override;
   // The clone shares the head and starts without head context (its first step after a fork is
   // plain decoding, which gives it the feature to continue from).
@@ -199,6 +201,14 @@ class EagleStrategy final : public Strategy {
   double DraftStepCost(const PassCostModel* cost) const;
   // Seconds of one head pass (moving average; 0 before the first).
   double head_pass_seconds() const { return head_pass_seconds_; }
+  // What verification accepted per token the head expected (moving sums of accepted drafted
+  // tokens over the sum of the verified nodes' path probabilities; 1 before any step, within
+  // [kMinCalibration, kMaxCalibration]; steps without the head's drafts move it back toward 1).
+  // The budget and depth rules scale the head's probabilities by it: a head that is surer than
+  // its acceptance shows drafts less. (Accepted n-gram candidates merged into the tree count
+  // as the head's.)
+  double Calibration() const;
+  static constexpr double kMinCalibration = 0.05, kMaxCalibration = 2.0;
 
  private:
   EagleStrategy(std::shared_ptr<const EagleHead> head, const Model& target,
@@ -266,6 +276,9 @@ class EagleStrategy final : public Strategy {
   int32_t last_depth_ = 0;
   int32_t last_budget_ = kEagleAutoMaxTopK;  // nodes kept at the last proposal (automatic top_k)
   double head_pass_seconds_ = 0.0;           // moving average of one head pass (0: none timed yet)
+  // Calibration(): moving sums of accepted drafted tokens and of the expected ones (the head's
+  // path probabilities of the verified nodes), and the last proposal's expected count.
+  double accepted_sum_ = 0.0, expected_sum_ = 0.0, last_expected_ = 0.0;
   std::vector<KvSlot> slots_;
   KvTables tables_;
 };

@@ -586,6 +586,61 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
   std::printf("tree with free passes: %d nodes\n", cheap.size());
 }
 
+// The budget follows what verification accepts (EagleStrategy::Calibration): a head whose drafts
+// are never accepted verifies fewer nodes at the same pass cost (here none), and steps without
+// drafts bring it back, to more nodes than at first once every draft is accepted; no step
+// reported: calibration 1.
+TEST_F(SpecEagleTest, TreeSizeFollowsTheAcceptance) {
+  const Model& model = *model_;
+  const int64_t d = model.hparams().n_embd;
+  EagleParams params;
+  params.top_k = 4;
+  params.max_depth = 3;
+  params.merge_ngram = false;  // the head's tree alone
+  auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-calibrated.gguf", params);
+  ASSERT_NE(strategy, nullptr);
+  const std::vector<int32_t> prompt = Encode(ChatPrompt(kHeldOutChatPrompts[0]));
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+  std::vector<float> feature;
+  PrefillRequest request;
+  request.seq = seq;
+  request.tokens = prompt;
+  request.logits_from = n - 1;
+  request.on_logits = [](int32_t, const float*) {};
+  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+  ASSERT_TRUE(engine_->Prefill(request).ok());
+  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+
+  PassCostModel cost;
+  cost.Pin(0.05);
+  const ProposeContext ctx{nullptr, nullptr, &cost};
+  DraftTree tree;
+  ASSERT_TRUE(strategy->Propose(prompt, 30, ctx, &tree).ok());
+  EXPECT_EQ(strategy->Calibration(), 1.0);
+  const int32_t uncalibrated = tree.size();
+  ASSERT_GT(uncalibrated, 1);
+  ASSERT_LT(uncalibrated, 30);             // room to grow
+  for (int step = 0; step < 40; ++step) {  // nothing accepted
+    ASSERT_TRUE(strategy->Propose(prompt, 30, ctx, &tree).ok());
+    strategy->Accepted(tree.size(), {});
+  }
+  EXPECT_LT(strategy->Calibration(), 0.5);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, ctx, &tree).ok());
+  const int32_t never_accepted = tree.size();
+  EXPECT_LT(never_accepted, uncalibrated);
+  for (int step = 0; step < 80; ++step) {  // every drafted node's token accepted
+    ASSERT_TRUE(strategy->Propose(prompt, 30, ctx, &tree).ok());
+    strategy->Accepted(tree.size(), tree.tokens);
+  }
+  EXPECT_GT(strategy->Calibration(), 1.0);
+  ASSERT_TRUE(strategy->Propose(prompt, 30, ctx, &tree).ok());
+  EXPECT_GT(tree.size(), uncalibrated);
+  std::printf("nodes verified: %d uncalibrated, %d never accepted, %d always accepted\n",
+              uncalibrated, never_accepted, tree.size());
+}
+
 // The automatic tree (top_k and max_depth 0) follows the costs: when verifying any draft costs 100
 // one-token passes per extra token, the head makes the root's children only (no expansion can
 // pay) and the next step's top_k drops to the minimum; when passes are free, the identity head on
