@@ -103,6 +103,24 @@ class SpecEagleTest : public kiln::testing::SpecHeadTest {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
   }
+  // Prefills `prompt` on `engine` in a sequence freed afterwards and hands `strategy` the last
+  // position's feature, as the decoder does before the first proposal.
+  static void ObservePromptFeature(Engine& engine, const std::vector<int32_t>& prompt,
+                                   EagleStrategy& strategy) {
+    const int64_t d = engine.model().hparams().n_embd;
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    const SeqId seq = engine.Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
+    std::vector<float> feature;
+    PrefillRequest request;
+    request.seq = seq;
+    request.tokens = prompt;
+    request.logits_from = n - 1;
+    request.on_logits = [](int32_t, const float*) {};
+    request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
+    ASSERT_TRUE(engine.Prefill(request).ok());
+    engine.Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+    strategy.ObserveTargetFeatures(n - 2, n, feature, d);
+  }
 };
 
 // Rewrites the head file at `from` into `to`, letting `edit` change each tensor (name, type, ne,
@@ -542,7 +560,6 @@ TEST_F(SpecEagleTest, SampledFirstTokenHasTheTargetDistribution) {
 // second proposal for the same context reuses the root's output and gives the same tree.
 TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
   const Model& model = *tiny_;
-  const int64_t d = model.hparams().n_embd;
   EagleParams params;
   params.top_k = 4;
   params.max_depth = 3;
@@ -550,24 +567,12 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
   auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-budget.gguf", params);
   ASSERT_NE(strategy, nullptr);
   const std::vector<int32_t> prompt = {1, 72, 101, 108, 108, 111, 44, 32, 119};
-  const int32_t n = static_cast<int32_t>(prompt.size());
-  const SeqId seq =
-      tiny_engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
-  std::vector<float> feature;
-  PrefillRequest request;
-  request.seq = seq;
-  request.tokens = prompt;
-  request.logits_from = n - 1;
-  request.on_logits = [](int32_t, const float*) {};
-  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
-  ASSERT_TRUE(tiny_engine_->Prefill(request).ok());
-  tiny_engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  ObservePromptFeature(*tiny_engine_, prompt, *strategy);
 
   PassCostModel free_passes, dear_passes;
   free_passes.Pin(0.0);
   dear_passes.Pin(100.0);
   DraftTree cheap, again, dear;
-  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
   ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &cheap).ok());
   EXPECT_EQ(strategy->last_candidates(), 4 + 16 + 16);
   ASSERT_TRUE(strategy->Propose(prompt, 30, {nullptr, nullptr, &free_passes}, &again).ok());
@@ -592,7 +597,6 @@ TEST_F(SpecEagleTest, TreeSizeFollowsThePassCost) {
 // reported: calibration 1.
 TEST_F(SpecEagleTest, TreeSizeFollowsTheAcceptance) {
   const Model& model = *model_;
-  const int64_t d = model.hparams().n_embd;
   EagleParams params;
   params.top_k = 4;
   params.max_depth = 3;
@@ -600,18 +604,7 @@ TEST_F(SpecEagleTest, TreeSizeFollowsTheAcceptance) {
   auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-calibrated.gguf", params);
   ASSERT_NE(strategy, nullptr);
   const std::vector<int32_t> prompt = Encode(ChatPrompt(kHeldOutChatPrompts[0]));
-  const int32_t n = static_cast<int32_t>(prompt.size());
-  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
-  std::vector<float> feature;
-  PrefillRequest request;
-  request.seq = seq;
-  request.tokens = prompt;
-  request.logits_from = n - 1;
-  request.on_logits = [](int32_t, const float*) {};
-  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
-  ASSERT_TRUE(engine_->Prefill(request).ok());
-  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
-  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
+  ObservePromptFeature(*engine_, prompt, *strategy);
 
   PassCostModel cost;
   cost.Pin(0.05);
@@ -648,29 +641,17 @@ TEST_F(SpecEagleTest, TreeSizeFollowsTheAcceptance) {
 // probability) expands, and the next top_k is the budget that step kept.
 TEST_F(SpecEagleTest, TreeShapeFollowsTheCosts) {
   const Model& model = *model_;
-  const int64_t d = model.hparams().n_embd;
   EagleParams params;
   params.merge_ngram = false;  // the head's tree alone
   auto strategy = MakeStrategy(model, EagleHeadInit::kIdentity, "eagle-auto.gguf", params);
   ASSERT_NE(strategy, nullptr);
   const std::vector<int32_t> prompt = Encode(ChatPrompt(kHeldOutChatPrompts[0]));
-  const int32_t n = static_cast<int32_t>(prompt.size());
-  const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
-  std::vector<float> feature;
-  PrefillRequest request;
-  request.seq = seq;
-  request.tokens = prompt;
-  request.logits_from = n - 1;
-  request.on_logits = [](int32_t, const float*) {};
-  request.on_hidden = [&](int32_t, const float* row) { feature.assign(row, row + d); };
-  ASSERT_TRUE(engine_->Prefill(request).ok());
-  engine_->Locked([&](KvCache& c, ForwardPass&) { return c.Free(seq); }).IgnoreError();
+  ObservePromptFeature(*engine_, prompt, *strategy);
 
   PassCostModel free_passes, dear_passes;
   free_passes.Pin(0.0);
   dear_passes.Pin(100.0);
   DraftTree dear, cheap;
-  strategy->ObserveTargetFeatures(n - 2, n, feature, d);
   EXPECT_EQ(strategy->next_top_k(), kEagleAutoMaxTopK);  // no step yet: the widest
   ASSERT_TRUE(strategy->Propose(prompt, 64, {nullptr, nullptr, &dear_passes}, &dear).ok());
   EXPECT_EQ(dear.size(), 0);
