@@ -5,13 +5,14 @@
 //
 // Usage:
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
-//                [--json] [--mla-prefill absorbed|measured]
+//                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
 //     repeat instead (for the driver). --mla-prefill: EngineOptions::mla_prefill for MLA models
-//     (default absorbed, the library's).
+//     (default absorbed, the library's). --llama-cpp-order: the engine in llama.cpp's numeric
+//     order (EngineOptions::llama_cpp_order; docs/numerics.md).
 //   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
@@ -270,7 +271,8 @@ int main(int argc, char** argv) {
   std::string model_path, tokens_path;
   int threads = 1, repeats = 5, n_decode = 64;
   int widths_context = 256;
-  bool json = false, bandwidth = false, widths = false, widths_tree = false;
+  bool json = false, bandwidth = false, widths = false, widths_tree = false,
+       llama_cpp_order = false;
   kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -298,6 +300,8 @@ int main(int argc, char** argv) {
       widths_tree = true;
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
+    } else if (a == "--llama-cpp-order") {
+      llama_cpp_order = true;
     } else if (a == "--mla-prefill") {
       const std::string v = next();
       if (v == "absorbed") {
@@ -357,6 +361,7 @@ int main(int argc, char** argv) {
   eo.n_threads = threads;
   eo.kv_type = kiln::GgmlType::kF16;
   eo.mla_prefill = mla_prefill;
+  eo.llama_cpp_order = llama_cpp_order;
   auto engine = kiln::Engine::Create(*e.model, eo);
   if (!engine.ok()) Die(std::string(engine.status().message()));
   e.engine = std::move(*engine);
