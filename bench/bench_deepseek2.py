@@ -14,8 +14,10 @@ the K/V a GQA model of the same width (n_embd 1024, 8 layers, 16 heads of 64) ke
 bytes with 4 or 16 (MHA) KV heads, and against the decompressed K/V the latent stands for
 (L·H·(192 + 128)·2).
 
-Greedy: llama.cpp's llama-server (greedy, temperature 0) and `kiln generate --llama-cpp-order
---temp 0` continue the same raw prompts; the texts must be equal.
+Greedy: llama.cpp's llama-server (greedy, temperature 0, flash attention off: the arithmetic kiln's
+llama.cpp order follows, and llama-bench's default; the server's default `auto` turns it on) and
+kiln in the llama.cpp order (Python binding, greedy) continue the same raw prompts; the token ids
+must be equal.
 
 Usage: python3 bench/bench_deepseek2.py [--build build] [--type q8_0] [--threads 1,2] [--repeats 3]
            [--decode 16] [--skip-speed] [--skip-greedy] [--mla-prefill measured|absorbed]
@@ -90,7 +92,7 @@ def cache_bytes(mla_bytes):
 def greedy(args, model, n_predict=24):
     port = 18473
     server = subprocess.Popen([os.path.join(LLAMA_BIN, 'llama-server'), '-m', model, '-t', '1',
-                               '-c', '512', '--port', str(port), '-np', '1'],
+                               '-c', '512', '--port', str(port), '-np', '1', '-fa', 'off'],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
