@@ -155,6 +155,13 @@ absl::Status Model::BindTensors(const ModelLoadOptions& options) {
   } else {
     KILN_ASSIGN_OR_RETURN(prepared_, cpu::CpuBackend(1).PrepareWeights(matrices, mapped));
   }
+  // A tied head's copy also serves the embedding lookups (EmbeddingGather reads rows from it),
+  // so the file pages it let go are not mapped again row by row.
+  if (head == nullptr) {
+    for (WeightView& t : tensors_) {
+      if (&t == embd) t.interleaved = output_.interleaved;
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -76,6 +76,34 @@ void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
       [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) { PutQ8_0Row(p, r, src); });
 }
 
+void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out) {
+  const int64_t nb = n_in / kQK;
+  const int r = static_cast<int>(row % kInterleaveRows);
+  const auto* g = static_cast<const BlockQ4_1x16*>(groups) + row / kInterleaveRows * nb;
+  auto* dst = static_cast<BlockQ4_1*>(out);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < 4; ++i) std::memcpy(dst[b].qs + 4 * i, &g[b].qs[i][4 * r], 4);
+    std::memcpy(dst[b].d, g[b].d[r], 2);
+    std::memcpy(dst[b].m, g[b].m[r], 2);
+  }
+}
+
+void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out) {
+  const int64_t nb = n_in / kQK;
+  const int r = static_cast<int>(row % kInterleaveRows);
+  const auto* g = static_cast<const BlockQ8_0x16*>(groups) + row / kInterleaveRows * nb;
+  auto* dst = static_cast<BlockQ8_0*>(out);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < kQK / 4; ++i) {  // PutQ8_0Row's top-bit flip, undone
+      uint32_t four;
+      std::memcpy(&four, &g[b].qs[i][4 * r], 4);
+      four ^= 0x80808080u;
+      std::memcpy(dst[b].qs + 4 * i, &four, 4);
+    }
+    std::memcpy(dst[b].d, g[b].d[r], 2);
+  }
+}
+
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);

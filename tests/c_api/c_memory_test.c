@@ -4,8 +4,10 @@
  * (issue 15's budget), for the default model and for Gemma 3 270M (a 170 MB tied embedding). Before
  * the interleaved copies were made slice by slice with the file's pages released behind them, a
  * tied embedding's copy and its file pages were resident together (Gemma: 389 MiB against the
- * 324 MiB budget). Linux only (VmHWM); skipped (exit 77) under sanitizers, whose shadow memory
- * counts in the resident set. */
+ * 324 MiB budget). The prompt ends with 1,024 token ids spread over the whole vocabulary: while the
+ * embedding lookups read the mapped file, each mapped up to 64 KiB around its row again (Gemma:
+ * about 60 MB more for 1,024 such tokens); they read the tied head's copy now. Linux only (VmHWM);
+ * skipped (exit 77) under sanitizers, whose shadow memory counts in the resident set. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <stdio.h>
@@ -36,8 +38,10 @@ static long status_kib(const char* field) {
   return kib;
 }
 
-/* Load, cache for n_ctx 512 on 2 threads (a small pool: a tight budget), prefill a prompt, generate
- * 64 tokens; checks the peak RSS of that against the budget. */
+/* Load, cache for n_ctx 1,536 on 2 threads (a small pool: a tight budget), prefill a prompt and
+ * kSpreadTokens ids spread over the vocabulary, generate 64 tokens; checks the peak RSS of that
+ * against the budget. */
+enum { kSpreadTokens = 1024 };
 static void check_model(const char* path) {
   const char* prompt = "The lighthouse keeper climbed the stairs and";
   struct stat file;
@@ -50,6 +54,7 @@ static void check_model(const char* path) {
   kiln_model* model = NULL;
   kiln_cache* cache = NULL;
   kiln_session* session = NULL;
+  int32_t spread[kSpreadTokens];
   FILE* clear = fopen("/proc/self/clear_refs", "w");
   long before_kib, peak_kib;
   double file_mib, pool_mib, peak_mib, budget_mib;
@@ -68,11 +73,19 @@ static void check_model(const char* path) {
   if (model == NULL) return;
   kiln_cache_params_init(&cp, sizeof cp);
   cp.n_threads = 2;
-  cp.n_ctx = 512;
+  cp.n_ctx = 1536;
   CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
   if (cache != NULL) CHECK(kiln_session_create(model, cache, NULL, &session) == KILN_OK);
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  if (session != NULL) CHECK(kiln_model_get_info(model, &info) == KILN_OK);
   if (session != NULL) {
+    CHECK(info.n_vocab > kSpreadTokens);
     CHECK(kiln_session_append_text(session, prompt, strlen(prompt), 0) == KILN_OK);
+    for (int i = 0; i < kSpreadTokens; ++i) {
+      spread[i] = (int32_t)((int64_t)(i + 1) * (info.n_vocab - 1) / (kSpreadTokens + 1));
+    }
+    CHECK(kiln_session_append_tokens(session, spread, kSpreadTokens) == KILN_OK);
     kiln_generate_params_init(&gp, sizeof gp);
     gp.max_tokens = 64;
     memset(&gr, 0, sizeof gr);
@@ -84,9 +97,6 @@ static void check_model(const char* path) {
     CHECK(kiln_cache_get_stats(cache, &st) == KILN_OK);
     /* gemma3's sliding-window layers hold blocks of their own groups in the one pool (the default
      * swa_full 0); other models report none. */
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    CHECK(kiln_model_get_info(model, &info) == KILN_OK);
     if (info.architecture != NULL && strcmp(info.architecture, "gemma3") == 0) {
       CHECK(st.sliding_blocks_total == 0 && st.sliding_blocks_used > 0);
       CHECK(st.sliding_blocks_used < st.blocks_used && st.sliding_block_bytes == st.block_bytes);

@@ -380,6 +380,32 @@ TEST(EmbeddingTest, MatchesReferenceExactly) {
   }
 }
 
+// A table with an interleaved copy (a tied embedding) is read from the copy, row for row the same
+// values: with the table's own bytes overwritten after the copy was made, every row (37: two
+// whole groups of 16 and a partial one) still gives the reference's values of the original.
+TEST(EmbeddingTest, ReadsRowsFromTheInterleavedCopy) {
+  std::mt19937 rng(4);
+  const int64_t n_embd = 96, n_vocab = 37;
+  std::vector<int32_t> tokens(n_vocab);
+  for (int32_t t = 0; t < n_vocab; ++t) tokens[t] = (t * 7) % n_vocab;
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    std::vector<uint8_t> table = MakeWeights(type, n_embd, n_vocab, rng);
+    WeightView tv{type, table.data(), n_embd, n_vocab};
+    std::vector<float> expect(tokens.size() * n_embd), out(expect.size());
+    ASSERT_TRUE(ref::EmbeddingGather(tv, tokens, expect.data()).ok());
+    const QuantKernels* k = GetQuantKernels(type);
+    ASSERT_NE(k->interleave, nullptr);
+    const int64_t groups = (n_vocab + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
+    std::vector<uint8_t> copy(groups * k->interleaved_group_bytes(n_embd));
+    k->interleave(table.data(), table.size() / n_vocab, n_embd, n_vocab, copy.data());
+    std::fill(table.begin(), table.end(), uint8_t{0x5A});  // what the copy let go
+    tv.interleaved = copy.data();
+    ASSERT_TRUE(EmbeddingGather(tv, tokens, out.data()).ok());
+    EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), out.size() * 4));
+  }
+}
+
 // ---- Element-wise -------------------------------------------------------------------------
 
 TEST(ElementwiseTest, RmsNormMatchesReference) {

@@ -212,7 +212,8 @@ absl::Status CpuBackend::MatMulRange(const WeightView& w, const float* x, int64_
 
 absl::Status CpuBackend::EmbeddingGather(const WeightView& table, std::span<const int32_t> tokens,
                                          float* out) {
-  return cpu::EmbeddingGather(ForOrder(table), tokens, out);
+  // Both orders: a row read from the interleaved copy is the file's row, byte for byte.
+  return cpu::EmbeddingGather(table, tokens, out);
 }
 
 namespace {
