@@ -80,8 +80,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
       }
     }
   }
-  if (engine->backend_ == nullptr)
+  if (engine->backend_ == nullptr) {
     engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
+  }
   engine->backend_description_ = engine->backend_->Describe();
   if (!decision.fallback_reason.empty()) {
     engine->backend_description_ += StrCat("; ", decision.fallback_reason);
