@@ -34,6 +34,26 @@ void InterleaveRows(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
   }
 }
 
+// The inverse for one row: row `row` of the groups at `groups` back into its Src blocks at out;
+// get(dst, p, r) reads row r of one interleaved block into one source block.
+template <typename Src, typename Dst, typename Get>
+void ExtractRow(const void* groups, int64_t n_in, int64_t row, void* out, Get get) {
+  const int64_t nb = n_in / kQK;
+  const int r = static_cast<int>(row % kInterleaveRows);
+  const Dst* group = static_cast<const Dst*>(groups) + row / kInterleaveRows * nb;
+  auto* dst = static_cast<Src*>(out);
+  for (int64_t b = 0; b < nb; ++b) get(dst[b], group[b], r);
+}
+
+// 4 bytes from `from` to `to`, each with its top bit flipped (an int8 <-> that value + 128 as an
+// unsigned byte), as one 32-bit word.
+void FlipTopBits4(const void* from, void* to) {
+  uint32_t four;
+  std::memcpy(&four, from, 4);
+  four ^= 0x80808080u;
+  std::memcpy(to, &four, 4);
+}
+
 }  // namespace
 
 size_t InterleavedGroupBytesQ4_1(int64_t n_in) {
@@ -59,12 +79,7 @@ namespace {
 // One Q8_0 block as row r of an interleaved block: + 128 on each int8 element is a flip of its
 // top bit, done 4 elements (one 32-bit word) at a time.
 void PutQ8_0Row(BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
-  for (int i = 0; i < kQK / 4; ++i) {
-    uint32_t four;
-    std::memcpy(&four, src.qs + 4 * i, 4);
-    four ^= 0x80808080u;
-    std::memcpy(&p.qs[i][4 * r], &four, 4);
-  }
+  for (int i = 0; i < kQK / 4; ++i) FlipTopBits4(src.qs + 4 * i, &p.qs[i][4 * r]);
   std::memcpy(p.d[r], src.d, 2);
 }
 
@@ -77,31 +92,22 @@ void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
 }
 
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out) {
-  const int64_t nb = n_in / kQK;
-  const int r = static_cast<int>(row % kInterleaveRows);
-  const auto* g = static_cast<const BlockQ4_1x16*>(groups) + row / kInterleaveRows * nb;
-  auto* dst = static_cast<BlockQ4_1*>(out);
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int i = 0; i < 4; ++i) std::memcpy(dst[b].qs + 4 * i, &g[b].qs[i][4 * r], 4);
-    std::memcpy(dst[b].d, g[b].d[r], 2);
-    std::memcpy(dst[b].m, g[b].m[r], 2);
-  }
+  ExtractRow<BlockQ4_1, BlockQ4_1x16>(groups, n_in, row, out,
+                                      [](BlockQ4_1& dst, const BlockQ4_1x16& p, int r) {
+                                        for (int i = 0; i < 4; ++i)
+                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
+                                        std::memcpy(dst.d, p.d[r], 2);
+                                        std::memcpy(dst.m, p.m[r], 2);
+                                      });
 }
 
 void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out) {
-  const int64_t nb = n_in / kQK;
-  const int r = static_cast<int>(row % kInterleaveRows);
-  const auto* g = static_cast<const BlockQ8_0x16*>(groups) + row / kInterleaveRows * nb;
-  auto* dst = static_cast<BlockQ8_0*>(out);
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int i = 0; i < kQK / 4; ++i) {  // PutQ8_0Row's top-bit flip, undone
-      uint32_t four;
-      std::memcpy(&four, &g[b].qs[i][4 * r], 4);
-      four ^= 0x80808080u;
-      std::memcpy(dst[b].qs + 4 * i, &four, 4);
-    }
-    std::memcpy(dst[b].d, g[b].d[r], 2);
-  }
+  ExtractRow<BlockQ8_0, BlockQ8_0x16>(groups, n_in, row, out,
+                                      [](BlockQ8_0& dst, const BlockQ8_0x16& p, int r) {
+                                        for (int i = 0; i < kQK / 4; ++i)
+                                          FlipTopBits4(&p.qs[i][4 * r], dst.qs + 4 * i);
+                                        std::memcpy(dst.d, p.d[r], 2);
+                                      });
 }
 
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {

@@ -50,9 +50,11 @@ size_t InterleavedGroupBytesQ4_1(int64_t n_in);
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
 size_t InterleavedGroupBytesQ8_0(int64_t n_in);
 
-// Row `row` of a matrix that InterleaveQ4_1 / InterleaveQ8_0 wrote at `groups`, back in its
-// original blocks (n_in / 32 of them at out): the bytes of the source row. Lets an embedding
-// lookup read the copy instead of the file pages the copy let go.
+// Row `row` of a matrix that an InterleaveFn wrote at `groups`, back in its original blocks
+// (n_in / 32 of them at out): the bytes of the source row. Lets an embedding lookup read the copy
+// instead of the file pages the copy let go.
+using InterleavedRowFn = void (*)(const void* groups, int64_t n_in, int64_t row, void* out);
+
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out);
 

@@ -14,9 +14,11 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
   auto set_interleaved = [&r](InterleavedTileFn q4_1, InterleavedTileFn q8_0) {
     r[GgmlType::kQ4_1].interleave = InterleaveQ4_1;
     r[GgmlType::kQ4_1].interleaved_group_bytes = InterleavedGroupBytesQ4_1;
+    r[GgmlType::kQ4_1].interleaved_row = InterleavedRowQ4_1;
     r[GgmlType::kQ4_1].interleaved_tile = q4_1;
     r[GgmlType::kQ8_0].interleave = InterleaveQ8_0;
     r[GgmlType::kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
+    r[GgmlType::kQ8_0].interleaved_row = InterleavedRowQ8_0;
     r[GgmlType::kQ8_0].interleaved_tile = q8_0;
   };
   auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, GgmlType dot_type,

@@ -66,6 +66,7 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
       if (src.interleaved_tile) {  // its own numeric order: independent of vec_dot
         dst.interleave = src.interleave;
         dst.interleaved_group_bytes = src.interleaved_group_bytes;
+        dst.interleaved_row = src.interleaved_row;
         dst.interleaved_tile = src.interleaved_tile;
       }
     }

@@ -18,6 +18,7 @@
 namespace kiln {
 
 using quant::InterleavedGroupBytesFn;
+using quant::InterleavedRowFn;
 using quant::InterleavedTileFn;
 using quant::InterleaveFn;
 
@@ -66,6 +67,7 @@ struct QuantKernels {
   // mode's matmul where set (null: the type keeps vec_dot's order in every mode).
   InterleaveFn interleave = nullptr;
   InterleavedGroupBytesFn interleaved_group_bytes = nullptr;
+  InterleavedRowFn interleaved_row = nullptr;  // one row back out of the interleaved form
   InterleavedTileFn interleaved_tile = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };

@@ -11,7 +11,6 @@
 #include "lib/common/half.h"
 #include "lib/common/platform.h"
 #include "lib/quant/activation.h"
-#include "lib/quant/interleave.h"
 
 namespace kiln::cpu {
 
@@ -314,11 +313,8 @@ absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> t
   // A table with an interleaved copy (a tied embedding, also the output matrix) is read from the
   // copy: the same bytes per row, and the file's pages of it stay released (each lookup of the
   // mapped file made up to 64 KiB around its row resident again: gemma3-270m's 180 MB table).
-  using RowFn = void (*)(const void*, int64_t, int64_t, void*);
-  const RowFn from_copy = table.interleaved == nullptr    ? nullptr
-                          : table.type == GgmlType::kQ4_1 ? quant::InterleavedRowQ4_1
-                          : table.type == GgmlType::kQ8_0 ? quant::InterleavedRowQ8_0
-                                                          : nullptr;
+  const quant::InterleavedRowFn from_copy =
+      table.interleaved != nullptr ? k->interleaved_row : nullptr;
   std::vector<uint8_t> row(from_copy != nullptr ? row_bytes : 0);
   const uint8_t* base = static_cast<const uint8_t*>(table.data);
   for (size_t t = 0; t < tokens.size(); ++t) {
