@@ -5,14 +5,16 @@
 //
 // Usage:
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
-//                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order]
+//                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order] [--backend
+//                cpu|cuda]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
 //     bytes the roofline counts, and the process's peak RSS; --json prints one JSON object per
 //     repeat instead (for the driver). --mla-prefill: EngineOptions::mla_prefill for MLA models
 //     (default absorbed, the library's). --llama-cpp-order: the engine in llama.cpp's numeric
-//     order (EngineOptions::llama_cpp_order; docs/numerics.md).
+//     order (EngineOptions::llama_cpp_order; docs/numerics.md). --backend cuda: the engine on
+//     CUDA device 0 (EngineOptions::backend; the backend it got is printed).
 //   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
@@ -274,6 +276,7 @@ int main(int argc, char** argv) {
   bool json = false, bandwidth = false, widths = false, widths_tree = false,
        llama_cpp_order = false;
   kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
+  kiln::BackendKind backend = kiln::BackendKind::kCpu;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -302,6 +305,15 @@ int main(int argc, char** argv) {
       widths_context = std::atoi(next().c_str());
     } else if (a == "--llama-cpp-order") {
       llama_cpp_order = true;
+    } else if (a == "--backend") {
+      const std::string v = next();
+      if (v == "cpu") {
+        backend = kiln::BackendKind::kCpu;
+      } else if (v == "cuda") {
+        backend = kiln::BackendKind::kCuda;
+      } else {
+        Die("--backend must be cpu or cuda, not " + v);
+      }
     } else if (a == "--mla-prefill") {
       const std::string v = next();
       if (v == "absorbed") {
@@ -362,6 +374,7 @@ int main(int argc, char** argv) {
   eo.kv_type = kiln::GgmlType::kF16;
   eo.mla_prefill = mla_prefill;
   eo.llama_cpp_order = llama_cpp_order;
+  eo.backend = backend;
   auto engine = kiln::Engine::Create(*e.model, eo);
   if (!engine.ok()) Die(std::string(engine.status().message()));
   e.engine = std::move(*engine);
@@ -416,6 +429,7 @@ int main(int argc, char** argv) {
   if (!json) {
     std::printf("%s, %d thread(s), %d repeats, %d decode steps\n",
                 model_path.substr(model_path.rfind('/') + 1).c_str(), threads, repeats, n_decode);
+    std::printf("  backend: %s\n", e.engine->BackendDescription().c_str());
     auto line = [](const char* name, const std::vector<double>& v) {
       const Stats s = Summarize(v);
       std::printf("  %-11s median %8.2f tok/s (min %.2f, max %.2f)\n", name, s.median, s.min,

@@ -7,17 +7,32 @@
 #   scripts/cuda_check.sh              # sm_90 only (KILN_CUDA_ARCHS to change; the test command
 #                                      # itself builds sm_80 and sm_90)
 #   KILN_CUDA_CHECK_ALLOW_NO_DEVICE=1  # build and run anyway (the device tests then skip)
+#   scripts/cuda_check.sh --pack DIR      # build here (no device needed) and copy the test and
+#                                        # bench programs, the module and the shared libraries
+#                                        # they need beyond the C library into DIR
+#   scripts/cuda_check.sh --prebuilt DIR  # on the device machine: run what --pack put in DIR
+#                                        # (a lent machine has CUDA but not Abseil or GoogleTest)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 dir="${KILN_CUDA_BUILD_DIR:-build-cuda}"
 archs="${KILN_CUDA_ARCHS:-90}"
+mode=build
+case "${1:-}" in
+  --pack) mode=pack; pack_dir="${2:?--pack DIR}" ;;
+  --prebuilt) mode=prebuilt; pack_dir="$(cd "${2:?--prebuilt DIR}" && pwd)" ;;
+  "") ;;
+  *) echo "usage: scripts/cuda_check.sh [--pack DIR | --prebuilt DIR]" >&2; exit 2 ;;
+esac
 summary=()
 failed=0
 note() { summary+=("$1"); echo "== $1"; }
+tests=(cuda_ops_test cuda_kernels_test cuda_backend_test cuda_engine_test backend_select_test)
+benches=(cuda_ops_bench engine_bench)
 
 echo "== devices"
 have_device=1
+[ $mode = pack ] && KILN_CUDA_CHECK_ALLOW_NO_DEVICE=1
 if ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
   have_device=0
   echo "cuda_check: no NVIDIA device visible (nvidia-smi -L lists none or is missing)." >&2
@@ -28,29 +43,61 @@ if ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
-# The tools and tests are needed (the tests use kiln-mkmodel models); the samples and bindings
-# are not.
+# The tools and tests are needed (the benches use kiln-mkmodel models); the samples and
+# bindings are not.
 t0=$SECONDS
-mkdir -p "$dir"
-if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=ON \
-     -DKILN_CUDA_ARCHITECTURES="$archs" -DKILN_BUILD_SAMPLES=OFF >"$dir/configure.log" 2>&1; then
-  tail -30 "$dir/configure.log"
-  echo "cuda_check: FAILED: configure (log: $dir/configure.log)" >&2
-  exit 1
+if [ $mode = prebuilt ]; then
+  bin="$pack_dir"
+  export KILN_CUDA_MODULE="$pack_dir/libkiln_cuda.so"
+  export KILN_CUDA_PARTIAL_MODULE="$pack_dir/libkiln_cuda_partial_module.so"
+  # cuBLASLt from the machine's toolkit (or its Python CUDA wheels).
+  cublas=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH="$pack_dir/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  mkdir -p "$dir"  # the logs
+  if ldd "$KILN_CUDA_MODULE" | grep 'not found'; then
+    echo "cuda_check: FAILED: libraries of the module not found" >&2
+    exit 1
+  fi
+  note "prebuilt programs from $pack_dir"
+else
+  mkdir -p "$dir"
+  if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=ON \
+       -DKILN_CUDA_ARCHITECTURES="$archs" -DKILN_BUILD_SAMPLES=OFF >"$dir/configure.log" 2>&1; then
+    tail -30 "$dir/configure.log"
+    echo "cuda_check: FAILED: configure (log: $dir/configure.log)" >&2
+    exit 1
+  fi
+  if ! cmake --build "$dir" -j"$(nproc)" --target kiln_cuda kiln_cuda_partial_module kiln-mkmodel \
+       "${tests[@]}" "${benches[@]}"; then
+    echo "cuda_check: FAILED: build" >&2
+    exit 1
+  fi
+  note "build (sm_$archs): $((SECONDS - t0)) s"
+  bin="$dir/bin-view"
+  mkdir -p "$bin"
+  for t in "${tests[@]}" libkiln_cuda_partial_module.so; do ln -sf "$PWD/$dir/tests/$t" "$bin/"; done
+  for b in "${benches[@]}"; do ln -sf "$PWD/$dir/bench/$b" "$bin/"; done
+  ln -sf "$PWD/$dir/tools/kiln-mkmodel/kiln-mkmodel" "$bin/"
+  ln -sf "$PWD/$dir/kernels/cuda/libkiln_cuda.so" "$bin/"
 fi
-tests=(cuda_ops_test cuda_kernels_test cuda_backend_test backend_select_test)
-benches=(cuda_ops_bench)
-if ! cmake --build "$dir" -j"$(nproc)" --target kiln_cuda kiln-mkmodel "${tests[@]}" "${benches[@]}"; then
-  echo "cuda_check: FAILED: build" >&2
-  exit 1
+
+if [ $mode = pack ]; then
+  rm -rf "$pack_dir" && mkdir -p "$pack_dir/lib"
+  cp -L "$bin"/* "$pack_dir/"
+  # The shared libraries beyond the C library, the C++ runtime and CUDA's (Abseil).
+  for f in "$pack_dir"/*; do ldd "$f" 2>/dev/null; done | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E '/lib(c|m|dl|rt|pthread|gcc_s|stdc\+\+)\.so|libcu|/cuda' | xargs -r cp -L -t "$pack_dir/lib"
+  cp "$0" "$pack_dir/"
+  echo "cuda_check: packed into $pack_dir ($(du -sh "$pack_dir" | cut -f1)):"
+  ls "$pack_dir" "$pack_dir/lib"
+  exit 0
 fi
-note "build (sm_$archs): $((SECONDS - t0)) s"
 
 for t in "${tests[@]}"; do
   t0=$SECONDS
   log="$dir/$t.log"
   # --gtest_brief would hide the skip reasons; the full output goes to the log.
-  "$dir/tests/$t" >"$log" 2>&1
+  timeout 300 "$bin/$t" >"$log" 2>&1
   rc=$?
   # One line per test ("[  SKIPPED ] Suite.Name (0 ms)"), not gtest's closing list.
   passed=$(grep -c '^\[       OK \] .* ([0-9]* ms)$' "$log")
@@ -71,14 +118,28 @@ for t in "${tests[@]}"; do
   fi
 done
 
-for b in "${benches[@]}"; do
+t0=$SECONDS
+log="$dir/cuda_ops_bench.log"
+timeout 120 "$bin/cuda_ops_bench" >"$log" 2>&1
+rc=$?
+cat "$log"
+[ $rc -ne 0 ] && failed=1
+note "cuda_ops_bench: rc $rc ($((SECONDS - t0)) s; $log)"
+
+# Whole-model decode on the device: kiln-mkmodel models of the default model's shape (Q4_1, as
+# the default file) and of DeepSeek-V2's (MLA) shape.
+for m in "smollm2-135m q4_1" "deepseek2-bench q8_0"; do
+  set -- $m
   t0=$SECONDS
-  log="$dir/$b.log"
-  timeout 120 "$dir/bench/$b" >"$log" 2>&1
+  gguf="$dir/$1-$2.gguf"
+  log="$dir/engine_bench-$1.log"
+  "$bin/kiln-mkmodel" --shape "$1" --type "$2" --out "$gguf" >/dev/null &&
+    timeout 180 "$bin/engine_bench" --model "$gguf" --backend cuda --threads 4 --repeats 3 \
+      --decode 64 >"$log" 2>&1
   rc=$?
   cat "$log"
   [ $rc -ne 0 ] && failed=1
-  note "$b: rc $rc ($((SECONDS - t0)) s; $log)"
+  note "engine_bench --backend cuda $1 $2: rc $rc ($((SECONDS - t0)) s; $log)"
 done
 
 echo

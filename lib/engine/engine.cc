@@ -71,12 +71,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     const size_t pool_bytes = PoolBytes(layout, opt).value_or(opt.pool_bytes);
     decision = DecideBackend(opt.backend, probe, model.weight_bytes() + pool_bytes);
     if (decision.use_cuda) {
+      // The engine's own copy of the model's weights on the device (a model is shared by
+      // engines on any backend; the host copy stays for the CPU).
       auto cuda = cuda::CudaBackend::Create(*probe.module, opt.cuda_device, opt.n_threads);
-      if (cuda.ok()) {
+      absl::Status uploaded = cuda.ok() ? (*cuda)->UploadWeights(model.tensors()) : cuda.status();
+      if (uploaded.ok()) {
         engine->backend_ = std::move(*cuda);
       } else {
         decision.fallback_reason =
-            StrCat("cuda requested, running on the CPU: ", cuda.status().message());
+            StrCat("cuda requested, running on the CPU: ", uploaded.message());
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,8 @@ class Model {
   const WeightView* Tensor(std::string_view name) const;
   const WeightView& token_embd() const { return *Tensor("token_embd.weight"); }  // [n_vocab rows]
   const WeightView& output_norm() const { return *Tensor("output_norm.weight"); }
+  // Every tensor of the architecture's table that the file holds, in the table's order.
+  std::span<const WeightView> tensors() const { return tensors_; }
   // The output head: output.weight, or token_embd's rows when tied (with its own prepared copy).
   const WeightView& output() const { return output_; }
 

@@ -10,11 +10,14 @@
 
 #include "lib/backend/cuda_loader.h"
 #include "lib/common/half.h"
+#include "tests/common/cuda_test_util.h"
 
 namespace kiln {
 namespace {
 
+using testing::BuiltModule;
 using ::testing::HasSubstr;
+using testing::LastError;
 
 TEST(CudaLoader, FallsBackCleanlyWithoutDevice) {
   std::string why;
@@ -29,7 +32,8 @@ TEST(CudaLoader, FallsBackCleanlyWithoutDevice) {
 // A module of the current ABI missing entry points is rejected, naming each missing one (here
 // all but the two the stand-in exports, the matmul capabilities of ABI 4 among them).
 TEST(CudaLoader, NamesEveryMissingEntryPoint) {
-  const absl::StatusOr<CudaModule> m = OpenCudaModule(KILN_CUDA_PARTIAL_MODULE);
+  const absl::StatusOr<CudaModule> m =
+      OpenCudaModule(testing::ModulePath("KILN_CUDA_PARTIAL_MODULE", KILN_CUDA_PARTIAL_MODULE));
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string message(m.status().message());
@@ -61,27 +65,6 @@ TEST(CudaOps, DequantizeQ8_0MatchesCpu) {
   }
   ASSERT_EQ(m->dequantize(8, blocks.data(), blocks.size(), rows, cols, got.data()), 0);
   EXPECT_EQ(got, expected);
-}
-
-// The module this test was built with, bound without a device (nullopt: built without CUDA).
-std::optional<CudaModule> BuiltModule(std::string* why) {
-#ifdef KILN_CUDA_TEST_MODULE
-  absl::StatusOr<CudaModule> m = OpenCudaModule(KILN_CUDA_TEST_MODULE);
-  if (!m.ok()) {
-    *why = std::string(m.status().message());
-    return std::nullopt;
-  }
-  return *m;
-#else
-  *why = "kiln was built without CUDA (KILN_CUDA=OFF or no toolkit)";
-  return std::nullopt;
-#endif
-}
-
-std::string LastError(const CudaModule& m) {
-  char msg[512] = {0};
-  m.last_error(msg, sizeof msg);
-  return msg;
 }
 
 // Runs on every machine with the module built: the bad calls return a status and a message that
@@ -127,19 +110,21 @@ TEST(CudaModuleAbi, BadCallsReturnStatusAndMessage) {
   EXPECT_EQ(CudaStatusCode(KILN_CUDA_DEVICE_ERROR), absl::StatusCode::kInternal);
 }
 
-// Without a device, a real allocation fails with a CUDA runtime message instead of aborting.
-TEST(CudaModuleAbi, AllocationWithoutDeviceFailsWithMessage) {
+// An allocation or stream on a device that does not exist (device 0 without a device, else the
+// first index past the last) fails with a CUDA runtime message instead of aborting.
+TEST(CudaModuleAbi, AllocationOnAMissingDeviceFailsWithMessage) {
   std::string why;
   std::optional<CudaModule> m = BuiltModule(&why);
   if (!m) GTEST_SKIP() << why;
-  if (GetCudaModule(&why) != nullptr) GTEST_SKIP() << "a device exists (CudaMemory tests cover it)";
+  const CudaModule* with_device = GetCudaModule(&why);
+  const int missing = with_device != nullptr ? with_device->n_devices : 0;
   void* p = nullptr;
-  const int rc = m->device_alloc(0, 1 << 20, &p);
+  const int rc = m->device_alloc(missing, 1 << 20, &p);
   EXPECT_NE(rc, KILN_CUDA_OK);
   EXPECT_EQ(p, nullptr);
   EXPECT_THAT(LastError(*m), HasSubstr("kiln_cuda_device_alloc"));
   kiln_cuda_stream stream = nullptr;
-  EXPECT_NE(m->stream_create(0, &stream), KILN_CUDA_OK);
+  EXPECT_NE(m->stream_create(missing, &stream), KILN_CUDA_OK);
   EXPECT_EQ(stream, nullptr);
 }
 

@@ -4,6 +4,8 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/str_format.h"
+
 namespace kiln::cuda {
 namespace {
 
@@ -143,8 +145,10 @@ std::string CudaBackend::Describe() const {
   char name[256] = {0};
   size_t total = 0;
   m_.device_info(device_, name, sizeof name, &total);
-  return StrCat("cuda (device ", device_, ": ", name, ", ", total >> 20, " MiB; per-op copies; ",
-                cpu_.Describe(), " for weight types without a device kernel)");
+  return StrCat("cuda (device ", device_, ": ", name, ", ", total >> 20, " MiB; weights ",
+                absl::StrFormat("%.1f", static_cast<double>(uploaded_bytes_) / (1 << 20)),
+                " MiB on the device; per-op copies; ", cpu_.Describe(),
+                " for weight types without a device kernel)");
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> CudaBackend::PrepareWeights(
@@ -169,6 +173,38 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CudaBackend::PrepareWeights(
   }
   KILN_RETURN_IF_ERROR(m_.ToStatus(m_.stream_synchronize(stream_), "cuda backend: weight upload"));
   return std::unique_ptr<WeightStore>(std::move(store));
+}
+
+absl::Status CudaBackend::UploadWeights(std::span<const WeightView> tensors) {
+  if (uploaded_store_ == nullptr) uploaded_store_ = std::make_unique<DeviceWeights>(m_);
+  auto& store = static_cast<DeviceWeights&>(*uploaded_store_);
+  for (const WeightView& w : tensors) {
+    if (w.data == nullptr || w.n_out <= 1 || DeviceCopyOf(w) != nullptr) continue;
+    const size_t bytes = w.row_bytes() * static_cast<size_t>(w.n_out);
+    if (bytes == 0) continue;  // a type without a row size: no device op reads it
+    void* d = nullptr;
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
+                                     StrCat("cuda backend: upload of '", w.name, "'")));
+    store.Add(d, bytes);
+    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.copy_h2d_async(d, w.data, bytes, stream_),
+                                     StrCat("cuda backend: upload of '", w.name, "'")));
+    // Recorded after the copy is queued; Sync below fails the whole call if it did not land.
+    uploaded_[reinterpret_cast<uintptr_t>(w.data)] = {bytes, static_cast<std::byte*>(d)};
+    uploaded_bytes_ += bytes;
+  }
+  return Sync("cuda backend: weight upload");
+}
+
+const void* CudaBackend::DeviceCopyOf(const WeightView& w) const {
+  if (w.device_data != nullptr) return w.device_data;
+  const auto host = reinterpret_cast<uintptr_t>(w.data);
+  auto it = uploaded_.upper_bound(host);
+  if (w.data == nullptr || it == uploaded_.begin()) return nullptr;
+  --it;
+  const size_t offset = host - it->first;
+  const size_t bytes = w.row_bytes() * static_cast<size_t>(w.n_out);
+  if (offset + bytes > it->second.bytes) return nullptr;
+  return it->second.device + offset;
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::NewKvStorage(const KvLayout& layout,
@@ -351,10 +387,10 @@ absl::Status CudaBackend::EmbeddingGather(const WeightView& table, std::span<con
     }
   }
   if (tokens.empty()) return absl::OkStatus();
-  // Gathered on the CPU from the host copy when the table was not uploaded (the embedding table
-  // is not a matrix PrepareWeights sees unless tied to the head) or its type has no device
-  // dequantizer.
-  if (table.device_data == nullptr || !DeviceGatherType(table.type)) {
+  // Gathered on the CPU from the host copy when the table was not uploaded or its type has no
+  // device dequantizer.
+  const void* table_d = DeviceCopyOf(table);
+  if (table_d == nullptr || !DeviceGatherType(table.type)) {
     return cpu_.EmbeddingGather(table, tokens, out);
   }
   const int64_t n_out = static_cast<int64_t>(tokens.size()) * table.n_in;
@@ -362,7 +398,7 @@ absl::Status CudaBackend::EmbeddingGather(const WeightView& table, std::span<con
   KILN_ASSIGN_OR_RETURN(void* out_d, Scratch(1, static_cast<size_t>(n_out) * sizeof(float)));
   KILN_RETURN_IF_ERROR(Upload(tok_d, tokens.data(), tokens.size() * sizeof(int32_t)));
   KILN_RETURN_IF_ERROR(m_.ToStatus(
-      m_.embedding_gather(static_cast<uint32_t>(table.type), table.device_data, table.n_in,
+      m_.embedding_gather(static_cast<uint32_t>(table.type), table_d, table.n_in,
                           static_cast<const int32_t*>(tok_d), static_cast<int64_t>(tokens.size()),
                           static_cast<float*>(out_d), stream_),
       "cuda EmbeddingGather"));
@@ -421,10 +457,10 @@ absl::Status CudaBackend::DeviceMatMul(MatMulPath path, const MatMulCaps& caps, 
 absl::Status CudaBackend::MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   KILN_RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
   const MatMulCaps caps = CapsOf(w.type);
-  const MatMulPath path =
-      ChooseMatMulPath(caps, w.device_data != nullptr, w.n_out, w.n_in, n_tokens);
+  const void* w_d = DeviceCopyOf(w);
+  const MatMulPath path = ChooseMatMulPath(caps, w_d != nullptr, w.n_out, w.n_in, n_tokens);
   if (path == MatMulPath::kCpu) return cpu_.MatMul(w, x, n_tokens, y);
-  return DeviceMatMul(path, caps, w.type, w.device_data, w.n_out, w.n_in, x, n_tokens, y, w.n_out);
+  return DeviceMatMul(path, caps, w.type, w_d, w.n_out, w.n_in, x, n_tokens, y, w.n_out);
 }
 
 absl::Status CudaBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert,
@@ -433,12 +469,12 @@ absl::Status CudaBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, in
   const bool fits = n_expert >= 1 && w.n_out % n_expert == 0 && expert >= 0 && expert < n_expert;
   const int64_t rows = fits ? w.n_out / n_expert : 0;
   const MatMulCaps caps = CapsOf(w.type);
+  const void* w_d = DeviceCopyOf(w);
   const MatMulPath path =
-      fits ? ChooseMatMulPath(caps, w.device_data != nullptr, rows, w.n_in, n_tokens)
-           : MatMulPath::kCpu;
+      fits ? ChooseMatMulPath(caps, w_d != nullptr, rows, w.n_in, n_tokens) : MatMulPath::kCpu;
   // The CPU also names a bad expert index.
   if (path == MatMulPath::kCpu) return cpu_.ExpertMatMul(w, n_expert, expert, x, n_tokens, y);
-  const auto* d_w = static_cast<const std::byte*>(w.device_data) + expert * rows * w.row_bytes();
+  const auto* d_w = static_cast<const std::byte*>(w_d) + expert * rows * w.row_bytes();
   return DeviceMatMul(path, caps, w.type, d_w, rows, w.n_in, x, n_tokens, y, rows);
 }
 
@@ -448,11 +484,11 @@ absl::Status CudaBackend::MatMulRange(const WeightView& w, const float* x, int64
   KILN_RETURN_IF_ERROR(cpu::CheckMatMulRange(w, n_tokens, row_begin, row_end));
   const int64_t rows = row_end - row_begin;
   const MatMulCaps caps = CapsOf(w.type);
+  const void* w_d = DeviceCopyOf(w);
   const MatMulPath path =
-      rows > 0 ? ChooseMatMulPath(caps, w.device_data != nullptr, rows, w.n_in, n_tokens)
-               : MatMulPath::kCpu;
+      rows > 0 ? ChooseMatMulPath(caps, w_d != nullptr, rows, w.n_in, n_tokens) : MatMulPath::kCpu;
   if (path == MatMulPath::kCpu) return cpu_.MatMulRange(w, x, n_tokens, row_begin, row_end, y);
-  const auto* d_w = static_cast<const std::byte*>(w.device_data) + row_begin * w.row_bytes();
+  const auto* d_w = static_cast<const std::byte*>(w_d) + row_begin * w.row_bytes();
   return DeviceMatMul(path, caps, w.type, d_w, rows, w.n_in, x, n_tokens, y + row_begin, w.n_out);
 }
 

@@ -1,7 +1,10 @@
 // The CUDA backend: the Backend interface over the libkiln_cuda.so module (cuda_loader.h).
 //
-// Memory: PrepareWeights uploads each matrix once, in its file type (quantized types stay
-// quantized) and sets WeightView::device_data; the DeviceWeights store owns that memory.
+// Memory: UploadWeights (the engine calls it for its model) uploads each weight once, in its file
+// type (quantized types stay quantized), into memory the backend owns; an op finds a weight's
+// device copy by the host address of its bytes (DeviceCopyOf), so a view of some of a tensor's
+// rows (an expert, a tied head) finds its part. PrepareWeights (a model loaded for this backend)
+// sets WeightView::device_data instead; its store owns that memory.
 // NewKvStorage puts the K/V blocks in device memory (KvStorage::BlockData is then a device
 // address); the block tables (KvCache's CSR tables) are the CPU's, unchanged.
 //
@@ -27,8 +30,11 @@
 // output is filled with NaN so that nothing downstream looks valid.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +63,16 @@ class CudaBackend final : public Backend {
 
   // The first error of a void op since the last call, then OK.
   absl::Status TakeDeferredError();
+
+  // Uploads every weight of `tensors` with more than one row (matrices, embedding tables; the
+  // norm and bias vectors are uploaded per op) that has no device copy yet. Errors: the
+  // device's (out of memory names the tensor); the weights uploaded before it stay usable.
+  absl::Status UploadWeights(std::span<const WeightView> tensors);
+  // Bytes UploadWeights holds on the device.
+  size_t uploaded_bytes() const { return uploaded_bytes_; }
+  // The device copy of w's bytes: w.device_data, else the part of an uploaded tensor's copy that
+  // holds them; null when neither exists.
+  const void* DeviceCopyOf(const WeightView& w) const;
 
   std::string Describe() const override;
   absl::StatusOr<std::unique_ptr<WeightStore>> PrepareWeights(
@@ -159,6 +175,14 @@ class CudaBackend final : public Backend {
   std::vector<float> range_staging_;     // MatMulRange's columns before they are placed in y
   KilnCudaGemmContext* gemm_ = nullptr;  // cuBLASLt handle and workspace
   std::vector<std::pair<const float*, void*>> constants_;  // DeviceConstant's copies
+  // UploadWeights' copies: a tensor's host address -> its bytes and device copy.
+  struct Uploaded {
+    size_t bytes = 0;
+    std::byte* device = nullptr;
+  };
+  std::map<uintptr_t, Uploaded> uploaded_;
+  std::unique_ptr<WeightStore> uploaded_store_;
+  size_t uploaded_bytes_ = 0;
   absl::Status deferred_;
 };
 
