@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_abi.h"
+#include "kernels/cuda/gemv_units.h"
 #include "kernels/cuda/module_util.h"
 #include "kernels/cuda/quant_decode.cuh"
 
@@ -22,34 +23,70 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// Elements per unit: 32 for block types (a K-quant super-block is 8 units), 1 for f16.
+// A lane's unit of work: kElems consecutive elements of a row. Decode(row, u, w) writes unit
+// u's weights to w[0 .. kElems): element by element with byte loads (ElementUnit, any type), or
+// a word at a time for the types gemv_units.h has (LaunchGemv checks the alignment, kAlign bytes,
+// that those need).
 template <uint32_t kType>
-struct Unit {
-  static constexpr int kElems = Block<kType>::kElems >= 32 ? 32 : 1;
+struct ElementUnit {  // any type: element by element, byte loads
+  using B = Block<kType>;
+  static constexpr int kElems = B::kElems >= 32 ? 32 : 1;
+  __device__ static void Decode(const uint8_t* row, int64_t u, float* w) {
+    const int64_t first = u * kElems;
+    const uint8_t* block = row + first / B::kElems * B::kBytes;
+    const int e0 = static_cast<int>(first % B::kElems);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) w[e] = B::Decode(block, e0 + e);
+  }
 };
 
-// grid.x: ceil(n_out / kWarpsPerBlock); block: 32 x kWarpsPerBlock threads.
 template <uint32_t kType>
+struct Unit : ElementUnit<kType> {
+  static constexpr int kAlign = 1;
+};
+
+template <>
+struct Unit<kTypeF16> : WordUnit<kTypeF16> {};
+template <>
+struct Unit<kTypeQ4_1> : WordUnit<kTypeQ4_1> {};
+template <>
+struct Unit<kTypeQ8_0> : WordUnit<kTypeQ8_0> {};
+template <>
+struct Unit<kTypeQ4_K> : WordUnit<kTypeQ4_K> {};
+
+// U: the unit decoder (Unit<kType> or ElementUnit<kType>).
+template <uint32_t kType, typename U, bool kVector>
 __global__ void GemvKernel(const uint8_t* __restrict__ w, int64_t n_out, int64_t n_in,
                            const float* __restrict__ x, int n_tokens, float* __restrict__ y) {
-  using B = Block<kType>;
-  constexpr int kUnit = Unit<kType>::kElems;
+  constexpr int kUnit = U::kElems;
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= n_out) return;  // whole warps leave together: no shuffle sees a missing lane
-  const int64_t row_bytes = n_in / B::kElems * B::kBytes;
+  const int64_t row_bytes = n_in / Block<kType>::kElems * Block<kType>::kBytes;
   const uint8_t* w_row = w + row * row_bytes;
   float acc[kMaxTokens] = {};
   const int64_t n_units = n_in / kUnit;
   for (int64_t u = lane; u < n_units; u += 32) {
-    const int64_t first = u * kUnit;  // first element of the unit
-    const uint8_t* block = w_row + first / B::kElems * B::kBytes;
-    const int e0 = static_cast<int>(first % B::kElems);
-    for (int e = 0; e < kUnit; ++e) {
-      const float wv = B::Decode(block, e0 + e);
+    float wv[kUnit];
+    U::Decode(w_row, u, wv);
+    const int64_t first = u * kUnit;
 #pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) {
-        if (t < n_tokens) acc[t] += wv * x[t * n_in + first + e];
+    for (int t = 0; t < kMaxTokens; ++t) {
+      if (t < n_tokens) {
+        const float* xt = x + t * n_in + first;
+        if constexpr (kVector) {
+#pragma unroll
+          for (int e = 0; e < kUnit; e += 4) {
+            const float4 xv = *reinterpret_cast<const float4*>(xt + e);
+            acc[t] += wv[e] * xv.x;
+            acc[t] += wv[e + 1] * xv.y;
+            acc[t] += wv[e + 2] * xv.z;
+            acc[t] += wv[e + 3] * xv.w;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < kUnit; ++e) acc[t] += wv[e] * xt[e];
+        }
       }
     }
   }
@@ -75,8 +112,25 @@ int LaunchGemv(const void* w, int64_t n_out, int64_t n_in, const float* x, int64
     return kiln_cuda::Fail(KILN_CUDA_INVALID_ARGUMENT, "kiln_cuda_gemv: n_out %lld too large",
                            static_cast<long long>(n_out));
   }
-  GemvKernel<kType><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-      static_cast<const uint8_t*>(w), n_out, n_in, x, static_cast<int>(n_tokens), y);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const unsigned grid = static_cast<unsigned>(blocks), threads = 32 * kWarpsPerBlock;
+  // The unit decoders' loads need d_w aligned, whole units per row and (f16: 8 elements) rows
+  // that keep the alignment; float4 loads of x need its rows 16-byte aligned. Else the element
+  // by element kernel (the same values, one byte at a time).
+  using U = Unit<kType>;
+  const bool units_fit = n_in % U::kElems == 0 && reinterpret_cast<uintptr_t>(w) % U::kAlign == 0 &&
+                         (n_in / Block<kType>::kElems * Block<kType>::kBytes) % U::kAlign == 0;
+  const bool x_vector =
+      U::kElems % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && n_in % 4 == 0;
+  const int nt = static_cast<int>(n_tokens);
+  if (units_fit && x_vector) {
+    GemvKernel<kType, U, true><<<grid, threads, 0, stream>>>(wb, n_out, n_in, x, nt, y);
+  } else if (units_fit) {
+    GemvKernel<kType, U, false><<<grid, threads, 0, stream>>>(wb, n_out, n_in, x, nt, y);
+  } else {
+    GemvKernel<kType, ElementUnit<kType>, false>
+        <<<grid, threads, 0, stream>>>(wb, n_out, n_in, x, nt, y);
+  }
   return kiln_cuda::Check(cudaGetLastError(), "kiln_cuda_gemv: launch");
 }
 

@@ -8,19 +8,9 @@
 
 #include <cstdint>
 
-namespace kiln::cuda {
+#include "kernels/cuda/gemv_units.h"  // the ggml type ids
 
-// ggml type ids (lib/common/ggml_type.h).
-enum : uint32_t {
-  kTypeF32 = 0,
-  kTypeF16 = 1,
-  kTypeQ4_1 = 3,
-  kTypeQ5_0 = 6,
-  kTypeQ8_0 = 8,
-  kTypeQ4_K = 12,
-  kTypeQ6_K = 14,
-  kTypeBF16 = 30,
-};
+namespace kiln::cuda {
 
 __device__ __forceinline__ float LoadHalf(const uint8_t* p) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/gemv_units.h"
 #include "kernels/cuda/paged_index.h"
 #include "kernels/cuda/sample_chain.h"
 #include "lib/backend/attention_mask.h"
@@ -30,6 +31,7 @@
 #include "lib/kv/kv_cache.h"
 #include "lib/quant/quant.h"
 #include "lib/sample/sampler.h"
+#include "tests/common/cuda_test_util.h"
 
 namespace kiln {
 namespace {
@@ -494,13 +496,9 @@ TEST(CudaSampleChain, ReplayDrawsTheCpuSamplersToken) {
 // ---- On a device
 // ---------------------------------------------------------------------------------
 
+using testing::BuiltModule;
 using ::testing::HasSubstr;
-
-std::string LastError(const CudaModule& m) {
-  char msg[512] = {0};
-  m.last_error(msg, sizeof msg);
-  return msg;
-}
+using testing::LastError;
 
 // The plan's view of a layer addresses the rows the CPU's cache hands out, for GQA and MLA
 // layouts (a q8_0 MLA row's RoPE part as the f16 tail, the other types' rows all one type).
@@ -649,8 +647,8 @@ TEST(CudaPlan, MatMulPathByTokensTypeAndShape) {
 }
 
 TEST(CudaPlan, SplitsFillTheDeviceWithoutTinySplits) {
-  EXPECT_EQ(cuda::ChooseSplits(32, 64), 1);     // a short context: one split
-  EXPECT_EQ(cuda::ChooseSplits(32, 32768), 9);  // decode, 32 heads, 32k rows: 264 / 32 up
+  EXPECT_EQ(cuda::ChooseSplits(32, 64), 1);      // a short context: one split
+  EXPECT_EQ(cuda::ChooseSplits(64, 32768), 33);  // decode, 64 heads, 32k rows: 2112 / 64
   EXPECT_EQ(cuda::ChooseSplits(1, 32768), cuda::kMaxSplits);  // the kernel's limit
   EXPECT_EQ(cuda::ChooseSplits(8, 200), 3);                   // 64 rows a split at least
   EXPECT_EQ(cuda::ChooseSplits(512 * 32, 4096), 1);  // a prefill fills the device by itself
@@ -664,21 +662,6 @@ TEST(CudaPlan, SplitsFillTheDeviceWithoutTinySplits) {
       }
     }
   }
-}
-
-// The module this test was built with, bound without a device (nullopt: built without CUDA).
-std::optional<CudaModule> BuiltModule(std::string* why) {
-#ifdef KILN_CUDA_TEST_MODULE
-  absl::StatusOr<CudaModule> m = OpenCudaModule(KILN_CUDA_TEST_MODULE);
-  if (!m.ok()) {
-    *why = std::string(m.status().message());
-    return std::nullopt;
-  }
-  return *m;
-#else
-  *why = "kiln was built without CUDA (KILN_CUDA=OFF or no toolkit)";
-  return std::nullopt;
-#endif
 }
 
 // Bad arguments are refused before anything is launched, with or without a device.
@@ -799,6 +782,46 @@ QuantizedWeight MakeWeight(GgmlType type, int64_t n_out, int64_t n_in, std::mt19
 
 using CudaKernels = DeviceFixture;
 
+// The GEMV kernel's word-at-a-time unit decoders (gemv_units.h), replayed on the host: every
+// unit of every row gives the CPU dequantizer's values (within one rounding of d * q + m, which
+// either side may fuse), and HalfBits is the CPU's f16 conversion for every bit pattern.
+template <uint32_t kType>
+void ExpectWordUnitsDecodeAsTheCpu(GgmlType type, std::mt19937& rng) {
+  using U = cuda::WordUnit<kType>;
+  const int64_t n_out = 5, n_in = 512;
+  const QuantizedWeight w = MakeWeight(type, n_out, n_in, rng);
+  const size_t row_bytes = w.bytes.size() / n_out;
+  ASSERT_EQ(row_bytes % U::kAlign, 0u);
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (int64_t u = 0; u < n_in / U::kElems; ++u) {
+      float got[U::kElems];
+      U::Decode(w.bytes.data() + r * row_bytes, u, got);
+      for (int e = 0; e < U::kElems; ++e) {
+        const float want = w.decoded[r * n_in + u * U::kElems + e];
+        ASSERT_NEAR(got[e], want, 1e-6f * std::max(1.0f, std::fabs(want)))
+            << "row " << r << " unit " << u << " element " << e;
+      }
+    }
+  }
+}
+
+TEST(CudaGemvUnits, DecodeAsTheCpuDequantizers) {
+  std::mt19937 rng(31);
+  ExpectWordUnitsDecodeAsTheCpu<cuda::kTypeF16>(GgmlType::kF16, rng);
+  ExpectWordUnitsDecodeAsTheCpu<cuda::kTypeQ4_1>(GgmlType::kQ4_1, rng);
+  ExpectWordUnitsDecodeAsTheCpu<cuda::kTypeQ8_0>(GgmlType::kQ8_0, rng);
+  ExpectWordUnitsDecodeAsTheCpu<cuda::kTypeQ4_K>(GgmlType::kQ4_K, rng);
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float got = cuda::HalfBits(bits), want = Fp16ToFp32(static_cast<uint16_t>(bits));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << bits;
+    } else {
+      ASSERT_EQ(got, want) << bits;
+      ASSERT_EQ(std::signbit(got), std::signbit(want)) << bits;
+    }
+  }
+}
+
 // GEMV: each output within f32 accumulation error of the exact product of the CPU-decoded weight
 // with x (|err| <= 1e-5 * sum |w||x|, n_in 512: ~60x the f32 rounding bound n_in * 2^-24), and
 // within the CPU backend's own activation-quantization error of CpuBackend::MatMul.
@@ -810,10 +833,21 @@ TEST_F(CudaKernels, GemvMatchesCpuForEveryWeightType) {
                         GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type));
     const QuantizedWeight w = MakeWeight(type, n_out, n_in, rng);
-    for (int64_t n_tokens : {1, 3}) {
-      const std::vector<float> x = RandomVector(size_t(n_tokens) * n_in, rng);
-      const uint8_t* d_w = Upload(w.bytes);
-      const float* d_x = Upload(x);
+    // misaligned: the weight 1 byte and x 1 float past an allocation's start, so the kernels'
+    // element-by-element path runs (the unit decoders need aligned words, float4 loads of x
+    // aligned rows).
+    for (auto [n_tokens, misaligned] :
+         {std::pair<int64_t, bool>{1, false}, {3, false}, {8, false}, {3, true}}) {
+      SCOPED_TRACE(::testing::Message() << n_tokens << " tokens, misaligned " << misaligned);
+      std::vector<float> x = RandomVector(size_t(n_tokens) * n_in, rng);
+      std::vector<uint8_t> w_bytes = w.bytes;
+      if (misaligned) {
+        x.insert(x.begin(), 0.0f);
+        w_bytes.insert(w_bytes.begin(), 0);
+      }
+      const uint8_t* d_w = Upload(w_bytes) + (misaligned ? 1 : 0);
+      const float* d_x = Upload(x) + (misaligned ? 1 : 0);
+      if (misaligned) x.erase(x.begin());
       auto* d_y = static_cast<float*>(Alloc(size_t(n_tokens) * n_out * sizeof(float)));
       ASSERT_EQ(
           m_->gemv(static_cast<uint32_t>(type), d_w, n_out, n_in, d_x, n_tokens, d_y, stream_),
