@@ -121,6 +121,9 @@ class Backend {
   virtual absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                                     const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                                     float* out, float scale) = 0;
+  // Whether MlaAttention reads the weights as the file's rows (MlaAttentionWeights::uk_rows,
+  // uv_rows) instead of f32 arrays, so a forward pass need not keep f32 copies of them.
+  virtual bool ReadsMlaWeightRows() const { return false; }
   // MLA in the llama.cpp order, as llama.cpp's deepseek2 graph computes it: the caller absorbs
   // the query (q_abs = [W_UK_hᵀ q_nope | rope(q_r)], its own matmul) and applies W_UV to the
   // result; this is the attention between, the latent rows as one K head shared by all heads

@@ -56,6 +56,13 @@ absl::StatusOr<std::vector<float>> DequantizeAll(const WeightView& w) {
   return out;
 }
 
+// Types a backend widens to f32 as it reads them without changing a value (Q8_0: f16 scale x
+// int8, exact in f32), so their rows can stand in for f32 copies (MlaAttentionWeights).
+bool WidensExactly(GgmlType type) {
+  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 ||
+         type == GgmlType::kQ8_0;
+}
+
 }  // namespace
 
 // Whether a causal chunk of n_new tokens of one sequence, the last of which sees n_ctx cache
@@ -99,11 +106,17 @@ struct MlaLayer {
   const WeightView* ffn_gate;   // [n_embd -> n_ff]; null in a mixture-of-experts layer
   const WeightView* ffn_up;     // [n_embd -> n_ff]; null in a mixture-of-experts layer
   const WeightView* ffn_down;   // [n_ff -> n_embd]; null in a mixture-of-experts layer
-  const WeightView* k_b;    // attn_k_b: per head kv_lora_rank rows of nope_dim; null (attn_kv_b)
-  const WeightView* v_b;    // attn_v_b: per head v_head_dim rows of kv_lora_rank; null (attn_kv_b)
-  const WeightView* kv_b;   // attn_kv_b: per head nope_dim + v_head_dim rows; null (attn_k_b)
+  const WeightView* k_b;   // attn_k_b: per head kv_lora_rank rows of nope_dim; null (attn_kv_b)
+  const WeightView* v_b;   // attn_v_b: per head v_head_dim rows of kv_lora_rank; null (attn_kv_b)
+  const WeightView* kv_b;  // attn_kv_b: per head nope_dim + v_head_dim rows; null (attn_k_b)
+  // The absorbed attention's weights: the file's rows when the backend reads them
+  // (Backend::ReadsMlaWeightRows) and their type widens exactly, else f32 copies; the f32 copies
+  // also for the decompressed prefill's matmuls (MlaPrefillMode::kMeasured).
   std::vector<float> w_uk;  // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
   std::vector<float> w_uv;  // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
+  std::vector<const void*> uk_rows, uv_rows;  // MlaAttentionWeights' row lists; empty: f32
+  bool uk_transposed = false;                 // uk_rows are attn_k_b's (W_UK_hᵀ)
+  GgmlType rows_type = GgmlType::kF32;
 };
 
 class MlaForward final : public ForwardPass {
@@ -331,8 +344,16 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
   const MlaLayer& L = layers_[il];
   const int64_t n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim, nope = m.nope_dim,
                 vd = m.v_head_dim, qk = m.qk_head_dim();
-  const MlaAttentionWeights absorb = {L.w_uk.data(), L.w_uv.data(), static_cast<int32_t>(kvl),
-                                      static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
+  MlaAttentionWeights absorb = {L.w_uk.empty() ? nullptr : L.w_uk.data(),
+                                L.w_uv.empty() ? nullptr : L.w_uv.data(), static_cast<int32_t>(kvl),
+                                static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
+  if (!L.uk_rows.empty()) {
+    absorb.w_uk = absorb.w_uv = nullptr;
+    absorb.rows_type = L.rows_type;
+    absorb.uk_rows = L.uk_rows.data();
+    absorb.uk_transposed = L.uk_transposed;
+    absorb.uv_rows = L.uv_rows.data();
+  }
   // llama.cpp's graph needs split attn_k_b/attn_v_b, and a float cache (its q8_0 cache needs its
   // flash attention): otherwise the llama.cpp order takes kiln's absorbed form, as it does on a
   // backend without the llama.cpp order's MLA attention (CUDA: that order is the CPU's only).
@@ -678,13 +699,38 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       KILN_ASSIGN_OR_RETURN(L.ffn_down, required(l, "ffn_down.weight"));
     }
     L.k_b = L.v_b = L.kv_b = nullptr;
+    if (m.split_kv_b) {
+      KILN_ASSIGN_OR_RETURN(L.k_b, required(l, "attn_k_b.weight"));
+      KILN_ASSIGN_OR_RETURN(L.v_b, required(l, "attn_v_b.weight"));
+    } else {
+      KILN_ASSIGN_OR_RETURN(L.kv_b, required(l, "attn_kv_b.weight"));
+    }
+    // The file's rows serve the absorbed attention as they are when the backend reads them.
+    const GgmlType rows_type = m.split_kv_b ? L.k_b->type : L.kv_b->type;
+    if (backend.ReadsMlaWeightRows() && WidensExactly(rows_type) &&
+        (!m.split_kv_b || L.v_b->type == rows_type)) {
+      L.rows_type = rows_type;
+      if (m.split_kv_b) {
+        // attn_k_b: per head kv_lora_rank rows of nope_dim (W_UKᵀ); attn_v_b: per head
+        // v_head_dim rows of kv_lora_rank (W_UV).
+        L.uk_transposed = true;
+        for (int64_t r = 0; r < n_head * kvl; ++r) L.uk_rows.push_back(L.k_b->Row(r));
+        for (int64_t r = 0; r < n_head * vd; ++r) L.uv_rows.push_back(L.v_b->Row(r));
+      } else {
+        // attn_kv_b: per head nope_dim key rows then v_head_dim value rows.
+        for (int64_t hh = 0; hh < n_head; ++hh) {
+          for (int64_t r = 0; r < nope; ++r) L.uk_rows.push_back(L.kv_b->Row(hh * (nope + vd) + r));
+          for (int64_t r = 0; r < vd; ++r) {
+            L.uv_rows.push_back(L.kv_b->Row(hh * (nope + vd) + nope + r));
+          }
+        }
+      }
+      // The decompressed prefill's matmuls still need the f32 copies.
+      if (mode == MlaPrefillMode::kAbsorbed) continue;
+    }
     L.w_uk.resize(static_cast<size_t>(n_head * nope * kvl));
     L.w_uv.resize(static_cast<size_t>(n_head * vd * kvl));
     if (m.split_kv_b) {
-      // attn_k_b: per head kv_lora_rank rows of nope_dim (W_UKᵀ); attn_v_b: per head v_head_dim
-      // rows of kv_lora_rank (W_UV).
-      KILN_ASSIGN_OR_RETURN(L.k_b, required(l, "attn_k_b.weight"));
-      KILN_ASSIGN_OR_RETURN(L.v_b, required(l, "attn_v_b.weight"));
       KILN_ASSIGN_OR_RETURN(std::vector<float> k_b, DequantizeAll(*L.k_b));
       KILN_ASSIGN_OR_RETURN(std::vector<float> v_b, DequantizeAll(*L.v_b));
       for (int64_t hh = 0; hh < n_head; ++hh) {
@@ -697,7 +743,6 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       L.w_uv = std::move(v_b);
     } else {
       // attn_kv_b: per head nope_dim key rows then v_head_dim value rows, each kv_lora_rank long.
-      KILN_ASSIGN_OR_RETURN(L.kv_b, required(l, "attn_kv_b.weight"));
       KILN_ASSIGN_OR_RETURN(std::vector<float> kv_b, DequantizeAll(*L.kv_b));
       for (int64_t hh = 0; hh < n_head; ++hh) {
         const float* head = kv_b.data() + hh * (nope + vd) * kvl;

@@ -954,6 +954,134 @@ TEST(MlaDecompressedAttentionTest, RejectsBadInputNamingIt) {
   EXPECT_NE(s.message().find("n_heads 0"), std::string::npos) << s;
 }
 
+// `x` (n floats) as a row of `type` (F32, F16, BF16, Q8_0), and that row widened back to f32.
+std::vector<uint8_t> EncodeRow(GgmlType type, const float* x, int64_t n) {
+  std::vector<uint8_t> row;
+  if (type == GgmlType::kQ8_0) {
+    row.resize(static_cast<size_t>(n / 32 * 34));
+    GetQuantKernels(GgmlType::kQ8_0, CpuLevel::kScalar)->quantize(x, row.data(), n);
+  } else if (type == GgmlType::kF32) {
+    row.resize(static_cast<size_t>(n * 4));
+    std::memcpy(row.data(), x, row.size());
+  } else {
+    row.resize(static_cast<size_t>(n * 2));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+      std::memcpy(row.data() + 2 * i, &h, 2);
+    }
+  }
+  return row;
+}
+void WidenRow(GgmlType type, const uint8_t* row, int64_t n, float* out) {
+  if (type == GgmlType::kQ8_0) {
+    GetQuantKernels(GgmlType::kQ8_0, CpuLevel::kScalar)->dequantize(row, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (type == GgmlType::kF32) {
+      std::memcpy(out + i, row + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * i, 2);
+      out[i] = type == GgmlType::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+    }
+  }
+}
+
+// The absorbed attention reading the file's rows (MlaAttentionWeights::uk_rows, uv_rows), as a
+// combined attn_kv_b or split attn_k_b/attn_v_b hold them, in each type they may have: the rows
+// widen to exactly the f32 weights, so W_UK_h's rows (attn_kv_b) give the f32 arrays' bits, and
+// W_UK_hᵀ's rows (attn_k_b: a dot per latent element instead of an FMA chain over nope_dim) stay
+// within 4e-6 of them (|out| < 1); every level computes the same bits.
+TEST(MlaAttentionTest, FileRowsGiveTheF32WeightsResult) {
+  std::mt19937 rng(41);
+  ThreadPool pool(2);
+  Scratch scratch;
+  const int32_t n_heads = 4, kvl = 64, rd = 16, nope = 32, vd = 32, qk = nope + rd;
+  TestCache cache(1, kvl + rd, 16, 8, GgmlType::kF32);
+  std::vector<int32_t> free_blocks = ShuffledBlockIds(8, rng);
+  const SeqKv seq = WriteSequence(cache, 37, free_blocks, rng);
+  const std::vector<int32_t> indptr = {0, static_cast<int32_t>(seq.blocks.size())};
+  // A prompt chunk of three tokens and a decode token of the same sequence.
+  const std::vector<int32_t> seq_of = {0, 0, 0, 0}, n_visible = {30, 31, 32, 37};
+  const AttentionBatch batch{seq_of, indptr, seq.blocks, n_visible, {}, {}};
+  const std::vector<float> q = RandomVector(4 * n_heads * qk, rng, -2.0f, 2.0f);
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(kvl));
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE(transposed ? "attn_k_b rows" : "attn_kv_b rows");
+      // The file's rows, and the f32 weights they widen to.
+      std::vector<std::vector<uint8_t>> uk_file, uv_file;
+      std::vector<float> w_uk(n_heads * nope * kvl), w_uv(n_heads * vd * kvl);
+      const int64_t uk_row_len = transposed ? nope : kvl;
+      for (int64_t r = 0; r < n_heads * (transposed ? kvl : nope); ++r) {
+        const std::vector<float> x = RandomVector(uk_row_len, rng, -wscale, wscale);
+        uk_file.push_back(EncodeRow(type, x.data(), uk_row_len));
+        std::vector<float> widened(uk_row_len);
+        WidenRow(type, uk_file.back().data(), uk_row_len, widened.data());
+        for (int64_t i = 0; i < uk_row_len; ++i) {
+          if (transposed) {  // row (h, latent l) holds W_UK_h[:, l]
+            const int64_t h = r / kvl, l = r % kvl;
+            w_uk[(h * nope + i) * kvl + l] = widened[i];
+          } else {
+            w_uk[r * kvl + i] = widened[i];
+          }
+        }
+      }
+      for (int64_t r = 0; r < n_heads * vd; ++r) {
+        const std::vector<float> x = RandomVector(kvl, rng, -wscale, wscale);
+        uv_file.push_back(EncodeRow(type, x.data(), kvl));
+        WidenRow(type, uv_file.back().data(), kvl, w_uv.data() + r * kvl);
+      }
+      std::vector<const void*> uk_rows, uv_rows;
+      for (const auto& row : uk_file) uk_rows.push_back(row.data());
+      for (const auto& row : uv_file) uv_rows.push_back(row.data());
+      const MlaAttentionWeights f32 = {w_uk.data(), w_uv.data(), kvl, nope, vd};
+      MlaAttentionWeights rows = {nullptr, nullptr, kvl, nope, vd};
+      rows.rows_type = type;
+      rows.uk_rows = uk_rows.data();
+      rows.uk_transposed = transposed;
+      rows.uv_rows = uv_rows.data();
+
+      std::vector<float> want(4 * n_heads * vd), got(want.size());
+      ASSERT_TRUE(MlaPagedAttention(pool, LatentView(cache), batch, f32, q.data(), n_heads,
+                                    want.data(), 0, scratch)
+                      .ok());
+      ASSERT_TRUE(MlaPagedAttention(pool, LatentView(cache), batch, rows, q.data(), n_heads,
+                                    got.data(), 0, scratch)
+                      .ok());
+      if (!transposed) {
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
+      } else {
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 4e-6f) << i;
+      }
+      std::vector<float> scalar(want.size());
+      ASSERT_TRUE(MlaPagedAttention(pool, LatentView(cache), batch, rows, q.data(), n_heads,
+                                    scalar.data(), 0, scratch, CpuLevel::kScalar)
+                      .ok());
+      for (CpuLevel level : Levels()) {
+        std::vector<float> out_l(want.size());
+        ASSERT_TRUE(MlaPagedAttention(pool, LatentView(cache), batch, rows, q.data(), n_heads,
+                                      out_l.data(), 0, scratch, level)
+                        .ok());
+        EXPECT_EQ(0, std::memcmp(out_l.data(), scalar.data(), scalar.size() * 4))
+            << CpuLevelName(level);
+      }
+    }
+  }
+  // A type that does not widen exactly is refused, naming it.
+  const std::vector<uint8_t> dummy(64);
+  const std::vector<const void*> any(n_heads * kvl, dummy.data());
+  MlaAttentionWeights q4 = {nullptr, nullptr, kvl, nope, vd};
+  q4.rows_type = GgmlType::kQ4_0;
+  q4.uk_rows = q4.uv_rows = any.data();
+  std::vector<float> out(4 * n_heads * vd);
+  const absl::Status s = MlaPagedAttention(pool, LatentView(cache), batch, q4, q.data(), n_heads,
+                                           out.data(), 0, scratch);
+  EXPECT_NE(s.message().find("weight rows of type q4_0"), std::string::npos) << s;
+}
+
 TEST(MlaAttentionTest, RejectsBadInputNamingIt) {
   ThreadPool pool(1);
   Scratch scratch;
@@ -978,6 +1106,11 @@ TEST(MlaAttentionTest, RejectsBadInputNamingIt) {
   no_uv.w_uv = nullptr;
   s = run(LatentView(cache), batch, no_uv);
   EXPECT_NE(s.message().find("w_uv null"), std::string::npos) << s;
+  MlaAttentionWeights half_rows = {nullptr, nullptr, 64, 32, 32};
+  const void* const row_list[1] = {w_uk.data()};
+  half_rows.uk_rows = row_list;  // uv_rows missing
+  s = run(LatentView(cache), batch, half_rows);
+  EXPECT_NE(s.message().find("uv_rows null"), std::string::npos) << s;
   MlaAttentionWeights too_wide = w;
   too_wide.kv_lora_rank = 96;
   s = run(LatentView(cache), batch, too_wide);

@@ -644,12 +644,26 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
   }
   const int64_t kvl = w.kv_lora_rank, nope = w.nope_dim, vd = w.v_head_dim, row = kv.head_dim;
   const int64_t rd = row - kvl, qk = nope + rd;
-  if (w.w_uk == nullptr || w.w_uv == nullptr || kvl <= 0 || nope <= 0 || vd <= 0 || rd < 0) {
+  // The weights: f32 arrays, or the file's rows (then widened as a cache row of their type).
+  const bool file_rows = w.w_uk == nullptr && w.w_uv == nullptr;
+  const bool have_weights = file_rows ? w.uk_rows != nullptr && w.uv_rows != nullptr
+                                      : w.w_uk != nullptr && w.w_uv != nullptr;
+  if (!have_weights || kvl <= 0 || nope <= 0 || vd <= 0 || rd < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "MlaAttention: weights w_uk %s, w_uv %s, kv_lora_rank %d (row %d), nope_dim %d, "
-        "v_head_dim %d: need both weights and positive sizes with kv_lora_rank <= row",
-        w.w_uk == nullptr ? "null" : "set", w.w_uv == nullptr ? "null" : "set", kvl, row, nope,
-        vd));
+        "MlaAttention: weights w_uk %s, w_uv %s, uk_rows %s, uv_rows %s, kv_lora_rank %d (row "
+        "%d), nope_dim %d, v_head_dim %d: need both f32 weights or both row lists, and positive "
+        "sizes with kv_lora_rank <= row",
+        w.w_uk == nullptr ? "null" : "set", w.w_uv == nullptr ? "null" : "set",
+        w.uk_rows == nullptr ? "null" : "set", w.uv_rows == nullptr ? "null" : "set", kvl, row,
+        nope, vd));
+  }
+  KvElem w_elem = KvElem::kF32;
+  if (file_rows &&
+      (!KvElemOf(w.rows_type, &w_elem) ||
+       (w_elem == KvElem::kQ8_0 && (kvl % 32 != 0 || (w.uk_transposed && nope % 32 != 0))))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "MlaAttention: weight rows of type %s (need f32, f16, bf16 or q8_0 with whole blocks)",
+        GgmlTypeName(static_cast<uint32_t>(w.rows_type))));
   }
   const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
   if (n_tokens == 0) return absl::OkStatus();
@@ -677,10 +691,10 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
   const int64_t n_groups = (n_heads + heads_per_group - 1) / heads_per_group;
   const int64_t hg = heads_per_group;
 
-  // Shared: the rows of W_UK and W_UV as kernel row lists, [n_heads * nope] and [n_heads * vd].
-  // Per thread: visible row pointers [max_visible], scores [hg, max_visible], q_abs [hg, row],
-  // latent output [hg, kvl].
-  const size_t shared = Align64((n_heads * nope + n_heads * vd) * sizeof(void*));
+  // Shared (f32 weights): the rows of W_UK and W_UV as kernel row lists, [n_heads * nope] and
+  // [n_heads * vd]; the file's rows come as such lists. Per thread: visible row pointers
+  // [max_visible], scores [hg, max_visible], q_abs [hg, row], latent output [hg, kvl].
+  const size_t shared = file_rows ? 0 : Align64((n_heads * nope + n_heads * vd) * sizeof(void*));
   // A q8_0 latent scores c and the RoPE part apart: their row pointers [max_visible] and scores
   // [hg, max_visible] again, and q_abs split into [hg, kvl] and [hg, rd].
   const size_t per_thread = 2 * Align64(max_visible * sizeof(void*)) +
@@ -689,10 +703,18 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
                             Align64(hg * kvl * sizeof(float)) + Align64(hg * rd * sizeof(float));
   uint8_t* ws = static_cast<uint8_t*>(scratch.Get(shared + per_thread * pool.n_threads()));
   if (ws == nullptr) return absl::ResourceExhaustedError("MlaAttention: scratch allocation failed");
-  const void** uk_rows = reinterpret_cast<const void**>(ws);
-  const void** uv_rows = uk_rows + n_heads * nope;
-  for (int64_t r = 0; r < n_heads * nope; ++r) uk_rows[r] = w.w_uk + r * kvl;
-  for (int64_t r = 0; r < n_heads * vd; ++r) uv_rows[r] = w.w_uv + r * kvl;
+  const void* const* uk_rows = w.uk_rows;
+  const void* const* uv_rows = w.uv_rows;
+  const bool uk_transposed = file_rows && w.uk_transposed;
+  if (!file_rows) {
+    const void** lists = reinterpret_cast<const void**>(ws);
+    for (int64_t r = 0; r < n_heads * nope; ++r) lists[r] = w.w_uk + r * kvl;
+    for (int64_t r = 0; r < n_heads * vd; ++r) lists[n_heads * nope + r] = w.w_uv + r * kvl;
+    uk_rows = lists;
+    uv_rows = lists + n_heads * nope;
+  }
+  // attn_k_b's rows (W_UK_hᵀ, nope_dim long): q_abs_h[r] = row r . q_nope, a score.
+  const auto uk_dots = nope % 16 == 0 ? k.kv_scores_rows : scalar.kv_scores_rows;
 
   const uint8_t* base = static_cast<const uint8_t*>(kv.k.base);
   // c's element type, and where a row's RoPE part starts (q8_0: after the c blocks, in f16).
@@ -735,12 +757,17 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
           rows[n_vis++] = row_at(b.extra_positions[i]);
         }
       }
-      // q_abs_h = [W_UK_hᵀ q_nope | q_rope]: one FMA chain per latent element over nope_dim.
+      // q_abs_h = [W_UK_hᵀ q_nope | q_rope]: one FMA chain per latent element over nope_dim
+      // (W_UK_h's rows), or a dot of each of W_UK_hᵀ's rows with q_nope.
       for (int64_t g = 0; g < nh; ++g) {
         const float* qh = q + (t * n_heads + h0 + g) * qk;
         float* qa = q_abs + g * row;
-        std::fill(qa, qa + kvl, 0.0f);
-        k.kv_accumulate_rows(qa, qh, 0, 1, uk_rows + (h0 + g) * nope, nope, KvElem::kF32, kvl);
+        if (uk_transposed) {
+          uk_dots(qh, 1, uk_rows + (h0 + g) * kvl, kvl, w_elem, nope, qa, kvl);
+        } else {
+          std::fill(qa, qa + kvl, 0.0f);
+          k.kv_accumulate_rows(qa, qh, 0, 1, uk_rows + (h0 + g) * nope, nope, w_elem, kvl);
+        }
         std::copy(qh + nope, qh + qk, qa + kvl);
       }
       if (!q8_latent) {
@@ -769,7 +796,7 @@ absl::Status MlaPagedAttention(ThreadPool& pool, const PagedKvView& kv, const At
       std::fill(latent_out, latent_out + nh * kvl, 0.0f);
       k.kv_accumulate_rows(latent_out, scores, max_visible, nh, rows, n_vis, c_elem, kvl);
       for (int64_t g = 0; g < nh; ++g) {
-        latent_dots(latent_out + g * kvl, 1, uv_rows + (h0 + g) * vd, vd, KvElem::kF32, kvl,
+        latent_dots(latent_out + g * kvl, 1, uv_rows + (h0 + g) * vd, vd, w_elem, kvl,
                     out + (t * n_heads + h0 + g) * vd, vd);
       }
     }

@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
                          const float* q, int32_t n_heads, float* out, float scale) override;
   absl::Status WriteLatent(KvCache& cache, int32_t layer, std::span<const KvSlot> slots,
                            const float* latent) override;
+  bool ReadsMlaWeightRows() const override { return true; }
   absl::Status MlaAttention(const KvCache& cache, int32_t layer, const AttentionMask& mask,
                             const float* q, int32_t n_heads, const MlaAttentionWeights& w,
                             float* out, float scale) override;
