@@ -180,8 +180,11 @@ absl::Status CudaBackend::UploadWeights(std::span<const WeightView> tensors) {
   auto& store = static_cast<DeviceWeights&>(*uploaded_store_);
   for (const WeightView& w : tensors) {
     if (w.data == nullptr || w.n_out <= 1 || DeviceCopyOf(w) != nullptr) continue;
+    // Only types a device kernel reads: the CPU multiplies (or gathers) the others from the
+    // host copy.
+    const MatMulCaps caps = CapsOf(w.type);
+    if (caps.gemv_max_tokens == 0 && !caps.gemm && !DeviceGatherType(w.type)) continue;
     const size_t bytes = w.row_bytes() * static_cast<size_t>(w.n_out);
-    if (bytes == 0) continue;  // a type without a row size: no device op reads it
     void* d = nullptr;
     KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
                                      StrCat("cuda backend: upload of '", w.name, "'")));

@@ -65,8 +65,9 @@ class CudaBackend final : public Backend {
   absl::Status TakeDeferredError();
 
   // Uploads every weight of `tensors` with more than one row (matrices, embedding tables; the
-  // norm and bias vectors are uploaded per op) that has no device copy yet. Errors: the
-  // device's (out of memory names the tensor); the weights uploaded before it stay usable.
+  // norm and bias vectors are uploaded per op) that has no device copy yet, of a type a device
+  // kernel reads. Errors: the device's (out of memory names the tensor); the weights uploaded
+  // before it stay usable.
   absl::Status UploadWeights(std::span<const WeightView> tensors);
   // Bytes UploadWeights holds on the device.
   size_t uploaded_bytes() const { return uploaded_bytes_; }
