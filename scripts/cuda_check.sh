@@ -12,6 +12,8 @@
 #                                        # they need beyond the C library into DIR
 #   scripts/cuda_check.sh --prebuilt DIR  # on the device machine: run what --pack put in DIR
 #                                        # (a lent machine has CUDA but not Abseil or GoogleTest)
+#   KILN_CUDA_SANITIZE=1                 # also cuda_kernels_test under compute-sanitizer's
+#                                        # memcheck (about a minute more)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -117,6 +119,20 @@ for t in "${tests[@]}"; do
     fi
   fi
 done
+
+# Out-of-bounds and misaligned device accesses in the kernels (a test can pass while a kernel
+# reads past a buffer): memcheck needs the GPU's debug interface, which a Firecracker machine
+# gives and a gVisor one does not.
+if [ "${KILN_CUDA_SANITIZE:-0}" = 1 ]; then
+  t0=$SECONDS
+  log="$dir/memcheck.log"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$bin/cuda_kernels_test" >"$log" 2>&1
+  rc=$?
+  grep -E 'ERROR SUMMARY|Invalid|out of bounds' "$log" | head -20
+  [ $rc -ne 0 ] && failed=1
+  note "compute-sanitizer memcheck of cuda_kernels_test: rc $rc ($((SECONDS - t0)) s; $log)"
+fi
 
 t0=$SECONDS
 log="$dir/cuda_ops_bench.log"
