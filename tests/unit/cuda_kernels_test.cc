@@ -646,6 +646,27 @@ TEST(CudaPlan, MatMulPathByTokensTypeAndShape) {
   EXPECT_EQ(cuda::ChooseMatMulPath(gemm_only, true, 4096, 4096, 1), MatMulPath::kGemm);
 }
 
+// Host bytes find their part of the device copy of the range that holds them all, and nothing
+// else: not a range's neighbour, not bytes that run past its end, not a null pointer.
+TEST(CudaPlan, DeviceCopiesFindTheRangeHoldingTheBytes) {
+  // Fake addresses (never dereferenced): two host ranges with a gap, their device copies.
+  auto at = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  cuda::DeviceCopies copies;
+  copies.Add(at(0x1000), 0x100, at(0x90000));
+  copies.Add(at(0x2000), 0x40, at(0xa0000));
+  EXPECT_EQ(copies.bytes(), 0x140u);
+  EXPECT_EQ(copies.Find(at(0x1000), 0x100), at(0x90000));  // the whole tensor
+  EXPECT_EQ(copies.Find(at(0x1040), 0x20), at(0x90040));   // rows inside it
+  EXPECT_EQ(copies.Find(at(0x10ff), 1), at(0x900ff));      // its last byte
+  EXPECT_EQ(copies.Find(at(0x1040), 0xc1), nullptr);       // one byte past its end
+  EXPECT_EQ(copies.Find(at(0x1100), 1), nullptr);          // the gap
+  EXPECT_EQ(copies.Find(at(0x0fff), 2), nullptr);          // before the first range
+  EXPECT_EQ(copies.Find(at(0x2010), 0x30), at(0xa0010));   // the second range
+  EXPECT_EQ(copies.Find(at(0x2010), 0x31), nullptr);
+  EXPECT_EQ(copies.Find(nullptr, 0), nullptr);
+  EXPECT_EQ(cuda::DeviceCopies().Find(at(0x1000), 1), nullptr);  // nothing recorded
+}
+
 TEST(CudaPlan, SplitsFillTheDeviceWithoutTinySplits) {
   EXPECT_EQ(cuda::ChooseSplits(32, 64), 1);      // a short context: one split
   EXPECT_EQ(cuda::ChooseSplits(64, 32768), 33);  // decode, 64 heads, 32k rows: 2112 / 64

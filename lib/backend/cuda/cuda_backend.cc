@@ -146,7 +146,7 @@ std::string CudaBackend::Describe() const {
   size_t total = 0;
   m_.device_info(device_, name, sizeof name, &total);
   return StrCat("cuda (device ", device_, ": ", name, ", ", total >> 20, " MiB; weights ",
-                absl::StrFormat("%.1f", static_cast<double>(uploaded_bytes_) / (1 << 20)),
+                absl::StrFormat("%.1f", static_cast<double>(uploaded_.bytes()) / (1 << 20)),
                 " MiB on the device; per-op copies; ", cpu_.Describe(),
                 " for weight types without a device kernel)");
 }
@@ -192,22 +192,14 @@ absl::Status CudaBackend::UploadWeights(std::span<const WeightView> tensors) {
     KILN_RETURN_IF_ERROR(m_.ToStatus(m_.copy_h2d_async(d, w.data, bytes, stream_),
                                      StrCat("cuda backend: upload of '", w.name, "'")));
     // Recorded after the copy is queued; Sync below fails the whole call if it did not land.
-    uploaded_[reinterpret_cast<uintptr_t>(w.data)] = {bytes, static_cast<std::byte*>(d)};
-    uploaded_bytes_ += bytes;
+    uploaded_.Add(w.data, bytes, d);
   }
   return Sync("cuda backend: weight upload");
 }
 
 const void* CudaBackend::DeviceCopyOf(const WeightView& w) const {
   if (w.device_data != nullptr) return w.device_data;
-  const auto host = reinterpret_cast<uintptr_t>(w.data);
-  auto it = uploaded_.upper_bound(host);
-  if (w.data == nullptr || it == uploaded_.begin()) return nullptr;
-  --it;
-  const size_t offset = host - it->first;
-  const size_t bytes = w.row_bytes() * static_cast<size_t>(w.n_out);
-  if (offset + bytes > it->second.bytes) return nullptr;
-  return it->second.device + offset;
+  return uploaded_.Find(w.data, w.row_bytes() * static_cast<size_t>(w.n_out));
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::NewKvStorage(const KvLayout& layout,

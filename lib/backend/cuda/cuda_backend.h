@@ -32,7 +32,6 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -69,8 +68,6 @@ class CudaBackend final : public Backend {
   // kernel reads. Errors: the device's (out of memory names the tensor); the weights uploaded
   // before it stay usable.
   absl::Status UploadWeights(std::span<const WeightView> tensors);
-  // Bytes UploadWeights holds on the device.
-  size_t uploaded_bytes() const { return uploaded_bytes_; }
   // The device copy of w's bytes: w.device_data, else the part of an uploaded tensor's copy that
   // holds them; null when neither exists.
   const void* DeviceCopyOf(const WeightView& w) const;
@@ -176,14 +173,8 @@ class CudaBackend final : public Backend {
   std::vector<float> range_staging_;     // MatMulRange's columns before they are placed in y
   KilnCudaGemmContext* gemm_ = nullptr;  // cuBLASLt handle and workspace
   std::vector<std::pair<const float*, void*>> constants_;  // DeviceConstant's copies
-  // UploadWeights' copies: a tensor's host address -> its bytes and device copy.
-  struct Uploaded {
-    size_t bytes = 0;
-    std::byte* device = nullptr;
-  };
-  std::map<uintptr_t, Uploaded> uploaded_;
-  std::unique_ptr<WeightStore> uploaded_store_;
-  size_t uploaded_bytes_ = 0;
+  DeviceCopies uploaded_;                                  // UploadWeights' copies, by host address
+  std::unique_ptr<WeightStore> uploaded_store_;            // and their device memory
   absl::Status deferred_;
 };
 

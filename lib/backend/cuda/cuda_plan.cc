@@ -93,4 +93,20 @@ int32_t ChooseSplits(int64_t n_rows, int32_t max_visible) {
   return static_cast<int32_t>(std::clamp<int64_t>(std::min(to_fill, by_rows), 1, kMaxSplits));
 }
 
+void DeviceCopies::Add(const void* host, size_t bytes, void* device) {
+  ranges_[reinterpret_cast<uintptr_t>(host)] = {bytes, static_cast<std::byte*>(device)};
+  bytes_ += bytes;
+}
+
+const void* DeviceCopies::Find(const void* host, size_t bytes) const {
+  if (host == nullptr) return nullptr;
+  const auto h = reinterpret_cast<uintptr_t>(host);
+  auto it = ranges_.upper_bound(h);  // the first range starting after h
+  if (it == ranges_.begin()) return nullptr;
+  --it;  // the last range starting at or before h
+  const size_t offset = h - it->first;
+  if (offset > it->second.bytes || bytes > it->second.bytes - offset) return nullptr;
+  return it->second.device + offset;
+}
+
 }  // namespace kiln::cuda

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "kernels/cuda/cuda_abi.h"
@@ -79,5 +80,27 @@ inline constexpr int64_t kSplitTargetBlocks = 132 * 16;
 inline constexpr int32_t kMinRowsPerSplit = 64;
 inline constexpr int32_t kMaxSplits = 64;
 int32_t ChooseSplits(int64_t n_rows, int32_t max_visible);
+
+// Device copies of host byte ranges (CudaBackend::UploadWeights: one per weight tensor), looked
+// up by host address, so that a view of some of a tensor's bytes (an expert's rows, a tied head)
+// finds its part of the tensor's copy. Addresses are never dereferenced here.
+class DeviceCopies {
+ public:
+  // Records that device address `device` holds host bytes [host, host + bytes); ranges must not
+  // overlap.
+  void Add(const void* host, size_t bytes, void* device);
+  // The device address of host bytes [host, host + bytes) when one recorded range holds them
+  // all, else null.
+  const void* Find(const void* host, size_t bytes) const;
+  size_t bytes() const { return bytes_; }  // the recorded ranges' bytes
+
+ private:
+  struct Range {
+    size_t bytes = 0;
+    std::byte* device = nullptr;
+  };
+  std::map<uintptr_t, Range> ranges_;  // by the range's first host address
+  size_t bytes_ = 0;
+};
 
 }  // namespace kiln::cuda
