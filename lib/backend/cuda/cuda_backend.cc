@@ -28,6 +28,19 @@ class DeviceWeights final : public WeightStore {
   size_t bytes_ = 0;
 };
 
+// Allocates `bytes` on `device` for w's bytes (owned by `store`) and queues their copy on
+// `stream`; the caller synchronizes before the copy is read.
+absl::StatusOr<void*> QueueUpload(const CudaModule& m, int device, kiln_cuda_stream stream,
+                                  const WeightView& w, size_t bytes, DeviceWeights& store) {
+  void* d = nullptr;
+  KILN_RETURN_IF_ERROR(m.ToStatus(m.device_alloc(device, bytes, &d),
+                                  StrCat("cuda backend: upload of '", w.name, "'")));
+  store.Add(d, bytes);
+  KILN_RETURN_IF_ERROR(m.ToStatus(m.copy_h2d_async(d, w.data, bytes, stream),
+                                  StrCat("cuda backend: upload of '", w.name, "'")));
+  return d;
+}
+
 // K/V blocks in device memory: BlockData is a device address (kernels and copies only).
 class DeviceKvStorage final : public KvStorage {
  public:
@@ -163,13 +176,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CudaBackend::PrepareWeights(
       return absl::InvalidArgumentError(
           StrCat("cuda backend: weight '", w->name, "' has no data or an unknown type"));
     }
-    void* d = nullptr;
-    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
-                                     StrCat("cuda backend: upload of '", w->name, "'")));
-    store->Add(d, bytes);
-    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.copy_h2d_async(d, w->data, bytes, stream_),
-                                     StrCat("cuda backend: upload of '", w->name, "'")));
-    w->device_data = d;
+    KILN_ASSIGN_OR_RETURN(w->device_data, QueueUpload(m_, device_, stream_, *w, bytes, *store));
   }
   KILN_RETURN_IF_ERROR(m_.ToStatus(m_.stream_synchronize(stream_), "cuda backend: weight upload"));
   return std::unique_ptr<WeightStore>(std::move(store));
@@ -185,12 +192,7 @@ absl::Status CudaBackend::UploadWeights(std::span<const WeightView> tensors) {
     const MatMulCaps caps = CapsOf(w.type);
     if (caps.gemv_max_tokens == 0 && !caps.gemm && !DeviceGatherType(w.type)) continue;
     const size_t bytes = w.row_bytes() * static_cast<size_t>(w.n_out);
-    void* d = nullptr;
-    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
-                                     StrCat("cuda backend: upload of '", w.name, "'")));
-    store.Add(d, bytes);
-    KILN_RETURN_IF_ERROR(m_.ToStatus(m_.copy_h2d_async(d, w.data, bytes, stream_),
-                                     StrCat("cuda backend: upload of '", w.name, "'")));
+    KILN_ASSIGN_OR_RETURN(void* d, QueueUpload(m_, device_, stream_, w, bytes, store));
     // Recorded after the copy is queued; Sync below fails the whole call if it did not land.
     uploaded_.Add(w.data, bytes, d);
   }
