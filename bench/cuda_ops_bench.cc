@@ -105,6 +105,13 @@ int main(int argc, char** argv) {
          2.0 * rows * row * sizeof(float));
   BENCH_CHECK(m.stream_synchronize(s));
   const double copy_gbs = 2.0 * bytes / time_it([&] { m.copy_d2d_async(b, a, bytes, s); }) / 1e9;
+  // A kernel that moved `moved_bytes` in `seconds`, against the d2d copy's bandwidth.
+  auto report_roofline = [&](const char* what, double seconds, double moved_bytes,
+                             const std::string& extra = "") {
+    const double gbs = moved_bytes / seconds / 1e9;
+    std::printf("%-34s %9.3f ms  %8.1f GB/s  %3.0f%% of d2d copy%s\n", what, seconds * 1e3, gbs,
+                100.0 * gbs / copy_gbs, extra.c_str());
+  };
 
   // Device memory for the kernels below, freed at the end.
   std::vector<void*> buffers;
@@ -158,12 +165,9 @@ int main(int argc, char** argv) {
       char what[80];
       std::snprintf(what, sizeof what, "gemv 8B layer %s, %d token(s)", type_name.c_str(),
                     n_tokens);
-      std::printf("%-34s %9.3f ms  %8.1f GB/s  %3.0f%% of d2d copy\n", what, layer_s * 1e3,
-                  layer_bytes / layer_s / 1e9, 100.0 * layer_bytes / layer_s / 1e9 / copy_gbs);
+      report_roofline(what, layer_s, static_cast<double>(layer_bytes));
       std::snprintf(what, sizeof what, "gemv 8B head %s, %d token(s)", type_name.c_str(), n_tokens);
-      std::printf("%-34s %9.3f ms  %8.1f GB/s  %3.0f%% of d2d copy\n", what, head_s * 1e3,
-                  matrix_bytes(head) / head_s / 1e9,
-                  100.0 * matrix_bytes(head) / head_s / 1e9 / copy_gbs);
+      report_roofline(what, head_s, static_cast<double>(matrix_bytes(head)));
       if (n_tokens == 1) {
         // 32 layers and the head: the weights' part of one decode step.
         std::printf("%-34s %9.3f ms  (%.0f tok/s at the weights' read alone)\n",
@@ -202,18 +206,18 @@ int main(int argc, char** argv) {
     const size_t pool = static_cast<size_t>(block_stride) * kBlocksPerSeq;
     BENCH_ALLOC(k, pool, 0x11);
     BENCH_ALLOC(v, pool, 0x11);
-    const KilnCudaPagedKv kv = {k,
-                                v,
-                                block_stride,
-                                head_stride,
-                                row,
-                                kBlocksPerSeq,
-                                kBlock,
-                                n_kv,
-                                dim,
-                                static_cast<uint32_t>(kiln::GgmlType::kF16),
-                                0,
-                                0};
+    const KilnCudaPagedKv kv = {.d_k_base = k,
+                                .d_v_base = v,
+                                .block_stride_bytes = block_stride,
+                                .head_stride_bytes = head_stride,
+                                .row_bytes = row,
+                                .n_blocks = kBlocksPerSeq,
+                                .block_size = kBlock,
+                                .n_kv_heads = n_kv,
+                                .head_dim = dim,
+                                .elem_type = static_cast<uint32_t>(kiln::GgmlType::kF16),
+                                .tail_start = 0,  // the whole row is f16
+                                .tail_offset_bytes = 0};
     KilnCudaAttentionBatch batch;
     if (!attention_batch(1, &batch)) return 1;
     const int32_t splits = kiln::cuda::ChooseSplits(n_heads, kContext);
@@ -221,33 +225,31 @@ int main(int argc, char** argv) {
     BENCH_ALLOC(q, size_t{n_heads} * dim * sizeof(float), 0);
     BENCH_ALLOC(out, size_t{n_heads} * dim * sizeof(float), 0);
     BENCH_ALLOC(work, ws * sizeof(float), 0);
-    BENCH_CHECK(m.paged_attention(&kv, &batch, static_cast<float*>(q), n_heads, 0.0f, splits,
-                                  static_cast<float*>(work), ws, static_cast<float*>(out), s));
-    const double t = time_it([&] {
-      m.paged_attention(&kv, &batch, static_cast<float*>(q), n_heads, 0.0f, splits,
-                        static_cast<float*>(work), ws, static_cast<float*>(out), s);
-    });
-    std::printf("%-34s %9.3f ms  %8.1f GB/s  %3.0f%% of d2d copy (%d splits)\n",
-                "attention GQA 32k f16, 1 token", t * 1e3, 2.0 * pool / t / 1e9,
-                100.0 * 2.0 * pool / t / 1e9 / copy_gbs, splits);
+    auto run = [&] {
+      return m.paged_attention(&kv, &batch, static_cast<float*>(q), n_heads, 0.0f, splits,
+                               static_cast<float*>(work), ws, static_cast<float*>(out), s);
+    };
+    BENCH_CHECK(run());
+    report_roofline("attention GQA 32k f16, 1 token", time_it(run), 2.0 * pool,
+                    " (" + std::to_string(splits) + " splits)");
   }
   {
     const int32_t n_seqs = 4, n_heads = 16, rank = 512, rope = 64, nope = 128, v_dim = 128;
     const int64_t row = (rank + rope) * 2, block_stride = kBlock * row;
     const size_t pool = static_cast<size_t>(block_stride) * kBlocksPerSeq * n_seqs;
     BENCH_ALLOC(latent, pool, 0x11);
-    const KilnCudaPagedKv kv = {latent,
-                                latent,
-                                block_stride,
-                                block_stride,
-                                row,
-                                kBlocksPerSeq * n_seqs,
-                                kBlock,
-                                1,
-                                rank + rope,
-                                static_cast<uint32_t>(kiln::GgmlType::kF16),
-                                0,
-                                0};
+    const KilnCudaPagedKv kv = {.d_k_base = latent,
+                                .d_v_base = latent,
+                                .block_stride_bytes = block_stride,
+                                .head_stride_bytes = block_stride,
+                                .row_bytes = row,
+                                .n_blocks = kBlocksPerSeq * n_seqs,
+                                .block_size = kBlock,
+                                .n_kv_heads = 1,
+                                .head_dim = rank + rope,
+                                .elem_type = static_cast<uint32_t>(kiln::GgmlType::kF16),
+                                .tail_start = 0,  // the whole row is f16
+                                .tail_offset_bytes = 0};
     KilnCudaAttentionBatch batch;
     if (!attention_batch(n_seqs, &batch)) return 1;
     const int32_t splits = kiln::cuda::ChooseSplits(int64_t{n_seqs} * n_heads, kContext);
@@ -264,10 +266,8 @@ int main(int argc, char** argv) {
                              static_cast<float*>(out), s);
     };
     BENCH_CHECK(run());
-    const double t = time_it(run);
-    std::printf("%-34s %9.3f ms  %8.1f GB/s  %3.0f%% of d2d copy (%d splits)\n",
-                "attention MLA 32k f16, 4 seqs", t * 1e3, pool / t / 1e9,
-                100.0 * pool / t / 1e9 / copy_gbs, splits);
+    report_roofline("attention MLA 32k f16, 4 seqs", time_it(run), static_cast<double>(pool),
+                    " (" + std::to_string(splits) + " splits)");
   }
 
   // The cuBLASLt GEMM at prefill sizes (f16 weights, f32 activations converted by the context).
