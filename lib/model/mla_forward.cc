@@ -115,8 +115,7 @@ struct MlaLayer {
   std::vector<float> w_uk;  // [n_head][nope_dim][kv_lora_rank]: k_nope_h = W_UK_h c
   std::vector<float> w_uv;  // [n_head][v_head_dim][kv_lora_rank]: v_h = W_UV_h c
   std::vector<const void*> uk_rows, uv_rows;  // MlaAttentionWeights' row lists; empty: f32
-  bool uk_transposed = false;                 // uk_rows are attn_k_b's (W_UK_hᵀ)
-  GgmlType rows_type = GgmlType::kF32;
+  MlaAttentionWeights absorb;  // what MlaAttention reads: the row lists if any, else the copies
 };
 
 class MlaForward final : public ForwardPass {
@@ -344,16 +343,7 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
   const MlaLayer& L = layers_[il];
   const int64_t n_head = hp_.n_head, kvl = m.kv_lora_rank, rd = m.rope_dim, nope = m.nope_dim,
                 vd = m.v_head_dim, qk = m.qk_head_dim();
-  MlaAttentionWeights absorb = {L.w_uk.empty() ? nullptr : L.w_uk.data(),
-                                L.w_uv.empty() ? nullptr : L.w_uv.data(), static_cast<int32_t>(kvl),
-                                static_cast<int32_t>(nope), static_cast<int32_t>(vd)};
-  if (!L.uk_rows.empty()) {
-    absorb.w_uk = absorb.w_uv = nullptr;
-    absorb.rows_type = L.rows_type;
-    absorb.uk_rows = L.uk_rows.data();
-    absorb.uk_transposed = L.uk_transposed;
-    absorb.uv_rows = L.uv_rows.data();
-  }
+  const MlaAttentionWeights& absorb = L.absorb;
   // llama.cpp's graph needs split attn_k_b/attn_v_b, and a float cache (its q8_0 cache needs its
   // flash attention): otherwise the llama.cpp order takes kiln's absorbed form, as it does on a
   // backend without the llama.cpp order's MLA attention (CUDA: that order is the CPU's only).
@@ -706,14 +696,16 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
       KILN_ASSIGN_OR_RETURN(L.kv_b, required(l, "attn_kv_b.weight"));
     }
     // The file's rows serve the absorbed attention as they are when the backend reads them.
+    L.absorb = {nullptr, nullptr, static_cast<int32_t>(kvl), static_cast<int32_t>(nope),
+                static_cast<int32_t>(vd)};
     const GgmlType rows_type = m.split_kv_b ? L.k_b->type : L.kv_b->type;
     if (backend.ReadsMlaWeightRows() && WidensExactly(rows_type) &&
         (!m.split_kv_b || L.v_b->type == rows_type)) {
-      L.rows_type = rows_type;
+      L.absorb.rows_type = rows_type;
       if (m.split_kv_b) {
         // attn_k_b: per head kv_lora_rank rows of nope_dim (W_UKᵀ); attn_v_b: per head
         // v_head_dim rows of kv_lora_rank (W_UV).
-        L.uk_transposed = true;
+        L.absorb.uk_transposed = true;
         for (int64_t r = 0; r < n_head * kvl; ++r) L.uk_rows.push_back(L.k_b->Row(r));
         for (int64_t r = 0; r < n_head * vd; ++r) L.uv_rows.push_back(L.v_b->Row(r));
       } else {
@@ -725,6 +717,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
           }
         }
       }
+      L.absorb.uk_rows = L.uk_rows.data();
+      L.absorb.uv_rows = L.uv_rows.data();
       // The decompressed prefill's matmuls still need the f32 copies.
       if (mode == MlaPrefillMode::kAbsorbed) continue;
     }
@@ -749,6 +743,10 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> NewMlaForward(const Model& model, B
         std::copy(head, head + nope * kvl, L.w_uk.begin() + hh * nope * kvl);
         std::copy(head + nope * kvl, head + (nope + vd) * kvl, L.w_uv.begin() + hh * vd * kvl);
       }
+    }
+    if (L.uk_rows.empty()) {
+      L.absorb.w_uk = L.w_uk.data();
+      L.absorb.w_uv = L.w_uv.data();
     }
   }
   return std::unique_ptr<ForwardPass>(
