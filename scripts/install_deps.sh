@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git python3 python3-pip
           python3-venv  # scripts/test_bindings.sh: the Python binding's virtual environment
           golang-go  # scripts/test_bindings.sh: the Go binding (cgo)
+          cargo rustc  # scripts/test_bindings.sh: the Rust binding (Debian's 1.63 is its minimum)
           mono-devel  # scripts/test_bindings.sh: the C# binding (mcs, mono)
           libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev googletest
           clang libclang-rt-14-dev clang-format
@@ -27,12 +28,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
-# The Rust binding (scripts/test_bindings.sh) needs Rust >= 1.70 (Debian 12's cargo is 1.63): rustup
-# installs it into ~/.cargo/bin, which a non-login shell may lack on its PATH.
-if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
-  echo "install_deps: no cargo: install Rust >= 1.70 with rustup (https://rustup.rs) for the Rust binding" >&2
 fi
 
 # samples/server's test drives the server with the official OpenAI client (PyPI only). pip's

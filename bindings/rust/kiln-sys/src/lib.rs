@@ -4,9 +4,11 @@
 //! C enums are plain `c_int` type aliases with constants: a value from a newer library then stays
 //! representable instead of being undefined behaviour in a Rust enum.
 #![allow(non_camel_case_types)]
-#![no_std]
 
-use core::ffi::{c_char, c_double, c_float, c_int, c_void};
+// std::os::raw rather than core::ffi: the C type aliases reached core in Rust 1.64, after the
+// binding's minimum (Debian 12's 1.63).
+use std::ffi::c_void;
+use std::os::raw::{c_char, c_double, c_float, c_int};
 
 pub const KILN_ABI_VERSION: c_int = 1;
 
@@ -567,7 +569,7 @@ mod tests {
         // SAFETY: no arguments; static strings.
         unsafe {
             assert_eq!(kiln_abi_version(), KILN_ABI_VERSION);
-            let v = core::ffi::CStr::from_ptr(kiln_version()).to_str().unwrap();
+            let v = std::ffi::CStr::from_ptr(kiln_version()).to_str().unwrap();
             assert_eq!(v.split('.').count(), 3);
         }
     }
@@ -597,7 +599,7 @@ mod tests {
     #[test]
     fn cache_params_offsets_match_the_header() {
         // offsetof of the fields added after the ABI 1 baseline, in the header's order
-        // (core::mem::offset_of! needs Rust 1.77; the crates support 1.70).
+        // (core::mem::offset_of! needs Rust 1.77; the crates support 1.63).
         let p = core::mem::MaybeUninit::<kiln_cache_params>::uninit();
         let base = p.as_ptr() as usize;
         macro_rules! offset {

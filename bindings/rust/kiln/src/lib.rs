@@ -26,10 +26,11 @@
 //! ```
 
 use std::any::Any;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{BitOr, ControlFlow};
+use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::ptr;
@@ -453,7 +454,10 @@ unsafe extern "C" fn log_trampoline(
     user_data: *mut c_void,
 ) {
     let state = &mut *(user_data as *mut LoadState<'_>);
-    let Some(log) = state.log.as_mut() else { return };
+    let log = match state.log.as_mut() {
+        Some(log) => log,
+        None => return,
+    };
     let level = match level {
         sys::KILN_LOG_DEBUG => LogLevel::Debug,
         sys::KILN_LOG_INFO => LogLevel::Info,
@@ -1315,7 +1319,10 @@ unsafe extern "C" fn request_token_trampoline(
     let state = user_data as *mut RequestState;
     let bytes = if len == 0 { &[][..] } else { std::slice::from_raw_parts(piece.cast::<u8>(), len) };
     let text = (*state).decoder.push(bytes, token < 0);
-    let Some(callback) = (*state).on_token.as_mut() else { return 0 };
+    let callback = match (*state).on_token.as_mut() {
+        Some(callback) => callback,
+        None => return 0,
+    };
     let mut slot = (*state).panic.lock().unwrap_or_else(|e| e.into_inner());
     guarded(&mut slot, 1, || stop_code(callback(token, &text)))
 }
@@ -1444,7 +1451,10 @@ unsafe extern "C" fn generate_trampoline(
     if token >= 0 {
         state.tokens.push(token);
     }
-    let Some(callback) = state.callback.as_mut() else { return 0 };
+    let callback = match state.callback.as_mut() {
+        Some(callback) => callback,
+        None => return 0,
+    };
     let text = state.decoder.push(bytes, token < 0);
     guarded(&mut state.panic, 1, || stop_code(callback(token, &text)))
 }

@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use kiln::{
@@ -27,15 +27,21 @@ fn model_path() -> PathBuf {
 }
 
 // One model and cache for the whole file: both are Send + Sync, and the tests run on several
-// threads at once (which also exercises sessions of one cache from many threads).
+// threads at once (which also exercises sessions of one cache from many threads). A locked slot
+// rather than OnceLock, which needs Rust 1.70 (the binding builds with Debian 12's 1.63).
+fn once<T>(slot: &'static Mutex<Option<&'static T>>, make: impl FnOnce() -> T) -> &'static T {
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    *slot.get_or_insert_with(|| Box::leak(Box::new(make())))
+}
+
 fn model() -> &'static Model {
-    static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| Model::load(model_path()).expect("loading the default model"))
+    static MODEL: Mutex<Option<&'static Model>> = Mutex::new(None);
+    once(&MODEL, || Model::load(model_path()).expect("loading the default model"))
 }
 
 fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| model().cache(&CacheOptions { n_ctx: 1024, ..Default::default() }).unwrap())
+    static CACHE: Mutex<Option<&'static Cache>> = Mutex::new(None);
+    once(&CACHE, || model().cache(&CacheOptions { n_ctx: 1024, ..Default::default() }).unwrap())
 }
 
 fn chat_session() -> kiln::Session {
@@ -118,7 +124,10 @@ fn load_logs_its_lines() {
 fn panic_in_progress_resumes_in_the_caller() {
     let caught =
         std::panic::catch_unwind(|| Model::load_with(model_path(), true, |_| panic!("from progress")));
-    let Err(payload) = caught else { panic!("the panic did not reach the caller") };
+    let payload = match caught {
+        Err(payload) => payload,
+        Ok(_) => panic!("the panic did not reach the caller"),
+    };
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"from progress"));
 }
 
@@ -281,7 +290,10 @@ fn panic_in_token_callback_resumes_after_generate() {
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         s.generate_with(&max(MAX), |_, _| panic!("from the token callback"))
     }));
-    let Err(payload) = caught else { panic!("the panic did not reach the caller") };
+    let payload = match caught {
+        Err(payload) => payload,
+        Ok(_) => panic!("the panic did not reach the caller"),
+    };
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"from the token callback"));
     // The callback's panic stopped the generate after its first token; the session still works.
     assert_eq!(s.n_tokens(), before + 1);
@@ -529,7 +541,10 @@ fn panic_in_request_callback_resumes_at_poll() {
         stepped.store(true, Ordering::Relaxed);
     }));
     assert!(stepped.load(Ordering::Relaxed));
-    let Err(payload) = caught else { panic!("the panic did not resume at poll") };
+    let payload = match caught {
+        Err(payload) => payload,
+        Ok(_) => panic!("the panic did not resume at poll"),
+    };
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"from on_token"));
 }
 
@@ -708,7 +723,7 @@ fn gguf_inspection() {
     // An eagle head is a valid GGUF that kiln cannot run as a model: the problems are listed.
     let g = GgufFile::open(fixture("SmolLM2-135M-Instruct.eagle.gguf")).unwrap();
     assert_eq!(meta(&g, "general.architecture").as_deref(), Some("\"eagle\""));
-    assert!(g.unsupported().first().is_some_and(|p| p.contains("eagle")), "{:?}", g.unsupported());
+    assert!(g.unsupported().first().map_or(false, |p| p.contains("eagle")), "{:?}", g.unsupported());
     let e = GgufFile::open("/nonexistent/missing.gguf").err().unwrap();
     assert_eq!(e.status(), Status::Io);
 }
