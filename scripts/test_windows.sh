@@ -15,10 +15,9 @@
 # Abseil, Protobuf lite and GoogleTest are cross-built once into ~/.cache/kiln
 # (scripts/build_mingw_deps.sh); wine's prefix lives there too (KILN_WINEPREFIX), and ccache's
 # objects (KILN_MINGW_CCACHE, default ~/.cache/kiln/ccache-mingw).
-# Measured on a fresh clone, two shared cores at a load average of 19-21: 186 s with the
-# dependencies and ccache's objects cached (cross build 47 s, all 104 compilations ccache hits;
-# tests under wine 129 s, kiln_cli_test 69 s of them; greedy comparison 6 s). With an empty
-# ccache the cross build took 1212 s; the dependencies add about 27 minutes where not cached.
+# Measured on a fresh clone, two idle cores, nothing cached (dependencies, ccache's objects, wine's
+# prefix): 282 s (dependencies 97 s, cross build 158 s with 109 compilations, tests under wine 16
+# s). The earlier figures of 20-45 minutes were measured at a load average of 15-21.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 native=${1:-build}
