@@ -27,6 +27,8 @@
 //     later ones), in the frames over budget (KILN_GAME_TRACE=1 also prints each of them), and
 //     in the thread pool (how long the stepping thread waited for workers' ranges, and the
 //     workers' wall minus CPU time in them: the time the OS did not run them).
+//   --pin-threads (any mode): the engine's worker threads bound to cores of their own
+//     (kiln_cache_params.pin_threads).
 
 #include <algorithm>
 #include <chrono>
@@ -443,7 +445,7 @@ int main(int argc, char** argv) {
     model_path = std::string(home ? home : "") + "/.cache/kiln/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   int threads = 2, repeats = 3, ttft_prompt = 128, frames = 600, npcs = 4, step_tokens = 0;
-  bool game = false, trace = false;
+  bool game = false, trace = false, pin_threads = false;
   double budget_ms = 2.0;
   std::vector<int> counts = {1, 2, 4, 8, 16, 32};
   Bench b;
@@ -469,6 +471,8 @@ int main(int argc, char** argv) {
       game = true;
     } else if (a == "--trace") {
       trace = true;
+    } else if (a == "--pin-threads") {
+      pin_threads = true;
     } else if (a == "--frames") {
       frames = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--budget-ms") {
@@ -488,6 +492,7 @@ int main(int argc, char** argv) {
   auto model = Check(kiln::Model::Load(load), "Model::Load");
   kiln::EngineOptions options;
   options.n_threads = threads;
+  options.pin_threads = pin_threads;
   options.n_ctx = 8192;  // the pool: room for 32 sessions of prompt + decode tokens
   if (step_tokens > 0) options.step_tokens = step_tokens;
   auto engine = Check(kiln::Engine::Create(*model, options), "Engine::Create");
@@ -498,9 +503,9 @@ int main(int argc, char** argv) {
   for (int32_t t = 0; t < tok.n_vocab(); ++t) {
     if (tok.IsEndOfGeneration(t)) b.greedy.logit_bias.push_back({t, -INFINITY});
   }
-  std::printf("batch_bench: %s, %d threads, prompt %d, decode %d, %d repeats, cpu %s\n",
+  std::printf("batch_bench: %s, %d threads, prompt %d, decode %d, %d repeats, %s\n",
               model_path.c_str(), threads, b.prompt_len, b.decode, repeats,
-              kiln::CpuLevelName(kiln::BestCpuLevel()));
+              engine->BackendDescription().c_str());
   if (game) {
     GameLoop(b, frames, budget_ms, npcs, trace);
     return 0;

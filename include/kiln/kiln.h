@@ -370,6 +370,15 @@ typedef struct kiln_cache_params {
    * Non-zero keeps every layer's K/V for the whole context (llama.cpp's --swa-full). Other models
    * and the CUDA backend keep every layer's K/V either way. */
   int swa_full;
+  /* Added in 0.2.0 after the ABI 1 baseline. CPU backend: non-zero binds each of the cache's
+   * worker threads to a core of its own (worker i to the i-th physical core the process may run
+   * on, leaving the first to the threads that call into kiln, which are never pinned), so the OS
+   * cannot move a worker onto the core of the thread it works for. Helps a host that steps the
+   * cache in short bursts with sleeps between (a game loop: on a 2-core machine about 1.35x the
+   * tokens in the same 2 ms a frame); leave it 0 (default) when other pinned threads or other
+   * caches share the cores. Linux and Windows; elsewhere it has no effect. Outputs do not
+   * change. */
+  int pin_threads;
 } kiln_cache_params;
 
 /* Writes the defaults (pool_bytes 0, block_size 16, KILN_KV_F16, prefix_caching 1, n_ctx 0,

@@ -663,6 +663,7 @@ kiln_status kiln_cache_create(const kiln_model* model, const kiln_cache_params* 
                                params->sliding_window_sessions, " < 0"));
     }
     options.swa_full = params->swa_full != 0;
+    options.pin_threads = params->pin_threads != 0;
     auto engine = kiln::Engine::Create(*model->model, options);
     if (!engine.ok()) {
       return FromAbsl(absl::Status(engine.status().code(),

@@ -58,7 +58,8 @@ struct StructReleases<kiln_cache_params> {
       KILN_FIELD_END(kiln_cache_params, cuda_device),              // 0.2.0: backend, cuda_device
       KILN_FIELD_END(kiln_cache_params, mla_prefill),              // 0.2.0: mla_prefill
       KILN_FIELD_END(kiln_cache_params, sliding_window_sessions),  // 0.2.0
-      KILN_FIELD_END(kiln_cache_params, swa_full)};                // 0.2.0: swa_full
+      KILN_FIELD_END(kiln_cache_params, swa_full),                 // 0.2.0: swa_full
+      KILN_FIELD_END(kiln_cache_params, pin_threads)};             // 0.2.0: pin_threads
 };
 template <>
 struct StructReleases<kiln_cache_stats> {

@@ -25,11 +25,13 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 #ifdef KILN_PLATFORM_LINUX
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -96,28 +98,57 @@ void WakeAll(std::atomic<uint32_t>* word) {
 
 // ---- CPU and process ------------------------------------------------------------------------
 
-int PhysicalCoreCount() {
 #ifdef KILN_PLATFORM_LINUX
-  // Distinct hyper-thread sibling sets among the CPUs in this process's affinity mask.
+// The first CPU of each hyper-thread sibling set among the CPUs in this process's affinity mask,
+// in CPU order (empty if the mask cannot be read).
+static std::vector<int> FirstCpuOfEachAllowedCore() {
+  std::vector<int> cores;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    std::set<std::string> sibling_sets;
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &set)) continue;
-      std::ifstream f(StrCat("/sys/devices/system/cpu/cpu", cpu, "/topology/thread_siblings_list"));
-      std::string line;
-      if (f && std::getline(f, line)) {
-        sibling_sets.insert(line);
-      } else {
-        sibling_sets.insert(StrCat("cpu", cpu));  // unknown topology: count it alone
-      }
-    }
-    if (!sibling_sets.empty()) return static_cast<int>(sibling_sets.size());
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
+  std::set<std::string> sibling_sets;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    std::ifstream f(StrCat("/sys/devices/system/cpu/cpu", cpu, "/topology/thread_siblings_list"));
+    std::string line;
+    if (!(f && std::getline(f, line))) line = StrCat("cpu", cpu);  // unknown topology: alone
+    if (sibling_sets.insert(line).second) cores.push_back(cpu);
   }
+  return cores;
+}
+#endif
+
+int PhysicalCoreCount() {
+#ifdef KILN_PLATFORM_LINUX
+  const size_t cores = FirstCpuOfEachAllowedCore().size();
+  if (cores > 0) return static_cast<int>(cores);
 #endif
   // Logical CPUs: an over-count on hosts with hyper-threading, never zero.
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+bool PinThisThreadToCore(int index) {
+  if (index < 0) return false;
+#ifdef KILN_PLATFORM_LINUX
+  const std::vector<int> cores = FirstCpuOfEachAllowedCore();
+  if (cores.empty()) return false;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores[static_cast<size_t>(index) % cores.size()], &one);
+  return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+#elif defined(KILN_PLATFORM_WINDOWS)
+  DWORD_PTR process_mask = 0, system_mask = 0;
+  if (!GetProcessAffinityMask(GetCurrentProcess(), &process_mask, &system_mask)) return false;
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < static_cast<int>(8 * sizeof(DWORD_PTR)); ++cpu) {
+    if ((process_mask >> cpu) & 1) cpus.push_back(cpu);
+  }
+  if (cpus.empty()) return false;
+  const DWORD_PTR one = DWORD_PTR{1} << cpus[static_cast<size_t>(index) % cpus.size()];
+  return SetThreadAffinityMask(GetCurrentThread(), one) != 0;
+#else
+  return false;
+#endif
 }
 
 double ProcessCpuSeconds() {

@@ -53,6 +53,12 @@ inline void CpuRelax() {
 // affinity mask). At least 1.
 int PhysicalCoreCount();
 
+// Binds the calling thread to one CPU: the first of the index-th (modulo their number) physical
+// core among the CPUs this process may run on (Linux: its affinity mask, hyper-thread siblings
+// counted once; Windows: the process affinity mask's CPUs). False where the platform cannot (the
+// portable build, other systems) or the OS refuses; the thread's placement is then unchanged.
+bool PinThisThreadToCore(int index);
+
 // CPU time this process has used (all threads, user + system), in seconds.
 double ProcessCpuSeconds();
 // CPU time the calling thread has used (user + system), in seconds.

@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model,
     }
   }
   if (engine->backend_ == nullptr) {
-    engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads);
+    engine->backend_ = std::make_unique<cpu::CpuBackend>(opt.n_threads, opt.pin_threads);
   }
   engine->backend_description_ = engine->backend_->Describe();
   if (!decision.fallback_reason.empty()) {

@@ -45,6 +45,9 @@ struct EngineOptions {
   // Largest number of tokens a session may hold. 0: the model's training context.
   int32_t n_ctx = 0;
   int n_threads = 0;  // <= 0: physical cores
+  // CPU backend: each worker thread bound to a core of its own (cpu::ThreadPool), so the OS cannot
+  // put a worker on the core of the thread that steps the engine.
+  bool pin_threads = false;
   // Tokens per forward call when prefilling (and per cancellation check); with the scheduler,
   // the most prefill tokens of one session in one step.
   int32_t prefill_chunk = 256;

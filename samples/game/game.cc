@@ -83,10 +83,11 @@ struct Options {
   // the same without the time the OS gave other processes).
   std::string check_clock = "wall";
   int threads = 0;
-  std::string save_dir;    // --save: where to save (F5 in the window; headless: at save_frame)
-  int save_frame = -1;     // headless: ask for a save at this frame
-  std::string load_dir;    // --load: restore this save at start
-  std::string screenshot;  // window: save a BMP of frame `frames` then quit
+  bool pin_threads = false;  // kiln_cache_params.pin_threads
+  std::string save_dir;      // --save: where to save (F5 in the window; headless: at save_frame)
+  int save_frame = -1;       // headless: ask for a save at this frame
+  std::string load_dir;      // --load: restore this save at start
+  std::string screenshot;    // window: save a BMP of frame `frames` then quit
 };
 
 struct Npc {
@@ -535,12 +536,13 @@ int RunWindow(Game& game) {
 }
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: kiln-game [--model PATH] [--headless] [--frames N] [--seed S] [--rounds R]\n"
-               "  [--max-reply-tokens N] [--budget-ms MS] [--step-tokens N] [--max-p99-ms MS]\n"
-               "  [--check-clock wall|cpu]\n"
-               "  [--threads N] [--save DIR] [--save-frame K] [--load DIR] [--font TTF]\n"
-               "  [--screenshot FILE.bmp]\n");
+  std::fprintf(
+      stderr,
+      "usage: kiln-game [--model PATH] [--headless] [--frames N] [--seed S] [--rounds R]\n"
+      "  [--max-reply-tokens N] [--budget-ms MS] [--step-tokens N] [--max-p99-ms MS]\n"
+      "  [--check-clock wall|cpu]\n"
+      "  [--threads N] [--pin-threads] [--save DIR] [--save-frame K] [--load DIR] [--font TTF]\n"
+      "  [--screenshot FILE.bmp]\n");
 }
 
 bool ParseArgs(int argc, char** argv, Options* opt) {
@@ -615,6 +617,8 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
     } else if (arg == "--threads") {
       if (!number("--threads", 0, 1024, &d)) return false;
       opt->threads = static_cast<int>(d);
+    } else if (arg == "--pin-threads") {
+      opt->pin_threads = true;
     } else if (arg == "--save-frame") {
       if (!number("--save-frame", 0, 1e8, &d)) return false;
       opt->save_frame = static_cast<int>(d);
@@ -653,6 +657,7 @@ int main(int argc, char** argv) {
   cache_params.n_ctx = 1024;
   cache_params.pool_bytes = size_t{kNumNpcs + 2} * 1024 * 24 * 1024;
   cache_params.n_threads = game.opt.threads;
+  cache_params.pin_threads = game.opt.pin_threads ? 1 : 0;
   Check("kiln_cache_create", kiln_cache_create(game.model, &cache_params, &game.cache));
   for (int i = 0; i < kNumNpcs; ++i) {
     // A sampler per NPC with its own seed, so the NPCs do not all talk alike; the same seed gives

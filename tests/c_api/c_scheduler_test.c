@@ -517,6 +517,32 @@ static void test_cache_sliding_window_params(kiln_model* model) {
   kiln_cache_destroy(cache);
 }
 
+/* kiln_cache_params.pin_threads: default 0; set, a 2-thread CPU cache says its workers are
+ * pinned and generates what an unpinned one does (`expected`: prompt 0's greedy output). */
+static void test_cache_pin_threads(kiln_model* model, const output* expected) {
+  kiln_cache_params cp;
+  kiln_cache* cache = NULL;
+  output out;
+  CHECK(kiln_cache_params_init(&cp, sizeof cp) == KILN_OK);
+  CHECK(cp.pin_threads == 0);
+  cp.n_threads = 2;
+  cp.n_ctx = 256;
+  cp.pin_threads = 1;
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  CHECK(strstr(kiln_cache_backend(cache), "workers pinned") != NULL);
+  generate_blocking(model, cache, 0, &out);
+  CHECK(out.n_tokens == expected->n_tokens);
+  CHECK(memcmp(out.tokens, expected->tokens, out.n_tokens * sizeof out.tokens[0]) == 0);
+  kiln_cache_destroy(cache);
+  cache = NULL;
+  cp.struct_size = (uint32_t)offsetof(kiln_cache_params, pin_threads); /* before the field */
+  CHECK(kiln_cache_create(model, &cp, &cache) == KILN_OK);
+  if (cache == NULL) return;
+  CHECK(strstr(kiln_cache_backend(cache), "pinned") == NULL);
+  kiln_cache_destroy(cache);
+}
+
 /* argv[1]: the model (default: the default model in KILN_MODEL_DIR or ~/.cache/kiln). */
 int main(int argc, char** argv) {
   char path[1024];
@@ -549,6 +575,7 @@ int main(int argc, char** argv) {
   test_cache_step_tokens(model);
   test_cache_mla_prefill(model);
   test_cache_sliding_window_params(model);
+  test_cache_pin_threads(model, &expected[0]);
   test_host_steps(model, cache, expected);
   test_worker_and_callbacks(model, cache, expected);
   test_cancel(model, cache);

@@ -4,12 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iterator>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #include "lib/backend/cpu/cpu_backend.h"
 #include "lib/backend/cpu/dispatch.h"
@@ -119,6 +126,60 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialized) {
   }
   for (auto& t : callers) t.join();
   for (int64_t s : sums) EXPECT_EQ(s, 500 * 4950);
+}
+
+// pin_workers: a worker runs bound to one CPU, another than the first allowed core's (which is
+// left to the callers); the caller stays unpinned; results as without pinning.
+TEST(ThreadPoolTest, PinnedWorkersRunOnOneCpuEach) {
+#ifndef __linux__
+  GTEST_SKIP() << "the affinity check reads Linux's sched_getaffinity";
+#else
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  if (PhysicalCoreCount() < 2) GTEST_SKIP() << "one core: nothing to pin apart";
+  const int first_allowed = [&] {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &before)) return cpu;
+    }
+    return -1;
+  }();
+  ThreadPool pool(2, /*spin_us=*/200, /*pin_workers=*/true);
+  EXPECT_TRUE(pool.pin_workers());
+  const std::thread::id caller = std::this_thread::get_id();
+  // Until the worker has run a range: the caller, in its own range, waits a while for it (a
+  // caller done first would claim the worker's range too).
+  std::atomic<int> worker_cpus{0}, worker_cpu{-1};
+  int64_t total = 0;
+  for (int call = 0; call < 100 && worker_cpus.load() == 0; ++call) {
+    std::vector<int64_t> v(64, 0);
+    pool.ParallelFor(64, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) v[i] = i;
+      if (std::this_thread::get_id() == caller) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (worker_cpus.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        return;
+      }
+      cpu_set_t mine;
+      CPU_ZERO(&mine);
+      if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return;
+      worker_cpus.store(CPU_COUNT(&mine));
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &mine)) worker_cpu.store(cpu);
+      }
+    });
+    for (int64_t x : v) total += x;
+  }
+  ASSERT_GT(worker_cpus.load(), 0) << "the worker never ran a range";
+  EXPECT_EQ(worker_cpus.load(), 1);
+  EXPECT_NE(worker_cpu.load(), first_allowed);
+  EXPECT_TRUE(CPU_ISSET(worker_cpu.load(), &before));
+  EXPECT_EQ(total % (64 * 63 / 2), 0);
+  cpu_set_t after;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(after), &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&before, &after)) << "the caller's own affinity changed";
+#endif
 }
 
 // Busy threads keep every core wanted, so pool threads are often not running when a job

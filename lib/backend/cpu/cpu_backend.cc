@@ -97,11 +97,14 @@ absl::Status DecodeLatentRow(const KvLayout& layout, const std::byte* row, float
   return absl::OkStatus();
 }
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+CpuBackend::CpuBackend(int n_threads, bool pin_workers)
+    : pool_(n_threads, /*spin_us=*/200, pin_workers) {}
 
 std::string CpuBackend::Describe() const {
+  const bool pinned = pool_.pin_workers() && pool_.n_threads() > 1;
   return absl::StrCat("cpu (", CpuLevelName(BestCpuLevel()), ", ", pool_.n_threads(),
-                      pool_.n_threads() == 1 ? " thread)" : " threads)");
+                      pool_.n_threads() == 1 ? " thread" : " threads",
+                      pinned ? ", workers pinned)" : ")");
 }
 
 void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {

@@ -19,7 +19,8 @@ void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst);
 class CpuBackend final : public Backend {
  public:
   // n_threads <= 0: physical cores. One thread starts no worker, so a CpuBackend(1) is cheap.
-  explicit CpuBackend(int n_threads);
+  // pin_workers: each worker thread bound to a core of its own (ThreadPool).
+  explicit CpuBackend(int n_threads, bool pin_workers = false);
 
   std::string Describe() const override;
   absl::StatusOr<std::unique_ptr<WeightStore>> PrepareWeights(

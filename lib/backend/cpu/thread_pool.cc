@@ -68,9 +68,10 @@ ThreadPool::WaitStats ThreadPool::TakeWaitStats() {
   return s;
 }
 
-ThreadPool::ThreadPool(int n_threads, int spin_us)
+ThreadPool::ThreadPool(int n_threads, int spin_us, bool pin_workers)
     : n_threads_(n_threads > 0 ? n_threads : PhysicalCoreCount()),
       spin_us_(spin_us),
+      pin_workers_(pin_workers),
       claimed_(new std::atomic<uint32_t>[n_threads_]) {
   for (int i = 0; i < n_threads_; ++i) claimed_[i].store(0, std::memory_order_relaxed);
   workers_.reserve(n_threads_ - 1);
@@ -165,6 +166,8 @@ void ThreadPool::RunRanges(uint32_t generation, int first_range) {
 }
 
 void ThreadPool::WorkerLoop(int thread_idx) {
+  // Where the OS refuses, the worker runs unpinned: placement is a speed matter only.
+  if (pin_workers_) platform::PinThisThreadToCore(thread_idx);
   // The generation at construction (0), not a fresh load: a job published before this thread
   // first runs must not be mistaken for the starting state.
   uint32_t seen = 0;
