@@ -40,6 +40,14 @@ func TestCacheBackendCPUAndCUDAFallback(t *testing.T) {
 	if own := cache.Backend(); !strings.HasPrefix(own, "cpu") || strings.Contains(own, "requested") {
 		t.Fatalf("default backend %q", own)
 	}
+	pinned, err := model.NewCache(&CacheOptions{NCtx: 256, NThreads: 2, PinThreads: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := pinned.Backend(); !strings.Contains(b, "workers pinned") {
+		t.Fatalf("PinThreads: backend %q", b)
+	}
+	pinned.Close()
 	c, err := model.NewCache(&CacheOptions{NCtx: 256, Backend: BackendCUDA, CUDADevice: 0})
 	if err != nil {
 		t.Fatal(err)

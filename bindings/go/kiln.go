@@ -508,6 +508,9 @@ type CacheOptions struct {
 	// the sliding layers' K/V once every window has left it, back to the pool, true keeps every
 	// layer's K/V.
 	SwaFull bool
+	// PinThreads: CPU backend, each worker thread on a core of its own (for hosts that step the
+	// cache in short bursts, such as a game loop).
+	PinThreads bool
 }
 
 // NewCache creates a cache on the model; close it before the model.
@@ -541,6 +544,9 @@ func (m *Model) NewCache(opts *CacheOptions) (*Cache, error) {
 	params.mla_prefill = C.kiln_mla_prefill(opts.MLAPrefill)
 	if opts.SwaFull {
 		params.swa_full = 1
+	}
+	if opts.PinThreads {
+		params.pin_threads = 1
 	}
 	var ptr *C.kiln_cache
 	if err := call(func() C.kiln_status { return C.kiln_cache_create(m.ptr, &params, &ptr) }); err != nil {

@@ -255,6 +255,9 @@ namespace Kiln
         /// (default) releases the sliding layers' K/V once every window has left it, back to the
         /// pool; true keeps every layer's K/V (llama.cpp's --swa-full).</summary>
         public bool SwaFull;
+        /// <summary>CPU backend: each worker thread on a core of its own (for hosts that step the
+        /// cache in short bursts, such as a game loop).</summary>
+        public bool PinThreads;
     }
 
     public struct CacheStats
@@ -301,6 +304,7 @@ namespace Kiln
             p.CudaDevice = options.CudaDevice;
             p.MlaPrefill = (int)options.MlaPrefill;
             p.SwaFull = options.SwaFull ? 1 : 0;
+            p.PinThreads = options.PinThreads ? 1 : 0;
             IntPtr raw;
             Interop.Check(Native.kiln_cache_create(model.Handle, ref p, out raw));
             Handle = new CacheHandle();

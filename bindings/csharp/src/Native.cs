@@ -62,6 +62,7 @@ namespace Kiln
             public int StepTokens, Backend, CudaDevice, MlaPrefill;
             public int SlidingWindowSessions; // no longer read
             public int SwaFull;
+            public int PinThreads;
         }
 
         [StructLayout(LayoutKind.Sequential)]

@@ -107,7 +107,7 @@ public static class Tests
         var expected = new Dictionary<Type, int>
         {
             { typeof(Native.ModelParams), 56 }, { typeof(Native.ModelInfo), 88 },
-            { typeof(Native.CacheParams), 64 }, { typeof(Native.CacheStats), 112 },
+            { typeof(Native.CacheParams), 72 }, { typeof(Native.CacheStats), 112 },
             { typeof(Native.SamplerParams), 72 }, { typeof(Native.GenerateParams), 40 },
             { typeof(Native.GenerateResult), 12 }, { typeof(Native.RequestParams), 96 },
             { typeof(Native.PollResult), 56 }, { typeof(Native.StepParams), 24 },
@@ -123,7 +123,7 @@ public static class Tests
         var offsets = new Dictionary<string, int>
         {
             { "LlamaCppOrder", 36 }, { "StepTokens", 40 }, { "Backend", 44 }, { "CudaDevice", 48 }, { "MlaPrefill", 52 },
-            { "SlidingWindowSessions", 56 }, { "SwaFull", 60 },
+            { "SlidingWindowSessions", 56 }, { "SwaFull", 60 }, { "PinThreads", 64 },
         };
         foreach (var kv in offsets)
         {
@@ -568,6 +568,8 @@ public static class Tests
     public static void TestCacheBackendCpuAndCudaFallback()
     {
         Check(_cache.Backend.StartsWith("cpu") && !_cache.Backend.Contains("requested"), _cache.Backend);
+        using (var pinned = new Cache(_model, new CacheOptions { NCtx = 256, NThreads = 2, PinThreads = true }))
+            Check(pinned.Backend.Contains("workers pinned"), pinned.Backend);
         using (var c = new Cache(_model, new CacheOptions { NCtx = 256, Backend = Backend.Cuda, CudaDevice = 0 }))
         {
             string chosen = c.Backend;

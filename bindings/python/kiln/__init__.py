@@ -497,13 +497,16 @@ class Cache(_Handle):
         cuda_device: int = 0,
         mla_prefill: MlaPrefill = MlaPrefill.ABSORBED,
         swa_full: bool = False,
+        pin_threads: bool = False,
     ) -> None:
         """kiln_cache_params. step_tokens: most tokens in one step's forward pass (None: kiln's
         512). backend CUDA or AUTO runs on the CUDA device `cuda_device` when it can, else on the
         CPU (the cache is created either way; the `backend` property says which and why).
         mla_prefill: MLA models only. swa_full: models with sliding-window and global layers
         (gemma3), CPU backend; False releases the sliding layers' K/V once every window has left
-        it, back to the pool, True keeps every layer's K/V. A bad value raises
+        it, back to the pool, True keeps every layer's K/V. pin_threads: CPU backend, each worker
+        thread on a core of its own (for hosts that step in short bursts, such as a game loop).
+        A bad value raises
         KilnError(INVALID_ARGUMENT) naming the field."""
         super().__init__()
         params = _init(_ffi.CacheParams, "kiln_cache_params_init")
@@ -520,6 +523,7 @@ class Cache(_Handle):
         params.cuda_device = cuda_device
         params.mla_prefill = int(mla_prefill)
         params.swa_full = 1 if swa_full else 0
+        params.pin_threads = 1 if pin_threads else 0
         h = c_void_p()
         _check(_lib.kiln_cache_create(model._handle(), byref(params), byref(h)), "kiln_cache_create")
         self._h = h.value

@@ -104,6 +104,7 @@ class CacheParams(Structure):
         ("mla_prefill", c_int),
         ("sliding_window_sessions", c_int32),  # no longer read
         ("swa_full", c_int),
+        ("pin_threads", c_int),
     ]
 
 

@@ -470,7 +470,7 @@ def test_struct_layouts_match_the_header():
     from kiln import _ffi
 
     expected = {
-        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 64, "CacheStats": 112,
+        "ModelParams": 56, "ModelInfo": 88, "CacheParams": 72, "CacheStats": 112,
         "SamplerParams": 72, "GenerateParams": 40, "GenerateResult": 12, "RequestParams": 96,
         "PollResult": 56, "StepParams": 24, "StepResult": 32, "StateParams": 12,
         "NgramParams": 40, "DraftParams": 32, "MedusaParams": 28, "EagleParams": 36,
@@ -480,7 +480,7 @@ def test_struct_layouts_match_the_header():
     # The fields added after the ABI 1 baseline, at their offsetof in kiln_cache_params.
     offsets = {
         "llama_cpp_order": 36, "step_tokens": 40, "backend": 44, "cuda_device": 48, "mla_prefill": 52,
-        "sliding_window_sessions": 56, "swa_full": 60,
+        "sliding_window_sessions": 56, "swa_full": 60, "pin_threads": 64,
     }
     assert {name: getattr(_ffi.CacheParams, name).offset for name in offsets} == offsets
     # And in kiln_cache_stats.
@@ -515,6 +515,8 @@ def test_stream_raises_a_failed_request(cache):
 
 def test_cache_backend_cpu_and_cuda_fallback(model, cache):
     assert cache.backend.startswith("cpu") and "requested" not in cache.backend
+    with model.cache(n_ctx=256, n_threads=2, pin_threads=True) as c:
+        assert "workers pinned" in c.backend, c.backend
     with model.cache(n_ctx=256, backend=kiln.Backend.CUDA, cuda_device=0) as c:
         chosen = c.backend
         if chosen.startswith("cpu"):

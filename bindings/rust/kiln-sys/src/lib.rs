@@ -158,6 +158,7 @@ pub struct kiln_cache_params {
     pub mla_prefill: kiln_mla_prefill,
     pub sliding_window_sessions: i32, // no longer read
     pub swa_full: c_int,
+    pub pin_threads: c_int,
 }
 
 #[repr(C)]
@@ -579,7 +580,7 @@ mod tests {
         // sizeof of each struct in C (gcc, LP64: x86-64 and aarch64 Linux).
         assert_eq!(core::mem::size_of::<kiln_model_params>(), 56);
         assert_eq!(core::mem::size_of::<kiln_model_info>(), 88);
-        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 64);
+        assert_eq!(core::mem::size_of::<kiln_cache_params>(), 72);
         assert_eq!(core::mem::size_of::<kiln_cache_stats>(), 112);
         assert_eq!(core::mem::size_of::<kiln_sampler_params>(), 72);
         assert_eq!(core::mem::size_of::<kiln_generate_params>(), 40);
@@ -615,6 +616,7 @@ mod tests {
         assert_eq!(offset!(mla_prefill), 52);
         assert_eq!(offset!(sliding_window_sessions), 56);
         assert_eq!(offset!(swa_full), 60);
+        assert_eq!(offset!(pin_threads), 64);
     }
 
     #[test]

@@ -698,6 +698,9 @@ pub struct CacheOptions {
     /// releases the sliding layers' K/V once every window has left it, back to the pool; true
     /// keeps every layer's K/V (llama.cpp's --swa-full).
     pub swa_full: bool,
+    /// CPU backend: each worker thread on a core of its own (for hosts that step the cache in
+    /// short bursts, such as a game loop; `kiln_cache_params.pin_threads`).
+    pub pin_threads: bool,
 }
 
 impl Default for CacheOptions {
@@ -716,6 +719,7 @@ impl Default for CacheOptions {
             cuda_device: p.cuda_device,
             mla_prefill: MlaPrefill::Absorbed,
             swa_full: p.swa_full != 0,
+            pin_threads: p.pin_threads != 0,
         }
     }
 }
@@ -827,6 +831,7 @@ impl Cache {
             MlaPrefill::Measured => sys::KILN_MLA_PREFILL_MEASURED,
         };
         p.swa_full = options.swa_full as c_int;
+        p.pin_threads = options.pin_threads as c_int;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::kiln_cache_create(model.ptr(), &p, &mut raw) })?;
         Ok(Cache { raw: Arc::new(CacheRaw { ptr: raw, _model: model.raw.clone() }), model: model.clone() })

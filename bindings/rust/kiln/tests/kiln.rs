@@ -626,6 +626,9 @@ fn stream_yields_a_failed_request_once() {
 fn cache_backend_cpu_and_cuda_fallback() {
     let own = cache().backend();
     assert!(own.starts_with("cpu") && !own.contains("requested"), "{own}");
+    let pinned =
+        model().cache(&CacheOptions { n_ctx: 256, n_threads: 2, pin_threads: true, ..Default::default() });
+    assert!(pinned.unwrap().backend().contains("workers pinned"));
     let options = CacheOptions { n_ctx: 256, backend: Backend::Cuda, cuda_device: 0, ..Default::default() };
     let c = model().cache(&options).unwrap();
     let chosen = c.backend();
