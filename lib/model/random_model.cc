@@ -197,7 +197,7 @@ std::vector<std::string> RandomModelShapeNames() {
           "tiny-qwen3",          "tiny-llama3",        "tiny-phi",
           "tiny-mistral3",       "tiny-deepseek2",     "tiny-deepseek2-lite",
           "tiny-deepseek2-kvb",  "tiny-deepseek2-moe", "tiny-deepseek2-moe-softmax",
-          "tiny-deepseek2-yarn", "deepseek2-bench"};
+          "tiny-deepseek2-yarn", "deepseek2-bench",    "llama-1b"};
 }
 
 absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
@@ -229,6 +229,18 @@ absl::StatusOr<RandomModelShape> RandomModelShapeByName(std::string_view name) {
     s.rope_freq_base = 100000.0f;
     s.rms_eps = 1e-5f;
     s.tied_output = true;
+    return s;
+  }
+  if (name == "llama-1b") {
+    s.arch = "llama";
+    s.n_embd = 2048;
+    s.n_ff = 5632;
+    s.n_head = 32;
+    s.n_head_kv = 4;
+    s.n_layer = 22;
+    s.n_ctx = 2048;
+    s.n_vocab = 32000;
+    s.tied_output = false;
     return s;
   }
   if (name == "tiny-qwen2" || name == "tiny-qwen2-untied") {

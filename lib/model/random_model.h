@@ -62,6 +62,11 @@
 //                           (the first dense, n_ff 2816), 16 heads of 128 unrotated + 64 rotated,
 //                           value heads 128, kv_lora_rank 512, no q-LoRA; MoE: 16 experts of
 //                           n_ff 704, top-4 by softmax, 2 shared experts; context 4096, no YaRN.
+//   llama-1b:               TinyLlama-1.1B's shape, for decode benchmarks where caches cannot hide
+//                           the weight stream (about 1.2 GB at q8_0, 0.6 GB at q4_K; every
+//                           matrix width a multiple of 256, so the K-quants need no fallback):
+//                           llama, n_embd 2048, n_ff 5632, 32 heads × 64, 4 kv heads, 22 layers,
+//                           context 2048, vocab 32000, rope base 1e4, untied;
 // Other shapes (e.g. a gemma3 one with a sliding window) can be passed to BuildRandomModel as a
 // RandomModelShape directly.
 // Tokenizer: with `vocab_from`, every tokenizer.* key of that file is copied and n_vocab is its

@@ -233,7 +233,7 @@ TEST(RandomModelTest, NamesAndErrors) {
                                      "tiny-qwen3", "tiny-llama3", "tiny-phi", "tiny-mistral3",
                                      "tiny-deepseek2", "tiny-deepseek2-lite", "tiny-deepseek2-kvb",
                                      "tiny-deepseek2-moe", "tiny-deepseek2-moe-softmax",
-                                     "tiny-deepseek2-yarn", "deepseek2-bench"));
+                                     "tiny-deepseek2-yarn", "deepseek2-bench", "llama-1b"));
   for (const std::string& name : RandomModelShapeNames()) {
     auto shape = RandomModelShapeByName(name);
     ASSERT_TRUE(shape.ok()) << name;
