@@ -14,6 +14,9 @@ with kiln's byte counts (engine_bench --json).
 
 Usage: python3 bench/bench_llama_bench.py --model A.gguf [--model B.gguf ...] [--build build]
            [--llama-bench PATH] [--threads 1,2] [--repeats 3] [--decode 64] [--bandwidth 27.9,34.2]
+           [--metrics prefill512,decode128,decode1024]
+--metrics: the rows to measure and print (llama-bench runs only what they need; kiln's
+engine_bench measures all three in one run either way).
 """
 import argparse
 import json
@@ -37,10 +40,15 @@ def run_kiln(exe, model, threads, n_decode, extra_args=()):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_llama(exe, model, threads, n_decode):
-    """tok/s of pp512 and of tg N at depths 128 and 1,024 (one llama-bench repetition each)."""
+def run_llama(exe, model, threads, n_decode, metrics=METRICS):
+    """tok/s of pp512 and of tg N at depths 128 and 1,024 (one llama-bench repetition each), of
+    those in `metrics`."""
     r = {}
-    for args in (['-p', '512', '-n', '0'], ['-p', '0', '-n', str(n_decode), '-d', '128,1024']):
+    runs = [['-p', '512', '-n', '0']] if 'prefill512' in metrics else []
+    depths = [str(CONTEXT[m]) for m in metrics if m in CONTEXT]
+    if depths:
+        runs.append(['-p', '0', '-n', str(n_decode), '-d', ','.join(depths)])
+    for args in runs:
         out = subprocess.run([exe, '-m', model, '-t', str(threads), '-r', '1', '-o', 'json'] + args,
                              check=True, capture_output=True, text=True).stdout
         for test in json.loads(out):
@@ -66,10 +74,15 @@ def main():
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--decode', type=int, default=64)
+    ap.add_argument('--metrics', default=','.join(METRICS))
     ap.add_argument('--bandwidth', default='',
                     help='GB/s per thread count, e.g. 27.9,34.2, instead of measuring it (a '
                          'loaded machine measures its load, not its memory)')
     args = ap.parse_args()
+    metrics = args.metrics.split(',')
+    unknown = set(metrics) - set(METRICS)
+    if unknown:
+        ap.error(f'--metrics: unknown {sorted(unknown)} (known: {", ".join(METRICS)})')
     engine = os.path.join(args.build, 'bench', 'engine_bench')
     threads = [int(t) for t in args.threads.split(',')]
     configs = [(m, t) for m in args.model for t in threads]
@@ -80,9 +93,10 @@ def main():
             bw[t].append(float(args.bandwidth.split(',')[i]) if args.bandwidth else
                          bandwidth(engine, t))
         for c in configs:
-            sides = [('kiln', run_kiln, engine), ('llama', run_llama, args.llama_bench)]
-            for name, fn, exe in (sides if rep % 2 == 0 else sides[::-1]):
-                res[c][name].append(fn(exe, c[0], c[1], args.decode))
+            sides = [('kiln', lambda: run_kiln(engine, c[0], c[1], args.decode)),
+                     ('llama', lambda: run_llama(args.llama_bench, c[0], c[1], args.decode, metrics))]
+            for name, fn in (sides if rep % 2 == 0 else sides[::-1]):
+                res[c][name].append(fn())
     print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} steps')
     for t in threads:
         print(f'read bandwidth {t} thread(s): {fmt(bw[t], 2)} GB/s')
@@ -93,7 +107,7 @@ def main():
     for (m, t) in configs:
         k, l = res[(m, t)]['kiln'], res[(m, t)]['llama']
         wbytes, kvpos = k[0]['weight_bytes_per_token'], k[0]['kv_bytes_per_position']
-        for metric in METRICS:
+        for metric in metrics:
             kv = [x[metric + '_tps'] for x in k]
             lv = [x[metric + '_tps'] for x in l]
             ratio = [a / b for a, b in zip(kv, lv)]  # per repeat (adjacent runs)

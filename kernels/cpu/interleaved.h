@@ -28,6 +28,14 @@ struct alignas(64) BlockQ4_1x16 {
 };
 static_assert(sizeof(BlockQ4_1x16) == 320);
 
+// 16 Q4_0 rows x one 32-element block (288 B: the 16 source blocks' own bytes).
+struct alignas(32) BlockQ4_0x16 {
+  // qs[i][4 r + j] = byte 4 i + j of row r's block qs (as in BlockQ4_1x16; weight = nibble - 8).
+  uint8_t qs[4][64];
+  uint8_t d[kInterleaveRows][2];  // f16 scale of row r
+};
+static_assert(sizeof(BlockQ4_0x16) == 288);
+
 // 16 Q8_0 rows x one 32-element block (544 B).
 struct alignas(32) BlockQ8_0x16 {
   // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
@@ -45,6 +53,14 @@ void InterleavedTileQ4_1Q8_1Avx2(int64_t n, const void* w, int n_rows, const voi
                                  size_t a_stride, int n_tokens, float* out, size_t out_stride);
 // AVX-512 F/BW/VL/VNNI, F16C (kernels/cpu/interleaved_avx512.cc).
 void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// Q4_0 weights x Q8_0 activations, in the same three files.
+void InterleavedTileQ4_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ4_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 // Q8_0 weights x Q8_0 activations, in the same three files.

@@ -1,6 +1,6 @@
 // Integer-order matmul kernels on row-interleaved weights (lib/quant/interleave.h) with 512-bit
-// VNNI: Q4_1 x Q8_1 and Q8_0 x Q8_0. Compiled with -ffp-contract=off (kernels/cpu/CMakeLists.txt):
-// every FMA is explicit.
+// VNNI: Q4_1 x Q8_1, Q4_0 x Q8_0 and Q8_0 x Q8_0. Compiled with -ffp-contract=off
+// (kernels/cpu/CMakeLists.txt): every FMA is explicit.
 //
 // Lane r of every vector is weight row 16 g + r of the group in use, so a block's dot product
 // needs no horizontal reduction: per (group, block, token) eight vpdpbusd (the activation's
@@ -15,6 +15,8 @@
 //
 // Q4_1: four 64-byte loads give the 32 nibbles of 16 rows (AND: elements 4i..4i+3; shift + AND:
 // 16+4i..16+4i+3), one vcvtph2ps each the 16 scales and mins.
+// Q4_0: Q4_1's nibbles, then Σ (nibble - 8) * qa = Σ nibble * qa - 8 * Σ qa, the second term
+// exact and per (token, block), computed once per call; no mins.
 // Q8_0: the packer stores qw + 128 (unsigned bytes, what vpdpbusd multiplies), so
 // Σ qw * qa = Σ (qw + 128) * qa - 128 * Σ qa; the second term is exact and per (token, block),
 // computed once per call.
@@ -111,6 +113,45 @@ struct Q4_1Format {
   }
 };
 
+struct Q4_0Format {
+  using Block = BlockQ4_0x16;
+  using ActBlock = BlockQ8_0;
+  using Aux = int32_t;  // -8 * Σ qa: the correction for the weights' offset of 8
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = LoadHalf(a.d);
+    int32_t sum = 0;
+    for (int8_t v : a.qs) sum += v;
+    *aux = -8 * sum;
+  }
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux* aux,
+                                            int n_rows, float* out, size_t out_stride) {
+    __m512 acc[T];
+    Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b) {
+      PrefetchAhead(w, b);
+      __m512i q[8];  // as Q4_1's (blocks 288 bytes apart: 32-byte aligned, unaligned loads)
+      Unroll<4>([&](auto i) {
+        const __m512i packed = _mm512_loadu_si512(w[b].qs[i]);
+        q[i] = _mm512_and_si512(packed, low);
+        q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      });
+      const __m512 dw = HalvesToFloats(w[b].d);
+      Unroll<T>([&](auto t) {
+        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
+        const __m512i p =
+            _mm512_add_epi32(BlockDot(q, act->qs), _mm512_set1_epi32(aux[t * nb + b]));
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
+        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
+      });
+    }
+    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
+    Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
+  }
+};
+
 struct Q8_0Format {
   using Block = BlockQ8_0x16;
   using ActBlock = BlockQ8_0;
@@ -176,6 +217,11 @@ void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t
 void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,

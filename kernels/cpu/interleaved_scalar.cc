@@ -34,6 +34,21 @@ void BlockSumsQ4_1(const BlockQ4_1x16& w, const int8_t* qa, int32_t p[kRows]) {
   }
 }
 
+// The same for one interleaved Q4_0 block (weights nibble - 8).
+void BlockSumsQ4_0(const BlockQ4_0x16& w, const int8_t* qa, int32_t p[kRows]) {
+  for (int r = 0; r < kRows; ++r) p[r] = 0;
+  for (int i = 0; i < 4; ++i) {
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* q = w.qs[i] + 4 * r;
+      int32_t s = 0;
+      for (int j = 0; j < 4; ++j) {
+        s += ((q[j] & 0x0F) - 8) * qa[4 * i + j] + ((q[j] >> 4) - 8) * qa[16 + 4 * i + j];
+      }
+      p[r] += s;
+    }
+  }
+}
+
 // The same for one interleaved Q8_0 block (stored as qw + 128).
 void BlockSumsQ8_0(const BlockQ8_0x16& w, const int8_t* qa, int32_t p[kRows]) {
   for (int r = 0; r < kRows; ++r) p[r] = 0;
@@ -56,6 +71,17 @@ struct Q4_1Format {
   }
   static float ActMin(const ActBlock& a) { return LoadHalf(a.s); }
   static float WeightMin(const Block& w, int r) { return LoadHalf(w.m[r]); }
+};
+
+struct Q4_0Format {
+  using Block = BlockQ4_0x16;
+  using ActBlock = BlockQ8_0;
+  static constexpr bool kHasMins = false;
+  static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
+    BlockSumsQ4_0(w, qa, p);
+  }
+  static float ActMin(const ActBlock&) { return 0.0f; }
+  static float WeightMin(const Block&, int) { return 0.0f; }
 };
 
 struct Q8_0Format {
@@ -124,6 +150,11 @@ void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t
 void InterleavedTileQ4_1Q8_1Scalar(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ4_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,

@@ -70,6 +70,19 @@ void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
                                           });
 }
 
+size_t InterleavedGroupBytesQ4_0(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_0x16);
+}
+
+void InterleaveQ4_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveRows<BlockQ4_0, BlockQ4_0x16>(w, w_stride, n_in, n_rows, out,
+                                          [](BlockQ4_0x16& p, int r, const BlockQ4_0& src) {
+                                            for (int i = 0; i < 4; ++i)
+                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
+                                            std::memcpy(p.d[r], src.d, 2);
+                                          });
+}
+
 size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
 }
@@ -89,6 +102,15 @@ void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
   InterleaveRows<BlockQ8_0, BlockQ8_0x16>(
       w, w_stride, n_in, n_rows, out,
       [](BlockQ8_0x16& p, int r, const BlockQ8_0& src) { PutQ8_0Row(p, r, src); });
+}
+
+void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out) {
+  ExtractRow<BlockQ4_0, BlockQ4_0x16>(groups, n_in, row, out,
+                                      [](BlockQ4_0& dst, const BlockQ4_0x16& p, int r) {
+                                        for (int i = 0; i < 4; ++i)
+                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
+                                        std::memcpy(dst.d, p.d[r], 2);
+                                      });
 }
 
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out) {
@@ -117,6 +139,20 @@ float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
   for (int64_t b = 0; b < n / kQK; ++b) {
     int32_t p = 0;
     for (int j = 0; j < kQK; ++j) p += x[b].qs[j] * y[b].qs[j];
+    acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
+  }
+  return acc;
+}
+
+float VecDotQ4_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32_t p = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      p += ((x[b].qs[j] & 0x0F) - 8) * y[b].qs[j] + ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + kQK / 2];
+    }
     acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
   }
   return acc;

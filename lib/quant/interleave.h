@@ -1,5 +1,5 @@
 // Row-interleaved weights and kiln's integer dot order: the matmuls of the default
-// (batch-invariant) numeric mode on Q4_1 and Q8_0 weights, at every CPU level with the same bits
+// (batch-invariant) numeric mode on Q4_0, Q4_1 and Q8_0 weights, at every CPU level with the same bits
 // (scalar, AVX2 and AVX-512 kernels in kernels/cpu/interleaved.h), beside the ggml-order kernels
 // of quant.h that EngineOptions::llama_cpp_order keeps.
 //
@@ -17,6 +17,7 @@
 //       mins = fma(f32(mw_b), f32(sa_b), mins)
 //     result = acc + mins
 //   Q8_0 x Q8_0: the same without the mins (|P| <= 32 * 127 * 127, exact in float too).
+//   Q4_0 x Q8_0: the same, with qw_j = nibble_j - 8 (|P| <= 32 * 8 * 127).
 // ggml's x86 order instead keeps 4 or 8 float partial sums per (row, token), each FMA'd per
 // block (legacy_kernels.h); that needs a convert, multiply and FMA per 4 or 8 elements where this
 // order needs them per 32, and the interleaved layout shares every weight load across 16 rows.
@@ -47,6 +48,9 @@ using InterleavedTileFn = void (*)(int64_t n, const void* w, int n_rows, const v
 void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
 size_t InterleavedGroupBytesQ4_1(int64_t n_in);
 
+void InterleaveQ4_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+size_t InterleavedGroupBytesQ4_0(int64_t n_in);
+
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
 size_t InterleavedGroupBytesQ8_0(int64_t n_in);
 
@@ -55,11 +59,13 @@ size_t InterleavedGroupBytesQ8_0(int64_t n_in);
 // instead of the file pages the copy let go.
 using InterleavedRowFn = void (*)(const void* groups, int64_t n_in, int64_t row, void* out);
 
+void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out);
 
 // The plain references of the integer order for one weight row and one activation row (the
 // original, not interleaved, layouts).
+float VecDotQ4_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
 float VecDotQ4_1Q8_1IntegerRef(int64_t n, const void* w, const void* a);
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
 

@@ -350,6 +350,7 @@ struct IntegerOrderType {
   VecDotFn ref;  // the integer order's plain reference
 };
 constexpr IntegerOrderType kIntegerOrderTypes[] = {
+    {GgmlType::kQ4_0, quant::VecDotQ4_0Q8_0IntegerRef},
     {GgmlType::kQ4_1, quant::VecDotQ4_1Q8_1IntegerRef},
     {GgmlType::kQ8_0, quant::VecDotQ8_0Q8_0IntegerRef}};
 
@@ -404,10 +405,10 @@ std::vector<CpuLevel> Levels() {
   return levels;
 }
 
-// The integer order is the default mode's matmul at every level: Q4_1 and Q8_0 have an
+// The integer order is the default mode's matmul at every level: Q4_0, Q4_1 and Q8_0 have an
 // interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's own.
 TEST(IntegerOrder, RegisteredAtEveryLevel) {
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
     InterleavedTileFn lower_level_kernel = nullptr;
     for (CpuLevel level : Levels()) {
       const QuantKernels* k = InterleavedKernels(type, level);
@@ -421,8 +422,9 @@ TEST(IntegerOrder, RegisteredAtEveryLevel) {
   }
 }
 
-// The packers: Q4_1 byte 4i + j of row r's block qs at qs[i][4r + j], Q8_0 element 4i + j of
-// row r plus 128 there; d (and m) at [r]; rows past the last one of a group are zero.
+// The packers: Q4_0 / Q4_1 byte 4i + j of row r's block qs at qs[i][4r + j], Q8_0 element 4i + j
+// of row r plus 128 there; d (and m) at [r]; rows past the last one of a group are zero; the
+// row extractors give the source blocks back.
 TEST(IntegerOrder, PackerLayouts) {
   const QuantKernels* q4_1 = InterleavedKernels(GgmlType::kQ4_1);
   const QuantKernels* q8_0 = InterleavedKernels(GgmlType::kQ8_0);
@@ -432,6 +434,30 @@ TEST(IntegerOrder, PackerLayouts) {
   const int64_t n = 96;
   const int rows = 19;
   constexpr uint8_t kZero[2] = {0, 0};
+  {
+    const QuantKernels* q4_0 = InterleavedKernels(GgmlType::kQ4_0);
+    ASSERT_NE(q4_0, nullptr);
+    const size_t stride = RowBytes(GgmlType::kQ4_0, n) + 5;
+    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ4_0, n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*q4_0, w, stride, n, rows);
+    const auto* p = reinterpret_cast<const quant::BlockQ4_0x16*>(lines.data());
+    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+      for (int b = 0; b < 3; ++b) {
+        const quant::BlockQ4_0x16& blk = p[row / 16 * 3 + b];
+        const int r = row % 16;
+        const auto* src = reinterpret_cast<const quant::BlockQ4_0*>(w.data() + row * stride) + b;
+        for (int e = 0; e < 16; ++e) {
+          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
+        }
+        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+      }
+    }
+    std::vector<uint8_t> back(RowBytes(GgmlType::kQ4_0, n));
+    for (int row = 0; row < rows; ++row) {
+      q4_0->interleaved_row(lines.data(), n, row, back.data());
+      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
+    }
+  }
   {
     const size_t stride = RowBytes(GgmlType::kQ4_1, n) + 5;
     const std::vector<uint8_t> w = RandomQ4_1Rows(n, rows, stride, rng);
@@ -547,6 +573,9 @@ TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
         if (it.type == GgmlType::kQ4_1) {
           if (kind == 0) std::memset(blk + 4, 0xFF, 16);  // every nibble 15
           if (kind == 1) std::memset(blk + 4, 0x00, 16);  // the min alone
+        } else if (it.type == GgmlType::kQ4_0) {
+          if (kind == 0) std::memset(blk + 2, 0xFF, 16);  // every weight 7 (the int16 sums' edge)
+          if (kind == 1) std::memset(blk + 2, 0x00, 16);  // every weight -8
         } else {
           auto* qs = reinterpret_cast<int8_t*>(blk + 2);
           for (int j = 0; j < 32; ++j) {
@@ -611,6 +640,8 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
     for (int64_t b = 0; b < n / 32; ++b) {  // row 7 and token 7: the extreme operands
       if (it.type == GgmlType::kQ4_1) {
         std::memset(w.data() + 7 * w_stride + b * w_block + 4, 0xFF, 16);
+      } else if (it.type == GgmlType::kQ4_0) {
+        std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x00, 16);  // every weight -8
       } else {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x80, 32);
       }

@@ -22,7 +22,7 @@
 // CPUs (platform::PinThisThreadToCore), leaving the first to the calling threads, which stay where
 // the OS puts them. Without it a woken worker can land on the core of the thread that woke it and
 // take turns with it there (a game loop whose pool sleeps between frames: the stepping thread
-// lost its core in 60% of frames on a 2-core VM; pinned, 5%).
+// lost its core in 55-65% of frames on a 2-core VM; pinned, 3-10%).
 //
 // Thread-safety: ParallelFor may be called from several threads; calls are serialized by a
 // mutex. A ParallelFor issued from inside a task runs its ranges inline on that thread (same
