@@ -36,6 +36,14 @@ struct alignas(32) BlockQ4_0x16 {
 };
 static_assert(sizeof(BlockQ4_0x16) == 288);
 
+// 16 Q5_0 rows x one 32-element block (352 B: the 16 source blocks' own bytes).
+struct alignas(32) BlockQ5_0x16 {
+  uint8_t qs[4][64];               // as BlockQ4_0x16's: the low 4 bits of each element
+  uint8_t qh[kInterleaveRows][4];  // row r's qh: bit j = bit 4 of element j (weight = q - 16)
+  uint8_t d[kInterleaveRows][2];   // f16 scale of row r
+};
+static_assert(sizeof(BlockQ5_0x16) == 352);
+
 // 16 Q8_0 rows x one 32-element block (544 B).
 struct alignas(32) BlockQ8_0x16 {
   // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
@@ -61,6 +69,14 @@ void InterleavedTileQ4_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ4_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
                                  size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// Q5_0 weights x Q8_0 activations, in the same three files.
+void InterleavedTileQ5_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ5_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 // Q8_0 weights x Q8_0 activations, in the same three files.

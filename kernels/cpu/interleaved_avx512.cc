@@ -1,5 +1,5 @@
 // Integer-order matmul kernels on row-interleaved weights (lib/quant/interleave.h) with 512-bit
-// VNNI: Q4_1 x Q8_1, Q4_0 x Q8_0 and Q8_0 x Q8_0. Compiled with -ffp-contract=off
+// VNNI: Q4_1 x Q8_1, Q4_0 x Q8_0, Q5_0 x Q8_0 and Q8_0 x Q8_0. Compiled with -ffp-contract=off
 // (kernels/cpu/CMakeLists.txt): every FMA is explicit.
 //
 // Lane r of every vector is weight row 16 g + r of the group in use, so a block's dot product
@@ -17,6 +17,10 @@
 // 16+4i..16+4i+3), one vcvtph2ps each the 16 scales and mins.
 // Q4_0: Q4_1's nibbles, then Σ (nibble - 8) * qa = Σ nibble * qa - 8 * Σ qa, the second term
 // exact and per (token, block), computed once per call; no mins.
+// Q5_0: Q4_0's steps with 5-bit q (offset 16); bit 4 of the elements of line i sits in byte i / 2
+// (low nibbles) and 2 + i / 2 (high nibbles) of the row's qh dword, at bits 4 (i % 2) + j: one
+// vpshufb spreads that byte over the row's 4 lanes, one vptestmb makes the mask, a masked add
+// puts the 16 in.
 // Q8_0: the packer stores qw + 128 (unsigned bytes, what vpdpbusd multiplies), so
 // Σ qw * qa = Σ (qw + 128) * qa - 128 * Σ qa; the second term is exact and per (token, block),
 // computed once per call.
@@ -152,6 +156,62 @@ struct Q4_0Format {
   }
 };
 
+struct Q5_0Format {
+  using Block = BlockQ5_0x16;
+  using ActBlock = BlockQ8_0;
+  using Aux = int32_t;  // -16 * Σ qa: the correction for the weights' offset of 16
+  static void Scales(const ActBlock& a, float* d, Aux* aux) {
+    *d = LoadHalf(a.d);
+    int32_t sum = 0;
+    for (int8_t v : a.qs) sum += v;
+    *aux = -16 * sum;
+  }
+  // Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes of 4
+  // rows each).
+  static __m512i SpreadByte(int k) {
+    return _mm512_broadcast_i32x4(_mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101,
+                                                 (8 + k) * 0x01010101, (12 + k) * 0x01010101));
+  }
+  template <int T>
+  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+                                            size_t a_stride, const float* d, const Aux* aux,
+                                            int n_rows, float* out, size_t out_stride) {
+    __m512 acc[T];
+    Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    const __m512i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2), SpreadByte(3)};
+    // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
+    const __m512i test[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(0x80402010)};
+    for (int64_t b = 0; b < nb; ++b) {
+      PrefetchAhead(w, b);
+      const __m512i qh = _mm512_loadu_si512(w[b].qh);
+      __m512i high_bytes[4];
+      Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
+      __m512i q[8];
+      Unroll<4>([&](auto i) {
+        const __m512i packed = _mm512_loadu_si512(w[b].qs[i]);
+        const __m512i lo = _mm512_and_si512(packed, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        const __mmask64 lo_set = _mm512_test_epi8_mask(high_bytes[i / 2], test[i % 2]);
+        const __mmask64 hi_set = _mm512_test_epi8_mask(high_bytes[2 + i / 2], test[i % 2]);
+        q[i] = _mm512_mask_add_epi8(lo, lo_set, lo, bit4);
+        q[i + 4] = _mm512_mask_add_epi8(hi, hi_set, hi, bit4);
+      });
+      const __m512 dw = HalvesToFloats(w[b].d);
+      Unroll<T>([&](auto t) {
+        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
+        const __m512i p =
+            _mm512_add_epi32(BlockDot(q, act->qs), _mm512_set1_epi32(aux[t * nb + b]));
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
+        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
+      });
+    }
+    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
+    Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
+  }
+};
+
 struct Q8_0Format {
   using Block = BlockQ8_0x16;
   using ActBlock = BlockQ8_0;
@@ -222,6 +282,11 @@ void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,

@@ -9,6 +9,7 @@
 // acc = fma(dw * da, float(P), acc) (and mins = fma(mw, sa, mins)).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/interleaved.h"
 #include "kernels/cpu/legacy.h"
@@ -49,6 +50,25 @@ void BlockSumsQ4_0(const BlockQ4_0x16& w, const int8_t* qa, int32_t p[kRows]) {
   }
 }
 
+// The same for one interleaved Q5_0 block (weights q - 16, q's bit 4 from the row's qh).
+void BlockSumsQ5_0(const BlockQ5_0x16& w, const int8_t* qa, int32_t p[kRows]) {
+  for (int r = 0; r < kRows; ++r) {
+    uint32_t qh;
+    std::memcpy(&qh, w.qh[r], 4);
+    int32_t s = 0;
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* q = w.qs[i] + 4 * r;
+      for (int j = 0; j < 4; ++j) {
+        const int e = 4 * i + j;
+        const int lo = (q[j] & 0x0F) | static_cast<int>((qh >> e) & 1) << 4;
+        const int hi = (q[j] >> 4) | static_cast<int>((qh >> (16 + e)) & 1) << 4;
+        s += (lo - 16) * qa[e] + (hi - 16) * qa[16 + e];
+      }
+    }
+    p[r] = s;
+  }
+}
+
 // The same for one interleaved Q8_0 block (stored as qw + 128).
 void BlockSumsQ8_0(const BlockQ8_0x16& w, const int8_t* qa, int32_t p[kRows]) {
   for (int r = 0; r < kRows; ++r) p[r] = 0;
@@ -79,6 +99,17 @@ struct Q4_0Format {
   static constexpr bool kHasMins = false;
   static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
     BlockSumsQ4_0(w, qa, p);
+  }
+  static float ActMin(const ActBlock&) { return 0.0f; }
+  static float WeightMin(const Block&, int) { return 0.0f; }
+};
+
+struct Q5_0Format {
+  using Block = BlockQ5_0x16;
+  using ActBlock = BlockQ8_0;
+  static constexpr bool kHasMins = false;
+  static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
+    BlockSumsQ5_0(w, qa, p);
   }
   static float ActMin(const ActBlock&) { return 0.0f; }
   static float WeightMin(const Block&, int) { return 0.0f; }
@@ -155,6 +186,11 @@ void InterleavedTileQ4_1Q8_1Scalar(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ4_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ5_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,

@@ -83,6 +83,20 @@ void InterleaveQ4_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
                                           });
 }
 
+size_t InterleavedGroupBytesQ5_0(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_0x16);
+}
+
+void InterleaveQ5_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveRows<BlockQ5_0, BlockQ5_0x16>(w, w_stride, n_in, n_rows, out,
+                                          [](BlockQ5_0x16& p, int r, const BlockQ5_0& src) {
+                                            for (int i = 0; i < 4; ++i)
+                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
+                                            std::memcpy(p.qh[r], src.qh, 4);
+                                            std::memcpy(p.d[r], src.d, 2);
+                                          });
+}
+
 size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
 }
@@ -123,6 +137,16 @@ void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out
                                       });
 }
 
+void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out) {
+  ExtractRow<BlockQ5_0, BlockQ5_0x16>(groups, n_in, row, out,
+                                      [](BlockQ5_0& dst, const BlockQ5_0x16& p, int r) {
+                                        for (int i = 0; i < 4; ++i)
+                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
+                                        std::memcpy(dst.qh, p.qh[r], 4);
+                                        std::memcpy(dst.d, p.d[r], 2);
+                                      });
+}
+
 void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ8_0, BlockQ8_0x16>(groups, n_in, row, out,
                                       [](BlockQ8_0& dst, const BlockQ8_0x16& p, int r) {
@@ -152,6 +176,24 @@ float VecDotQ4_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
     int32_t p = 0;
     for (int j = 0; j < kQK / 2; ++j) {
       p += ((x[b].qs[j] & 0x0F) - 8) * y[b].qs[j] + ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + kQK / 2];
+    }
+    acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
+  }
+  return acc;
+}
+
+float VecDotQ5_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockQ5_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, x[b].qh, 4);
+    int32_t p = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int lo = (x[b].qs[j] & 0x0F) | static_cast<int>((qh >> j) & 1) << 4;
+      const int hi = (x[b].qs[j] >> 4) | static_cast<int>((qh >> (j + kQK / 2)) & 1) << 4;
+      p += (lo - 16) * y[b].qs[j] + (hi - 16) * y[b].qs[j + kQK / 2];
     }
     acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
   }

@@ -352,6 +352,7 @@ struct IntegerOrderType {
 constexpr IntegerOrderType kIntegerOrderTypes[] = {
     {GgmlType::kQ4_0, quant::VecDotQ4_0Q8_0IntegerRef},
     {GgmlType::kQ4_1, quant::VecDotQ4_1Q8_1IntegerRef},
+    {GgmlType::kQ5_0, quant::VecDotQ5_0Q8_0IntegerRef},
     {GgmlType::kQ8_0, quant::VecDotQ8_0Q8_0IntegerRef}};
 
 // Weight rows of `type` with offsets, outliers and zero blocks (stride bytes apart).
@@ -405,10 +406,10 @@ std::vector<CpuLevel> Levels() {
   return levels;
 }
 
-// The integer order is the default mode's matmul at every level: Q4_0, Q4_1 and Q8_0 have an
-// interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's own.
+// The integer order is the default mode's matmul at every level: Q4_0, Q4_1, Q5_0 and Q8_0 have
+// an interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's own.
 TEST(IntegerOrder, RegisteredAtEveryLevel) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0}) {
     InterleavedTileFn lower_level_kernel = nullptr;
     for (CpuLevel level : Levels()) {
       const QuantKernels* k = InterleavedKernels(type, level);
@@ -455,6 +456,32 @@ TEST(IntegerOrder, PackerLayouts) {
     std::vector<uint8_t> back(RowBytes(GgmlType::kQ4_0, n));
     for (int row = 0; row < rows; ++row) {
       q4_0->interleaved_row(lines.data(), n, row, back.data());
+      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
+    }
+  }
+  {
+    const QuantKernels* q5_0 = InterleavedKernels(GgmlType::kQ5_0);
+    ASSERT_NE(q5_0, nullptr);
+    const size_t stride = RowBytes(GgmlType::kQ5_0, n) + 3;
+    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ5_0, n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*q5_0, w, stride, n, rows);
+    const auto* p = reinterpret_cast<const quant::BlockQ5_0x16*>(lines.data());
+    constexpr uint8_t kZero4[4] = {0, 0, 0, 0};
+    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+      for (int b = 0; b < 3; ++b) {
+        const quant::BlockQ5_0x16& blk = p[row / 16 * 3 + b];
+        const int r = row % 16;
+        const auto* src = reinterpret_cast<const quant::BlockQ5_0*>(w.data() + row * stride) + b;
+        for (int e = 0; e < 16; ++e) {
+          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
+        }
+        ASSERT_EQ(std::memcmp(blk.qh[r], row < rows ? src->qh : kZero4, 4), 0) << "row " << row;
+        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+      }
+    }
+    std::vector<uint8_t> back(RowBytes(GgmlType::kQ5_0, n));
+    for (int row = 0; row < rows; ++row) {
+      q5_0->interleaved_row(lines.data(), n, row, back.data());
       ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
     }
   }
@@ -576,6 +603,10 @@ TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
         } else if (it.type == GgmlType::kQ4_0) {
           if (kind == 0) std::memset(blk + 2, 0xFF, 16);  // every weight 7 (the int16 sums' edge)
           if (kind == 1) std::memset(blk + 2, 0x00, 16);  // every weight -8
+        } else if (it.type == GgmlType::kQ5_0) {
+          if (kind == 0) std::memset(blk + 2, 0xFF, 20);  // every q 31 (the int16 sums' edge)
+          if (kind == 1) std::memset(blk + 2, 0x00, 20);  // every weight -16
+          if (kind == 2) std::memset(blk + 2, 0xAA, 4);   // every other element's bit 4
         } else {
           auto* qs = reinterpret_cast<int8_t*>(blk + 2);
           for (int j = 0; j < 32; ++j) {
@@ -642,6 +673,8 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
         std::memset(w.data() + 7 * w_stride + b * w_block + 4, 0xFF, 16);
       } else if (it.type == GgmlType::kQ4_0) {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x00, 16);  // every weight -8
+      } else if (it.type == GgmlType::kQ5_0) {
+        std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x00, 20);  // every weight -16
       } else {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x80, 32);
       }
