@@ -11,11 +11,10 @@
 //   Q4_1: nibbles (0..15) x activations (|qa| <= 128): each int16 pair sum is at most
 //     2 * 15 * 128 = 3840 in magnitude, so the 8 products of a block (8 x 4 elements per row)
 //     are summed in int16 (<= 30720) before one vpmaddwd.
-//   Q4_0: the same nibble sums (activations in [-127, 127]: <= 8 * 2 * 15 * 127 = 30480), then
-//     P = Σ nibble * qa - 8 * Σ qa, the second term exact and per (token, block).
-//   Q5_0: 5-bit q (0..31; bit 4 from the row's qh as in the AVX-512 kernel, by vpshufb, a test
-//     and a compare) and offset 16: pair sums up to 2 * 31 * 127 = 7874, so int16 sums of two
-//     lines (<= 31496) are widened by vpmaddwd twice a block.
+//   Q4_0 / Q5_0: nibbles (Q5_0: plus bit 4 from the row's qh, spread by vpshufb, a test and a
+//     compare) x activations in [-127, 127]: pair sums up to 2 * 31 * 127 = 7874, so int16 sums
+//     of two lines (<= 31496) are widened by vpmaddwd twice a block; then
+//     P = Σ q * qa - offset * Σ qa (offset 8 / 16), the second term exact and per (token, block).
 //   Q8_0: the packer stores qw + 128; vpmaddubsw(|qw|, sign(qa, qw)) gives each pair sum
 //     qw * qa + qw' * qa' with at most 2 * 128 * 127 = 32512 in magnitude (activations in
 //     [-127, 127], what MatMul's quantizer produces), widened by vpmaddwd right away.
@@ -129,72 +128,33 @@ struct Q4_1Format {
   }
 };
 
-struct Q4_0Format {
-  using Block = BlockQ4_0x16;
-  using ActBlock = BlockQ8_0;
-  using Aux = int32_t;  // -8 * Σ qa: the correction for the weights' offset of 8
-  static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = HalfToFloat(a.d);
-    int32_t sum = 0;
-    for (int8_t v : a.qs) sum += v;
-    *aux = -8 * sum;
-  }
-  template <int T>
-  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
-                                            size_t a_stride, const float* d, const Aux* aux,
-                                            int n_rows, float* out, size_t out_stride) {
-    __m256 acc[T];
-    Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < nb; ++b) {
-      PrefetchAhead(w, b);
-      __m256i sum16[T];
-      Unroll<T>([&](auto t) { sum16[t] = _mm256_setzero_si256(); });
-      Unroll<4>([&](auto i) {
-        const __m256i packed =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half));
-        const __m256i lo = _mm256_and_si256(packed, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        Unroll<T>([&](auto t) {
-          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(lo, Broadcast(qa + 4 * i)));
-          sum16[t] =
-              _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
-        });
-      });
-      const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
-      Unroll<T>([&](auto t) {
-        const __m256i p =
-            _mm256_add_epi32(_mm256_madd_epi16(sum16[t], ones), _mm256_set1_epi32(aux[t * nb + b]));
-        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[t]);
-      });
-    }
-    Unroll<T>([&](auto t) { StoreRows(out + t * out_stride, acc[t], n_rows); });
-  }
-};
+// Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes).
+inline __m256i SpreadByte(int k) {
+  const __m128i lane = _mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101, (8 + k) * 0x01010101,
+                                      (12 + k) * 0x01010101);
+  return _mm256_set_m128i(lane, lane);
+}
 
-struct Q5_0Format {
-  using Block = BlockQ5_0x16;
+// 0x10 in the bytes whose bit in `test` is set in `bytes`, else 0.
+inline __m256i Bit4(__m256i bytes, __m256i test) {
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, test), test);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Q4_0 (kOffset 8) and Q5_0 (kOffset 16, bit 4 of each element from the row's qh) weights x Q8_0
+// activations: P = Σ q * qa - kOffset * Σ qa, no mins. The int16 sums of two lines (<= 4 pair
+// sums of at most 2 * 31 * 127 = 7874) are widened by vpmaddwd twice a block.
+template <typename B, int kOffset>
+struct OffsetFormat {
+  static constexpr bool kFiveBit = kOffset == 16;
+  using Block = B;
   using ActBlock = BlockQ8_0;
-  using Aux = int32_t;  // -16 * Σ qa: the correction for the weights' offset of 16
+  using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
     *d = HalfToFloat(a.d);
     int32_t sum = 0;
     for (int8_t v : a.qs) sum += v;
-    *aux = -16 * sum;
-  }
-  // Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes).
-  static __m256i SpreadByte(int k) {
-    const __m128i lane = _mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101, (8 + k) * 0x01010101,
-                                        (12 + k) * 0x01010101);
-    return _mm256_set_m128i(lane, lane);
-  }
-  // 0x10 in the bytes whose bit in `test` is set in `bytes`, else 0.
-  static __m256i Bit4(__m256i bytes, __m256i test) {
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, test), test);
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+    *aux = -kOffset * sum;
   }
   template <int T>
   __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
@@ -204,24 +164,30 @@ struct Q5_0Format {
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2), SpreadByte(3)};
-    const __m256i test[2] = {_mm256_set1_epi32(0x08040201),
-                             _mm256_set1_epi32(static_cast<int>(0x80402010u))};
+    [[maybe_unused]] const __m256i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2),
+                                                SpreadByte(3)};
+    // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
+    [[maybe_unused]] const __m256i test[2] = {_mm256_set1_epi32(0x08040201),
+                                              _mm256_set1_epi32(static_cast<int>(0x80402010u))};
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      const __m256i qh =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + kOctet * half));
-      __m256i high_bytes[4];
-      Unroll<4>([&](auto k) { high_bytes[k] = _mm256_shuffle_epi8(qh, spread[k]); });
+      [[maybe_unused]] __m256i high_bytes[4];
+      if constexpr (kFiveBit) {
+        const __m256i qh =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + kOctet * half));
+        Unroll<4>([&](auto k) { high_bytes[k] = _mm256_shuffle_epi8(qh, spread[k]); });
+      }
       __m256i sum[T], sum16[T];
       Unroll<T>([&](auto t) { sum[t] = sum16[t] = _mm256_setzero_si256(); });
       Unroll<4>([&](auto i) {
         const __m256i packed =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half));
-        const __m256i lo =
-            _mm256_or_si256(_mm256_and_si256(packed, low), Bit4(high_bytes[i / 2], test[i % 2]));
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low),
-                                           Bit4(high_bytes[2 + i / 2], test[i % 2]));
+        __m256i lo = _mm256_and_si256(packed, low);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        if constexpr (kFiveBit) {
+          lo = _mm256_or_si256(lo, Bit4(high_bytes[i / 2], test[i % 2]));
+          hi = _mm256_or_si256(hi, Bit4(high_bytes[2 + i / 2], test[i % 2]));
+        }
         Unroll<T>([&](auto t) {
           const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
           const __m256i pair =
@@ -245,6 +211,8 @@ struct Q5_0Format {
     Unroll<T>([&](auto t) { StoreRows(out + t * out_stride, acc[t], n_rows); });
   }
 };
+using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
+using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 
 struct Q8_0Format {
   using Block = BlockQ8_0x16;

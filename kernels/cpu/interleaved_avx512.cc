@@ -73,6 +73,24 @@ inline __m512 HalvesToFloats(const uint8_t (*h)[2]) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
 }
 
+// The low 4 bits of a block's 32 elements of 16 rows: q[i] elements 4i..4i+3 (i < 4), q[i + 4]
+// elements 16+4i..16+4i+3 (the x16 layouts' qs lines).
+inline void Nibbles(const uint8_t (*qs)[64], __m512i q[8]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  Unroll<4>([&](auto i) {
+    const __m512i packed = _mm512_loadu_si512(qs[i]);
+    q[i] = _mm512_and_si512(packed, low);
+    q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+  });
+}
+
+// Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes of 4
+// rows each).
+inline __m512i SpreadByte(int k) {
+  return _mm512_broadcast_i32x4(_mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101,
+                                               (8 + k) * 0x01010101, (12 + k) * 0x01010101));
+}
+
 struct Q4_1Format {
   using Block = BlockQ4_1x16;
   using ActBlock = BlockQ8_1;
@@ -92,15 +110,10 @@ struct Q4_1Format {
       acc[t] = _mm512_setzero_ps();
       mins[t] = _mm512_setzero_ps();
     });
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      __m512i q[8];  // q[i]: elements 4i..4i+3 (i < 4), 16+4(i-4).. (i >= 4) of every row
-      Unroll<4>([&](auto i) {
-        const __m512i packed = _mm512_load_si512(w[b].qs[i]);
-        q[i] = _mm512_and_si512(packed, low);
-        q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      });
+      __m512i q[8];
+      Nibbles(w[b].qs, q);
       const __m512 dw = HalvesToFloats(w[b].d);
       const __m512 mw = HalvesToFloats(w[b].m);
       Unroll<T>([&](auto t) {
@@ -117,15 +130,19 @@ struct Q4_1Format {
   }
 };
 
-struct Q4_0Format {
-  using Block = BlockQ4_0x16;
+// Q4_0 (kOffset 8) and Q5_0 (kOffset 16, bit 4 of each element from the row's qh) weights x Q8_0
+// activations: P = Σ q * qa - kOffset * Σ qa, no mins.
+template <typename B, int kOffset>
+struct OffsetFormat {
+  static constexpr bool kFiveBit = kOffset == 16;
+  using Block = B;
   using ActBlock = BlockQ8_0;
-  using Aux = int32_t;  // -8 * Σ qa: the correction for the weights' offset of 8
+  using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
     *d = LoadHalf(a.d);
     int32_t sum = 0;
     for (int8_t v : a.qs) sum += v;
-    *aux = -8 * sum;
+    *aux = -kOffset * sum;
   }
   template <int T>
   __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
@@ -133,71 +150,27 @@ struct Q4_0Format {
                                             int n_rows, float* out, size_t out_stride) {
     __m512 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; ++b) {
-      PrefetchAhead(w, b);
-      __m512i q[8];  // as Q4_1's (blocks 288 bytes apart: 32-byte aligned, unaligned loads)
-      Unroll<4>([&](auto i) {
-        const __m512i packed = _mm512_loadu_si512(w[b].qs[i]);
-        q[i] = _mm512_and_si512(packed, low);
-        q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      });
-      const __m512 dw = HalvesToFloats(w[b].d);
-      Unroll<T>([&](auto t) {
-        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
-        const __m512i p =
-            _mm512_add_epi32(BlockDot(q, act->qs), _mm512_set1_epi32(aux[t * nb + b]));
-        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
-        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
-      });
-    }
-    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
-    Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
-  }
-};
-
-struct Q5_0Format {
-  using Block = BlockQ5_0x16;
-  using ActBlock = BlockQ8_0;
-  using Aux = int32_t;  // -16 * Σ qa: the correction for the weights' offset of 16
-  static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = LoadHalf(a.d);
-    int32_t sum = 0;
-    for (int8_t v : a.qs) sum += v;
-    *aux = -16 * sum;
-  }
-  // Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes of 4
-  // rows each).
-  static __m512i SpreadByte(int k) {
-    return _mm512_broadcast_i32x4(_mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101,
-                                                 (8 + k) * 0x01010101, (12 + k) * 0x01010101));
-  }
-  template <int T>
-  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
-                                            size_t a_stride, const float* d, const Aux* aux,
-                                            int n_rows, float* out, size_t out_stride) {
-    __m512 acc[T];
-    Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    const __m512i bit4 = _mm512_set1_epi8(0x10);
-    const __m512i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2), SpreadByte(3)};
+    [[maybe_unused]] const __m512i bit4 = _mm512_set1_epi8(0x10);
+    [[maybe_unused]] const __m512i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2),
+                                                SpreadByte(3)};
     // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
-    const __m512i test[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(0x80402010)};
+    [[maybe_unused]] const __m512i test[2] = {_mm512_set1_epi32(0x08040201),
+                                              _mm512_set1_epi32(0x80402010)};
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      const __m512i qh = _mm512_loadu_si512(w[b].qh);
-      __m512i high_bytes[4];
-      Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
       __m512i q[8];
-      Unroll<4>([&](auto i) {
-        const __m512i packed = _mm512_loadu_si512(w[b].qs[i]);
-        const __m512i lo = _mm512_and_si512(packed, low);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-        const __mmask64 lo_set = _mm512_test_epi8_mask(high_bytes[i / 2], test[i % 2]);
-        const __mmask64 hi_set = _mm512_test_epi8_mask(high_bytes[2 + i / 2], test[i % 2]);
-        q[i] = _mm512_mask_add_epi8(lo, lo_set, lo, bit4);
-        q[i + 4] = _mm512_mask_add_epi8(hi, hi_set, hi, bit4);
-      });
+      Nibbles(w[b].qs, q);
+      if constexpr (kFiveBit) {
+        const __m512i qh = _mm512_loadu_si512(w[b].qh);
+        __m512i high_bytes[4];
+        Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
+        Unroll<4>([&](auto i) {
+          const __mmask64 lo_set = _mm512_test_epi8_mask(high_bytes[i / 2], test[i % 2]);
+          const __mmask64 hi_set = _mm512_test_epi8_mask(high_bytes[2 + i / 2], test[i % 2]);
+          q[i] = _mm512_mask_add_epi8(q[i], lo_set, q[i], bit4);
+          q[i + 4] = _mm512_mask_add_epi8(q[i + 4], hi_set, q[i + 4], bit4);
+        });
+      }
       const __m512 dw = HalvesToFloats(w[b].d);
       Unroll<T>([&](auto t) {
         const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
@@ -211,6 +184,8 @@ struct Q5_0Format {
     Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
   }
 };
+using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
+using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 
 struct Q8_0Format {
   using Block = BlockQ8_0x16;

@@ -35,26 +35,13 @@ void BlockSumsQ4_1(const BlockQ4_1x16& w, const int8_t* qa, int32_t p[kRows]) {
   }
 }
 
-// The same for one interleaved Q4_0 block (weights nibble - 8).
-void BlockSumsQ4_0(const BlockQ4_0x16& w, const int8_t* qa, int32_t p[kRows]) {
-  for (int r = 0; r < kRows; ++r) p[r] = 0;
-  for (int i = 0; i < 4; ++i) {
-    for (int r = 0; r < kRows; ++r) {
-      const uint8_t* q = w.qs[i] + 4 * r;
-      int32_t s = 0;
-      for (int j = 0; j < 4; ++j) {
-        s += ((q[j] & 0x0F) - 8) * qa[4 * i + j] + ((q[j] >> 4) - 8) * qa[16 + 4 * i + j];
-      }
-      p[r] += s;
-    }
-  }
-}
-
-// The same for one interleaved Q5_0 block (weights q - 16, q's bit 4 from the row's qh).
-void BlockSumsQ5_0(const BlockQ5_0x16& w, const int8_t* qa, int32_t p[kRows]) {
+// The same for one interleaved Q4_0 (kOffset 8: weight nibble - 8) or Q5_0 block (kOffset 16:
+// weight q - 16, q's bit 4 from the row's qh).
+template <typename B, int kOffset>
+void BlockSumsOffset(const B& w, const int8_t* qa, int32_t p[kRows]) {
   for (int r = 0; r < kRows; ++r) {
-    uint32_t qh;
-    std::memcpy(&qh, w.qh[r], 4);
+    uint32_t qh = 0;
+    if constexpr (kOffset == 16) std::memcpy(&qh, w.qh[r], 4);
     int32_t s = 0;
     for (int i = 0; i < 4; ++i) {
       const uint8_t* q = w.qs[i] + 4 * r;
@@ -62,7 +49,7 @@ void BlockSumsQ5_0(const BlockQ5_0x16& w, const int8_t* qa, int32_t p[kRows]) {
         const int e = 4 * i + j;
         const int lo = (q[j] & 0x0F) | static_cast<int>((qh >> e) & 1) << 4;
         const int hi = (q[j] >> 4) | static_cast<int>((qh >> (16 + e)) & 1) << 4;
-        s += (lo - 16) * qa[e] + (hi - 16) * qa[16 + e];
+        s += (lo - kOffset) * qa[e] + (hi - kOffset) * qa[16 + e];
       }
     }
     p[r] = s;
@@ -93,27 +80,19 @@ struct Q4_1Format {
   static float WeightMin(const Block& w, int r) { return LoadHalf(w.m[r]); }
 };
 
-struct Q4_0Format {
-  using Block = BlockQ4_0x16;
+template <typename B, int kOffset>
+struct OffsetFormat {
+  using Block = B;
   using ActBlock = BlockQ8_0;
   static constexpr bool kHasMins = false;
   static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
-    BlockSumsQ4_0(w, qa, p);
+    BlockSumsOffset<B, kOffset>(w, qa, p);
   }
   static float ActMin(const ActBlock&) { return 0.0f; }
   static float WeightMin(const Block&, int) { return 0.0f; }
 };
-
-struct Q5_0Format {
-  using Block = BlockQ5_0x16;
-  using ActBlock = BlockQ8_0;
-  static constexpr bool kHasMins = false;
-  static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
-    BlockSumsQ5_0(w, qa, p);
-  }
-  static float ActMin(const ActBlock&) { return 0.0f; }
-  static float WeightMin(const Block&, int) { return 0.0f; }
-};
+using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
+using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 
 struct Q8_0Format {
   using Block = BlockQ8_0x16;
