@@ -130,11 +130,13 @@ struct Q4_1Format {
   }
 };
 
-// Q4_0 (kOffset 8) and Q5_0 (kOffset 16, bit 4 of each element from the row's qh) weights x Q8_0
-// activations: P = Σ q * qa - kOffset * Σ qa, no mins.
+// Q4_0 (kOffset 8), Q5_0 (kOffset 16, bit 4 of each element from the row's qh) and Q8_0 (kOffset
+// 128: the packer stored qw + 128) weights x Q8_0 activations: P = Σ q * qa - kOffset * Σ qa, no
+// mins.
 template <typename B, int kOffset>
 struct OffsetFormat {
   static constexpr bool kFiveBit = kOffset == 16;
+  static constexpr bool kBytes = kOffset == 128;
   using Block = B;
   using ActBlock = BlockQ8_0;
   using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
@@ -159,7 +161,11 @@ struct OffsetFormat {
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
       __m512i q[8];
-      Nibbles(w[b].qs, q);
+      if constexpr (kBytes) {
+        Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
+      } else {
+        Nibbles(w[b].qs, q);
+      }
       if constexpr (kFiveBit) {
         const __m512i qh = _mm512_loadu_si512(w[b].qh);
         __m512i high_bytes[4];
@@ -186,40 +192,7 @@ struct OffsetFormat {
 };
 using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
 using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
-
-struct Q8_0Format {
-  using Block = BlockQ8_0x16;
-  using ActBlock = BlockQ8_0;
-  using Aux = int32_t;  // -128 * Σ qa: the correction for the weights' +128 offset
-  static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = LoadHalf(a.d);
-    int32_t sum = 0;
-    for (int8_t v : a.qs) sum += v;
-    *aux = -128 * sum;
-  }
-  template <int T>
-  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
-                                            size_t a_stride, const float* d, const Aux* aux,
-                                            int n_rows, float* out, size_t out_stride) {
-    __m512 acc[T];
-    Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-    for (int64_t b = 0; b < nb; ++b) {
-      PrefetchAhead(w, b);
-      __m512i q[8];
-      Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
-      const __m512 dw = HalvesToFloats(w[b].d);
-      Unroll<T>([&](auto t) {
-        const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
-        const __m512i p =
-            _mm512_add_epi32(BlockDot(q, act->qs), _mm512_set1_epi32(aux[t * nb + b]));
-        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
-        acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
-      });
-    }
-    const __mmask16 store = n_rows >= kInterleaveRows ? 0xFFFF : (1u << n_rows) - 1;
-    Unroll<T>([&](auto t) { _mm512_mask_storeu_ps(out + t * out_stride, store, acc[t]); });
-  }
-};
+using Q8_0Format = OffsetFormat<BlockQ8_0x16, 128>;
 
 // The InterleavedTileFn contract for one format: activation scales converted once per call,
 // then every group of 16 rows in register tiles of up to kTileTokens tokens.
