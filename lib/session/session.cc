@@ -482,9 +482,11 @@ absl::StatusOr<int32_t> Session::Job::Plan(KvCache& cache, int32_t budget, Forwa
     const int32_t start = s.n_cached_;
     // A speculating session recomputing its tokens (after a preemption) leaves the last one
     // pending: it is the root of the next speculative step, as it would have been unpreempted
-    // (a plain sample from its logits would draw from the random stream differently).
+    // (a plain sample from its logits would draw from the random stream differently), unless
+    // it was preempted where it was to sample from them.
     const bool speculating = generate_ && prompt_done_ && s.spec_ != nullptr &&
-                             s.spec_->strategy() != nullptr && n < engine.n_ctx();
+                             s.spec_->strategy() != nullptr && n < engine.n_ctx() &&
+                             !s.sample_after_recompute_;
     const int32_t end = speculating ? n - 1 : n;
     const int32_t chunk = std::min({end - start, engine.options().prefill_chunk, budget});
     absl::Status st = cache.AppendSlots(s.seq_, std::span(s.tokens_).subspan(start, chunk));
@@ -552,6 +554,7 @@ void Session::Job::Finish(KvCache& cache, ForwardPass& pass, const StepRows& row
     if (i == n - 1) {
       s.logits_.assign(row, row + s.n_vocab_);
       s.logits_valid_ = true;
+      s.sample_after_recompute_ = false;
     }
   }
   s.n_cached_ += chunk;
@@ -581,6 +584,7 @@ void Session::Job::Fail(KvCache& cache, const absl::Status& status, bool planned
 }
 
 void Session::Job::Preempt(KvCache& cache) {
+  if (s_.logits_valid_ && s_.n_cached_ == s_.n_tokens()) s_.sample_after_recompute_ = true;
   cache.Truncate(s_.seq_, 0).IgnoreError();
   s_.n_cached_ = 0;
   s_.logits_valid_ = false;
@@ -879,6 +883,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Fork() {
   fork->n_cached_ = n_cached_;
   fork->logits_ = logits_;
   fork->logits_valid_ = logits_valid_;
+  fork->sample_after_recompute_ = sample_after_recompute_;
   fork->last_logprobs_ = last_logprobs_;
   if (spec_ != nullptr) {
     fork->spec_ = std::make_unique<spec::SpeculativeDecoder>(fork->engine_, fork->seq_,
@@ -992,6 +997,7 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
   st.mutable_model()->set_description(ModelDescription(model));
   st.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
   st.set_n_computed(n_cached_);
+  st.set_sample_after_recompute(sample_after_recompute_);
   if (options.kv) {
     // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData);
     // the sliding layers' from their first row not released.
@@ -1263,6 +1269,7 @@ absl::Status Session::LoadState(std::string_view bytes) {
   stats_.attached_tokens += attached;
   logits_ = std::move(logits);
   logits_valid_ = logits_valid;
+  sample_after_recompute_ = st.sample_after_recompute() && !logits_valid;
   sampler_ = sample::Sampler(params);
   rng_.SetState({st.rng_state(0), st.rng_state(1), st.rng_state(2), st.rng_state(3)});
   last_logprobs_.clear();
@@ -1303,6 +1310,8 @@ absl::Status Session::Rewind(int32_t n) {
     n_cached_ = std::min(n_cached_, new_len);
     logits_valid_ = false;
   }
+  // The last token is another one: its logits are recomputed, as after any rewind.
+  if (n > 0) sample_after_recompute_ = false;
   tokens_.resize(new_len);
   return absl::OkStatus();
 }

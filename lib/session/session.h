@@ -318,6 +318,10 @@ class Session {
   int32_t n_cached_ = 0;
   std::vector<float> logits_;  // [n_vocab]
   bool logits_valid_ = false;
+  // The session was preempted (its K/V dropped) where its next token was to be sampled from the
+  // last token's logits: the recompute computes the last token too and samples from its logits
+  // as it would have unpreempted, instead of leaving it pending as a speculative step's root.
+  bool sample_after_recompute_ = false;
   sample::Distribution dist_;
   std::vector<sample::TokenLogprob> last_logprobs_;
   SessionStats stats_;

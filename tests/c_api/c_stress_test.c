@@ -84,7 +84,14 @@ typedef struct history {
   int prompted; /* the prompt is in the session */
   int n_chunks;
   int32_t chunks[kMaxChunks];
+  char origin[24]; /* how the session came to be, for a mismatch's report: "c", then "f" per fork
+                      and "r0"/"r1" per restore (without/with K/V) */
 } history;
+
+static void note_origin(history* h, const char* event) {
+  const size_t used = strlen(h->origin);
+  if (used + strlen(event) < sizeof h->origin) strcat(h->origin, event);
+}
 
 /* Every read that checks a result against a foreign thread's overlapping call: a foreign cancel
  * may end the owner's call, a foreign getter may make it fail with KILN_ERR_BUSY. */
@@ -210,6 +217,17 @@ static int replay(const history* h, collected* out, kiln_stop_reason* reason) {
   return ok;
 }
 
+/* "a b c" of values[0, n) into out (truncated to its size). */
+static void join_ints(const int32_t* values, size_t n, char* out, size_t size) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n && used < size; ++i) {
+    const int w = snprintf(out + used, size - used, i == 0 ? "%d" : " %d", (int)values[i]);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
 /* Compares the last generate of `h` (tokens got[0, n_got), stop reason) with its solo run. */
 static void compare_with_solo(const history* h, const int32_t* got, size_t n_got,
                               kiln_stop_reason reason, const char* how) {
@@ -220,11 +238,15 @@ static void compare_with_solo(const history* h, const int32_t* got, size_t n_got
   count(kOpCompared);
   if (expected.n != n_got || memcmp(expected.tokens, got, n_got * sizeof(int32_t)) != 0 ||
       expected_reason != reason) {
+    char chunks[8 * kMaxChunks + 1], got_text[8 * kMaxTokens + 1], solo_text[8 * kMaxTokens + 1];
+    join_ints(h->chunks, (size_t)h->n_chunks, chunks, sizeof chunks);
+    join_ints(got, n_got, got_text, sizeof got_text);
+    join_ints(expected.tokens, expected.n, solo_text, sizeof solo_text);
     fprintf(stderr,
-            "MISMATCH (%s): prompt %d mode %d ngram %d chunks %d (last max %d): %zu tokens "
-            "reason %d, solo %zu tokens reason %d\n",
-            how, h->prompt, h->mode, h->ngram, h->n_chunks, h->chunks[h->n_chunks - 1], n_got,
-            (int)reason, expected.n, (int)expected_reason);
+            "MISMATCH (%s): prompt %d mode %d ngram %d origin %s chunks [%s]: tokens [%s] reason "
+            "%d, solo [%s] reason %d\n",
+            how, h->prompt, h->mode, h->ngram, h->origin, chunks, got_text, (int)reason, solo_text,
+            (int)expected_reason);
     atomic_fetch_add(&g_thread_failures, 1);
   }
 }
@@ -286,6 +308,7 @@ static void op_create(slot* sl, uint64_t* rng) {
   h.prompt = pick(rng, kPrompts);
   h.mode = pick(rng, kModes);
   h.ngram = pick(rng, 2);
+  note_origin(&h, "c");
   TCHECK(kiln_session_create(g_model, g_cache, g_samplers[h.mode], &s) == KILN_OK);
   if (s == NULL) return;
   if (h.ngram) {
@@ -430,6 +453,7 @@ static void op_fork(slot* sl, uint64_t* rng) {
     TCHECK(st == KILN_OK);
     if (st == KILN_OK) {
       dst->h = sl->h;
+      note_origin(&dst->h, "f");
       dst->in_flight = 0;
       set_session(dst, fork, NULL); /* the fork owns its clone of the strategy */
       count(kOpFork);
@@ -469,6 +493,7 @@ static void op_save(slot* sl, uint64_t* rng) {
     entry->data = data;
     entry->size = size;
     entry->h = sl->h;
+    note_origin(&entry->h, params.kv ? "r1" : "r0");
     pthread_mutex_unlock(&g_saved_mu);
   }
 }

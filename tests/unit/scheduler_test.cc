@@ -248,6 +248,119 @@ TEST_F(TinyScheduler, PreemptionByRecomputeKeepsEveryToken) {
   EXPECT_TRUE(engine->Locked([](KvCache& k, ForwardPass&) { return k.CheckInvariants(); }).ok());
 }
 
+// A session preempted after its prompt was computed but before it sampled from the prompt's
+// logits samples from them once recomputed, as it would have unpreempted: with a speculative
+// strategy, treating the last prompt token as the root of a speculative step instead drafts one
+// more time and draws from the random stream differently, so a seeded text changed (seen in
+// c_stress_test). Also after a cancel while preempted, in a fork and in a saved state.
+class PreemptedBeforeFirstSample : public TinyScheduler {
+ protected:
+  static constexpr int32_t kPrompt = 40;
+
+  void SetUp() override {
+    request_ = Requests(4, 16)[3];  // seeded sampling with n-gram speculation
+    ASSERT_TRUE(request_.ngram && request_.params.temperature > 0.0f);
+    // The prompt ends with a token it holds earlier, so that a speculative step at its end
+    // would find a draft.
+    request_.prompt = RandomTokens(kPrompt, 3, 300, 11);
+    request_.prompt.back() = request_.prompt[20];
+    auto alone_engine = MakeEngine(*model_);
+    alone_ = RunAlone(*alone_engine, {request_})[0].tokens;
+
+    auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
+    ASSERT_TRUE(layout.ok());
+    EngineOptions options;
+    options.prefix_caching = false;
+    options.pool_bytes = 6 * layout->block_bytes();  // 5 usable blocks
+    engine_ = MakeEngine(*model_, options);
+    // The victim's prompt is computed by a blocking append (3 blocks) and waits for a generate.
+    victim_ = NewSession();
+    ASSERT_TRUE(victim_->AppendTokens(request_.prompt).ok());
+    // An older request fills the other 2 blocks with its prompt and samples its first token,
+    // whose K/V needs a sixth block.
+    other_ = std::move(*Session::Create(*engine_, request_.params, 2));
+    SubmitOptions fill;
+    fill.prompt = RandomTokens(32, 3, 300, 12);
+    fill.generate.max_tokens = 2;
+    ASSERT_TRUE(other_->Submit(fill).ok());
+    engine_->scheduler().Step();
+    ASSERT_EQ(other_->n_tokens(), 33);
+    // The victim's generate comes after it: the older request's next step preempts it.
+    SubmitOptions generate;
+    generate.generate.max_tokens = request_.max_tokens;
+    ASSERT_TRUE(victim_->Submit(generate).ok());
+    engine_->scheduler().Step();
+    ASSERT_EQ(victim_->stats().preemptions, 1);
+  }
+
+  std::unique_ptr<Session> NewSession() {
+    auto s = std::move(*Session::Create(*engine_, request_.params, request_.seed));
+    strategies_.push_back(NewNgram());
+    EXPECT_TRUE(s->SetStrategy(strategies_.back().get()).ok());
+    return s;
+  }
+
+  // Steps until `s`'s request is done; the other request's session is destroyed when its
+  // request is, so that its blocks return to the pool for the victim's recompute.
+  PollResult StepUntilDone(Session& s) {
+    PollResult poll;
+    for (int step = 0; step < 1000 && !poll.done; ++step) {
+      PollResult other_poll;
+      if (other_ != nullptr && other_->Poll(0, 0, &other_poll).ok() && other_poll.done) {
+        other_.reset();
+      }
+      engine_->scheduler().Step();
+      EXPECT_TRUE(s.Poll(SIZE_MAX, SIZE_MAX, &poll).ok());
+    }
+    EXPECT_TRUE(poll.done);
+    return poll;
+  }
+
+  // The tokens a blocking generate of `s` adds after the prompt.
+  std::vector<int32_t> Continue(Session& s) {
+    GenerateOptions options;
+    options.max_tokens = request_.max_tokens;
+    auto result = s.Generate(options);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return std::vector<int32_t>(s.tokens().begin() + kPrompt, s.tokens().end());
+  }
+
+  Request request_;
+  std::vector<int32_t> alone_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::unique_ptr<spec::Strategy>> strategies_;
+  std::unique_ptr<Session> victim_, other_;
+};
+
+TEST_F(PreemptedBeforeFirstSample, SamplesFromTheRecomputedLogits) {
+  const PollResult poll = StepUntilDone(*victim_);
+  ASSERT_TRUE(poll.status.ok()) << poll.status;
+  EXPECT_EQ(victim_->stats().preemptions, 1);
+  const std::vector<int32_t> tokens(victim_->tokens().begin() + kPrompt, victim_->tokens().end());
+  EXPECT_EQ(tokens, alone_);
+}
+
+TEST_F(PreemptedBeforeFirstSample, CancelledThenForkedOrSavedAndRestored) {
+  victim_->Cancel();
+  const PollResult poll = StepUntilDone(*victim_);
+  ASSERT_TRUE(poll.status.ok()) << poll.status;
+  ASSERT_EQ(poll.reason, StopReason::kCancelled);
+  ASSERT_EQ(victim_->n_tokens(), kPrompt) << "cancelled before it sampled";
+  auto fork = victim_->Fork();
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  SaveStateOptions tokens_only;
+  tokens_only.kv = false;
+  auto saved = victim_->SaveState(tokens_only);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(Continue(*victim_), alone_);
+  victim_.reset();
+  EXPECT_EQ(Continue(**fork), alone_);
+  fork->reset();
+  std::unique_ptr<Session> restored = NewSession();
+  ASSERT_TRUE(restored->LoadState(*saved).ok());
+  EXPECT_EQ(Continue(*restored), alone_);
+}
+
 TEST_F(TinyScheduler, CacheFullWithoutVictimFailsOnlyThatRequest) {
   auto layout = model_->architecture().CacheLayout(model_->hparams(), GgmlType::kF16, 16);
   ASSERT_TRUE(layout.ok());
