@@ -285,7 +285,7 @@ void SpecModelTest::LoadTinyModel(const std::string& shape, int32_t n_ctx) {
   options.seed = 11;
   gguf::GgufWriter writer;
   ASSERT_TRUE(BuildRandomModel(options, &writer).ok());
-  const std::string path = ::testing::TempDir() + "/spec-" + shape + ".gguf";
+  const std::string path = TempDir() + "/spec-" + shape + ".gguf";
   ASSERT_TRUE(writer.WriteToFile(path).ok());
   LoadModelAndEngine(path, n_ctx, &model_, &engine_);
 }

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
@@ -52,7 +54,30 @@ std::string SourcePath(const std::string& relative) {
   return std::string(KILN_SOURCE_DIR) + "/" + relative;
 }
 
-std::string TempDir() {
+namespace {
+
+// The directories TempDir made, removed with their contents when the process exits normally
+// (every test binary wrote tens of MB of models there, which piled up in /tmp run after run).
+class TempDirs {
+ public:
+  ~TempDirs() {
+    for (const std::string& dir : dirs_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+  const std::string& Add(std::string dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(std::move(dir));
+    return dirs_.back();
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<std::string> dirs_;  // a deque: Add's references stay valid
+};
+
+std::string MakeTempDir() {
 #if defined(_WIN32)
   // No mkdtemp there: random names until one is new (create_directory fails on an existing one).
   std::random_device random;
@@ -63,15 +88,23 @@ std::string TempDir() {
     if (std::filesystem::create_directory(dir, ec)) return dir.string();
   }
   ADD_FAILURE() << "cannot create a temporary directory";
-  return std::filesystem::temp_directory_path().string();
+  return "";
 #else
   std::string base = std::filesystem::temp_directory_path() / "kiln-test-XXXXXX";
   if (mkdtemp(base.data()) == nullptr) {
     ADD_FAILURE() << "mkdtemp failed";
-    return "/tmp";
+    return "";
   }
   return base;
 #endif
+}
+
+}  // namespace
+
+std::string TempDir() {
+  static TempDirs dirs;
+  std::string dir = MakeTempDir();
+  return dir.empty() ? std::filesystem::temp_directory_path().string() : dirs.Add(std::move(dir));
 }
 
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor,

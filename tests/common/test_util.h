@@ -46,7 +46,8 @@ std::string Gemma3ModelPath();
 // Absolute path of a file in the source tree, e.g. SourcePath("tests/data/x.txt").
 std::string SourcePath(const std::string& relative);
 
-// A fresh empty directory for the calling test (removed at process exit is not guaranteed).
+// A fresh empty directory for the calling test, removed with its contents when the process
+// exits normally.
 std::string TempDir();
 
 // Writes the kiln-mkmodel shape `shape_name` at f32 into TempDir() (once per process), then
