@@ -442,7 +442,7 @@ absl::StatusOr<int32_t> Session::Job::Plan(KvCache& cache, int32_t budget, Forwa
       continue;
     }
     if (generate_ && prompt_done_ && s.spec_ != nullptr && s.spec_->strategy() != nullptr &&
-        s.n_cached_ + 1 == n && n < engine.n_ctx()) {
+        s.n_cached_ + 1 == n && n < engine.n_ctx() && !s.sample_after_recompute_) {
       // A speculative step: the pending token is the root of a draft tree.
       spec_max_emit_ = std::min(options_.max_tokens - result_.n_tokens, engine.n_ctx() - n);
       absl::StatusOr<int32_t> added =

@@ -186,8 +186,10 @@ static int collect_token(int32_t token, const char* piece, size_t len, void* use
   return 0;
 }
 
-/* The solo run of `h` on the reference cache: the tokens and stop reason of its last generate. */
-static int replay(const history* h, collected* out, kiln_stop_reason* reason) {
+/* The solo run of `h` on the reference cache: the tokens and stop reason of its last generate,
+ * and the session's speculative metrics after it. */
+static int replay(const history* h, collected* out, kiln_stop_reason* reason,
+                  kiln_spec_metrics* metrics) {
   kiln_session* s = NULL;
   kiln_strategy* strategy = NULL;
   int ok = 1;
@@ -210,6 +212,8 @@ static int replay(const history* h, collected* out, kiln_stop_reason* reason) {
     ok = kiln_session_generate(s, &gp, &gr) == KILN_OK;
     *reason = gr.stop_reason;
   }
+  metrics->struct_size = sizeof *metrics;
+  ok = ok && kiln_session_get_spec_metrics(s, metrics) == KILN_OK;
   kiln_session_destroy(s);
   kiln_strategy_destroy(strategy);
   pthread_mutex_unlock(&g_ref_mu);
@@ -228,14 +232,37 @@ static void join_ints(const int32_t* values, size_t n, char* out, size_t size) {
   }
 }
 
-/* Compares the last generate of `h` (tokens got[0, n_got), stop reason) with its solo run. */
-static void compare_with_solo(const history* h, const int32_t* got, size_t n_got,
-                              kiln_stop_reason reason, const char* how) {
+/* Compares the last generate of slot `sl`'s history (tokens got[0, n_got), stop reason) with its
+ * solo run; for a session created here (not a fork or a restore, whose decoders count from
+ * zero) also the speculative metrics, which differ as soon as the drafts do, before the tokens
+ * may. */
+static void compare_with_solo(slot* sl, const int32_t* got, size_t n_got, kiln_stop_reason reason,
+                              const char* how) {
+  const history* h = &sl->h;
   collected expected;
   kiln_stop_reason expected_reason = KILN_STOP_MAX_TOKENS;
+  kiln_spec_metrics solo_metrics, metrics;
+  int metrics_differ = 0;
   expected.n = 0;
-  if (!replay(h, &expected, &expected_reason)) return;
+  if (!replay(h, &expected, &expected_reason, &solo_metrics)) return;
   count(kOpCompared);
+  metrics.struct_size = sizeof metrics;
+  if (strcmp(h->origin, "c") == 0 &&
+      kiln_session_get_spec_metrics(sl->session, &metrics) == KILN_OK) {
+    metrics_differ =
+        metrics.steps != solo_metrics.steps || metrics.drafted != solo_metrics.drafted ||
+        metrics.accepted != solo_metrics.accepted || metrics.generated != solo_metrics.generated;
+  }
+  if (metrics_differ) {
+    fprintf(stderr,
+            "MISMATCH (%s, speculative metrics): prompt %d mode %d ngram %d chunks %d: steps %lld "
+            "drafted %lld accepted %lld generated %lld, solo %lld %lld %lld %lld\n",
+            how, h->prompt, h->mode, h->ngram, h->n_chunks, (long long)metrics.steps,
+            (long long)metrics.drafted, (long long)metrics.accepted, (long long)metrics.generated,
+            (long long)solo_metrics.steps, (long long)solo_metrics.drafted,
+            (long long)solo_metrics.accepted, (long long)solo_metrics.generated);
+    atomic_fetch_add(&g_thread_failures, 1);
+  }
   if (expected.n != n_got || memcmp(expected.tokens, got, n_got * sizeof(int32_t)) != 0 ||
       expected_reason != reason) {
     char chunks[8 * kMaxChunks + 1], got_text[8 * kMaxTokens + 1], solo_text[8 * kMaxTokens + 1];
@@ -371,7 +398,7 @@ static void finish_generate(slot* sl, kiln_status st, kiln_stop_reason reason, i
   }
   sl->h.prompted = 1;
   sl->h.chunks[sl->h.n_chunks++] = max_tokens;
-  compare_with_solo(&sl->h, got, n_got, reason, how);
+  compare_with_solo(sl, got, n_got, reason, how);
 }
 
 static void op_poll(slot* sl, uint64_t* rng) {
