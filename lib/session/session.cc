@@ -998,6 +998,7 @@ absl::StatusOr<std::string> Session::SaveState(const SaveStateOptions& options) 
   st.mutable_tokens()->Add(tokens_.begin(), tokens_.end());
   st.set_n_computed(n_cached_);
   st.set_sample_after_recompute(sample_after_recompute_);
+  st.set_last_logits_dropped(n_cached_ == n_tokens() && n_cached_ > 0 && !logits_valid_);
   if (options.kv) {
     // The K/V rows of tokens [0, n_cached) as the cache holds them, tile by tile (see KvData);
     // the sliding layers' from their first row not released.
@@ -1214,7 +1215,7 @@ absl::Status Session::LoadState(std::string_view bytes) {
     // Tokens only: recompute the K/V of tokens [0, n_computed) (batch-invariant kernels give the
     // bits the saved session held), attaching cached prefix blocks where the cache has them.
     fresh = engine_.Locked([](KvCache& cache, ForwardPass&) { return cache.CreateSequence(); });
-    const bool need_logits = n_computed == n && n > 0;
+    const bool need_logits = n_computed == n && n > 0 && !st.last_logits_dropped();
     if (engine_.options().prefix_caching && n_computed > 0) {
       const int32_t attachable = need_logits ? n_computed - 1 : n_computed;
       auto hit = engine_.Locked([&](KvCache& cache, ForwardPass&) {

@@ -523,6 +523,45 @@ TEST_F(DefaultModelState, NgramStrategyStateIsRestored) {
   EXPECT_EQ(c->n_tokens(), static_cast<int32_t>(at_save));
 }
 
+// Rewound into its computed tokens, a speculating session holds no logits for its last token: it
+// recomputes that token as the root of a speculative step. A state saved there without the K/V
+// must continue the same way, not sample from logits the restore recomputed (which draws from the
+// random stream differently).
+TEST_F(DefaultModelState, NgramSessionRewoundIntoItsComputedTokens) {
+  spec::NgramParams np;
+  np.fixed_pass_cost_beta = 0.25;
+  for (bool kv : {true, false}) {
+    SCOPED_TRACE(kv ? "K/V" : "tokens only");
+    auto strategy_a = std::move(*spec::NgramStrategy::Create(np));
+    // A flat distribution: the random stream decides most tokens.
+    sample::SamplerParams params;
+    params.temperature = 1.5f;
+    params.top_k = 0;
+    params.top_p = 1.0f;
+    params.min_p = 0.0f;
+    auto a = NewSession(*engine_, params, 7);
+    ASSERT_TRUE(a->SetStrategy(strategy_a.get()).ok());
+    ASSERT_TRUE(a->AppendText(kCopyPrompt, true, true).ok());
+    Generate(*a, kFirst);
+    ASSERT_TRUE(a->Rewind(3).ok());
+    SaveStateOptions options;
+    options.kv = kv;
+    auto saved = a->SaveState(options);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    const int64_t steps_before = a->spec_metrics().steps;
+    const std::vector<int32_t> expected = Continue(*a, kMore);
+    const int64_t steps = a->spec_metrics().steps - steps_before;
+    auto strategy_b = std::move(*spec::NgramStrategy::Create(np));
+    auto b = NewSession(*engine_, kiln::testing::GreedyParams(), 5);
+    ASSERT_TRUE(b->SetStrategy(strategy_b.get()).ok());
+    ASSERT_TRUE(b->LoadState(*saved).ok());
+    const int64_t restored_before = b->spec_metrics().steps;
+    EXPECT_EQ(Continue(*b, kMore), expected);
+    // Every token of the continuation from a speculative step, as in the saved session.
+    EXPECT_EQ(b->spec_metrics().steps - restored_before, steps);
+  }
+}
+
 TEST_F(DefaultModelState, DraftModelStrategyCannotBeSavedUnlessLeftOut) {
   spec::DraftModelParams dp;
   dp.n_threads = 1;
