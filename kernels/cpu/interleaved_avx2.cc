@@ -29,6 +29,7 @@
 
 #include "kernels/cpu/interleaved.h"
 #include "kernels/cpu/legacy.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/unroll.h"
 
@@ -55,13 +56,10 @@ inline float HalfToFloat(const uint8_t* p) {
   return _cvtsh_ss(v);
 }
 
-// Weights stream from memory once per call: fetch the bytes kPrefetchBytes ahead of each block
-// into L2 (as the AVX-512 kernels do).
-constexpr int64_t kPrefetchBytes = 8192;
+// Weights stream from memory once per call (kernels/cpu/prefetch.h).
 template <typename Block>
 inline void PrefetchAhead(const Block* w, int64_t b) {
-  const char* p = reinterpret_cast<const char*>(w + b) + kPrefetchBytes;
-  for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  PrefetchStreamAhead(w + b, sizeof(Block));
 }
 
 // Stores lanes r < n_rows of v to out[r].

@@ -31,6 +31,7 @@
 
 #include "kernels/cpu/interleaved.h"
 #include "kernels/cpu/legacy.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/unroll.h"
 
@@ -57,16 +58,10 @@ inline __m512i BlockDot(const __m512i w[8], const int8_t* qa) {
   return _mm512_add_epi32(p0, p1);
 }
 
-// Weights stream from memory once per call: fetch the bytes kPrefetchBytes ahead of each block
-// into L2. engine_bench --widths, 1 thread: one-token passes 6.5 -> 6.3 ms, eight-token passes
-// 19.4 -> 16.8 ms, every width in between monotonic. (Measured, not kept: prefetching into L1,
-// 2 KB ahead, for tiles of 3+ tokens: as fast at 8 tokens, slower at 3-4 with 2 threads, where
-// the two cores share the bandwidth; into L1 for one token: 7.0-7.6 ms.)
-constexpr int64_t kPrefetchBytes = 8192;
+// Weights stream from memory once per call (kernels/cpu/prefetch.h).
 template <typename Block>
 inline void PrefetchAhead(const Block* w, int64_t b) {
-  const char* p = reinterpret_cast<const char*>(w + b) + kPrefetchBytes;
-  for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  PrefetchStreamAhead(w + b, sizeof(Block));
 }
 
 inline __m512 HalvesToFloats(const uint8_t (*h)[2]) {
