@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -11,6 +10,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "lib/common/ggml_type.h"
 #include "lib/common/strings.h"
@@ -66,15 +66,14 @@ class TempDirs {
       std::filesystem::remove_all(dir, ignored);
     }
   }
-  const std::string& Add(std::string dir) {
+  void Add(const std::string& dir) {
     std::lock_guard<std::mutex> lock(mu_);
-    dirs_.push_back(std::move(dir));
-    return dirs_.back();
+    dirs_.push_back(dir);
   }
 
  private:
   std::mutex mu_;
-  std::deque<std::string> dirs_;  // a deque: Add's references stay valid
+  std::vector<std::string> dirs_;
 };
 
 std::string MakeTempDir() {
@@ -103,8 +102,10 @@ std::string MakeTempDir() {
 
 std::string TempDir() {
   static TempDirs dirs;
-  std::string dir = MakeTempDir();
-  return dir.empty() ? std::filesystem::temp_directory_path().string() : dirs.Add(std::move(dir));
+  const std::string dir = MakeTempDir();
+  if (dir.empty()) return std::filesystem::temp_directory_path().string();
+  dirs.Add(dir);
+  return dir;
 }
 
 std::string WriteEditedModel(const std::string& shape_name, const std::string& drop_tensor,
