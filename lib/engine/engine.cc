@@ -137,7 +137,10 @@ absl::Status Engine::Prefill(const PrefillRequest& request, int32_t* n_done) {
         const bool want = i >= request.logits_from || (request.last_logits && i == n - 1);
         batch_.Add(request.tokens[i], request.seq, start + (i - begin), want);
       }
-      batch_.want_hidden = static_cast<bool>(request.on_hidden);
+      if (request.on_hidden) {
+        batch_.want_hidden = request.hidden_layers.empty();
+        batch_.WantHiddenLayers(request.hidden_layers);
+      }
       KILN_RETURN_IF_ERROR(
           cache.AppendSlots(request.seq, request.tokens.subspan(begin, end - begin)));
       absl::Status st = pass.Forward(batch_, cache, &out_);
@@ -154,6 +157,12 @@ absl::Status Engine::Prefill(const PrefillRequest& request, int32_t* n_done) {
       if (request.on_hidden && out_.has_hidden()) {
         for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
           request.on_hidden(begin + out_.logit_tokens[r], out_.HiddenRow(r));
+        }
+      } else if (request.on_hidden && !request.hidden_layers.empty()) {
+        // The batch asked for exactly these layers: row r's are contiguous.
+        const size_t width = request.hidden_layers.size() * out_.layer_width;
+        for (size_t r = 0; r < out_.logit_tokens.size(); ++r) {
+          request.on_hidden(begin + out_.logit_tokens[r], out_.layer_hidden.data() + r * width);
         }
       }
       return absl::OkStatus();

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "lib/backend/backend.h"
 #include "lib/backend/backend_select.h"
@@ -93,6 +94,9 @@ struct PrefillRequest {
   // normed final hidden state the LM head reads) to on_hidden(index in tokens, row [n_embd]),
   // after on_logits; used to capture training data for draft heads (tools/train/).
   std::function<void(int32_t index, const float* hidden)> on_hidden;
+  // With on_hidden: when not empty, its rows are instead the outputs of these target layers
+  // (ascending; ForwardBatch::hidden_layers), back to back: [hidden_layers.size(), n_embd].
+  std::vector<int32_t> hidden_layers;
   // Checked before each chunk; true stops with Cancelled (the chunks done stay computed).
   std::function<bool()> cancelled;
 };

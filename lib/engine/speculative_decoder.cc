@@ -90,7 +90,14 @@ void SpeculativeDecoder::AddToBatch(int32_t root_index, int32_t root_token, Forw
   bool is_chain = true;
   for (int32_t i = 0; i < n_nodes; ++i) is_chain = is_chain && draft_.parents[i] == i - 1;
   depth_.resize(n_nodes);
-  if (strategy_ != nullptr && strategy_->wants_target_features()) batch->want_hidden = true;
+  if (strategy_ != nullptr && strategy_->wants_target_features()) {
+    const std::span<const int32_t> layers = strategy_->target_feature_layers();
+    if (layers.empty()) {
+      batch->want_hidden = true;
+    } else {
+      batch->WantHiddenLayers(layers);
+    }
+  }
   batch->Add(root_token, seq_, root_index, /*want_logits=*/true);
   for (int32_t i = 0; i < n_nodes; ++i) {
     const int32_t parent = draft_.parents[i];
@@ -174,18 +181,28 @@ absl::Status SpeculativeDecoder::Complete(std::vector<int32_t>* tokens, int32_t 
   if (strategy_ != nullptr) {
     strategy_->Accepted(n_nodes, std::span(verify_.tokens).first(m));
   }
-  if (strategy_ != nullptr && strategy_->wants_target_features() && pass_out.has_hidden()) {
+  if (strategy_ != nullptr && strategy_->wants_target_features()) {
     // The rows that produced the emitted tokens: the root's, then the accepted nodes' (as for
-    // the log-probabilities above), i.e. the features of text positions [root_index, + keep).
-    const int64_t d = pass_out.n_embd;
-    features_.resize(static_cast<size_t>(keep * d));
-    for (int32_t j = 0; j < keep; ++j) {
-      const int32_t row = j == 0 ? 0 : verify_.accepted_nodes[j - 1] + 1;
-      const float* src = pass_out.HiddenRow(row_begin + row);
-      std::copy(src, src + d, features_.begin() + j * d);
+    // the log-probabilities above), i.e. the features of text positions [root_index, + keep):
+    // the final hidden state, or the outputs of the strategy's layers back to back.
+    const std::span<const int32_t> layers = strategy_->target_feature_layers();
+    const int64_t d = layers.empty() ? pass_out.n_embd : pass_out.layer_width;
+    const int64_t width = d * std::max<int64_t>(1, static_cast<int64_t>(layers.size()));
+    bool complete = d > 0;
+    features_.resize(static_cast<size_t>(keep * width));
+    for (int32_t j = 0; complete && j < keep; ++j) {
+      const int32_t row = row_begin + (j == 0 ? 0 : verify_.accepted_nodes[j - 1] + 1);
+      for (size_t k = 0; complete && k < std::max<size_t>(1, layers.size()); ++k) {
+        const float* src =
+            layers.empty() ? pass_out.HiddenRow(row) : pass_out.LayerHiddenRow(row, layers[k]);
+        complete = src != nullptr;
+        if (complete) std::copy(src, src + d, features_.begin() + j * width + k * d);
+      }
     }
-    strategy_->ObserveTargetFeatures(root_index, static_cast<int32_t>(tokens->size()), features_,
-                                     d);
+    if (complete) {
+      strategy_->ObserveTargetFeatures(root_index, static_cast<int32_t>(tokens->size()), features_,
+                                       width);
+    }
   }
   ++metrics_.steps;
   metrics_.drafted += n_nodes;

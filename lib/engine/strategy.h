@@ -128,6 +128,10 @@ class Strategy {
   // decoder then asks its passes for the final hidden states (ForwardBatch::want_hidden) and
   // hands those of the accepted path to ObserveTargetFeatures after every step.
   virtual bool wants_target_features() const { return false; }
+  // With wants_target_features: empty (default) for the final hidden state; otherwise the
+  // target layers (ascending) whose outputs (the residual stream after each) make a feature,
+  // back to back: ObserveTargetFeatures then gets rows of layers.size() x n_embd floats.
+  virtual std::span<const int32_t> target_feature_layers() const { return {}; }
 
   // The lossy typical-acceptance rule (rejection_sampler.h) when the user chose it for this
   // strategy; nullptr (the default): exact verification. Used only when sampling (temperature >
@@ -135,7 +139,8 @@ class Strategy {
   virtual const sample::TypicalAcceptance* typical_acceptance() const { return nullptr; }
 
   // After a step (only when wants_target_features): `features` [n, n_embd] (row-major) are the
-  // target's final hidden states (after the output norm: what the LM head multiplies) of the
+  // target's final hidden states (after the output norm: what the LM head multiplies; or the
+  // target_feature_layers' outputs, n_embd then their count times the model's) of the
   // tokens at text positions [first_position, first_position + n): the old root and the accepted
   // drafts, each the row whose logits gave the token after it. `context_len` is the sequence
   // length after the step, so the last row (position context_len - 2) is the feature that

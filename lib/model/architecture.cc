@@ -47,6 +47,15 @@ std::vector<std::string_view> ArchitectureNames() {
 
 absl::Status CheckBatchTokens(const ForwardBatch& batch, const KvCache& cache, int64_t n_vocab) {
   if (batch.tokens.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  const int32_t n_layers = cache.layout().n_layers();
+  for (size_t k = 0; k < batch.hidden_layers.size(); ++k) {
+    const int32_t l = batch.hidden_layers[k];
+    if (l < 0 || l >= n_layers || (k > 0 && l <= batch.hidden_layers[k - 1])) {
+      return absl::InvalidArgumentError(StrCat("forward: hidden_layers[", k, "] = ", l,
+                                               " is not a layer in [0, ", n_layers,
+                                               ") above the one before it"));
+    }
+  }
   for (size_t i = 0; i < batch.tokens.size(); ++i) {
     const BatchToken& t = batch.tokens[i];
     if (t.token < 0 || t.token >= n_vocab) {

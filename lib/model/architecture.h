@@ -120,7 +120,8 @@ class ForwardPass {
 // The batch preconditions every ForwardPass checks (those listed at Forward, but the layout):
 // non-empty, token ids in [0, n_vocab), pos >= 0, sequences present in `cache` with
 // cache_index < Length, tree parents earlier in the batch, of the same sequence and before
-// their children in the cache. InvalidArgument / OutOfRange naming the token index.
+// their children in the cache, hidden_layers ascending layers of the cache's layout.
+// InvalidArgument / OutOfRange naming the token index (or the hidden layer).
 absl::Status CheckBatchTokens(const ForwardBatch& batch, const KvCache& cache, int64_t n_vocab);
 
 class Architecture {

@@ -206,6 +206,7 @@ absl::Status DecoderForward::BeginState(PassState& s, const ForwardBatch& batch,
   }
   s.n_logits = static_cast<int64_t>(out->logit_tokens.size());
   out->logits.resize(s.n_logits * hp_.n_vocab);
+  out->BeginLayerHidden(batch, s.n_logits, d);
   // llama.cpp's matmuls depend on the row count: that order multiplies the head whole.
   s.head_rows = s.n_logits > 0 && !backend_.llama_cpp_order() ? hp_.n_vocab : 0;
   s.next_head_row = 0;
@@ -267,6 +268,7 @@ absl::Status DecoderForward::RunLayersState(PassState& s, int32_t until) {
       if (rows == 0) continue;
     }
     KILN_RETURN_IF_ERROR(block_.FeedForward(L, x, rows));
+    s.out->CaptureLayerHidden(il, x, /*compacted=*/il == hp_.n_layer - 1);
   }
   return absl::OkStatus();
 }

@@ -537,6 +537,7 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     if (batch.tokens[i].want_logits) out->logit_tokens.push_back(static_cast<int32_t>(i));
   }
   const int64_t n_logits = static_cast<int64_t>(out->logit_tokens.size());
+  out->BeginLayerHidden(batch, n_logits, d);
 
   KILN_RETURN_IF_ERROR(backend_.EmbeddingGather(
       model_.token_embd(), std::span<const int32_t>(ids_.data(), n), x_.data()));
@@ -600,6 +601,7 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     if (il >= m.n_layer_dense_lead) {  // mixture of experts           x, h: [rows, n_embd]
       KILN_RETURN_IF_ERROR(moe_->Forward(backend_, il, h, rows, proj_.data()));
       backend_.Add(x, proj_.data(), rows * d, x);
+      out->CaptureLayerHidden(il, x, /*compacted=*/il == hp_.n_layer - 1);
       continue;
     }
     // Dense SwiGLU feed-forward.                            x, h: [rows, n_embd]
@@ -608,6 +610,7 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
     backend_.Add(x, proj_.data(), rows * d, x);
+    out->CaptureLayerHidden(il, x, /*compacted=*/il == hp_.n_layer - 1);
   }
   out->logits.resize(n_logits * hp_.n_vocab);
   if (n_logits > 0) {

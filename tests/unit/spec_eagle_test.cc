@@ -11,7 +11,8 @@
 //   - a head with a reduced draft vocabulary drafts only its tokens, keeps greedy output and the
 //     sampled distribution; a malformed vocabulary is refused naming the fault;
 //   - the automatic tree (top_k, depth) follows the pass and draft-step costs;
-//   - the n-gram chain merged into the tree gets a copy accepted that the head alone misses.
+//   - the n-gram chain merged into the tree gets a copy accepted that the head alone misses;
+//   - the target layer outputs a pass returns for EAGLE-3 heads are its residual stream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/backend/cpu/cpu_backend.h"
 #include "lib/common/strings.h"
 #include "lib/engine/speculative_decoder.h"
 #include "lib/gguf/gguf_writer.h"
@@ -681,6 +683,68 @@ TEST_F(SpecEagleTest, MergedNgramChainGetsCopiesAccepted) {
   auto head_only = MakeStrategy(*model_, EagleHeadInit::kRandom, "eagle-random.gguf", alone);
   ASSERT_TRUE(with_chain != nullptr && head_only != nullptr);
   ExpectMergedNgramChainGetsCopiesAccepted(with_chain.get(), head_only.get(), "eagle, random head");
+}
+
+// The layer outputs a pass returns (ForwardBatch::hidden_layers) are its residual stream: the
+// last layer's, through the output norm, is bit for bit the final hidden state the LM head reads;
+// a middle layer's rows are the same whichever rows want logits (the rows are picked by batch
+// index before the last layer compacts them). Layers outside the model or out of order are
+// refused naming the entry.
+TEST_F(SpecEagleTest, LayerOutputsAreTheResidualStream) {
+  const std::vector<int32_t> prompt = Encode(ChatPrompt("Name three rivers."));
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const int64_t d = model_->hparams().n_embd;
+  const int32_t last = static_cast<int32_t>(model_->hparams().n_layer) - 1;
+  // One pass over the prompt in a fresh sequence; rows from `logits_from` want logits; `layers`
+  // through WantHiddenLayers, or with `as_given` as they are.
+  auto run = [&](int32_t logits_from, std::vector<int32_t> layers, ForwardOutput* out,
+                 bool as_given = false) {
+    return engine_->Locked([&](KvCache& cache, ForwardPass& pass) -> absl::Status {
+      const SeqId seq = cache.CreateSequence();
+      ForwardBatch batch;
+      for (int32_t i = 0; i < n; ++i) batch.Add(prompt[i], seq, i, i >= logits_from);
+      batch.want_hidden = true;
+      if (as_given) {
+        batch.hidden_layers = layers;
+      } else {
+        batch.WantHiddenLayers(layers);
+      }
+      absl::Status st = cache.AppendSlots(seq, prompt);
+      if (st.ok()) st = pass.Forward(batch, cache, out);
+      cache.Free(seq).IgnoreError();
+      return st;
+    });
+  };
+  ForwardOutput five, all;
+  ASSERT_TRUE(run(n - 5, {last, 5, 0}, &five).ok());  // given unordered: the batch sorts
+  ASSERT_EQ(five.hidden_layers, (std::vector<int32_t>{0, 5, last}));
+  ASSERT_EQ(five.layer_hidden.size(), static_cast<size_t>(5 * 3 * d));
+  EXPECT_EQ(five.LayerHiddenRow(0, 7), nullptr);  // not captured
+  cpu::CpuBackend backend(1);
+  std::vector<float> normed(d);
+  for (int32_t r = 0; r < 5; ++r) {
+    backend.RmsNorm(five.LayerHiddenRow(r, last), model_->output_norm().AsF32(), 1, d,
+                    model_->hparams().rms_eps, normed.data());
+    EXPECT_EQ(std::memcmp(normed.data(), five.HiddenRow(r), d * sizeof(float)), 0) << "row " << r;
+  }
+  ASSERT_TRUE(run(0, {5}, &all).ok());
+  for (int32_t r = 0; r < 5; ++r) {
+    EXPECT_EQ(
+        std::memcmp(five.LayerHiddenRow(r, 5), all.LayerHiddenRow(n - 5 + r, 5), d * sizeof(float)),
+        0)
+        << "row " << r;
+  }
+  const std::pair<std::vector<int32_t>, const char*> refused[] = {
+      {{last + 1}, "hidden_layers[0] = 30 is not a layer in [0, 30)"},
+      {{-1}, "hidden_layers[0] = -1"},
+      {{5, 3}, "hidden_layers[1] = 3 is not a layer in [0, 30) above the one before it"},
+      {{5, 5}, "hidden_layers[1] = 5"}};
+  for (const auto& [layers, expected] : refused) {
+    ForwardOutput out;
+    absl::Status st = run(n - 1, layers, &out, /*as_given=*/true);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(expected), absl::string_view::npos) << st;
+  }
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
 // kiln-features -m MODEL -i SAMPLES.tsv -o OUT_PREFIX [-t THREADS] [--max-samples N] [--raw]
+//               [--layers L1,L2,...]
 //
 // For every line `prompt<TAB>answer` of SAMPLES.tsv (backslash escapes \\, \t, \n; what
 // tools/train/gen_data.py writes), renders the model's chat template around the prompt, appends
 // the answer, tokenizes, and runs the target over it with Engine::Prefill, capturing the final
 // hidden state (after the output norm: what the LM head reads) of every position from the last
 // prompt token on. --raw: the prompt is the model's whole input as is (its special tokens spelled
-// out, as `kiln generate --raw` takes it), without the chat template. Writes:
+// out, as `kiln generate --raw` takes it), without the chat template. --layers: the features are
+// instead the outputs of those target layers (ascending; the residual stream after each), back
+// to back per row, as EAGLE-3 heads fuse them. Writes:
 //   OUT_PREFIX.tokens    int32 little-endian: the tokens of those positions, per sample
-//   OUT_PREFIX.features  f16 [rows, n_embd]: the feature of each of those positions
+//   OUT_PREFIX.features  f16 [rows, width]: the feature of each of those positions (width n_embd,
+//                        or n_embd times the number of --layers)
 //   OUT_PREFIX.index     text: one line per sample, its row count
 // Row i of a sample is the feature at its position p_i; its token is the token at p_i, so head k
 // of Medusa (predicting k + 1 tokens ahead) learns tokens[i + 1 + k] from features[i].
@@ -18,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "lib/common/half.h"
 #include "lib/engine/engine.h"
 #include "lib/model/model.h"
@@ -42,7 +48,7 @@ std::string Unescape(const std::string& s) {
 int Usage() {
   std::fprintf(stderr,
                "usage: kiln-features -m MODEL -i SAMPLES.tsv -o OUT_PREFIX [-t THREADS] "
-               "[--max-samples N] [--raw]\n");
+               "[--max-samples N] [--raw] [--layers L1,L2,...]\n");
   return 2;
 }
 
@@ -53,6 +59,7 @@ int main(int argc, char** argv) {
   int threads = 1;
   long max_samples = -1;
   bool raw = false;
+  std::vector<int32_t> layers;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--raw") {
@@ -70,6 +77,12 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--max-samples") {
       max_samples = std::atol(argv[++i]);
+    } else if (a == "--layers") {
+      for (const absl::string_view l : absl::StrSplit(argv[++i], ',')) {
+        int32_t layer = -1;
+        if (!absl::SimpleAtoi(l, &layer)) return Usage();
+        layers.push_back(layer);
+      }
     } else {
       return Usage();
     }
@@ -95,7 +108,8 @@ int main(int argc, char** argv) {
   kiln::ChatTemplateTokens chat_tokens;
   if (tok.bos() >= 0) chat_tokens.bos_token = std::string(tok.TokenText(tok.bos()));
   if (tok.eos() >= 0) chat_tokens.eos_token = std::string(tok.TokenText(tok.eos()));
-  const int64_t d = (*model)->hparams().n_embd;
+  const int64_t d =
+      (*model)->hparams().n_embd * (layers.empty() ? 1 : static_cast<int64_t>(layers.size()));
 
   std::ifstream in(input);
   std::ofstream tokens_out(prefix + ".tokens", std::ios::binary);
@@ -129,6 +143,7 @@ int main(int argc, char** argv) {
     request.tokens = *all_ids;
     request.logits_from = first;
     request.on_logits = [](int32_t, const float*) {};
+    request.hidden_layers = layers;
     request.on_hidden = [&](int32_t index, const float* row) {
       for (int64_t i = 0; i < d; ++i) half[i] = kiln::Fp32ToFp16(row[i]);
       features_out.write(reinterpret_cast<const char*>(half.data()), d * 2);
