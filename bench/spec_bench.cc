@@ -329,7 +329,12 @@ int main(int argc, char** argv) {
     EagleStrategy* eagle = load_eagle(path, std::nullopt);
     if (eagle == nullptr) return 1;
     const std::shared_ptr<const ReducedLmHead>& vocab = eagle->head().draft_vocab;
-    eagle_names.push_back(eagles.size() == 1 ? "eagle" : kiln::StrCat("eagle", eagles.size()));
+    // "eagle1" / "eagle3" by the head's kind, "#N" (the file's place) after a repeated kind.
+    std::string name = eagle->head().eagle3() ? "eagle3" : "eagle1";
+    if (std::find(eagle_names.begin(), eagle_names.end(), name) != eagle_names.end()) {
+      name = kiln::StrCat(name, "#", eagles.size());
+    }
+    eagle_names.push_back(name);
     std::printf("%s: %s, draft vocabulary %lld\n", eagle_names.back().c_str(), path.c_str(),
                 static_cast<long long>(vocab ? vocab->ids.size() : (*model)->hparams().n_vocab));
     strategies.push_back({eagle_names.back().c_str(), eagle});

@@ -976,10 +976,11 @@ typedef struct kiln_eagle_params {
 /* Writes the defaults as kiln_model_params_init does. Statuses: as kiln_model_params_init. */
 KILN_API kiln_status kiln_eagle_params_init(kiln_eagle_params* params, size_t struct_size);
 
-/* An EAGLE head for `target` from the head file `head_path` (GGUF, architecture "eagle";
- * docs/speculative.md lists its keys and tensors): one decoder layer over the target's features
- * with its own K/V cache, drafting EAGLE-2 dynamic trees, verified exactly (greedy output
- * identical to plain decoding, sampling distributed as plain sampling). Statuses:
+/* An EAGLE head for `target` from the head file `head_path` (GGUF, architecture "eagle" for
+ * EAGLE-1 heads or "eagle3" for EAGLE-3 heads, which fuse three target layers and draft with
+ * their own LM head; docs/speculative.md lists the keys and tensors): one decoder layer over the
+ * target's features with its own K/V cache, drafting EAGLE-2 dynamic trees, verified exactly
+ * (greedy output identical to plain decoding, sampling distributed as plain sampling). Statuses:
  * KILN_ERR_INVALID_ARGUMENT (NULL, struct_size too small, a bad field, a head trained for
  * another model: the message names what differs, or a file that is not an eagle head),
  * KILN_ERR_FORMAT (a malformed head file: the message names the key or tensor), KILN_ERR_IO,

@@ -17,7 +17,10 @@
 namespace kiln::spec {
 namespace {
 
+// EAGLE-1 heads and EAGLE-3 heads (fused target layers, own LM head): distinct architecture
+// names, so that a kiln that knows only the first refuses the second instead of misreading it.
 constexpr std::string_view kArch = "eagle";
+constexpr std::string_view kArch3 = "eagle3";
 
 // Weight of a new head pass in the moving average of its time (about the last 10 matter).
 constexpr double kDraftStepEmaWeight = 0.1;
@@ -32,7 +35,9 @@ void Grow(std::vector<T>& v, size_t n) {
 // Binds tensor `name` with ggml ne `ne` ({n_in, n_out} for a matrix, {n} for a vector). Vectors
 // must be f32; matrices any type the GGUF reader knows (the backend's matmul reports the rest).
 absl::StatusOr<WeightView> Bind(const gguf::GgufFile& file, const std::string& path,
-                                std::string_view name, std::vector<uint64_t> ne) {
+                                std::string_view arch, std::string_view tensor,
+                                std::vector<uint64_t> ne) {
+  const std::string name = kiln::StrCat(arch, ".", tensor);
   const gguf::TensorInfo* t = file.FindTensor(name);
   if (t == nullptr) {
     return absl::DataLossError(kiln::StrCat(path, ": eagle head: tensor ", name, " missing"));
@@ -112,15 +117,17 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
   auto head = std::make_unique<EagleHead>();
   KILN_ASSIGN_OR_RETURN(head->file, gguf::GgufFile::Open(path));
   const gguf::GgufFile& file = *head->file;
-  absl::StatusOr<std::string_view> arch = file.GetString("general.architecture");
-  if (!arch.ok() || *arch != kArch) {
+  absl::StatusOr<std::string_view> arch_or = file.GetString("general.architecture");
+  if (!arch_or.ok() || (*arch_or != kArch && *arch_or != kArch3)) {
     return absl::InvalidArgumentError(
         kiln::StrCat(path, ": not an eagle head file (general.architecture is '",
-                     arch.ok() ? *arch : "absent", "', expected 'eagle')"));
+                     arch_or.ok() ? *arch_or : "absent", "', expected 'eagle' or 'eagle3')"));
   }
-  KILN_ASSIGN_OR_RETURN(head->target, ReadTargetFingerprint(file, kArch));
+  const std::string_view arch = *arch_or == kArch ? kArch : kArch3;
+  const bool eagle3 = arch == kArch3;
+  KILN_ASSIGN_OR_RETURN(head->target, ReadTargetFingerprint(file, arch));
   KILN_ASSIGN_OR_RETURN(const TargetFingerprint model_fp, FingerprintOf(target));
-  KILN_RETURN_IF_ERROR(CheckTarget(head->target, model_fp, kArch, path));
+  KILN_RETURN_IF_ERROR(CheckTarget(head->target, model_fp, arch, path));
   const ModelHparams& hp = target.hparams();
   if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0 || hp.n_ff <= 0 ||
       hp.n_head % hp.n_head_kv != 0) {
@@ -129,12 +136,13 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
         " has n_head ", hp.n_head, ", n_head_kv ", hp.n_head_kv, ", n_ff ", hp.n_ff, ")"));
   }
   // The layer's shapes are the target's: each key must say so.
-  const std::pair<const char*, int64_t> shapes[] = {{"eagle.embedding_length", hp.n_embd},
-                                                    {"eagle.attention.head_count", hp.n_head},
-                                                    {"eagle.attention.head_count_kv", hp.n_head_kv},
-                                                    {"eagle.attention.key_length", hp.head_dim},
-                                                    {"eagle.feed_forward_length", hp.n_ff}};
-  for (const auto& [key, want] : shapes) {
+  const std::pair<const char*, int64_t> shapes[] = {{"embedding_length", hp.n_embd},
+                                                    {"attention.head_count", hp.n_head},
+                                                    {"attention.head_count_kv", hp.n_head_kv},
+                                                    {"attention.key_length", hp.head_dim},
+                                                    {"feed_forward_length", hp.n_ff}};
+  for (const auto& [name, want] : shapes) {
+    const std::string key = kiln::StrCat(arch, ".", name);
     absl::StatusOr<uint64_t> v = file.GetUint(key);
     if (!v.ok()) {
       return absl::DataLossError(
@@ -145,6 +153,24 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
           kiln::StrCat(path, ": eagle head: ", key, " is ", *v, ", the target's is ", want));
     }
   }
+  if (eagle3) {
+    // The target layers whose outputs the head fuses: ascending, each a layer of the target.
+    const std::string key = kiln::StrCat(arch, ".target.layers");
+    absl::StatusOr<std::vector<int64_t>> layers = file.GetIntArray(key);
+    if (!layers.ok() || layers->empty() || layers->size() > 8) {
+      return absl::DataLossError(
+          kiln::StrCat(path, ": eagle head: key ", key, " must list 1 to 8 target layers"));
+    }
+    for (size_t k = 0; k < layers->size(); ++k) {
+      const int64_t l = (*layers)[k];
+      if (l < 0 || l >= hp.n_layer || (k > 0 && l <= (*layers)[k - 1])) {
+        return absl::DataLossError(kiln::StrCat(path, ": eagle head: ", key, "[", k, "] = ", l,
+                                                " is not a layer of the target in [0, ", hp.n_layer,
+                                                ") above the one before it"));
+      }
+      head->fused_layers.push_back(static_cast<int32_t>(l));
+    }
+  }
   head->n_embd = hp.n_embd;
   head->n_head = hp.n_head;
   head->n_head_kv = hp.n_head_kv;
@@ -153,20 +179,34 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
   head->rms_eps = hp.rms_eps;  // the target's: the layer is one of its shape
   const uint64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
                  kv_dim = hp.n_head_kv * hp.head_dim, ff = hp.n_ff;
-  KILN_ASSIGN_OR_RETURN(head->fc, Bind(file, path, "eagle.fc.weight", {2 * d, d}));
-  KILN_ASSIGN_OR_RETURN(head->fc_bias, Bind(file, path, "eagle.fc.bias", {d}));
-  KILN_ASSIGN_OR_RETURN(head->attn_norm, Bind(file, path, "eagle.attn_norm.weight", {d}));
-  KILN_ASSIGN_OR_RETURN(head->wq, Bind(file, path, "eagle.attn_q.weight", {d, q_dim}));
-  KILN_ASSIGN_OR_RETURN(head->wk, Bind(file, path, "eagle.attn_k.weight", {d, kv_dim}));
-  KILN_ASSIGN_OR_RETURN(head->wv, Bind(file, path, "eagle.attn_v.weight", {d, kv_dim}));
-  KILN_ASSIGN_OR_RETURN(head->wo, Bind(file, path, "eagle.attn_output.weight", {q_dim, d}));
-  KILN_ASSIGN_OR_RETURN(head->ffn_norm, Bind(file, path, "eagle.ffn_norm.weight", {d}));
-  KILN_ASSIGN_OR_RETURN(head->ffn_gate, Bind(file, path, "eagle.ffn_gate.weight", {d, ff}));
-  KILN_ASSIGN_OR_RETURN(head->ffn_up, Bind(file, path, "eagle.ffn_up.weight", {d, ff}));
-  KILN_ASSIGN_OR_RETURN(head->ffn_down, Bind(file, path, "eagle.ffn_down.weight", {ff, d}));
+  auto bind = [&](std::string_view name, std::vector<uint64_t> ne) {
+    return Bind(file, path, arch, name, std::move(ne));
+  };
+  if (eagle3) {
+    const uint64_t width = d * head->fused_layers.size();
+    KILN_ASSIGN_OR_RETURN(head->fuse, bind("fuse.weight", {width, d}));
+    KILN_ASSIGN_OR_RETURN(head->feature_norm, bind("feature_norm.weight", {d}));
+    KILN_ASSIGN_OR_RETURN(head->output_norm, bind("output_norm.weight", {d}));
+  }
+  KILN_ASSIGN_OR_RETURN(head->fc, bind("fc.weight", {2 * d, d}));
+  KILN_ASSIGN_OR_RETURN(head->fc_bias, bind("fc.bias", {d}));
+  KILN_ASSIGN_OR_RETURN(head->attn_norm, bind("attn_norm.weight", {d}));
+  KILN_ASSIGN_OR_RETURN(head->wq, bind("attn_q.weight", {d, q_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wk, bind("attn_k.weight", {d, kv_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wv, bind("attn_v.weight", {d, kv_dim}));
+  KILN_ASSIGN_OR_RETURN(head->wo, bind("attn_output.weight", {q_dim, d}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_norm, bind("ffn_norm.weight", {d}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_gate, bind("ffn_gate.weight", {d, ff}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_up, bind("ffn_up.weight", {d, ff}));
+  KILN_ASSIGN_OR_RETURN(head->ffn_down, bind("ffn_down.weight", {ff, d}));
   std::vector<int32_t> ids;
   KILN_ASSIGN_OR_RETURN(const gguf::TensorInfo* lm_head,
-                        ReadReducedVocabulary(file, kArch, path, model_fp, hp.n_embd, &ids));
+                        ReadReducedVocabulary(file, arch, path, model_fp, hp.n_embd, &ids));
+  if (lm_head == nullptr && eagle3) {
+    return absl::DataLossError(kiln::StrCat(path,
+                                            ": eagle head: an eagle3 head needs its own LM "
+                                            "head (eagle3.vocab.ids, eagle3.lm_head.weight)"));
+  }
   if (lm_head != nullptr) {
     WeightView v;
     v.type = static_cast<GgmlType>(lm_head->type);
@@ -182,19 +222,31 @@ absl::StatusOr<std::unique_ptr<EagleHead>> LoadEagleHead(const std::string& path
 }
 
 absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
-                                   const std::string& path, std::span<const int32_t> draft_vocab) {
+                                   const std::string& path, std::span<const int32_t> draft_vocab,
+                                   std::span<const int32_t> fused_layers) {
   const ModelHparams& hp = target.hparams();
+  const bool eagle3 = !fused_layers.empty();
+  const std::string_view arch = eagle3 ? kArch3 : kArch;
+  if (eagle3 && draft_vocab.empty()) {
+    return absl::InvalidArgumentError(
+        "WriteDerivedEagleHead: an EAGLE-3 head needs a draft vocabulary (its own LM head)");
+  }
+  auto name = [&](std::string_view suffix) { return kiln::StrCat(arch, ".", suffix); };
   const uint64_t d = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
                  kv_dim = hp.n_head_kv * hp.head_dim, ff = hp.n_ff;
   KILN_ASSIGN_OR_RETURN(const TargetFingerprint fp, FingerprintOf(target));
   gguf::GgufWriter w;
-  w.SetString("general.architecture", kArch);
-  WriteTargetFingerprint(fp, kArch, w);
-  w.SetUint32("eagle.embedding_length", static_cast<uint32_t>(d));
-  w.SetUint32("eagle.attention.head_count", static_cast<uint32_t>(hp.n_head));
-  w.SetUint32("eagle.attention.head_count_kv", static_cast<uint32_t>(hp.n_head_kv));
-  w.SetUint32("eagle.attention.key_length", static_cast<uint32_t>(hp.head_dim));
-  w.SetUint32("eagle.feed_forward_length", static_cast<uint32_t>(ff));
+  w.SetString("general.architecture", arch);
+  WriteTargetFingerprint(fp, arch, w);
+  w.SetUint32(name("embedding_length"), static_cast<uint32_t>(d));
+  w.SetUint32(name("attention.head_count"), static_cast<uint32_t>(hp.n_head));
+  w.SetUint32(name("attention.head_count_kv"), static_cast<uint32_t>(hp.n_head_kv));
+  w.SetUint32(name("attention.key_length"), static_cast<uint32_t>(hp.head_dim));
+  w.SetUint32(name("feed_forward_length"), static_cast<uint32_t>(ff));
+  if (eagle3) {
+    w.SetArrayInt32(name("target.layers"),
+                    std::vector<int32_t>(fused_layers.begin(), fused_layers.end()));
+  }
 
   std::mt19937_64 gen(seed);
   auto random = [&](uint64_t n_in, uint64_t n_out) {
@@ -213,22 +265,39 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
       if (init == EagleHeadInit::kLastLayer) fc[o * 2 * d + o] = 1.0f;  // embedding
     }
   }
-  KILN_RETURN_IF_ERROR(AddF32(w, "eagle.fc.weight", {2 * d, d}, fc));
-  KILN_RETURN_IF_ERROR(AddF32(w, "eagle.fc.bias", {d}, std::vector<float>(d, 0.0f)));
+  KILN_RETURN_IF_ERROR(AddF32(w, name("fc.weight"), {2 * d, d}, fc));
+  KILN_RETURN_IF_ERROR(AddF32(w, name("fc.bias"), {d}, std::vector<float>(d, 0.0f)));
+  if (eagle3) {
+    // fuse: [layers x d -> d], the last listed layer's output passed through (random: kRandom);
+    // the feature norm ones, the output norm the target's (what its LM head expects).
+    const uint64_t width = d * fused_layers.size();
+    std::vector<float> fuse(width * d, 0.0f);
+    if (init == EagleHeadInit::kRandom) {
+      fuse = random(width, d);
+    } else {
+      for (uint64_t o = 0; o < d; ++o) fuse[o * width + width - d + o] = 1.0f;
+    }
+    KILN_RETURN_IF_ERROR(AddF32(w, name("fuse.weight"), {width, d}, fuse));
+    KILN_RETURN_IF_ERROR(AddF32(w, name("feature_norm.weight"), {d}, std::vector<float>(d, 1.0f)));
+    const WeightView& out_norm = target.output_norm();
+    KILN_RETURN_IF_ERROR(
+        AddF32(w, name("output_norm.weight"), {d},
+               std::vector<float>(out_norm.AsF32(), out_norm.AsF32() + static_cast<int64_t>(d))));
+  }
 
   struct Matrix {
-    const char* name;   // the head's tensor
+    const char* name;   // the head's tensor (after "<arch>.")
     const char* layer;  // the target layer's tensor it copies (kLastLayer)
     uint64_t n_in, n_out;
   };
   const Matrix matrices[] = {
-      {"eagle.attn_q.weight", "attn_q.weight", d, q_dim},
-      {"eagle.attn_k.weight", "attn_k.weight", d, kv_dim},
-      {"eagle.attn_v.weight", "attn_v.weight", d, kv_dim},
-      {"eagle.attn_output.weight", "attn_output.weight", q_dim, d},
-      {"eagle.ffn_gate.weight", "ffn_gate.weight", d, ff},
-      {"eagle.ffn_up.weight", "ffn_up.weight", d, ff},
-      {"eagle.ffn_down.weight", "ffn_down.weight", ff, d},
+      {"attn_q.weight", "attn_q.weight", d, q_dim},
+      {"attn_k.weight", "attn_k.weight", d, kv_dim},
+      {"attn_v.weight", "attn_v.weight", d, kv_dim},
+      {"attn_output.weight", "attn_output.weight", q_dim, d},
+      {"ffn_gate.weight", "ffn_gate.weight", d, ff},
+      {"ffn_up.weight", "ffn_up.weight", d, ff},
+      {"ffn_down.weight", "ffn_down.weight", ff, d},
   };
   const std::string last = kiln::StrCat("blk.", hp.n_layer - 1, ".");
   for (const Matrix& m : matrices) {
@@ -241,7 +310,7 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
                                                        m.n_out, "] to copy"));
       }
       KILN_RETURN_IF_ERROR(
-          w.AddTensor(m.name, static_cast<uint32_t>(t->type), {m.n_in, m.n_out},
+          w.AddTensor(name(m.name), static_cast<uint32_t>(t->type), {m.n_in, m.n_out},
                       std::span(static_cast<const uint8_t*>(t->data), t->row_bytes() * t->n_out)));
       continue;
     }
@@ -250,7 +319,7 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
     const bool output = std::string_view(m.layer) == "attn_output.weight" ||
                         std::string_view(m.layer) == "ffn_down.weight";
     if (init == EagleHeadInit::kIdentity && output) std::fill(data.begin(), data.end(), 0.0f);
-    KILN_RETURN_IF_ERROR(AddF32(w, m.name, {m.n_in, m.n_out}, data));
+    KILN_RETURN_IF_ERROR(AddF32(w, name(m.name), {m.n_in, m.n_out}, data));
   }
   for (const char* norm : {"attn_norm.weight", "ffn_norm.weight"}) {
     std::vector<float> ones(d, 1.0f);
@@ -261,7 +330,7 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
         std::memcpy(ones.data(), t->data, d * sizeof(float));
       }
     }
-    KILN_RETURN_IF_ERROR(AddF32(w, kiln::StrCat("eagle.", norm), {d}, ones));
+    KILN_RETURN_IF_ERROR(AddF32(w, name(norm), {d}, ones));
   }
   if (!draft_vocab.empty()) {
     // The target's own LM-head rows for the ids, in its type.
@@ -274,7 +343,7 @@ absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint
       }
       rows.insert(rows.end(), out.Row(id), out.Row(id) + out.row_bytes());
     }
-    KILN_RETURN_IF_ERROR(WriteReducedVocabulary(kArch, draft_vocab, out.type, rows, hp.n_embd, w));
+    KILN_RETURN_IF_ERROR(WriteReducedVocabulary(arch, draft_vocab, out.type, rows, hp.n_embd, w));
   }
   return w.WriteToFile(path);
 }
@@ -353,13 +422,13 @@ absl::StatusOr<std::unique_ptr<Strategy>> EagleStrategy::Clone() const {
 
 void EagleStrategy::ObserveTargetFeatures(int32_t first_position, int32_t context_len,
                                           std::span<const float> features, int64_t n_embd) {
-  const int64_t d = head_->n_embd;
-  if (n_embd != d || features.empty() || features.size() % d != 0) {
+  const int64_t width = head_->feature_width();
+  if (n_embd != width || features.empty() || features.size() % width != 0) {
     ResetHead();
     return;
   }
-  const int32_t rows = static_cast<int32_t>(features.size() / d);
-  const int32_t next = base_ + committed_ + static_cast<int32_t>(pending_.size() / d);
+  const int32_t rows = static_cast<int32_t>(features.size() / width);
+  const int32_t next = base_ + committed_ + static_cast<int32_t>(pending_.size() / width);
   if (base_ < 0 || first_position != next || first_position + rows + 1 != context_len) {
     ResetHead();  // not the continuation of what the head holds: start over from here
     base_ = first_position;
@@ -406,8 +475,11 @@ absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_fr
   // x = fc [embedding; feature] + b.                          in2: [n, 2 d]   x: [n, d] in g_
   KILN_RETURN_IF_ERROR(backend_->EmbeddingGather(target_->token_embd(), ids_, g_.data()));
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(in2_.data() + i * 2 * d, g_.data() + i * d, d * sizeof(float));
-    std::memcpy(in2_.data() + i * 2 * d + d, rows[i].feature, d * sizeof(float));
+    float* in = in2_.data() + i * 2 * d;
+    std::memcpy(in, g_.data() + i * d, d * sizeof(float));
+    std::memcpy(in + d, rows[i].feature, d * sizeof(float));
+    // EAGLE-3 reads any feature (the target's fused one or its own g) through its norm.
+    if (H.eagle3()) backend_->RmsNorm(in + d, H.feature_norm.AsF32(), 1, d, H.rms_eps, in + d);
   }
   KILN_RETURN_IF_ERROR(backend_->MatMul(H.fc, in2_.data(), n, g_.data()));
   backend_->AddRowBias(g_.data(), H.fc_bias.AsF32(), n, d);
@@ -423,14 +495,19 @@ absl::Status EagleStrategy::RunHead(std::span<const Row> rows, int32_t logits_fr
   KILN_RETURN_IF_ERROR(
       block_.Attention(layer_, *cache_, 0, mask, slots_, positions_, g_.data(), n));
   KILN_RETURN_IF_ERROR(block_.FeedForward(layer_, g_.data(), n));
-  // Draft logits through the head's reduced LM head or the target's (no norm: g is in the
-  // features' space).                                  logits: [n_logits, draft vocabulary]
+  // Draft logits through the head's reduced LM head or the target's (EAGLE-1: no norm, g is in
+  // the features' space; EAGLE-3: its own output norm).  logits: [n_logits, draft vocabulary]
   const WeightView& lm_head = DraftLmHead();
   const int64_t n_logits = n - logits_from;
   Grow(logits_, n_logits * lm_head.n_out);
   if (n_logits > 0) {
-    KILN_RETURN_IF_ERROR(
-        backend_->MatMul(lm_head, g_.data() + logits_from * d, n_logits, logits_.data()));
+    const float* head_in = g_.data() + logits_from * d;
+    if (H.eagle3()) {
+      Grow(normed_, n_logits * d);
+      backend_->RmsNorm(head_in, H.output_norm.AsF32(), n_logits, d, H.rms_eps, normed_.data());
+      head_in = normed_.data();
+    }
+    KILN_RETURN_IF_ERROR(backend_->MatMul(lm_head, head_in, n_logits, logits_.data()));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -535,7 +612,7 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
   const int64_t d = head_->n_embd;
   const int64_t n_vocab = DraftLmHead().n_out;  // the reduced vocabulary's size when there is one
   const int32_t len = static_cast<int32_t>(context.size());
-  const int32_t n_pending = static_cast<int32_t>(pending_.size() / d);
+  const int32_t n_pending = static_cast<int32_t>(pending_.size() / head_->feature_width());
   // A second proposal for the same context (a batched step planned again after its pass
   // failed, or a caller that proposes twice) reuses the root's output.
   const bool reuse =
@@ -560,9 +637,16 @@ absl::Status EagleStrategy::ProposeTree(std::span<const int32_t> context, int32_
   std::vector<Row> rows;
   std::vector<int32_t> ids;
   if (!reuse) {
+    const float* features = pending_.data();  // [n_pending, n_embd]
+    if (head_->eagle3()) {                    // f = fuse [h_low; h_mid; h_high]
+      Grow(fused_, n_pending * d);
+      KILN_RETURN_IF_ERROR(
+          backend_->MatMul(head_->fuse, pending_.data(), n_pending, fused_.data()));
+      features = fused_.data();
+    }
     for (int32_t j = 0; j < n_pending; ++j) {
       const int32_t pos = base_ + committed_ + j;
-      rows.push_back({context[pos + 1], pending_.data() + j * d, pos, committed_ + j, -1});
+      rows.push_back({context[pos + 1], features + j * d, pos, committed_ + j, -1});
       ids.push_back(context[pos + 1]);
     }
     KILN_RETURN_IF_ERROR(cache_->AppendSlots(seq_, ids));

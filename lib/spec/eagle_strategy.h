@@ -59,7 +59,17 @@
 // with one-hot drafts), unless the user opts into Medusa's lossy typical acceptance
 // (EagleParams::typical).
 //
-// Head file: GGUF, general.architecture "eagle", docs/speculative.md lists the keys and tensors.
+// EAGLE-3 heads (general.architecture "eagle3") differ in three ways, as in the EAGLE-3 paper:
+// the target feature f_i is fuse [h_a; h_b; h_c], the outputs of a low, a middle and a high
+// target layer (Strategy::target_feature_layers: the decoder captures them, ForwardBatch::
+// hidden_layers); the head reads every feature through a norm of its own (RMSNorm(f) w), so the
+// target's fused features and its own outputs g, which deeper nodes read, need not share a
+// scale; and it drafts with its own LM head over its reduced vocabulary from RMSNorm(g) w_out.
+// It is trained with training-time test (tools/train/train_eagle3.py): unrolled on its own
+// outputs, as it runs in a tree.
+//
+// Head file: GGUF, general.architecture "eagle" or "eagle3", docs/speculative.md lists the keys
+// and tensors.
 //
 // Thread-safety: as every strategy (strategy.h); clones share the read-only head.
 #pragma once
@@ -127,6 +137,18 @@ struct EagleHead {
   // The file's reduced vocabulary (eagle.vocab.ids, eagle.lm_head.weight; draft_head.h), null
   // when it has none: the head then drafts with the target's full LM head.
   std::shared_ptr<const ReducedLmHead> draft_vocab;
+  // EAGLE-3 heads only (general.architecture "eagle3"): the target layers whose outputs the
+  // head fuses (ascending; empty for EAGLE-1), fuse [layers x n_embd -> n_embd], the norm of the
+  // feature the head reads and the norm of its output before its own LM head (draft_vocab,
+  // which an EAGLE-3 head must have).
+  std::vector<int32_t> fused_layers;
+  WeightView fuse, feature_norm, output_norm;
+
+  bool eagle3() const { return !fused_layers.empty(); }
+  // Floats per target feature row: n_embd, or n_embd per fused layer.
+  int64_t feature_width() const {
+    return n_embd * (eagle3() ? static_cast<int64_t>(fused_layers.size()) : 1);
+  }
 };
 
 // Loads and checks a head file against `target`: InvalidArgument for a head made for another
@@ -148,12 +170,16 @@ enum class EagleHeadInit {
   kRandom,
 };
 // Writes a head for `target` (f32 fc and vectors); with `draft_vocab` (target ids, strictly
-// ascending) a reduced vocabulary too, the target's own LM-head rows for those ids. Errors: the
-// target's last layer lacks a tensor kLastLayer copies (fused projections), an id outside the
-// vocabulary, the writer's errors.
+// ascending) a reduced vocabulary too, the target's own LM-head rows for those ids. With
+// `fused_layers` an EAGLE-3 head (needs draft_vocab) fusing those target layers: fuse picks the
+// last of them (random for kRandom), the feature norm is ones and the output norm the target's,
+// so that an identity head drafts what the target's LM head makes of that layer's output.
+// Errors: the target's last layer lacks a tensor kLastLayer copies (fused projections), an id
+// outside the vocabulary, fused layers without a vocabulary, the writer's errors.
 absl::Status WriteDerivedEagleHead(const Model& target, EagleHeadInit init, uint64_t seed,
                                    const std::string& path,
-                                   std::span<const int32_t> draft_vocab = {});
+                                   std::span<const int32_t> draft_vocab = {},
+                                   std::span<const int32_t> fused_layers = {});
 
 class EagleStrategy final : public Strategy {
  public:
@@ -176,6 +202,8 @@ class EagleStrategy final : public Strategy {
   // plain decoding, which gives it the feature to continue from).
   absl::StatusOr<std::unique_ptr<Strategy>> Clone() const override;
   bool wants_target_features() const override { return true; }
+  // EAGLE-3 heads: the outputs of the layers they fuse; EAGLE-1: the final hidden state.
+  std::span<const int32_t> target_feature_layers() const override { return head_->fused_layers; }
   const sample::TypicalAcceptance* typical_acceptance() const override {
     return params_.typical ? &*params_.typical : nullptr;
   }
@@ -262,7 +290,8 @@ class EagleStrategy final : public Strategy {
   int32_t base_ = -1;                      // text position of head entry 0
   int32_t committed_ = 0;                  // committed entries in the head's cache
   std::vector<int32_t> committed_tokens_;  // [committed_] token of each entry
-  std::vector<float> pending_;             // [rows, n_embd] features not yet run
+  std::vector<float> pending_;             // [rows, feature_width] features not yet run
+  std::vector<float> fused_;               // [rows, n_embd] EAGLE-3: pending_ fused
   std::vector<Node> nodes_;
   std::vector<float> root_logits_;  // [n_vocab] draft logits of the root's children
   std::vector<float> root_g_;       // [n_embd] the head's output at the root
@@ -272,6 +301,7 @@ class EagleStrategy final : public Strategy {
   std::vector<float> in2_;       // [rows, 2 n_embd] [embedding; feature]
   std::vector<float> g_;         // [rows, n_embd] fc's output, then the block's: g
   std::vector<float> logits_;    // [rows - logits_from, n_vocab]
+  std::vector<float> normed_;    // [rows - logits_from, n_embd] EAGLE-3: g through output_norm
   std::vector<int32_t> ids_, positions_, n_visible_, extra_indptr_, extra_positions_, seq_index_;
   int32_t last_depth_ = 0;
   int32_t last_budget_ = kEagleAutoMaxTopK;  // nodes kept at the last proposal (automatic top_k)

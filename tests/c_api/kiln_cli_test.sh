@@ -70,6 +70,17 @@ kiln generate -m "$model" --temp 0.8 --seed 3 -n 24 --threads 2 --strategy "eagl
   2>"$tmp/typical_err"
 grep -q "accepted by the lossy typical acceptance" "$tmp/typical_err" ||
   { echo "generate --typical-acceptance: '$(cat "$tmp/typical_err")'" >&2; exit 1; }
+# The committed EAGLE-3 head through --strategy eagle:PATH: the plain greedy answer, and the
+# head drafted (stderr's speculative line).
+eagle3="$src/models/SmolLM2-135M-Instruct.eagle3.gguf"
+kiln generate -m "$model" --temp 0 -n 32 --threads 2 --quiet --strategy "eagle:$eagle3" \
+  -p "What is the capital of France? Answer in one sentence." >"$tmp/eagle3" 2>"$tmp/eagle3_err"
+if [[ "$(cat "$tmp/eagle3")" != "$expected" ]]; then
+  echo "generate --strategy eagle:eagle3: stdout was '$(cat "$tmp/eagle3")'" >&2
+  exit 1
+fi
+grep -q "speculative (eagle:.*eagle3.gguf): drafted [1-9]" "$tmp/eagle3_err" ||
+  { echo "generate --strategy eagle:eagle3: '$(cat "$tmp/eagle3_err")'" >&2; exit 1; }
 if kiln generate -m "$model" --strategy ngram --typical-acceptance -p hi -n 1 >/dev/null \
   2>"$tmp/typical_bad"; then
   echo "generate --strategy ngram --typical-acceptance: succeeded" >&2

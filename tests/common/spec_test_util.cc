@@ -160,19 +160,24 @@ void SpecHeadTest::ExpectTreeVerificationKeepsTheTargetDistribution(spec::Strate
   sample::Sampler sampler(params);
 
   const SeqId seq = engine_->Locked([](KvCache& c, ForwardPass&) { return c.CreateSequence(); });
-  std::vector<float> features;  // [n - 1, d]: every prompt row the strategy may read
+  // [n - 1, width]: every prompt row the strategy may read (the final hidden state, or the
+  // outputs of the layers the strategy fuses).
+  std::vector<float> features;
+  const std::span<const int32_t> layers = strategy->target_feature_layers();
+  const int64_t width = d * std::max<int64_t>(1, static_cast<int64_t>(layers.size()));
   PrefillRequest prefill;
   prefill.seq = seq;
   prefill.tokens = std::span(prompt).first(n - 1);
   prefill.logits_from = 0;
+  prefill.hidden_layers.assign(layers.begin(), layers.end());
   prefill.on_logits = [](int32_t, const float*) {};
   prefill.on_hidden = [&](int32_t, const float* row) {
-    features.insert(features.end(), row, row + d);
+    features.insert(features.end(), row, row + width);
   };
   ASSERT_TRUE(engine_->Prefill(prefill).ok());
-  ASSERT_EQ(static_cast<int64_t>(features.size()), (n - 1) * d);
+  ASSERT_EQ(static_cast<int64_t>(features.size()), (n - 1) * width);
   strategy->Reset();
-  strategy->ObserveTargetFeatures(0, n, features, d);
+  strategy->ObserveTargetFeatures(0, n, features, width);
   spec::DraftTree draft;
   sample::Rng rng(2024);
   spec::ProposeContext ctx{&params, &rng, nullptr};
