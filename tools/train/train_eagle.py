@@ -240,17 +240,31 @@ def evaluate(eval_fn, p, samples, val, batch, max_rows, embd, lm_head, subset=No
     return correct / max(total, 1.0)
 
 
+def head_writer(path, arch, fp, shape):
+    """A GGUF writer for a head file of `arch` ("eagle" or "eagle3") with the target's
+    fingerprint and the layer's shape keys (docs/speculative.md)."""
+    w = gguf.GGUFWriter(path, arch)
+    w.add_uint64(f"{arch}.target.vocab_hash", fp["vocab_hash"])
+    w.add_uint32(f"{arch}.target.vocab_size", fp["vocab_size"])
+    w.add_uint32(f"{arch}.target.embedding_length", fp["n_embd"])
+    w.add_uint32(f"{arch}.target.block_count", fp["n_layer"])
+    w.add_uint32(f"{arch}.embedding_length", shape["n_embd"])
+    w.add_uint32(f"{arch}.attention.head_count", shape["n_head"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", shape["n_head_kv"])
+    w.add_uint32(f"{arch}.attention.key_length", shape["head_dim"])
+    w.add_uint32(f"{arch}.feed_forward_length", shape["n_ff"])
+    return w
+
+
+def finish(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def export(path, p, shape, fp, model_path, subset, matrix_type):
-    w = gguf.GGUFWriter(path, "eagle")
-    w.add_uint64("eagle.target.vocab_hash", fp["vocab_hash"])
-    w.add_uint32("eagle.target.vocab_size", fp["vocab_size"])
-    w.add_uint32("eagle.target.embedding_length", fp["n_embd"])
-    w.add_uint32("eagle.target.block_count", fp["n_layer"])
-    w.add_uint32("eagle.embedding_length", shape["n_embd"])
-    w.add_uint32("eagle.attention.head_count", shape["n_head"])
-    w.add_uint32("eagle.attention.head_count_kv", shape["n_head_kv"])
-    w.add_uint32("eagle.attention.key_length", shape["head_dim"])
-    w.add_uint32("eagle.feed_forward_length", shape["n_ff"])
+    w = head_writer(path, "eagle", fp, shape)
     for name, tensor in TENSOR_NAMES.items():
         x = np.asarray(p[name], dtype=np.float32)
         if name not in MATRICES:
@@ -266,10 +280,7 @@ def export(path, p, shape, fp, model_path, subset, matrix_type):
         w.add_array("eagle.vocab.ids", [int(x) for x in subset])
         w.add_tensor("eagle.lm_head.weight", np.ascontiguousarray(t.data[subset]),
                      raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def main():

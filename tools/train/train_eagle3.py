@@ -42,8 +42,8 @@ import gguf
 import jax
 import jax.numpy as jnp
 
-from train_eagle import (adam_update, batch_arrays, load_checkpoint, load_samples, rms_norm,
-                         rope, save_checkpoint, target_shape)
+from train_eagle import (adam_update, batch_arrays, finish, head_writer, load_checkpoint,
+                         load_samples, rms_norm, rope, save_checkpoint, target_shape)
 from train_medusa import load_lm_head
 
 MATRICES = ("fuse", "fc", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -176,17 +176,8 @@ def evaluate(eval_fn, p, samples, idx, batch, max_rows, embd, target_of):
 
 
 def export(path, p, shape, fp, layers, subset, lm_dtype):
-    w = gguf.GGUFWriter(path, "eagle3")
-    w.add_uint64("eagle3.target.vocab_hash", fp["vocab_hash"])
-    w.add_uint32("eagle3.target.vocab_size", fp["vocab_size"])
-    w.add_uint32("eagle3.target.embedding_length", fp["n_embd"])
-    w.add_uint32("eagle3.target.block_count", fp["n_layer"])
+    w = head_writer(path, "eagle3", fp, shape)
     w.add_array("eagle3.target.layers", [int(x) for x in layers])
-    w.add_uint32("eagle3.embedding_length", shape["n_embd"])
-    w.add_uint32("eagle3.attention.head_count", shape["n_head"])
-    w.add_uint32("eagle3.attention.head_count_kv", shape["n_head_kv"])
-    w.add_uint32("eagle3.attention.key_length", shape["head_dim"])
-    w.add_uint32("eagle3.feed_forward_length", shape["n_ff"])
     q8 = gguf.GGMLQuantizationType.Q8_0
     for name, tensor in TENSOR_NAMES.items():
         x = np.asarray(p[name], dtype=np.float32)
@@ -200,10 +191,7 @@ def export(path, p, shape, fp, layers, subset, lm_dtype):
         w.add_tensor("eagle3.lm_head.weight", gguf.quants.quantize(lm, q8), raw_dtype=q8)
     else:
         w.add_tensor("eagle3.lm_head.weight", lm.astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def main():
