@@ -150,9 +150,7 @@ struct OffsetFormat {
   using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
     *d = HalfToFloat(a.d);
-    int32_t sum = 0;
-    for (int8_t v : a.qs) sum += v;
-    *aux = -kOffset * sum;
+    *aux = -kOffset * SumQs(a);
   }
   template <int T>
   __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
