@@ -210,6 +210,30 @@ struct OffsetFormat {
 using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
 using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 
+// One block of an octet x T tokens of Q8_0: qw the 8 lines' signed weights (4 elements of the 8
+// rows each), dw their scales; P = Σ qw * qa by vpmaddubsw(|qw|, sign(qa, qw)) (pair sums at most
+// 2 * 128 * 127) and vpmaddwd, then acc = fma(dw * da, float(P), acc).
+template <int T>
+inline void AccumulateQ8_0Block(const __m256i qw[8], __m256 dw, int64_t b, int64_t nb,
+                                const uint8_t* a, size_t a_stride, const float* d, __m256 acc[T]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i sum[T];
+  Unroll<T>([&](auto t) { sum[t] = _mm256_setzero_si256(); });
+  Unroll<8>([&](auto i) {
+    const __m256i abs_qw = _mm256_sign_epi8(qw[i], qw[i]);  // -128 stays 0x80: 128 unsigned
+    Unroll<T>([&](auto t) {
+      const int8_t* qa = reinterpret_cast<const BlockQ8_0*>(a + t * a_stride)[b].qs;
+      const __m256i signed_qa = _mm256_sign_epi8(Broadcast(qa + 4 * i), qw[i]);
+      sum[t] = _mm256_add_epi32(sum[t],
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(abs_qw, signed_qa), ones));
+    });
+  });
+  Unroll<T>([&](auto t) {
+    const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
+    acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum[t]), acc[t]);
+  });
+}
+
 struct Q8_0Format {
   using Block = BlockQ8_0x16;
   using ActBlock = BlockQ8_0;
@@ -225,59 +249,151 @@ struct Q8_0Format {
     __m256 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
     const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      __m256i sum[T];
-      Unroll<T>([&](auto t) { sum[t] = _mm256_setzero_si256(); });
+      __m256i qw[8];
       Unroll<8>([&](auto i) {
-        const __m256i qw = _mm256_xor_si256(
+        qw[i] = _mm256_xor_si256(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half)), offset);
-        const __m256i abs_qw = _mm256_sign_epi8(qw, qw);  // -128 stays 0x80: 128 unsigned
-        Unroll<T>([&](auto t) {
-          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          const __m256i signed_qa = _mm256_sign_epi8(Broadcast(qa + 4 * i), qw);
-          sum[t] = _mm256_add_epi32(
-              sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_qw, signed_qa), ones));
-        });
       });
-      const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
-      Unroll<T>([&](auto t) {
-        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum[t]), acc[t]);
-      });
+      AccumulateQ8_0Block<T>(qw, HalvesToFloats(w[b].d + kOctet * half), b, nb, a, a_stride, d,
+                             acc);
     }
     Unroll<T>([&](auto t) { StoreRows(out + t * out_stride, acc[t], n_rows); });
   }
 };
 
-// The InterleavedTileFn contract for one format: activation scales converted once per call,
-// then every octet of every group of 16 rows in register tiles of up to kTileTokens tokens.
+// The activations' scales of n_tokens rows, converted once per call: d[t * nb + b] and
+// aux[t * nb + b] (scratch slots 0 and 1).
+template <typename F>
+void ActivationScales(int64_t nb, const uint8_t* a, size_t a_stride, int n_tokens, float** d,
+                      typename F::Aux** aux) {
+  const size_t need = static_cast<size_t>(n_tokens) * nb;
+  *d = static_cast<float*>(kernels::ThreadScratch(0, need * sizeof(float)));
+  *aux = static_cast<typename F::Aux*>(kernels::ThreadScratch(1, need * sizeof(typename F::Aux)));
+  for (int t = 0; t < n_tokens; ++t) {
+    const auto* row = reinterpret_cast<const typename F::ActBlock*>(a + t * a_stride);
+    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], *d + t * nb + b, *aux + t * nb + b);
+  }
+}
+
+// One group of 16 rows (n_rows of them real): each octet x every token, in register tiles of up
+// to kTileTokens tokens.
+template <typename F>
+void GroupTiles(const typename F::Block* g, int64_t nb, int n_rows, const uint8_t* a,
+                size_t a_stride, int n_tokens, const float* d, const typename F::Aux* aux,
+                float* out, size_t out_stride) {
+  for (int half = 0; half < 2; ++half) {
+    const int r0 = kOctet * half;
+    if (r0 >= n_rows) break;
+    const int rows = n_rows - r0 < kOctet ? n_rows - r0 : kOctet;
+    ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+      F::template Tile<T>(g, nb, half, a + t * a_stride, a_stride, d + t * nb, aux + t * nb, rows,
+                          out + t * out_stride + r0, out_stride);
+    });
+  }
+}
+
+// The InterleavedTileFn contract for one format.
 template <typename F>
 void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t a_stride,
                      int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK;
-  const size_t need = static_cast<size_t>(n_tokens) * nb;
-  auto* d = static_cast<float*>(kernels::ThreadScratch(0, need * sizeof(float)));
-  auto* aux =
-      static_cast<typename F::Aux*>(kernels::ThreadScratch(1, need * sizeof(typename F::Aux)));
   const auto* ap = static_cast<const uint8_t*>(a);
-  for (int t = 0; t < n_tokens; ++t) {
-    const auto* row = reinterpret_cast<const typename F::ActBlock*>(ap + t * a_stride);
-    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], d + t * nb + b, aux + t * nb + b);
-  }
+  float* d;
+  typename F::Aux* aux;
+  ActivationScales<F>(nb, ap, a_stride, n_tokens, &d, &aux);
   const auto* groups = static_cast<const typename F::Block*>(w);
   for (int r = 0; r < n_rows; r += kInterleaveRows) {
-    const typename F::Block* g = groups + r / kInterleaveRows * nb;
-    for (int half = 0; half < 2; ++half) {
-      const int r0 = r + kOctet * half;
-      if (r0 >= n_rows) break;
-      const int rows = n_rows - r0 < kOctet ? n_rows - r0 : kOctet;
-      ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
-        F::template Tile<T>(g, nb, half, ap + t * a_stride, a_stride, d + t * nb, aux + t * nb,
-                            rows, out + t * out_stride + r0, out_stride);
+    GroupTiles<F>(groups + r / kInterleaveRows * nb, nb, n_rows - r, ap, a_stride, n_tokens, d, aux,
+                  out + r, out_stride);
+  }
+}
+
+// 16 Q8_0 rows (w_stride bytes apart) read in place. Per block and octet, the 8 rows' 32 qs bytes
+// as 8 dword vectors, transposed (unpacks and a 128-bit lane permute) into the octet's 8 lines
+// (line i: elements 4i..4i+3 of the 8 rows). Prefetched as the AVX-512 Q8_0Rows explains: the
+// group's 16 rows are one contiguous stream, read 16 places at once; each block prefetches as
+// many bytes of the group at least one group and 2 * kStreamPrefetchBytes on as it reads (half
+// of them in each octet's pass).
+struct Q8_0Rows {
+  const uint8_t* w;
+  size_t w_stride;
+  const char* ahead;
+  Q8_0Rows(const uint8_t* rows, size_t stride)
+      : w(rows),
+        w_stride(stride),
+        ahead(reinterpret_cast<const char*>(rows) +
+              (1 + 2 * kStreamPrefetchBytes / (kInterleaveRows * stride)) * kInterleaveRows *
+                  stride) {}
+
+  // The signed lines of block b, octet `half`; nb: the row's blocks (where this pass prefetches).
+  __attribute__((always_inline)) void Lines(int64_t b, int half, int64_t nb, __m256i q[8]) const {
+    constexpr size_t kHalfBlock = kInterleaveRows * sizeof(BlockQ8_0) / 2;  // 272 bytes
+    const char* p = ahead + (half * nb + b) * kHalfBlock;
+    for (int line = 0; line < 5; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T1);
+    const uint8_t* octet = w + kOctet * half * w_stride + b * sizeof(BlockQ8_0) + 2;
+    __m256i z[8], t[8], u[8];
+    Unroll<8>([&](auto r) {
+      z[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(octet + r * w_stride));
+    });
+    Unroll<4>([&](auto k) {
+      t[2 * k] = _mm256_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+      t[2 * k + 1] = _mm256_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    });
+    // u[i] (i < 4): dword i of rows 0-3 (low 128 bits) and dword i + 4 (high); u[4 + i]: the
+    // same of rows 4-7.
+    Unroll<2>([&](auto h) {
+      u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+      u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+      u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+      u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    });
+    Unroll<4>([&](auto i) {
+      q[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+      q[i + 4] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+    });
+  }
+  __attribute__((always_inline)) __m256 Scales(int64_t b, int half) const {
+    uint16_t h[kOctet];
+    const uint8_t* block = w + kOctet * half * w_stride + b * sizeof(BlockQ8_0);
+    for (int r = 0; r < kOctet; ++r) std::memcpy(&h[r], block + r * w_stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  }
+};
+
+// An octet of 16 Q8_0 rows x T tokens straight from the rows, for a few tokens (more share a
+// packed copy).
+template <int T>
+__attribute__((flatten)) void Q8_0RowsTile(const Q8_0Rows& rows, int64_t nb, int half,
+                                           const uint8_t* a, size_t a_stride, const float* d,
+                                           float* out, size_t out_stride) {
+  __m256 acc[T];
+  Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i q[8];
+    rows.Lines(b, half, nb, q);
+    AccumulateQ8_0Block<T>(q, rows.Scales(b, half), b, nb, a, a_stride, d, acc);
+  }
+  Unroll<T>([&](auto t) { _mm256_storeu_ps(out + t * out_stride, acc[t]); });
+}
+
+void PackQ8_0x16Rows(const uint8_t* w, size_t w_stride, int64_t nb, BlockQ8_0x16* out) {
+  const Q8_0Rows rows(w, w_stride);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int half = 0; half < 2; ++half) {
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i q[8];
+      rows.Lines(b, half, nb, q);
+      Unroll<8>([&](auto i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs[i] + 32 * half),
+                            _mm256_xor_si256(q[i], flip));
       });
+      for (int r = 0; r < kOctet; ++r) {
+        std::memcpy(out[b].d[kOctet * half + r],
+                    w + (kOctet * half + r) * w_stride + b * sizeof(BlockQ8_0), 2);
+      }
     }
   }
 }
@@ -302,6 +418,45 @@ void InterleavedTileQ5_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const voi
 void InterleavedTileQ8_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
                                  size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void PackQ8_0x16Avx2(const void* w, size_t w_stride, int n_rows, int64_t nb, BlockQ8_0x16* out) {
+  if (n_rows < kInterleaveRows) return PackQ8_0x16(w, w_stride, n_rows, nb, out);
+  PackQ8_0x16Rows(static_cast<const uint8_t*>(w), w_stride, nb, out);
+}
+
+// Up to kTileTokens tokens: each full group of 16 rows straight from the rows (Q8_0RowsTile);
+// more: each group packed into per-thread scratch (slot 2) once for all of them, then the
+// interleaved kernel. A last partial group is packed (zero rows past the matrix).
+void InPlaceTileQ8_0Q8_0Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                             size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK;
+  const auto* ap = static_cast<const uint8_t*>(a);
+  float* d;
+  Q8_0Format::Aux* aux;
+  ActivationScales<Q8_0Format>(nb, ap, a_stride, n_tokens, &d, &aux);
+  const auto* rows = static_cast<const uint8_t*>(w);
+  BlockQ8_0x16* packed = nullptr;
+  for (int r = 0; r < n_rows; r += kInterleaveRows) {
+    const uint8_t* group = rows + r * w_stride;
+    if (n_tokens <= kTileTokens && n_rows - r >= kInterleaveRows) {
+      const Q8_0Rows source(group, w_stride);
+      for (int half = 0; half < 2; ++half) {
+        ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+          Q8_0RowsTile<T>(source, nb, half, ap + t * a_stride, a_stride, d + t * nb,
+                          out + t * out_stride + r + kOctet * half, out_stride);
+        });
+      }
+      continue;
+    }
+    if (packed == nullptr) {
+      packed = static_cast<BlockQ8_0x16*>(kernels::ThreadScratch(2, nb * sizeof(BlockQ8_0x16)));
+    }
+    PackQ8_0x16Avx2(group, w_stride, n_rows - r, nb, packed);
+    GroupTiles<Q8_0Format>(packed, nb, n_rows - r, ap, a_stride, n_tokens, d, aux, out + r,
+                           out_stride);
+  }
 }
 
 }  // namespace kiln::quant

@@ -177,4 +177,46 @@ void InterleavedTileQ8_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const v
   InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
+void PackQ8_0x16(const void* w, size_t w_stride, int n_rows, int64_t nb, BlockQ8_0x16* out) {
+  const auto* rows = static_cast<const uint8_t*>(w);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= n_rows) {
+        for (int i = 0; i < 8; ++i) std::memset(&out[b].qs[i][4 * r], 0, 4);
+        std::memset(out[b].d[r], 0, 2);
+        continue;
+      }
+      const auto* src = reinterpret_cast<const BlockQ8_0*>(rows + r * w_stride) + b;
+      for (int i = 0; i < 8; ++i) {
+        for (int j = 0; j < 4; ++j) {
+          out[b].qs[i][4 * r + j] = static_cast<uint8_t>(src->qs[4 * i + j]) ^ 0x80;
+        }
+      }
+      std::memcpy(out[b].d[r], src->d, 2);
+    }
+  }
+}
+
+// The integer order straight from the rows: per (row, token), P per block, then
+// acc = fma(dw * da, float(P), acc).
+void InPlaceTileQ8_0Q8_0Scalar(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  const int64_t nb = n / kQK;
+  for (int r = 0; r < n_rows; ++r) {
+    const auto* wr =
+        reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * w_stride);
+    for (int t = 0; t < n_tokens; ++t) {
+      const auto* at =
+          reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a) + t * a_stride);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t p = 0;
+        for (int j = 0; j < kQK; ++j) p += wr[b].qs[j] * at[b].qs[j];
+        acc = std::fma(LoadHalf(wr[b].d) * LoadHalf(at[b].d), static_cast<float>(p), acc);
+      }
+      out[t * out_stride + r] = acc;
+    }
+  }
+}
+
 }  // namespace kiln::quant

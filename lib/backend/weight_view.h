@@ -25,6 +25,10 @@ struct WeightView {
   // row-interleaved layout for the integer-order matmuls), or null. When set, the kiln numeric
   // order multiplies with it; the llama.cpp order always reads `data`.
   const void* interleaved = nullptr;
+  // Set by the CPU backend's PrepareWeights instead of a copy for the types whose integer-order
+  // kernel reads `data` in place (QuantKernels::in_place_tile: Q8_0): the kiln numeric order
+  // multiplies `data` with it; the llama.cpp order ignores it.
+  bool in_place = false;
   std::string_view name = {};  // the GGUF tensor name ("" for views made by tests and benchmarks)
   // A device backend's copy of `data` in device memory (Backend::PrepareWeights of the CUDA
   // backend: the same bytes, quantized types kept quantized), or null. Never dereferenced on the

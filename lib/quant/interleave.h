@@ -6,7 +6,8 @@
 // Layout ("x16", kernels/cpu/interleaved.h): a matrix's rows in groups of kInterleaveRows = 16,
 // each group stored block by block, so one 512-bit register holds the same 4 elements of all 16
 // rows (a lane per row) and a dot product never needs a horizontal reduction. Rows past the
-// matrix's last one are zero.
+// matrix's last one are zero. Q8_0 keeps no such copy (it would be as large as the file): its
+// in-place kernels (QuantKernels::in_place_tile) make the layout from the rows as they go.
 //
 // Integer order, per (weight row w, activation row a) of nb = n / 32 blocks:
 //   Q4_1 x Q8_1:

@@ -68,6 +68,7 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
         dst.interleaved_group_bytes = src.interleaved_group_bytes;
         dst.interleaved_row = src.interleaved_row;
         dst.interleaved_tile = src.interleaved_tile;
+        dst.in_place_tile = src.in_place_tile;
       }
     }
   }

@@ -69,6 +69,11 @@ struct QuantKernels {
   InterleavedGroupBytesFn interleaved_group_bytes = nullptr;
   InterleavedRowFn interleaved_row = nullptr;  // one row back out of the interleaved form
   InterleavedTileFn interleaved_tile = nullptr;
+  // The integer order reading the file's rows in place (kernels/cpu/interleaved.h; the
+  // VecDotTileFn signature, interleaved_tile's bits): where set, the CPU backend makes no
+  // interleaved copy of the type's matrices and its default mode multiplies them with this
+  // (WeightView::in_place). Q8_0: the copy would be as large as the file.
+  VecDotTileFn in_place_tile = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/interleaved.h"
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/ggml_type.h"
 #include "lib/quant/activation.h"
@@ -523,9 +524,60 @@ TEST(IntegerOrder, PackerLayouts) {
   }
 }
 
-// Every output of an interleaved kernel equals its integer-order reference bitwise: SmolLM2 row
-// lengths, row counts with every kind of partial group, every token tail of the 8-token register
-// tile, prefill-sized calls, padded strides; nothing past n_rows is written.
+// Q8_0's group packers (what the in-place kernels build as they go) write the registry packer's
+// bytes at every level this CPU runs, for a full group and a partial one; and the in-place kernel
+// equals the reference on rows holding -128 (outside what kiln's quantizer writes, inside what
+// a file may hold).
+TEST(IntegerOrder, Q8_0InPlaceKernelsMatchThePackedCopy) {
+  const QuantKernels* k = InterleavedKernels(GgmlType::kQ8_0);
+  ASSERT_NE(k, nullptr);
+  std::mt19937 rng(17);
+  const int64_t n = 96, nb = n / 32;
+  const size_t stride = RowBytes(GgmlType::kQ8_0, n) + 3;
+  std::vector<uint8_t> w = RandomRows(GgmlType::kQ8_0, n, 16, stride, rng);
+  for (int r = 0; r < 16; r += 3) {  // element (5 r) % 32 of each row's block r % 3 to -128
+    w[r * stride + (r % 3) * 34 + 2 + (5 * r) % 32] = 0x80;
+  }
+  using PackFn = void (*)(const void*, size_t, int, int64_t, quant::BlockQ8_0x16*);
+  std::vector<std::pair<CpuLevel, PackFn>> packers = {{CpuLevel::kScalar, quant::PackQ8_0x16}};
+  if (BestCpuLevel() >= CpuLevel::kAvx2)
+    packers.emplace_back(CpuLevel::kAvx2, quant::PackQ8_0x16Avx2);
+  if (BestCpuLevel() >= CpuLevel::kAvx512) {
+    packers.emplace_back(CpuLevel::kAvx512, quant::PackQ8_0x16Avx512);
+  }
+  for (const int rows : {16, 5}) {
+    const std::vector<Line> want = Interleave(*k, w, stride, n, rows);
+    for (auto [level, pack] : packers) {
+      std::vector<quant::BlockQ8_0x16> got(nb);
+      pack(w.data(), stride, rows, nb, got.data());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), nb * sizeof(quant::BlockQ8_0x16)), 0)
+          << CpuLevelName(level) << " rows " << rows;
+    }
+  }
+  for (CpuLevel level : Levels()) {
+    const QuantKernels* lk = GetQuantKernels(GgmlType::kQ8_0, level);
+    ASSERT_NE(lk->in_place_tile, nullptr) << CpuLevelName(level);
+    for (const int tokens : {1, 9}) {
+      const size_t a_stride = RowBytes(GgmlType::kQ8_0, n);
+      const std::vector<uint8_t> a = Activations(GgmlType::kQ8_0, n, tokens, a_stride, rng);
+      std::vector<float> got(16 * tokens);
+      lk->in_place_tile(n, w.data(), stride, 16, a.data(), a_stride, tokens, got.data(), 16);
+      for (int t = 0; t < tokens; ++t) {
+        for (int r = 0; r < 16; ++r) {
+          const float ref =
+              quant::VecDotQ8_0Q8_0IntegerRef(n, w.data() + r * stride, a.data() + t * a_stride);
+          ASSERT_EQ(std::memcmp(&got[t * 16 + r], &ref, sizeof(float)), 0)
+              << CpuLevelName(level) << " row " << r << " token " << t;
+        }
+      }
+    }
+  }
+}
+
+// Every output of an interleaved kernel (and of Q8_0's in-place one) equals its integer-order
+// reference bitwise: SmolLM2 row lengths, row counts with every kind of partial group, every token
+// tail of the 8-token register tile, prefill-sized calls, padded strides; nothing past n_rows is
+// written.
 TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
   std::mt19937 rng(43);
   int checked = 0;
@@ -553,22 +605,32 @@ TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
           const std::vector<uint8_t> a = Activations(k->vec_dot_type, n, tokens, a_stride, rng);
           const std::vector<Line> p = Interleave(*k, w, w_stride, n, rows);
           const size_t out_stride = rows + 3;
-          std::vector<float> got(out_stride * tokens, -7.0f);
-          k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(),
-                              out_stride);
-          for (int t = 0; t < tokens; ++t) {
-            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-              const float g = got[t * out_stride + r];
-              if (r >= rows) {
-                ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
-                continue;
+          // The interleaved kernel on the packed copy, and (Q8_0) the in-place one on the rows.
+          for (const bool in_place : {false, true}) {
+            if (in_place && k->in_place_tile == nullptr) continue;
+            std::vector<float> got(out_stride * tokens, -7.0f);
+            if (in_place) {
+              k->in_place_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
+                               out_stride);
+            } else {
+              k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(),
+                                  out_stride);
+            }
+            for (int t = 0; t < tokens; ++t) {
+              for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+                const float g = got[t * out_stride + r];
+                if (r >= rows) {
+                  ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
+                  continue;
+                }
+                const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+                ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                    << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level "
+                    << CpuLevelName(level) << (in_place ? " in place" : " interleaved") << " n "
+                    << n << " tile " << rows << "x" << tokens << " row " << r << " token " << t
+                    << ": " << g << " vs " << want;
+                ++checked;
               }
-              const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
-              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                  << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level "
-                  << CpuLevelName(level) << " n " << n << " tile " << rows << "x" << tokens
-                  << " row " << r << " token " << t << ": " << g << " vs " << want;
-              ++checked;
             }
           }
         }
@@ -709,8 +771,8 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
   }
 }
 
-// MatMul with the interleaved copy set computes the integer order (every output equals the
-// reference on MatMul's own quantized activations) and stays batch invariant over the
+// MatMul with the interleaved copy set (Q8_0: in_place) computes the integer order (every output
+// equals the reference on MatMul's own quantized activations) and stays batch invariant over the
 // verification widths and a prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
 TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
   std::mt19937 rng(13);
@@ -727,7 +789,12 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
             IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
         const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
         cpu::WeightView wv{it.type, w.data(), n_in, n_out};
-        wv.interleaved = p.data();
+        // As the CPU backend prepares it: Q8_0 read in place, the others from their copy.
+        if (k->in_place_tile != nullptr) {
+          wv.in_place = true;
+        } else {
+          wv.interleaved = p.data();
+        }
         for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
           std::vector<float> x, single;
           ASSERT_NO_FATAL_FAILURE(

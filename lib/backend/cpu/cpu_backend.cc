@@ -113,19 +113,24 @@ void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
 
 // Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU, in
 // one allocation. The mapped file's pages of those matrices are then read only in the llama.cpp
-// order (or for an embedding row), so they may be dropped.
+// order (or for an embedding row), so they may be dropped. Types whose integer-order kernel
+// reads the file's rows (Q8_0) get no copy: they are marked in_place and their pages stay.
 absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
     std::span<WeightView* const> matrices, bool release_file_pages) const {
   constexpr size_t kAlign = 64;
   auto bytes_of = [](const WeightView& w) -> size_t {
     const QuantKernels* k = GetQuantKernels(w.type);
-    if (k == nullptr || k->interleave == nullptr) return 0;
+    if (k == nullptr || k->interleave == nullptr || k->in_place_tile != nullptr) return 0;
     const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
     const size_t bytes = groups * k->interleaved_group_bytes(w.n_in);
     return (bytes + kAlign - 1) / kAlign * kAlign;
   };
   size_t total = 0;
-  for (const WeightView* w : matrices) total += bytes_of(*w);
+  for (WeightView* w : matrices) {
+    const QuantKernels* k = GetQuantKernels(w->type);
+    w->in_place = k != nullptr && k->in_place_tile != nullptr;
+    total += bytes_of(*w);
+  }
   if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
   auto* data = static_cast<uint8_t*>(platform::AlignedAllocLarge(total));
   if (data == nullptr) {
@@ -164,7 +169,10 @@ absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::NewKvStorage(const KvLayo
 
 WeightView CpuBackend::ForOrder(const WeightView& w) const {
   WeightView v = w;
-  if (llama_cpp_order_) v.interleaved = nullptr;
+  if (llama_cpp_order_) {
+    v.interleaved = nullptr;
+    v.in_place = false;
+  }
   return v;
 }
 

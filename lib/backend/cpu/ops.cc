@@ -79,6 +79,11 @@ static_assert(kMatMulRowAlign % kRowChunk == 0, "a row range must start on a til
 constexpr int64_t kTokenTile = 32;  // activation rows per tile
 // Tokens per vec_dot_tile call: their repacked activations (~2 bytes per element) stay in L2.
 constexpr int64_t kTileTokenBlock = 64;
+// Tokens per in_place_tile call: the kernel packs each group of weight rows once per call, 16
+// blocks at a time, and runs every token over them; 256 tokens' activations of those 16 blocks
+// are 139 KiB (L2). llama-1b Q8_0 prefill512, 1 thread: 132 tok/s at 64 tokens a call, the
+// interleaved copy's 151 at 64.
+constexpr int64_t kInPlaceTokenBlock = 256;
 
 absl::Status CheckWeight(const WeightView& w, const char* what) {
   if (w.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": data is null"));
@@ -172,12 +177,12 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   // kTileTokenBlock tokens, so a kernel prepares those tokens' activations once for all its rows
   // and reads each weight row once per token block. call(r0, n_rows, act, n_tokens, y) computes
   // y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out].
-  auto for_each_tile = [&](auto&& call) {
+  auto for_each_tile = [&](auto&& call, int64_t token_block = kTileTokenBlock) {
     pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
       const int64_t r0 = row_begin + c0 * kRowChunk;
       const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
-      for (int64_t tb = 0; tb < n_rows; tb += kTileTokenBlock) {
-        const int64_t te = std::min(n_rows, tb + kTileTokenBlock);
+      for (int64_t tb = 0; tb < n_rows; tb += token_block) {
+        const int64_t te = std::min(n_rows, tb + token_block);
         call(r0, static_cast<int>(r1 - r0), tile_act + tb * plan.act_row_bytes,
              static_cast<int>(te - tb), y + tb * n_out + r0);
       }
@@ -193,6 +198,17 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
       tile(n_in, groups + r0 / quant::kInterleaveRows * group_bytes, rows, a, plan.act_row_bytes,
            tokens, yt, static_cast<size_t>(n_out));
     });
+    return absl::OkStatus();
+  }
+  if (w.in_place && plan.k->in_place_tile != nullptr && act != nullptr) {
+    // Integer order on the rows themselves (Q8_0: no interleaved copy).
+    const VecDotTileFn tile = plan.k->in_place_tile;
+    for_each_tile(
+        [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
+          tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a, plan.act_row_bytes,
+               tokens, yt, static_cast<size_t>(n_out));
+        },
+        kInPlaceTokenBlock);
     return absl::OkStatus();
   }
   if (plan.k->vec_dot_tile != nullptr && tile_act != nullptr &&
