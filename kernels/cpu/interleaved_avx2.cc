@@ -73,6 +73,22 @@ inline void StoreRows(float* out, __m256 v, int n_rows) {
   _mm256_maskstore_ps(out, mask, v);
 }
 
+// Line i of an octet's nibbles (its 32 bytes at `line`): lo = elements 4i..4i+3, hi = elements
+// 16+4i..16+4i+3 of the 8 rows.
+inline void LineNibbles(const uint8_t* line, __m256i* lo, __m256i* hi) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
+  *lo = _mm256_and_si256(packed, low);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+}
+
+// The products of line i's elements (lo, hi as LineNibbles gives them, 0..31) with the activation
+// block's qs, as int16 sums of four (at most 4 * 31 * 128 = 15872 in magnitude).
+inline __m256i LineSums16(__m256i lo, __m256i hi, const int8_t* qa, int i) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast(qa + 4 * i)),
+                          _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
+}
+
 struct Q4_1Format {
   using Block = BlockQ4_1x16;
   using ActBlock = BlockQ8_1;
@@ -89,22 +105,17 @@ struct Q4_1Format {
                                             int n_rows, float* out, size_t out_stride) {
     __m256 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
-    const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
       __m256i sum16[T];
       Unroll<T>([&](auto t) { sum16[t] = _mm256_setzero_si256(); });
       Unroll<4>([&](auto i) {
-        const __m256i packed =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half));
-        const __m256i lo = _mm256_and_si256(packed, low);  // elements 4i..4i+3 of every row
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);  // 16 + 4i..
+        __m256i lo, hi;
+        LineNibbles(w[b].qs[i] + 32 * half, &lo, &hi);
         Unroll<T>([&](auto t) {
           const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(lo, Broadcast(qa + 4 * i)));
-          sum16[t] =
-              _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
+          sum16[t] = _mm256_add_epi16(sum16[t], LineSums16(lo, hi, qa, i));
         });
       });
       const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
@@ -158,7 +169,6 @@ struct OffsetFormat {
                                             int n_rows, float* out, size_t out_stride) {
     __m256 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
-    const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     [[maybe_unused]] const __m256i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2),
                                                 SpreadByte(3)};
@@ -176,19 +186,15 @@ struct OffsetFormat {
       __m256i sum[T], sum16[T];
       Unroll<T>([&](auto t) { sum[t] = sum16[t] = _mm256_setzero_si256(); });
       Unroll<4>([&](auto i) {
-        const __m256i packed =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs[i] + 32 * half));
-        __m256i lo = _mm256_and_si256(packed, low);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        __m256i lo, hi;
+        LineNibbles(w[b].qs[i] + 32 * half, &lo, &hi);
         if constexpr (kFiveBit) {
           lo = _mm256_or_si256(lo, Bit4(high_bytes[i / 2], test[i % 2]));
           hi = _mm256_or_si256(hi, Bit4(high_bytes[2 + i / 2], test[i % 2]));
         }
         Unroll<T>([&](auto t) {
           const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          const __m256i pair =
-              _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast(qa + 4 * i)),
-                               _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
+          const __m256i pair = LineSums16(lo, hi, qa, i);
           if constexpr (decltype(i)::value % 2 == 0) {
             sum16[t] = pair;
           } else {
