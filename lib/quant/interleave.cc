@@ -147,15 +147,6 @@ void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out
                                       });
 }
 
-void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out) {
-  ExtractRow<BlockQ8_0, BlockQ8_0x16>(groups, n_in, row, out,
-                                      [](BlockQ8_0& dst, const BlockQ8_0x16& p, int r) {
-                                        for (int i = 0; i < kQK / 4; ++i)
-                                          FlipTopBits4(&p.qs[i][4 * r], dst.qs + 4 * i);
-                                        std::memcpy(dst.d, p.d[r], 2);
-                                      });
-}
-
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);

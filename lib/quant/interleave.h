@@ -67,7 +67,6 @@ using InterleavedRowFn = void (*)(const void* groups, int64_t n_in, int64_t row,
 void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out);
-void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out);
 
 // The plain references of the integer order for one weight row and one activation row (the
 // original, not interleaved, layouts).

@@ -28,7 +28,6 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
     r[GgmlType::kQ4_1].interleaved_tile = q4_1;
     r[GgmlType::kQ8_0].interleave = InterleaveQ8_0;
     r[GgmlType::kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
-    r[GgmlType::kQ8_0].interleaved_row = InterleavedRowQ8_0;
     r[GgmlType::kQ8_0].interleaved_tile = q8_0;
     r[GgmlType::kQ8_0].in_place_tile = q8_0_in_place;
   };

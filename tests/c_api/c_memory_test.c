@@ -5,9 +5,11 @@
  * the interleaved copies were made slice by slice with the file's pages released behind them, a
  * tied embedding's copy and its file pages were resident together (Gemma: 389 MiB against the
  * 324 MiB budget). The prompt ends with 1,024 token ids spread over the whole vocabulary: while the
- * embedding lookups read the mapped file, each mapped up to 64 KiB around its row again (Gemma:
- * about 60 MB more for 1,024 such tokens); they read the tied head's copy now. Linux only (VmHWM);
- * skipped (exit 77) under sanitizers, whose shadow memory counts in the resident set. */
+ * embedding lookups read the mapped file behind a copy, each mapped up to 64 KiB around its row
+ * again (Gemma: about 60 MB more for 1,024 such tokens). Both models' tied embeddings are Q8_0,
+ * which now has no copy: the head's matmul reads all of its mapped rows every step, so the lookups
+ * read pages that are resident anyway. Linux only (VmHWM); skipped (exit 77) under sanitizers,
+ * whose shadow memory counts in the resident set. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln/kiln.h>
 #include <stdio.h>
