@@ -79,10 +79,10 @@ static_assert(kMatMulRowAlign % kRowChunk == 0, "a row range must start on a til
 constexpr int64_t kTokenTile = 32;  // activation rows per tile
 // Tokens per vec_dot_tile call: their repacked activations (~2 bytes per element) stay in L2.
 constexpr int64_t kTileTokenBlock = 64;
-// Tokens per in_place_tile call: the kernel packs each group of weight rows once per call, 16
-// blocks at a time, and runs every token over them; 256 tokens' activations of those 16 blocks
-// are 139 KiB (L2). llama-1b Q8_0 prefill512, 1 thread: 132 tok/s at 64 tokens a call, the
-// interleaved copy's 151 at 64.
+// Tokens per in_place_tile call: for more than 8 tokens the AVX-512 kernel packs each group of 16
+// weight rows 64 blocks at a time and runs every token over each chunk, so more tokens a call
+// pack less often (256 tokens' activations of one chunk: 557 KiB, within L2). llama-1b Q8_0
+// prefill512, 1 thread: 140 tok/s at 256 tokens a call, the interleaved copy's 151 at 64.
 constexpr int64_t kInPlaceTokenBlock = 256;
 
 absl::Status CheckWeight(const WeightView& w, const char* what) {
