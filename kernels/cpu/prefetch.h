@@ -19,7 +19,8 @@ namespace kiln {
 constexpr size_t kStreamPrefetchBytes = 8192;
 
 // Prefetches into L2 the cache lines of [p + kStreamPrefetchBytes, + bytes): call it for the
-// bytes about to be read, once each.
+// bytes about to be read, once each. (The AVX-512 interleaved kernels call it only for prefill:
+// at one token tile the hardware prefetcher alone streams their groups faster; see there.)
 inline void PrefetchStreamAhead(const void* p, size_t bytes) {
   const char* ahead = static_cast<const char*>(p) + kStreamPrefetchBytes;
   for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
