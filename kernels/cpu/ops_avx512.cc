@@ -336,91 +336,157 @@ void KvAccumulateGroups(float* acc, const float* p, const void* const* v_groups,
   }
 }
 
-// Lane sums of 16 rows' vectors a[0..15] (row r's lanes in a[r]) -> one vector, lane r = row r's
-// sum in kv_scores_rows's tree: pairs of rows interleaved (unpacklo/hi: x[4q] + x[4q+2] next to
-// x[4q+1] + x[4q+3]), then pairs of pairs (the quad sums Q_q of 4 rows per 128-bit lane), then
-// the 128-bit lanes ((Q0 + Q2) + (Q1 + Q3)).
+// kv_scores_rows's lane tree, transposed: rows' 16-lane vectors in, one lane per row out.
+// Level 1 pairs rows (unpacklo/hi: x[4q] + x[4q+2] next to x[4q+1] + x[4q+3]); level 2 gives the
+// quad sums: for a[0..3], 128-bit lane q, element e = Q_q of row e.
+inline __m512 QuadSums4(const __m512* a) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+  // t0, per 128-bit lane q: [r0: x0+x2, r1: x0+x2, r0: x1+x3, r1: x1+x3].
+  return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// Quad sums of rows 0..3 (u0) and 4..7 (u1) -> 128-bit lanes [Q0+Q2 | Q1+Q3 of rows 0..3,
+// Q0+Q2 | Q1+Q3 of rows 4..7].
+inline __m512 HalfSums8(__m512 u0, __m512 u1) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// a[0..15] -> lane r = row r's sum ((Q0 + Q2) + (Q1 + Q3)).
 inline __m512 TransposeSum16(const __m512 a[16]) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i) {
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  }
-  // t[i], per 128-bit lane q: [r: x0+x2, r': x0+x2, r: x1+x3, r': x1+x3] (r = 2i, r' = 2i + 1).
-  for (int i = 0; i < 4; ++i) {
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  // u[i], 128-bit lane q, element e: Q_q of row 4i + e.
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  // s01: [Q0+Q2 | Q1+Q3 of rows 0..3, Q0+Q2 | Q1+Q3 of rows 4..7] per 128-bit lane.
+  const __m512 s01 = HalfSums8(QuadSums4(a), QuadSums4(a + 4));
+  const __m512 s23 = HalfSums8(QuadSums4(a + 8), QuadSums4(a + 12));
   return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
-// Rows [0, rows) of `src` (f16, bf16 or q8_0 K/V elements, d per row) widened into dst [rows][d];
-// rows up to 16 are then zero-filled. d % 16 == 0.
-template <KvElem kElem>
-void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
-  for (int r = 0; r < 16; ++r) {
-    float* out = dst + r * d;
-    for (int64_t i = 0; i < d; i += 16) {
-      _mm512_store_ps(out + i, r < rows ? LoadKv(src[r], kElem, i, 0xFFFF) : _mm512_setzero_ps());
-    }
-  }
+// a[0..7] -> lane r = row r's sum.
+inline __m256 TransposeSum8(const __m512 a[8]) {
+  const __m512 s = HalfSums8(QuadSums4(a), QuadSums4(a + 4));
+  return _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 0, 2, 0)),
+                                              _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(3, 1, 3, 1))));
 }
 
 // How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRows; 32 and 128
 // measured within noise of 64).
 constexpr int64_t kPrefetchRows = 64;
 
-// Widened rows live in a per-call stack buffer of 16 rows when they fit (head_dim <= 256).
+// Scores of NQ <= 3 heads (q: [NQ, d]) against 8 rows (missing rows point at zeros), into
+// scores[g * score_stride + r] for r < n_valid. Each slice of 16 K elements is widened once in a
+// register for the NQ heads: 8 NQ accumulators, no widened copy in memory (see
+// kMaxRegisterHeads for what that saves).
+template <int NQ, KvElem kElem>
+inline void ScoresOf8Rows(const float* q, int64_t d, const void* const rows[8], int n_valid,
+                          float* scores, int64_t score_stride) {
+  __m512 acc[NQ][8];
+  Unroll<NQ>([&](auto g) { Unroll<8>([&](auto r) { acc[g][r] = _mm512_setzero_ps(); }); });
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 qv[NQ];
+    Unroll<NQ>([&](auto g) { qv[g] = _mm512_loadu_ps(q + g * d + i); });
+    Unroll<8>([&](auto r) {
+      const __m512 k = LoadKv(rows[r], kElem, i, 0xFFFF);
+      Unroll<NQ>([&](auto g) { acc[g][r] = _mm512_fmadd_ps(k, qv[g], acc[g][r]); });
+    });
+  }
+  const __mmask8 m = static_cast<__mmask8>((1u << n_valid) - 1);
+  if constexpr (NQ >= 2) {  // heads 0 and 1 in one tree: lanes 0..7 and 8..15
+    __m512 a[16];
+    Unroll<8>([&](auto r) {
+      a[r] = acc[0][r];
+      a[8 + r] = acc[1][r];
+    });
+    const __m512 s = TransposeSum16(a);
+    _mm256_mask_storeu_ps(scores, m, _mm512_castps512_ps256(s));
+    _mm256_mask_storeu_ps(scores + score_stride, m, _mm512_extractf32x8_ps(s, 1));
+  }
+  if constexpr (NQ != 2) {
+    _mm256_mask_storeu_ps(scores + (NQ - 1) * score_stride, m, TransposeSum8(acc[NQ - 1]));
+  }
+}
+
+// Rows [0, rows) of `src` (K elements of kElem, d per row) widened into dst in slice-major
+// order: element 16 c + l of row r at dst[(16 c + r) * 16 + l], so the 16 rows' slice c is one
+// run of 16 vectors at fixed offsets from its start. Rows up to 16 are zero-filled. d % 16 == 0.
+template <KvElem kElem>
+void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
+  for (int r = 0; r < 16; ++r) {
+    for (int64_t c = 0; c < d / 16; ++c) {
+      _mm512_store_ps(dst + (16 * c + r) * 16,
+                      r < rows ? LoadKv(src[r], kElem, 16 * c, 0xFFFF) : _mm512_setzero_ps());
+    }
+  }
+}
+
+// The widened rows of WidenedScores live in a stack buffer of 16 rows (head_dim <= 256).
 constexpr int64_t kMaxWidenedDim = 256;
 
-// kv_scores_rows for d % 16 == 0 (head_dim <= 1024), one K element type: per block of 16 rows,
-// the rows widened once for all n_q heads (d <= kMaxWidenedDim; larger heads widen per head),
-// then per head 16 accumulators in registers (Unroll: constant indices, see unroll.h); the
-// missing rows of a last partial block read zeros and their sums are dropped (each lane of
-// TransposeSum16 adds only its own row's values).
+// kv_scores_rows for more than kMaxRegisterHeads heads (several tokens' heads of a prompt chunk):
+// per block of 16 rows, the rows widened once into a slice-major buffer, then per head 16
+// accumulators reading each slice back.
 template <KvElem kElem>
-void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
-                    int64_t d, float* scores, int64_t score_stride) {
-  alignas(64) static const float kZeroRow[1024] = {};
-  constexpr bool kWiden = kElem != KvElem::kF32;
-  alignas(64) float widened[kWiden ? 16 * kMaxWidenedDim : 1];
-  const bool widen = kWiden && d <= kMaxWidenedDim;
+void WidenedScores(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                   int64_t d, float* scores, int64_t score_stride) {
+  alignas(64) float widened[16 * kMaxWidenedDim];
   const int64_t row_bytes = RowBytes(kElem, d);
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
     PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
                  std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
-    const void* block[16];
-    for (int r = 0; r < 16; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
-    if (widen) {
-      if constexpr (kWiden) WidenRows<kElem>(k_rows + j0, rows, d, widened);
-      for (int r = 0; r < 16; ++r) block[r] = widened + r * d;
-    }
-    auto scores_of = [&]<KvElem E>() {
-      for (int64_t g = 0; g < n_q; ++g) {
-        const float* qg = q + g * d;
-        __m512 acc[16];
-        Unroll<16>([&](auto r) { acc[r] = _mm512_setzero_ps(); });
-        for (int64_t i = 0; i < d; i += 16) {
-          const __m512 qv = _mm512_loadu_ps(qg + i);
-          Unroll<16>([&](auto r) {
-            acc[r] = _mm512_fmadd_ps(LoadKv(block[r], E, i, 0xFFFF), qv, acc[r]);
-          });
-        }
-        _mm512_mask_storeu_ps(scores + g * score_stride + j0, TailMask(rows), TransposeSum16(acc));
+    WidenRows<kElem>(k_rows + j0, rows, d, widened);
+    for (int64_t g = 0; g < n_q; ++g) {
+      const float* qg = q + g * d;
+      __m512 acc[16];
+      Unroll<16>([&](auto r) { acc[r] = _mm512_setzero_ps(); });
+      for (int64_t i = 0; i < d; i += 16) {
+        const __m512 qv = _mm512_loadu_ps(qg + i);
+        const float* slice = widened + i * 16;  // [16 rows][16]
+        Unroll<16>(
+            [&](auto r) { acc[r] = _mm512_fmadd_ps(_mm512_load_ps(slice + 16 * r), qv, acc[r]); });
       }
-    };
-    if (widen) {
-      scores_of.template operator()<KvElem::kF32>();
-    } else {
-      scores_of.template operator()<kElem>();
+      _mm512_mask_storeu_ps(scores + g * score_stride + j0, TailMask(rows), TransposeSum16(acc));
+    }
+  }
+}
+
+// Up to this many heads, kv_scores_rows converts each K slice in registers once per group of 3
+// heads; more heads share one widened copy (one thread, head_dim 64, 1,024 rows, cycles per row:
+// 3 heads 25.3 widened -> 20.3 in registers, 4: 30.0 -> 29.4, 8: 49.4 -> 52.3, 24: 128 -> 164).
+constexpr int64_t kMaxRegisterHeads = 6;
+
+// kv_scores_rows for d % 16 == 0, one K element type. Up to kMaxRegisterHeads heads (a decode
+// step's GQA group) or heads too wide for the widened buffer: per run of 8 rows, the heads in
+// groups of up to 3 (ScoresOf8Rows); the missing rows of a last partial run read zeros and their
+// sums are dropped (each lane of the tree adds only its own row's values). More heads:
+// WidenedScores.
+template <KvElem kElem>
+void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                    int64_t d, float* scores, int64_t score_stride) {
+  if (n_q > kMaxRegisterHeads && d <= kMaxWidenedDim) {
+    return WidenedScores<kElem>(q, n_q, k_rows, n_rows, d, scores, score_stride);
+  }
+  alignas(64) static const float kZeroRow[1024] = {};
+  const int64_t row_bytes = RowBytes(kElem, d);
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 8) {
+    const int rows = n_rows - j0 < 8 ? static_cast<int>(n_rows - j0) : 8;
+    if (j0 % 16 == 0) {
+      PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
+                   std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
+    }
+    const void* block[8];
+    for (int r = 0; r < 8; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
+    for (int64_t g = 0; g < n_q; g += 3) {
+      const float* qg = q + g * d;
+      float* sg = scores + g * score_stride + j0;
+      switch (n_q - g < 3 ? n_q - g : 3) {
+        case 1:
+          ScoresOf8Rows<1, kElem>(qg, d, block, rows, sg, score_stride);
+          break;
+        case 2:
+          ScoresOf8Rows<2, kElem>(qg, d, block, rows, sg, score_stride);
+          break;
+        default:
+          ScoresOf8Rows<3, kElem>(qg, d, block, rows, sg, score_stride);
+          break;
+      }
     }
   }
 }
@@ -432,37 +498,49 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   });
 }
 
-// NQ heads x up to 64 columns per pass over the rows, one V element type, continuing the chains
-// in out: 4 * NQ accumulators stay in registers, each V slice is widened once for the NQ heads.
+// NQ heads x 64 columns [c0, c0 + 64) per pass over the rows (kFull: all 64 inside d; otherwise
+// the tail of d, masked), one V element type, continuing the chains in out: 4 * NQ accumulators
+// stay in registers, each V slice is widened once for the NQ heads.
+template <int NQ, KvElem kElem, bool kFull>
+inline void KvAccumulateColumns(float* out, const float* p, int64_t p_stride,
+                                const void* const* v_rows, int64_t n_rows, int64_t d, int64_t c0) {
+  const int64_t row_bytes = RowBytes(kElem, d);
+  __mmask16 m[4];
+  for (int s = 0; s < 4; ++s) {
+    m[s] = kFull ? 0xFFFF : c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
+  }
+  __m512 acc[NQ][4];
+  Unroll<NQ>([&](auto g) {
+    Unroll<4>([&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(m[s], out + g * d + c0 + 16 * s); });
+  });
+  for (int64_t j = 0; j < n_rows; ++j) {
+    if (c0 == 0 && j % 16 == 0) {
+      PrefetchRows(v_rows, std::min(n_rows, j + kPrefetchRows),
+                   std::min(n_rows, j + kPrefetchRows + 16), row_bytes);
+    }
+    __m512 pj[NQ];
+    Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
+    Unroll<4>([&](auto s) {
+      if (!kFull && m[s] == 0) return;  // d - c0 < 64: the same slices skipped for every row
+      const __m512 v = LoadKv(v_rows[j], kElem, c0 + 16 * s, kFull ? 0xFFFF : m[s]);
+      Unroll<NQ>([&](auto g) { acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]); });
+    });
+  }
+  Unroll<NQ>([&](auto g) {
+    Unroll<4>([&](auto s) { _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]); });
+  });
+}
+
+// The columns of d in passes of 64: whole passes without masks (no per-row mask tests), then the
+// tail.
 template <int NQ, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
-  const int64_t row_bytes = RowBytes(kElem, d);
-  for (int64_t c0 = 0; c0 < d; c0 += 64) {
-    __mmask16 m[4];
-    for (int s = 0; s < 4; ++s) m[s] = c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
-    __m512 acc[NQ][4];
-    Unroll<NQ>([&](auto g) {
-      Unroll<4>(
-          [&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(m[s], out + g * d + c0 + 16 * s); });
-    });
-    for (int64_t j = 0; j < n_rows; ++j) {
-      if (c0 == 0 && j % 16 == 0) {
-        PrefetchRows(v_rows, std::min(n_rows, j + kPrefetchRows),
-                     std::min(n_rows, j + kPrefetchRows + 16), row_bytes);
-      }
-      __m512 pj[NQ];
-      Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
-      Unroll<4>([&](auto s) {
-        if (m[s] == 0) return;  // d - c0 < 64: the same slices skipped for every row
-        const __m512 v = LoadKv(v_rows[j], kElem, c0 + 16 * s, m[s]);
-        Unroll<NQ>([&](auto g) { acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]); });
-      });
-    }
-    Unroll<NQ>([&](auto g) {
-      Unroll<4>([&](auto s) { _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]); });
-    });
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) {
+    KvAccumulateColumns<NQ, kElem, true>(out, p, p_stride, v_rows, n_rows, d, c0);
   }
+  if (c0 < d) KvAccumulateColumns<NQ, kElem, false>(out, p, p_stride, v_rows, n_rows, d, c0);
 }
 
 // kv_accumulate_rows for one V element type, in groups of up to 4 heads. (Widening 16 rows into

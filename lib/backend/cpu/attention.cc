@@ -159,6 +159,21 @@ constexpr int64_t kMaxChunkTokens = 8;
 
 size_t Align64(size_t bytes) { return (bytes + 63) & ~size_t{63}; }
 
+// list[p - from] = the cache row of position p of one sequence (its block table `blocks`, kv head
+// h, `offset` bytes into the row) for p in [from, to). Walks the table block by block: one
+// division per call instead of two per row (the lists are rebuilt for every token and layer).
+void ListRows(const KvTensorView& t, const int32_t* blocks, int64_t bs, int64_t h, size_t row_bytes,
+              size_t offset, int64_t from, int64_t to, const void** list) {
+  const uint8_t* base = static_cast<const uint8_t*>(t.base) + h * t.head_stride_bytes + offset;
+  int64_t b = from / bs, r = from % bs;
+  for (int64_t p = from; p < to; ++b, r = 0) {
+    const uint8_t* block = base + blocks[b] * t.block_stride_bytes;
+    const int64_t n = std::min(bs - r, to - p);
+    for (int64_t i = 0; i < n; ++i) *list++ = block + (r + i) * row_bytes;
+    p += n;
+  }
+}
+
 // One thread's workspace for a chunk: scores [n_q_max, max_visible], q and out of the chunk's
 // heads [n_q_max, d] each (floats), then the K and V row pointers of the common prefix and of
 // one token's own rows [max_visible] each.
@@ -259,16 +274,15 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
             c1 = first_visible(t) == c0 ? std::min<int64_t>(c1, b.n_visible[t]) : c0;
           }
           const int64_t common = c1 - c0;
-          for (int64_t p = c0; p < c1; ++p) {
-            w.k_common[p - c0] = k_row(p);
-            w.v_common[p - c0] = v_row(p);
-          }
+          ListRows(kv.k, blocks, bs, h, k_row_bytes, 0, c0, c1, w.k_common);
+          ListRows(kv.v, blocks, bs, h, v_row_bytes, 0, c0, c1, w.v_common);
           // Token t's own rows (the rest of its causal prefix or window, then its tree extras)
           // into `list`; returns their count.
-          auto own_rows = [&](int64_t t, auto&& row, const void** list) {
-            int64_t n = 0;
+          auto own_rows = [&](int64_t t, const KvTensorView& view, size_t row_bytes, auto&& row,
+                              const void** list) {
             const int64_t from = common > 0 ? c1 : first_visible(t);
-            for (int64_t p = from; p < b.n_visible[t]; ++p) list[n++] = row(p);
+            int64_t n = std::max<int64_t>(0, b.n_visible[t] - from);
+            ListRows(view, blocks, bs, h, row_bytes, 0, from, from + n, list);
             if (has_extra) {
               for (int32_t i = b.extra_indptr[t]; i < b.extra_indptr[t + 1]; ++i) {
                 list[n++] = row(b.extra_positions[i]);
@@ -285,7 +299,7 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
           kv_scores_rows(w.q, n_q, w.k_common, common, k_elem, d, w.scores, max_visible);
           for (int64_t t = t0; t < t1; ++t) {
             float* st = w.scores + (t - t0) * group * max_visible;  // [G, max_visible]
-            const int64_t n_own = own_rows(t, k_row, w.k_own);
+            const int64_t n_own = own_rows(t, kv.k, k_row_bytes, k_row, w.k_own);
             kv_scores_rows(w.q + (t - t0) * group * d, group, w.k_own, n_own, k_elem, d,
                            st + common, max_visible);
             const int64_t n_vis = common + n_own;
@@ -298,7 +312,7 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
           std::fill(w.out, w.out + n_q * d, 0.0f);
           k.kv_accumulate_rows(w.out, w.scores, max_visible, n_q, w.v_common, common, v_elem, d);
           for (int64_t t = t0; t < t1; ++t) {
-            const int64_t n_own = own_rows(t, v_row, w.v_own);
+            const int64_t n_own = own_rows(t, kv.v, v_row_bytes, v_row, w.v_own);
             float* ot = w.out + (t - t0) * group * d;
             k.kv_accumulate_rows(ot, w.scores + (t - t0) * group * max_visible + common,
                                  max_visible, group, w.v_own, n_own, v_elem, d);
@@ -371,6 +385,16 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
                                     blocks[pos / bs] * t.block_stride_bytes +
                                     h * t.head_stride_bytes + (pos % bs) * row_bytes + offset);
   };
+  // list[j - j0] = row(..., j, offset) for visible rows j in [j0, j1).
+  auto rows_of = [&](const KvTensorView& t, size_t row_bytes, int64_t h, int64_t j0, int64_t j1,
+                     size_t offset, const void** list) {
+    const int64_t prefix_end = std::min(j1, n_prefix);
+    if (j0 < prefix_end) {
+      ListRows(t, blocks, bs, h, row_bytes, offset, first + j0, first + prefix_end, list);
+    }
+    for (int64_t j = std::max(j0, n_prefix); j < j1; ++j)
+      list[j - j0] = row(t, row_bytes, h, j, offset);
+  };
   const auto kv_scores_rows =
       d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
   auto workspace = [&](int thread) {
@@ -383,7 +407,7 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t h = task / row_slices, s = task % row_slices;
       const int64_t j0 = n_vis * s / row_slices, j1 = n_vis * (s + 1) / row_slices;
-      for (int64_t j = j0; j < j1; ++j) w.rows[j - j0] = row(kv.k, k_row_bytes, h, j, 0);
+      rows_of(kv.k, k_row_bytes, h, j0, j1, 0, w.rows);
       kv_scores_rows(q + h * group * d, group, w.rows, j1 - j0, k_elem, d,
                      w.scores + h * group * n_vis + j0, n_vis);
     }
@@ -405,7 +429,7 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
         normalized = h;
       }
       const size_t offset = RowBytes(v_elem, c0);
-      for (int64_t j = 0; j < n_vis; ++j) w.rows[j] = row(kv.v, v_row_bytes, h, j, offset);
+      rows_of(kv.v, v_row_bytes, h, 0, n_vis, offset, w.rows);
       std::fill(w.slice, w.slice + group * width, 0.0f);
       k.kv_accumulate_rows(w.slice, w.p, n_vis, group, w.rows, n_vis, v_elem, width);
       for (int64_t g = 0; g < group; ++g) {
