@@ -5,8 +5,8 @@ bench_decode.py drives llama.cpp through llama-cpp-python's Python loop, which u
 this script runs llama.cpp's `llama-bench` (built by bench/build_llama_cpp.sh into a cache outside
 the repo) next to kiln's engine_bench, alternating which side goes first from repeat to repeat:
   prefill512: kiln: 512 prompt tokens in one Forward; llama-bench: -p 512 (pp512)
-  decode128 / decode1024: N greedy steps after a 128 / 1,024-token context; llama-bench:
-              -n N -d 128 / -d 1024 (tg at that depth)
+  decode128 / decode1024 / decode4096: N greedy steps after a 128 / 1,024 / 4,096-token
+              context; llama-bench: -n N -d 128 / -d 1024 / -d 4096 (tg at that depth)
 It measures the read bandwidth (engine_bench --bandwidth, 1 GiB) per thread count once per
 repeat and prints each decode figure as a share of the roofline
   bandwidth / (weight bytes per token + KV bytes per position * (context + N/2)),
@@ -15,8 +15,9 @@ with kiln's byte counts (engine_bench --json).
 Usage: python3 bench/bench_llama_bench.py --model A.gguf [--model B.gguf ...] [--build build]
            [--llama-bench PATH] [--threads 1,2] [--repeats 3] [--decode 64] [--bandwidth 27.9,34.2]
            [--metrics prefill512,decode128,decode1024]
---metrics: the rows to measure and print (llama-bench runs only what they need; kiln's
-engine_bench measures all three in one run either way).
+--metrics: the rows to measure and print, of prefill512, decode128, decode1024 and decode4096
+(llama-bench runs only what they need; kiln's engine_bench measures the first three in one run
+either way, and decode4096 only when asked: its 4,096-token context costs a long prefill).
 """
 import argparse
 import json
@@ -25,8 +26,9 @@ import statistics
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONTEXT = {'decode128': 128, 'decode1024': 1024}
-METRICS = ('prefill512', 'decode128', 'decode1024')
+CONTEXT = {'decode128': 128, 'decode1024': 1024, 'decode4096': 4096}
+METRICS = ('prefill512', 'decode128', 'decode1024', 'decode4096')
+DEFAULT_METRICS = ('prefill512', 'decode128', 'decode1024')
 
 
 def fmt(xs, prec=1):
@@ -41,8 +43,8 @@ def run_kiln(exe, model, threads, n_decode, extra_args=()):
 
 
 def run_llama(exe, model, threads, n_decode, metrics=METRICS):
-    """tok/s of pp512 and of tg N at depths 128 and 1,024 (one llama-bench repetition each), of
-    those in `metrics`."""
+    """tok/s of pp512 and of tg N at depths 128, 1,024 and 4,096 (one llama-bench repetition
+    each), of those in `metrics`."""
     r = {}
     runs = [['-p', '512', '-n', '0']] if 'prefill512' in metrics else []
     depths = [str(CONTEXT[m]) for m in metrics if m in CONTEXT]
@@ -74,7 +76,7 @@ def main():
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--decode', type=int, default=64)
-    ap.add_argument('--metrics', default=','.join(METRICS))
+    ap.add_argument('--metrics', default=','.join(DEFAULT_METRICS))
     ap.add_argument('--bandwidth', default='',
                     help='GB/s per thread count, e.g. 27.9,34.2, instead of measuring it (a '
                          'loaded machine measures its load, not its memory)')
@@ -93,7 +95,8 @@ def main():
             bw[t].append(float(args.bandwidth.split(',')[i]) if args.bandwidth else
                          bandwidth(engine, t))
         for c in configs:
-            sides = [('kiln', lambda: run_kiln(engine, c[0], c[1], args.decode)),
+            kiln_args = ['--decode4096'] if 'decode4096' in metrics else []
+            sides = [('kiln', lambda: run_kiln(engine, c[0], c[1], args.decode, kiln_args)),
                      ('llama', lambda: run_llama(args.llama_bench, c[0], c[1], args.decode, metrics))]
             for name, fn in (sides if rep % 2 == 0 else sides[::-1]):
                 res[c][name].append(fn())

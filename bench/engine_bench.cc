@@ -6,7 +6,7 @@
 // Usage:
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
 //                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order] [--backend
-//                cpu|cuda]
+//                cpu|cuda] [--decode4096]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
@@ -32,7 +32,9 @@
 //               last token only (tokens/s = 512 / time);
 //   decode1024: the same sequence extended (untimed) to 1,024 tokens, then N greedy steps, one
 //               token per Forward, argmax included (tokens/s = N / time);
-//   decode128:  a fresh sequence of the first 128 prompt tokens (untimed), then N greedy steps.
+//   decode128:  a fresh sequence of the first 128 prompt tokens (untimed), then N greedy steps;
+//   decode4096 (with --decode4096; the prompt then needs 4,096 tokens): a fresh sequence of the
+//               first 4,096 prompt tokens (untimed, in Forwards of 1,024), then N greedy steps.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -274,7 +276,7 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 5, n_decode = 64;
   int widths_context = 256;
   bool json = false, bandwidth = false, widths = false, widths_tree = false,
-       llama_cpp_order = false;
+       llama_cpp_order = false, decode4096 = false;
   kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
   kiln::BackendKind backend = kiln::BackendKind::kCpu;
   for (int i = 1; i < argc; ++i) {
@@ -303,6 +305,8 @@ int main(int argc, char** argv) {
       widths_tree = true;
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
+    } else if (a == "--decode4096") {
+      decode4096 = true;
     } else if (a == "--llama-cpp-order") {
       llama_cpp_order = true;
     } else if (a == "--backend") {
@@ -337,7 +341,8 @@ int main(int argc, char** argv) {
         std::string(dir && *dir ? dir : std::string(std::getenv("HOME")) + "/.cache/kiln") +
         "/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
-  constexpr int kPrefill = 512, kShortCtx = 128, kLongCtx = 1024;
+  constexpr int kPrefill = 512, kShortCtx = 128, kLongCtx = 1024, kLongerCtx = 4096;
+  const int prompt_len = decode4096 ? kLongerCtx : kLongCtx;
 
   Bench e;
   kiln::ModelLoadOptions load;
@@ -360,15 +365,16 @@ int main(int argc, char** argv) {
     }
   } else {
     std::mt19937 rng(1);
-    for (int i = 0; i < kLongCtx; ++i) prompt.push_back(static_cast<int32_t>(rng() % hp.n_vocab));
+    for (int i = 0; i < prompt_len; ++i) prompt.push_back(static_cast<int32_t>(rng() % hp.n_vocab));
   }
-  if (prompt.size() < static_cast<size_t>(kLongCtx)) {
-    Die("need at least 1024 prompt tokens, got " + std::to_string(prompt.size()));
+  if (prompt.size() < static_cast<size_t>(prompt_len)) {
+    Die("need at least " + std::to_string(prompt_len) + " prompt tokens, got " +
+        std::to_string(prompt.size()));
   }
 
   kiln::EngineOptions eo;
-  // Room for the longest sequence (1,024 + decode), plus a block of slack and the null block.
-  eo.n_ctx = kLongCtx + n_decode;
+  // Room for the longest sequence (1,024 or 4,096 + decode).
+  eo.n_ctx = prompt_len + n_decode;
   eo.prefix_caching = false;
   eo.n_threads = threads;
   eo.kv_type = kiln::GgmlType::kF16;
@@ -390,8 +396,8 @@ int main(int argc, char** argv) {
 
   if (widths) return RunWidths(e, prompt, threads, repeats, widths_context, widths_tree);
 
-  std::vector<double> prefill_tps, d128_tps, d1024_tps;
-  std::vector<int32_t> gen128, gen1024;
+  std::vector<double> prefill_tps, d128_tps, d1024_tps, d4096_tps;
+  std::vector<int32_t> gen128, gen1024, gen4096;
   for (int r = 0; r < repeats; ++r) {
     // prefill512, then extend to 1024 and decode.
     kiln::SeqId seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
@@ -404,6 +410,15 @@ int main(int argc, char** argv) {
     e.Decode(seq, kLongCtx, n_decode, &gen1024);
     t1 = Clock::now();
     d1024_tps.push_back(n_decode / Seconds(t0, t1));
+    if (decode4096) {  // the prompt's 4,096 tokens from scratch (untimed), then decode
+      e.Check(e.Cache([&](kiln::KvCache& c) { return c.Free(seq); }), "Free");
+      seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
+      for (int p = 0; p < kLongerCtx; p += kLongCtx) e.Prefill(seq, prompt, p, p + kLongCtx);
+      t0 = Clock::now();
+      e.Decode(seq, kLongerCtx, n_decode, &gen4096);
+      t1 = Clock::now();
+      d4096_tps.push_back(n_decode / Seconds(t0, t1));
+    }
     e.Check(e.Cache([&](kiln::KvCache& c) { return c.Free(seq); }), "Free");
 
     seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
@@ -417,11 +432,13 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf(
           "{\"repeat\": %d, \"threads\": %d, \"prefill512_tps\": %.3f, \"decode128_tps\": %.3f, "
-          "\"decode1024_tps\": %.3f, \"n_decode\": %d, \"weight_bytes_per_token\": %llu, "
+          "\"decode1024_tps\": %.3f, %s\"n_decode\": %d, \"weight_bytes_per_token\": %llu, "
           "\"kv_bytes_per_position\": %zu, \"peak_rss_kib\": %ld, \"gen128\": [%s], "
           "\"gen1024\": [%s]}\n",
-          r, threads, prefill_tps.back(), d128_tps.back(), d1024_tps.back(), n_decode,
-          static_cast<unsigned long long>(weight_bytes), kv_bytes_per_token, PeakRssKiB(),
+          r, threads, prefill_tps.back(), d128_tps.back(), d1024_tps.back(),
+          decode4096 ? ("\"decode4096_tps\": " + std::to_string(d4096_tps.back()) + ", ").c_str()
+                     : "",
+          n_decode, static_cast<unsigned long long>(weight_bytes), kv_bytes_per_token, PeakRssKiB(),
           JoinTokens(gen128).c_str(), JoinTokens(gen1024).c_str());
       std::fflush(stdout);
     }
@@ -438,6 +455,7 @@ int main(int argc, char** argv) {
     line("prefill512", prefill_tps);
     line("decode128", d128_tps);
     line("decode1024", d1024_tps);
+    if (decode4096) line("decode4096", d4096_tps);
     std::printf("  weight bytes/token %.2f MB, KV bytes/position %.1f KB, peak RSS %.1f MiB\n",
                 weight_bytes / 1e6, kv_bytes_per_token / 1e3, PeakRssKiB() / 1024.0);
     std::printf("  greedy@128: %s\n", JoinTokens(gen128).c_str());
