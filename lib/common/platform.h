@@ -75,8 +75,8 @@ long InvoluntaryContextSwitches();
 // for aligned blocks).
 void* AlignedAlloc(size_t alignment, size_t bytes);
 void AlignedFree(void* p);
-// AlignedAlloc for a large buffer written once and then streamed (the weights' copies): from
-// 2 MiB up aligned to 2 MiB and advised for transparent huge pages where the OS has them (Linux
+// AlignedAlloc for a large buffer that is streamed (the weights' copies, the K/V pool): from 2 MiB
+// up aligned to 2 MiB and advised for transparent huge pages where the OS has them (Linux
 // MADV_HUGEPAGE), so first touch maps 2 MiB at a time (100 MiB faulted in 13 ms instead of 67
 // on the development VM) and a stream over it misses the TLB less. Free with AlignedFree.
 void* AlignedAllocLarge(size_t bytes);

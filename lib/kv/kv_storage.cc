@@ -32,10 +32,14 @@ absl::StatusOr<std::unique_ptr<KvStorage>> NewHostKvStorage(const KvLayout& layo
   if (bytes / layout.block_bytes() != static_cast<size_t>(n_blocks)) {
     return absl::InvalidArgumentError("KV storage: n_blocks * block_bytes overflows size_t");
   }
-  // 4 KiB pages, not AlignedAllocLarge's huge ones: a pool's pages are first touched during
-  // decode steps, and zeroing 2 MiB at once put a frame of the game sample over its budget
-  // (kiln-game's p99 1.9 -> 2.9-3.3 ms of CPU time).
-  auto* raw = static_cast<std::byte*>(platform::AlignedAlloc(KvLayout::kBlockAlignment, bytes));
+  // Huge pages, all touched here: an attention pass reads one head's tile of every block of a
+  // sequence, a few KiB per block at the block stride (the whole block's layers apart), and on
+  // 4 KiB pages each tile costs its own TLB walk (engine_bench, default model, 1 thread:
+  // decode4096 72-76 -> 79-86 tok/s). Touching the pool now, as llama.cpp clears its cache at
+  // creation, keeps first-touch zeroing of a 2 MiB page out of the decode steps (it pushed
+  // kiln-game's frame p99 over its budget when the pages were faulted in lazily).
+  auto* raw = static_cast<std::byte*>(platform::AlignedAllocLarge(bytes));
+  if (raw != nullptr) std::memset(raw, 0, bytes);
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV storage: cannot allocate ", bytes, " bytes for ", n_blocks, " blocks"));
