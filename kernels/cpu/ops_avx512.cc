@@ -473,21 +473,10 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
     }
     const void* block[8];
     for (int r = 0; r < 8; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
-    for (int64_t g = 0; g < n_q; g += 3) {
-      const float* qg = q + g * d;
-      float* sg = scores + g * score_stride + j0;
-      switch (n_q - g < 3 ? n_q - g : 3) {
-        case 1:
-          ScoresOf8Rows<1, kElem>(qg, d, block, rows, sg, score_stride);
-          break;
-        case 2:
-          ScoresOf8Rows<2, kElem>(qg, d, block, rows, sg, score_stride);
-          break;
-        default:
-          ScoresOf8Rows<3, kElem>(qg, d, block, rows, sg, score_stride);
-          break;
-      }
-    }
+    ForEachTile<3>(static_cast<int>(n_q), [&]<int NQ>(int g) {
+      ScoresOf8Rows<NQ, kElem>(q + g * d, d, block, rows, scores + g * score_stride + j0,
+                               score_stride);
+    });
   }
 }
 
@@ -549,24 +538,9 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
 template <KvElem kElem>
 void KvAccumulateRowsElem(float* out, const float* p, int64_t p_stride, int64_t n_q,
                           const void* const* v_rows, int64_t n_rows, int64_t d) {
-  for (int64_t g0 = 0; g0 < n_q; g0 += 4) {
-    float* og = out + g0 * d;
-    const float* pg = p + g0 * p_stride;
-    switch (n_q - g0 < 4 ? n_q - g0 : 4) {
-      case 1:
-        KvAccumulateRowsOf<1, kElem>(og, pg, p_stride, v_rows, n_rows, d);
-        break;
-      case 2:
-        KvAccumulateRowsOf<2, kElem>(og, pg, p_stride, v_rows, n_rows, d);
-        break;
-      case 3:
-        KvAccumulateRowsOf<3, kElem>(og, pg, p_stride, v_rows, n_rows, d);
-        break;
-      default:
-        KvAccumulateRowsOf<4, kElem>(og, pg, p_stride, v_rows, n_rows, d);
-        break;
-    }
-  }
+  ForEachTile<4>(static_cast<int>(n_q), [&]<int NQ>(int g0) {
+    KvAccumulateRowsOf<NQ, kElem>(out + g0 * d, p + g0 * p_stride, p_stride, v_rows, n_rows, d);
+  });
 }
 
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
