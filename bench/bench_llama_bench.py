@@ -14,10 +14,12 @@ with kiln's byte counts (engine_bench --json).
 
 Usage: python3 bench/bench_llama_bench.py --model A.gguf [--model B.gguf ...] [--build build]
            [--llama-bench PATH] [--threads 1,2] [--repeats 3] [--decode 64] [--bandwidth 27.9,34.2]
-           [--metrics prefill512,decode128,decode1024]
+           [--metrics prefill512,decode128,decode1024] [--kv-type f16|q8_0]
 --metrics: the rows to measure and print, of prefill512, decode128, decode1024 and decode4096
 (llama-bench runs only what they need; kiln's engine_bench measures the first three in one run
 either way, and decode4096 only when asked: its 4,096-token context costs a long prefill).
+--kv-type: both engines' K/V cache element type (default f16; q8_0 runs llama-bench with
+-ctk q8_0 -ctv q8_0, which its quantized V needs flash attention for: -fa on).
 """
 import argparse
 import json
@@ -42,7 +44,7 @@ def run_kiln(exe, model, threads, n_decode, extra_args=()):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_llama(exe, model, threads, n_decode, metrics=METRICS):
+def run_llama(exe, model, threads, n_decode, metrics=METRICS, extra_args=()):
     """tok/s of pp512 and of tg N at depths 128, 1,024 and 4,096 (one llama-bench repetition
     each), of those in `metrics`."""
     r = {}
@@ -51,7 +53,8 @@ def run_llama(exe, model, threads, n_decode, metrics=METRICS):
     if depths:
         runs.append(['-p', '0', '-n', str(n_decode), '-d', ','.join(depths)])
     for args in runs:
-        out = subprocess.run([exe, '-m', model, '-t', str(threads), '-r', '1', '-o', 'json'] + args,
+        out = subprocess.run([exe, '-m', model, '-t', str(threads), '-r', '1', '-o', 'json',
+                              *extra_args] + args,
                              check=True, capture_output=True, text=True).stdout
         for test in json.loads(out):
             if test['n_prompt'] == 512:
@@ -77,6 +80,7 @@ def main():
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--decode', type=int, default=64)
     ap.add_argument('--metrics', default=','.join(DEFAULT_METRICS))
+    ap.add_argument('--kv-type', default='f16', choices=('f16', 'q8_0'))
     ap.add_argument('--bandwidth', default='',
                     help='GB/s per thread count, e.g. 27.9,34.2, instead of measuring it (a '
                          'loaded machine measures its load, not its memory)')
@@ -95,12 +99,19 @@ def main():
             bw[t].append(float(args.bandwidth.split(',')[i]) if args.bandwidth else
                          bandwidth(engine, t))
         for c in configs:
-            kiln_args = ['--decode4096'] if 'decode4096' in metrics else []
+            kiln_args = ['--kv-type', args.kv_type]
+            if 'decode4096' in metrics:
+                kiln_args.append('--decode4096')
+            llama_args = []
+            if args.kv_type == 'q8_0':
+                llama_args = ['-ctk', 'q8_0', '-ctv', 'q8_0', '-fa', 'on']
             sides = [('kiln', lambda: run_kiln(engine, c[0], c[1], args.decode, kiln_args)),
-                     ('llama', lambda: run_llama(args.llama_bench, c[0], c[1], args.decode, metrics))]
+                     ('llama', lambda: run_llama(args.llama_bench, c[0], c[1], args.decode,
+                                                 metrics, llama_args))]
             for name, fn in (sides if rep % 2 == 0 else sides[::-1]):
                 res[c][name].append(fn())
-    print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} steps')
+    print(f'{args.repeats} repeats, kiln and llama-bench alternating; decode {args.decode} steps; '
+          f'{args.kv_type} K/V')
     for t in threads:
         print(f'read bandwidth {t} thread(s): {fmt(bw[t], 2)} GB/s')
     hdr = (f'{"model":<30} {"thr":>3} {"metric":<11} {"kiln tok/s":>22} {"llama-bench tok/s":>22} '

@@ -6,7 +6,7 @@
 // Usage:
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
 //                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order] [--backend
-//                cpu|cuda] [--decode4096] [--block-size B]
+//                cpu|cuda] [--decode4096] [--block-size B] [--kv-type f16|q8_0]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
@@ -15,7 +15,8 @@
 //     (default absorbed, the library's). --llama-cpp-order: the engine in llama.cpp's numeric
 //     order (EngineOptions::llama_cpp_order; docs/numerics.md). --backend cuda: the engine on
 //     CUDA device 0 (EngineOptions::backend; the backend it got is printed). --block-size: the
-//     K/V cache's tokens per block (EngineOptions::block_size, default 16).
+//     K/V cache's tokens per block (EngineOptions::block_size, default 16). --kv-type: the K/V
+//     cache's element type (EngineOptions::kv_type, default f16).
 //   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
@@ -277,6 +278,7 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 5, n_decode = 64;
   int widths_context = 256;
   int block_size = kiln::EngineOptions().block_size;
+  kiln::GgmlType kv_type = kiln::GgmlType::kF16;
   bool json = false, bandwidth = false, widths = false, widths_tree = false,
        llama_cpp_order = false, decode4096 = false;
   kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
@@ -307,6 +309,15 @@ int main(int argc, char** argv) {
       widths_tree = true;
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
+    } else if (a == "--kv-type") {
+      const std::string v = next();
+      if (v == "f16") {
+        kv_type = kiln::GgmlType::kF16;
+      } else if (v == "q8_0") {
+        kv_type = kiln::GgmlType::kQ8_0;
+      } else {
+        Die("--kv-type must be f16 or q8_0, not " + v);
+      }
     } else if (a == "--block-size") {
       block_size = std::atoi(next().c_str());
     } else if (a == "--decode4096") {
@@ -381,7 +392,7 @@ int main(int argc, char** argv) {
   eo.n_ctx = prompt_len + n_decode;
   eo.prefix_caching = false;
   eo.n_threads = threads;
-  eo.kv_type = kiln::GgmlType::kF16;
+  eo.kv_type = kv_type;
   eo.block_size = block_size;
   eo.mla_prefill = mla_prefill;
   eo.llama_cpp_order = llama_cpp_order;
