@@ -452,11 +452,11 @@ void WidenedScores(const float* q, int64_t n_q, const void* const* k_rows, int64
 // 3 heads 25.3 widened -> 20.3 in registers, 4: 30.0 -> 29.4, 8: 49.4 -> 52.3, 24: 128 -> 164).
 constexpr int64_t kMaxRegisterHeads = 6;
 
-// kv_scores_rows for d % 16 == 0, one K element type. Up to kMaxRegisterHeads heads (a decode
-// step's GQA group) or heads too wide for the widened buffer: per run of 8 rows, the heads in
-// groups of up to 3 (ScoresOf8Rows); the missing rows of a last partial run read zeros and their
-// sums are dropped (each lane of the tree adds only its own row's values). More heads:
-// WidenedScores.
+// kv_scores_rows for d % 16 == 0 and d <= 1024 (the zero row; PagedAttention rejects wider
+// heads), one K element type. Up to kMaxRegisterHeads heads (a decode step's GQA group) or heads
+// too wide for the widened buffer: per run of 8 rows, the heads in groups of up to 3
+// (ScoresOf8Rows); the missing rows of a last partial run read zeros and their sums are dropped
+// (each lane of the tree adds only its own row's values). More heads: WidenedScores.
 template <KvElem kElem>
 void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                     int64_t d, float* scores, int64_t score_stride) {
