@@ -416,11 +416,11 @@ void WidenRows(const void* const* src, int rows, int64_t d, float* dst) {
   }
 }
 
-// The widened rows of WidenedScores live in a stack buffer of 16 rows (head_dim <= 256).
-constexpr int64_t kMaxWidenedDim = 256;
+// WidenedScores serves heads up to this wide (its stack buffer holds 16 rows of them).
+constexpr int64_t kMaxWidenedDim = 64;
 
-// kv_scores_rows for more than kMaxRegisterHeads heads (several tokens' heads of a prompt chunk):
-// per block of 16 rows, the rows widened once into a slice-major buffer, then per head 16
+// kv_scores_rows for more than kMaxRegisterHeads narrow heads (several tokens' heads of a prompt
+// chunk): per block of 16 rows, the rows widened once into a slice-major buffer, then per head 16
 // accumulators reading each slice back.
 template <KvElem kElem>
 void WidenedScores(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
@@ -447,14 +447,17 @@ void WidenedScores(const float* q, int64_t n_q, const void* const* k_rows, int64
   }
 }
 
-// Up to this many heads, kv_scores_rows converts each K slice in registers once per group of 3
-// heads; more heads share one widened copy (one thread, head_dim 64, 1,024 rows, cycles per row:
-// 3 heads 25.3 widened -> 20.3 in registers, 4: 30.0 -> 29.4, 8: 49.4 -> 52.3, 24: 128 -> 164).
-constexpr int64_t kMaxRegisterHeads = 6;
+// Up to this many heads, or for heads wider than kMaxWidenedDim, kv_scores_rows converts each K
+// slice in registers once per group of 3 heads; more heads of 64 or fewer share one widened copy.
+// One thread, 1,024 f16 rows in L2, cycles per row in registers / widened: head_dim 64: 3 heads
+// 20.3 / 25.3, 6: 38.3 / 42.5, 9: 56.8 / 57.0, 12: 74.9 / 70.9, 24: 146.6 / 128.2; head_dim
+// 128: 4 heads 51.9 / 64.2, 24: 244.2 / 252.4; head_dim 256: 4 heads 96.3 / 127.0, 24: 441.5 /
+// 502.1.
+constexpr int64_t kMaxRegisterHeads = 9;
 
 // kv_scores_rows for d % 16 == 0 and d <= 1024 (the zero row; PagedAttention rejects wider
 // heads), one K element type. Up to kMaxRegisterHeads heads (a decode step's GQA group) or heads
-// too wide for the widened buffer: per run of 8 rows, the heads in groups of up to 3
+// wider than kMaxWidenedDim: per run of 8 rows, the heads in groups of up to 3
 // (ScoresOf8Rows); the missing rows of a last partial run read zeros and their sums are dropped
 // (each lane of the tree adds only its own row's values). More heads: WidenedScores.
 template <KvElem kElem>

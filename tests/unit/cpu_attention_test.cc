@@ -54,8 +54,8 @@ std::vector<uint8_t> RandomKvRows(KvElem elem, int64_t n_rows, int64_t d, std::m
 }
 
 // Every level's kv_scores_rows and kv_accumulate_rows (kiln's batch-invariant order) give the
-// scalar definitions' bits: each element type, every head count up to two groups of 4, row
-// counts around the SIMD runs, column tails (accumulate; the SIMD scores take d % 16 == 0, as
+// scalar definitions' bits: each element type, head counts up to 12 (both AVX-512 scores paths),
+// row counts around the SIMD runs, column tails (accumulate; the SIMD scores take d % 16 == 0, as
 // their callers guarantee), heads wider than the widened-row buffers (d 288), and chains that
 // continue from a non-zero out.
 TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
@@ -65,7 +65,7 @@ TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
     for (int64_t d :
          {int64_t{16}, int64_t{40}, int64_t{64}, int64_t{80}, int64_t{128}, int64_t{288}}) {
       if (elem == KvElem::kQ8_0 && d % 32 != 0) continue;
-      for (int64_t n_q : {1, 2, 3, 4, 5, 7, 9}) {
+      for (int64_t n_q : {1, 2, 3, 4, 5, 7, 9, 12}) {
         for (int64_t n_rows : {1, 3, 4, 5, 17, 34}) {
           SCOPED_TRACE(::testing::Message() << "elem " << static_cast<int>(elem) << " d " << d
                                             << " n_q " << n_q << " rows " << n_rows);
