@@ -45,10 +45,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "lib/engine/engine.h"
@@ -93,6 +95,18 @@ long PeakRssKiB() {
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "engine_bench: %s\n", what.c_str());
   std::exit(1);
+}
+
+// The value named `v` among an option's choices; dies naming them all otherwise.
+template <typename T>
+T ParseChoice(const std::string& option, const std::string& v,
+              std::initializer_list<std::pair<const char*, T>> choices) {
+  std::string names;
+  for (const auto& [name, value] : choices) {
+    if (v == name) return value;
+    names += names.empty() ? name : std::string(" or ") + name;
+  }
+  Die(option + " must be " + names + ", not " + v);
 }
 
 // ---- Bandwidth ----------------------------------------------------------------------------
@@ -310,14 +324,8 @@ int main(int argc, char** argv) {
     } else if (a == "--context") {
       widths_context = std::atoi(next().c_str());
     } else if (a == "--kv-type") {
-      const std::string v = next();
-      if (v == "f16") {
-        kv_type = kiln::GgmlType::kF16;
-      } else if (v == "q8_0") {
-        kv_type = kiln::GgmlType::kQ8_0;
-      } else {
-        Die("--kv-type must be f16 or q8_0, not " + v);
-      }
+      kv_type = ParseChoice<kiln::GgmlType>(
+          a, next(), {{"f16", kiln::GgmlType::kF16}, {"q8_0", kiln::GgmlType::kQ8_0}});
     } else if (a == "--block-size") {
       block_size = std::atoi(next().c_str());
     } else if (a == "--decode4096") {
@@ -325,23 +333,13 @@ int main(int argc, char** argv) {
     } else if (a == "--llama-cpp-order") {
       llama_cpp_order = true;
     } else if (a == "--backend") {
-      const std::string v = next();
-      if (v == "cpu") {
-        backend = kiln::BackendKind::kCpu;
-      } else if (v == "cuda") {
-        backend = kiln::BackendKind::kCuda;
-      } else {
-        Die("--backend must be cpu or cuda, not " + v);
-      }
+      backend = ParseChoice<kiln::BackendKind>(
+          a, next(), {{"cpu", kiln::BackendKind::kCpu}, {"cuda", kiln::BackendKind::kCuda}});
     } else if (a == "--mla-prefill") {
-      const std::string v = next();
-      if (v == "absorbed") {
-        mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
-      } else if (v == "measured") {
-        mla_prefill = kiln::MlaPrefillMode::kMeasured;
-      } else {
-        Die("--mla-prefill must be absorbed or measured, not " + v);
-      }
+      mla_prefill =
+          ParseChoice<kiln::MlaPrefillMode>(a, next(),
+                                            {{"absorbed", kiln::MlaPrefillMode::kAbsorbed},
+                                             {"measured", kiln::MlaPrefillMode::kMeasured}});
     } else {
       Die("unknown argument " + a);
     }
