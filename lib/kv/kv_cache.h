@@ -226,32 +226,31 @@ class KvCache {
   absl::Status BuildTables(std::span<const SeqId> seqs, KvTables* out) const;
 
   // --- Block memory ----------------------------------------------------------------------------
-  // Start of [block_size, head_dim] tiles (kv_layout.h). Preconditions (assert only): valid
-  // physical block, GQA layout for Key/Value, MLA layout for Latent, indices in range.
-  // False when the blocks are in device memory (KvStorage::host_addressable): BlockData and the
-  // row pointers below are then device addresses.
+  // Start of [block_size, head_dim] tiles (kv_layout.h), where the storage's placement puts them.
+  // Preconditions (assert only): valid physical block, GQA layout for Key/Value, MLA layout for
+  // Latent, indices in range. False when the blocks are in device memory
+  // (KvStorage::host_addressable): the tile and row pointers below are then device addresses.
   bool host_addressable() const { return storage_->host_addressable(); }
-  std::byte* BlockData(BlockId b) { return storage_->BlockData(b); }
-  const std::byte* BlockData(BlockId b) const { return storage_->BlockData(b); }
+  const KvPlacement& placement() const { return storage_->placement(); }
   KvStorage& storage() { return *storage_; }
   // Key/Value: `b` is a block of the layer's group, KvSlot picks the right one (KvLayout).
   std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return placement().Tile(b, layout().KeyTileIndex(layer, kv_head));
   }
   std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) {
-    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return placement().Tile(b, layout().ValueTileIndex(layer, kv_head));
   }
   std::byte* LatentPtr(BlockId b, int32_t layer) {
-    return storage_->BlockData(b) + layout().LatentTileOffset(layer);
+    return placement().Tile(b, layout().LatentTileIndex(layer));
   }
   const std::byte* KeyPtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return storage_->BlockData(b) + layout().KeyTileOffset(layer, kv_head);
+    return placement().Tile(b, layout().KeyTileIndex(layer, kv_head));
   }
   const std::byte* ValuePtr(BlockId b, int32_t layer, int32_t kv_head) const {
-    return storage_->BlockData(b) + layout().ValueTileOffset(layer, kv_head);
+    return placement().Tile(b, layout().ValueTileIndex(layer, kv_head));
   }
   const std::byte* LatentPtr(BlockId b, int32_t layer) const {
-    return storage_->BlockData(b) + layout().LatentTileOffset(layer);
+    return placement().Tile(b, layout().LatentTileIndex(layer));
   }
   // Row of one token slot inside those tiles: [head_dim] (or [kv_lora_rank + rope_dim]).
   std::byte* KeyRow(KvSlot s, int32_t layer, int32_t kv_head) {

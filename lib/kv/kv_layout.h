@@ -1,17 +1,18 @@
 // Byte layout of one physical KV-cache block, chosen by the model's attention type.
 //
-// A block holds `block_size` consecutive token slots of one sequence for every layer. Each block
-// is one contiguous region of `block_bytes()` bytes inside the pool's single allocation, so a
-// copy-on-write is one memcpy. Inside a block the data is a list of tiles; a tile is
-// [block_size, row_elems] elements of `elem_type`, row-major (one row per token slot):
+// A block holds `block_size` consecutive token slots of one sequence for every layer, as a list
+// of tiles; a tile is [block_size, row_elems] elements of `elem_type`, row-major (one row per
+// token slot). A block's tiles, in tile-index order:
 //
-//   GQA/MHA/MQA:  block = [n_layers][2 (K, V)][n_kv_heads] tiles of [block_size, head_dim]
-//   MLA:          block = [n_layers] tiles of [block_size, kv_lora_rank + rope_dim]
+//   GQA/MHA/MQA:  [n_layers][2 (K, V)][n_kv_heads] tiles of [block_size, head_dim]
+//   MLA:          [n_layers] tiles of [block_size, kv_lora_rank + rope_dim]
 //                 (per row: the compressed latent c_kv first, then the decoupled RoPE key k_r)
 //
 // One KV head's keys for a block are one contiguous tile, so an attention kernel reads each tile
-// once for all query heads of its group. Tiles are packed without padding; the block stride is
-// rounded up to 64 bytes so every block starts on a cache line.
+// once for all query heads of its group. Where the tiles of all blocks sit in memory is the
+// storage's choice (KvPlacement, kv_storage.h): a block's tiles side by side, or one tile index
+// of every block side by side. `block_bytes()` is a block's share of the pool (its tiles, rounded
+// up to 64 bytes).
 //
 // Element types: f32, f16, bf16, and q8_0: a GQA row is ggml's block_q8_0 list (per 32 elements
 // an f16 scale then 32 int8, 34 bytes), so head_dim must be a multiple of 32; an MLA row holds
@@ -32,6 +33,7 @@
 // Thread-safety: immutable after creation; free to share between threads.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -124,16 +126,18 @@ class KvLayout {
     return row_bytes() * static_cast<size_t>(n_layers_) * static_cast<size_t>(tiles_per_layer());
   }
 
-  // Byte offsets of tiles inside a block. Preconditions (checked only by assert): GQA layout for
-  // Key/Value, MLA layout for Latent, 0 <= layer < n_layers, 0 <= kv_head < n_kv_heads. With a
-  // sliding groups, Key/Value offsets are inside a block of the layer's group.
-  size_t KeyTileOffset(int32_t layer, int32_t kv_head) const {
-    return TileIndex(layer, 0, kv_head) * tile_bytes();
+  // Tiles one block holds: layers_per_group() * tiles_per_layer().
+  int32_t tiles_per_block() const { return layers_per_group_ * tiles_per_layer(); }
+  // Indices of tiles in a block's tile order (0 .. tiles_per_block()). Preconditions (checked
+  // only by assert): GQA layout for Key/Value, MLA layout for Latent, 0 <= layer < n_layers,
+  // 0 <= kv_head < n_kv_heads. With sliding groups, Key/Value tiles are those of a block of the
+  // layer's group. One layer's K tiles of consecutive kv heads have consecutive indices, and so
+  // have its V tiles.
+  size_t KeyTileIndex(int32_t layer, int32_t kv_head) const { return TileIndex(layer, 0, kv_head); }
+  size_t ValueTileIndex(int32_t layer, int32_t kv_head) const {
+    return TileIndex(layer, 1, kv_head);
   }
-  size_t ValueTileOffset(int32_t layer, int32_t kv_head) const {
-    return TileIndex(layer, 1, kv_head) * tile_bytes();
-  }
-  size_t LatentTileOffset(int32_t layer) const { return static_cast<size_t>(layer) * tile_bytes(); }
+  size_t LatentTileIndex(int32_t layer) const { return static_cast<size_t>(layer); }
 
  private:
   KvLayout() = default;
@@ -141,6 +145,7 @@ class KvLayout {
                                        int32_t row_elems, int32_t kv_lora_rank, int32_t rope_dim,
                                        GgmlType elem_type, int32_t block_size);
   size_t TileIndex(int32_t layer, int32_t k_or_v, int32_t kv_head) const {
+    assert(layer >= 0 && layer < n_layers_ && kv_head >= 0 && kv_head < n_kv_heads_);
     const int32_t in_group =
         layer_group_.empty() ? layer : layer_in_group_[static_cast<size_t>(layer)];
     return (static_cast<size_t>(in_group) * 2 + static_cast<size_t>(k_or_v)) *

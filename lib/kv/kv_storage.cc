@@ -9,16 +9,20 @@ namespace {
 
 class HostKvStorage final : public KvStorage {
  public:
-  HostKvStorage(std::byte* base, size_t block_bytes) : base_(base), block_bytes_(block_bytes) {}
-  ~HostKvStorage() override { platform::AlignedFree(base_); }
-  std::byte* BlockData(BlockId b) override { return base_ + static_cast<size_t>(b) * block_bytes_; }
+  HostKvStorage(std::byte* base, const KvLayout& layout, int32_t n_blocks)
+      : KvStorage(KvPlacement::TileMajor(base, layout, n_blocks)),
+        tiles_per_block_(static_cast<size_t>(layout.tiles_per_block())),
+        tile_bytes_(layout.tile_bytes()) {}
+  ~HostKvStorage() override { platform::AlignedFree(placement().base); }
   void CopyBlock(BlockId from, BlockId to) override {
-    std::memcpy(BlockData(to), BlockData(from), block_bytes_);
+    for (size_t t = 0; t < tiles_per_block_; ++t) {
+      std::memcpy(placement().Tile(to, t), placement().Tile(from, t), tile_bytes_);
+    }
   }
 
  private:
-  std::byte* base_;  // [n_blocks, block_bytes]
-  size_t block_bytes_;
+  size_t tiles_per_block_;
+  size_t tile_bytes_;
 };
 
 }  // namespace
@@ -33,18 +37,18 @@ absl::StatusOr<std::unique_ptr<KvStorage>> NewHostKvStorage(const KvLayout& layo
     return absl::InvalidArgumentError("KV storage: n_blocks * block_bytes overflows size_t");
   }
   // Huge pages, all touched here: an attention pass reads one head's tile of every block of a
-  // sequence, a few KiB per block at the block stride (the whole block's layers apart), and on
-  // 4 KiB pages each tile costs its own TLB walk (engine_bench, default model, 1 thread:
-  // decode4096 72-76 -> 79-86 tok/s). Touching the pool now, as llama.cpp clears its cache at
-  // creation, keeps first-touch zeroing of a 2 MiB page out of the decode steps (it pushed
-  // kiln-game's frame p99 over its budget when the pages were faulted in lazily).
+  // sequence, and on 4 KiB pages each run of them costs its own TLB walk (engine_bench, default
+  // model, 1 thread, block-major placement: decode4096 72-76 -> 79-86 tok/s). Touching the pool
+  // now, as llama.cpp clears its cache at creation, keeps first-touch zeroing of a 2 MiB page out
+  // of the decode steps (it pushed kiln-game's frame p99 over its budget when the pages were
+  // faulted in lazily).
   auto* raw = static_cast<std::byte*>(platform::AlignedAllocLarge(bytes));
   if (raw != nullptr) std::memset(raw, 0, bytes);
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV storage: cannot allocate ", bytes, " bytes for ", n_blocks, " blocks"));
   }
-  return std::unique_ptr<KvStorage>(new HostKvStorage(raw, layout.block_bytes()));
+  return std::unique_ptr<KvStorage>(new HostKvStorage(raw, layout, n_blocks));
 }
 
 }  // namespace kiln

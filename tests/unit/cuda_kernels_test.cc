@@ -216,13 +216,14 @@ std::vector<float> ReplayAttentionKernel(const AttentionCase& c, int32_t n_split
   const int32_t hd = layout.head_dim();
   const QuantKernels* decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
   EXPECT_TRUE(decode != nullptr && decode->dequantize != nullptr);
-  const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
-  const size_t k_base = layout.KeyTileOffset(AttentionCase::kLayer, 0);
-  const size_t v_base = layout.ValueTileOffset(AttentionCase::kLayer, 0);
+  const KvPlacement& placement = c.cache->placement();
+  const auto* pool = reinterpret_cast<const uint8_t*>(placement.base);
+  const size_t k_tile = layout.KeyTileIndex(AttentionCase::kLayer, 0);
+  const size_t v_tile = layout.ValueTileIndex(AttentionCase::kLayer, 0);
   auto read_row = [&](int32_t block, int32_t slot, int32_t kv_head, bool value, float* out) {
-    const size_t tile = (value ? v_base : k_base) + size_t(kv_head) * layout.tile_bytes();
+    const size_t tile = ((value ? v_tile : k_tile) + size_t(kv_head)) * placement.tile_stride;
     decode->dequantize(
-        pool + cuda::RowByteOffset(block, slot, layout.block_bytes(), tile, layout.row_bytes()),
+        pool + cuda::RowByteOffset(block, slot, placement.block_stride, tile, layout.row_bytes()),
         out, hd);
   };
   return ReplaySplitAttention(c, c.q.data(), c.n_heads, layout.n_kv_heads(), hd,
@@ -253,10 +254,12 @@ TEST(CudaPagedIndex, LocatePositionMatchesTheCacheSlots) {
       EXPECT_EQ(slot, want->offset) << "seq " << s << " pos " << pos;
       // The row address the kernel forms is the one the cache hands the CPU.
       const KvLayout& layout = c.cache->layout();
-      EXPECT_EQ(c.cache->BlockData(0) + cuda::RowByteOffset(block, slot, layout.block_bytes(),
-                                                            layout.KeyTileOffset(1, 1),
-                                                            layout.row_bytes()),
-                c.cache->KeyRow(*want, 1, 1));
+      const KvPlacement& placement = c.cache->placement();
+      EXPECT_EQ(
+          placement.base + cuda::RowByteOffset(block, slot, placement.block_stride,
+                                               layout.KeyTileIndex(1, 1) * placement.tile_stride,
+                                               layout.row_bytes()),
+          c.cache->KeyRow(*want, 1, 1));
     }
     int32_t block = -1, slot = -1;
     // Past the table (the last block's unused slots are still inside it), and negative.
@@ -403,10 +406,12 @@ TEST(CudaPagedIndex, MlaAlgorithmReplayMatchesCpu) {
     }
     const QuantKernels* c_decode = GetQuantKernels(layout.elem_type(), CpuLevel::kScalar);
     const QuantKernels* r_decode = GetQuantKernels(layout.rope_elem_type(), CpuLevel::kScalar);
-    const auto* pool = reinterpret_cast<const uint8_t*>(c.cache->BlockData(0));
+    const KvPlacement& placement = c.cache->placement();
+    const auto* pool = reinterpret_cast<const uint8_t*>(placement.base);
     auto read_row = [&](int32_t block, int32_t slot, int32_t, bool, float* out) {
-      const uint8_t* r = pool + cuda::RowByteOffset(block, slot, layout.block_bytes(),
-                                                    layout.LatentTileOffset(AttentionCase::kLayer),
+      const uint8_t* r = pool + cuda::RowByteOffset(block, slot, placement.block_stride,
+                                                    layout.LatentTileIndex(AttentionCase::kLayer) *
+                                                        placement.tile_stride,
                                                     layout.row_bytes());
       c_decode->dequantize(r, out, In::kKvl);
       r_decode->dequantize(r + layout.rope_offset_bytes(), out + In::kKvl, In::kRope);
@@ -513,8 +518,8 @@ TEST(CudaPlan, PagedKvOfAddressesTheCacheRows) {
     SCOPED_TRACE(::testing::Message()
                  << (mla ? "mla " : "gqa ") << static_cast<int>(layout->elem_type()));
     const AttentionCase c = MakeAttentionCase(layout, 2 * layout->n_kv_heads(), 3);
-    const KilnCudaPagedKv kv = cuda::PagedKvOf(*layout, c.cache->BlockData(0), c.cache->NumBlocks(),
-                                               AttentionCase::kLayer);
+    const KilnCudaPagedKv kv =
+        cuda::PagedKvOf(*layout, c.cache->placement(), c.cache->NumBlocks(), AttentionCase::kLayer);
     EXPECT_EQ(kv.n_blocks, c.cache->NumBlocks());
     EXPECT_EQ(kv.block_size, layout->block_size());
     EXPECT_EQ(kv.head_dim, layout->row_elems());
@@ -961,10 +966,13 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     const AttentionCase c =
         MakeAttentionCase(sh.type, sh.n_heads, sh.n_kv_heads, sh.head_dim, sh.block_size, 5);
     const KvLayout& layout = c.cache->layout();
+    // The host pool's bytes on the device, placed as on the host.
     const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
-    const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
-    const KilnCudaPagedKv kv = cuda::PagedKvOf(layout, reinterpret_cast<const std::byte*>(pool),
-                                               c.cache->NumBlocks(), AttentionCase::kLayer);
+    KvPlacement placement = c.cache->placement();
+    placement.base = reinterpret_cast<std::byte*>(
+        Upload(reinterpret_cast<const uint8_t*>(placement.base), pool_bytes));
+    const KilnCudaPagedKv kv =
+        cuda::PagedKvOf(layout, placement, c.cache->NumBlocks(), AttentionCase::kLayer);
     const int32_t zero = 0;
     KilnCudaAttentionBatch batch;
     batch.n_tokens = c.n_tokens();
@@ -1051,10 +1059,13 @@ TEST_F(CudaKernels, MlaAttentionMatchesCpu) {
     const std::vector<float>& w_uv = in.w_uv;
     const std::vector<float>& want = in.cpu_out;
     const KvLayout& layout = c.cache->layout();
+    // The host pool's bytes on the device, placed as on the host.
     const size_t pool_bytes = layout.block_bytes() * size_t(c.cache->NumBlocks());
-    const auto* pool = Upload(reinterpret_cast<const uint8_t*>(c.cache->BlockData(0)), pool_bytes);
-    const KilnCudaPagedKv kv = cuda::PagedKvOf(layout, reinterpret_cast<const std::byte*>(pool),
-                                               c.cache->NumBlocks(), AttentionCase::kLayer);
+    KvPlacement placement = c.cache->placement();
+    placement.base = reinterpret_cast<std::byte*>(
+        Upload(reinterpret_cast<const uint8_t*>(placement.base), pool_bytes));
+    const KilnCudaPagedKv kv =
+        cuda::PagedKvOf(layout, placement, c.cache->NumBlocks(), AttentionCase::kLayer);
     const int32_t zero = 0;
     KilnCudaAttentionBatch batch;
     batch.n_tokens = c.n_tokens();

@@ -106,6 +106,25 @@ TEST(KvCacheTest, AppendForkCopyOnWriteTruncateFree) {
   EXPECT_TRUE(c.CheckInvariants().ok());
 }
 
+// The host pool is tile-major (kv_layout.h), so a sequence's K/V is one run of memory only when
+// its blocks are consecutive: they are on a fresh cache and again after a Free.
+TEST(KvCacheTest, BlocksAreHandedOutInOrderAgainAfterAFree) {
+  auto cache = MakeCache(16);
+  KvCache& c = *cache;
+  const SeqId a = c.CreateSequence();
+  for (int32_t i = 0; i < 6; ++i) ASSERT_TRUE(c.AppendSlots(a, Iota(kBs, 100 * i)).ok());
+  EXPECT_THAT(Table(c, a), ElementsAre(1, 2, 3, 4, 5, 6));
+  ASSERT_TRUE(c.Free(a).ok());
+  const SeqId b = c.CreateSequence();
+  ASSERT_TRUE(c.AppendSlots(b, Iota(3 * kBs, 1000)).ok());
+  ASSERT_TRUE(c.AppendSlots(b, Iota(3 * kBs, 2000)).ok());
+  EXPECT_THAT(Table(c, b), ElementsAre(1, 2, 3, 4, 5, 6));
+  // A truncated tail comes back in order too.
+  ASSERT_TRUE(c.Truncate(b, 2 * kBs).ok());
+  ASSERT_TRUE(c.AppendSlots(b, Iota(4 * kBs, 3000)).ok());
+  EXPECT_THAT(Table(c, b), ElementsAre(1, 2, 3, 4, 5, 6));
+}
+
 TEST(KvCacheTest, PrefixHitMissAndExtraKey) {
   auto cache = MakeCache(16);
   KvCache& c = *cache;
@@ -490,9 +509,10 @@ TEST(KvCacheSlidingTest, LayoutGroupsSplitTheLayers) {
   EXPECT_EQ(g->bytes_per_token(), plain->bytes_per_token());
   EXPECT_EQ(g->block_data_bytes(), plain->block_data_bytes() / 4);
   // Tiles are numbered inside the layer's group: every layer is its group's first.
-  EXPECT_EQ(g->KeyTileOffset(1, 0), 0u);
-  EXPECT_EQ(g->KeyTileOffset(3, 1), 1 * g->tile_bytes());
-  EXPECT_EQ(g->ValueTileOffset(3, 1), 3 * g->tile_bytes());
+  EXPECT_EQ(g->KeyTileIndex(1, 0), 0u);
+  EXPECT_EQ(g->KeyTileIndex(3, 1), 1u);
+  EXPECT_EQ(g->ValueTileIndex(3, 1), 3u);
+  EXPECT_EQ(g->tiles_per_block(), 4);
   // Refusals: all sliding, all global, wrong count, a second split.
   EXPECT_FALSE(plain->WithSlidingGroups(std::vector<uint8_t>{1, 1, 1, 1}, 8).ok());
   EXPECT_FALSE(plain->WithSlidingGroups(std::vector<uint8_t>{0, 0, 0, 0}, 8).ok());
@@ -530,7 +550,7 @@ TEST(KvCacheSlidingTest, LayoutGroupSizes) {
     std::vector<int32_t> per_group(static_cast<size_t>(g->n_groups()), 0);
     for (int32_t l = 0; l < c.n_layers; ++l) {
       EXPECT_EQ(g->group_is_sliding(g->layer_group(l)), sliding[static_cast<size_t>(l)] != 0);
-      EXPECT_EQ(g->KeyTileOffset(l, 0) / (2 * g->tile_bytes()),
+      EXPECT_EQ(g->KeyTileIndex(l, 0) / 2,
                 static_cast<size_t>(per_group[static_cast<size_t>(g->layer_group(l))]++));
     }
     for (int32_t n : per_group) EXPECT_LE(n, c.per_group);

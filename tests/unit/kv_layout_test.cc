@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "lib/kv/kv_cache.h"
 
 namespace kiln {
@@ -35,20 +38,23 @@ TEST(KvLayoutTest, MlaBytesPerTokenIsLayersTimesLatentPlusRope) {
   EXPECT_EQ(layout->kv_lora_rank(), 512);
   EXPECT_EQ(layout->rope_dim(), 64);
   EXPECT_EQ(layout->tiles_per_layer(), 1);
-  EXPECT_EQ(layout->LatentTileOffset(3), size_t{3} * 16 * 576 * 2);
+  EXPECT_EQ(layout->LatentTileIndex(3), 3u);
+  EXPECT_EQ(layout->tiles_per_block(), 27);
 }
 
-TEST(KvLayoutTest, GqaTileOffsetsFollowLayerKvHeadOrder) {
-  // [layer][K|V][kv_head][block_size][head_dim], block_size 8, head_dim 4, f16: tile = 64 bytes.
+TEST(KvLayoutTest, GqaTilesFollowLayerKvHeadOrder) {
+  // [layer][K|V][kv_head] tiles of [block_size][head_dim], block_size 8, head_dim 4, f16: a tile
+  // is 64 bytes.
   auto layout = KvLayout::Gqa(2, 3, 4, GgmlType::kF16, 8);
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(layout->tile_bytes(), 64u);
-  EXPECT_EQ(layout->KeyTileOffset(0, 0), 0u);
-  EXPECT_EQ(layout->KeyTileOffset(0, 2), 128u);
-  EXPECT_EQ(layout->ValueTileOffset(0, 0), 192u);
-  EXPECT_EQ(layout->ValueTileOffset(0, 2), 320u);
-  EXPECT_EQ(layout->KeyTileOffset(1, 0), 384u);
-  EXPECT_EQ(layout->ValueTileOffset(1, 2), 704u);
+  EXPECT_EQ(layout->tiles_per_block(), 12);
+  EXPECT_EQ(layout->KeyTileIndex(0, 0), 0u);
+  EXPECT_EQ(layout->KeyTileIndex(0, 2), 2u);
+  EXPECT_EQ(layout->ValueTileIndex(0, 0), 3u);
+  EXPECT_EQ(layout->ValueTileIndex(0, 2), 5u);
+  EXPECT_EQ(layout->KeyTileIndex(1, 0), 6u);
+  EXPECT_EQ(layout->ValueTileIndex(1, 2), 11u);
   EXPECT_EQ(layout->block_data_bytes(), 768u);
   EXPECT_EQ(layout->block_bytes(), 768u);
   // A 100-byte block is padded to 128.
@@ -126,38 +132,81 @@ TEST(KvLayoutTest, ElementStoreLoadRoundTrips) {
   EXPECT_EQ(LoadKvElement(GgmlType::kF16, buf, 3), 1.5f);  // neighbours untouched
 }
 
-TEST(KvLayoutTest, CachePointersAddressDisjointTiles) {
-  auto layout = KvLayout::Gqa(2, 2, 4, GgmlType::kF32, 4);
+TEST(KvLayoutTest, PlacementsPutTilesWhereTheySay) {
+  auto layout = KvLayout::Gqa(2, 3, 4, GgmlType::kF16, 8);  // 12 tiles of 64 bytes, 768 / block
   ASSERT_TRUE(layout.ok());
-  auto cache = KvCache::Create(*layout, {.num_blocks = 4});
+  std::vector<std::byte> pool(10 * layout->block_bytes());
+  std::byte* base = pool.data();
+  const KvPlacement block_major = KvPlacement::BlockMajor(base, *layout);
+  EXPECT_EQ(block_major.Tile(2, 5) - base, 2 * 768 + 5 * 64);
+  const KvPlacement tile_major = KvPlacement::TileMajor(base, *layout, 10);
+  EXPECT_EQ(tile_major.Tile(2, 5) - base, 5 * 10 * 64 + 2 * 64);
+  // One kv head's tiles of blocks 3, 4, 5 are one run.
+  EXPECT_EQ(tile_major.Tile(4, 1) - tile_major.Tile(3, 1), 64);
+  EXPECT_EQ(tile_major.Tile(5, 1) - tile_major.Tile(3, 1), 128);
+}
+
+TEST(KvLayoutTest, CachePointersAddressDisjointTiles) {
+  auto layout = KvLayout::Gqa(2, 2, 4, GgmlType::kF32, 4);  // 8 tiles of 64 bytes
+  ASSERT_TRUE(layout.ok());
+  constexpr int32_t kBlocks = 4;
+  auto cache = KvCache::Create(*layout, {.num_blocks = kBlocks});
   ASSERT_TRUE(cache.ok()) << cache.status();
   KvCache& c = **cache;
-  EXPECT_EQ(c.BlockData(2) - c.BlockData(1), static_cast<ptrdiff_t>(layout->block_bytes()));
-  EXPECT_EQ(c.KeyPtr(1, 1, 1) - c.BlockData(1),
-            static_cast<ptrdiff_t>(layout->KeyTileOffset(1, 1)));
-  EXPECT_EQ(c.ValueRow(KvSlot{3, 2}, 0, 1) - c.BlockData(3),
-            static_cast<ptrdiff_t>(layout->ValueTileOffset(0, 1) + 2 * 4 * 4));
-  // Every (layer, K|V, head, slot, dim) element has its own address inside the block.
-  std::vector<int> seen(layout->block_bytes() / 4, 0);
-  for (int l = 0; l < 2; ++l) {
-    for (int h = 0; h < 2; ++h) {
-      for (int s = 0; s < 4; ++s) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const std::byte* row =
-              kv == 0 ? c.KeyRow(KvSlot{1, s}, l, h) : c.ValueRow(KvSlot{1, s}, l, h);
-          for (int d = 0; d < 4; ++d) ++seen[(row - c.BlockData(1)) / 4 + d];
+  // The host pool is tile-major: tile t of block b at t * kBlocks * tile_bytes + b * tile_bytes.
+  const std::byte* base = c.placement().base;
+  EXPECT_EQ(c.KeyPtr(1, 1, 1) - base, static_cast<ptrdiff_t>((5 * kBlocks + 1) * 64));
+  EXPECT_EQ(c.KeyPtr(2, 1, 1) - c.KeyPtr(1, 1, 1), 64);
+  EXPECT_EQ(c.ValueRow(KvSlot{3, 2}, 0, 1) - base,
+            static_cast<ptrdiff_t>((3 * kBlocks + 3) * 64 + 2 * 4 * 4));
+  // Every (block, layer, K|V, head, slot, dim) element has its own address inside the pool's
+  // n_blocks * block_bytes.
+  std::vector<int> seen(kBlocks * layout->block_bytes() / 4, 0);
+  for (BlockId b = 0; b < kBlocks; ++b) {
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        for (int s = 0; s < 4; ++s) {
+          for (int kv = 0; kv < 2; ++kv) {
+            const std::byte* row =
+                kv == 0 ? c.KeyRow(KvSlot{b, s}, l, h) : c.ValueRow(KvSlot{b, s}, l, h);
+            for (int d = 0; d < 4; ++d) ++seen[(row - base) / 4 + d];
+          }
         }
       }
     }
   }
   for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "element " << i;
 
-  auto mla = KvLayout::Mla(3, 6, 2, GgmlType::kBF16, 4);
+  auto mla = KvLayout::Mla(3, 6, 2, GgmlType::kBF16, 4);  // tiles of 4 rows x 8 x 2 bytes
   ASSERT_TRUE(mla.ok());
   auto mcache = KvCache::Create(*mla, {.num_blocks = 3});
   ASSERT_TRUE(mcache.ok());
-  EXPECT_EQ((*mcache)->LatentRow(KvSlot{2, 3}, 2) - (*mcache)->BlockData(2),
-            static_cast<ptrdiff_t>(2 * 4 * 8 * 2 + 3 * 8 * 2));
+  EXPECT_EQ((*mcache)->LatentRow(KvSlot{2, 3}, 2) - (*mcache)->placement().base,
+            static_cast<ptrdiff_t>((2 * 3 + 2) * 4 * 8 * 2 + 3 * 8 * 2));
+}
+
+// Copy-on-write copies every tile of the block, wherever the placement puts them.
+TEST(KvLayoutTest, CopyBlockCopiesEveryTile) {
+  auto layout = KvLayout::Gqa(3, 2, 8, GgmlType::kF16, 4);
+  ASSERT_TRUE(layout.ok());
+  auto cache = KvCache::Create(*layout, {.num_blocks = 5});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  KvCache& c = **cache;
+  const KvPlacement& p = c.placement();
+  for (BlockId b = 0; b < 5; ++b) {
+    for (int32_t t = 0; t < layout->tiles_per_block(); ++t) {
+      std::memset(p.Tile(b, t), 0x10 * b + t, layout->tile_bytes());
+    }
+  }
+  c.storage().CopyBlock(1, 3);
+  for (BlockId b = 0; b < 5; ++b) {
+    for (int32_t t = 0; t < layout->tiles_per_block(); ++t) {
+      const int expected = 0x10 * (b == 3 ? 1 : b) + t;
+      for (size_t i = 0; i < layout->tile_bytes(); ++i) {
+        ASSERT_EQ(static_cast<int>(p.Tile(b, t)[i]), expected) << b << " " << t << " " << i;
+      }
+    }
+  }
 }
 
 TEST(KvLayoutTest, CacheSizedInBytesRoundsDownToBlocks) {

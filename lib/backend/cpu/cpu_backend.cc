@@ -74,9 +74,11 @@ PagedKvView LatentView(const KvCache& cache, int32_t layer) {
   kv.head_dim = static_cast<int32_t>(layout.row_elems());
   kv.n_blocks = cache.NumBlocks();
   kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
-  kv.k.base = kv.v.base = cache.BlockData(0) + layout.LatentTileOffset(layer);
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes =
+      static_cast<int64_t>(cache.placement().block_stride);
+  kv.k.head_stride_bytes = kv.v.head_stride_bytes =
+      static_cast<int64_t>(cache.placement().tile_stride);
+  kv.k.base = kv.v.base = cache.LatentPtr(kNullBlock, layer);
   return kv;
 }
 
@@ -320,8 +322,10 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   kv.head_dim = layout.head_dim();
   kv.n_blocks = cache.NumBlocks();
   kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-  kv.k.head_stride_bytes = kv.v.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+  kv.k.block_stride_bytes = kv.v.block_stride_bytes =
+      static_cast<int64_t>(cache.placement().block_stride);
+  kv.k.head_stride_bytes = kv.v.head_stride_bytes =
+      static_cast<int64_t>(cache.placement().tile_stride);
   kv.k.base = cache.KeyPtr(kNullBlock, layer, 0);
   kv.v.base = cache.ValuePtr(kNullBlock, layer, 0);
   const AttentionBatch ab = AttentionBatchOf(mask, group);

@@ -41,25 +41,28 @@ absl::StatusOr<void*> QueueUpload(const CudaModule& m, int device, kiln_cuda_str
   return d;
 }
 
-// K/V blocks in device memory: BlockData is a device address (kernels and copies only).
+// K/V blocks in device memory, block-major (the tile addresses are device addresses: kernels and
+// copies only).
 class DeviceKvStorage final : public KvStorage {
  public:
-  DeviceKvStorage(const CudaModule& m, kiln_cuda_stream stream, std::byte* base, size_t block_bytes)
-      : m_(m), stream_(stream), base_(base), block_bytes_(block_bytes) {}
-  ~DeviceKvStorage() override { m_.device_free(base_); }
-  std::byte* BlockData(BlockId b) override { return base_ + static_cast<size_t>(b) * block_bytes_; }
+  DeviceKvStorage(const CudaModule& m, kiln_cuda_stream stream, std::byte* base,
+                  const KvLayout& layout)
+      : KvStorage(KvPlacement::BlockMajor(base, layout)),
+        m_(m),
+        stream_(stream),
+        block_bytes_(layout.block_bytes()) {}
+  ~DeviceKvStorage() override { m_.device_free(placement().base); }
   bool host_addressable() const override { return false; }
   void CopyBlock(BlockId from, BlockId to) override {
     // KvStorage::CopyBlock has no status: a failure here leaves the copy's rows unwritten, and
     // the stream's next synchronize (every op's) reports the device error.
-    m_.copy_d2d_async(BlockData(to), BlockData(from), block_bytes_, stream_);
+    m_.copy_d2d_async(placement().Tile(to, 0), placement().Tile(from, 0), block_bytes_, stream_);
     m_.stream_synchronize(stream_);
   }
 
  private:
   const CudaModule& m_;
   kiln_cuda_stream stream_;
-  std::byte* base_;
   size_t block_bytes_;
 };
 
@@ -217,7 +220,7 @@ absl::StatusOr<std::unique_ptr<KvStorage>> CudaBackend::NewKvStorage(const KvLay
   KILN_RETURN_IF_ERROR(m_.ToStatus(m_.device_alloc(device_, bytes, &d),
                                    StrCat("cuda KV storage: ", n_blocks, " blocks")));
   return std::unique_ptr<KvStorage>(
-      new DeviceKvStorage(m_, stream_, static_cast<std::byte*>(d), layout.block_bytes()));
+      new DeviceKvStorage(m_, stream_, static_cast<std::byte*>(d), layout));
 }
 
 void CudaBackend::set_llama_cpp_order(bool on) { cpu_.set_llama_cpp_order(on); }
@@ -611,7 +614,7 @@ absl::Status CudaBackend::Attention(const KvCache& cache, int32_t layer, const A
   if (mask.tables == nullptr) return absl::InvalidArgumentError("Attention: no block tables");
   // The layer's rows live in its group's blocks (KvLayout): that group's table.
   const int32_t group = layout.layer_group(layer);
-  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.BlockData(0), cache.NumBlocks(), layer);
+  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.placement(), cache.NumBlocks(), layer);
   KILN_RETURN_IF_ERROR(cpu::ValidateAttentionBatch(CheckedView(kv, layout.elem_type()),
                                                    cpu::AttentionBatchOf(mask, group), n_heads));
   const int64_t floats = static_cast<int64_t>(mask.seq.size()) * n_heads * layout.head_dim();
@@ -645,7 +648,7 @@ absl::Status CudaBackend::MlaAttention(const KvCache& cache, int32_t layer,
                                              layout.kv_lora_rank(), "), nope_dim ", w.nope_dim,
                                              ", v_head_dim ", w.v_head_dim, ", w_uk and w_uv set"));
   }
-  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.BlockData(0), cache.NumBlocks(), layer);
+  const KilnCudaPagedKv kv = PagedKvOf(layout, cache.placement(), cache.NumBlocks(), layer);
   // As the CPU: a q8_0 latent row is checked as an f16 row of the same width.
   const GgmlType checked =
       layout.elem_type() == GgmlType::kQ8_0 ? GgmlType::kF16 : layout.elem_type();

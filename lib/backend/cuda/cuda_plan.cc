@@ -15,18 +15,18 @@ MatMulPath ChooseMatMulPath(const MatMulCaps& caps, bool weight_on_device, int64
   return gemv ? MatMulPath::kGemv : MatMulPath::kCpu;
 }
 
-KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const std::byte* pool, int32_t n_blocks,
+KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const KvPlacement& placement, int32_t n_blocks,
                           int32_t layer) {
   KilnCudaPagedKv kv = {};
-  kv.block_stride_bytes = static_cast<int64_t>(layout.block_bytes());
-  kv.head_stride_bytes = static_cast<int64_t>(layout.tile_bytes());
+  kv.block_stride_bytes = static_cast<int64_t>(placement.block_stride);
+  kv.head_stride_bytes = static_cast<int64_t>(placement.tile_stride);
   kv.row_bytes = static_cast<int64_t>(layout.row_bytes());
   kv.n_blocks = n_blocks;
   kv.block_size = layout.block_size();
   kv.head_dim = layout.row_elems();
   kv.elem_type = static_cast<uint32_t>(layout.elem_type());
   if (layout.kind() == KvAttentionKind::kMla) {
-    kv.d_k_base = kv.d_v_base = pool + layout.LatentTileOffset(layer);
+    kv.d_k_base = kv.d_v_base = placement.Tile(0, layout.LatentTileIndex(layer));
     kv.n_kv_heads = 1;
     // The RoPE part is stored in another type only in a q8_0 cache (f16 after the blocks of c).
     if (layout.rope_elem_type() != layout.elem_type()) {
@@ -34,8 +34,8 @@ KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const std::byte* pool, int32_t
       kv.tail_offset_bytes = static_cast<int64_t>(layout.rope_offset_bytes());
     }
   } else {
-    kv.d_k_base = pool + layout.KeyTileOffset(layer, 0);
-    kv.d_v_base = pool + layout.ValueTileOffset(layer, 0);
+    kv.d_k_base = placement.Tile(0, layout.KeyTileIndex(layer, 0));
+    kv.d_v_base = placement.Tile(0, layout.ValueTileIndex(layer, 0));
     kv.n_kv_heads = layout.n_kv_heads();
   }
   return kv;

@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_abi.h"
 #include "lib/backend/attention_mask.h"
 #include "lib/kv/kv_layout.h"
+#include "lib/kv/kv_storage.h"
 
 namespace kiln::cuda {
 
@@ -40,11 +41,11 @@ enum class MatMulPath {
 MatMulPath ChooseMatMulPath(const MatMulCaps& caps, bool weight_on_device, int64_t n_out,
                             int64_t n_in, int64_t n_tokens);
 
-// The kernels' view of `layer` of a pool whose block 0 starts at `pool` (a device address;
-// never dereferenced here): GQA keys and values, or an MLA layer's latent rows as one head (a
-// q8_0 row's RoPE part as the f16 tail, kv_layout.h). The same addresses KvCache::KeyRow,
-// ValueRow and LatentRow compute.
-KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const std::byte* pool, int32_t n_blocks,
+// The kernels' view of `layer` of a pool placed as `placement` says (device addresses; never
+// dereferenced here): GQA keys and values, or an MLA layer's latent rows as one head (a q8_0
+// row's RoPE part as the f16 tail, kv_layout.h). The same addresses KvCache::KeyRow, ValueRow
+// and LatentRow compute.
+KilnCudaPagedKv PagedKvOf(const KvLayout& layout, const KvPlacement& placement, int32_t n_blocks,
                           int32_t layer);
 
 // The longest K/V row the paged kernels read (KilnCudaPagedKv::head_dim, cuda_abi.h): a GQA
