@@ -1,8 +1,8 @@
 // KvStorage: the memory behind a KvCache's blocks. lib/kv keeps the bookkeeping (block pool,
 // tables, prefix index); the bytes belong to a backend (lib/backend/backend.h,
-// Backend::NewKvStorage), which lays block b out as kv_layout.h describes. Host memory
-// (NewHostKvStorage) is what the CPU backend provides, and the default for caches made without
-// a backend (tests, tools).
+// Backend::NewKvStorage), which holds each block's tiles (kv_layout.h) where its KvPlacement
+// says. Host memory (NewHostKvStorage, tile-major) is what the CPU backend provides, and the
+// default for caches made without a backend (tests, tools).
 //
 // Thread-safety: none; the owning KvCache serializes calls. Kernels may read and write block
 // memory between calls.
