@@ -311,7 +311,54 @@ inline __m128 TransposeSum4(const __m256 lo[4], const __m256 hi[4]) {
 constexpr int64_t kMaxWidenedDim = 256;
 constexpr int64_t kWidenedFloats = 4096;
 
-// kv_scores_rows for one K element type: per batch of rows, the rows widened once for all n_q
+// A decode step's few heads (n_q <= kMaxRegisterHeads) of a converted type: each K slice is
+// converted once in registers and multiplied into every head's accumulators, two rows at a time
+// (NQ heads x 2 rows x 16 lanes: 12 of the 16 ymm registers at 3 heads, q read from memory),
+// instead of through the widened copy. The sums go through TransposeSum4, which keeps its four
+// rows apart, so any four (head, row) accumulators can share a call: the bits of the widened path.
+constexpr int64_t kMaxRegisterHeads = 3;
+
+template <int NQ, KvElem kElem>
+void ScoresInRegisters(const float* q, const void* const* k_rows, int64_t n_rows, int64_t d,
+                       float* scores, int64_t score_stride) {
+  const int64_t full = d - d % 16, row_bytes = RowBytes(kElem, d);
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 2) {
+    const int rows = n_rows - j0 < 2 ? 1 : 2;
+    const void* run[2] = {k_rows[j0], k_rows[j0 + rows - 1]};  // a lone last row twice
+    for (int r = 0; r < rows; ++r) PrefetchRow(k_rows, j0 + r, n_rows, row_bytes);
+    __m256 lo[2 * NQ], hi[2 * NQ];  // [head * 2 + row]
+    Unroll<2 * NQ>([&](auto k) { lo[k] = hi[k] = _mm256_setzero_ps(); });
+    for (int64_t i = 0; i < full; i += 16) {
+      Unroll<2>([&](auto r) {
+        const __m256 k0 = LoadKv8(run[r], kElem, i), k1 = LoadKv8(run[r], kElem, i + 8);
+        Unroll<NQ>([&](auto h) {
+          lo[h * 2 + r] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q + h * d + i), lo[h * 2 + r]);
+          hi[h * 2 + r] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q + h * d + i + 8), hi[h * 2 + r]);
+        });
+      });
+    }
+    alignas(16) float sums[2 * NQ + 2];
+    for (int k0 = 0; k0 < 2 * NQ; k0 += 4) {
+      __m256 l4[4], h4[4];
+      for (int k = 0; k < 4; ++k) {
+        const int src = k0 + k < 2 * NQ ? k0 + k : k0;
+        l4[k] = lo[src];
+        h4[k] = hi[src];
+      }
+      _mm_store_ps(sums + k0, TransposeSum4(l4, h4));
+    }
+    for (int h = 0; h < NQ; ++h) {
+      for (int r = 0; r < rows; ++r) {
+        float s = sums[h * 2 + r];
+        for (int64_t i = full; i < d; ++i) s = std::fma(LoadKv1(run[r], kElem, i), q[h * d + i], s);
+        scores[h * score_stride + j0 + r] = s;
+      }
+    }
+  }
+}
+
+// kv_scores_rows for one K element type: up to kMaxRegisterHeads heads of a converted type in
+// registers (ScoresInRegisters); otherwise per batch of rows, the rows widened once for all n_q
 // heads (d <= kMaxWidenedDim; larger heads convert as they read); then per run of 4 rows and head
 // 8 accumulators (4 rows x 16 lanes) in registers and one TransposeSum4; the missing rows of a
 // last partial run read zeros and their sums are dropped. The d % 16 tail follows per row, one
@@ -321,6 +368,18 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
                     int64_t d, float* scores, int64_t score_stride) {
   alignas(32) static const float kZeroRow[1024] = {};
   constexpr bool kWiden = kElem != KvElem::kF32;
+  if constexpr (kWiden) {
+    switch (n_q <= kMaxRegisterHeads ? n_q : 0) {
+      case 1:
+        return ScoresInRegisters<1, kElem>(q, k_rows, n_rows, d, scores, score_stride);
+      case 2:
+        return ScoresInRegisters<2, kElem>(q, k_rows, n_rows, d, scores, score_stride);
+      case 3:
+        return ScoresInRegisters<3, kElem>(q, k_rows, n_rows, d, scores, score_stride);
+      default:
+        break;
+    }
+  }
   alignas(32) float widened[kWiden ? kWidenedFloats : 1];
   const bool widen = kWiden && d <= kMaxWidenedDim;
   const int64_t full = d - d % 16, row_bytes = RowBytes(kElem, d);
