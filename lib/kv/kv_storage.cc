@@ -43,11 +43,11 @@ absl::StatusOr<std::unique_ptr<KvStorage>> NewHostKvStorage(const KvLayout& layo
   // of the decode steps (it pushed kiln-game's frame p99 over its budget when the pages were
   // faulted in lazily).
   auto* raw = static_cast<std::byte*>(platform::AlignedAllocLarge(bytes));
-  if (raw != nullptr) std::memset(raw, 0, bytes);
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV storage: cannot allocate ", bytes, " bytes for ", n_blocks, " blocks"));
   }
+  std::memset(raw, 0, bytes);
   return std::unique_ptr<KvStorage>(new HostKvStorage(raw, layout, n_blocks));
 }
 

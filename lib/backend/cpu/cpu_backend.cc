@@ -64,22 +64,32 @@ AttentionBatch AttentionBatchOf(const AttentionMask& mask, int32_t group) {
 
 namespace {
 
-// The latent rows of an MLA cache's `layer` as one kv head whose K is the whole row and V its
-// first kv_lora_rank elements.
-PagedKvView LatentView(const KvCache& cache, int32_t layer) {
+// The paged kernels' view of one layer of `cache` whose K and V tiles of kv head 0 start (in
+// block 0) at k_base and v_base: heads one tile stride apart, blocks one block stride apart
+// (the storage's KvPlacement).
+PagedKvView CacheView(const KvCache& cache, int32_t n_kv_heads, int32_t head_dim,
+                      const std::byte* k_base, const std::byte* v_base) {
   const KvLayout& layout = cache.layout();
   PagedKvView kv;
   kv.block_size = layout.block_size();
-  kv.n_kv_heads = 1;
-  kv.head_dim = static_cast<int32_t>(layout.row_elems());
+  kv.n_kv_heads = n_kv_heads;
+  kv.head_dim = head_dim;
   kv.n_blocks = cache.NumBlocks();
   kv.k.type = kv.v.type = layout.elem_type();
   kv.k.block_stride_bytes = kv.v.block_stride_bytes =
       static_cast<int64_t>(cache.placement().block_stride);
   kv.k.head_stride_bytes = kv.v.head_stride_bytes =
       static_cast<int64_t>(cache.placement().tile_stride);
-  kv.k.base = kv.v.base = cache.LatentPtr(kNullBlock, layer);
+  kv.k.base = k_base;
+  kv.v.base = v_base;
   return kv;
+}
+
+// The latent rows of an MLA cache's `layer` as one kv head whose K is the whole row and V its
+// first kv_lora_rank elements.
+PagedKvView LatentView(const KvCache& cache, int32_t layer) {
+  const std::byte* latent = cache.LatentPtr(kNullBlock, layer);
+  return CacheView(cache, 1, static_cast<int32_t>(cache.layout().row_elems()), latent, latent);
 }
 
 }  // namespace
@@ -316,18 +326,9 @@ absl::Status CpuBackend::Attention(const KvCache& cache, int32_t layer, const At
   }
   // The layer's rows live in its group's blocks (KvLayout): that group's table.
   const int32_t group = layout.layer_group(layer);
-  PagedKvView kv;
-  kv.block_size = layout.block_size();
-  kv.n_kv_heads = layout.n_kv_heads();
-  kv.head_dim = layout.head_dim();
-  kv.n_blocks = cache.NumBlocks();
-  kv.k.type = kv.v.type = layout.elem_type();
-  kv.k.block_stride_bytes = kv.v.block_stride_bytes =
-      static_cast<int64_t>(cache.placement().block_stride);
-  kv.k.head_stride_bytes = kv.v.head_stride_bytes =
-      static_cast<int64_t>(cache.placement().tile_stride);
-  kv.k.base = cache.KeyPtr(kNullBlock, layer, 0);
-  kv.v.base = cache.ValuePtr(kNullBlock, layer, 0);
+  const PagedKvView kv =
+      CacheView(cache, layout.n_kv_heads(), layout.head_dim(), cache.KeyPtr(kNullBlock, layer, 0),
+                cache.ValuePtr(kNullBlock, layer, 0));
   const AttentionBatch ab = AttentionBatchOf(mask, group);
   // llama.cpp's order changes with the batch: one token decodes, two or more are a prompt.
   const AttentionOrder order = !llama_cpp_order_      ? AttentionOrder::kBatchInvariant
