@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/kquants.h"
 #include "kernels/cpu/kquants_x86.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kiln::kquants {
 namespace {
@@ -41,14 +42,23 @@ inline __m512i Concat(__m256i lo, __m256i hi) {
 // starting at group 4t, int16 lanes 8k..8k+7 take scale 4t+k. Sub-block scales (32-element
 // sub-blocks, Q4_K/Q5_K): for 64 elements starting at sub-block 2t, lanes 0..15 take 2t and
 // lanes 16..31 take 2t+1.
+// Packed group scales (Q6_K's one-token dot): for packs_epi32(P_2q, P_2q+1) of the per-chunk
+// vpdpbusd sums (dword l of P_c: group 4c + l / 4), 128-bit lane k holds words 0..3 of P_2q (group
+// 8q + k) and words 4..7 of P_2q+1 (group 8q + 4 + k).
 struct ScaleIndexTables {
   alignas(64) int16_t group[4][32];
   alignas(64) int16_t sub_block[4][32];
-  constexpr ScaleIndexTables() : group(), sub_block() {
+  alignas(64) int16_t packed_group[2][32];
+  constexpr ScaleIndexTables() : group(), sub_block(), packed_group() {
     for (int t = 0; t < 4; ++t) {
       for (int l = 0; l < 32; ++l) {
         group[t][l] = static_cast<int16_t>(4 * t + l / 8);
         sub_block[t][l] = static_cast<int16_t>(2 * t + l / 16);
+      }
+    }
+    for (int q = 0; q < 2; ++q) {
+      for (int l = 0; l < 32; ++l) {
+        packed_group[q][l] = static_cast<int16_t>(8 * q + (l % 8 < 4 ? 0 : 4) + l / 8);
       }
     }
   }
@@ -65,6 +75,50 @@ inline __m512i SubBlockScales(__m512i s16, int j0) {
 
 inline __m512i Dot64(__m512i acc, __m512i codes, const int8_t* act, __m512i scales) {
   return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(codes, Load512(act)), scales);
+}
+
+// The 256 codes of a Q4_K / Q5_K super-block as unsigned bytes in element order: codes[k] lines
+// up with activation bytes 64k..64k+63.
+template <bool kHasHighBit, typename Block>
+inline void Q45KCodes512(const Block& b, __m512i codes[4]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  __m512i hbx;
+  if constexpr (kHasHighBit) {
+    const __m256i hb = Load256(b.qh);
+    hbx = Concat(hb, _mm256_srli_epi16(hb, 1));
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = Load512(b.qs + 64 * h);
+    const __m512i lo = _mm512_and_si512(q, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+    __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+    if constexpr (kHasHighBit) {
+      const __mmask64 h0 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
+      const __mmask64 h1 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h + 2)));
+      w0 = _mm512_mask_add_epi8(w0, h0, w0, v16);
+      w1 = _mm512_mask_add_epi8(w1, h1, w1, v16);
+    }
+    codes[2 * h] = w0;
+    codes[2 * h + 1] = w1;
+  }
+}
+
+// The 256 codes (q6 in 0..63, the "- 32" not applied) of a Q6_K super-block, as Q45KCodes512:
+// the low nibbles from ql, bits 4-5 from qh, merged by one bit select (vpternlogd 0xCA: m4 ? ql :
+// high bits) each.
+inline void Q6KCodes512(const BlockQ6K& b, __m512i codes[4]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m33 = _mm512_set1_epi8(0x33);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i ql = Load512(b.ql + 64 * half);
+    const __m256i qh = Load256(b.qh + 32 * half);
+    // Per byte, bits 0-1: the high bits of codes 0..63 of the half; bits 4-5: of 64..127.
+    const __m512i hb = _mm512_and_si512(Concat(qh, _mm256_srli_epi16(qh, 2)), m33);
+    codes[2 * half] = _mm512_ternarylogic_epi32(m4, ql, _mm512_slli_epi16(hb, 4), 0xCA);
+    codes[2 * half + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), hb, 0xCA);
+  }
 }
 
 }  // namespace
@@ -265,8 +319,8 @@ float VecDotQ5KAvx512(int64_t n, const void* w, const void* a) {
 float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
   const auto* w = static_cast<const BlockQ6K*>(vw);
   const auto* a = static_cast<const BlockQ8K*>(va);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i m30 = _mm512_set1_epi8(0x30);
+  const __m512i scale_index0 = _mm512_load_si512(kScaleIndex.packed_group[0]);
+  const __m512i scale_index1 = _mm512_load_si512(kScaleIndex.packed_group[1]);
   return ReduceSuperBlocksF16<false>(
       n / kQK, w, a, [&](int64_t i, __m256i& isum_out, __m256i& msum_out) {
         const BlockQ6K& b = w[i];
@@ -274,20 +328,17 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
         const __m256i s16_256 = _mm256_cvtepi8_epi16(Load128(b.scales));
         const __m256i corr = _mm256_madd_epi16(s16_256, Load256(y.bsums));
         const __m512i s16 = _mm512_castsi256_si512(s16_256);
-        __m512i isum_v = _mm512_setzero_si512();
-        for (int half = 0; half < 2; ++half) {
-          const __m512i ql = Load512(b.ql + 64 * half);
-          const __m256i qh = Load256(b.qh + 32 * half);
-          const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
-          // Elements 0..63 of the half: low nibbles + qh bits 0-1 | 2-3.
-          const __m512i w01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                              _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
-          // Elements 64..127: high nibbles + qh bits 4-5 | 6-7.
-          const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                              _mm512_and_si512(qhx, m30));
-          isum_v = Dot64(isum_v, w01, y.qs + 128 * half, GroupScales(s16, 8 * half));
-          isum_v = Dot64(isum_v, w23, y.qs + 128 * half + 64, GroupScales(s16, 8 * half + 4));
+        __m512i codes[4];
+        Q6KCodes512(b, codes);
+        // P_c: int32 sums of 4 products (|P| <= 4 * 63 * 128: packs to int16 exactly).
+        __m512i p[4];
+        for (int c = 0; c < 4; ++c) {
+          p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[c], Load512(y.qs + 64 * c));
         }
+        const __m512i isum_v = _mm512_dpwssd_epi32(
+            _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]),
+                              _mm512_permutexvar_epi16(scale_index0, s16)),
+            _mm512_packs_epi32(p[2], p[3]), _mm512_permutexvar_epi16(scale_index1, s16));
         isum_out = _mm256_sub_epi32(Fold512(isum_v), _mm256_slli_epi32(corr, 5));
         msum_out = _mm256_setzero_si256();
       });
@@ -315,30 +366,11 @@ struct UnpackedSuperBlock512 {
 
 template <bool kHasHighBit, typename Block>
 inline void UnpackQ45K512(const Block& b, UnpackedSuperBlock512& u) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i v16 = _mm512_set1_epi8(0x10);
   const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
   u.aux16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
   const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scm));
-  __m512i hbx;
-  if constexpr (kHasHighBit) {
-    const __m256i hb = Load256(b.qh);
-    hbx = Concat(hb, _mm256_srli_epi16(hb, 1));
-  }
+  Q45KCodes512<kHasHighBit>(b, u.codes);
   for (int h = 0; h < 2; ++h) {
-    const __m512i q = Load512(b.qs + 64 * h);
-    const __m512i lo = _mm512_and_si512(q, m4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-    __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-    if constexpr (kHasHighBit) {
-      const __mmask64 h0 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
-      const __mmask64 h1 = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h + 2)));
-      w0 = _mm512_mask_add_epi8(w0, h0, w0, v16);
-      w1 = _mm512_mask_add_epi8(w1, h1, w1, v16);
-    }
-    u.codes[2 * h] = w0;
-    u.codes[2 * h + 1] = w1;
     u.scales[2 * h] = SubBlockScales(s16, 4 * h);
     u.scales[2 * h + 1] = SubBlockScales(s16, 4 * h + 2);
   }
@@ -347,18 +379,10 @@ inline void UnpackQ45K512(const Block& b, UnpackedSuperBlock512& u) {
 }
 
 inline void UnpackQ6K512(const BlockQ6K& b, UnpackedSuperBlock512& u) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i m30 = _mm512_set1_epi8(0x30);
   u.aux16 = _mm256_cvtepi8_epi16(Load128(b.scales));
   const __m512i s16 = _mm512_castsi256_si512(u.aux16);
+  Q6KCodes512(b, u.codes);
   for (int half = 0; half < 2; ++half) {
-    const __m512i ql = Load512(b.ql + 64 * half);
-    const __m256i qh = Load256(b.qh + 32 * half);
-    const __m512i qhx = Concat(qh, _mm256_srli_epi16(qh, 2));
-    u.codes[2 * half] =
-        _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16(qhx, 4), m30));
-    u.codes[2 * half + 1] =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(qhx, m30));
     u.scales[2 * half] = GroupScales(s16, 8 * half);
     u.scales[2 * half + 1] = GroupScales(s16, 8 * half + 4);
   }
@@ -414,13 +438,227 @@ inline void TileRowsK512(int64_t nb, const uint8_t* w, size_t w_stride, int n_ro
   }
 }
 
+// ---- Eight or more tokens: 16 tokens across the lanes ----
+// The activations of each group of 16 tokens are packed so that one zmm holds the same 4 bytes of
+// all 16 tokens; a weight super-block is unpacked once into bytes, and each 4 of them, broadcast,
+// meet the 16 tokens' bytes in one vpdpbusd (64 multiply-adds an instruction, where the
+// per-token path spends two, vpmaddubsw + vpdpwssd, and a horizontal sum per super-block). Each
+// lane keeps its token's exact isum / msum of the contract and runs vec_dot's float step with
+// the same IEEE operations in the same order: the same bits.
+
+// One super-block of a group of 16 tokens. Tokens past the end are zero (d = 0).
+struct PackedQ8KGroup {
+  int32_t qs[64][16];    // qs[k][t]: token t's bytes 4k..4k+3
+  int32_t bsums[8][16];  // bsums[p][t]: token t's bsums 2p, 2p+1 (an int16 pair)
+  float d[16];
+};
+static_assert(sizeof(PackedQ8KGroup) % 64 == 0);
+
+// Transposes 16 rows of 16 dwords: afterwards r[k] holds dword k of every row (lane t = row t).
+inline void Transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: [r_i[4j], r_i+1[4j], r_i[4j+1], ...]
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + c]: 128-bit lane j holds dword 4j + c of rows i..i+3
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // t[c]: dwords c, 8 + c of rows 0..7; t[4 + c]: dwords 4 + c, 12 + c; t[8 + c], t[12 + c]: the
+  // same of rows 8..15.
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {  // r[k]: dword k of rows 0..15
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xDD);
+  }
+}
+
+// out[i] for super-blocks i < nb of the n_tokens (1..16) Q8_K rows at a.
+inline void PackQ8KGroup(const uint8_t* a, size_t a_stride, int n_tokens, int64_t nb,
+                         PackedQ8KGroup* out) {
+  for (int64_t i = 0; i < nb; ++i) {
+    PackedQ8KGroup& p = out[i];
+    const BlockQ8K* y[16];
+    for (int t = 0; t < 16; ++t) {
+      y[t] = t < n_tokens ? reinterpret_cast<const BlockQ8K*>(a + t * a_stride) + i : nullptr;
+    }
+    __m512i r[16];
+    for (int k0 = 0; k0 < 64; k0 += 16) {
+      for (int t = 0; t < 16; ++t) {
+        r[t] = y[t] != nullptr ? Load512(y[t]->qs + 4 * k0) : _mm512_setzero_si512();
+      }
+      Transpose16x16(r);
+      for (int k = 0; k < 16; ++k) _mm512_store_si512(p.qs[k0 + k], r[k]);
+    }
+    for (int t = 0; t < 16; ++t) {  // dwords 0..7 are the bsums; 8..15 unused
+      r[t] =
+          y[t] != nullptr ? _mm512_castsi256_si512(Load256(y[t]->bsums)) : _mm512_setzero_si512();
+      p.d[t] = y[t] != nullptr ? y[t]->d : 0.0f;
+    }
+    Transpose16x16(r);
+    for (int q = 0; q < 8; ++q) _mm512_store_si512(p.bsums[q], r[q]);
+  }
+}
+
+// One weight super-block for the packed path.
+struct UnpackedBytes {
+  int32_t codes[64];  // codes[k]: the unsigned codes of elements 4k..4k+3
+  int32_t scale[16];  // Q4_K/Q5_K: sub-block j's scale at j (8 used); Q6_K: group g's at g
+  int32_t pair[8];    // int16 pairs against the bsum pairs: (m_p, m_p) | (s_2p, s_2p+1)
+  float d;
+  float dmin;
+};
+
+template <bool kHasHighBit, typename Block>
+inline void UnpackQ45KBytes(const Block& b, UnpackedBytes& u) {
+  __m512i codes[4];
+  Q45KCodes512<kHasHighBit>(b, codes);
+  for (int k = 0; k < 4; ++k) _mm512_storeu_si512(u.codes + 16 * k, codes[k]);
+  const __m128i scm = UnpackQ4KScalesVec(b.scales);  // [sc0..7, m0..7]
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.scale), _mm256_cvtepu8_epi32(scm));
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.pair), _mm_unpacklo_epi16(m16, m16));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u.pair + 4), _mm_unpackhi_epi16(m16, m16));
+  u.d = F16(b.d);
+  u.dmin = F16(b.dmin);
+}
+
+inline void UnpackQ6KBytes(const BlockQ6K& b, UnpackedBytes& u) {
+  __m512i codes[4];
+  Q6KCodes512(b, codes);
+  for (int k = 0; k < 4; ++k) _mm512_storeu_si512(u.codes + 16 * k, codes[k]);
+  const __m128i s8 = Load128(b.scales);
+  _mm512_storeu_si512(u.scale, _mm512_cvtepi8_epi32(s8));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.pair), _mm256_cvtepi8_epi16(s8));
+  u.d = F16(b.d);
+  u.dmin = 0.0f;
+}
+
+// acc[r] (lane t: row r, token t of the group) plus the float step of one super-block, for
+// kRows weight rows sharing every activation load.
+template <bool kQ6K, int kRows>
+inline void DotPackedGroup(const UnpackedBytes* u, const PackedQ8KGroup& p, __m512 acc[][4],
+                           int g) {
+  // Q4_K/Q5_K: 8 sub-blocks of 8 dwords; Q6_K: 16 groups of 4.
+  constexpr int kScales = kQ6K ? 16 : 8, kDwords = 64 / kScales;
+  __m512i isum[kRows];
+  for (int r = 0; r < kRows; ++r) isum[r] = _mm512_setzero_si512();
+  for (int j = 0; j < kScales; ++j) {
+    __m512i s[kRows];
+    for (int r = 0; r < kRows; ++r) s[r] = _mm512_setzero_si512();
+    for (int k = kDwords * j; k < kDwords * (j + 1); ++k) {
+      const __m512i a = _mm512_load_si512(p.qs[k]);
+      for (int r = 0; r < kRows; ++r) {
+        s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(u[r].codes[k]), a);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      isum[r] =
+          _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], _mm512_set1_epi32(u[r].scale[j])));
+    }
+  }
+  __m512i aux[kRows];  // msum (Q4_K/Q5_K) or the Q6_K "- 32" correction / 32
+  for (int r = 0; r < kRows; ++r) aux[r] = _mm512_setzero_si512();
+  for (int q = 0; q < 8; ++q) {
+    const __m512i b = _mm512_load_si512(p.bsums[q]);
+    for (int r = 0; r < kRows; ++r) {
+      aux[r] = _mm512_dpwssd_epi32(aux[r], b, _mm512_set1_epi32(u[r].pair[q]));
+    }
+  }
+  const __m512 ad = _mm512_load_ps(p.d);
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 d = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].d));
+    __m512 term;
+    if constexpr (kQ6K) {
+      term = _mm512_mul_ps(
+          d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r], _mm512_slli_epi32(aux[r], 5))));
+    } else {
+      const __m512 dmin = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].dmin));
+      term = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])),
+                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(aux[r])));
+    }
+    acc[r][g] = _mm512_add_ps(acc[r][g], term);
+  }
+}
+
+constexpr int kPackedMinTokens = 8;  // below: the per-token path (TileRowsK512)
+constexpr int kPackedGroups = 4;     // token groups of 16 per pass over the weights
+constexpr int kPackedRows = 4;       // weight rows sharing each activation load
+
+// out[t * out_stride + r] for the n_tokens tokens packed in `packed` ([n_groups][nb]) and kRows
+// rows at w.
+template <int kRows, typename Block, bool kQ6K, typename UnpackFn>
+inline void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
+                           const PackedQ8KGroup* packed, int n_tokens, float* out,
+                           size_t out_stride, UnpackFn unpack) {
+  const int n_groups = (n_tokens + 15) / 16;
+  __m512 acc[kRows][kPackedGroups];
+  for (int r = 0; r < kRows; ++r) {
+    for (int g = 0; g < n_groups; ++g) acc[r][g] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    UnpackedBytes u[kRows];
+    for (int r = 0; r < kRows; ++r)
+      unpack(reinterpret_cast<const Block*>(w + r * w_stride)[i], u[r]);
+    for (int g = 0; g < n_groups; ++g) DotPackedGroup<kQ6K, kRows>(u, packed[g * nb + i], acc, g);
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int g = 0; g < n_groups; ++g) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, acc[r][g]);
+      const int count = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
+      for (int t = 0; t < count; ++t) out[(16 * g + t) * out_stride + r] = lanes[t];
+    }
+  }
+}
+
 template <typename Block, bool kQ6K, typename UnpackFn>
+inline void VecDotTilePackedK512(int64_t n, const uint8_t* w, size_t w_stride, int n_rows,
+                                 const uint8_t* a, size_t a_stride, int n_tokens, float* out,
+                                 size_t out_stride, UnpackFn unpack) {
+  const int64_t nb = n / kQK;
+  auto* packed = static_cast<PackedQ8KGroup*>(
+      kernels::ThreadScratch(0, kPackedGroups * nb * sizeof(PackedQ8KGroup)));
+  for (int t0 = 0; t0 < n_tokens; t0 += 16 * kPackedGroups) {
+    const int tokens = n_tokens - t0 < 16 * kPackedGroups ? n_tokens - t0 : 16 * kPackedGroups;
+    for (int g = 0; 16 * g < tokens; ++g) {
+      const int count = tokens - 16 * g < 16 ? tokens - 16 * g : 16;
+      PackQ8KGroup(a + (t0 + 16 * g) * a_stride, a_stride, count, nb, packed + g * nb);
+    }
+    float* o = out + t0 * out_stride;
+    int r = 0;
+    for (; r + kPackedRows <= n_rows; r += kPackedRows) {
+      PackedRowsK512<kPackedRows, Block, kQ6K>(nb, w + r * w_stride, w_stride, packed, tokens,
+                                               o + r, out_stride, unpack);
+    }
+    for (; r < n_rows; ++r) {
+      PackedRowsK512<1, Block, kQ6K>(nb, w + r * w_stride, w_stride, packed, tokens, o + r,
+                                     out_stride, unpack);
+    }
+  }
+}
+
+template <typename Block, bool kQ6K, typename UnpackFn, typename PackedUnpackFn>
 inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
                            size_t a_stride, int n_tokens, float* out, size_t out_stride,
-                           UnpackFn unpack) {
+                           UnpackFn unpack, PackedUnpackFn packed_unpack) {
   const auto* w = static_cast<const uint8_t*>(vw);
   const auto* a = static_cast<const uint8_t*>(va);
   const int64_t nb = n / kQK;
+  if (n_tokens >= kPackedMinTokens) {
+    return VecDotTilePackedK512<Block, kQ6K>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                             out_stride, packed_unpack);
+  }
   // Blocks of kRowBlock rows: their weights stay in L1 while every token group passes over
   // them (a matrix larger than the caches is streamed from memory once per call).
   for (int r0 = 0; r0 < n_rows; r0 += kRowBlock) {
@@ -457,21 +695,24 @@ void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, 
   if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ4KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ4K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); });
+      [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); },
+      [](const BlockQ4K& b, UnpackedBytes& u) { UnpackQ45KBytes<false>(b, u); });
 }
 void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ5KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ5K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); });
+      [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); },
+      [](const BlockQ5K& b, UnpackedBytes& u) { UnpackQ45KBytes<true>(b, u); });
 }
 void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ6KAvx512, n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ6K, true>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); });
+      [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); },
+      [](const BlockQ6K& b, UnpackedBytes& u) { UnpackQ6KBytes(b, u); });
 }
 
 }  // namespace kiln::kquants
