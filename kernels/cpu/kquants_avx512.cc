@@ -346,10 +346,11 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
 
 // ---------------------------------------------------------------------------------------------
 // vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
-// A weight super-block is unpacked once (codes and per-lane scales in registers) and dotted with
-// the super-block of up to kTileTokens tokens; each (row, token) keeps vec_dot's own float
-// sequence (FinishSuperBlocks over groups of 4 super-blocks, in order). Reads the GGUF blocks
-// as they are: no repacked copy of the weights.
+// Fewer than 8 tokens: a weight super-block is unpacked once (codes and per-lane scales in
+// registers) and dotted with the super-block of up to 4 tokens; each (row, token) keeps vec_dot's
+// own float sequence (FinishSuperBlocks over groups of 4 super-blocks, in order). 8 or more: the
+// packed path below (16 tokens across the lanes). Both read the GGUF blocks as they are: no
+// repacked copy of the weights.
 
 namespace {
 
@@ -404,8 +405,7 @@ inline SuperBlockSums DotUnpacked512(const UnpackedSuperBlock512& u, const Block
   }
 }
 
-constexpr int kTileTokens = 8;  // tokens sharing one unpacked weight super-block
-constexpr int kRowBlock = 4;    // rows whose weights stay in L1 across the token groups
+constexpr int kRowBlock = 4;  // rows whose weights stay in L1 across the token groups
 
 // out[t * out_stride + r] for kTokens tokens starting at `a` and rows 0..n_rows-1.
 template <int kTokens, typename Block, bool kQ6K, typename UnpackFn>
@@ -608,8 +608,9 @@ inline void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
   }
   for (int64_t i = 0; i < nb; ++i) {
     UnpackedBytes u[kRows];
-    for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRows; ++r) {
       unpack(reinterpret_cast<const Block*>(w + r * w_stride)[i], u[r]);
+    }
     for (int g = 0; g < n_groups; ++g) DotPackedGroup<kQ6K, kRows>(u, packed[g * nb + i], acc, g);
   }
   for (int r = 0; r < kRows; ++r) {
@@ -665,12 +666,8 @@ inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_row
     const int rows = n_rows - r0 < kRowBlock ? n_rows - r0 : kRowBlock;
     const uint8_t* wb = w + r0 * w_stride;
     float* ob = out + r0;
+    // 1..7 tokens as 4 + 2 + 1.
     int t = 0;
-    for (; t + kTileTokens <= n_tokens; t += kTileTokens) {
-      TileRowsK512<kTileTokens, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
-                                             ob + t * out_stride, out_stride, unpack);
-    }
-    // The remaining 0..7 tokens as 4 + 2 + 1.
     if (n_tokens - t >= 4) {
       TileRowsK512<4, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
                                    ob + t * out_stride, out_stride, unpack);
