@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/matmul_llama_cpp.h"
@@ -124,9 +125,10 @@ void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
 }
 
 // Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU, in
-// one allocation. The mapped file's pages of those matrices are then read only in the llama.cpp
-// order (or for an embedding row), so they may be dropped. Types whose integer-order kernel
-// reads the file's rows (Q8_0) get no copy: they are marked in_place and their pages stay.
+// one allocation, written by as many threads as the backend has. The mapped file's pages of those
+// matrices are then read only in the llama.cpp order (or for an embedding row), so they may be
+// dropped. Types whose integer-order kernel reads the file's rows (Q8_0) get no copy: they are
+// marked in_place and their pages stay.
 absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
     std::span<WeightView* const> matrices, bool release_file_pages) const {
   constexpr size_t kAlign = 64;
@@ -150,27 +152,42 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
         "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
   }
   std::unique_ptr<WeightStore> store(new InterleavedWeights(data, total));
+  // Slices of the file (whole groups of 16 rows), each slice's file pages released as soon as it
+  // is copied: the peak holds each thread's slice twice (4 MiB over all threads), not a whole
+  // matrix (a tied 262,144-row embedding is 170 MB). The threads copy slices side by side.
+  const int64_t slice_bytes = (int64_t{4} << 20) / pool_.n_threads();
+  struct Slice {
+    const WeightView* w;
+    int64_t row, rows;
+    uint8_t* dst;  // the matrix's copy
+  };
+  std::vector<Slice> slices;
   uint8_t* next = data;
   for (WeightView* w : matrices) {
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
-    // Slices of about 4 MiB of the file (whole groups of 16 rows), each slice's file pages
-    // released as soon as it is copied: the peak holds one slice twice, not a whole matrix
-    // (a tied 262,144-row embedding is 170 MB).
-    const QuantKernels* k = GetQuantKernels(w->type);
     const int64_t slice_rows =
-        std::max<int64_t>(1, (int64_t{4} << 20) / (w->row_bytes() * quant::kInterleaveRows)) *
+        std::max<int64_t>(1, slice_bytes / (w->row_bytes() * quant::kInterleaveRows)) *
         quant::kInterleaveRows;
     for (int64_t row = 0; row < w->n_out; row += slice_rows) {
-      const int64_t rows = std::min(slice_rows, w->n_out - row);
-      const uint8_t* src = static_cast<const uint8_t*>(w->data) + row * w->row_bytes();
-      k->interleave(src, w->row_bytes(), w->n_in, rows,
-                    next + row / quant::kInterleaveRows * k->interleaved_group_bytes(w->n_in));
-      if (release_file_pages) platform::ReleaseMappedPages(src, rows * w->row_bytes());
+      slices.push_back({w, row, std::min(slice_rows, w->n_out - row), next});
     }
     w->interleaved = next;
     next += bytes;
   }
+  // A pool of its own: PrepareWeights may run beside this backend's matmuls (backend.h).
+  const size_t n_threads = std::min<size_t>(pool_.n_threads(), std::max<size_t>(slices.size(), 1));
+  ThreadPool pool(static_cast<int>(n_threads));
+  pool.ParallelFor(static_cast<int64_t>(slices.size()), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      const Slice& s = slices[i];
+      const QuantKernels* k = GetQuantKernels(s.w->type);
+      const uint8_t* src = static_cast<const uint8_t*>(s.w->data) + s.row * s.w->row_bytes();
+      k->interleave(src, s.w->row_bytes(), s.w->n_in, s.rows,
+                    s.dst + s.row / quant::kInterleaveRows * k->interleaved_group_bytes(s.w->n_in));
+      if (release_file_pages) platform::ReleaseMappedPages(src, s.rows * s.w->row_bytes());
+    }
+  });
   return store;
 }
 
