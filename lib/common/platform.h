@@ -90,8 +90,10 @@ size_t PageSize();
 
 // Advice that the whole pages inside [begin, begin + bytes) of a read-only file mapping will not
 // be read again soon: the OS may drop them from this process's resident set (a later read
-// fetches them from the file again). Only for FileMapping memory: on anonymous or written private
-// memory the same call would discard data. Advice only, no error; a no-op where unsupported.
+// fetches them from the file again). The pages are also marked not to be mapped as huge pages,
+// so that a file held in large page-cache folios does not map them back with its neighbours.
+// Only for FileMapping memory: on anonymous or written private memory the same call would
+// discard data. Advice only, no error; a no-op where unsupported.
 void ReleaseMappedPages(const void* begin, size_t bytes);
 
 // ---- Files ----------------------------------------------------------------------------------
