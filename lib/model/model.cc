@@ -154,7 +154,7 @@ absl::Status Model::BindTensors(const ModelLoadOptions& options) {
     KILN_ASSIGN_OR_RETURN(prepared_, options.backend->PrepareWeights(matrices, mapped));
   } else {
     // Every physical core writes the interleaved copies (half the load time on two).
-    KILN_ASSIGN_OR_RETURN(prepared_, cpu::CpuBackend(0).PrepareWeights(matrices, mapped));
+    KILN_ASSIGN_OR_RETURN(prepared_, cpu::PrepareCpuWeights(matrices, mapped, /*n_threads=*/0));
   }
   // A tied head's copy also serves the embedding lookups (EmbeddingGather reads rows from it),
   // so the file pages it let go are not mapped again row by row.

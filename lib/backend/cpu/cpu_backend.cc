@@ -124,13 +124,9 @@ void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
   StoreRow(GetOpKernels(BestCpuLevel()), src, n, type, dst);
 }
 
-// Row-interleaved copies of the matrices whose type has an integer-order kernel on this CPU, in
-// one allocation, written by as many threads as the backend has. The mapped file's pages of those
-// matrices are then read only in the llama.cpp order (or for an embedding row), so they may be
-// dropped. Types whose integer-order kernel reads the file's rows (Q8_0) get no copy: they are
-// marked in_place and their pages stay.
-absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
-    std::span<WeightView* const> matrices, bool release_file_pages) const {
+absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
+    std::span<WeightView* const> matrices, bool release_file_pages, int n_threads) {
+  if (n_threads <= 0) n_threads = PhysicalCoreCount();
   constexpr size_t kAlign = 64;
   auto bytes_of = [](const WeightView& w) -> size_t {
     const QuantKernels* k = GetQuantKernels(w.type);
@@ -155,7 +151,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
   // Slices of the file (whole groups of 16 rows), each slice's file pages released as soon as it
   // is copied: the peak holds each thread's slice twice (4 MiB over all threads), not a whole
   // matrix (a tied 262,144-row embedding is 170 MB). The threads copy slices side by side.
-  const int64_t slice_bytes = (int64_t{4} << 20) / pool_.n_threads();
+  const int64_t slice_bytes = (int64_t{4} << 20) / n_threads;
   struct Slice {
     const WeightView* w;
     int64_t row, rows;
@@ -175,9 +171,9 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
     w->interleaved = next;
     next += bytes;
   }
-  // A pool of its own: PrepareWeights may run beside this backend's matmuls (backend.h).
-  const size_t n_threads = std::min<size_t>(pool_.n_threads(), std::max<size_t>(slices.size(), 1));
-  ThreadPool pool(static_cast<int>(n_threads));
+  // A pool of its own: PrepareWeights may run beside the backend's matmuls (backend.h).
+  ThreadPool pool(
+      static_cast<int>(std::min<size_t>(n_threads, std::max<size_t>(slices.size(), 1))));
   pool.ParallelFor(static_cast<int64_t>(slices.size()), [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) {
       const Slice& s = slices[i];
@@ -189,6 +185,11 @@ absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
     }
   });
   return store;
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
+    std::span<WeightView* const> matrices, bool release_file_pages) const {
+  return PrepareCpuWeights(matrices, release_file_pages, pool_.n_threads());
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::NewKvStorage(const KvLayout& layout,

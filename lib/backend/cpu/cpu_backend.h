@@ -16,6 +16,15 @@ namespace kiln::cpu {
 // for other backends that convert on the host before copying to their memory.
 void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst);
 
+// CpuBackend::PrepareWeights with n_threads threads (<= 0: the physical cores), without a
+// backend: row-interleaved copies of the matrices whose type has an integer-order kernel on this
+// CPU, in one allocation. The mapped file's pages of those matrices are then read only in the
+// llama.cpp order (or for an embedding row), so they are released when release_file_pages. Types
+// whose integer-order kernel reads the file's rows (Q8_0) get no copy: they are marked in_place
+// and their pages stay.
+absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
+    std::span<WeightView* const> matrices, bool release_file_pages, int n_threads);
+
 class CpuBackend final : public Backend {
  public:
   // n_threads <= 0: physical cores. One thread starts no worker, so a CpuBackend(1) is cheap.
