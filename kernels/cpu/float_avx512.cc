@@ -78,12 +78,13 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
   int64_t i = 0;
   for (; i + kChunk <= n; i += kChunk) {
     // One token reads each weight byte once, from memory (kernels/cpu/prefetch.h; llama-1b f16
-    // decode, 1 thread: 9.8-10.0 -> 10.6-10.8 tok/s). Measured, not kept: four rows a pass
-    // sharing each activation load, prefetching the rows 2-8 below at the same offset (one
-    // 2 GB matrix read alone: 19.5 -> 24-26 GB/s; the model's matrices in decode order, as the
-    // engine reads them: 25-26 -> 21-22 GB/s, kiln generate 11.0-11.7 -> 10.0-10.5 tok/s); two
-    // rows a pass: within noise. Row by row this loop streams the model's matrices as fast as
-    // llama.cpp's own f16 loop (f16 activations, no prefetch) does in the same driver.
+    // decode, 1 thread: 9.8-10.0 -> 10.6-10.8 tok/s). What this loop leaves (a driver reading
+    // llama-1b-f16's matrices in decode order, 1 thread): 24.6-25.4 GB/s, llama.cpp's compiled
+    // ggml_vec_dot_f16 28.0-30.0, this loop with f16 activations 29.4: the f32 activations
+    // (twice the bytes loaded per weight), which kiln's exact order needs, cost about 15%.
+    // Four rows a pass sharing each activation load measured 28 GB/s only where GCC folded the
+    // activation loads into the FMAs (-mtune=znver3 at -O2); under this file's flags, 21-22
+    // GB/s and kiln generate 11.0-11.7 -> 10.0-10.5 tok/s, so it is not kept.
     PrefetchStreamAhead(w + i * Loader::kBytes, kChunk * Loader::kBytes);
     for (int k = 0; k < 4; ++k) {
       const int64_t e = i + 16 * k;
