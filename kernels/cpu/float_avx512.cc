@@ -84,7 +84,10 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
     // (twice the bytes loaded per weight), which kiln's exact order needs, cost about 15%.
     // Four rows a pass sharing each activation load measured 28 GB/s only where GCC folded the
     // activation loads into the FMAs (-mtune=znver3 at -O2); under this file's flags, 21-22
-    // GB/s and kiln generate 11.0-11.7 -> 10.0-10.5 tok/s, so it is not kept.
+    // GB/s and kiln generate 11.0-11.7 -> 10.0-10.5 tok/s. With the folded FMAs pinned by
+    // inline asm, 26.3-27.6 GB/s in the driver but kiln generate no faster (10.5-10.9 against
+    // 10.7-11.2 tok/s), and the driver's rates move 10-15% with the activations' address (64-byte
+    // aligned the slowest): not kept either.
     PrefetchStreamAhead(w + i * Loader::kBytes, kChunk * Loader::kBytes);
     for (int k = 0; k < 4; ++k) {
       const int64_t e = i + 16 * k;
