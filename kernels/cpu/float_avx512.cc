@@ -78,16 +78,12 @@ inline float Dot(int64_t n, const void* vw, const void* va) {
   int64_t i = 0;
   for (; i + kChunk <= n; i += kChunk) {
     // One token reads each weight byte once, from memory (kernels/cpu/prefetch.h; llama-1b f16
-    // decode, 1 thread: 9.8-10.0 -> 10.6-10.8 tok/s). What this loop leaves (a driver reading
-    // llama-1b-f16's matrices in decode order, 1 thread): 24.6-25.4 GB/s, llama.cpp's compiled
-    // ggml_vec_dot_f16 28.0-30.0, this loop with f16 activations 29.4: the f32 activations
-    // (twice the bytes loaded per weight), which kiln's exact order needs, cost about 15%.
-    // Four rows a pass sharing each activation load measured 28 GB/s only where GCC folded the
-    // activation loads into the FMAs (-mtune=znver3 at -O2); under this file's flags, 21-22
-    // GB/s and kiln generate 11.0-11.7 -> 10.0-10.5 tok/s. With the folded FMAs pinned by
-    // inline asm, 26.3-27.6 GB/s in the driver but kiln generate no faster (10.5-10.9 against
-    // 10.7-11.2 tok/s), and the driver's rates move 10-15% with the activations' address (64-byte
-    // aligned the slowest): not kept either.
+    // decode, 1 thread: 9.8-10.0 -> 10.6-10.8 tok/s). The limit left: the f32 activations
+    // (twice the bytes loaded per weight; kiln's exact order needs them) cost about 15% of the
+    // stream against llama.cpp's f16-activation loop (24.6-25.4 vs 28.0-30.0 GB/s over
+    // llama-1b-f16's matrices, 1 thread). The activations' address moves it 10-15% (MatMul
+    // places one token's: lib/backend/cpu/ops.cc). Four rows a pass sharing each activation load,
+    // with or without the loads folded into the FMAs, measured no faster in the engine.
     PrefetchStreamAhead(w + i * Loader::kBytes, kChunk * Loader::kBytes);
     for (int k = 0; k < 4; ++k) {
       const int64_t e = i + 16 * k;
