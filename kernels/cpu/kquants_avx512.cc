@@ -344,6 +344,221 @@ float VecDotQ6KAvx512(int64_t n, const void* vw, const void* va) {
       });
 }
 
+namespace {
+
+// ---- One token over many rows (decode): Q4_K / Q5_K, 4 rows a pass ----
+// The one-token vec_dot spends about 39 vector instructions on a 144-byte Q4_K super-block, so
+// one core cannot stream the weights faster than about 22 GB/s. Four rows a pass share what is
+// per token or per super-block: the token's Q8_K row is rearranged once a call (OneTokenQ8K) so
+// that a 64-byte load of qs needs no cross-lane shuffle (the low nibbles of qs[0..63] are
+// elements 0..31 | 64..95 and line up with one activation vector as they are); the four rows'
+// first 16 bytes (d, dmin, 12 scale bytes) sit one row per 128-bit lane, so one unpack, one min
+// product and one f16 conversion serve all four; the sixteen (super-block, row) integer sums
+// reduce together, and vec_dot's float step runs on sixteen lanes. Each output keeps vec_dot's
+// exact isum / msum and its IEEE operations in order: the same bits.
+
+// One token's Q8_K row, rearranged: per super-block i, qs[4i + c] for the nibble planes of
+// qs[0..63] (c = 0: low, 1: high) and qs[64..127] (c = 2, 3); sub_sums[i] the eight sub-block
+// sums (bsums pairs) as int16; d4[i] = d four times.
+struct OneTokenQ8K {
+  const __m512i* qs;
+  const __m128i* sub_sums;
+  const __m128* d4;
+};
+
+inline OneTokenQ8K RearrangeOneToken(const BlockQ8K* a, int64_t nb) {
+  const int64_t nb4 = (nb + 3) / 4 * 4;  // the float step reads d4 four super-blocks at a time
+  auto* base = static_cast<uint8_t*>(
+      kernels::ThreadScratch(0, nb * 4 * sizeof(__m512i) + nb4 * 2 * sizeof(__m128i)));
+  auto* qs = reinterpret_cast<__m512i*>(base);
+  auto* sub_sums = reinterpret_cast<__m128i*>(base + nb * 4 * sizeof(__m512i));
+  auto* d4 = reinterpret_cast<__m128*>(sub_sums + nb4);
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ8K& y = a[i];
+    for (int h = 0; h < 2; ++h) {
+      const int8_t* q = y.qs + 128 * h;
+      qs[4 * i + 2 * h] = Concat(Load256(q), Load256(q + 64));
+      qs[4 * i + 2 * h + 1] = Concat(Load256(q + 32), Load256(q + 96));
+    }
+    sub_sums[i] = _mm_hadd_epi16(Load128(y.bsums), Load128(y.bsums + 8));  // |sum| <= 32 * 128
+    d4[i] = _mm_set1_ps(y.d);
+  }
+  for (int64_t i = nb; i < nb4; ++i) d4[i] = _mm_setzero_ps();
+  return {qs, sub_sums, d4};
+}
+
+// vpermw controls: the int16 scale of every word of packs_epi32(P_lo, P_hi) for row r, picked
+// from the scales sc0..sc7 as words in 128-bit lane r. P_lo / P_hi are the vpdpbusd sums of the
+// low / high nibble plane of the 64-byte half h of qs: dwords 0..7 belong to sub-block 4h + (0 |
+// 1) and 8..15 to 4h + 2 + (0 | 1); packs puts dwords 4L..4L+3 of P_lo, then of P_hi, in 128-bit
+// lane L.
+struct OneTokenScaleControls {
+  alignas(64) int16_t ctl[4][2][32];  // [row][half h]
+  constexpr OneTokenScaleControls() : ctl() {
+    for (int r = 0; r < 4; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        for (int word = 0; word < 32; ++word) {
+          const int lane = word / 8;
+          const int sub_block = 4 * h + (lane < 2 ? 0 : 2) + (word % 8 < 4 ? 0 : 1);
+          ctl[r][h][word] = static_cast<int16_t>(8 * r + sub_block);
+        }
+      }
+    }
+  }
+};
+constexpr OneTokenScaleControls kOneTokenScale;
+
+// Dword k of 128-bit lane L: the sum of v[k]'s four dwords in lane L (k = 0..3).
+inline __m512i InLaneSums4(const __m512i v[4]) {
+  const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]),
+                                       _mm512_unpackhi_epi32(v[0], v[1]));  // [0 1 0 1] / lane
+  const __m512i a23 =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23),
+                          _mm512_unpackhi_epi64(a01, a23));  // [0 1 2 3] / lane
+}
+
+// 128-bit lane k: the sum of w[k]'s four 128-bit lanes (k = 0..3).
+inline __m512i CrossLaneSums4(const __m512i w[4]) {
+  const __m512i c01 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88),
+                                       _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
+  const __m512i c23 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2], w[3], 0x88),
+                                       _mm512_shuffle_i32x4(w[2], w[3], 0xDD));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(c01, c23, 0x88),
+                          _mm512_shuffle_i32x4(c01, c23, 0xDD));
+}
+
+// The Q4_K/Q5_K scale unpack (UnpackQ4KScalesVec) of four rows at once: lane r of `head` holds
+// row r's first 16 bytes [d | dmin, scale bytes 0..11]; lane r of the result [sc0..7, m0..7].
+inline __m512i UnpackQ4KScalesFourRows(__m512i head) {
+  const __m512i a = _mm512_shuffle_epi32(head, static_cast<_MM_PERM_ENUM>(0xED));  // [u0 u2 u1 u2]
+  const __m512i b = _mm512_shuffle_epi32(head, static_cast<_MM_PERM_ENUM>(0xA5));  // [u0 u0 u1 u1]
+  const __m512i low =
+      _mm512_and_si512(_mm512_srlv_epi32(a, _mm512_set4_epi32(4, 0, 0, 0)),
+                       _mm512_set4_epi32(0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F));
+  // low | (b >> 2 & [0, 0x30.., 0, 0x30..])
+  return _mm512_ternarylogic_epi32(low, _mm512_srli_epi32(b, 2),
+                                   _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0), 0xF8);
+}
+
+// How far ahead of each of the four row streams the weights are prefetched into L2. The hardware
+// prefetcher alone does not keep four interleaved streams going (llama-1b-q4_K decode, 1 thread,
+// kiln generate: 16 tok/s without, 41 at kStreamPrefetchBytes' 8 KiB, 44 at 16, 48-50 at 24-64;
+// into L1 at 8 KiB: 19). The legacy and float kernels measured no faster at 32 KiB.
+constexpr size_t kFourRowsPrefetchBytes = 32768;
+
+// out[0..3] for the four rows at w (stride w_stride) and the token `act`, each vec_dot's bits.
+template <bool kHasHighBit, typename Block>
+inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const OneTokenQ8K& act,
+                         float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  const __m512i zero = _mm512_setzero_si512();
+  // pair_index[4k + r] = 4r: the d | dmin dword of row r (lane r) into dword r of lane k.
+  const __m512i pair_index = _mm512_set4_epi32(12, 8, 4, 0);
+  // k_major[4k + r] = 4r + k: [row][super-block] -> [super-block][row].
+  const __m512i k_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m128 acc = _mm_setzero_ps();  // rows 0..3
+  // Super-blocks i0 .. i0 + count - 1 (count <= 4): the exact sums, then the float step.
+  auto four_super_blocks = [&](int64_t i0, int count) {
+    __m512i isum[4], msum[4];
+    __m512i pairs = zero;  // dword 4k + r: row r's d | dmin of super-block i0 + k
+    for (int k = 0; k < 4; ++k) {
+      if (k >= count) {
+        isum[k] = zero;
+        msum[k] = zero;
+        continue;
+      }
+      const int64_t i = i0 + k;
+      const uint8_t* b0 = w + i * sizeof(Block);
+      __m512i head = _mm512_castsi128_si512(Load128(b0));
+      head = _mm512_inserti32x4(head, Load128(b0 + w_stride), 1);
+      head = _mm512_inserti32x4(head, Load128(b0 + 2 * w_stride), 2);
+      head = _mm512_inserti32x4(head, Load128(b0 + 3 * w_stride), 3);
+      pairs = _mm512_mask_permutexvar_epi32(pairs, static_cast<__mmask16>(0xF << (4 * k)),
+                                            pair_index, head);
+      const __m512i scm = UnpackQ4KScalesFourRows(head);
+      msum[k] = _mm512_madd_epi16(_mm512_unpackhi_epi8(scm, zero),
+                                  _mm512_broadcast_i32x4(act.sub_sums[i]));
+      const __m512i sc16 = _mm512_unpacklo_epi8(scm, zero);  // lane r: row r's sc0..7
+      __m512i row_sums[4];
+      for (int r = 0; r < 4; ++r) {
+        const Block& blk = *reinterpret_cast<const Block*>(b0 + r * w_stride);
+        for (size_t off = 0; off < sizeof(Block); off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(&blk) + kFourRowsPrefetchBytes + off,
+                       _MM_HINT_T1);
+        }
+        __m512i hbx;
+        if constexpr (kHasHighBit) {
+          const __m256i hb = Load256(blk.qh);
+          hbx = Concat(hb, _mm256_srli_epi16(hb, 2));  // bytes 32..63 see bit t + 2
+        }
+        __m512i x[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m512i q = Load512(blk.qs + 64 * h);
+          __m512i lo = _mm512_and_si512(q, m4);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+          if constexpr (kHasHighBit) {
+            const __mmask64 hl = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
+            const __mmask64 hh = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(2 << (4 * h)));
+            lo = _mm512_mask_add_epi8(lo, hl, lo, v16);
+            hi = _mm512_mask_add_epi8(hi, hh, hi, v16);
+          }
+          // |P| <= 4 * 31 * 128: packs to int16 exactly.
+          const __m512i p_lo = _mm512_dpbusd_epi32(zero, lo, act.qs[4 * i + 2 * h]);
+          const __m512i p_hi = _mm512_dpbusd_epi32(zero, hi, act.qs[4 * i + 2 * h + 1]);
+          x[h] = _mm512_packs_epi32(p_lo, p_hi);
+        }
+        const __m512i s0 =
+            _mm512_permutexvar_epi16(_mm512_load_si512(kOneTokenScale.ctl[r][0]), sc16);
+        const __m512i s1 =
+            _mm512_permutexvar_epi16(_mm512_load_si512(kOneTokenScale.ctl[r][1]), sc16);
+        row_sums[r] = _mm512_dpwssd_epi32(_mm512_madd_epi16(x[0], s0), x[1], s1);
+      }
+      isum[k] = InLaneSums4(row_sums);
+    }
+    const __m512i isum_k = CrossLaneSums4(isum);                                  // [k][r]
+    const __m512i msum_k = _mm512_permutexvar_epi32(k_major, InLaneSums4(msum));  // [k][r]
+    // vec_dot's float step (FinishFourSuperBlocksF16) on 16 lanes: t = (a.d * d) * isum -
+    // (a.d * dmin) * msum, added to each row's sum in super-block order.
+    const __m512 ad = _mm512_loadu_ps(reinterpret_cast<const float*>(act.d4 + i0));
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+    const __m512 t =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(ad, d), _mm512_cvtepi32_ps(isum_k)),
+                      _mm512_mul_ps(_mm512_mul_ps(ad, dmin), _mm512_cvtepi32_ps(msum_k)));
+    acc = _mm_add_ps(acc, _mm512_castps512_ps128(t));
+    if (count > 1) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 1));
+    if (count > 2) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 2));
+    if (count > 3) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 3));
+  };
+  int64_t i0 = 0;
+  for (; i0 + 4 <= nb; i0 += 4) four_super_blocks(i0, 4);
+  if (i0 < nb) four_super_blocks(i0, static_cast<int>(nb - i0));
+  _mm_storeu_ps(out, acc);
+}
+
+// One token (a: one Q8_K row) over n_rows rows: four at a time, the rest by vec_dot.
+template <bool kHasHighBit, typename Block>
+inline void OneTokenRowsQ45K512(int64_t n, const void* vw, size_t w_stride, int n_rows,
+                                const void* va, float* out) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  const int64_t nb = n / kQK;
+  int r = 0;
+  if (n_rows >= 4) {
+    const OneTokenQ8K act = RearrangeOneToken(a, nb);
+    for (; r + 4 <= n_rows; r += 4) {
+      Q45KFourRows<kHasHighBit, Block>(nb, w + r * w_stride, w_stride, act, out + r);
+    }
+  }
+  for (; r < n_rows; ++r) {
+    out[r] = VecDotQ45KAvx512<kHasHighBit>(n, reinterpret_cast<const Block*>(w + r * w_stride), a);
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
 // Fewer than 8 tokens: a weight super-block is unpacked once (codes and per-lane scales in
@@ -689,7 +904,7 @@ inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_row
 
 void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ4KAvx512, n, w, w_stride, n_rows, a, out);
+  if (n_tokens == 1) return OneTokenRowsQ45K512<false, BlockQ4K>(n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ4K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); },
@@ -697,7 +912,7 @@ void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, 
 }
 void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ5KAvx512, n, w, w_stride, n_rows, a, out);
+  if (n_tokens == 1) return OneTokenRowsQ45K512<true, BlockQ5K>(n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ5K, false>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); },

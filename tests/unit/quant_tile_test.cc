@@ -865,10 +865,13 @@ TEST(VecDotTileKQuants, RegisteredForEveryLevelAboveScalar) {
 // Every output of the tile equals the scalar reference vec_dot bitwise (and so the level's own
 // vec_dot): row lengths of 1..8 super-blocks (every tail of the 4-super-block float groups),
 // token counts covering the 8/4-token passes and their 4 + 2 + 1 tails, one token over several
-// rows (the row vec_dot path), the AVX-512 packed path's 16-token groups (full, partial, and more
-// than one pass of 64 tokens) with row counts around its 4-row blocks, padded strides,
-// out_stride past n_rows left untouched.
+// rows (the AVX-512 four-row blocks and the rows after them), the AVX-512 packed path's 16-token
+// groups (full, partial, and more than one pass of 64 tokens) with row counts around its 4-row
+// blocks, padded strides, out_stride past n_rows left untouched.
 TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
+  constexpr std::pair<int, int> kShapes[] = {{1, 1},  {6, 1},  {9, 1}, {3, 2},  {5, 7},
+                                             {16, 9}, {2, 15}, {4, 8}, {1, 17}, {7, 3},
+                                             {9, 33}, {5, 64}, {6, 70}};  // rows x tokens
   std::mt19937 rng(77);
   int checked = 0;
   for (CpuLevel level : Levels()) {
@@ -878,9 +881,7 @@ TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
       ASSERT_NE(k, nullptr);
       if (k->vec_dot_tile == nullptr) continue;
       for (int64_t n : {256, 512, 768, 1024, 1280, 2048}) {
-        for (auto [rows, tokens] :
-             {std::pair{1, 1}, {6, 1}, {3, 2}, {5, 7}, {16, 9}, {2, 15}, {4, 8}, {1, 17}, {7, 3},
-              {9, 33}, {5, 64}, {6, 70}}) {
+        for (auto [rows, tokens] : kShapes) {
           const size_t w_stride = RowBytes(type, n) + (rows % 2) * 5;
           const size_t a_stride = RowBytes(GgmlType::kQ8_K, n) + (tokens % 2) * 3;
           const std::vector<uint8_t> w = RandomRows(type, n, rows, w_stride, rng);
