@@ -490,8 +490,7 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
         }
         __m512i hbx;
         if constexpr (kHasHighBit) {
-          const __m256i hb = Load256(blk.qh);
-          hbx = Concat(hb, _mm256_srli_epi16(hb, 2));  // bytes 32..63 see bit t + 2
+          hbx = _mm512_broadcast_i64x4(Load256(blk.qh));
         }
         __m512i x[2];
         for (int h = 0; h < 2; ++h) {
@@ -499,8 +498,12 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
           __m512i lo = _mm512_and_si512(q, m4);
           __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
           if constexpr (kHasHighBit) {
-            const __mmask64 hl = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(1 << (4 * h)));
-            const __mmask64 hh = _mm512_test_epi8_mask(hbx, _mm512_set1_epi8(2 << (4 * h)));
+            // Bytes 0..31 of the low plane take bit 4h of qh, bytes 32..63 bit 4h + 2; the high
+            // plane the next bit up.
+            const __m512i bit_lo = Concat(_mm256_set1_epi8(static_cast<char>(1 << (4 * h))),
+                                          _mm256_set1_epi8(static_cast<char>(4 << (4 * h))));
+            const __mmask64 hl = _mm512_test_epi8_mask(hbx, bit_lo);
+            const __mmask64 hh = _mm512_test_epi8_mask(hbx, _mm512_add_epi8(bit_lo, bit_lo));
             lo = _mm512_mask_add_epi8(lo, hl, lo, v16);
             hi = _mm512_mask_add_epi8(hi, hh, hi, v16);
           }
