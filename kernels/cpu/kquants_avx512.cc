@@ -560,15 +560,116 @@ inline void OneTokenRowsQ45K512(int64_t n, const void* vw, size_t w_stride, int 
   }
 }
 
+// ---- One token over many rows (decode): Q6_K, 4 rows a pass ----
+// As Q45KFourRows, for Q6_K: its codes need no rearranged activations (Q6KCodes512 lines them up
+// with the Q8_K bytes as they are); two rows' 16 int8 scales widen in one instruction; the
+// "- 32" correction (-32 * sum_g s_g * bsums_g) is one masked vpdpwssd per row into its own
+// sums (32 s_g against -bsums_g: both fit int16); the sixteen d of four super-blocks come in one
+// gather. Same bits as vec_dot.
+inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const BlockQ8K* a,
+                        float* out) {
+  const __m512i zero = _mm512_setzero_si512();
+  // d_offset[4k + r]: where row r's f16 d of super-block k (of a group of four) ends, read as
+  // the high half of the dword at d - 2 (inside the block: no read past the last row).
+  constexpr int kDOffset = static_cast<int>(offsetof(BlockQ6K, d)) - 2;
+  const int s = static_cast<int>(w_stride), b = static_cast<int>(sizeof(BlockQ6K));
+  const __m512i d_offset =
+      _mm512_add_epi32(_mm512_setr_epi32(0, s, 2 * s, 3 * s, b, b + s, b + 2 * s, b + 3 * s, 2 * b,
+                                         2 * b + s, 2 * b + 2 * s, 2 * b + 3 * s, 3 * b, 3 * b + s,
+                                         3 * b + 2 * s, 3 * b + 3 * s),
+                       _mm512_set1_epi32(kDOffset));
+  const __m512i scale_index[2][2] = {
+      // [row parity][packs pair]
+      {_mm512_load_si512(kScaleIndex.packed_group[0]),
+       _mm512_load_si512(kScaleIndex.packed_group[1])},
+      {_mm512_add_epi16(_mm512_load_si512(kScaleIndex.packed_group[0]), _mm512_set1_epi16(16)),
+       _mm512_add_epi16(_mm512_load_si512(kScaleIndex.packed_group[1]), _mm512_set1_epi16(16))}};
+  __m128 acc = _mm_setzero_ps();  // rows 0..3
+  auto four_super_blocks = [&](int64_t i0, int count) {
+    __m512i isum[4];
+    for (int k = 0; k < 4; ++k) {
+      if (k >= count) {
+        isum[k] = zero;
+        continue;
+      }
+      const int64_t i = i0 + k;
+      const BlockQ8K& y = a[i];
+      const uint8_t* b0 = w + i * sizeof(BlockQ6K);
+      auto row = [&](int r) -> const BlockQ6K& {
+        return *reinterpret_cast<const BlockQ6K*>(b0 + r * w_stride);
+      };
+      // s16[p]: rows 2p, 2p + 1's sixteen scales as int16 (row 2p in words 0..15).
+      __m512i s16[2], s32[2];
+      for (int p = 0; p < 2; ++p) {
+        s16[p] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(Load128(row(2 * p).scales)), Load128(row(2 * p + 1).scales), 1));
+        s32[p] = _mm512_slli_epi16(s16[p], 5);
+      }
+      const __m512i neg_bsums = _mm512_sub_epi16(zero, _mm512_broadcast_i64x4(Load256(y.bsums)));
+      __m512i row_sums[4];
+      for (int r = 0; r < 4; ++r) {
+        const BlockQ6K& blk = row(r);
+        for (size_t off = 0; off < sizeof(BlockQ6K); off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(&blk) + kFourRowsPrefetchBytes + off,
+                       _MM_HINT_T1);
+        }
+        __m512i codes[4];
+        Q6KCodes512(blk, codes);
+        __m512i p[4];  // |P| <= 4 * 63 * 128: packs to int16 exactly
+        for (int c = 0; c < 4; ++c) {
+          p[c] = _mm512_dpbusd_epi32(zero, codes[c], Load512(y.qs + 64 * c));
+        }
+        const __m512i sw = s16[r / 2];
+        __m512i sum = _mm512_dpwssd_epi32(
+            _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]),
+                              _mm512_permutexvar_epi16(scale_index[r % 2][0], sw)),
+            _mm512_packs_epi32(p[2], p[3]), _mm512_permutexvar_epi16(scale_index[r % 2][1], sw));
+        // Row r's words of s32 meet -bsums in dwords 0..7 (even r) or 8..15 (odd r).
+        row_sums[r] = _mm512_mask_dpwssd_epi32(sum, r % 2 ? 0xFF00 : 0x00FF, s32[r / 2], neg_bsums);
+      }
+      isum[k] = InLaneSums4(row_sums);
+    }
+    const __m512i isum_k = CrossLaneSums4(isum);  // [k][r]
+    const __mmask16 valid = static_cast<__mmask16>((1u << (4 * count)) - 1);
+    const __m512i d_dwords =
+        _mm512_mask_i32gather_epi32(zero, valid, d_offset, w + i0 * sizeof(BlockQ6K), 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d_dwords, 16)));
+    alignas(16) float ad4[4] = {};
+    for (int k = 0; k < count; ++k) ad4[k] = a[i0 + k].d;
+    const __m512 ad =
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                              _mm512_castps128_ps512(_mm_load_ps(ad4)));
+    // vec_dot's float step (FinishFourSuperBlocksF16<false>): t = (a.d * d) * isum.
+    const __m512 t = _mm512_mul_ps(_mm512_mul_ps(ad, d), _mm512_cvtepi32_ps(isum_k));
+    acc = _mm_add_ps(acc, _mm512_castps512_ps128(t));
+    if (count > 1) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 1));
+    if (count > 2) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 2));
+    if (count > 3) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 3));
+  };
+  int64_t i0 = 0;
+  for (; i0 + 4 <= nb; i0 += 4) four_super_blocks(i0, 4);
+  if (i0 < nb) four_super_blocks(i0, static_cast<int>(nb - i0));
+  _mm_storeu_ps(out, acc);
+}
+
+inline void OneTokenRowsQ6K512(int64_t n, const void* vw, size_t w_stride, int n_rows,
+                               const void* va, float* out) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  const auto* a = static_cast<const BlockQ8K*>(va);
+  int r = 0;
+  for (; r + 4 <= n_rows; r += 4) Q6KFourRows(n / kQK, w + r * w_stride, w_stride, a, out + r);
+  for (; r < n_rows; ++r) out[r] = VecDotQ6KAvx512(n, w + r * w_stride, a);
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // vec_dot_tile (Q4_K, Q5_K, Q6_K): rows x tokens, each output bit for bit the vec_dot above.
-// Fewer than 8 tokens: a weight super-block is unpacked once (codes and per-lane scales in
-// registers) and dotted with the super-block of up to 4 tokens; each (row, token) keeps vec_dot's
-// own float sequence (FinishSuperBlocks over groups of 4 super-blocks, in order). 8 or more: the
-// packed path below (16 tokens across the lanes). Both read the GGUF blocks as they are: no
-// repacked copy of the weights.
+// One token: four rows a pass (Q45KFourRows, Q6KFourRows above). 2..7 tokens: a weight
+// super-block is unpacked once (codes and per-lane scales in registers) and dotted with the
+// super-block of up to 4 tokens; each (row, token) keeps vec_dot's own float sequence
+// (FinishSuperBlocks over groups of 4 super-blocks, in order). 8 or more: the packed path below
+// (16 tokens across the lanes). All read the GGUF blocks as they are: no repacked copy of the
+// weights.
 
 namespace {
 
@@ -923,7 +1024,7 @@ void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, 
 }
 void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return VecDotRowsOneToken(VecDotQ6KAvx512, n, w, w_stride, n_rows, a, out);
+  if (n_tokens == 1) return OneTokenRowsQ6K512(n, w, w_stride, n_rows, a, out);
   VecDotTileK512<BlockQ6K, true>(
       n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
       [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); },
