@@ -93,6 +93,16 @@ struct OpKernels {
   // d % 16 elements follow one FMA each: scores[g * score_stride + j] = s.
   void (*kv_scores_rows)(const float* q, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                          KvElem elem, int64_t d, float* scores, int64_t score_stride);
+  // kiln's batch-invariant scores against q8_0 K rows, with the queries quantized too (q8: n_q
+  // rows of d / 32 block_q8_0, as MatMul's Q8_0 activation quantizer writes them; d % 32 == 0,
+  // d <= 1024):
+  // for each visible row j and head g, s = +0, then for each block b in order
+  //   s = fma(f32(dk_b) * f32(dq_b), float(isum_b), s),   isum_b = the exact int32 sum of the
+  // block's 32 int8 products; scores[g * score_stride + j] = s. (kv_scores_rows on a q8_0 row
+  // widens it and runs f32 FMAs, which bound a q8_0 cache's decode by their compute; the integer
+  // dot needs no conversion.)
+  void (*kv_scores_rows_q8_0)(const void* q8, int64_t n_q, const void* const* k_rows,
+                              int64_t n_rows, int64_t d, float* scores, int64_t score_stride);
   // kiln's batch-invariant V side (AttentionOrder::kBatchInvariant), no lanes: for each of n_q
   // heads g and element i one FMA chain over the visible rows in index order, continuing from
   // out's value (the caller zeroes out first; a later call continues the chains with more rows):

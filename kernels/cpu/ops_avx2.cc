@@ -485,6 +485,40 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
   }
 }
 
+// kv_scores_rows_q8_0 (op_kernels.h): per row, head and block the 32 products go through
+// vpmaddubsw on |k| and q with k's sign (pair sums at most 2 * 128 * 127: no int16 saturation),
+// then one horizontal sum.
+void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                      int64_t d, float* scores, int64_t score_stride) {
+  const int64_t nb = d / 32;
+  const auto* q = static_cast<const uint8_t*>(q8);
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto scale = [](const uint8_t* block) {
+    uint16_t h;
+    std::memcpy(&h, block, 2);
+    return Fp16ToFp32(h);
+  };
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const auto* k = static_cast<const uint8_t*>(k_rows[j]);
+    for (int64_t g = 0; g < n_q; ++g) {
+      float s = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* kb = k + 34 * b;
+        const uint8_t* qb = q + (g * nb + b) * 34;
+        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + 2));
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 2));
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(kv), _mm256_sign_epi8(qv, kv));
+        const __m256i sums = _mm256_madd_epi16(pairs, ones);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        s = std::fma(scale(kb) * scale(qb), static_cast<float>(_mm_cvtsi128_si32(t)), s);
+      }
+      scores[g * score_stride + j] = s;
+    }
+  }
+}
+
 // kv_accumulate_rows (op_kernels.h), in groups of up to 4 heads.
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
@@ -717,6 +751,7 @@ void FillOpKernelsAvx2(OpKernels* k) {
   k->swiglu = SwiGlu;
   k->softmax_exp = SoftmaxExp;
   k->kv_scores_rows = KvScoresRows;
+  k->kv_scores_rows_q8_0 = KvScoresRowsQ8_0;
   k->kv_accumulate_rows = KvAccumulateRows;
   k->geglu = GeGlu;  // element-wise: the same bits as the scalar definition
   k->add = Add;

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/f16_avx512.h"
 #include "kernels/cpu/kv_elem_dispatch.h"
 #include "kernels/cpu/op_kernels.h"
+#include "kernels/cpu/transpose_avx512.h"
 #include "kernels/cpu/unroll.h"
 #include "lib/common/half.h"
 
@@ -490,6 +492,80 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   });
 }
 
+// kv_scores_rows_q8_0 (op_kernels.h), 16 rows a pass. Each pair of blocks of the 16 rows (their
+// 64 int8) is transposed once, so that one register holds the same 4 bytes of all 16 rows; each 4
+// query bytes, broadcast, then meet the 16 rows in one vpdpbusd, and each lane ends with its
+// row's exact block sums, no horizontal sums. vpdpbusd multiplies unsigned by signed bytes: K is
+// read as k ^ 0x80 = k + 128, and 128 * (the query block's sum) starts the chain below zero.
+void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                      int64_t d, float* scores, int64_t score_stride) {
+  constexpr int64_t kBlockBytes = 34;
+  const int64_t nb = d / 32, n_pairs = (nb + 1) / 2;
+  const auto* q = static_cast<const uint8_t*>(q8);
+  alignas(64) static const uint8_t kZeroRow[kBlockBytes * 32] = {};  // d <= 1024
+  alignas(64) __m512i k_t[16 * 16];  // [pair][dword k]: dword k of the pair's 64 bytes, 16 rows
+  alignas(64) float dk[32][16];      // [block][row]
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t row_bytes = nb * kBlockBytes;
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
+    const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
+    PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
+                 std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
+    const uint8_t* row[16];
+    for (int r = 0; r < 16; ++r) {
+      row[r] = r < rows ? static_cast<const uint8_t*>(k_rows[j0 + r]) : kZeroRow;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(32) uint16_t h[16];
+      for (int r = 0; r < 16; ++r) std::memcpy(&h[r], row[r] + b * kBlockBytes, 2);
+      _mm512_store_ps(dk[b], _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(h))));
+    }
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      const bool two = 2 * p + 1 < nb;
+      __m512i* t = k_t + 16 * p;
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* blocks = row[r] + 2 * p * kBlockBytes + 2;
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks));
+        const __m256i hi =
+            two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks + kBlockBytes))
+                : _mm256_setzero_si256();
+        t[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bias);
+      }
+      Transpose16x16(t);
+    }
+    const __mmask16 m = TailMask(rows);
+    for (int64_t g = 0; g < n_q; ++g) {
+      const uint8_t* qg = q + g * nb * kBlockBytes;
+      __m512 s = _mm512_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* qb = qg + b * kBlockBytes;
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 2));
+        // 128 * sum(q): the sum of (q + 128) over the 32 bytes, less 32 * 128.
+        const __m256i sad =
+            _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8(static_cast<char>(0x80))),
+                            _mm256_setzero_si256());
+        const __m128i sad2 =
+            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int32_t q_sum = static_cast<int32_t>(_mm_cvtsi128_si64(
+                                  _mm_add_epi64(sad2, _mm_unpackhi_epi64(sad2, sad2)))) -
+                              32 * 128;
+        const __m512i* t = k_t + 16 * (b / 2) + 8 * (b % 2);
+        __m512i acc[2] = {_mm512_set1_epi32(-128 * q_sum), _mm512_setzero_si512()};
+        for (int k = 0; k < 8; ++k) {
+          int32_t qd;
+          std::memcpy(&qd, qb + 2 + 4 * k, 4);
+          acc[k % 2] = _mm512_dpbusd_epi32(acc[k % 2], t[k], _mm512_set1_epi32(qd));
+        }
+        uint16_t hq;
+        std::memcpy(&hq, qb, 2);
+        const __m512 scale = _mm512_mul_ps(_mm512_load_ps(dk[b]), _mm512_set1_ps(Fp16ToFp32(hq)));
+        s = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0], acc[1])), s);
+      }
+      _mm512_mask_storeu_ps(scores + g * score_stride + j0, m, s);
+    }
+  }
+}
+
 // NQ heads x 64 columns [c0, c0 + 64) per pass over the rows (kFull: all 64 inside d; otherwise
 // the tail of d, masked), one V element type, continuing the chains in out: 4 * NQ accumulators
 // stay in registers, each V slice is widened once for the NQ heads.
@@ -615,6 +691,7 @@ void FillOpKernelsAvx512(OpKernels* k) {
   k->kv_scores = KvScores;
   k->softmax_exp = SoftmaxExp;
   k->kv_accumulate_groups = KvAccumulateGroups;
+  k->kv_scores_rows_q8_0 = KvScoresRowsQ8_0;
   k->kv_scores_rows = KvScoresRows;  // PagedAttention calls it for d % 16 == 0 only
   k->kv_accumulate_rows = KvAccumulateRows;
   k->reduce_lanes = ReduceLanes;

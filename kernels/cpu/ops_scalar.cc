@@ -213,6 +213,33 @@ void KvScoresRows(const float* q, int64_t n_q, const void* const* k_rows, int64_
   }
 }
 
+void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, int64_t n_rows,
+                      int64_t d, float* scores, int64_t score_stride) {
+  const int64_t nb = d / 32;
+  const auto* q = static_cast<const uint8_t*>(q8);
+  auto scale = [](const uint8_t* block) {
+    uint16_t h;
+    std::memcpy(&h, block, 2);
+    return Fp16ToFp32(h);
+  };
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const auto* k = static_cast<const uint8_t*>(k_rows[j]);
+    for (int64_t g = 0; g < n_q; ++g) {
+      float s = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* kb = k + 34 * b;
+        const uint8_t* qb = q + (g * nb + b) * 34;
+        int32_t isum = 0;
+        for (int i = 2; i < 34; ++i) {
+          isum += static_cast<int8_t>(kb[i]) * static_cast<int8_t>(qb[i]);
+        }
+        s = std::fma(scale(kb) * scale(qb), static_cast<float>(isum), s);
+      }
+      scores[g * score_stride + j] = s;
+    }
+  }
+}
+
 void KvAccumulateRows(float* out, const float* p, int64_t p_stride, int64_t n_q,
                       const void* const* v_rows, int64_t n_rows, KvElem elem, int64_t d) {
   float v[1024];  // one widened V row
@@ -291,6 +318,7 @@ void FillOpKernelsScalar(OpKernels* k) {
   k->reduce_lanes = ReduceAttnLanes;
   k->kv_accumulate = KvAccumulate;
   k->kv_scores_rows = KvScoresRows;
+  k->kv_scores_rows_q8_0 = KvScoresRowsQ8_0;
   k->kv_accumulate_rows = KvAccumulateRows;
   k->q8_0_dot_ggml = Q8_0DotGgml;
 }

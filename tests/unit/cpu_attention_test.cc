@@ -104,6 +104,43 @@ TEST(BatchInvariantKernelsTest, SameBitsAtEveryLevel) {
   }
 }
 
+// Every level's kv_scores_rows_q8_0 gives the scalar definition's bits: head counts and row
+// counts around the 16-row passes, odd block counts (d 96, 288), and the int8 extremes (K rows of
+// -128 and of 127, query blocks of -127 and 127) where unsigned-times-signed tricks overflow.
+TEST(BatchInvariantKernelsTest, Q8_0ScoresSameBitsAtEveryLevel) {
+  std::mt19937 rng(41);
+  const OpKernels& scalar = GetOpKernels(CpuLevel::kScalar);
+  for (int64_t d : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{288}}) {
+    for (int64_t n_q : {1, 3, 4, 9, 24}) {
+      for (int64_t n_rows : {1, 5, 16, 17, 40}) {
+        SCOPED_TRACE(::testing::Message() << "d " << d << " n_q " << n_q << " rows " << n_rows);
+        std::vector<uint8_t> rows = RandomKvRows(KvElem::kQ8_0, n_rows, d, rng);
+        const int64_t row_bytes = d / 32 * 34;
+        for (int64_t b = 0; b < d / 32; ++b) {  // rows 0 and 1: every int8 at an extreme
+          std::memset(rows.data() + b * 34 + 2, 0x80, 32);
+          if (n_rows > 1) std::memset(rows.data() + row_bytes + b * 34 + 2, 0x7F, 32);
+        }
+        std::vector<const void*> row_ptrs;
+        for (int64_t r = n_rows - 1; r >= 0; --r) row_ptrs.push_back(rows.data() + r * row_bytes);
+        std::vector<float> q = RandomVector(n_q * d, rng, -2.0f, 2.0f);
+        for (int64_t i = 0; i < d; ++i) q[i] = i < 32 ? -1.5f : 1.5f;  // head 0: q of -127, 127
+        std::vector<uint8_t> q8(n_q * row_bytes);
+        ActivationQuantizer(GgmlType::kQ8_0, CpuLevel::kScalar)(q.data(), q8.data(), n_q * d);
+        const int64_t stride = n_rows + 2;
+        std::vector<float> want(n_q * stride, -3.0f);
+        scalar.kv_scores_rows_q8_0(q8.data(), n_q, row_ptrs.data(), n_rows, d, want.data(), stride);
+        for (CpuLevel level : Levels()) {
+          SCOPED_TRACE(CpuLevelName(level));
+          std::vector<float> got(n_q * stride, -3.0f);
+          GetOpKernels(level).kv_scores_rows_q8_0(q8.data(), n_q, row_ptrs.data(), n_rows, d,
+                                                  got.data(), stride);
+          EXPECT_TRUE(SameBits(got, want));
+        }
+      }
+    }
+  }
+}
+
 // Every level's kv_scores, kv_accumulate, kv_accumulate_groups, reduce_lanes and round_f16 give
 // the scalar definitions' bits: each element type, both lane counts, column tails, lane offsets
 // that wrap, and (round_f16) ties, subnormals, overflow and NaN.
@@ -273,6 +310,13 @@ struct AttnShape {
   int32_t n_heads, n_kv_heads, head_dim, block_size;
 };
 
+// What kiln's batch-invariant order multiplies K by: q as it is, or for a q8_0 cache q on the
+// Q8_0 grid (head_dim % 32 == 0, so no block spans two heads).
+std::vector<float> QueryAsScored(const float* q, int64_t n, GgmlType cache_type) {
+  if (cache_type == GgmlType::kQ8_0) return testing::OnQ8_0Grid(q, n);
+  return std::vector<float>(q, q + n);
+}
+
 TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
   std::mt19937 rng(8);
   ThreadPool pool1(1), pool2(2);
@@ -325,13 +369,14 @@ TEST(PagedAttentionTest, CausalMatchesContiguousReferenceAndIsBatchInvariant) {
       for (int32_t t = 0; t < n_tokens; ++t) {
         // Reference over the contiguous copy: |diff| <= 2e-5 (f32 online softmax vs double). The
         // default (batch-invariant) order keeps q and the softmax weights in f32, also with an
-        // f16 cache (no rounding to f16 on either side).
+        // f16 cache (no rounding to f16 on either side); a q8_0 cache's K meets q in Q8_0 blocks.
         std::vector<int32_t> visible(n_visible[t]);
         for (int32_t j = 0; j < n_visible[t]; ++j) visible[j] = j;
         std::vector<float> expect(qsize);
         const SeqKv& s = seqs[seq_of[t]];
-        ref::Attention(q.data() + t * qsize, sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(),
-                       s.v.data(), visible, scale, expect.data(), /*round_to_f16=*/false);
+        ref::Attention(QueryAsScored(q.data() + t * qsize, qsize, type).data(), sh.n_heads,
+                       sh.n_kv_heads, sh.head_dim, s.k.data(), s.v.data(), visible, scale,
+                       expect.data(), /*round_to_f16=*/false);
         for (int64_t i = 0; i < qsize; ++i) {
           ASSERT_NEAR(out2[t * qsize + i], expect[i], 2e-5f) << "token " << t << " i " << i;
         }
@@ -440,10 +485,11 @@ TEST(PagedAttentionTest, TreeMaskEqualsEachRootToNodePath) {
         ASSERT_NEAR(out[node * qsize + i], expect[i], 1e-5f) << "i " << i;
       }
       // And the double-precision reference over the visible slots (the default order keeps q
-      // and the softmax weights in f32).
+      // and the softmax weights in f32; q8_0 K meets q in Q8_0 blocks).
       std::vector<float> ref_out(qsize);
-      ref::Attention(q.data() + node * qsize, n_heads, n_kv, d, seq.k.data(), seq.v.data(), src_pos,
-                     1.0f / 8.0f, ref_out.data(), /*round_to_f16=*/false);
+      ref::Attention(QueryAsScored(q.data() + node * qsize, qsize, type).data(), n_heads, n_kv, d,
+                     seq.k.data(), seq.v.data(), src_pos, 1.0f / 8.0f, ref_out.data(),
+                     /*round_to_f16=*/false);
       for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(out[node * qsize + i], ref_out[i], 2e-5f);
     }
   }
@@ -572,8 +618,9 @@ TEST(PagedAttentionTest, DecodeSplitOverThreadsGivesTheSameBits) {
         for (int32_t j = c.first; j < c.n_visible; ++j) visible.push_back(j);
         visible.insert(visible.end(), c.extras.begin(), c.extras.end());
         std::vector<float> expect(qsize);
-        ref::Attention(q.data(), sh.n_heads, sh.n_kv_heads, sh.head_dim, s.k.data(), s.v.data(),
-                       visible, scale, expect.data(), /*round_to_f16=*/false);
+        ref::Attention(QueryAsScored(q.data(), qsize, type).data(), sh.n_heads, sh.n_kv_heads,
+                       sh.head_dim, s.k.data(), s.v.data(), visible, scale, expect.data(),
+                       /*round_to_f16=*/false);
         for (int64_t i = 0; i < qsize; ++i) ASSERT_NEAR(want[i], expect[i], 2e-5f) << "i " << i;
         for (ThreadPool* pool : {&pool2, &pool3, &pool4}) {
           for (CpuLevel level : Levels()) {

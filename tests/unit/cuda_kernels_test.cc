@@ -31,6 +31,7 @@
 #include "lib/kv/kv_cache.h"
 #include "lib/quant/quant.h"
 #include "lib/sample/sampler.h"
+#include "tests/common/cpu_test_util.h"
 #include "tests/common/cuda_test_util.h"
 
 namespace kiln {
@@ -130,6 +131,12 @@ AttentionCase MakeAttentionCase(const absl::StatusOr<KvLayout>& layout, int32_t 
   EXPECT_TRUE(BuildTreeVisibility(parent, Iota(5, 20), c.extra_indptr, c.extra_positions).ok());
   if (layout->kind() == KvAttentionKind::kMla) return c;
   c.q = RandomVector(size_t(c.n_tokens()) * n_heads * layout->head_dim(), rng, -2.0f, 2.0f);
+  if (layout->elem_type() == GgmlType::kQ8_0) {
+    // On the Q8_0 grid: the CPU's default order scores a q8_0 K against q rounded to Q8_0 blocks
+    // (kv_scores_rows_q8_0), the device kernel against q in f32; for a q already on the grid
+    // the rounding changes nothing, so both compute the same products.
+    c.q = testing::OnQ8_0Grid(c.q.data(), c.q.size());
+  }
   c.cpu_out.resize(c.q.size());
   EXPECT_TRUE(cpu.Attention(*c.cache, AttentionCase::kLayer, c.Mask(), c.q.data(), n_heads,
                             c.cpu_out.data(), 0.0f)

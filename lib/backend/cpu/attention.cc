@@ -4,6 +4,7 @@
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
+#include "lib/quant/activation.h"
 
 namespace kiln::cpu {
 namespace {
@@ -159,6 +160,39 @@ constexpr int64_t kMaxChunkTokens = 8;
 
 size_t Align64(size_t bytes) { return (bytes + 63) & ~size_t{63}; }
 
+// Bytes of one head's query quantized to Q8_0 blocks (for kv_scores_rows_q8_0).
+size_t Q8RowBytes(int64_t d) { return static_cast<size_t>(d / 32 * 34); }
+
+// The scores of n_q heads (q: [n_q, d] floats, q8: the same quantized to Q8_0 blocks when K is
+// q8_0) against n rows: kv_scores_rows, or for a q8_0 cache kv_scores_rows_q8_0 (op_kernels.h).
+struct ScoresKernel {
+  const OpKernels& k;
+  KvElem k_elem;
+  int64_t d;
+  QuantizeRowFn quantize_q8 = nullptr;  // set for a q8_0 K cache
+
+  ScoresKernel(const OpKernels& kernels, KvElem elem, int64_t head_dim, CpuLevel level)
+      : k(kernels), k_elem(elem), d(head_dim) {
+    if (elem == KvElem::kQ8_0) quantize_q8 = ActivationQuantizer(GgmlType::kQ8_0, level);
+  }
+  // q8[h] = heads [0, n_q) of q quantized (a no-op unless K is q8_0).
+  void Quantize(const float* q, int64_t n_q, uint8_t* q8) const {
+    if (quantize_q8 == nullptr) return;
+    for (int64_t h = 0; h < n_q; ++h) quantize_q8(q + h * d, q8 + h * Q8RowBytes(d), d);
+  }
+  void operator()(const float* q, const uint8_t* q8, int64_t n_q, const void* const* rows,
+                  int64_t n_rows, float* scores, int64_t stride) const {
+    if (quantize_q8 != nullptr) {
+      k.kv_scores_rows_q8_0(q8, n_q, rows, n_rows, d, scores, stride);
+    } else if (d % 16 == 0) {
+      k.kv_scores_rows(q, n_q, rows, n_rows, k_elem, d, scores, stride);
+    } else {
+      GetOpKernels(CpuLevel::kScalar)
+          .kv_scores_rows(q, n_q, rows, n_rows, k_elem, d, scores, stride);
+    }
+  }
+};
+
 // list[p - from] = the cache row of position p of one sequence (its block table `blocks`, kv head
 // h, `offset` bytes into the row) for p in [from, to). Walks the table block by block: one
 // division per call instead of two per row (the lists are rebuilt for every token and layer).
@@ -175,12 +209,14 @@ void ListRows(const KvTensorView& t, const int32_t* blocks, int64_t bs, int64_t 
 }
 
 // One thread's workspace for a chunk: scores [n_q_max, max_visible], q and out of the chunk's
-// heads [n_q_max, d] each (floats), then the K and V row pointers of the common prefix and of
-// one token's own rows [max_visible] each.
+// heads [n_q_max, d] each (floats), q quantized to Q8_0 blocks [n_q_max, d / 32] (for a q8_0
+// K cache), then the K and V row pointers of the common prefix and of one token's own rows
+// [max_visible] each.
 struct ChunkWorkspace {
   float* scores;
   float* q;
   float* out;
+  uint8_t* q8;
   const void** k_common;
   const void** v_common;
   const void** k_own;
@@ -188,7 +224,8 @@ struct ChunkWorkspace {
 
   static size_t Bytes(int64_t n_q_max, int64_t max_visible, int64_t d) {
     return Align64(n_q_max * max_visible * sizeof(float)) +
-           2 * Align64(n_q_max * d * sizeof(float)) + 4 * Align64(max_visible * sizeof(void*));
+           2 * Align64(n_q_max * d * sizeof(float)) + Align64(n_q_max * Q8RowBytes(d)) +
+           4 * Align64(max_visible * sizeof(void*));
   }
   ChunkWorkspace(uint8_t* base, int64_t n_q_max, int64_t max_visible, int64_t d) {
     scores = reinterpret_cast<float*>(base);
@@ -197,6 +234,8 @@ struct ChunkWorkspace {
     base += Align64(n_q_max * d * sizeof(float));
     out = reinterpret_cast<float*>(base);
     base += Align64(n_q_max * d * sizeof(float));
+    q8 = base;
+    base += Align64(n_q_max * Q8RowBytes(d));
     const void*** lists[] = {&k_common, &v_common, &k_own, &v_own};
     for (const void*** list : lists) {
       *list = reinterpret_cast<const void**>(base);
@@ -208,15 +247,13 @@ struct ChunkWorkspace {
 void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
                              const float* q, int32_t n_heads, float* out, float scale, uint8_t* ws,
                              size_t per_thread, int64_t max_visible, KvElem k_elem, KvElem v_elem,
-                             const OpKernels& k) {
+                             const OpKernels& k, const ScoresKernel& kv_scores) {
   const int64_t n_tokens = static_cast<int64_t>(b.seq.size());
   const int64_t d = kv.head_dim, bs = kv.block_size, group = n_heads / kv.n_kv_heads;
   const bool has_extra = !b.extra_indptr.empty();
   auto first_visible = [&](int64_t t) -> int64_t {
     return b.first_visible.empty() ? 0 : b.first_visible[t];
   };
-  const auto kv_scores_rows =
-      d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
   // Chunks of equal size within each run of one sequence's tokens, small enough that every
   // thread gets about two tasks.
   const int64_t chunk_max =
@@ -294,14 +331,15 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
             const float* qt = q + (t * n_heads + h * group) * d;  // [G, d]
             std::copy(qt, qt + group * d, w.q + (t - t0) * group * d);
           }
+          kv_scores.Quantize(w.q, n_q, w.q8);
           // Scores [n_q, max_visible]: the common rows for every head of the chunk at once, then
           // each token's own rows and its softmax.
-          kv_scores_rows(w.q, n_q, w.k_common, common, k_elem, d, w.scores, max_visible);
+          kv_scores(w.q, w.q8, n_q, w.k_common, common, w.scores, max_visible);
           for (int64_t t = t0; t < t1; ++t) {
             float* st = w.scores + (t - t0) * group * max_visible;  // [G, max_visible]
             const int64_t n_own = own_rows(t, kv.k, k_row_bytes, k_row, w.k_own);
-            kv_scores_rows(w.q + (t - t0) * group * d, group, w.k_own, n_own, k_elem, d,
-                           st + common, max_visible);
+            kv_scores(w.q + (t - t0) * group * d, w.q8 + (t - t0) * group * Q8RowBytes(d), group,
+                      w.k_own, n_own, st + common, max_visible);
             const int64_t n_vis = common + n_own;
             for (int64_t g = 0; g < group; ++g) {
               float* sg = st + g * max_visible;
@@ -341,26 +379,32 @@ bool UseSplitDecode(const ThreadPool& pool, const PagedKvView& kv, int64_t n_tok
   return n_tokens == 1 && kv.n_kv_heads < pool.n_threads() && max_visible >= kSplitDecodeMinRows;
 }
 
-// Workspace: the shared scores [n_kv, G, n_vis], then per thread the row pointers [n_vis], one
-// head's normalized scores [G, n_vis] and its output slice [G, d] (at most d columns).
+// Workspace: the shared scores [n_kv, G, n_vis] and the token's query in Q8_0 blocks [n_kv * G,
+// d / 32] (for a q8_0 K cache), then per thread the row pointers [n_vis], one head's normalized
+// scores [G, n_vis] and its output slice [G, d] (at most d columns).
 struct SplitDecodeWorkspace {
   static size_t PerThread(int64_t group, int64_t n_vis, int64_t d) {
     return Align64(n_vis * sizeof(void*)) + Align64(group * n_vis * sizeof(float)) +
            Align64(group * d * sizeof(float));
   }
+  static size_t Shared(int64_t n_kv, int64_t group, int64_t n_vis, int64_t d) {
+    return Align64(n_kv * group * n_vis * sizeof(float)) + Align64(n_kv * group * Q8RowBytes(d));
+  }
   static size_t Bytes(int n_threads, int64_t n_kv, int64_t group, int64_t n_vis, int64_t d) {
-    return Align64(n_kv * group * n_vis * sizeof(float)) + n_threads * PerThread(group, n_vis, d);
+    return Shared(n_kv, group, n_vis, d) + n_threads * PerThread(group, n_vis, d);
   }
   SplitDecodeWorkspace(uint8_t* base, int thread, int64_t n_kv, int64_t group, int64_t n_vis,
                        int64_t d) {
     scores = reinterpret_cast<float*>(base);
-    base += Align64(n_kv * group * n_vis * sizeof(float)) + thread * PerThread(group, n_vis, d);
+    q8 = base + Align64(n_kv * group * n_vis * sizeof(float));
+    base += Shared(n_kv, group, n_vis, d) + thread * PerThread(group, n_vis, d);
     rows = reinterpret_cast<const void**>(base);
     base += Align64(n_vis * sizeof(void*));
     p = reinterpret_cast<float*>(base);
     slice = reinterpret_cast<float*>(base + Align64(group * n_vis * sizeof(float)));
   }
   float* scores;      // shared by all threads
+  uint8_t* q8;        // shared by all threads
   const void** rows;  // this thread's
   float* p;
   float* slice;
@@ -368,7 +412,8 @@ struct SplitDecodeWorkspace {
 
 void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const AttentionBatch& b,
                           const float* q, int32_t n_heads, float* out, float scale, uint8_t* ws,
-                          KvElem k_elem, KvElem v_elem, const OpKernels& k) {
+                          KvElem k_elem, KvElem v_elem, const OpKernels& k,
+                          const ScoresKernel& kv_scores) {
   const int64_t d = kv.head_dim, bs = kv.block_size, n_kv = kv.n_kv_heads;
   const int64_t group = n_heads / n_kv;
   const int64_t first = b.first_visible.empty() ? 0 : b.first_visible[0];
@@ -395,11 +440,10 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
     for (int64_t j = std::max(j0, n_prefix); j < j1; ++j)
       list[j - j0] = row(t, row_bytes, h, j, offset);
   };
-  const auto kv_scores_rows =
-      d % 16 == 0 ? k.kv_scores_rows : GetOpKernels(CpuLevel::kScalar).kv_scores_rows;
   auto workspace = [&](int thread) {
     return SplitDecodeWorkspace(ws, thread, n_kv, group, n_vis, d);
   };
+  kv_scores.Quantize(q, n_kv * group, workspace(0).q8);
 
   const int64_t row_slices = pool.n_threads();
   pool.ParallelFor(n_kv * row_slices, [&](int64_t task0, int64_t task1, int thread) {
@@ -408,8 +452,8 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
       const int64_t h = task / row_slices, s = task % row_slices;
       const int64_t j0 = n_vis * s / row_slices, j1 = n_vis * (s + 1) / row_slices;
       rows_of(kv.k, k_row_bytes, h, j0, j1, 0, w.rows);
-      kv_scores_rows(q + h * group * d, group, w.rows, j1 - j0, k_elem, d,
-                     w.scores + h * group * n_vis + j0, n_vis);
+      kv_scores(q + h * group * d, w.q8 + h * group * Q8RowBytes(d), group, w.rows, j1 - j0,
+                w.scores + h * group * n_vis + j0, n_vis);
     }
   });
 
@@ -627,7 +671,8 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
     if (ws == nullptr) {
       return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
     }
-    SplitDecodeAttention(pool, kv, b, q, n_heads, out, scale, ws, k_elem, v_elem, k);
+    SplitDecodeAttention(pool, kv, b, q, n_heads, out, scale, ws, k_elem, v_elem, k,
+                         ScoresKernel(k, k_elem, d, level));
     return absl::OkStatus();
   }
   if (order == AttentionOrder::kBatchInvariant) {
@@ -637,7 +682,7 @@ absl::Status PagedAttention(ThreadPool& pool, const PagedKvView& kv, const Atten
       return absl::ResourceExhaustedError("PagedAttention: scratch allocation failed");
     }
     BatchInvariantAttention(pool, kv, b, q, n_heads, out, scale, ws, per_thread, max_visible,
-                            k_elem, v_elem, k);
+                            k_elem, v_elem, k, ScoresKernel(k, k_elem, d, level));
     return absl::OkStatus();
   }
 
