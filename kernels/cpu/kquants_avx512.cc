@@ -442,6 +442,27 @@ inline __m512i UnpackQ4KScalesFourRows(__m512i head) {
                                    _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0), 0xF8);
 }
 
+// The four rows' results of a four-row kernel: group(i0, count) returns the float-step terms of
+// super-blocks i0 .. i0 + count - 1 (lane 4k + r: row r, super-block i0 + k; count < 4 only for
+// the last group); each row's terms are added from +0 in super-block order, as vec_dot does.
+template <typename GroupFn>
+inline __m128 SumFourRowsTerms(int64_t nb, GroupFn&& group) {
+  __m128 acc = _mm_setzero_ps();  // rows 0..3
+  auto add = [&](__m512 t, int count) {
+    acc = _mm_add_ps(acc, _mm512_castps512_ps128(t));
+    if (count > 1) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 1));
+    if (count > 2) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 2));
+    if (count > 3) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 3));
+  };
+  int64_t i0 = 0;
+  for (; i0 + 4 <= nb; i0 += 4) add(group(i0, 4), 4);
+  if (i0 < nb) {
+    const int count = static_cast<int>(nb - i0);
+    add(group(i0, count), count);
+  }
+  return acc;
+}
+
 // How far ahead of each of the four row streams the weights are prefetched into L2. The hardware
 // prefetcher alone does not keep four interleaved streams going (llama-1b-q4_K decode, 1 thread,
 // kiln generate: 16 tok/s without, 41 at kStreamPrefetchBytes' 8 KiB, 44 at 16, 48-50 at 24-64;
@@ -459,8 +480,7 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
   const __m512i pair_index = _mm512_set4_epi32(12, 8, 4, 0);
   // k_major[4k + r] = 4r + k: [row][super-block] -> [super-block][row].
   const __m512i k_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  __m128 acc = _mm_setzero_ps();  // rows 0..3
-  // Super-blocks i0 .. i0 + count - 1 (count <= 4): the exact sums, then the float step.
+  // Super-blocks i0 .. i0 + count - 1 (count <= 4): the exact sums, then the float step's terms.
   auto four_super_blocks = [&](int64_t i0, int count) {
     __m512i isum[4], msum[4];
     __m512i pairs = zero;  // dword 4k + r: row r's d | dmin of super-block i0 + k
@@ -524,22 +544,16 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
     const __m512i isum_k = CrossLaneSums4(isum);                                  // [k][r]
     const __m512i msum_k = _mm512_permutexvar_epi32(k_major, InLaneSums4(msum));  // [k][r]
     // vec_dot's float step (FinishFourSuperBlocksF16) on 16 lanes: t = (a.d * d) * isum -
-    // (a.d * dmin) * msum, added to each row's sum in super-block order.
+    // (a.d * dmin) * msum.
     const __m512 ad = _mm512_loadu_ps(reinterpret_cast<const float*>(act.d4 + i0));
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
     const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
     const __m512 t =
         _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(ad, d), _mm512_cvtepi32_ps(isum_k)),
                       _mm512_mul_ps(_mm512_mul_ps(ad, dmin), _mm512_cvtepi32_ps(msum_k)));
-    acc = _mm_add_ps(acc, _mm512_castps512_ps128(t));
-    if (count > 1) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 1));
-    if (count > 2) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 2));
-    if (count > 3) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 3));
+    return t;
   };
-  int64_t i0 = 0;
-  for (; i0 + 4 <= nb; i0 += 4) four_super_blocks(i0, 4);
-  if (i0 < nb) four_super_blocks(i0, static_cast<int>(nb - i0));
-  _mm_storeu_ps(out, acc);
+  _mm_storeu_ps(out, SumFourRowsTerms(nb, four_super_blocks));
 }
 
 // One token (a: one Q8_K row) over n_rows rows: four at a time, the rest by vec_dot.
@@ -585,7 +599,6 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
        _mm512_load_si512(kScaleIndex.packed_group[1])},
       {_mm512_add_epi16(_mm512_load_si512(kScaleIndex.packed_group[0]), _mm512_set1_epi16(16)),
        _mm512_add_epi16(_mm512_load_si512(kScaleIndex.packed_group[1]), _mm512_set1_epi16(16))}};
-  __m128 acc = _mm_setzero_ps();  // rows 0..3
   auto four_super_blocks = [&](int64_t i0, int count) {
     __m512i isum[4];
     for (int k = 0; k < 4; ++k) {
@@ -642,15 +655,9 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
                               _mm512_castps128_ps512(_mm_load_ps(ad4)));
     // vec_dot's float step (FinishFourSuperBlocksF16<false>): t = (a.d * d) * isum.
     const __m512 t = _mm512_mul_ps(_mm512_mul_ps(ad, d), _mm512_cvtepi32_ps(isum_k));
-    acc = _mm_add_ps(acc, _mm512_castps512_ps128(t));
-    if (count > 1) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 1));
-    if (count > 2) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 2));
-    if (count > 3) acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(t, 3));
+    return t;
   };
-  int64_t i0 = 0;
-  for (; i0 + 4 <= nb; i0 += 4) four_super_blocks(i0, 4);
-  if (i0 < nb) four_super_blocks(i0, static_cast<int>(nb - i0));
-  _mm_storeu_ps(out, acc);
+  _mm_storeu_ps(out, SumFourRowsTerms(nb, four_super_blocks));
 }
 
 inline void OneTokenRowsQ6K512(int64_t n, const void* vw, size_t w_stride, int n_rows,
