@@ -485,36 +485,56 @@ void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void
   }
 }
 
-// kv_scores_rows_q8_0 (op_kernels.h): per row, head and block the 32 products go through
-// vpmaddubsw on |k| and q with k's sign (pair sums at most 2 * 128 * 127: no int16 saturation),
-// then one horizontal sum.
+// kv_scores_rows_q8_0 (op_kernels.h), 8 rows a pass: per head and block, each row's 32 products
+// go through vpmaddubsw on |k| and q with k's sign (pair sums at most 2 * 128 * 127: no int16
+// saturation) and vpmaddwd, the 8 rows' sums reduce together (lane r: row r), and the float step
+// runs on the 8 rows at once.
 void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, int64_t n_rows,
                       int64_t d, float* scores, int64_t score_stride) {
+  constexpr int64_t kBlockBytes = 34;
   const int64_t nb = d / 32;
   const auto* q = static_cast<const uint8_t*>(q8);
+  alignas(32) static const uint8_t kZeroRow[kBlockBytes * 32] = {};  // d <= 1024
+  alignas(32) float dk[32][8];                                       // [block][row]
   const __m256i ones = _mm256_set1_epi16(1);
-  auto scale = [](const uint8_t* block) {
-    uint16_t h;
-    std::memcpy(&h, block, 2);
-    return Fp16ToFp32(h);
-  };
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const auto* k = static_cast<const uint8_t*>(k_rows[j]);
+  for (int64_t j0 = 0; j0 < n_rows; j0 += 8) {
+    const int rows = n_rows - j0 < 8 ? static_cast<int>(n_rows - j0) : 8;
+    const uint8_t* row[8];
+    for (int r = 0; r < 8; ++r) {
+      row[r] = r < rows ? static_cast<const uint8_t*>(k_rows[j0 + r]) : kZeroRow;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(16) uint16_t h[8];
+      for (int r = 0; r < 8; ++r) std::memcpy(&h[r], row[r] + b * kBlockBytes, 2);
+      _mm256_store_ps(dk[b], _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h))));
+    }
     for (int64_t g = 0; g < n_q; ++g) {
-      float s = 0.0f;
+      __m256 s = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* kb = k + 34 * b;
-        const uint8_t* qb = q + (g * nb + b) * 34;
-        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + 2));
+        const uint8_t* qb = q + (g * nb + b) * kBlockBytes;
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 2));
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(kv), _mm256_sign_epi8(qv, kv));
-        const __m256i sums = _mm256_madd_epi16(pairs, ones);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        s = std::fma(scale(kb) * scale(qb), static_cast<float>(_mm_cvtsi128_si32(t)), s);
+        __m256i p[8];
+        for (int r = 0; r < 8; ++r) {
+          const __m256i kv =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[r] + b * kBlockBytes + 2));
+          p[r] = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(_mm256_abs_epi8(kv), _mm256_sign_epi8(qv, kv)), ones);
+        }
+        // Per 128-bit lane [rows 0..3 | rows 4..7] partial sums, then the two halves added.
+        const __m256i h0 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        const __m256i h1 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                                              _mm256_permute2x128_si256(h0, h1, 0x31));
+        uint16_t hq;
+        std::memcpy(&hq, qb, 2);
+        const __m256 scale = _mm256_mul_ps(_mm256_load_ps(dk[b]), _mm256_set1_ps(Fp16ToFp32(hq)));
+        s = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), s);
       }
-      scores[g * score_stride + j] = s;
+      alignas(32) float out[8];
+      _mm256_store_ps(out, s);
+      for (int r = 0; r < rows; ++r) scores[g * score_stride + j0 + r] = out[r];
     }
   }
 }
