@@ -66,6 +66,20 @@ inline void PrefetchRows(const void* const* rows, int64_t first, int64_t last, i
   }
 }
 
+// The f16 scale of block b of a q8_0 row, in every lane.
+inline __m512 Q8BlockScale(const void* row, int64_t b) {
+  const auto* block = static_cast<const uint8_t*>(row) + b * 34;
+  return _mm512_cvtph_ps(
+      _mm256_set1_epi16(static_cast<int16_t>(block[0] | static_cast<uint16_t>(block[1]) << 8)));
+}
+// The int8 values of 16 (or fewer, masked) elements of a q8_0 row at offset i (i % 16 == 0), as
+// floats, without the block's scale.
+inline __m512 Q8Ints(const void* row, int64_t i, __mmask16 m) {
+  const __m128i q =
+      _mm_maskz_loadu_epi8(m, static_cast<const uint8_t*>(row) + i / 32 * 34 + 2 + i % 32);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
 // 16 (or fewer, masked) K/V elements of `elem` at element offset i as floats (i % 16 == 0 for
 // kQ8_0: the 16 elements lie in one block).
 inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
@@ -78,13 +92,8 @@ inline __m512 LoadKv(const void* row, KvElem elem, int64_t i, __mmask16 m) {
       const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + i);
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    case KvElem::kQ8_0: {
-      const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;
-      const __m512 scale = _mm512_cvtph_ps(
-          _mm256_set1_epi16(static_cast<int16_t>(block[0] | static_cast<uint16_t>(block[1]) << 8)));
-      const __m128i q = _mm_maskz_loadu_epi8(m, block + 2 + i % 32);
-      return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    }
+    case KvElem::kQ8_0:
+      return _mm512_mul_ps(Q8BlockScale(row, i / 32), Q8Ints(row, i, m));
   }
   return _mm512_setzero_ps();
 }
@@ -588,9 +597,22 @@ inline void KvAccumulateColumns(float* out, const float* p, int64_t p_stride,
     }
     __m512 pj[NQ];
     Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
+    // q8_0: each block's scale once for its two slices (LoadKv's product, the same bits).
+    __m512 q8_scale[2];
+    if constexpr (kElem == KvElem::kQ8_0) {
+      Unroll<2>([&](auto h) {
+        if (kFull || m[2 * h] != 0) q8_scale[h] = Q8BlockScale(v_rows[j], c0 / 32 + h);
+      });
+    }
     Unroll<4>([&](auto s) {
       if (!kFull && m[s] == 0) return;  // d - c0 < 64: the same slices skipped for every row
-      const __m512 v = LoadKv(v_rows[j], kElem, c0 + 16 * s, kFull ? 0xFFFF : m[s]);
+      const __mmask16 ms = kFull ? 0xFFFF : m[s];
+      __m512 v;
+      if constexpr (kElem == KvElem::kQ8_0) {
+        v = _mm512_mul_ps(q8_scale[s / 2], Q8Ints(v_rows[j], c0 + 16 * s, ms));
+      } else {
+        v = LoadKv(v_rows[j], kElem, c0 + 16 * s, ms);
+      }
       Unroll<NQ>([&](auto g) { acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]); });
     });
   }
