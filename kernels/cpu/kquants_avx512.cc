@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/kquants.h"
 #include "kernels/cpu/kquants_x86.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/transpose_avx512.h"
 
@@ -505,10 +506,7 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
       __m512i row_sums[4];
       for (int r = 0; r < 4; ++r) {
         const Block& blk = *reinterpret_cast<const Block*>(b0 + r * w_stride);
-        for (size_t off = 0; off < sizeof(Block); off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(&blk) + kFourRowsPrefetchBytes + off,
-                       _MM_HINT_T1);
-        }
+        PrefetchStreamAhead(&blk, sizeof(Block), kFourRowsPrefetchBytes);
         __m512i hbx;
         if constexpr (kHasHighBit) {
           hbx = _mm512_broadcast_i64x4(Load256(blk.qh));
@@ -623,10 +621,7 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
       __m512i row_sums[4];
       for (int r = 0; r < 4; ++r) {
         const BlockQ6K& blk = row(r);
-        for (size_t off = 0; off < sizeof(BlockQ6K); off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(&blk) + kFourRowsPrefetchBytes + off,
-                       _MM_HINT_T1);
-        }
+        PrefetchStreamAhead(&blk, sizeof(BlockQ6K), kFourRowsPrefetchBytes);
         __m512i codes[4];
         Q6KCodes512(blk, codes);
         __m512i p[4];  // |P| <= 4 * 63 * 128: packs to int16 exactly

@@ -19,10 +19,12 @@ namespace kiln {
 
 constexpr size_t kStreamPrefetchBytes = 8192;
 
-// Prefetches into L2 the cache lines of [p + kStreamPrefetchBytes, + bytes): call it for the
-// bytes about to be read, once each.
-inline void PrefetchStreamAhead(const void* p, size_t bytes) {
-  const char* ahead = static_cast<const char*>(p) + kStreamPrefetchBytes;
+// Prefetches into L2 the cache lines of [p + distance, + bytes): call it for the bytes about to
+// be read, once each. (Kernels reading several streams at once may need a longer distance:
+// kquants_avx512.cc's four-row kernels.)
+inline void PrefetchStreamAhead(const void* p, size_t bytes,
+                                size_t distance = kStreamPrefetchBytes) {
+  const char* ahead = static_cast<const char*>(p) + distance;
   for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
 }
 
