@@ -14,6 +14,7 @@
 #include "kernels/cpu/f16_avx512.h"
 #include "kernels/cpu/kv_elem_dispatch.h"
 #include "kernels/cpu/op_kernels.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/transpose_avx512.h"
 #include "kernels/cpu/unroll.h"
 #include "lib/common/half.h"
@@ -516,6 +517,21 @@ void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, in
   alignas(64) float dk[32][16];      // [block][row]
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t row_bytes = nb * kBlockBytes;
+  // q_bias[g * nb + b] = -128 * (the sum of head g's block b), once a call: the sum of q + 128
+  // over the 32 bytes, less 32 * 128.
+  auto* q_bias = static_cast<int32_t*>(kernels::ThreadScratch(0, n_q * nb * sizeof(int32_t)));
+  for (int64_t i = 0; i < n_q * nb; ++i) {
+    const __m256i qv =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kBlockBytes + 2));
+    const __m256i sad = _mm256_sad_epu8(
+        _mm256_xor_si256(qv, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_setzero_si256());
+    const __m128i sad2 =
+        _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    const int32_t sum = static_cast<int32_t>(_mm_cvtsi128_si64(
+                            _mm_add_epi64(sad2, _mm_unpackhi_epi64(sad2, sad2)))) -
+                        32 * 128;
+    q_bias[i] = -128 * sum;
+  }
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
     PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
@@ -548,18 +564,8 @@ void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, in
       __m512 s = _mm512_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* qb = qg + b * kBlockBytes;
-        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 2));
-        // 128 * sum(q): the sum of (q + 128) over the 32 bytes, less 32 * 128.
-        const __m256i sad =
-            _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8(static_cast<char>(0x80))),
-                            _mm256_setzero_si256());
-        const __m128i sad2 =
-            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-        const int32_t q_sum = static_cast<int32_t>(_mm_cvtsi128_si64(
-                                  _mm_add_epi64(sad2, _mm_unpackhi_epi64(sad2, sad2)))) -
-                              32 * 128;
         const __m512i* t = k_t + 16 * (b / 2) + 8 * (b % 2);
-        __m512i acc[2] = {_mm512_set1_epi32(-128 * q_sum), _mm512_setzero_si512()};
+        __m512i acc[2] = {_mm512_set1_epi32(q_bias[g * nb + b]), _mm512_setzero_si512()};
         for (int k = 0; k < 8; ++k) {
           int32_t qd;
           std::memcpy(&qd, qb + 2 + 4 * k, 4);
