@@ -887,13 +887,19 @@ inline void DotPackedGroup(const UnpackedBytes* u, const PackedQ8KGroup& p, __m5
 constexpr int kPackedMinTokens = 8;  // below: the per-token path (TileRowsK512)
 constexpr int kPackedGroups = 4;     // token groups of 16 per pass over the weights
 constexpr int kPackedRows = 4;       // weight rows sharing each activation load
+// Rows whose outputs are gathered before they are stored, so that a token's 16 outputs fill one
+// cache line: stored 4 rows at a time, each token's line (out_stride apart: with a 4,096-float
+// stride all 64 fall into one L1 set) came back once per 4 rows.
+constexpr int kStoreRows = 16;
 
 // out[t * out_stride + r] for the n_tokens tokens packed in `packed` ([n_groups][nb]) and kRows
-// rows at w.
+// rows at w. Each row's super-blocks are prefetched 4 ahead: the 4 interleaved row streams of a
+// matrix larger than L2 are not followed by the hardware prefetcher. (noinline: inlined into the
+// kStoreRows loop, GCC 12's code ran 25% slower.)
 template <int kRows, typename Block, bool kQ6K, typename UnpackFn>
-inline void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
-                           const PackedQ8KGroup* packed, int n_tokens, float* out,
-                           size_t out_stride, UnpackFn unpack) {
+__attribute__((noinline)) void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
+                                              const PackedQ8KGroup* packed, int n_tokens,
+                                              float* out, size_t out_stride, UnpackFn unpack) {
   const int n_groups = (n_tokens + 15) / 16;
   __m512 acc[kRows][kPackedGroups];
   for (int r = 0; r < kRows; ++r) {
@@ -902,7 +908,9 @@ inline void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
   for (int64_t i = 0; i < nb; ++i) {
     UnpackedBytes u[kRows];
     for (int r = 0; r < kRows; ++r) {
-      unpack(reinterpret_cast<const Block*>(w + r * w_stride)[i], u[r]);
+      const Block& b = reinterpret_cast<const Block*>(w + r * w_stride)[i];
+      PrefetchStreamAhead(&b, sizeof(Block), 4 * sizeof(Block));
+      unpack(b, u[r]);
     }
     for (int g = 0; g < n_groups; ++g) DotPackedGroup<kQ6K, kRows>(u, packed[g * nb + i], acc, g);
   }
@@ -930,14 +938,23 @@ inline void VecDotTilePackedK512(int64_t n, const uint8_t* w, size_t w_stride, i
       PackQ8KGroup(a + (t0 + 16 * g) * a_stride, a_stride, count, nb, packed + g * nb);
     }
     float* o = out + t0 * out_stride;
-    int r = 0;
-    for (; r + kPackedRows <= n_rows; r += kPackedRows) {
-      PackedRowsK512<kPackedRows, Block, kQ6K>(nb, w + r * w_stride, w_stride, packed, tokens,
-                                               o + r, out_stride, unpack);
-    }
-    for (; r < n_rows; ++r) {
-      PackedRowsK512<1, Block, kQ6K>(nb, w + r * w_stride, w_stride, packed, tokens, o + r,
-                                     out_stride, unpack);
+    for (int r0 = 0; r0 < n_rows; r0 += kStoreRows) {
+      const int rows = n_rows - r0 < kStoreRows ? n_rows - r0 : kStoreRows;
+      const uint8_t* wb = w + r0 * w_stride;
+      alignas(64) float tile[16 * kPackedGroups][kStoreRows];  // [token][row]
+      int r = 0;
+      for (; r + kPackedRows <= rows; r += kPackedRows) {
+        PackedRowsK512<kPackedRows, Block, kQ6K>(nb, wb + r * w_stride, w_stride, packed, tokens,
+                                                 &tile[0][r], kStoreRows, unpack);
+      }
+      for (; r < rows; ++r) {
+        PackedRowsK512<1, Block, kQ6K>(nb, wb + r * w_stride, w_stride, packed, tokens, &tile[0][r],
+                                       kStoreRows, unpack);
+      }
+      const __mmask16 store = static_cast<__mmask16>((1u << rows) - 1);
+      for (int t = 0; t < tokens; ++t) {
+        _mm512_mask_storeu_ps(o + t * out_stride + r0, store, _mm512_load_ps(tile[t]));
+      }
     }
   }
 }

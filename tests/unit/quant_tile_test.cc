@@ -867,11 +867,11 @@ TEST(VecDotTileKQuants, RegisteredForEveryLevelAboveScalar) {
 // token counts covering the 8/4-token passes and their 4 + 2 + 1 tails, one token over several
 // rows (the AVX-512 four-row blocks and the rows after them), the AVX-512 packed path's 16-token
 // groups (full, partial, and more than one pass of 64 tokens) with row counts around its 4-row
-// blocks, padded strides, out_stride past n_rows left untouched.
+// blocks and 16-row stores, padded strides, out_stride past n_rows left untouched.
 TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
-  constexpr std::pair<int, int> kShapes[] = {{1, 1},  {6, 1},  {9, 1}, {3, 2},  {5, 7},
-                                             {16, 9}, {2, 15}, {4, 8}, {1, 17}, {7, 3},
-                                             {9, 33}, {5, 64}, {6, 70}};  // rows x tokens
+  constexpr std::pair<int, int> kShapes[] = {{1, 1},  {6, 1},  {9, 1},  {3, 2},  {5, 7},
+                                             {16, 9}, {2, 15}, {4, 8},  {1, 17}, {7, 3},
+                                             {9, 33}, {5, 64}, {6, 70}, {37, 20}};  // rows x tokens
   std::mt19937 rng(77);
   int checked = 0;
   for (CpuLevel level : Levels()) {
