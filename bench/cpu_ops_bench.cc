@@ -5,7 +5,7 @@
 //
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
-// integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q4_K,
+// integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K,
 // q5_K, q6_K; q8_0's in place on its rows; --types filters them too). --attention runs only the
 // paged-attention table (f16, q8_0 and f32 caches at contexts 128, 1,024 and 4,096). --peak prints
 // only the int8 dot-product peak of 1 and 2 threads (also printed before the tile tables, whose

@@ -44,6 +44,15 @@ struct alignas(32) BlockQ5_0x16 {
 };
 static_assert(sizeof(BlockQ5_0x16) == 352);
 
+// 16 Q5_1 rows x one 32-element block (384 B: the 16 source blocks' own bytes).
+struct alignas(64) BlockQ5_1x16 {
+  uint8_t qs[4][64];               // as BlockQ5_0x16's
+  uint8_t qh[kInterleaveRows][4];  // as BlockQ5_0x16's (weight = q * d + m, q in 0..31)
+  uint8_t d[kInterleaveRows][2];   // f16 scale of row r
+  uint8_t m[kInterleaveRows][2];   // f16 min of row r
+};
+static_assert(sizeof(BlockQ5_1x16) == 384);
+
 // 16 Q8_0 rows x one 32-element block (544 B).
 struct alignas(32) BlockQ8_0x16 {
   // qs[i][4 r + j] = element 4 i + j of row r plus 128 (as an unsigned byte).
@@ -77,6 +86,14 @@ void InterleavedTileQ5_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ5_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
                                  size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
+// Q5_1 weights x Q8_1 activations, in the same three files.
+void InterleavedTileQ5_1Q8_1Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ5_1Q8_1Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InterleavedTileQ5_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 // Q8_0 weights x Q8_0 activations, in the same three files.

@@ -1,7 +1,7 @@
 // Integer-order matmul kernels on row-interleaved weights (interleaved.h) with AVX2 + FMA + F16C:
-// Q4_1 x Q8_1, Q4_0 x Q8_0, Q5_0 x Q8_0 and Q8_0 x Q8_0, bit for bit the scalar kernels
-// (interleaved_scalar.cc) and the AVX-512 ones. Compiled with -ffp-contract=off: every FMA is
-// explicit.
+// Q4_1 x Q8_1, Q4_0 x Q8_0, Q5_0 x Q8_0, Q5_1 x Q8_1 and Q8_0 x Q8_0, bit for bit the scalar
+// kernels (interleaved_scalar.cc) and the AVX-512 ones. Compiled with -ffp-contract=off: every FMA
+// is explicit.
 //
 // A 64-byte line of an x16 block holds 4 elements of 16 rows; its two 32-byte halves are the
 // rows 0..7 and 8..15 of the group ("octets"), one int32 lane per row. A register tile is one
@@ -15,11 +15,13 @@
 //     compare) x activations in [-127, 127]: pair sums up to 2 * 31 * 127 = 7874, so int16 sums
 //     of two lines (<= 31496) are widened by vpmaddwd twice a block; then
 //     P = Σ q * qa - offset * Σ qa (offset 8 / 16), the second term exact and per (token, block).
+//   Q5_1: Q5_0's codes x Q8_1 activations (|qa| <= 128: int16 sums of two lines <= 31744), as
+//     Q4_1 otherwise.
 //   Q8_0: the packer stores qw + 128; vpmaddubsw(|qw|, sign(qa, qw)) gives each pair sum
 //     qw * qa + qw' * qa' with at most 2 * 128 * 127 = 32512 in magnitude (activations in
 //     [-127, 127], what MatMul's quantizer produces), widened by vpmaddwd right away.
 // The float step per (row, token, block) is the reference's: s = dw * da (vmulps),
-// acc = fma(s, float(P), acc), and for Q4_1 mins = fma(mw, sa, mins), result acc + mins; the
+// acc = fma(s, float(P), acc), and for Q4_1 / Q5_1 mins = fma(mw, sa, mins), result acc + mins; the
 // mins chains run in a second pass over the blocks (same operations per chain, fewer registers
 // live in the first).
 #include <immintrin.h>
@@ -89,8 +91,74 @@ inline __m256i LineSums16(__m256i lo, __m256i hi, const int8_t* qa, int i) {
                           _mm256_maddubs_epi16(hi, Broadcast(qa + 16 + 4 * i)));
 }
 
-struct Q4_1Format {
-  using Block = BlockQ4_1x16;
+// Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes).
+inline __m256i SpreadByte(int k) {
+  const __m128i lane = _mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101, (8 + k) * 0x01010101,
+                                      (12 + k) * 0x01010101);
+  return _mm256_set_m128i(lane, lane);
+}
+
+// Bit 4 of the 5-bit formats' elements (Q5_0, Q5_1), from an octet's qh dwords.
+struct HighBits {
+  __m256i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2), SpreadByte(3)};
+  // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
+  __m256i test[2] = {_mm256_set1_epi32(0x08040201),
+                     _mm256_set1_epi32(static_cast<int>(0x80402010u))};
+
+  // bytes[k]: byte k of each row's qh over the row's 4 bytes.
+  __attribute__((always_inline)) void Spread(const uint8_t (*qh_rows)[4], __m256i bytes[4]) const {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh_rows));
+    Unroll<4>([&](auto k) { bytes[k] = _mm256_shuffle_epi8(qh, spread[k]); });
+  }
+  // Line i's nibbles (LineNibbles) plus 16 where the element's bit 4 is set.
+  __attribute__((always_inline)) void Add(const __m256i bytes[4], int i, __m256i* lo,
+                                          __m256i* hi) const {
+    *lo = _mm256_or_si256(*lo, Bit4(bytes[i / 2], test[i % 2]));
+    *hi = _mm256_or_si256(*hi, Bit4(bytes[2 + i / 2], test[i % 2]));
+  }
+
+ private:
+  // 0x10 in the bytes whose bit in `test` is set in `bytes`, else 0.
+  static __m256i Bit4(__m256i bytes, __m256i test) {
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, test), test);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+  }
+};
+
+// sum[t] = Σ q * qa over block b's 32 elements of an octet (its lines' nibbles, plus bit 4 from
+// the rows' qh when kFiveBit) and token t's activation block (exact int32). The int16 pair sums
+// (vpmaddubsw) of kLinesPerWiden lines are added before one vpmaddwd widens them: all 4 lines for
+// Q4_1 (8 pair sums of at most 2 * 15 * 128: 30720), 2 for the 5-bit codes and Q4_0 (4 of at
+// most 2 * 31 * 128: 31744).
+template <int T, int kLinesPerWiden, bool kFiveBit, typename ActBlock, typename Block>
+__attribute__((always_inline)) inline void OctetBlockSums(const Block& blk, int half, int64_t b,
+                                                          const uint8_t* a, size_t a_stride,
+                                                          const HighBits& high, __m256i sum[T]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] __m256i high_bytes[4];
+  if constexpr (kFiveBit) high.Spread(blk.qh + kOctet * half, high_bytes);
+  __m256i sum16[T];
+  Unroll<T>([&](auto t) { sum[t] = _mm256_setzero_si256(); });
+  Unroll<4>([&](auto i) {
+    __m256i lo, hi;
+    LineNibbles(blk.qs[i] + 32 * half, &lo, &hi);
+    if constexpr (kFiveBit) high.Add(high_bytes, i, &lo, &hi);
+    Unroll<T>([&](auto t) {
+      const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
+      const __m256i pair = LineSums16(lo, hi, qa, i);
+      constexpr int kLine = decltype(i)::value % kLinesPerWiden;
+      sum16[t] = kLine == 0 ? pair : _mm256_add_epi16(sum16[t], pair);
+      if constexpr (kLine == kLinesPerWiden - 1) {
+        sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(sum16[t], ones));
+      }
+    });
+  });
+}
+
+// Q4_1 and Q5_1 (kFiveBit) weights x Q8_1 activations: P = Σ q * qa, and the mins.
+template <typename B, bool kFiveBit>
+struct MinFormat {
+  using Block = B;
   using ActBlock = BlockQ8_1;
   using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
@@ -105,24 +173,15 @@ struct Q4_1Format {
                                             int n_rows, float* out, size_t out_stride) {
     __m256 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
-    const __m256i ones = _mm256_set1_epi16(1);
+    const HighBits high;
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      __m256i sum16[T];
-      Unroll<T>([&](auto t) { sum16[t] = _mm256_setzero_si256(); });
-      Unroll<4>([&](auto i) {
-        __m256i lo, hi;
-        LineNibbles(w[b].qs[i] + 32 * half, &lo, &hi);
-        Unroll<T>([&](auto t) {
-          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          sum16[t] = _mm256_add_epi16(sum16[t], LineSums16(lo, hi, qa, i));
-        });
-      });
+      __m256i p[T];
+      OctetBlockSums<T, kFiveBit ? 2 : 4, kFiveBit, ActBlock>(w[b], half, b, a, a_stride, high, p);
       const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
       Unroll<T>([&](auto t) {
-        const __m256i p = _mm256_madd_epi16(sum16[t], ones);
         const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(d[t * nb + b]));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[t]);
+        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p[t]), acc[t]);
       });
     }
     __m256 mins[T];
@@ -136,23 +195,11 @@ struct Q4_1Format {
         [&](auto t) { StoreRows(out + t * out_stride, _mm256_add_ps(acc[t], mins[t]), n_rows); });
   }
 };
-
-// Byte k of each row's dword copied to the row's 4 bytes (vpshufb works in 128-bit lanes).
-inline __m256i SpreadByte(int k) {
-  const __m128i lane = _mm_setr_epi32(k * 0x01010101, (4 + k) * 0x01010101, (8 + k) * 0x01010101,
-                                      (12 + k) * 0x01010101);
-  return _mm256_set_m128i(lane, lane);
-}
-
-// 0x10 in the bytes whose bit in `test` is set in `bytes`, else 0.
-inline __m256i Bit4(__m256i bytes, __m256i test) {
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, test), test);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
+using Q4_1Format = MinFormat<BlockQ4_1x16, false>;
+using Q5_1Format = MinFormat<BlockQ5_1x16, true>;
 
 // Q4_0 (kOffset 8) and Q5_0 (kOffset 16, bit 4 of each element from the row's qh) weights x Q8_0
-// activations: P = Σ q * qa - kOffset * Σ qa, no mins. The int16 sums of two lines (<= 4 pair
-// sums of at most 2 * 31 * 127 = 7874) are widened by vpmaddwd twice a block.
+// activations: P = Σ q * qa - kOffset * Σ qa, no mins.
 template <typename B, int kOffset>
 struct OffsetFormat {
   static constexpr bool kFiveBit = kOffset == 16;
@@ -169,40 +216,11 @@ struct OffsetFormat {
                                             int n_rows, float* out, size_t out_stride) {
     __m256 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm256_setzero_ps(); });
-    const __m256i ones = _mm256_set1_epi16(1);
-    [[maybe_unused]] const __m256i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2),
-                                                SpreadByte(3)};
-    // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
-    [[maybe_unused]] const __m256i test[2] = {_mm256_set1_epi32(0x08040201),
-                                              _mm256_set1_epi32(static_cast<int>(0x80402010u))};
+    const HighBits high;
     for (int64_t b = 0; b < nb; ++b) {
       PrefetchAhead(w, b);
-      [[maybe_unused]] __m256i high_bytes[4];
-      if constexpr (kFiveBit) {
-        const __m256i qh =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + kOctet * half));
-        Unroll<4>([&](auto k) { high_bytes[k] = _mm256_shuffle_epi8(qh, spread[k]); });
-      }
-      __m256i sum[T], sum16[T];
-      Unroll<T>([&](auto t) { sum[t] = sum16[t] = _mm256_setzero_si256(); });
-      Unroll<4>([&](auto i) {
-        __m256i lo, hi;
-        LineNibbles(w[b].qs[i] + 32 * half, &lo, &hi);
-        if constexpr (kFiveBit) {
-          lo = _mm256_or_si256(lo, Bit4(high_bytes[i / 2], test[i % 2]));
-          hi = _mm256_or_si256(hi, Bit4(high_bytes[2 + i / 2], test[i % 2]));
-        }
-        Unroll<T>([&](auto t) {
-          const int8_t* qa = reinterpret_cast<const ActBlock*>(a + t * a_stride)[b].qs;
-          const __m256i pair = LineSums16(lo, hi, qa, i);
-          if constexpr (decltype(i)::value % 2 == 0) {
-            sum16[t] = pair;
-          } else {
-            sum[t] =
-                _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_add_epi16(sum16[t], pair), ones));
-          }
-        });
-      });
+      __m256i sum[T];
+      OctetBlockSums<T, 2, kFiveBit, ActBlock>(w[b], half, b, a, a_stride, high, sum);
       const __m256 dw = HalvesToFloats(w[b].d + kOctet * half);
       Unroll<T>([&](auto t) {
         const __m256i p = _mm256_add_epi32(sum[t], _mm256_set1_epi32(aux[t * nb + b]));
@@ -419,6 +437,11 @@ void InterleavedTileQ4_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const voi
 void InterleavedTileQ5_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,
                                  size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ5_1Q8_1Avx2(int64_t n, const void* w, int n_rows, const void* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const void* a,

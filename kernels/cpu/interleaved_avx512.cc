@@ -1,6 +1,6 @@
 // Integer-order matmul kernels on row-interleaved weights (lib/quant/interleave.h) with 512-bit
-// VNNI: Q4_1 x Q8_1, Q4_0 x Q8_0, Q5_0 x Q8_0 and Q8_0 x Q8_0. Compiled with -ffp-contract=off
-// (kernels/cpu/CMakeLists.txt): every FMA is explicit.
+// VNNI: Q4_1 x Q8_1, Q4_0 x Q8_0, Q5_0 x Q8_0, Q5_1 x Q8_1 and Q8_0 x Q8_0. Compiled with
+// -ffp-contract=off (kernels/cpu/CMakeLists.txt): every FMA is explicit.
 //
 // Lane r of every vector is weight row 16 g + r of the group in use, so a block's dot product
 // needs no horizontal reduction: per (group, block, token) eight vpdpbusd (the activation's
@@ -21,6 +21,7 @@
 // (low nibbles) and 2 + i / 2 (high nibbles) of the row's qh dword, at bits 4 (i % 2) + j: one
 // vpshufb spreads that byte over the row's 4 lanes, one vptestmb makes the mask, a masked add
 // puts the 16 in.
+// Q5_1: Q4_1's steps with Q5_0's bit 4.
 // Q8_0: the packer stores qw + 128 (unsigned bytes, what vpdpbusd multiplies), so
 // Σ qw * qa = Σ (qw + 128) * qa - 128 * Σ qa; the second term is exact and per (token, block),
 // computed once per call.
@@ -92,8 +93,33 @@ inline __m512i SpreadByte(int k) {
                                                (8 + k) * 0x01010101, (12 + k) * 0x01010101));
 }
 
-struct Q4_1Format {
-  using Block = BlockQ4_1x16;
+// Bit 4 of the 5-bit formats' elements (Q5_0, Q5_1): for line i it sits in byte i / 2 (low
+// nibbles) and 2 + i / 2 (high nibbles) of the row's qh dword, at bits 4 (i % 2) + j.
+struct HighBits {
+  __m512i bit4 = _mm512_set1_epi8(0x10);
+  __m512i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2), SpreadByte(3)};
+  // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
+  __m512i test[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(0x80402010)};
+
+  // Adds 16 to the elements of q (Nibbles' lines) whose bit 4 is set in the rows' qh.
+  __attribute__((always_inline)) void Add(const uint8_t (*qh_rows)[4], __m512i q[8]) const {
+    const __m512i qh = _mm512_loadu_si512(qh_rows);
+    __m512i high_bytes[4];
+    Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
+    Unroll<4>([&](auto i) {
+      const __mmask64 lo_set = _mm512_test_epi8_mask(high_bytes[i / 2], test[i % 2]);
+      const __mmask64 hi_set = _mm512_test_epi8_mask(high_bytes[2 + i / 2], test[i % 2]);
+      q[i] = _mm512_mask_add_epi8(q[i], lo_set, q[i], bit4);
+      q[i + 4] = _mm512_mask_add_epi8(q[i + 4], hi_set, q[i + 4], bit4);
+    });
+  }
+};
+
+// Q4_1 and Q5_1 (kFiveBit: bit 4 from the rows' qh) weights x Q8_1 activations: P = Σ q * qa,
+// and the mins.
+template <typename B, bool kFiveBit>
+struct MinFormat {
+  using Block = B;
   using ActBlock = BlockQ8_1;
   using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
@@ -112,10 +138,12 @@ struct Q4_1Format {
       acc[t] = _mm512_setzero_ps();
       mins[t] = _mm512_setzero_ps();
     });
+    [[maybe_unused]] const HighBits high;
     for (int64_t b = 0; b < nb; ++b) {
       if (prefetch) PrefetchAhead(w, b);
       __m512i q[8];
       Nibbles(w[b].qs, q);
+      if constexpr (kFiveBit) high.Add(w[b].qh, q);
       const __m512 dw = HalvesToFloats(w[b].d);
       const __m512 mw = HalvesToFloats(w[b].m);
       Unroll<T>([&](auto t) {
@@ -131,6 +159,8 @@ struct Q4_1Format {
     });
   }
 };
+using Q4_1Format = MinFormat<BlockQ4_1x16, false>;
+using Q5_1Format = MinFormat<BlockQ5_1x16, true>;
 
 // One block of 16 rows (its lines q as unsigned bytes, its scales dw) into the T tokens' chains of
 // an offset format: P = Σ q * qa + aux (aux = -offset * Σ qa), acc = fma(dw * da, float(P), acc).
@@ -173,12 +203,7 @@ struct OffsetFormat {
                                             bool prefetch) {
     __m512 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-    [[maybe_unused]] const __m512i bit4 = _mm512_set1_epi8(0x10);
-    [[maybe_unused]] const __m512i spread[4] = {SpreadByte(0), SpreadByte(1), SpreadByte(2),
-                                                SpreadByte(3)};
-    // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
-    [[maybe_unused]] const __m512i test[2] = {_mm512_set1_epi32(0x08040201),
-                                              _mm512_set1_epi32(0x80402010)};
+    [[maybe_unused]] const HighBits high;
     for (int64_t b = 0; b < nb; ++b) {
       if (prefetch) PrefetchAhead(w, b);
       __m512i q[8];
@@ -187,17 +212,7 @@ struct OffsetFormat {
       } else {
         Nibbles(w[b].qs, q);
       }
-      if constexpr (kFiveBit) {
-        const __m512i qh = _mm512_loadu_si512(w[b].qh);
-        __m512i high_bytes[4];
-        Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
-        Unroll<4>([&](auto i) {
-          const __mmask64 lo_set = _mm512_test_epi8_mask(high_bytes[i / 2], test[i % 2]);
-          const __mmask64 hi_set = _mm512_test_epi8_mask(high_bytes[2 + i / 2], test[i % 2]);
-          q[i] = _mm512_mask_add_epi8(q[i], lo_set, q[i], bit4);
-          q[i + 4] = _mm512_mask_add_epi8(q[i + 4], hi_set, q[i + 4], bit4);
-        });
-      }
+      if constexpr (kFiveBit) high.Add(w[b].qh, q);
       AccumulateOffsetBlock<T>(q, HalvesToFloats(w[b].d), b, nb, a, a_stride, d, aux, acc);
     }
     StoreTile<T>(acc, n_rows, out, out_stride);
@@ -377,6 +392,11 @@ void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ5_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,

@@ -35,13 +35,13 @@ void BlockSumsQ4_1(const BlockQ4_1x16& w, const int8_t* qa, int32_t p[kRows]) {
   }
 }
 
-// The same for one interleaved Q4_0 (kOffset 8: weight nibble - 8) or Q5_0 block (kOffset 16:
-// weight q - 16, q's bit 4 from the row's qh).
-template <typename B, int kOffset>
+// The same for one interleaved Q4_0 (kOffset 8: weight nibble - 8), Q5_0 (kOffset 16, kFiveBit:
+// weight q - 16, q's bit 4 from the row's qh) or Q5_1 block (kOffset 0, kFiveBit).
+template <typename B, int kOffset, bool kFiveBit>
 void BlockSumsOffset(const B& w, const int8_t* qa, int32_t p[kRows]) {
   for (int r = 0; r < kRows; ++r) {
     uint32_t qh = 0;
-    if constexpr (kOffset == 16) std::memcpy(&qh, w.qh[r], 4);
+    if constexpr (kFiveBit) std::memcpy(&qh, w.qh[r], 4);
     int32_t s = 0;
     for (int i = 0; i < 4; ++i) {
       const uint8_t* q = w.qs[i] + 4 * r;
@@ -69,16 +69,24 @@ void BlockSumsQ8_0(const BlockQ8_0x16& w, const int8_t* qa, int32_t p[kRows]) {
   }
 }
 
-struct Q4_1Format {
-  using Block = BlockQ4_1x16;
+// Q4_1 and Q5_1 (kFiveBit) weights x Q8_1 activations: P = Σ q * qa, and the mins.
+template <typename B, bool kFiveBit>
+struct MinFormat {
+  using Block = B;
   using ActBlock = BlockQ8_1;
   static constexpr bool kHasMins = true;
   static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
-    BlockSumsQ4_1(w, qa, p);
+    if constexpr (kFiveBit) {
+      BlockSumsOffset<B, 0, true>(w, qa, p);
+    } else {
+      BlockSumsQ4_1(w, qa, p);
+    }
   }
   static float ActMin(const ActBlock& a) { return LoadHalf(a.s); }
   static float WeightMin(const Block& w, int r) { return LoadHalf(w.m[r]); }
 };
+using Q4_1Format = MinFormat<BlockQ4_1x16, false>;
+using Q5_1Format = MinFormat<BlockQ5_1x16, true>;
 
 template <typename B, int kOffset>
 struct OffsetFormat {
@@ -86,7 +94,7 @@ struct OffsetFormat {
   using ActBlock = BlockQ8_0;
   static constexpr bool kHasMins = false;
   static void BlockSums(const Block& w, const int8_t* qa, int32_t p[kRows]) {
-    BlockSumsOffset<B, kOffset>(w, qa, p);
+    BlockSumsOffset<B, kOffset, kOffset == 16>(w, qa, p);
   }
   static float ActMin(const ActBlock&) { return 0.0f; }
   static float WeightMin(const Block&, int) { return 0.0f; }
@@ -170,6 +178,11 @@ void InterleavedTileQ4_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const v
 void InterleavedTileQ5_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void InterleavedTileQ5_1Q8_1Scalar(int64_t n, const void* w, int n_rows, const void* a,
+                                   size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Scalar(int64_t n, const void* w, int n_rows, const void* a,

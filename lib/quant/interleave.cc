@@ -97,6 +97,21 @@ void InterleaveQ5_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
                                           });
 }
 
+size_t InterleavedGroupBytesQ5_1(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_1x16);
+}
+
+void InterleaveQ5_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveRows<BlockQ5_1, BlockQ5_1x16>(w, w_stride, n_in, n_rows, out,
+                                          [](BlockQ5_1x16& p, int r, const BlockQ5_1& src) {
+                                            for (int i = 0; i < 4; ++i)
+                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
+                                            std::memcpy(p.qh[r], src.qh, 4);
+                                            std::memcpy(p.d[r], src.d, 2);
+                                            std::memcpy(p.m[r], src.m, 2);
+                                          });
+}
+
 size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
 }
@@ -147,6 +162,28 @@ void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out
                                       });
 }
 
+void InterleavedRowQ5_1(const void* groups, int64_t n_in, int64_t row, void* out) {
+  ExtractRow<BlockQ5_1, BlockQ5_1x16>(groups, n_in, row, out,
+                                      [](BlockQ5_1& dst, const BlockQ5_1x16& p, int r) {
+                                        for (int i = 0; i < 4; ++i)
+                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
+                                        std::memcpy(dst.qh, p.qh[r], 4);
+                                        std::memcpy(dst.d, p.d[r], 2);
+                                        std::memcpy(dst.m, p.m[r], 2);
+                                      });
+}
+
+namespace {
+
+// Element j (0..31) of a Q5_0 / Q5_1 block's 5-bit codes: the nibble of qs (low for j < 16) and
+// bit j of qh as bit 4.
+int FiveBitCode(const uint8_t* qs, uint32_t qh, int j) {
+  const int nibble = j < kQK / 2 ? qs[j] & 0x0F : qs[j - kQK / 2] >> 4;
+  return nibble | static_cast<int>((qh >> j) & 1) << 4;
+}
+
+}  // namespace
+
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
@@ -181,14 +218,26 @@ float VecDotQ5_0Q8_0IntegerRef(int64_t n, const void* w, const void* a) {
     uint32_t qh;
     std::memcpy(&qh, x[b].qh, 4);
     int32_t p = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = (x[b].qs[j] & 0x0F) | static_cast<int>((qh >> j) & 1) << 4;
-      const int hi = (x[b].qs[j] >> 4) | static_cast<int>((qh >> (j + kQK / 2)) & 1) << 4;
-      p += (lo - 16) * y[b].qs[j] + (hi - 16) * y[b].qs[j + kQK / 2];
-    }
+    for (int j = 0; j < kQK; ++j) p += (FiveBitCode(x[b].qs, qh, j) - 16) * y[b].qs[j];
     acc = std::fma(LoadHalf(x[b].d) * LoadHalf(y[b].d), static_cast<float>(p), acc);
   }
   return acc;
+}
+
+float VecDotQ5_1Q8_1IntegerRef(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockQ5_1*>(w);
+  const auto* y = static_cast<const BlockQ8_1*>(a);
+  float acc = 0.0f, mins = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, x[b].qh, 4);
+    int32_t p = 0;
+    for (int j = 0; j < kQK; ++j) p += FiveBitCode(x[b].qs, qh, j) * y[b].qs[j];
+    const float s = LoadHalf(x[b].d) * LoadHalf(y[b].d);
+    acc = std::fma(s, static_cast<float>(p), acc);
+    mins = std::fma(LoadHalf(x[b].m), LoadHalf(y[b].s), mins);
+  }
+  return acc + mins;
 }
 
 float VecDotQ4_1Q8_1IntegerRef(int64_t n, const void* w, const void* a) {

@@ -1,7 +1,7 @@
 // Row-interleaved weights and kiln's integer dot order: the matmuls of the default
-// (batch-invariant) numeric mode on Q4_0, Q4_1, Q5_0 and Q8_0 weights, at every CPU level with the
-// same bits (scalar, AVX2 and AVX-512 kernels in kernels/cpu/interleaved.h), beside the ggml-order
-// kernels of quant.h that EngineOptions::llama_cpp_order keeps.
+// (batch-invariant) numeric mode on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights, at every CPU level
+// with the same bits (scalar, AVX2 and AVX-512 kernels in kernels/cpu/interleaved.h), beside the
+// ggml-order kernels of quant.h that EngineOptions::llama_cpp_order keeps.
 //
 // Layout ("x16", kernels/cpu/interleaved.h): a matrix's rows in groups of kInterleaveRows = 16,
 // each group stored block by block, so one 512-bit register holds the same 4 elements of all 16
@@ -20,6 +20,7 @@
 //   Q8_0 x Q8_0: the same without the mins (|P| <= 32 * 127 * 127, exact in float too).
 //   Q4_0 x Q8_0: the same, with qw_j = nibble_j - 8 (|P| <= 32 * 8 * 127).
 //   Q5_0 x Q8_0: the same, with qw_j = (5-bit q_j) - 16 (|P| <= 32 * 16 * 127).
+//   Q5_1 x Q8_1: Q4_1's, with qw_j the 5-bit q_j (|P| <= 32 * 31 * 127).
 // ggml's x86 order instead keeps 4 or 8 float partial sums per (row, token), each FMA'd per
 // block (legacy_kernels.h); that needs a convert, multiply and FMA per 4 or 8 elements where this
 // order needs them per 32, and the interleaved layout shares every weight load across 16 rows.
@@ -56,6 +57,9 @@ size_t InterleavedGroupBytesQ4_0(int64_t n_in);
 void InterleaveQ5_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
 size_t InterleavedGroupBytesQ5_0(int64_t n_in);
 
+void InterleaveQ5_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+size_t InterleavedGroupBytesQ5_1(int64_t n_in);
+
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
 size_t InterleavedGroupBytesQ8_0(int64_t n_in);
 
@@ -67,12 +71,14 @@ using InterleavedRowFn = void (*)(const void* groups, int64_t n_in, int64_t row,
 void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out);
+void InterleavedRowQ5_1(const void* groups, int64_t n_in, int64_t row, void* out);
 
 // The plain references of the integer order for one weight row and one activation row (the
 // original, not interleaved, layouts).
 float VecDotQ4_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
 float VecDotQ4_1Q8_1IntegerRef(int64_t n, const void* w, const void* a);
 float VecDotQ5_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
+float VecDotQ5_1Q8_1IntegerRef(int64_t n, const void* w, const void* a);
 float VecDotQ8_0Q8_0IntegerRef(int64_t n, const void* w, const void* a);
 
 }  // namespace kiln::quant

@@ -10,14 +10,18 @@ namespace kiln {
 void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
   using namespace quant;
   // The integer order on interleaved weights (interleave.h), one kernel per level with the same
-  // bits: the default numeric mode's matmul on Q4_0, Q4_1, Q5_0 and Q8_0 at every level.
+  // bits: the default numeric mode's matmul on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at every level.
   auto set_interleaved = [&r](InterleavedTileFn q4_0, InterleavedTileFn q4_1,
-                              InterleavedTileFn q5_0, InterleavedTileFn q8_0,
-                              VecDotTileFn q8_0_in_place) {
+                              InterleavedTileFn q5_0, InterleavedTileFn q5_1,
+                              InterleavedTileFn q8_0, VecDotTileFn q8_0_in_place) {
     r[GgmlType::kQ5_0].interleave = InterleaveQ5_0;
     r[GgmlType::kQ5_0].interleaved_group_bytes = InterleavedGroupBytesQ5_0;
     r[GgmlType::kQ5_0].interleaved_row = InterleavedRowQ5_0;
     r[GgmlType::kQ5_0].interleaved_tile = q5_0;
+    r[GgmlType::kQ5_1].interleave = InterleaveQ5_1;
+    r[GgmlType::kQ5_1].interleaved_group_bytes = InterleavedGroupBytesQ5_1;
+    r[GgmlType::kQ5_1].interleaved_row = InterleavedRowQ5_1;
+    r[GgmlType::kQ5_1].interleaved_tile = q5_1;
     r[GgmlType::kQ4_0].interleave = InterleaveQ4_0;
     r[GgmlType::kQ4_0].interleaved_group_bytes = InterleavedGroupBytesQ4_0;
     r[GgmlType::kQ4_0].interleaved_row = InterleavedRowQ4_0;
@@ -51,8 +55,8 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(kQ8_0, QuantizeRowQ8_0Ref, DequantizeRowQ8_0Ref, kQ8_0, VecDotQ8_0Q8_0Ref);
       set(kQ8_1, QuantizeRowQ8_1Ref, DequantizeRowQ8_1Ref, kQ8_1, VecDotQ8_1Q8_1Ref);
       set_interleaved(InterleavedTileQ4_0Q8_0Scalar, InterleavedTileQ4_1Q8_1Scalar,
-                      InterleavedTileQ5_0Q8_0Scalar, InterleavedTileQ8_0Q8_0Scalar,
-                      InPlaceTileQ8_0Q8_0Scalar);
+                      InterleavedTileQ5_0Q8_0Scalar, InterleavedTileQ5_1Q8_1Scalar,
+                      InterleavedTileQ8_0Q8_0Scalar, InPlaceTileQ8_0Q8_0Scalar);
       break;
     case CpuLevel::kAvx2:
       // Weight quantizers stay scalar (offline use); activation quantizers are on the hot path.
@@ -67,8 +71,8 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       // --types=q5_0, 576-1536 wide), where no multi-row kernel shares the activations.
       r[GgmlType::kQ5_0].tile_for_one_token = true;
       set_interleaved(InterleavedTileQ4_0Q8_0Avx2, InterleavedTileQ4_1Q8_1Avx2,
-                      InterleavedTileQ5_0Q8_0Avx2, InterleavedTileQ8_0Q8_0Avx2,
-                      InPlaceTileQ8_0Q8_0Avx2);
+                      InterleavedTileQ5_0Q8_0Avx2, InterleavedTileQ5_1Q8_1Avx2,
+                      InterleavedTileQ8_0Q8_0Avx2, InPlaceTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
       set(GgmlType::kQ4_0, nullptr, nullptr, kQ8_0, VecDotQ4_0Q8_0Avx512);
@@ -86,8 +90,8 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
       r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx512;
       set_interleaved(InterleavedTileQ4_0Q8_0Avx512, InterleavedTileQ4_1Q8_1Avx512,
-                      InterleavedTileQ5_0Q8_0Avx512, InterleavedTileQ8_0Q8_0Avx512,
-                      InPlaceTileQ8_0Q8_0Avx512);
+                      InterleavedTileQ5_0Q8_0Avx512, InterleavedTileQ5_1Q8_1Avx512,
+                      InterleavedTileQ8_0Q8_0Avx512, InPlaceTileQ8_0Q8_0Avx512);
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
       // (cpu_ops_bench --tile). The Q8_0 / Q4_0 / Q5_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;

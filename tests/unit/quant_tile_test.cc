@@ -192,10 +192,11 @@ TEST(VecDotTile, MatMulBatchInvariant) {
 
 // ---- Q4_1 x Q8_1 (ggml's x86 order; kernels/cpu/tile_q4_1_avx512.cc) ----
 
-// `rows` Q4_1 rows quantized with the level's weight quantizer from floats with a per-row mean
-// offset (so the mins term matters), stride bytes apart (padding random).
-std::vector<uint8_t> RandomQ4_1Rows(int64_t n, int rows, size_t stride, std::mt19937& rng) {
-  const QuantKernels* k = GetQuantKernels(GgmlType::kQ4_1);
+// `rows` Q4_1 (or Q5_1: `type`) rows quantized with the level's weight quantizer from floats with
+// a per-row mean offset (so the mins term matters), stride bytes apart (padding random).
+std::vector<uint8_t> RandomQ4_1Rows(int64_t n, int rows, size_t stride, std::mt19937& rng,
+                                    GgmlType type = GgmlType::kQ4_1) {
+  const QuantKernels* k = GetQuantKernels(type);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(n);
   std::vector<uint8_t> out(stride * rows + 1);
@@ -354,13 +355,15 @@ constexpr IntegerOrderType kIntegerOrderTypes[] = {
     {GgmlType::kQ4_0, quant::VecDotQ4_0Q8_0IntegerRef},
     {GgmlType::kQ4_1, quant::VecDotQ4_1Q8_1IntegerRef},
     {GgmlType::kQ5_0, quant::VecDotQ5_0Q8_0IntegerRef},
+    {GgmlType::kQ5_1, quant::VecDotQ5_1Q8_1IntegerRef},
     {GgmlType::kQ8_0, quant::VecDotQ8_0Q8_0IntegerRef}};
 
 // Weight rows of `type` with offsets, outliers and zero blocks (stride bytes apart).
 std::vector<uint8_t> IntegerOrderRows(GgmlType type, int64_t n, int rows, size_t stride,
                                       std::mt19937& rng) {
-  return type == GgmlType::kQ4_1 ? RandomQ4_1Rows(n, rows, stride, rng)
-                                 : RandomRows(type, n, rows, stride, rng);
+  return type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1
+             ? RandomQ4_1Rows(n, rows, stride, rng, type)
+             : RandomRows(type, n, rows, stride, rng);
 }
 
 // `tokens` activation rows of `type` from MatMul's activation quantizer at the best level.
@@ -407,10 +410,12 @@ std::vector<CpuLevel> Levels() {
   return levels;
 }
 
-// The integer order is the default mode's matmul at every level: Q4_0, Q4_1, Q5_0 and Q8_0 have
-// an interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's own.
+// The integer order is the default mode's matmul at every level: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+// have an interleaved kernel (and the packer) at each one this CPU runs, a kernel of the level's
+// own.
 TEST(IntegerOrder, RegisteredAtEveryLevel) {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0}) {
+  for (const IntegerOrderType& it : kIntegerOrderTypes) {
+    const GgmlType type = it.type;
     InterleavedTileFn lower_level_kernel = nullptr;
     for (CpuLevel level : Levels()) {
       const QuantKernels* k = InterleavedKernels(type, level);
@@ -483,6 +488,33 @@ TEST(IntegerOrder, PackerLayouts) {
     std::vector<uint8_t> back(RowBytes(GgmlType::kQ5_0, n));
     for (int row = 0; row < rows; ++row) {
       q5_0->interleaved_row(lines.data(), n, row, back.data());
+      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
+    }
+  }
+  {
+    const QuantKernels* q5_1 = InterleavedKernels(GgmlType::kQ5_1);
+    ASSERT_NE(q5_1, nullptr);
+    const size_t stride = RowBytes(GgmlType::kQ5_1, n) + 3;
+    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ5_1, n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*q5_1, w, stride, n, rows);
+    const auto* p = reinterpret_cast<const quant::BlockQ5_1x16*>(lines.data());
+    constexpr uint8_t kZero4[4] = {0, 0, 0, 0};
+    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+      for (int b = 0; b < 3; ++b) {
+        const quant::BlockQ5_1x16& blk = p[row / 16 * 3 + b];
+        const int r = row % 16;
+        const auto* src = reinterpret_cast<const quant::BlockQ5_1*>(w.data() + row * stride) + b;
+        for (int e = 0; e < 16; ++e) {
+          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
+        }
+        ASSERT_EQ(std::memcmp(blk.qh[r], row < rows ? src->qh : kZero4, 4), 0) << "row " << row;
+        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+        ASSERT_EQ(std::memcmp(blk.m[r], row < rows ? src->m : kZero, 2), 0) << "row " << row;
+      }
+    }
+    std::vector<uint8_t> back(RowBytes(GgmlType::kQ5_1, n));
+    for (int row = 0; row < rows; ++row) {
+      q5_1->interleaved_row(lines.data(), n, row, back.data());
       ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
     }
   }
@@ -641,8 +673,8 @@ TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
 }
 
 // Every level gives the same bits on the operands at the edges of each kernel's integer steps:
-// Q4_1 weights whose nibbles are all 15 (the AVX2 kernel's int16 sums at their largest) or all 0
-// with a min only; Q8_0 weights of -128 and 127 (the AVX2 kernel's |qw| and sign steps);
+// Q4_1 / Q5_1 weights whose codes are all 15 / 31 (the AVX2 kernel's int16 sums at their largest)
+// or all 0 with a min only; Q8_0 weights of -128 and 127 (the AVX2 kernel's |qw| and sign steps);
 // activations of +-127 in runs and alternating, and zero blocks.
 TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
   std::mt19937 rng(17);
@@ -669,6 +701,10 @@ TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
           if (kind == 0) std::memset(blk + 2, 0xFF, 20);  // every q 31 (the int16 sums' edge)
           if (kind == 1) std::memset(blk + 2, 0x00, 20);  // every weight -16
           if (kind == 2) std::memset(blk + 2, 0xAA, 4);   // every other element's bit 4
+        } else if (it.type == GgmlType::kQ5_1) {
+          if (kind == 0) std::memset(blk + 4, 0xFF, 20);  // every q 31 (the int16 sums' edge)
+          if (kind == 1) std::memset(blk + 4, 0x00, 20);  // the min alone
+          if (kind == 2) std::memset(blk + 4, 0x55, 4);   // every other element's bit 4
         } else {
           auto* qs = reinterpret_cast<int8_t*>(blk + 2);
           for (int j = 0; j < 32; ++j) {
@@ -737,6 +773,8 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x00, 16);  // every weight -8
       } else if (it.type == GgmlType::kQ5_0) {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x00, 20);  // every weight -16
+      } else if (it.type == GgmlType::kQ5_1) {
+        std::memset(w.data() + 7 * w_stride + b * w_block + 4, 0xFF, 20);  // every q 31
       } else {
         std::memset(w.data() + 7 * w_stride + b * w_block + 2, 0x80, 32);
       }
@@ -760,9 +798,10 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
         }
         const float integer = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
         const float ggml = k->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
-        // Q4_1 x Q8_1 uses the activation's stored f16 sum s for the mins term, not Σ of its
-        // dequantized values: allow that f16 rounding (relative 2^-11 of each mins term).
-        const double tol = (it.type == GgmlType::kQ4_1 ? 1e-3 : 1e-6) * magnitude;
+        // Q4_1 / Q5_1 x Q8_1 use the activation's stored f16 sum s for the mins term, not Σ of
+        // its dequantized values: allow that f16 rounding (relative 2^-11 of each mins term).
+        const bool mins = k->vec_dot_type == GgmlType::kQ8_1;
+        const double tol = (mins ? 1e-3 : 1e-6) * magnitude;
         EXPECT_NEAR(integer, exact, tol) << "row " << r << " token " << t;
         EXPECT_NEAR(ggml, exact, tol) << "row " << r << " token " << t;
         EXPECT_NEAR(integer, ggml, 1e-5 * magnitude) << "row " << r << " token " << t;
