@@ -56,60 +56,58 @@ void FlipTopBits4(const void* from, void* to) {
 
 }  // namespace
 
+namespace {
+
+// The nibble formats (Q4_0, Q4_1, Q5_0, Q5_1): one source block as row r of an x16 block (its qs
+// 4 bytes a line; its qh, d and m, where the format has them, at [r]), and back.
+template <typename Src, typename Dst>
+void PutNibbleRow(Dst& p, int r, const Src& src) {
+  for (int i = 0; i < 4; ++i) std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
+  if constexpr (requires { src.qh; }) std::memcpy(p.qh[r], src.qh, 4);
+  std::memcpy(p.d[r], src.d, 2);
+  if constexpr (requires { src.m; }) std::memcpy(p.m[r], src.m, 2);
+}
+
+template <typename Src, typename Dst>
+void GetNibbleRow(Src& dst, const Dst& p, int r) {
+  for (int i = 0; i < 4; ++i) std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
+  if constexpr (requires { dst.qh; }) std::memcpy(dst.qh, p.qh[r], 4);
+  std::memcpy(dst.d, p.d[r], 2);
+  if constexpr (requires { dst.m; }) std::memcpy(dst.m, p.m[r], 2);
+}
+
+}  // namespace
+
 size_t InterleavedGroupBytesQ4_1(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_1x16);
 }
-
 void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
   InterleaveRows<BlockQ4_1, BlockQ4_1x16>(w, w_stride, n_in, n_rows, out,
-                                          [](BlockQ4_1x16& p, int r, const BlockQ4_1& src) {
-                                            for (int i = 0; i < 4; ++i)
-                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
-                                            std::memcpy(p.d[r], src.d, 2);
-                                            std::memcpy(p.m[r], src.m, 2);
-                                          });
+                                          PutNibbleRow<BlockQ4_1, BlockQ4_1x16>);
 }
 
 size_t InterleavedGroupBytesQ4_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_0x16);
 }
-
 void InterleaveQ4_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
   InterleaveRows<BlockQ4_0, BlockQ4_0x16>(w, w_stride, n_in, n_rows, out,
-                                          [](BlockQ4_0x16& p, int r, const BlockQ4_0& src) {
-                                            for (int i = 0; i < 4; ++i)
-                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
-                                            std::memcpy(p.d[r], src.d, 2);
-                                          });
+                                          PutNibbleRow<BlockQ4_0, BlockQ4_0x16>);
 }
 
 size_t InterleavedGroupBytesQ5_0(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_0x16);
 }
-
 void InterleaveQ5_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
   InterleaveRows<BlockQ5_0, BlockQ5_0x16>(w, w_stride, n_in, n_rows, out,
-                                          [](BlockQ5_0x16& p, int r, const BlockQ5_0& src) {
-                                            for (int i = 0; i < 4; ++i)
-                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
-                                            std::memcpy(p.qh[r], src.qh, 4);
-                                            std::memcpy(p.d[r], src.d, 2);
-                                          });
+                                          PutNibbleRow<BlockQ5_0, BlockQ5_0x16>);
 }
 
 size_t InterleavedGroupBytesQ5_1(int64_t n_in) {
   return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_1x16);
 }
-
 void InterleaveQ5_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
   InterleaveRows<BlockQ5_1, BlockQ5_1x16>(w, w_stride, n_in, n_rows, out,
-                                          [](BlockQ5_1x16& p, int r, const BlockQ5_1& src) {
-                                            for (int i = 0; i < 4; ++i)
-                                              std::memcpy(&p.qs[i][4 * r], src.qs + 4 * i, 4);
-                                            std::memcpy(p.qh[r], src.qh, 4);
-                                            std::memcpy(p.d[r], src.d, 2);
-                                            std::memcpy(p.m[r], src.m, 2);
-                                          });
+                                          PutNibbleRow<BlockQ5_1, BlockQ5_1x16>);
 }
 
 size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
@@ -135,42 +133,19 @@ void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows
 
 void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ4_0, BlockQ4_0x16>(groups, n_in, row, out,
-                                      [](BlockQ4_0& dst, const BlockQ4_0x16& p, int r) {
-                                        for (int i = 0; i < 4; ++i)
-                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
-                                        std::memcpy(dst.d, p.d[r], 2);
-                                      });
+                                      GetNibbleRow<BlockQ4_0, BlockQ4_0x16>);
 }
-
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ4_1, BlockQ4_1x16>(groups, n_in, row, out,
-                                      [](BlockQ4_1& dst, const BlockQ4_1x16& p, int r) {
-                                        for (int i = 0; i < 4; ++i)
-                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
-                                        std::memcpy(dst.d, p.d[r], 2);
-                                        std::memcpy(dst.m, p.m[r], 2);
-                                      });
+                                      GetNibbleRow<BlockQ4_1, BlockQ4_1x16>);
 }
-
 void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ5_0, BlockQ5_0x16>(groups, n_in, row, out,
-                                      [](BlockQ5_0& dst, const BlockQ5_0x16& p, int r) {
-                                        for (int i = 0; i < 4; ++i)
-                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
-                                        std::memcpy(dst.qh, p.qh[r], 4);
-                                        std::memcpy(dst.d, p.d[r], 2);
-                                      });
+                                      GetNibbleRow<BlockQ5_0, BlockQ5_0x16>);
 }
-
 void InterleavedRowQ5_1(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ5_1, BlockQ5_1x16>(groups, n_in, row, out,
-                                      [](BlockQ5_1& dst, const BlockQ5_1x16& p, int r) {
-                                        for (int i = 0; i < 4; ++i)
-                                          std::memcpy(dst.qs + 4 * i, &p.qs[i][4 * r], 4);
-                                        std::memcpy(dst.qh, p.qh[r], 4);
-                                        std::memcpy(dst.d, p.d[r], 2);
-                                        std::memcpy(dst.m, p.m[r], 2);
-                                      });
+                                      GetNibbleRow<BlockQ5_1, BlockQ5_1x16>);
 }
 
 namespace {

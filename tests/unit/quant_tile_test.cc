@@ -429,129 +429,70 @@ TEST(IntegerOrder, RegisteredAtEveryLevel) {
   }
 }
 
-// The packers: Q4_0 / Q4_1 byte 4i + j of row r's block qs at qs[i][4r + j], Q8_0 element 4i + j
-// of row r plus 128 there; d (and m) at [r]; rows past the last one of a group are zero; the
-// row extractors give the source blocks back.
+// A nibble format's packer (Q4_0, Q4_1, Q5_0, Q5_1) on `rows` random rows of n elements: byte
+// 4i + j of row r's block qs at qs[i][4r + j], its qh, d and m (where the format has them) at [r];
+// rows past the last one of a group are zero; the row extractor gives the source blocks back.
+template <typename Src, typename Dst>
+void ExpectNibblePackerLayout(GgmlType type, int64_t n, int rows, std::mt19937& rng) {
+  const QuantKernels* k = InterleavedKernels(type);
+  ASSERT_NE(k, nullptr);
+  const size_t stride = RowBytes(type, n) + 5;
+  const std::vector<uint8_t> w = IntegerOrderRows(type, n, rows, stride, rng);
+  const std::vector<Line> lines = Interleave(*k, w, stride, n, rows);
+  const auto* p = reinterpret_cast<const Dst*>(lines.data());
+  const int64_t nb = n / 32;
+  constexpr uint8_t kZero[4] = {0, 0, 0, 0};
+  for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const Dst& blk = p[row / 16 * nb + b];
+      const int r = row % 16;
+      const auto* src = reinterpret_cast<const Src*>(w.data() + row * stride) + b;
+      for (int e = 0; e < 16; ++e) {
+        ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
+      }
+      if constexpr (requires { src->qh; }) {
+        ASSERT_EQ(std::memcmp(blk.qh[r], row < rows ? src->qh : kZero, 4), 0) << "row " << row;
+      }
+      ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+      if constexpr (requires { src->m; }) {
+        ASSERT_EQ(std::memcmp(blk.m[r], row < rows ? src->m : kZero, 2), 0) << "row " << row;
+      }
+    }
+  }
+  std::vector<uint8_t> back(RowBytes(type, n));
+  for (int row = 0; row < rows; ++row) {
+    k->interleaved_row(lines.data(), n, row, back.data());
+    ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
+  }
+}
+
+// The packers: the nibble formats' (above); Q8_0 element 4i + j of row r plus 128 at
+// qs[i][4r + j], d at [r], rows past the last one of a group zero.
 TEST(IntegerOrder, PackerLayouts) {
-  const QuantKernels* q4_1 = InterleavedKernels(GgmlType::kQ4_1);
-  const QuantKernels* q8_0 = InterleavedKernels(GgmlType::kQ8_0);
-  ASSERT_NE(q4_1, nullptr);
-  ASSERT_NE(q8_0, nullptr);
   std::mt19937 rng(3);
   const int64_t n = 96;
   const int rows = 19;
+  ExpectNibblePackerLayout<quant::BlockQ4_0, quant::BlockQ4_0x16>(GgmlType::kQ4_0, n, rows, rng);
+  ExpectNibblePackerLayout<quant::BlockQ4_1, quant::BlockQ4_1x16>(GgmlType::kQ4_1, n, rows, rng);
+  ExpectNibblePackerLayout<quant::BlockQ5_0, quant::BlockQ5_0x16>(GgmlType::kQ5_0, n, rows, rng);
+  ExpectNibblePackerLayout<quant::BlockQ5_1, quant::BlockQ5_1x16>(GgmlType::kQ5_1, n, rows, rng);
+  const QuantKernels* q8_0 = InterleavedKernels(GgmlType::kQ8_0);
+  ASSERT_NE(q8_0, nullptr);
   constexpr uint8_t kZero[2] = {0, 0};
-  {
-    const QuantKernels* q4_0 = InterleavedKernels(GgmlType::kQ4_0);
-    ASSERT_NE(q4_0, nullptr);
-    const size_t stride = RowBytes(GgmlType::kQ4_0, n) + 5;
-    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ4_0, n, rows, stride, rng);
-    const std::vector<Line> lines = Interleave(*q4_0, w, stride, n, rows);
-    const auto* p = reinterpret_cast<const quant::BlockQ4_0x16*>(lines.data());
-    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
-      for (int b = 0; b < 3; ++b) {
-        const quant::BlockQ4_0x16& blk = p[row / 16 * 3 + b];
-        const int r = row % 16;
-        const auto* src = reinterpret_cast<const quant::BlockQ4_0*>(w.data() + row * stride) + b;
-        for (int e = 0; e < 16; ++e) {
-          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
-        }
-        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
+  const size_t stride = RowBytes(GgmlType::kQ8_0, n) + 3;
+  const std::vector<uint8_t> w = RandomRows(GgmlType::kQ8_0, n, rows, stride, rng);
+  const std::vector<Line> lines = Interleave(*q8_0, w, stride, n, rows);
+  const auto* p = reinterpret_cast<const quant::BlockQ8_0x16*>(lines.data());
+  for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
+    for (int b = 0; b < 3; ++b) {
+      const quant::BlockQ8_0x16& blk = p[row / 16 * 3 + b];
+      const int r = row % 16;
+      const auto* src = reinterpret_cast<const quant::BlockQ8_0*>(w.data() + row * stride) + b;
+      for (int e = 0; e < 32; ++e) {
+        ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? uint8_t(src->qs[e] + 128) : 0)
+            << "row " << row;
       }
-    }
-    std::vector<uint8_t> back(RowBytes(GgmlType::kQ4_0, n));
-    for (int row = 0; row < rows; ++row) {
-      q4_0->interleaved_row(lines.data(), n, row, back.data());
-      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
-    }
-  }
-  {
-    const QuantKernels* q5_0 = InterleavedKernels(GgmlType::kQ5_0);
-    ASSERT_NE(q5_0, nullptr);
-    const size_t stride = RowBytes(GgmlType::kQ5_0, n) + 3;
-    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ5_0, n, rows, stride, rng);
-    const std::vector<Line> lines = Interleave(*q5_0, w, stride, n, rows);
-    const auto* p = reinterpret_cast<const quant::BlockQ5_0x16*>(lines.data());
-    constexpr uint8_t kZero4[4] = {0, 0, 0, 0};
-    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
-      for (int b = 0; b < 3; ++b) {
-        const quant::BlockQ5_0x16& blk = p[row / 16 * 3 + b];
-        const int r = row % 16;
-        const auto* src = reinterpret_cast<const quant::BlockQ5_0*>(w.data() + row * stride) + b;
-        for (int e = 0; e < 16; ++e) {
-          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
-        }
-        ASSERT_EQ(std::memcmp(blk.qh[r], row < rows ? src->qh : kZero4, 4), 0) << "row " << row;
-        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
-      }
-    }
-    std::vector<uint8_t> back(RowBytes(GgmlType::kQ5_0, n));
-    for (int row = 0; row < rows; ++row) {
-      q5_0->interleaved_row(lines.data(), n, row, back.data());
-      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
-    }
-  }
-  {
-    const QuantKernels* q5_1 = InterleavedKernels(GgmlType::kQ5_1);
-    ASSERT_NE(q5_1, nullptr);
-    const size_t stride = RowBytes(GgmlType::kQ5_1, n) + 3;
-    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ5_1, n, rows, stride, rng);
-    const std::vector<Line> lines = Interleave(*q5_1, w, stride, n, rows);
-    const auto* p = reinterpret_cast<const quant::BlockQ5_1x16*>(lines.data());
-    constexpr uint8_t kZero4[4] = {0, 0, 0, 0};
-    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
-      for (int b = 0; b < 3; ++b) {
-        const quant::BlockQ5_1x16& blk = p[row / 16 * 3 + b];
-        const int r = row % 16;
-        const auto* src = reinterpret_cast<const quant::BlockQ5_1*>(w.data() + row * stride) + b;
-        for (int e = 0; e < 16; ++e) {
-          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
-        }
-        ASSERT_EQ(std::memcmp(blk.qh[r], row < rows ? src->qh : kZero4, 4), 0) << "row " << row;
-        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
-        ASSERT_EQ(std::memcmp(blk.m[r], row < rows ? src->m : kZero, 2), 0) << "row " << row;
-      }
-    }
-    std::vector<uint8_t> back(RowBytes(GgmlType::kQ5_1, n));
-    for (int row = 0; row < rows; ++row) {
-      q5_1->interleaved_row(lines.data(), n, row, back.data());
-      ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
-    }
-  }
-  {
-    const size_t stride = RowBytes(GgmlType::kQ4_1, n) + 5;
-    const std::vector<uint8_t> w = RandomQ4_1Rows(n, rows, stride, rng);
-    const std::vector<Line> lines = Interleave(*q4_1, w, stride, n, rows);
-    const auto* p = reinterpret_cast<const quant::BlockQ4_1x16*>(lines.data());
-    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
-      for (int b = 0; b < 3; ++b) {
-        const quant::BlockQ4_1x16& blk = p[row / 16 * 3 + b];
-        const int r = row % 16;
-        const auto* src = reinterpret_cast<const quant::BlockQ4_1*>(w.data() + row * stride) + b;
-        for (int e = 0; e < 16; ++e) {
-          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? src->qs[e] : 0) << "row " << row;
-        }
-        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
-        ASSERT_EQ(std::memcmp(blk.m[r], row < rows ? src->m : kZero, 2), 0) << "row " << row;
-      }
-    }
-  }
-  {
-    const size_t stride = RowBytes(GgmlType::kQ8_0, n) + 3;
-    const std::vector<uint8_t> w = RandomRows(GgmlType::kQ8_0, n, rows, stride, rng);
-    const std::vector<Line> lines = Interleave(*q8_0, w, stride, n, rows);
-    const auto* p = reinterpret_cast<const quant::BlockQ8_0x16*>(lines.data());
-    for (int row = 0; row < 2 * quant::kInterleaveRows; ++row) {
-      for (int b = 0; b < 3; ++b) {
-        const quant::BlockQ8_0x16& blk = p[row / 16 * 3 + b];
-        const int r = row % 16;
-        const auto* src = reinterpret_cast<const quant::BlockQ8_0*>(w.data() + row * stride) + b;
-        for (int e = 0; e < 32; ++e) {
-          ASSERT_EQ(blk.qs[e / 4][4 * r + e % 4], row < rows ? uint8_t(src->qs[e] + 128) : 0)
-              << "row " << row;
-        }
-        ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
-      }
+      ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
     }
   }
 }
