@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "kernels/cpu/interleaved.h"
+#include "kernels/cpu/interleaved_driver.h"
 #include "kernels/cpu/legacy.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
@@ -225,20 +226,6 @@ using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
 using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 using Q8_0Format = OffsetFormat<BlockQ8_0x16, 128>;
 
-// The activations' scales of n_tokens rows, converted once per call: d[t * nb + b] and
-// aux[t * nb + b] (scratch slots 0 and 1).
-template <typename F>
-void ActivationScales(int64_t nb, const uint8_t* a, size_t a_stride, int n_tokens, float** d,
-                      typename F::Aux** aux) {
-  const size_t need = static_cast<size_t>(n_tokens) * nb;
-  *d = static_cast<float*>(kernels::ThreadScratch(0, need * sizeof(float)));
-  *aux = static_cast<typename F::Aux*>(kernels::ThreadScratch(1, need * sizeof(typename F::Aux)));
-  for (int t = 0; t < n_tokens; ++t) {
-    const auto* row = reinterpret_cast<const typename F::ActBlock*>(a + t * a_stride);
-    for (int64_t b = 0; b < nb; ++b) F::Scales(row[b], *d + t * nb + b, *aux + t * nb + b);
-  }
-}
-
 // One group of 16 rows (n_rows of them real) x every token, in register tiles of up to
 // kTileTokens tokens.
 template <typename F>
@@ -249,23 +236,6 @@ void GroupTiles(const typename F::Block* g, int64_t nb, int n_rows, const uint8_
     F::template Tile<T>(g, nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb, n_rows,
                         out + t * out_stride, out_stride, n_tokens > kTileTokens);
   });
-}
-
-// The InterleavedTileFn contract for one format.
-template <typename F>
-void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t a_stride,
-                     int n_tokens, float* out, size_t out_stride) {
-  if (n_rows <= 0 || n_tokens <= 0) return;
-  const int64_t nb = n / kQK;
-  const auto* ap = static_cast<const uint8_t*>(a);
-  float* d;
-  typename F::Aux* aux;
-  ActivationScales<F>(nb, ap, a_stride, n_tokens, &d, &aux);
-  const auto* groups = static_cast<const typename F::Block*>(w);
-  for (int r = 0; r < n_rows; r += kInterleaveRows) {
-    GroupTiles<F>(groups + r / kInterleaveRows * nb, nb, n_rows - r, ap, a_stride, n_tokens, d, aux,
-                  out + r, out_stride);
-  }
 }
 
 // Block b of 16 Q8_0 rows (w_stride bytes apart) as an x16 block in registers: q[i] = line i
@@ -384,27 +354,32 @@ __attribute__((flatten)) void Q8_0RowsTile(const Q8_0Rows& rows, int64_t nb, con
 
 void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+  interleaved::InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                           GroupTiles<Q4_1Format>);
 }
 
 void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+  interleaved::InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                           GroupTiles<Q4_0Format>);
 }
 
 void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+  interleaved::InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                           GroupTiles<Q5_0Format>);
 }
 
 void InterleavedTileQ5_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+  interleaved::InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                           GroupTiles<Q5_1Format>);
 }
 
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
+  interleaved::InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                           GroupTiles<Q8_0Format>);
 }
 
 void PackQ8_0x16Avx512(const void* w, size_t w_stride, int n_rows, int64_t nb, BlockQ8_0x16* out) {
@@ -426,7 +401,7 @@ void InPlaceTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_
   const auto* ap = static_cast<const uint8_t*>(a);
   float* d;
   Q8_0Format::Aux* aux;
-  ActivationScales<Q8_0Format>(nb, ap, a_stride, n_tokens, &d, &aux);
+  interleaved::ActivationScales<Q8_0Format>(nb, ap, a_stride, n_tokens, &d, &aux);
   const auto* rows = static_cast<const uint8_t*>(w);
   BlockQ8_0x16* chunk = nullptr;
   for (int r = 0; r < n_rows; r += kInterleaveRows) {
