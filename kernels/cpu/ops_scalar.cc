@@ -36,9 +36,15 @@ void RmsNorm(const float* x, const float* w, int64_t n_rows, int64_t n, float ep
     const int64_t rows = n_rows - r0 < kRows ? n_rows - r0 : kRows;
     const float* xr = x + r0 * n;
     double ss[kRows] = {};
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
+    if (rows == 1) {  // one chain in a register (through ss[], each add waits on a store)
+      double s = 0.0;
+      for (int64_t i = 0; i < n; ++i) s += static_cast<double>(xr[i] * xr[i]);
+      ss[0] = s;
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
+        }
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
