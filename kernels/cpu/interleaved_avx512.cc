@@ -350,36 +350,39 @@ __attribute__((flatten)) void Q8_0RowsTile(const Q8_0Rows& rows, int64_t nb, con
   StoreTile<T>(acc, kInterleaveRows, out, out_stride);
 }
 
+// The InterleavedTileFn contract for format F (interleaved_driver.h with this file's GroupTiles).
+template <typename F>
+void InterleavedTile(int64_t n, const void* w, int n_rows, const void* a, size_t a_stride,
+                     int n_tokens, float* out, size_t out_stride) {
+  interleaved::InterleavedTile<F>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                  GroupTiles<F>);
+}
+
 }  // namespace
 
 void InterleavedTileQ4_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  interleaved::InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
-                                           GroupTiles<Q4_1Format>);
+  InterleavedTile<Q4_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ4_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  interleaved::InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
-                                           GroupTiles<Q4_0Format>);
+  InterleavedTile<Q4_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ5_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  interleaved::InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
-                                           GroupTiles<Q5_0Format>);
+  InterleavedTile<Q5_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ5_1Q8_1Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  interleaved::InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
-                                           GroupTiles<Q5_1Format>);
+  InterleavedTile<Q5_1Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  interleaved::InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
-                                           GroupTiles<Q8_0Format>);
+  InterleavedTile<Q8_0Format>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void PackQ8_0x16Avx512(const void* w, size_t w_stride, int n_rows, int64_t nb, BlockQ8_0x16* out) {

@@ -76,42 +76,36 @@ void GetNibbleRow(Src& dst, const Dst& p, int r) {
   if constexpr (requires { dst.m; }) std::memcpy(dst.m, p.m[r], 2);
 }
 
+// Bytes of one group of 16 interleaved rows of n_in elements in x16 blocks Dst.
+template <typename Dst>
+size_t GroupBytes(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQK) * sizeof(Dst);
+}
+
+template <typename Src, typename Dst>
+void InterleaveNibbles(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveRows<Src, Dst>(w, w_stride, n_in, n_rows, out, PutNibbleRow<Src, Dst>);
+}
+
 }  // namespace
 
-size_t InterleavedGroupBytesQ4_1(int64_t n_in) {
-  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_1x16);
-}
-void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ4_1, BlockQ4_1x16>(w, w_stride, n_in, n_rows, out,
-                                          PutNibbleRow<BlockQ4_1, BlockQ4_1x16>);
-}
+size_t InterleavedGroupBytesQ4_1(int64_t n_in) { return GroupBytes<BlockQ4_1x16>(n_in); }
+size_t InterleavedGroupBytesQ4_0(int64_t n_in) { return GroupBytes<BlockQ4_0x16>(n_in); }
+size_t InterleavedGroupBytesQ5_0(int64_t n_in) { return GroupBytes<BlockQ5_0x16>(n_in); }
+size_t InterleavedGroupBytesQ5_1(int64_t n_in) { return GroupBytes<BlockQ5_1x16>(n_in); }
+size_t InterleavedGroupBytesQ8_0(int64_t n_in) { return GroupBytes<BlockQ8_0x16>(n_in); }
 
-size_t InterleavedGroupBytesQ4_0(int64_t n_in) {
-  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ4_0x16);
+void InterleaveQ4_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveNibbles<BlockQ4_1, BlockQ4_1x16>(w, w_stride, n_in, n_rows, out);
 }
 void InterleaveQ4_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ4_0, BlockQ4_0x16>(w, w_stride, n_in, n_rows, out,
-                                          PutNibbleRow<BlockQ4_0, BlockQ4_0x16>);
-}
-
-size_t InterleavedGroupBytesQ5_0(int64_t n_in) {
-  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_0x16);
+  InterleaveNibbles<BlockQ4_0, BlockQ4_0x16>(w, w_stride, n_in, n_rows, out);
 }
 void InterleaveQ5_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ5_0, BlockQ5_0x16>(w, w_stride, n_in, n_rows, out,
-                                          PutNibbleRow<BlockQ5_0, BlockQ5_0x16>);
-}
-
-size_t InterleavedGroupBytesQ5_1(int64_t n_in) {
-  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ5_1x16);
+  InterleaveNibbles<BlockQ5_0, BlockQ5_0x16>(w, w_stride, n_in, n_rows, out);
 }
 void InterleaveQ5_1(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
-  InterleaveRows<BlockQ5_1, BlockQ5_1x16>(w, w_stride, n_in, n_rows, out,
-                                          PutNibbleRow<BlockQ5_1, BlockQ5_1x16>);
-}
-
-size_t InterleavedGroupBytesQ8_0(int64_t n_in) {
-  return static_cast<size_t>(n_in / kQK) * sizeof(BlockQ8_0x16);
+  InterleaveNibbles<BlockQ5_1, BlockQ5_1x16>(w, w_stride, n_in, n_rows, out);
 }
 
 namespace {
