@@ -118,6 +118,18 @@ void InPlaceTileQ8_0Q8_0Avx2(int64_t n, const void* w, size_t w_stride, int n_ro
 void InPlaceTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                                size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
+// Q4_0, Q4_1, Q5_0 and Q5_1 weights read in place, with the same contract and bits (against
+// their InterleavedTile* kernels): the AVX-512 level makes each group's x16 blocks in registers
+// for a few tokens and in per-thread scratch for more.
+void InPlaceTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InPlaceTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InPlaceTileQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void InPlaceTileQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride);
+
 // One group of up to 16 Q8_0 rows (n_rows of them, w_stride bytes apart; the rest zero) as nb x16
 // blocks at out: the bytes InterleaveQ8_0 (lib/quant/interleave.h) writes for them. Plain C++,
 // and the AVX2 and AVX-512 versions the in-place kernels use.

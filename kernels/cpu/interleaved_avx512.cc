@@ -76,14 +76,13 @@ inline __m512 HalvesToFloats(const uint8_t (*h)[2]) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
 }
 
-// The low 4 bits of a block's 32 elements of 16 rows: q[i] elements 4i..4i+3 (i < 4), q[i + 4]
-// elements 16+4i..16+4i+3 (the x16 layouts' qs lines).
-inline void Nibbles(const uint8_t (*qs)[64], __m512i q[8]) {
+// The low 4 bits of a block's 32 elements of 16 rows from its four qs lines (the x16 layouts'
+// qs[i]): q[i] elements 4i..4i+3 (i < 4), q[i + 4] elements 16+4i..16+4i+3.
+inline void Nibbles(const __m512i packed[4], __m512i q[8]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   Unroll<4>([&](auto i) {
-    const __m512i packed = _mm512_loadu_si512(qs[i]);
-    q[i] = _mm512_and_si512(packed, low);
-    q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    q[i] = _mm512_and_si512(packed[i], low);
+    q[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed[i], 4), low);
   });
 }
 
@@ -102,9 +101,8 @@ struct HighBits {
   // Byte j of a row's lanes tests bit j (even lines) or 4 + j (odd lines) of the spread byte.
   __m512i test[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(0x80402010)};
 
-  // Adds 16 to the elements of q (Nibbles' lines) whose bit 4 is set in the rows' qh.
-  __attribute__((always_inline)) void Add(const uint8_t (*qh_rows)[4], __m512i q[8]) const {
-    const __m512i qh = _mm512_loadu_si512(qh_rows);
+  // Adds 16 to the elements of q (Nibbles' lines) whose bit 4 is set in the rows' qh dwords.
+  __attribute__((always_inline)) void Add(__m512i qh, __m512i q[8]) const {
     __m512i high_bytes[4];
     Unroll<4>([&](auto k) { high_bytes[k] = _mm512_shuffle_epi8(qh, spread[k]); });
     Unroll<4>([&](auto i) {
@@ -116,9 +114,110 @@ struct HighBits {
   }
 };
 
-// Q4_1 and Q5_1 (kFiveBit: bit 4 from the rows' qh) weights x Q8_1 activations: P = Σ q * qa,
+// Where a tile's weight blocks come from. Load(b, q, &dw, &mw) gives block b of the group: its 32
+// elements of 16 rows as the eight lines the formats multiply (unsigned bytes, bit 4 added), the
+// rows' scales and (Q4_1, Q5_1) mins; Prefetch(b, many_tiles) is called before it.
+
+// The interleaved copy's group.
+template <typename B>
+struct CopyBlocks {
+  static constexpr bool kFiveBit = requires(B x) { x.qh; };
+  static constexpr bool kMins = requires(B x) { x.m; };
+  static constexpr bool kBytes = sizeof(B::qs) == 8 * 64;
+  const B* w;
+  HighBits high;
+
+  explicit CopyBlocks(const B* group) : w(group) {}
+  // Q5_1 prefetches its one-token stream too (unlike the other formats, see PrefetchAhead):
+  // alternating runs, 1 thread, decode128 of the default model requantized to Q5_1 183-191 ->
+  // 218-228 tok/s, llama-1b-q5_1 26.5-26.8 -> 27.9-28.6 (Q5_0 the same either way).
+  __attribute__((always_inline)) void Prefetch(int64_t b, bool many_tiles) const {
+    if (many_tiles || (kFiveBit && kMins)) PrefetchAhead(w, b);
+  }
+  __attribute__((always_inline)) void Load(int64_t b, __m512i q[8], __m512* dw, __m512* mw) const {
+    if constexpr (kBytes) {
+      Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
+    } else {
+      __m512i packed[4];
+      Unroll<4>([&](auto i) { packed[i] = _mm512_loadu_si512(w[b].qs[i]); });
+      Nibbles(packed, q);
+    }
+    if constexpr (kFiveBit) high.Add(_mm512_loadu_si512(w[b].qh), q);
+    *dw = HalvesToFloats(w[b].d);
+    if constexpr (kMins) *mw = HalvesToFloats(w[b].m);
+  }
+};
+
+// 16 rows of the file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks (S), w_stride bytes apart, read in
+// place: block b's x16 lines made in registers. Four 128-bit loads per zmm put the qs of rows k,
+// 4 + k, 8 + k, 12 + k in its lanes (zmm k), and a 4 x 4 dword transpose in every lane makes the
+// lines (line i, lane L: dword i of rows 4L..4L+3); one gather brings each row's first dword (d,
+// and m in the high half where S has it), one more the qh dwords of the 5-bit formats. As
+// Q8_0Rows, each block prefetches as many bytes of the group groups_ahead on as it reads.
+template <typename S>
+struct NibbleRows {
+  static constexpr bool kFiveBit = requires(S x) { x.qh; };
+  static constexpr bool kMins = requires(S x) { x.m; };
+  static constexpr size_t kGroupsAheadBytes = 2 * kStreamPrefetchBytes;
+  static constexpr int kBlockLines = (kInterleaveRows * sizeof(S) + 63) / 64;
+  const uint8_t* w;
+  size_t w_stride;
+  size_t groups_ahead;
+  __m512i row_offsets;
+  HighBits high;
+
+  NibbleRows(const uint8_t* rows, size_t stride)
+      : w(rows),
+        w_stride(stride),
+        groups_ahead(1 + kGroupsAheadBytes / (kInterleaveRows * stride)),
+        row_offsets(_mm512_mullo_epi32(
+            _mm512_set1_epi32(static_cast<int>(stride)),
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))) {}
+
+  __attribute__((always_inline)) void Prefetch(int64_t b, bool /*many_tiles*/) const {
+    const char* ahead =
+        reinterpret_cast<const char*>(w + groups_ahead * kInterleaveRows * w_stride) +
+        b * kInterleaveRows * sizeof(S);
+    Unroll<kBlockLines>([&](auto line) { _mm_prefetch(ahead + 64 * line, _MM_HINT_T1); });
+  }
+  // The x16 block's bytes in registers: qs lines, head (the rows' first dwords: d | m << 16) and
+  // qh (the rows' qh dwords; 5-bit formats only).
+  __attribute__((always_inline)) void Raw(int64_t b, __m512i packed[4], __m512i* head,
+                                          __m512i* qh) const {
+    const uint8_t* block = w + b * sizeof(S);
+    __m512i z[4];
+    Unroll<4>([&](auto k) {
+      auto qs = [&](int row) {
+        return _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(block + row * w_stride + offsetof(S, qs)));
+      };
+      __m512i v = _mm512_castsi128_si512(qs(k));
+      v = _mm512_inserti32x4(v, qs(4 + k), 1);
+      v = _mm512_inserti32x4(v, qs(8 + k), 2);
+      z[k] = _mm512_inserti32x4(v, qs(12 + k), 3);
+    });
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    packed[0] = _mm512_unpacklo_epi64(t0, t2);
+    packed[1] = _mm512_unpackhi_epi64(t0, t2);
+    packed[2] = _mm512_unpacklo_epi64(t1, t3);
+    packed[3] = _mm512_unpackhi_epi64(t1, t3);
+    *head = _mm512_i32gather_epi32(row_offsets, block, 1);
+    if constexpr (kFiveBit) *qh = _mm512_i32gather_epi32(row_offsets, block + offsetof(S, qh), 1);
+  }
+  __attribute__((always_inline)) void Load(int64_t b, __m512i q[8], __m512* dw, __m512* mw) const {
+    __m512i packed[4], head, qh;
+    Raw(b, packed, &head, &qh);
+    Nibbles(packed, q);
+    if constexpr (kFiveBit) high.Add(qh, q);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    if constexpr (kMins) *mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+  }
+};
+
+// Q4_1 and Q5_1 (bit 4 from the rows' qh) weights x Q8_1 activations: P = Σ q * qa,
 // and the mins.
-template <typename B, bool kFiveBit>
+template <typename B>
 struct MinFormat {
   using Block = B;
   using ActBlock = BlockQ8_1;
@@ -129,8 +228,8 @@ struct MinFormat {
   }
   // One group of 16 rows x T tokens; a: the T tokens' rows; d, aux: their scales (stride nb).
   // flatten: GCC otherwise leaves some Unroll lambdas as calls (2-4x slower at 3-7 tokens).
-  template <int T>
-  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+  template <int T, typename Src>
+  __attribute__((flatten)) static void Tile(const Src& w, int64_t nb, const uint8_t* a,
                                             size_t a_stride, const float* d, const Aux* aux,
                                             int n_rows, float* out, size_t out_stride,
                                             bool prefetch) {
@@ -139,17 +238,11 @@ struct MinFormat {
       acc[t] = _mm512_setzero_ps();
       mins[t] = _mm512_setzero_ps();
     });
-    [[maybe_unused]] const HighBits high;
-    // Q5_1 prefetches its one-token stream too (unlike the other formats, see PrefetchAhead):
-    // alternating runs, 1 thread, decode128 of the default model requantized to Q5_1 183-191 ->
-    // 218-228 tok/s, llama-1b-q5_1 26.5-26.8 -> 27.9-28.6 (Q5_0 the same either way).
     for (int64_t b = 0; b < nb; ++b) {
-      if (prefetch || kFiveBit) PrefetchAhead(w, b);
+      w.Prefetch(b, prefetch);
       __m512i q[8];
-      Nibbles(w[b].qs, q);
-      if constexpr (kFiveBit) high.Add(w[b].qh, q);
-      const __m512 dw = HalvesToFloats(w[b].d);
-      const __m512 mw = HalvesToFloats(w[b].m);
+      __m512 dw, mw;
+      w.Load(b, q, &dw, &mw);
       Unroll<T>([&](auto t) {
         const auto* act = reinterpret_cast<const ActBlock*>(a + t * a_stride) + b;
         const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(d[t * nb + b]));
@@ -163,8 +256,8 @@ struct MinFormat {
     });
   }
 };
-using Q4_1Format = MinFormat<BlockQ4_1x16, false>;
-using Q5_1Format = MinFormat<BlockQ5_1x16, true>;
+using Q4_1Format = MinFormat<BlockQ4_1x16>;
+using Q5_1Format = MinFormat<BlockQ5_1x16>;
 
 // One block of 16 rows (its lines q as unsigned bytes, its scales dw) into the T tokens' chains of
 // an offset format: P = Σ q * qa + aux (aux = -offset * Σ qa), acc = fma(dw * da, float(P), acc).
@@ -191,8 +284,6 @@ inline void StoreTile(const __m512 acc[T], int n_rows, float* out, size_t out_st
 // mins.
 template <typename B, int kOffset>
 struct OffsetFormat {
-  static constexpr bool kFiveBit = kOffset == 16;
-  static constexpr bool kBytes = kOffset == 128;
   using Block = B;
   using ActBlock = BlockQ8_0;
   using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
@@ -200,24 +291,19 @@ struct OffsetFormat {
     *d = LoadHalf(a.d);
     *aux = -kOffset * SumQs(a);
   }
-  template <int T>
-  __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, const uint8_t* a,
+  template <int T, typename Src>
+  __attribute__((flatten)) static void Tile(const Src& w, int64_t nb, const uint8_t* a,
                                             size_t a_stride, const float* d, const Aux* aux,
                                             int n_rows, float* out, size_t out_stride,
                                             bool prefetch) {
     __m512 acc[T];
     Unroll<T>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-    [[maybe_unused]] const HighBits high;
     for (int64_t b = 0; b < nb; ++b) {
-      if (prefetch) PrefetchAhead(w, b);
+      w.Prefetch(b, prefetch);
       __m512i q[8];
-      if constexpr (kBytes) {
-        Unroll<8>([&](auto i) { q[i] = _mm512_loadu_si512(w[b].qs[i]); });
-      } else {
-        Nibbles(w[b].qs, q);
-      }
-      if constexpr (kFiveBit) high.Add(w[b].qh, q);
-      AccumulateOffsetBlock<T>(q, HalvesToFloats(w[b].d), b, nb, a, a_stride, d, aux, acc);
+      __m512 dw, unused_mins;
+      w.Load(b, q, &dw, &unused_mins);
+      AccumulateOffsetBlock<T>(q, dw, b, nb, a, a_stride, d, aux, acc);
     }
     StoreTile<T>(acc, n_rows, out, out_stride);
   }
@@ -233,8 +319,8 @@ void GroupTiles(const typename F::Block* g, int64_t nb, int n_rows, const uint8_
                 size_t a_stride, int n_tokens, const float* d, const typename F::Aux* aux,
                 float* out, size_t out_stride) {
   ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
-    F::template Tile<T>(g, nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb, n_rows,
-                        out + t * out_stride, out_stride, n_tokens > kTileTokens);
+    F::template Tile<T>(CopyBlocks(g), nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb,
+                        n_rows, out + t * out_stride, out_stride, n_tokens > kTileTokens);
   });
 }
 
@@ -435,6 +521,82 @@ void InPlaceTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_
       });
     }
   }
+}
+
+namespace {
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 rows (S) in place for format F: up to kTileTokens tokens, each group's
+// lines made in registers (NibbleRows, F's tile as on the copy); more, each group's x16 blocks
+// written to per-thread scratch (slot 2: 384 B per block) once and every token tile run over them
+// (GroupTiles). A last partial group is first copied to scratch (slot 3) with zero rows after it,
+// the rows InterleaveFn adds.
+template <typename S, typename F>
+void NibbleInPlaceTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  using X = typename F::Block;
+  const int64_t nb = n / kQK;
+  const auto* ap = static_cast<const uint8_t*>(a);
+  float* d;
+  typename F::Aux* aux;
+  interleaved::ActivationScales<F>(nb, ap, a_stride, n_tokens, &d, &aux);
+  for (int r = 0; r < n_rows; r += kInterleaveRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + r * w_stride;
+    const int group_rows = n_rows - r < kInterleaveRows ? n_rows - r : kInterleaveRows;
+    if (group_rows < kInterleaveRows) {
+      auto* padded = static_cast<uint8_t*>(kernels::ThreadScratch(3, kInterleaveRows * w_stride));
+      std::memcpy(padded, group, group_rows * w_stride);
+      std::memset(padded + group_rows * w_stride, 0, (kInterleaveRows - group_rows) * w_stride);
+      group = padded;
+    }
+    const NibbleRows<S> rows(group, w_stride);
+    if (n_tokens <= kTileTokens) {
+      ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+        F::template Tile<T>(rows, nb, ap + t * a_stride, a_stride, d + t * nb, aux + t * nb,
+                            group_rows, out + t * out_stride + r, out_stride, false);
+      });
+      continue;
+    }
+    auto* blocks = static_cast<X*>(kernels::ThreadScratch(2, nb * sizeof(X)));
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512i packed[4], head, qh;
+      rows.Raw(b, packed, &head, &qh);
+      Unroll<4>([&](auto i) { _mm512_storeu_si512(blocks[b].qs[i], packed[i]); });
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blocks[b].d), _mm512_cvtepi32_epi16(head));
+      if constexpr (NibbleRows<S>::kMins) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(blocks[b].m),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+      }
+      if constexpr (NibbleRows<S>::kFiveBit) _mm512_storeu_si512(blocks[b].qh, qh);
+    }
+    GroupTiles<F>(blocks, nb, group_rows, ap, a_stride, n_tokens, d, aux, out + r, out_stride);
+  }
+}
+
+}  // namespace
+
+void InPlaceTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  NibbleInPlaceTile<BlockQ4_0, Q4_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                           out_stride);
+}
+
+void InPlaceTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  NibbleInPlaceTile<BlockQ4_1, Q4_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                           out_stride);
+}
+
+void InPlaceTileQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  NibbleInPlaceTile<BlockQ5_0, Q5_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                           out_stride);
+}
+
+void InPlaceTileQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                               size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  NibbleInPlaceTile<BlockQ5_1, Q5_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
+                                           out_stride);
 }
 
 }  // namespace kiln::quant

@@ -36,6 +36,9 @@ class WeightStore {
  public:
   virtual ~WeightStore() = default;
   virtual size_t bytes() const = 0;
+  // Returns once every prepared form is complete: a backend may finish them in the background
+  // after PrepareWeights returns (the CPU's copies, read in place meanwhile).
+  virtual void WaitUntilPrepared() const {}
 };
 
 class Backend {

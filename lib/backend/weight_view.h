@@ -1,6 +1,7 @@
 // WeightView: one weight tensor as the model binds it and every backend op reads it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -25,9 +26,13 @@ struct WeightView {
   // row-interleaved layout for the integer-order matmuls), or null. When set, the kiln numeric
   // order multiplies with it; the llama.cpp order always reads `data`.
   const void* interleaved = nullptr;
-  // Set by the CPU backend's PrepareWeights instead of a copy for the types whose integer-order
-  // kernel reads `data` in place (QuantKernels::in_place_tile: Q8_0): the kiln numeric order
-  // multiplies `data` with it; the llama.cpp order ignores it.
+  // Where `interleaved` is still being written (the CPU backend's background copy): rows
+  // [0, *copied_rows) of it are complete (a multiple of 16, or n_out). Null: all of it.
+  const std::atomic<int64_t>* copied_rows = nullptr;
+  // Set by the CPU backend's PrepareWeights for the types whose integer-order kernel reads `data`
+  // in place (QuantKernels::in_place_tile: Q8_0 instead of a copy; the nibble types until their
+  // copy is written): the kiln numeric order multiplies `data` with it, where no copied rows
+  // serve; the llama.cpp order ignores it.
   bool in_place = false;
   std::string_view name = {};  // the GGUF tensor name ("" for views made by tests and benchmarks)
   // A device backend's copy of `data` in device memory (Backend::PrepareWeights of the CUDA
@@ -43,6 +48,11 @@ struct WeightView {
     return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
   }
   const float* AsF32() const { return static_cast<const float*>(data); }  // f32 vectors
+  // Rows of `interleaved` that may be read now.
+  int64_t InterleavedRows() const {
+    if (interleaved == nullptr) return 0;
+    return copied_rows == nullptr ? n_out : copied_rows->load(std::memory_order_acquire);
+  }
   // Rows [first, first + count) of the file's bytes as a weight of their own (an expert of a 3-D
   // tensor, a head's rows); without the prepared copies, which are laid out for the whole tensor.
   WeightView Rows(int64_t first, int64_t count) const {
@@ -50,6 +60,7 @@ struct WeightView {
     v.data = Row(first);
     v.n_out = count;
     v.interleaved = nullptr;
+    v.copied_rows = nullptr;
     v.device_data = nullptr;
     return v;
   }

@@ -160,7 +160,10 @@ absl::Status Model::BindTensors(const ModelLoadOptions& options) {
   // so the file pages it let go are not mapped again row by row.
   if (head == nullptr) {
     for (WeightView& t : tensors_) {
-      if (&t == embd) t.interleaved = output_.interleaved;
+      if (&t == embd) {
+        t.interleaved = output_.interleaved;
+        t.copied_rows = output_.copied_rows;
+      }
     }
   }
   return absl::OkStatus();

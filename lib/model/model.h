@@ -71,6 +71,11 @@ class Model {
   uint64_t weight_bytes() const { return weight_bytes_; }  // bytes of all tensors
   // Bytes of the backend's prepared weight copies (WeightView::interleaved) the model holds.
   size_t interleaved_bytes() const { return prepared_ == nullptr ? 0 : prepared_->bytes(); }
+  // Returns once the backend's prepared copies are all written (WeightStore::WaitUntilPrepared);
+  // until then matmuls read the rows in place, with the same results.
+  void WaitUntilPrepared() const {
+    if (prepared_ != nullptr) prepared_->WaitUntilPrepared();
+  }
 
  private:
   Model() = default;

@@ -92,6 +92,15 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set_interleaved(InterleavedTileQ4_0Q8_0Avx512, InterleavedTileQ4_1Q8_1Avx512,
                       InterleavedTileQ5_0Q8_0Avx512, InterleavedTileQ5_1Q8_1Avx512,
                       InterleavedTileQ8_0Q8_0Avx512, InPlaceTileQ8_0Q8_0Avx512);
+      // The nibble types read in place until their copy is written in the background after load
+      // (QuantKernels::in_place_until_copied).
+      r[GgmlType::kQ4_0].in_place_tile = InPlaceTileQ4_0Q8_0Avx512;
+      r[GgmlType::kQ4_1].in_place_tile = InPlaceTileQ4_1Q8_1Avx512;
+      r[GgmlType::kQ5_0].in_place_tile = InPlaceTileQ5_0Q8_0Avx512;
+      r[GgmlType::kQ5_1].in_place_tile = InPlaceTileQ5_1Q8_1Avx512;
+      for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+        r[t].in_place_until_copied = true;
+      }
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
       // (cpu_ops_bench --tile). The Q8_0 / Q4_0 / Q5_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;

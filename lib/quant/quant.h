@@ -70,10 +70,15 @@ struct QuantKernels {
   InterleavedRowFn interleaved_row = nullptr;  // one row back out of the interleaved form
   InterleavedTileFn interleaved_tile = nullptr;
   // The integer order reading the file's rows in place (kernels/cpu/interleaved.h; the
-  // VecDotTileFn signature, interleaved_tile's bits): where set, the CPU backend makes no
-  // interleaved copy of the type's matrices and its default mode multiplies them with this
-  // (WeightView::in_place). Q8_0: the copy would be as large as the file.
+  // VecDotTileFn signature, interleaved_tile's bits): where set, the CPU backend's default mode
+  // multiplies the type's matrices with this (WeightView::in_place). Q8_0: instead of a copy,
+  // which would be as large as the file.
   VecDotTileFn in_place_tile = nullptr;
+  // in_place_tile serves only until the interleaved copy is written, which the CPU backend then
+  // writes in the background after load (PrepareCpuWeights): the nibble types at AVX-512, whose
+  // one-token kernel on the copy runs about twice as fast as on the rows (the rows' 16-row
+  // transposes cost as much as the dot products).
+  bool in_place_until_copied = false;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

@@ -374,6 +374,58 @@ TEST(MatMulTest, RowRangesEqualTheWholeMatMulBitwise) {
   }
 }
 
+// Where the copies are written in the background (the nibble types at AVX-512), the matmuls
+// run at once on the rows and give the same bits before, while and after the copies are
+// written; a store destroyed while writing stops its writer first (ASan, TSan).
+TEST(MatMulTest, BackgroundCopiesGiveTheSameBits) {
+  const QuantKernels* k = GetQuantKernels(GgmlType::kQ4_1);
+  if (!k->in_place_until_copied) GTEST_SKIP() << "Q4_1 copies are written at load on this CPU";
+  std::mt19937 rng(8);
+  const int64_t n_in = 2048, n_out = 1000;  // 1.3 MB each; the last group partial
+  std::vector<std::vector<uint8_t>> weights;
+  std::vector<WeightView> views;
+  for (int i = 0; i < 8; ++i) weights.push_back(MakeWeights(GgmlType::kQ4_1, n_in, n_out, rng));
+  for (const auto& w : weights) views.push_back(WeightView{GgmlType::kQ4_1, w.data(), n_in, n_out});
+  std::vector<WeightView*> matrices;
+  for (WeightView& v : views) matrices.push_back(&v);
+  CpuBackend backend(2);
+  const std::vector<float> x = RandomVector(n_in * 9, rng);
+  auto run_all = [&](int64_t n_tokens) {
+    std::vector<float> y(views.size() * n_tokens * n_out);
+    for (size_t i = 0; i < views.size(); ++i) {
+      EXPECT_TRUE(
+          backend.MatMul(views[i], x.data(), n_tokens, y.data() + i * n_tokens * n_out).ok());
+    }
+    return y;
+  };
+  auto store = PrepareCpuWeights(matrices, /*release_file_pages=*/false, /*n_threads=*/0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (const WeightView& v : views) {
+    ASSERT_NE(v.interleaved, nullptr);
+    ASSERT_NE(v.copied_rows, nullptr);
+    ASSERT_TRUE(v.in_place);
+  }
+  const std::vector<float> early1 = run_all(1), early9 = run_all(9);
+  (*store)->WaitUntilPrepared();
+  for (const WeightView& v : views) EXPECT_EQ(v.InterleavedRows(), n_out);
+  const std::vector<float> late1 = run_all(1), late9 = run_all(9);
+  EXPECT_EQ(0, std::memcmp(early1.data(), late1.data(), late1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(early9.data(), late9.data(), late9.size() * sizeof(float)));
+  // The copy's rows, as the file's (an embedding lookup reads them).
+  std::vector<float> from_copy(n_in), from_file(n_in);
+  const int32_t token = static_cast<int32_t>(n_out - 1);
+  ASSERT_TRUE(backend.EmbeddingGather(views[0], {&token, 1}, from_copy.data()).ok());
+  ASSERT_TRUE(backend
+                  .EmbeddingGather(WeightView{GgmlType::kQ4_1, weights[0].data(), n_in, n_out},
+                                   {&token, 1}, from_file.data())
+                  .ok());
+  EXPECT_EQ(0, std::memcmp(from_copy.data(), from_file.data(), n_in * sizeof(float)));
+  for (int i = 0; i < 3; ++i) {  // destroyed while (most likely) still writing
+    auto again = PrepareCpuWeights(matrices, false, 0);
+    ASSERT_TRUE(again.ok());
+  }
+}
+
 TEST(MatMulTest, RowRangeErrors) {
   ThreadPool pool(1);
   Scratch scratch;

@@ -6,6 +6,8 @@
 // integer order on interleaved weights: every level's kernel equals the plain reference bitwise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -678,14 +680,24 @@ TEST(IntegerOrder, EveryLevelGivesTheSameBitsOnExtremeOperands) {
     for (CpuLevel level : Levels()) {
       const QuantKernels* k = InterleavedKernels(it.type, level);
       ASSERT_NE(k, nullptr);
-      std::vector<float> got(rows * tokens);
-      k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(), rows);
-      for (int t = 0; t < tokens; ++t) {
-        for (int r = 0; r < rows; ++r) {
-          const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
-          ASSERT_EQ(std::memcmp(&got[t * rows + r], &want, sizeof(float)), 0)
-              << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level " << CpuLevelName(level)
-              << " row " << r << " token " << t << ": " << got[t * rows + r] << " vs " << want;
+      // The kernel on the copy, and the in-place one (where the level has it) on the rows.
+      for (const bool in_place : {false, true}) {
+        if (in_place && k->in_place_tile == nullptr) continue;
+        std::vector<float> got(rows * tokens);
+        if (in_place) {
+          k->in_place_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
+                           rows);
+        } else {
+          k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(), rows);
+        }
+        for (int t = 0; t < tokens; ++t) {
+          for (int r = 0; r < rows; ++r) {
+            const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
+            ASSERT_EQ(std::memcmp(&got[t * rows + r], &want, sizeof(float)), 0)
+                << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level " << CpuLevelName(level)
+                << (in_place ? " in place" : "") << " row " << r << " token " << t << ": "
+                << got[t * rows + r] << " vs " << want;
+          }
         }
       }
     }
@@ -751,7 +763,9 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
   }
 }
 
-// MatMul with the interleaved copy set (Q8_0: in_place) computes the integer order (every output
+// MatMul with the interleaved copy set (Q8_0: in_place; the nibble types at AVX-512 also in
+// place, and partly copied, as while their copy is written in the background) computes the
+// integer order (every output
 // equals the reference on MatMul's own quantized activations) and stays batch invariant over the
 // verification widths and a prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
 TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
@@ -768,38 +782,56 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
         const std::vector<uint8_t> w =
             IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
         const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
-        cpu::WeightView wv{it.type, w.data(), n_in, n_out};
-        // As the CPU backend prepares it: Q8_0 read in place, the others from their copy.
-        if (k->in_place_tile != nullptr) {
-          wv.in_place = true;
-        } else {
-          wv.interleaved = p.data();
+        // As the CPU backend prepares it: Q8_0 read in place, the others from their copy; where
+        // the level reads them in place until the copy is written (in the background), also
+        // before any row of it is and with its first 32 rows written.
+        cpu::WeightView rows{it.type, w.data(), n_in, n_out};
+        rows.in_place = k->in_place_tile != nullptr;
+        cpu::WeightView copy = rows;
+        copy.interleaved = p.data();
+        const std::atomic<int64_t> first_rows{std::min<int64_t>(32, n_out)};
+        std::vector<Line> unwritten = p;  // rows past the first 32 not written yet: garbage
+        const size_t written = 2 * k->interleaved_group_bytes(n_in);
+        if (written < unwritten.size() * sizeof(Line)) {
+          std::memset(reinterpret_cast<uint8_t*>(unwritten.data()) + written, 0x5A,
+                      unwritten.size() * sizeof(Line) - written);
         }
-        for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
-          std::vector<float> x, single;
-          ASSERT_NO_FATAL_FAILURE(
-              ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
-          std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
-          for (int64_t t : {int64_t{0}, n_tokens - 1}) {
-            ActivationQuantizer(k->vec_dot_type, level)(x.data() + t * n_in, qa.data(), n_in);
-            for (int64_t o = 0; o < n_out; ++o) {
-              const float want = it.ref(n_in, w.data() + o * w_stride, qa.data());
-              ASSERT_EQ(std::memcmp(&single[t * n_out + o], &want, sizeof(float)), 0)
-                  << n_in << "x" << n_out << " token " << t << " output " << o;
-              ++checked;
+        cpu::WeightView part = copy;
+        part.interleaved = unwritten.data();
+        part.copied_rows = &first_rows;
+        std::vector<cpu::WeightView> views = {rows};
+        if (k->in_place_tile == nullptr) views = {copy};
+        if (k->in_place_until_copied) views = {copy, rows, part};
+        for (const cpu::WeightView& wv : views) {
+          SCOPED_TRACE(wv.interleaved == nullptr   ? "in place"
+                       : wv.copied_rows != nullptr ? "partly copied"
+                                                   : "copy");
+          for (int64_t n_tokens : {2, 3, 5, 8, 9, 16, 17, 70}) {
+            std::vector<float> x, single;
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
+            std::vector<uint8_t> qa(RowBytes(k->vec_dot_type, n_in));
+            for (int64_t t : {int64_t{0}, n_tokens - 1}) {
+              ActivationQuantizer(k->vec_dot_type, level)(x.data() + t * n_in, qa.data(), n_in);
+              for (int64_t o = 0; o < n_out; ++o) {
+                const float want = it.ref(n_in, w.data() + o * w_stride, qa.data());
+                ASSERT_EQ(std::memcmp(&single[t * n_out + o], &want, sizeof(float)), 0)
+                    << n_in << "x" << n_out << " token " << t << " output " << o;
+                ++checked;
+              }
             }
-          }
-          std::vector<int32_t> pick;
-          for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
-          std::vector<float> sub(n_out * pick.size());
-          ASSERT_TRUE(
-              cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
-                  .ok());
-          for (size_t i = 0; i < pick.size(); ++i) {
-            ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
-                                  n_out * sizeof(float)),
-                      0)
-                << "MatMulRows row " << i;
+            std::vector<int32_t> pick;
+            for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
+            std::vector<float> sub(n_out * pick.size());
+            ASSERT_TRUE(
+                cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
+                    .ok());
+            for (size_t i = 0; i < pick.size(); ++i) {
+              ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
+                                    n_out * sizeof(float)),
+                        0)
+                  << "MatMulRows row " << i;
+            }
           }
         }
       }

@@ -1,7 +1,11 @@
 #include "lib/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
@@ -14,15 +18,73 @@
 namespace kiln::cpu {
 namespace {
 
+// One slice of a matrix's interleaved copy: rows [row, row + rows) (whole groups of 16).
+struct CopySlice {
+  const WeightView* w;
+  int64_t row, rows;
+  uint8_t* dst;                  // the matrix's copy
+  std::atomic<int64_t>* copied;  // the matrix's rows written (background copies only)
+};
+
+// Writes a slice of the copy, then lets the file's pages of it go.
+void WriteSlice(const CopySlice& s, bool release_file_pages) {
+  const QuantKernels* k = GetQuantKernels(s.w->type);
+  const uint8_t* src = static_cast<const uint8_t*>(s.w->data) + s.row * s.w->row_bytes();
+  k->interleave(src, s.w->row_bytes(), s.w->n_in, s.rows,
+                s.dst + s.row / quant::kInterleaveRows * k->interleaved_group_bytes(s.w->n_in));
+  if (s.copied != nullptr) s.copied->store(s.row + s.rows, std::memory_order_release);
+  // After the rows are published: a matmul reading them in place from here on reads the copy.
+  if (release_file_pages) platform::ReleaseMappedPages(src, s.rows * s.w->row_bytes());
+}
+
+// A model's interleaved copies in one allocation. Where they are written in the background, the
+// writer thread, each matrix's count of rows written, and a wait for the last one.
 class InterleavedWeights final : public WeightStore {
  public:
   InterleavedWeights(uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~InterleavedWeights() override { platform::AlignedFree(data_); }
+  ~InterleavedWeights() override {
+    stop_.store(true, std::memory_order_relaxed);
+    if (writer_.joinable()) writer_.join();
+    platform::AlignedFree(data_);
+  }
   size_t bytes() const override { return bytes_; }
+  void WaitUntilPrepared() const override {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+  // Writes `slices` on a thread of its own, in order, each matrix's counter (n_matrices of
+  // them, made here) counting its rows written.
+  std::atomic<int64_t>* MakeCounters(size_t n_matrices) {
+    counters_ = std::make_unique<std::atomic<int64_t>[]>(n_matrices);
+    for (size_t i = 0; i < n_matrices; ++i) counters_[i].store(0, std::memory_order_relaxed);
+    return counters_.get();
+  }
+  void WriteInBackground(std::vector<CopySlice> slices, bool release_file_pages) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = false;
+    }
+    writer_ = std::thread([this, slices = std::move(slices), release_file_pages] {
+      for (const CopySlice& s : slices) {
+        if (stop_.load(std::memory_order_relaxed)) break;
+        WriteSlice(s, release_file_pages);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      done_cv_.notify_all();
+    });
+  }
 
  private:
   uint8_t* data_;
   size_t bytes_;
+  std::unique_ptr<std::atomic<int64_t>[]> counters_;
+  std::thread writer_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  mutable std::condition_variable done_cv_;
+  bool done_ = true;
 };
 
 // Stores one f32 row as the cache's element type.
@@ -128,63 +190,71 @@ absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
     std::span<WeightView* const> matrices, bool release_file_pages, int n_threads) {
   if (n_threads <= 0) n_threads = PhysicalCoreCount();
   constexpr size_t kAlign = 64;
-  auto bytes_of = [](const WeightView& w) -> size_t {
+  auto copied = [](const QuantKernels* k) {
+    return k != nullptr && k->interleave != nullptr &&
+           (k->in_place_tile == nullptr || k->in_place_until_copied);
+  };
+  auto bytes_of = [&](const WeightView& w) -> size_t {
     const QuantKernels* k = GetQuantKernels(w.type);
-    if (k == nullptr || k->interleave == nullptr || k->in_place_tile != nullptr) return 0;
+    if (!copied(k)) return 0;
     const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
     const size_t bytes = groups * k->interleaved_group_bytes(w.n_in);
     return (bytes + kAlign - 1) / kAlign * kAlign;
   };
   size_t total = 0;
+  // In the background when every copied type can be read in place meanwhile.
+  bool background = true;
   for (WeightView* w : matrices) {
     const QuantKernels* k = GetQuantKernels(w->type);
     w->in_place = k != nullptr && k->in_place_tile != nullptr;
     total += bytes_of(*w);
+    if (copied(k) && !k->in_place_until_copied) background = false;
   }
   if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
   auto* data = static_cast<uint8_t*>(platform::AlignedAllocLarge(total));
   if (data == nullptr) {
+    if (background) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
   }
-  std::unique_ptr<WeightStore> store(new InterleavedWeights(data, total));
+  auto store = std::make_unique<InterleavedWeights>(data, total);
+  std::atomic<int64_t>* counters = background ? store->MakeCounters(matrices.size()) : nullptr;
   // Slices of the file (whole groups of 16 rows), each slice's file pages released as soon as it
-  // is copied: the peak holds each thread's slice twice (4 MiB over all threads), not a whole
-  // matrix (a tied 262,144-row embedding is 170 MB). The threads copy slices side by side.
-  const int64_t slice_bytes = (int64_t{4} << 20) / n_threads;
-  struct Slice {
-    const WeightView* w;
-    int64_t row, rows;
-    uint8_t* dst;  // the matrix's copy
-  };
-  std::vector<Slice> slices;
+  // is copied: the peak holds each writer's slice twice (4 MiB over all writers), not a whole
+  // matrix (a tied 262,144-row embedding is 170 MB).
+  const int writers = background ? 1 : n_threads;
+  const int64_t slice_bytes = (int64_t{4} << 20) / writers;
+  std::vector<CopySlice> slices;
   uint8_t* next = data;
-  for (WeightView* w : matrices) {
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    WeightView* w = matrices[i];
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
     const int64_t slice_rows =
         std::max<int64_t>(1, slice_bytes / (w->row_bytes() * quant::kInterleaveRows)) *
         quant::kInterleaveRows;
+    std::atomic<int64_t>* counter = counters != nullptr ? &counters[i] : nullptr;
     for (int64_t row = 0; row < w->n_out; row += slice_rows) {
-      slices.push_back({w, row, std::min(slice_rows, w->n_out - row), next});
+      slices.push_back({w, row, std::min(slice_rows, w->n_out - row), next, counter});
     }
     w->interleaved = next;
+    w->copied_rows = counter;
     next += bytes;
   }
-  // A pool of its own: PrepareWeights may run beside the backend's matmuls (backend.h).
+  if (background) {
+    // Load returns now; matmuls read the rows in place until their copied rows serve (the same
+    // bits either way), so a model is ready as soon as its file is mapped.
+    store->WriteInBackground(std::move(slices), release_file_pages);
+    return std::unique_ptr<WeightStore>(std::move(store));
+  }
+  // A pool of its own: PrepareWeights may run beside the backend's matmuls (backend.h). The
+  // threads copy slices side by side.
   ThreadPool pool(
       static_cast<int>(std::min<size_t>(n_threads, std::max<size_t>(slices.size(), 1))));
   pool.ParallelFor(static_cast<int64_t>(slices.size()), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      const Slice& s = slices[i];
-      const QuantKernels* k = GetQuantKernels(s.w->type);
-      const uint8_t* src = static_cast<const uint8_t*>(s.w->data) + s.row * s.w->row_bytes();
-      k->interleave(src, s.w->row_bytes(), s.w->n_in, s.rows,
-                    s.dst + s.row / quant::kInterleaveRows * k->interleaved_group_bytes(s.w->n_in));
-      if (release_file_pages) platform::ReleaseMappedPages(src, s.rows * s.w->row_bytes());
-    }
+    for (int64_t i = b; i < e; ++i) WriteSlice(slices[i], release_file_pages);
   });
-  return store;
+  return std::unique_ptr<WeightStore>(std::move(store));
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
@@ -225,7 +295,7 @@ absl::Status CpuBackend::ExpertMatMul(const WeightView& w, int64_t n_expert, int
   }
   const int64_t rows = w.n_out / n_expert;
   WeightView e = w.Rows(expert * rows, rows);
-  if (w.interleaved != nullptr && rows % quant::kInterleaveRows == 0) {
+  if (w.InterleavedRows() == w.n_out && rows % quant::kInterleaveRows == 0) {
     const size_t group_bytes = GetQuantKernels(w.type)->interleaved_group_bytes(w.n_in);
     e.interleaved = static_cast<const uint8_t*>(w.interleaved) +
                     static_cast<size_t>(expert * rows / quant::kInterleaveRows) * group_bytes;

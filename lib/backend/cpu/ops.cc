@@ -188,14 +188,15 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
 
   const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = (row_end - row_begin + kRowChunk - 1) / kRowChunk;
-  // Tile kernels: each thread takes its rows (whole chunks) in one call per block of
-  // kTileTokenBlock tokens, so a kernel prepares those tokens' activations once for all its rows
+  // Tile kernels: each thread takes its rows (whole chunks of [begin, end)) in one call per block
+  // of token_block tokens, so a kernel prepares those tokens' activations once for all its rows
   // and reads each weight row once per token block. call(r0, n_rows, act, n_tokens, y) computes
   // y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out].
-  auto for_each_tile = [&](auto&& call, int64_t token_block = kTileTokenBlock) {
-    pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
-      const int64_t r0 = row_begin + c0 * kRowChunk;
-      const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
+  auto for_each_tile = [&](int64_t begin, int64_t end, auto&& call,
+                           int64_t token_block = kTileTokenBlock) {
+    pool.ParallelFor((end - begin + kRowChunk - 1) / kRowChunk, [&](int64_t c0, int64_t c1, int) {
+      const int64_t r0 = begin + c0 * kRowChunk;
+      const int64_t r1 = std::min(end, begin + c1 * kRowChunk);
       for (int64_t tb = 0; tb < n_rows; tb += token_block) {
         const int64_t te = std::min(n_rows, tb + token_block);
         call(r0, static_cast<int>(r1 - r0), tile_act + tb * plan.act_row_bytes,
@@ -203,22 +204,28 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
       }
     });
   };
-  if (w.interleaved != nullptr && plan.k->interleaved_tile != nullptr && act != nullptr) {
-    // Integer order on the interleaved copy (groups of 16 rows; chunks hold whole groups).
+  // The integer order: the rows the interleaved copy holds from it (groups of 16 rows; chunks hold
+  // whole groups), the others in place (all of them for Q8_0; those of a copy still being written
+  // in the background), with the same bits.
+  const bool integer = act != nullptr && plan.k->interleaved_tile != nullptr;
+  const int64_t copied_end =
+      integer ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
+  if (copied_end > row_begin) {
     static_assert(kRowChunk % quant::kInterleaveRows == 0);
     const InterleavedTileFn tile = plan.k->interleaved_tile;
     const size_t group_bytes = plan.k->interleaved_group_bytes(n_in);
     const auto* groups = static_cast<const uint8_t*>(w.interleaved);
-    for_each_tile([&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
-      tile(n_in, groups + r0 / quant::kInterleaveRows * group_bytes, rows, a, plan.act_row_bytes,
-           tokens, yt, static_cast<size_t>(n_out));
-    });
-    return absl::OkStatus();
+    for_each_tile(row_begin, copied_end,
+                  [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
+                    tile(n_in, groups + r0 / quant::kInterleaveRows * group_bytes, rows, a,
+                         plan.act_row_bytes, tokens, yt, static_cast<size_t>(n_out));
+                  });
+    if (copied_end == row_end) return absl::OkStatus();
   }
-  if (w.in_place && plan.k->in_place_tile != nullptr && act != nullptr) {
-    // Integer order on the rows themselves (Q8_0: no interleaved copy).
+  if (integer && w.in_place && plan.k->in_place_tile != nullptr) {
     const VecDotTileFn tile = plan.k->in_place_tile;
     for_each_tile(
+        copied_end, row_end,
         [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
           tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a, plan.act_row_bytes,
                tokens, yt, static_cast<size_t>(n_out));
@@ -226,14 +233,19 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
         kInPlaceTokenBlock);
     return absl::OkStatus();
   }
+  if (copied_end > row_begin) {  // PrepareCpuWeights copies in the background only such types
+    return absl::InternalError(absl::StrFormat(
+        "MatMul: %s is partly copied and has no in-place kernel", std::string(w.name)));
+  }
   if (plan.k->vec_dot_tile != nullptr && tile_act != nullptr &&
       (n_rows >= 2 || plan.k->tile_for_one_token)) {
     // Rows x tokens tile kernel: the same bits as vec_dot for every output.
     const VecDotTileFn tile = plan.k->vec_dot_tile;
-    for_each_tile([&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
-      tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a, plan.act_row_bytes,
-           tokens, yt, static_cast<size_t>(n_out));
-    });
+    for_each_tile(row_begin, row_end,
+                  [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
+                    tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a,
+                         plan.act_row_bytes, tokens, yt, static_cast<size_t>(n_out));
+                  });
     return absl::OkStatus();
   }
   const VecDotFn vec_dot = plan.k->vec_dot;
@@ -344,13 +356,15 @@ absl::Status EmbeddingGather(const WeightView& table, std::span<const int32_t> t
   // A table with an interleaved copy (a tied embedding, also the output matrix) is read from the
   // copy: the same bytes per row, and the file's pages of it stay released (each lookup of the
   // mapped file made up to 64 KiB around its row resident again: gemma3-270m's 180 MB table).
+  // (Rows not yet copied by a background copy come from the file.)
   const quant::InterleavedRowFn from_copy =
       table.interleaved != nullptr ? k->interleaved_row : nullptr;
+  const int64_t copied = table.InterleavedRows();
   std::vector<uint8_t> row(from_copy != nullptr ? row_bytes : 0);
   const uint8_t* base = static_cast<const uint8_t*>(table.data);
   for (size_t t = 0; t < tokens.size(); ++t) {
     const uint8_t* src = base + tokens[t] * row_bytes;
-    if (from_copy != nullptr) {
+    if (from_copy != nullptr && tokens[t] < copied) {
       from_copy(table.interleaved, table.n_in, tokens[t], row.data());
       src = row.data();
     }
