@@ -7,8 +7,11 @@
 
 namespace kiln::kernels {
 
-// Slots a kernel may hold at once: one kernel call uses at most this many buffers.
-inline constexpr int kScratchSlots = 4;
+// Slots a kernel may hold at once: one kernel call uses at most this many buffers. Slots 0-3 are
+// the kernels'; slot 4 is for a wrapper that calls a kernel (lib/quant/legacy.cc's packing
+// in-place form).
+inline constexpr int kScratchSlots = 5;
+inline constexpr int kWrapperScratchSlot = 4;
 
 // At least `bytes` bytes, 64-byte aligned, owned by the calling thread; contents undefined (kept
 // from the previous use of the slot when it did not grow). Valid until the thread's next call

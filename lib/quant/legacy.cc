@@ -1,40 +1,67 @@
 // Registration of the legacy block quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1) at each CPU level.
 // Kernels: lib/quant/legacy_ref.cc (scalar), kernels/cpu/legacy_avx2.cc, legacy_avx512.cc; the
 // tiles of kernels/cpu/tile_kernels.h and the integer order of kernels/cpu/interleaved.h.
+#include <algorithm>
+
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/tile_kernels.h"
+#include "lib/quant/interleave.h"
 #include "lib/quant/legacy_kernels.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
+namespace {
+
+// An in-place form of an interleaved kernel for the levels without a kernel of their own that
+// reads the rows: each group of 16 rows packed into per-thread scratch as the copy's
+// packer packs it, then the kernel. It serves only until the background copy holds the rows
+// (QuantKernels::in_place_until_copied), so its per-call packing, about what writing the copy
+// costs once, lasts as long as the copy takes to write.
+template <quant::InterleaveFn kPack, quant::InterleavedGroupBytesFn kGroupBytes,
+          quant::InterleavedTileFn kTile>
+void PackingInPlaceTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                        size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  void* group = kernels::ThreadScratch(kernels::kWrapperScratchSlot, kGroupBytes(n));
+  for (int r = 0; r < n_rows; r += quant::kInterleaveRows) {
+    const int rows = std::min(quant::kInterleaveRows, n_rows - r);
+    kPack(static_cast<const uint8_t*>(w) + r * w_stride, w_stride, n, rows, group);
+    kTile(n, group, rows, a, a_stride, n_tokens, out + r, out_stride);
+  }
+}
+
+// The integer order on interleaved weights (interleave.h), one kernel per level with the same
+// bits: the default numeric mode's matmul on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at every level.
+// Q8_0 is read in place (q8_0_in_place); the nibble types are read in place (by the packing form
+// above, unless a level registers its own) until their copy is written.
+template <quant::InterleavedTileFn kQ4_0, quant::InterleavedTileFn kQ4_1,
+          quant::InterleavedTileFn kQ5_0, quant::InterleavedTileFn kQ5_1>
+void SetInterleaved(QuantRegistry& r, quant::InterleavedTileFn q8_0, VecDotTileFn q8_0_in_place) {
+  using namespace quant;
+  auto set = [&r](GgmlType t, InterleaveFn pack, InterleavedGroupBytesFn group_bytes,
+                  InterleavedRowFn row, InterleavedTileFn tile, VecDotTileFn in_place) {
+    QuantKernels& k = r[t];
+    k.interleave = pack;
+    k.interleaved_group_bytes = group_bytes;
+    k.interleaved_row = row;
+    k.interleaved_tile = tile;
+    k.in_place_tile = in_place;
+    k.in_place_until_copied = t != GgmlType::kQ8_0;
+  };
+  set(GgmlType::kQ4_0, InterleaveQ4_0, InterleavedGroupBytesQ4_0, InterleavedRowQ4_0, kQ4_0,
+      PackingInPlaceTile<InterleaveQ4_0, InterleavedGroupBytesQ4_0, kQ4_0>);
+  set(GgmlType::kQ4_1, InterleaveQ4_1, InterleavedGroupBytesQ4_1, InterleavedRowQ4_1, kQ4_1,
+      PackingInPlaceTile<InterleaveQ4_1, InterleavedGroupBytesQ4_1, kQ4_1>);
+  set(GgmlType::kQ5_0, InterleaveQ5_0, InterleavedGroupBytesQ5_0, InterleavedRowQ5_0, kQ5_0,
+      PackingInPlaceTile<InterleaveQ5_0, InterleavedGroupBytesQ5_0, kQ5_0>);
+  set(GgmlType::kQ5_1, InterleaveQ5_1, InterleavedGroupBytesQ5_1, InterleavedRowQ5_1, kQ5_1,
+      PackingInPlaceTile<InterleaveQ5_1, InterleavedGroupBytesQ5_1, kQ5_1>);
+  set(GgmlType::kQ8_0, InterleaveQ8_0, InterleavedGroupBytesQ8_0, nullptr, q8_0, q8_0_in_place);
+}
+
+}  // namespace
 
 void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
   using namespace quant;
-  // The integer order on interleaved weights (interleave.h), one kernel per level with the same
-  // bits: the default numeric mode's matmul on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at every level.
-  auto set_interleaved = [&r](InterleavedTileFn q4_0, InterleavedTileFn q4_1,
-                              InterleavedTileFn q5_0, InterleavedTileFn q5_1,
-                              InterleavedTileFn q8_0, VecDotTileFn q8_0_in_place) {
-    r[GgmlType::kQ5_0].interleave = InterleaveQ5_0;
-    r[GgmlType::kQ5_0].interleaved_group_bytes = InterleavedGroupBytesQ5_0;
-    r[GgmlType::kQ5_0].interleaved_row = InterleavedRowQ5_0;
-    r[GgmlType::kQ5_0].interleaved_tile = q5_0;
-    r[GgmlType::kQ5_1].interleave = InterleaveQ5_1;
-    r[GgmlType::kQ5_1].interleaved_group_bytes = InterleavedGroupBytesQ5_1;
-    r[GgmlType::kQ5_1].interleaved_row = InterleavedRowQ5_1;
-    r[GgmlType::kQ5_1].interleaved_tile = q5_1;
-    r[GgmlType::kQ4_0].interleave = InterleaveQ4_0;
-    r[GgmlType::kQ4_0].interleaved_group_bytes = InterleavedGroupBytesQ4_0;
-    r[GgmlType::kQ4_0].interleaved_row = InterleavedRowQ4_0;
-    r[GgmlType::kQ4_0].interleaved_tile = q4_0;
-    r[GgmlType::kQ4_1].interleave = InterleaveQ4_1;
-    r[GgmlType::kQ4_1].interleaved_group_bytes = InterleavedGroupBytesQ4_1;
-    r[GgmlType::kQ4_1].interleaved_row = InterleavedRowQ4_1;
-    r[GgmlType::kQ4_1].interleaved_tile = q4_1;
-    r[GgmlType::kQ8_0].interleave = InterleaveQ8_0;
-    r[GgmlType::kQ8_0].interleaved_group_bytes = InterleavedGroupBytesQ8_0;
-    r[GgmlType::kQ8_0].interleaved_tile = q8_0;
-    r[GgmlType::kQ8_0].in_place_tile = q8_0_in_place;
-  };
   auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, GgmlType dot_type,
                   VecDotFn dot) {
     QuantKernels& k = r[t];
@@ -54,9 +81,9 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       set(GgmlType::kQ5_1, QuantizeRowQ5_1Ref, DequantizeRowQ5_1Ref, kQ8_1, VecDotQ5_1Q8_1Ref);
       set(kQ8_0, QuantizeRowQ8_0Ref, DequantizeRowQ8_0Ref, kQ8_0, VecDotQ8_0Q8_0Ref);
       set(kQ8_1, QuantizeRowQ8_1Ref, DequantizeRowQ8_1Ref, kQ8_1, VecDotQ8_1Q8_1Ref);
-      set_interleaved(InterleavedTileQ4_0Q8_0Scalar, InterleavedTileQ4_1Q8_1Scalar,
-                      InterleavedTileQ5_0Q8_0Scalar, InterleavedTileQ5_1Q8_1Scalar,
-                      InterleavedTileQ8_0Q8_0Scalar, InPlaceTileQ8_0Q8_0Scalar);
+      SetInterleaved<InterleavedTileQ4_0Q8_0Scalar, InterleavedTileQ4_1Q8_1Scalar,
+                     InterleavedTileQ5_0Q8_0Scalar, InterleavedTileQ5_1Q8_1Scalar>(
+          r, InterleavedTileQ8_0Q8_0Scalar, InPlaceTileQ8_0Q8_0Scalar);
       break;
     case CpuLevel::kAvx2:
       // Weight quantizers stay scalar (offline use); activation quantizers are on the hot path.
@@ -70,9 +97,9 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       // One token too: 1.1-1.4x vec_dot per row on an AVX2-only Zen (cpu_ops_bench --tile
       // --types=q5_0, 576-1536 wide), where no multi-row kernel shares the activations.
       r[GgmlType::kQ5_0].tile_for_one_token = true;
-      set_interleaved(InterleavedTileQ4_0Q8_0Avx2, InterleavedTileQ4_1Q8_1Avx2,
-                      InterleavedTileQ5_0Q8_0Avx2, InterleavedTileQ5_1Q8_1Avx2,
-                      InterleavedTileQ8_0Q8_0Avx2, InPlaceTileQ8_0Q8_0Avx2);
+      SetInterleaved<InterleavedTileQ4_0Q8_0Avx2, InterleavedTileQ4_1Q8_1Avx2,
+                     InterleavedTileQ5_0Q8_0Avx2, InterleavedTileQ5_1Q8_1Avx2>(
+          r, InterleavedTileQ8_0Q8_0Avx2, InPlaceTileQ8_0Q8_0Avx2);
       break;
     case CpuLevel::kAvx512:
       set(GgmlType::kQ4_0, nullptr, nullptr, kQ8_0, VecDotQ4_0Q8_0Avx512);
@@ -89,18 +116,15 @@ void RegisterLegacyTypes(QuantRegistry& r, CpuLevel level) {
       r[GgmlType::kQ4_0].vec_dot_tile = VecDotTileQ4_0Q8_0Avx512;
       r[GgmlType::kQ4_1].vec_dot_tile = VecDotTileQ4_1Q8_1Avx512;
       r[GgmlType::kQ5_0].vec_dot_tile = VecDotTileQ5_0Q8_0Avx512;
-      set_interleaved(InterleavedTileQ4_0Q8_0Avx512, InterleavedTileQ4_1Q8_1Avx512,
-                      InterleavedTileQ5_0Q8_0Avx512, InterleavedTileQ5_1Q8_1Avx512,
-                      InterleavedTileQ8_0Q8_0Avx512, InPlaceTileQ8_0Q8_0Avx512);
-      // The nibble types read in place until their copy is written in the background after load
-      // (QuantKernels::in_place_until_copied).
+      SetInterleaved<InterleavedTileQ4_0Q8_0Avx512, InterleavedTileQ4_1Q8_1Avx512,
+                     InterleavedTileQ5_0Q8_0Avx512, InterleavedTileQ5_1Q8_1Avx512>(
+          r, InterleavedTileQ8_0Q8_0Avx512, InPlaceTileQ8_0Q8_0Avx512);
+      // The nibble types' rows transposed in registers rather than packed (4-5x the packing
+      // form's one-token speed, half the copy's).
       r[GgmlType::kQ4_0].in_place_tile = InPlaceTileQ4_0Q8_0Avx512;
       r[GgmlType::kQ4_1].in_place_tile = InPlaceTileQ4_1Q8_1Avx512;
       r[GgmlType::kQ5_0].in_place_tile = InPlaceTileQ5_0Q8_0Avx512;
       r[GgmlType::kQ5_1].in_place_tile = InPlaceTileQ5_1Q8_1Avx512;
-      for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
-        r[t].in_place_until_copied = true;
-      }
       // Q4_1's tile unpacks the weights in registers: 1.1-1.25x vec_dot_rows at one token
       // (cpu_ops_bench --tile). The Q8_0 / Q4_0 / Q5_0 tiles repack weights per call: slower there.
       r[GgmlType::kQ4_1].tile_for_one_token = true;
