@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   load.path = model_path;
   auto model = kiln::Model::Load(load);
   if (!model.ok()) Die("load " + model_path + ": " + std::string(model.status().message()));
+  (*model)->WaitUntilPrepared();  // timed runs on the prepared copies (engine_bench.cc)
   const kiln::ModelHparams& hp = (*model)->hparams();
   if (hp.arch != "deepseek2") Die("the model is not a deepseek2 (MLA) model");
   int32_t max_len = 0;

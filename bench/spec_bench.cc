@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
                  std::string(model.status().message()).c_str());
     return 1;
   }
+  (*model)->WaitUntilPrepared();  // timed runs on the prepared copies (engine_bench.cc)
   EngineOptions eo;
   eo.n_threads = threads;
   eo.n_ctx = 2048;

@@ -75,9 +75,9 @@ struct QuantKernels {
   // which would be as large as the file.
   VecDotTileFn in_place_tile = nullptr;
   // in_place_tile serves only until the interleaved copy is written, which the CPU backend then
-  // writes in the background after load (PrepareCpuWeights): the nibble types at AVX-512, whose
-  // one-token kernel on the copy runs about twice as fast as on the rows (the rows' 16-row
-  // transposes cost as much as the dot products).
+  // writes in the background after load (PrepareCpuWeights): the nibble types, whose kernels on
+  // the copy run 2.3-3x as fast at one token (the rows' 16-row transposes, or the packing of each
+  // group per call, cost more than the dot products).
   bool in_place_until_copied = false;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
