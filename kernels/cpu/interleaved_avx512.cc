@@ -531,8 +531,8 @@ namespace {
 // (GroupTiles). A last partial group is first copied to scratch (slot 3) with zero rows after it,
 // the rows InterleaveFn adds.
 template <typename S, typename F>
-void NibbleInPlaceTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
-                       size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+void RowsTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a, size_t a_stride,
+              int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   using X = typename F::Block;
   const int64_t nb = n / kQK;
@@ -577,26 +577,22 @@ void NibbleInPlaceTile(int64_t n, const void* w, size_t w_stride, int n_rows, co
 
 void InPlaceTileQ4_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                                size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  NibbleInPlaceTile<BlockQ4_0, Q4_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
-                                           out_stride);
+  RowsTile<BlockQ4_0, Q4_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InPlaceTileQ4_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                                size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  NibbleInPlaceTile<BlockQ4_1, Q4_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
-                                           out_stride);
+  RowsTile<BlockQ4_1, Q4_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InPlaceTileQ5_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                                size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  NibbleInPlaceTile<BlockQ5_0, Q5_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
-                                           out_stride);
+  RowsTile<BlockQ5_0, Q5_0Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 void InPlaceTileQ5_1Q8_1Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                                size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  NibbleInPlaceTile<BlockQ5_1, Q5_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
-                                           out_stride);
+  RowsTile<BlockQ5_1, Q5_1Format>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 }  // namespace kiln::quant

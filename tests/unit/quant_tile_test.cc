@@ -144,13 +144,31 @@ void ExpectMatMulBatchInvariant(const cpu::WeightView& wv, int64_t n_tokens, Cpu
   }
 }
 
+// MatMulRows on the tokens t = n_tokens - 1, n_tokens - 1 - step, ... of x equals MatMul token by
+// token (`single`), bitwise.
+void ExpectMatMulRowsEqualSingle(const cpu::WeightView& wv, const std::vector<float>& x,
+                                 int64_t n_tokens, int64_t step, const std::vector<float>& single,
+                                 CpuLevel level) {
+  cpu::ThreadPool pool2(2);
+  cpu::Scratch scratch;
+  std::vector<int32_t> pick;
+  for (int64_t t = n_tokens - 1; t >= 0; t -= step) pick.push_back(static_cast<int32_t>(t));
+  std::vector<float> sub(wv.n_out * pick.size());
+  ASSERT_TRUE(
+      cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level).ok());
+  for (size_t i = 0; i < pick.size(); ++i) {
+    ASSERT_EQ(std::memcmp(sub.data() + i * wv.n_out, single.data() + pick[i] * wv.n_out,
+                          wv.n_out * sizeof(float)),
+              0)
+        << "MatMulRows row " << i;
+  }
+}
+
 // MatMul over n tokens (tile path) equals MatMul token by token (the single-token path: the
 // tile for Q4_1, vec_dot_rows for the others), bitwise, at every level, with 1 and 2 threads (and
 // MatMulRows on a row subset).
 TEST(VecDotTile, MatMulBatchInvariant) {
   std::mt19937 rng(5);
-  cpu::ThreadPool pool2(2);
-  cpu::Scratch scratch;
   for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
     if (static_cast<int>(level) > static_cast<int>(BestCpuLevel())) continue;
     for (GgmlType type : kTileTypes) {
@@ -174,18 +192,7 @@ TEST(VecDotTile, MatMulBatchInvariant) {
             ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "output " << o;
           }
           // MatMulRows on a reversed subset equals the per-token results.
-          std::vector<int32_t> pick;
-          for (int64_t t = n_tokens - 1; t >= 0; t -= 2) pick.push_back(static_cast<int32_t>(t));
-          std::vector<float> sub(n_out * pick.size());
-          ASSERT_TRUE(
-              cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
-                  .ok());
-          for (size_t i = 0; i < pick.size(); ++i) {
-            ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
-                                  n_out * sizeof(float)),
-                      0)
-                << "MatMulRows row " << i;
-          }
+          ASSERT_NO_FATAL_FAILURE(ExpectMatMulRowsEqualSingle(wv, x, n_tokens, 2, single, level));
         }
       }
     }
@@ -770,8 +777,6 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
 // verification widths and a prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
 TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
   std::mt19937 rng(13);
-  cpu::ThreadPool pool2(2);
-  cpu::Scratch scratch;
   int checked = 0;
   for (const IntegerOrderType& it : kIntegerOrderTypes) {
     for (CpuLevel level : Levels()) {
@@ -820,18 +825,7 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
                 ++checked;
               }
             }
-            std::vector<int32_t> pick;
-            for (int64_t t = n_tokens - 1; t >= 0; t -= 3) pick.push_back(static_cast<int32_t>(t));
-            std::vector<float> sub(n_out * pick.size());
-            ASSERT_TRUE(
-                cpu::MatMulRows(pool2, wv, x.data(), n_tokens, pick, sub.data(), scratch, level)
-                    .ok());
-            for (size_t i = 0; i < pick.size(); ++i) {
-              ASSERT_EQ(std::memcmp(sub.data() + i * n_out, single.data() + pick[i] * n_out,
-                                    n_out * sizeof(float)),
-                        0)
-                  << "MatMulRows row " << i;
-            }
+            ASSERT_NO_FATAL_FAILURE(ExpectMatMulRowsEqualSingle(wv, x, n_tokens, 3, single, level));
           }
         }
       }
