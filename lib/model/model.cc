@@ -153,8 +153,7 @@ absl::Status Model::BindTensors(const ModelLoadOptions& options) {
   if (options.backend != nullptr) {
     KILN_ASSIGN_OR_RETURN(prepared_, options.backend->PrepareWeights(matrices, mapped));
   } else {
-    // Every physical core writes the interleaved copies (half the load time on two).
-    KILN_ASSIGN_OR_RETURN(prepared_, cpu::PrepareCpuWeights(matrices, mapped, /*n_threads=*/0));
+    KILN_ASSIGN_OR_RETURN(prepared_, cpu::PrepareCpuWeights(matrices, mapped));
   }
   // A tied head's copy also serves the embedding lookups (EmbeddingGather reads rows from it),
   // so the file pages it let go are not mapped again row by row.

@@ -23,7 +23,7 @@ struct CopySlice {
   const WeightView* w;
   int64_t row, rows;
   uint8_t* dst;                  // the matrix's copy
-  std::atomic<int64_t>* copied;  // the matrix's rows written (background copies only)
+  std::atomic<int64_t>* copied;  // the matrix's rows written
 };
 
 // Writes a slice of the copy, then lets the file's pages of it go.
@@ -32,13 +32,13 @@ void WriteSlice(const CopySlice& s, bool release_file_pages) {
   const uint8_t* src = static_cast<const uint8_t*>(s.w->data) + s.row * s.w->row_bytes();
   k->interleave(src, s.w->row_bytes(), s.w->n_in, s.rows,
                 s.dst + s.row / quant::kInterleaveRows * k->interleaved_group_bytes(s.w->n_in));
-  if (s.copied != nullptr) s.copied->store(s.row + s.rows, std::memory_order_release);
+  s.copied->store(s.row + s.rows, std::memory_order_release);
   // After the rows are published: a matmul reading them in place from here on reads the copy.
   if (release_file_pages) platform::ReleaseMappedPages(src, s.rows * s.w->row_bytes());
 }
 
-// A model's interleaved copies in one allocation. Where they are written in the background, the
-// writer thread, each matrix's count of rows written, and a wait for the last one.
+// A model's interleaved copies in one allocation, the thread that writes them after load, each
+// matrix's count of rows written, and a wait for the last one.
 class InterleavedWeights final : public WeightStore {
  public:
   InterleavedWeights(uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
@@ -187,43 +187,30 @@ void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst) {
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
-    std::span<WeightView* const> matrices, bool release_file_pages, int n_threads) {
-  if (n_threads <= 0) n_threads = PhysicalCoreCount();
+    std::span<WeightView* const> matrices, bool release_file_pages) {
   constexpr size_t kAlign = 64;
-  auto copied = [](const QuantKernels* k) {
-    return k != nullptr && k->interleave != nullptr &&
-           (k->in_place_tile == nullptr || k->in_place_until_copied);
-  };
-  auto bytes_of = [&](const WeightView& w) -> size_t {
+  auto bytes_of = [](const WeightView& w) -> size_t {
     const QuantKernels* k = GetQuantKernels(w.type);
-    if (!copied(k)) return 0;
+    if (k == nullptr || k->interleave == nullptr || !k->in_place_until_copied) return 0;
     const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
     const size_t bytes = groups * k->interleaved_group_bytes(w.n_in);
     return (bytes + kAlign - 1) / kAlign * kAlign;
   };
   size_t total = 0;
-  // In the background when every copied type can be read in place meanwhile.
-  bool background = true;
   for (WeightView* w : matrices) {
     const QuantKernels* k = GetQuantKernels(w->type);
     w->in_place = k != nullptr && k->in_place_tile != nullptr;
     total += bytes_of(*w);
-    if (copied(k) && !k->in_place_until_copied) background = false;
   }
-  if (total == 0) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
-  auto* data = static_cast<uint8_t*>(platform::AlignedAllocLarge(total));
-  if (data == nullptr) {
-    if (background) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cpu backend: cannot allocate %d bytes for the interleaved weights", total));
-  }
+  // Without the memory for the copies the rows are read in place for good (the same bits).
+  auto* data = total == 0 ? nullptr : static_cast<uint8_t*>(platform::AlignedAllocLarge(total));
+  if (data == nullptr) return std::unique_ptr<WeightStore>(new InterleavedWeights(nullptr, 0));
   auto store = std::make_unique<InterleavedWeights>(data, total);
-  std::atomic<int64_t>* counters = background ? store->MakeCounters(matrices.size()) : nullptr;
+  std::atomic<int64_t>* counters = store->MakeCounters(matrices.size());
   // Slices of the file (whole groups of 16 rows), each slice's file pages released as soon as it
-  // is copied: the peak holds each writer's slice twice (4 MiB over all writers), not a whole
-  // matrix (a tied 262,144-row embedding is 170 MB).
-  const int writers = background ? 1 : n_threads;
-  const int64_t slice_bytes = (int64_t{4} << 20) / writers;
+  // is copied: the peak holds one slice twice (4 MiB), not a whole matrix (a tied 262,144-row
+  // embedding is 170 MB).
+  constexpr int64_t kSliceBytes = int64_t{4} << 20;
   std::vector<CopySlice> slices;
   uint8_t* next = data;
   for (size_t i = 0; i < matrices.size(); ++i) {
@@ -231,35 +218,24 @@ absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
     const size_t bytes = bytes_of(*w);
     if (bytes == 0) continue;
     const int64_t slice_rows =
-        std::max<int64_t>(1, slice_bytes / (w->row_bytes() * quant::kInterleaveRows)) *
+        std::max<int64_t>(1, kSliceBytes / (w->row_bytes() * quant::kInterleaveRows)) *
         quant::kInterleaveRows;
-    std::atomic<int64_t>* counter = counters != nullptr ? &counters[i] : nullptr;
     for (int64_t row = 0; row < w->n_out; row += slice_rows) {
-      slices.push_back({w, row, std::min(slice_rows, w->n_out - row), next, counter});
+      slices.push_back({w, row, std::min(slice_rows, w->n_out - row), next, &counters[i]});
     }
     w->interleaved = next;
-    w->copied_rows = counter;
+    w->copied_rows = &counters[i];
     next += bytes;
   }
-  if (background) {
-    // Load returns now; matmuls read the rows in place until their copied rows serve (the same
-    // bits either way), so a model is ready as soon as its file is mapped.
-    store->WriteInBackground(std::move(slices), release_file_pages);
-    return std::unique_ptr<WeightStore>(std::move(store));
-  }
-  // A pool of its own: PrepareWeights may run beside the backend's matmuls (backend.h). The
-  // threads copy slices side by side.
-  ThreadPool pool(
-      static_cast<int>(std::min<size_t>(n_threads, std::max<size_t>(slices.size(), 1))));
-  pool.ParallelFor(static_cast<int64_t>(slices.size()), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) WriteSlice(slices[i], release_file_pages);
-  });
+  // Load returns now; the matmuls read the rows in place until their copied rows serve (the same
+  // bits either way), so a model is ready as soon as its file is mapped.
+  store->WriteInBackground(std::move(slices), release_file_pages);
   return std::unique_ptr<WeightStore>(std::move(store));
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> CpuBackend::PrepareWeights(
     std::span<WeightView* const> matrices, bool release_file_pages) const {
-  return PrepareCpuWeights(matrices, release_file_pages, pool_.n_threads());
+  return PrepareCpuWeights(matrices, release_file_pages);
 }
 
 absl::StatusOr<std::unique_ptr<KvStorage>> CpuBackend::NewKvStorage(const KvLayout& layout,

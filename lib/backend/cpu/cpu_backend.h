@@ -16,14 +16,15 @@ namespace kiln::cpu {
 // for other backends that convert on the host before copying to their memory.
 void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst);
 
-// CpuBackend::PrepareWeights with n_threads threads (<= 0: the physical cores), without a
-// backend: row-interleaved copies of the matrices whose type has an integer-order kernel on this
-// CPU, in one allocation. The mapped file's pages of those matrices are then read only in the
-// llama.cpp order (or for an embedding row), so they are released when release_file_pages. Types
-// whose integer-order kernel reads the file's rows (Q8_0) get no copy: they are marked in_place
-// and their pages stay.
+// CpuBackend::PrepareWeights without a backend: row-interleaved copies of the matrices whose type
+// is read in place only until its copy is written (QuantKernels::in_place_until_copied: Q4_0,
+// Q4_1, Q5_0, Q5_1), in one allocation, written by a thread of the store's own after this returns
+// (WeightView::copied_rows counts each matrix's rows written; WeightStore::WaitUntilPrepared). The
+// mapped file's pages of those matrices are then read only in the llama.cpp order (or for an
+// embedding row not yet copied), so they are released behind the copy when release_file_pages.
+// Every matrix whose type has an in-place kernel is marked in_place (Q8_0: for good).
 absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
-    std::span<WeightView* const> matrices, bool release_file_pages, int n_threads);
+    std::span<WeightView* const> matrices, bool release_file_pages);
 
 class CpuBackend final : public Backend {
  public:
