@@ -424,6 +424,29 @@ TEST(MatMulTest, BackgroundCopiesGiveTheSameBits) {
   }
 }
 
+// A copy still being written needs the in-place kernel for its other rows: a view without it is
+// refused with a message, not computed in another order.
+TEST(MatMulTest, PartlyCopiedWithoutInPlaceIsAnError) {
+  std::mt19937 rng(9);
+  const int64_t n_in = 64, n_out = 48;
+  const std::vector<uint8_t> w = MakeWeights(GgmlType::kQ4_1, n_in, n_out, rng);
+  WeightView v{GgmlType::kQ4_1, w.data(), n_in, n_out};
+  WeightView* const matrices[] = {&v};
+  auto store = PrepareCpuWeights(matrices, /*release_file_pages=*/false);
+  ASSERT_TRUE(store.ok()) << store.status();
+  (*store)->WaitUntilPrepared();
+  const std::atomic<int64_t> first_group{16};
+  v.copied_rows = &first_group;
+  v.in_place = false;
+  ThreadPool pool(1);
+  Scratch scratch;
+  const std::vector<float> x = RandomVector(n_in, rng);
+  std::vector<float> y(n_out);
+  const absl::Status s = MatMul(pool, v, x.data(), 1, y.data(), scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("partly copied"), std::string_view::npos) << s.message();
+}
+
 TEST(MatMulTest, RowRangeErrors) {
   ThreadPool pool(1);
   Scratch scratch;
