@@ -2,6 +2,7 @@
 // type, paged attention time per token, ThreadPool::ParallelFor overhead.
 //
 //   cpu_ops_bench [--types=q4_0,q4_1,...] [--min_ms=300] [--tile] [--attention] [--peak]
+//                 [--stream]
 //
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
@@ -9,7 +10,9 @@
 // q5_K, q6_K; q8_0's in place on its rows; --types filters them too). --attention runs only the
 // paged-attention table (f16, q8_0 and f32 caches at contexts 128, 1,024 and 4,096). --peak prints
 // only the int8 dot-product peak of 1 and 2 threads (also printed before the tile tables, whose
-// last column is the default order's kernel as a share of the 1-thread peak).
+// last column is the default order's kernel as a share of the 1-thread peak). --stream prints only
+// each type's one-token kernel streaming matrices from memory, on the file's rows and on the
+// interleaved copy, against a plain read of the same bytes (BenchStream).
 //
 // Decode GB/s counts weight bytes streamed per token (the bandwidth-bound quantity); prefill
 // GFLOP/s counts 2 * n_in * n_out * n_tokens. Each timing is the best of repeated runs lasting
@@ -20,12 +23,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/half.h"
 #include "lib/common/platform.h"
@@ -422,6 +427,85 @@ void BenchSmallOps() {
          rms * 1e6, swi * 1e6, rope * 1e6);
 }
 
+volatile long long g_sink;
+
+// One core reading `bytes` at p (64-byte aligned) with 256-bit loads: the roofline the --stream
+// kernels meet (engine_bench --bandwidth's probe, on one thread).
+__attribute__((target("avx2"))) void ReadPass256(const uint8_t* p, size_t bytes) {
+  __m256i acc = _mm256_setzero_si256();
+  for (size_t off = 0; off + 128 <= bytes; off += 128) {
+    for (int i = 0; i < 4; ++i) {
+      acc = _mm256_add_epi64(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + off) + i));
+    }
+  }
+  alignas(32) long long lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  g_sink = lanes[0] + lanes[3];
+}
+
+// --stream: a type's one-token kernel, 1 thread, over 40 matrices of 8192 x 2048 (llama-1b's
+// ffn_down; 0.2-1.4 GB, so every byte comes from memory): on the file's rows as MatMul reads them
+// in place, and on the interleaved copy where the CPU backend writes one; GB/s of weights against
+// one core's plain read of the same buffer.
+void BenchStream(GgmlType type) {
+  const QuantKernels* k = GetQuantKernels(type);
+  const QuantKernels* act = GetQuantKernels(k->vec_dot_type);
+  // The types whose one token MatMul gives to a tile kernel.
+  const VecDotTileFn in_place =
+      k->in_place_tile ? k->in_place_tile : (k->tile_for_one_token ? k->vec_dot_tile : nullptr);
+  if (act == nullptr || in_place == nullptr) return;
+  constexpr int64_t kIn = 8192, kOut = 2048, kMatrices = 40;
+  const auto info = *GgmlTypeInfoOf(static_cast<uint32_t>(type));
+  const size_t w_row = GgmlRowBytes(info, kIn);
+  const size_t a_row = GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(k->vec_dot_type)), kIn);
+  const size_t matrix = w_row * kOut, bytes = matrix * kMatrices;
+  using Buffer = std::unique_ptr<uint8_t, platform::AlignedFreeDeleter>;
+  Buffer rows(static_cast<uint8_t*>(platform::AlignedAllocLarge(bytes)));
+  std::mt19937 rng(7);
+  for (int64_t o = 0; o < kOut; ++o) {
+    k->quantize(RandomVector(kIn, rng).data(), rows.get() + o * w_row, kIn);
+  }
+  for (int64_t m = 1; m < kMatrices; ++m) {
+    std::memcpy(rows.get() + m * matrix, rows.get(), matrix);
+  }
+  Buffer copy;
+  size_t copy_matrix = 0;
+  if (k->in_place_until_copied) {
+    copy_matrix = (kOut / quant::kInterleaveRows) * k->interleaved_group_bytes(kIn);
+    copy.reset(static_cast<uint8_t*>(platform::AlignedAllocLarge(copy_matrix * kMatrices)));
+    for (int64_t m = 0; m < kMatrices; ++m) {
+      k->interleave(rows.get() + m * matrix, w_row, kIn, kOut, copy.get() + m * copy_matrix);
+    }
+  }
+  std::vector<uint8_t> a(a_row);
+  act->quantize(RandomVector(kIn, rng).data(), a.data(), kIn);
+  std::vector<float> y(kOut);
+  const double read = bytes / TimePerCall([&] { ReadPass256(rows.get(), bytes); }) * 1e-9;
+  const double on_rows =
+      bytes / TimePerCall([&] {
+        for (int64_t m = 0; m < kMatrices; ++m) {
+          in_place(kIn, rows.get() + m * matrix, w_row, kOut, a.data(), a_row, 1, y.data(), kOut);
+        }
+      }) *
+      1e-9;
+  double on_copy = 0.0;
+  if (copy != nullptr) {
+    on_copy = bytes / TimePerCall([&] {
+                for (int64_t m = 0; m < kMatrices; ++m) {
+                  k->interleaved_tile(kIn, copy.get() + m * copy_matrix, kOut, a.data(), a_row, 1,
+                                      y.data(), kOut);
+                }
+              }) *
+              1e-9;
+  }
+  auto cell = [&](double gbs) {
+    return gbs > 0.0 ? absl::StrFormat("%5.1f (%3.0f%%)", gbs, 100.0 * gbs / read)
+                     : std::string("       -    ");
+  };
+  printf("%-6s %8.0f MiB %13.1f %16s %16s\n", GgmlTypeName(static_cast<uint32_t>(type)).c_str(),
+         bytes / 1048576.0, read, cell(on_rows).c_str(), cell(on_copy).c_str());
+}
+
 }  // namespace
 }  // namespace kiln::cpu
 
@@ -431,6 +515,7 @@ int main(int argc, char** argv) {
   bool tile_only = false;       // --tile: only the matmul kernel comparison
   bool attention_only = false;  // --attention: only the paged-attention table
   bool peak_only = false;       // --peak: only the int8 dot-product peak
+  bool stream_only = false;     // --stream: one-token kernels from memory
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--types=", 8) == 0)
       type_filter = absl::StrCat(",", argv[i] + 8, ",");
@@ -438,6 +523,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tile") == 0) tile_only = true;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
     if (std::strcmp(argv[i], "--peak") == 0) peak_only = true;
+    if (std::strcmp(argv[i], "--stream") == 0) stream_only = true;
   }
   std::vector<GgmlType> types;
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
@@ -453,6 +539,16 @@ int main(int argc, char** argv) {
          cpu::PhysicalCoreCount());
   if (attention_only) {
     cpu::BenchAttentionShapes();
+    return 0;
+  }
+  if (stream_only) {
+    if (BestCpuLevel() == CpuLevel::kScalar) {
+      printf("--stream reads the buffers with AVX2 loads: this CPU has none\n");
+      return 0;
+    }
+    printf("one token, 1 thread, from memory: GB/s of weights (share of the plain read)\n");
+    printf("%-6s %12s %13s %16s %16s\n", "type", "weights", "read GB/s", "rows in place", "copy");
+    for (GgmlType t : types) cpu::BenchStream(t);
     return 0;
   }
   if (peak_only) {

@@ -144,6 +144,26 @@ static inline float AccumulateSuperBlock(float acc, float d, int32_t isum, float
   return acc + (t_scale - t_min);
 }
 
+// The interleaved copy of a Q4_K / Q5_K / Q6_K matrix (written by the CPU backend after load,
+// lib/quant/interleave.h), read by the AVX-512 kernels: the rows in groups of 16
+// (quant::kInterleaveRows), each group four quads of 4 rows whose super-blocks are interleaved,
+// quad-major, then super-block i, then row r % 4, the blocks byte for byte the file's. A group is
+// 16 rows' bytes; rows past the matrix's last one are zero. Why: the one-token kernels take four
+// rows a pass, and the file's four rows are four streams, which one core fetches from memory
+// 15-25% slower than the quad's one (bench/cpu_ops_bench --stream).
+inline constexpr int kQuadRows = 4;
+// Rows [n_rows] of n_in elements (w_stride bytes apart) -> out, ceil(n_rows / 16) groups.
+void InterleaveQuadsQ4K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+void InterleaveQuadsQ5K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+void InterleaveQuadsQ6K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out);
+size_t QuadGroupBytesQ4K(int64_t n_in);
+size_t QuadGroupBytesQ5K(int64_t n_in);
+size_t QuadGroupBytesQ6K(int64_t n_in);
+// Row `row` of the copy at `groups` back in the file's layout (n_in / 256 blocks at out).
+void QuadRowQ4K(const void* groups, int64_t n_in, int64_t row, void* out);
+void QuadRowQ5K(const void* groups, int64_t n_in, int64_t row, void* out);
+void QuadRowQ6K(const void* groups, int64_t n_in, int64_t row, void* out);
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define KILN_KQUANTS_X86 1
 // --- AVX2+FMA+F16C (kernels/cpu/kquants_avx2.cc): same results as the scalar kernels, bit for
@@ -184,6 +204,14 @@ void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, 
                          size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride);
+// The same on the interleaved copy (quant.h InterleavedTileFn; groups: the copy from row 0 of
+// the tile, a multiple of 16): every output the vec_dot's bits.
+void QuadTileQ4KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride);
+void QuadTileQ5KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride);
+void QuadTileQ6KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride);
 #endif
 
 }  // namespace kiln::kquants

@@ -464,16 +464,59 @@ inline __m128 SumFourRowsTerms(int64_t nb, GroupFn&& group) {
   return acc;
 }
 
-// How far ahead of each of the four row streams the weights are prefetched into L2. The hardware
-// prefetcher alone does not keep four interleaved streams going (llama-1b-q4_K decode, 1 thread,
-// kiln generate: 16 tok/s without, 41 at kStreamPrefetchBytes' 8 KiB, 44 at 16, 48-50 at 24-64;
-// into L1 at 8 KiB: 19). The legacy and float kernels measured no faster at 32 KiB.
+// How far ahead of each of the four row streams of the file's rows the weights are prefetched
+// into L2. The hardware prefetcher alone does not keep four interleaved streams going
+// (llama-1b-q4_K decode, 1 thread, kiln generate: 16 tok/s without, 41 at kStreamPrefetchBytes'
+// 8 KiB, 44 at 16, 48-50 at 24-64; into L1 at 8 KiB: 19). The legacy and float kernels measured
+// no faster at 32 KiB.
 constexpr size_t kFourRowsPrefetchBytes = 32768;
+// The same for the copy's quads, one stream (cpu_ops_bench --stream, 2048 x 8192 matrices, 1
+// thread, GB/s Q4_K / Q6_K: 2 KiB 34 / 30, 4 KiB 36 / 35, 8 KiB 40 / 36, 12 KiB 40 / 33, 32 KiB
+// 40 / 30, without 34 / 31; the file's rows at their best, 32 KiB: 33 / 28).
+constexpr size_t kQuadPrefetchBytes = 8192;
 
-// out[0..3] for the four rows at w (stride w_stride) and the token `act`, each vec_dot's bits.
+// Where the kernels below find a row's super-blocks: the file's rows (row r at r * w_stride, its
+// super-blocks consecutive) or the interleaved copy's quads (kernels/cpu/kquants.h: quad r / 4,
+// row r % 4's super-block i at slot 4i + r % 4, the last quad whole).
+struct SuperBlockRows {
+  const uint8_t* base;
+  size_t quad_stride;        // row r to r + 4, r a multiple of 4
+  size_t row_stride;         // row r to r + 1 within a quad
+  size_t sb_stride;          // a row's super-block i to i + 1
+  size_t prefetch_distance;  // bytes ahead of the block in use that the one-token kernels fetch
+  bool whole_quads;          // rows up to the next multiple of 4 exist (zero past n_rows)
+  const uint8_t* Row(int r) const {
+    return base + static_cast<size_t>(r / kQuadRows) * quad_stride +
+           static_cast<size_t>(r % kQuadRows) * row_stride;
+  }
+};
+
+template <typename Block>
+SuperBlockRows FileRows(const void* w, size_t w_stride) {
+  return {static_cast<const uint8_t*>(w),
+          kQuadRows * w_stride,
+          w_stride,
+          sizeof(Block),
+          kFourRowsPrefetchBytes,
+          false};
+}
+
+template <typename Block>
+SuperBlockRows CopyQuads(const void* groups, int64_t nb) {
+  return {static_cast<const uint8_t*>(groups),
+          kQuadRows * nb * sizeof(Block),
+          sizeof(Block),
+          kQuadRows * sizeof(Block),
+          kQuadPrefetchBytes,
+          true};
+}
+
+// out[0..3] for rows r0 .. r0 + 3 (r0 a multiple of 4) and the token `act`, each vec_dot's bits.
 template <bool kHasHighBit, typename Block>
-inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const OneTokenQ8K& act,
+inline void Q45KFourRows(int64_t nb, const SuperBlockRows& rows, int r0, const OneTokenQ8K& act,
                          float* out) {
+  const uint8_t* w = rows.Row(r0);
+  const size_t w_stride = rows.row_stride;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i v16 = _mm512_set1_epi8(0x10);
   const __m512i zero = _mm512_setzero_si512();
@@ -492,7 +535,7 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
         continue;
       }
       const int64_t i = i0 + k;
-      const uint8_t* b0 = w + i * sizeof(Block);
+      const uint8_t* b0 = w + i * rows.sb_stride;
       __m512i head = _mm512_castsi128_si512(Load128(b0));
       head = _mm512_inserti32x4(head, Load128(b0 + w_stride), 1);
       head = _mm512_inserti32x4(head, Load128(b0 + 2 * w_stride), 2);
@@ -506,7 +549,7 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
       __m512i row_sums[4];
       for (int r = 0; r < 4; ++r) {
         const Block& blk = *reinterpret_cast<const Block*>(b0 + r * w_stride);
-        PrefetchStreamAhead(&blk, sizeof(Block), kFourRowsPrefetchBytes);
+        PrefetchStreamAhead(&blk, sizeof(Block), rows.prefetch_distance);
         __m512i hbx;
         if constexpr (kHasHighBit) {
           hbx = _mm512_broadcast_i64x4(Load256(blk.qh));
@@ -554,22 +597,25 @@ inline void Q45KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const On
   _mm_storeu_ps(out, SumFourRowsTerms(nb, four_super_blocks));
 }
 
-// One token (a: one Q8_K row) over n_rows rows: four at a time, the rest by vec_dot.
+// One token (a: one Q8_K row) over n_rows rows: four at a time; the rest by vec_dot (the file's
+// rows) or as a whole quad (the copy's).
 template <bool kHasHighBit, typename Block>
-inline void OneTokenRowsQ45K512(int64_t n, const void* vw, size_t w_stride, int n_rows,
-                                const void* va, float* out) {
-  const auto* w = static_cast<const uint8_t*>(vw);
+inline void OneTokenRowsQ45K512(int64_t n, const SuperBlockRows& rows, int n_rows, const void* va,
+                                float* out) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   const int64_t nb = n / kQK;
   int r = 0;
-  if (n_rows >= 4) {
+  if (n_rows >= 4 || (rows.whole_quads && n_rows > 0)) {
     const OneTokenQ8K act = RearrangeOneToken(a, nb);
-    for (; r + 4 <= n_rows; r += 4) {
-      Q45KFourRows<kHasHighBit, Block>(nb, w + r * w_stride, w_stride, act, out + r);
+    for (; r + 4 <= n_rows; r += 4) Q45KFourRows<kHasHighBit, Block>(nb, rows, r, act, out + r);
+    if (rows.whole_quads && r < n_rows) {
+      float quad[kQuadRows];
+      Q45KFourRows<kHasHighBit, Block>(nb, rows, r, act, quad);
+      for (; r < n_rows; ++r) out[r] = quad[r % kQuadRows];
     }
   }
   for (; r < n_rows; ++r) {
-    out[r] = VecDotQ45KAvx512<kHasHighBit>(n, reinterpret_cast<const Block*>(w + r * w_stride), a);
+    out[r] = VecDotQ45KAvx512<kHasHighBit>(n, reinterpret_cast<const Block*>(rows.Row(r)), a);
   }
 }
 
@@ -579,13 +625,15 @@ inline void OneTokenRowsQ45K512(int64_t n, const void* vw, size_t w_stride, int 
 // "- 32" correction (-32 * sum_g s_g * bsums_g) is one masked vpdpwssd per row into its own
 // sums (32 s_g against -bsums_g: both fit int16); the sixteen d of four super-blocks come in one
 // gather. Same bits as vec_dot.
-inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const BlockQ8K* a,
+inline void Q6KFourRows(int64_t nb, const SuperBlockRows& rows, int r0, const BlockQ8K* a,
                         float* out) {
+  const uint8_t* w = rows.Row(r0);
+  const size_t w_stride = rows.row_stride;
   const __m512i zero = _mm512_setzero_si512();
   // d_offset[4k + r]: where row r's f16 d of super-block k (of a group of four) ends, read as
   // the high half of the dword at d - 2 (inside the block: no read past the last row).
   constexpr int kDOffset = static_cast<int>(offsetof(BlockQ6K, d)) - 2;
-  const int s = static_cast<int>(w_stride), b = static_cast<int>(sizeof(BlockQ6K));
+  const int s = static_cast<int>(w_stride), b = static_cast<int>(rows.sb_stride);
   const __m512i d_offset =
       _mm512_add_epi32(_mm512_setr_epi32(0, s, 2 * s, 3 * s, b, b + s, b + 2 * s, b + 3 * s, 2 * b,
                                          2 * b + s, 2 * b + 2 * s, 2 * b + 3 * s, 3 * b, 3 * b + s,
@@ -606,7 +654,7 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
       }
       const int64_t i = i0 + k;
       const BlockQ8K& y = a[i];
-      const uint8_t* b0 = w + i * sizeof(BlockQ6K);
+      const uint8_t* b0 = w + i * rows.sb_stride;
       auto row = [&](int r) -> const BlockQ6K& {
         return *reinterpret_cast<const BlockQ6K*>(b0 + r * w_stride);
       };
@@ -621,7 +669,7 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
       __m512i row_sums[4];
       for (int r = 0; r < 4; ++r) {
         const BlockQ6K& blk = row(r);
-        PrefetchStreamAhead(&blk, sizeof(BlockQ6K), kFourRowsPrefetchBytes);
+        PrefetchStreamAhead(&blk, sizeof(BlockQ6K), rows.prefetch_distance);
         __m512i codes[4];
         Q6KCodes512(blk, codes);
         __m512i p[4];  // |P| <= 4 * 63 * 128: packs to int16 exactly
@@ -641,7 +689,7 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
     const __m512i isum_k = CrossLaneSums4(isum);  // [k][r]
     const __mmask16 valid = static_cast<__mmask16>((1u << (4 * count)) - 1);
     const __m512i d_dwords =
-        _mm512_mask_i32gather_epi32(zero, valid, d_offset, w + i0 * sizeof(BlockQ6K), 1);
+        _mm512_mask_i32gather_epi32(zero, valid, d_offset, w + i0 * rows.sb_stride, 1);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d_dwords, 16)));
     alignas(16) float ad4[4] = {};
     for (int k = 0; k < count; ++k) ad4[k] = a[i0 + k].d;
@@ -655,13 +703,17 @@ inline void Q6KFourRows(int64_t nb, const uint8_t* w, size_t w_stride, const Blo
   _mm_storeu_ps(out, SumFourRowsTerms(nb, four_super_blocks));
 }
 
-inline void OneTokenRowsQ6K512(int64_t n, const void* vw, size_t w_stride, int n_rows,
-                               const void* va, float* out) {
-  const auto* w = static_cast<const uint8_t*>(vw);
+inline void OneTokenRowsQ6K512(int64_t n, const SuperBlockRows& rows, int n_rows, const void* va,
+                               float* out) {
   const auto* a = static_cast<const BlockQ8K*>(va);
   int r = 0;
-  for (; r + 4 <= n_rows; r += 4) Q6KFourRows(n / kQK, w + r * w_stride, w_stride, a, out + r);
-  for (; r < n_rows; ++r) out[r] = VecDotQ6KAvx512(n, w + r * w_stride, a);
+  for (; r + 4 <= n_rows; r += 4) Q6KFourRows(n / kQK, rows, r, a, out + r);
+  if (rows.whole_quads && r < n_rows) {
+    float quad[kQuadRows];
+    Q6KFourRows(n / kQK, rows, r, a, quad);
+    for (; r < n_rows; ++r) out[r] = quad[r % kQuadRows];
+  }
+  for (; r < n_rows; ++r) out[r] = VecDotQ6KAvx512(n, rows.Row(r), a);
 }
 }  // namespace
 
@@ -671,8 +723,8 @@ inline void OneTokenRowsQ6K512(int64_t n, const void* vw, size_t w_stride, int n
 // super-block is unpacked once (codes and per-lane scales in registers) and dotted with the
 // super-block of up to 4 tokens; each (row, token) keeps vec_dot's own float sequence
 // (FinishSuperBlocks over groups of 4 super-blocks, in order). 8 or more: the packed path below
-// (16 tokens across the lanes). All read the GGUF blocks as they are: no repacked copy of the
-// weights.
+// (16 tokens across the lanes). All read the GGUF blocks as they are, in the file's rows or in
+// the copy that only reorders them (SuperBlockRows).
 
 namespace {
 
@@ -729,13 +781,13 @@ inline SuperBlockSums DotUnpacked512(const UnpackedSuperBlock512& u, const Block
 
 constexpr int kRowBlock = 4;  // rows whose weights stay in L1 across the token groups
 
-// out[t * out_stride + r] for kTokens tokens starting at `a` and rows 0..n_rows-1.
+// out[t * out_stride + r] for kTokens tokens starting at `a` and rows r0 .. r0 + n_rows - 1.
 template <int kTokens, typename Block, bool kQ6K, typename UnpackFn>
-inline void TileRowsK512(int64_t nb, const uint8_t* w, size_t w_stride, int n_rows,
+inline void TileRowsK512(int64_t nb, const SuperBlockRows& rows, int r0, int n_rows,
                          const uint8_t* a, size_t a_stride, float* out, size_t out_stride,
                          UnpackFn unpack) {
   for (int r = 0; r < n_rows; ++r) {
-    const auto* wr = reinterpret_cast<const Block*>(w + r * w_stride);
+    const uint8_t* wr = rows.Row(r0 + r);
     float acc[kTokens] = {};
     SuperBlockSums s[kTokens][4];
     for (int64_t i0 = 0; i0 < nb; i0 += 4) {
@@ -743,7 +795,7 @@ inline void TileRowsK512(int64_t nb, const uint8_t* w, size_t w_stride, int n_ro
       for (int k = 0; k < 4; ++k) {
         if (k < count) {
           UnpackedSuperBlock512 u;
-          unpack(wr[i0 + k], u);
+          unpack(*reinterpret_cast<const Block*>(wr + (i0 + k) * rows.sb_stride), u);
           for (int t = 0; t < kTokens; ++t) {
             const auto* at = reinterpret_cast<const BlockQ8K*>(a + t * a_stride);
             s[t][k] = DotUnpacked512<kQ6K>(u, at[i0 + k]);
@@ -892,14 +944,16 @@ constexpr int kPackedRows = 4;       // weight rows sharing each activation load
 // stride all 64 fall into one L1 set) came back once per 4 rows.
 constexpr int kStoreRows = 16;
 
-// out[t * out_stride + r] for the n_tokens tokens packed in `packed` ([n_groups][nb]) and kRows
-// rows at w. Each row's super-blocks are prefetched 4 ahead: the 4 interleaved row streams of a
-// matrix larger than L2 are not followed by the hardware prefetcher. (noinline: inlined into the
-// kStoreRows loop, GCC 12's code ran 25% slower.)
+// out[t * out_stride + r] for the n_tokens tokens packed in `packed` ([n_groups][nb]) and rows
+// r0 .. r0 + kRows - 1 (r0 a multiple of 4 when kRows is 4). Each row's super-blocks are
+// prefetched 4 ahead: the 4 interleaved row streams of a matrix larger than L2 are not followed
+// by the hardware prefetcher. (noinline: inlined into the kStoreRows loop, GCC 12's code ran 25%
+// slower.)
 template <int kRows, typename Block, bool kQ6K, typename UnpackFn>
-__attribute__((noinline)) void PackedRowsK512(int64_t nb, const uint8_t* w, size_t w_stride,
+__attribute__((noinline)) void PackedRowsK512(int64_t nb, const SuperBlockRows& rows, int r0,
                                               const PackedQ8KGroup* packed, int n_tokens,
                                               float* out, size_t out_stride, UnpackFn unpack) {
+  const uint8_t* w = rows.Row(r0);
   const int n_groups = (n_tokens + 15) / 16;
   __m512 acc[kRows][kPackedGroups];
   for (int r = 0; r < kRows; ++r) {
@@ -908,8 +962,9 @@ __attribute__((noinline)) void PackedRowsK512(int64_t nb, const uint8_t* w, size
   for (int64_t i = 0; i < nb; ++i) {
     UnpackedBytes u[kRows];
     for (int r = 0; r < kRows; ++r) {
-      const Block& b = reinterpret_cast<const Block*>(w + r * w_stride)[i];
-      PrefetchStreamAhead(&b, sizeof(Block), 4 * sizeof(Block));
+      const Block& b =
+          *reinterpret_cast<const Block*>(w + r * rows.row_stride + i * rows.sb_stride);
+      PrefetchStreamAhead(&b, sizeof(Block), 4 * rows.sb_stride);
       unpack(b, u[r]);
     }
     for (int g = 0; g < n_groups; ++g) DotPackedGroup<kQ6K, kRows>(u, packed[g * nb + i], acc, g);
@@ -925,9 +980,9 @@ __attribute__((noinline)) void PackedRowsK512(int64_t nb, const uint8_t* w, size
 }
 
 template <typename Block, bool kQ6K, typename UnpackFn>
-inline void VecDotTilePackedK512(int64_t n, const uint8_t* w, size_t w_stride, int n_rows,
-                                 const uint8_t* a, size_t a_stride, int n_tokens, float* out,
-                                 size_t out_stride, UnpackFn unpack) {
+inline void VecDotTilePackedK512(int64_t n, const SuperBlockRows& w, int n_rows, const uint8_t* a,
+                                 size_t a_stride, int n_tokens, float* out, size_t out_stride,
+                                 UnpackFn unpack) {
   const int64_t nb = n / kQK;
   auto* packed = static_cast<PackedQ8KGroup*>(
       kernels::ThreadScratch(0, kPackedGroups * nb * sizeof(PackedQ8KGroup)));
@@ -940,16 +995,17 @@ inline void VecDotTilePackedK512(int64_t n, const uint8_t* w, size_t w_stride, i
     float* o = out + t0 * out_stride;
     for (int r0 = 0; r0 < n_rows; r0 += kStoreRows) {
       const int rows = n_rows - r0 < kStoreRows ? n_rows - r0 : kStoreRows;
-      const uint8_t* wb = w + r0 * w_stride;
+      // The copy's last quad is computed whole (its rows past n_rows are zero).
+      const int computed = w.whole_quads ? (rows + kQuadRows - 1) / kQuadRows * kQuadRows : rows;
       alignas(64) float tile[16 * kPackedGroups][kStoreRows];  // [token][row]
       int r = 0;
-      for (; r + kPackedRows <= rows; r += kPackedRows) {
-        PackedRowsK512<kPackedRows, Block, kQ6K>(nb, wb + r * w_stride, w_stride, packed, tokens,
-                                                 &tile[0][r], kStoreRows, unpack);
+      for (; r + kPackedRows <= computed; r += kPackedRows) {
+        PackedRowsK512<kPackedRows, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[0][r],
+                                                 kStoreRows, unpack);
       }
-      for (; r < rows; ++r) {
-        PackedRowsK512<1, Block, kQ6K>(nb, wb + r * w_stride, w_stride, packed, tokens, &tile[0][r],
-                                       kStoreRows, unpack);
+      for (; r < computed; ++r) {
+        PackedRowsK512<1, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[0][r], kStoreRows,
+                                       unpack);
       }
       const __mmask16 store = static_cast<__mmask16>((1u << rows) - 1);
       for (int t = 0; t < tokens; ++t) {
@@ -960,66 +1016,93 @@ inline void VecDotTilePackedK512(int64_t n, const uint8_t* w, size_t w_stride, i
 }
 
 template <typename Block, bool kQ6K, typename UnpackFn, typename PackedUnpackFn>
-inline void VecDotTileK512(int64_t n, const void* vw, size_t w_stride, int n_rows, const void* va,
+inline void VecDotTileK512(int64_t n, const SuperBlockRows& w, int n_rows, const void* va,
                            size_t a_stride, int n_tokens, float* out, size_t out_stride,
                            UnpackFn unpack, PackedUnpackFn packed_unpack) {
-  const auto* w = static_cast<const uint8_t*>(vw);
   const auto* a = static_cast<const uint8_t*>(va);
   const int64_t nb = n / kQK;
   if (n_tokens >= kPackedMinTokens) {
-    return VecDotTilePackedK512<Block, kQ6K>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out,
-                                             out_stride, packed_unpack);
+    return VecDotTilePackedK512<Block, kQ6K>(n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+                                             packed_unpack);
   }
   // Blocks of kRowBlock rows: their weights stay in L1 while every token group passes over
   // them (a matrix larger than the caches is streamed from memory once per call).
   for (int r0 = 0; r0 < n_rows; r0 += kRowBlock) {
     const int rows = n_rows - r0 < kRowBlock ? n_rows - r0 : kRowBlock;
-    const uint8_t* wb = w + r0 * w_stride;
     float* ob = out + r0;
     // 1..7 tokens as 4 + 2 + 1.
     int t = 0;
     if (n_tokens - t >= 4) {
-      TileRowsK512<4, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
-                                   ob + t * out_stride, out_stride, unpack);
+      TileRowsK512<4, Block, kQ6K>(nb, w, r0, rows, a + t * a_stride, a_stride, ob + t * out_stride,
+                                   out_stride, unpack);
       t += 4;
     }
     if (n_tokens - t >= 2) {
-      TileRowsK512<2, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
-                                   ob + t * out_stride, out_stride, unpack);
+      TileRowsK512<2, Block, kQ6K>(nb, w, r0, rows, a + t * a_stride, a_stride, ob + t * out_stride,
+                                   out_stride, unpack);
       t += 2;
     }
     if (n_tokens - t >= 1) {
-      TileRowsK512<1, Block, kQ6K>(nb, wb, w_stride, rows, a + t * a_stride, a_stride,
-                                   ob + t * out_stride, out_stride, unpack);
+      TileRowsK512<1, Block, kQ6K>(nb, w, r0, rows, a + t * a_stride, a_stride, ob + t * out_stride,
+                                   out_stride, unpack);
     }
   }
 }
 
 }  // namespace
 
+namespace {
+
+template <bool kHasHighBit, typename Block>
+void TileQ45K512(int64_t n, const SuperBlockRows& w, int n_rows, const void* a, size_t a_stride,
+                 int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return OneTokenRowsQ45K512<kHasHighBit, Block>(n, w, n_rows, a, out);
+  VecDotTileK512<Block, false>(
+      n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const Block& b, UnpackedSuperBlock512& u) { UnpackQ45K512<kHasHighBit>(b, u); },
+      [](const Block& b, UnpackedBytes& u) { UnpackQ45KBytes<kHasHighBit>(b, u); });
+}
+
+void TileQ6K512(int64_t n, const SuperBlockRows& w, int n_rows, const void* a, size_t a_stride,
+                int n_tokens, float* out, size_t out_stride) {
+  if (n_tokens == 1) return OneTokenRowsQ6K512(n, w, n_rows, a, out);
+  VecDotTileK512<BlockQ6K, true>(
+      n, w, n_rows, a, a_stride, n_tokens, out, out_stride,
+      [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); },
+      [](const BlockQ6K& b, UnpackedBytes& u) { UnpackQ6KBytes(b, u); });
+}
+
+}  // namespace
+
 void VecDotTileQ4KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return OneTokenRowsQ45K512<false, BlockQ4K>(n, w, w_stride, n_rows, a, out);
-  VecDotTileK512<BlockQ4K, false>(
-      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ4K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<false>(b, u); },
-      [](const BlockQ4K& b, UnpackedBytes& u) { UnpackQ45KBytes<false>(b, u); });
+  TileQ45K512<false, BlockQ4K>(n, FileRows<BlockQ4K>(w, w_stride), n_rows, a, a_stride, n_tokens,
+                               out, out_stride);
 }
 void VecDotTileQ5KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return OneTokenRowsQ45K512<true, BlockQ5K>(n, w, w_stride, n_rows, a, out);
-  VecDotTileK512<BlockQ5K, false>(
-      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ5K& b, UnpackedSuperBlock512& u) { UnpackQ45K512<true>(b, u); },
-      [](const BlockQ5K& b, UnpackedBytes& u) { UnpackQ45KBytes<true>(b, u); });
+  TileQ45K512<true, BlockQ5K>(n, FileRows<BlockQ5K>(w, w_stride), n_rows, a, a_stride, n_tokens,
+                              out, out_stride);
 }
 void VecDotTileQ6KAvx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
-  if (n_tokens == 1) return OneTokenRowsQ6K512(n, w, w_stride, n_rows, a, out);
-  VecDotTileK512<BlockQ6K, true>(
-      n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride,
-      [](const BlockQ6K& b, UnpackedSuperBlock512& u) { UnpackQ6K512(b, u); },
-      [](const BlockQ6K& b, UnpackedBytes& u) { UnpackQ6KBytes(b, u); });
+  TileQ6K512(n, FileRows<BlockQ6K>(w, w_stride), n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+
+void QuadTileQ4KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride) {
+  TileQ45K512<false, BlockQ4K>(n, CopyQuads<BlockQ4K>(groups, n / kQK), n_rows, a, a_stride,
+                               n_tokens, out, out_stride);
+}
+void QuadTileQ5KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride) {
+  TileQ45K512<true, BlockQ5K>(n, CopyQuads<BlockQ5K>(groups, n / kQK), n_rows, a, a_stride,
+                              n_tokens, out, out_stride);
+}
+void QuadTileQ6KAvx512(int64_t n, const void* groups, int n_rows, const void* a, size_t a_stride,
+                       int n_tokens, float* out, size_t out_stride) {
+  TileQ6K512(n, CopyQuads<BlockQ6K>(groups, n / kQK), n_rows, a, a_stride, n_tokens, out,
+             out_stride);
 }
 
 }  // namespace kiln::kquants

@@ -9,6 +9,10 @@
 // matrix's last one are zero. Q8_0 keeps no such copy (it would be as large as the file): its
 // in-place kernels (QuantKernels::in_place_tile) make the layout from the rows as they go.
 //
+// The same hooks (InterleaveFn, InterleavedTileFn, ...) also carry the AVX-512 K-quant kernels'
+// copy, which keeps vec_dot's order and only reorders the super-blocks (groups of 16 rows, each
+// four quads of 4 rows interleaved super-block by super-block: kernels/cpu/kquants.h).
+//
 // Integer order, per (weight row w, activation row a) of nb = n / 32 blocks:
 //   Q4_1 x Q8_1:
 //     acc = 0, mins = 0

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "lib/common/half.h"
+#include "lib/quant/interleave.h"
 #include "lib/quant/quant.h"
 
 namespace kiln {
@@ -299,6 +300,71 @@ float VecDotQ8KScalar(int64_t n, const void* vw, const void* va) {
   return acc;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The interleaved copy (kernels/cpu/kquants.h: quads of 4 rows, super-block-major)
+
+namespace {
+
+template <typename Block>
+void InterleaveQuads(const void* vw, size_t w_stride, int64_t n_in, int64_t n_rows, void* vout) {
+  const auto* w = static_cast<const uint8_t*>(vw);
+  auto* out = static_cast<uint8_t*>(vout);
+  const int64_t nb = n_in / kQK;
+  const int64_t padded =
+      (n_rows + quant::kInterleaveRows - 1) / quant::kInterleaveRows * quant::kInterleaveRows;
+  for (int64_t r = 0; r < padded; ++r) {
+    // Row r's super-block i at quad r / 4, slot i * 4 + r % 4.
+    uint8_t* dst = out + ((r / kQuadRows) * nb * kQuadRows + r % kQuadRows) * sizeof(Block);
+    for (int64_t i = 0; i < nb; ++i, dst += kQuadRows * sizeof(Block)) {
+      if (r < n_rows) {
+        std::memcpy(dst, w + r * w_stride + i * sizeof(Block), sizeof(Block));
+      } else {
+        std::memset(dst, 0, sizeof(Block));
+      }
+    }
+  }
+}
+
+template <typename Block>
+size_t QuadGroupBytes(int64_t n_in) {
+  return static_cast<size_t>(quant::kInterleaveRows) * (n_in / kQK) * sizeof(Block);
+}
+
+template <typename Block>
+void QuadRow(const void* groups, int64_t n_in, int64_t row, void* vout) {
+  const int64_t nb = n_in / kQK;
+  const auto* src = static_cast<const uint8_t*>(groups) +
+                    ((row / kQuadRows) * nb * kQuadRows + row % kQuadRows) * sizeof(Block);
+  auto* out = static_cast<uint8_t*>(vout);
+  for (int64_t i = 0; i < nb; ++i) {
+    std::memcpy(out + i * sizeof(Block), src + i * kQuadRows * sizeof(Block), sizeof(Block));
+  }
+}
+
+}  // namespace
+
+void InterleaveQuadsQ4K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveQuads<BlockQ4K>(w, w_stride, n_in, n_rows, out);
+}
+void InterleaveQuadsQ5K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveQuads<BlockQ5K>(w, w_stride, n_in, n_rows, out);
+}
+void InterleaveQuadsQ6K(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
+  InterleaveQuads<BlockQ6K>(w, w_stride, n_in, n_rows, out);
+}
+size_t QuadGroupBytesQ4K(int64_t n_in) { return QuadGroupBytes<BlockQ4K>(n_in); }
+size_t QuadGroupBytesQ5K(int64_t n_in) { return QuadGroupBytes<BlockQ5K>(n_in); }
+size_t QuadGroupBytesQ6K(int64_t n_in) { return QuadGroupBytes<BlockQ6K>(n_in); }
+void QuadRowQ4K(const void* groups, int64_t n_in, int64_t row, void* out) {
+  QuadRow<BlockQ4K>(groups, n_in, row, out);
+}
+void QuadRowQ5K(const void* groups, int64_t n_in, int64_t row, void* out) {
+  QuadRow<BlockQ5K>(groups, n_in, row, out);
+}
+void QuadRowQ6K(const void* groups, int64_t n_in, int64_t row, void* out) {
+  QuadRow<BlockQ6K>(groups, n_in, row, out);
+}
+
 }  // namespace kquants
 
 // ---------------------------------------------------------------------------------------------
@@ -321,6 +387,19 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
     r[t].vec_dot_tile = tile;
     r[t].tile_for_one_token = true;
   };
+  // The AVX-512 kernels' interleaved copy (kernels/cpu/kquants.h), written after load while the
+  // same kernels read the file's rows in place (the same bits: vec_dot's).
+  [[maybe_unused]] auto set_copy =
+      [&r](GgmlType t, quant::InterleaveFn interleave, quant::InterleavedGroupBytesFn group_bytes,
+           quant::InterleavedRowFn row, quant::InterleavedTileFn tile, VecDotTileFn in_place) {
+        QuantKernels& k = r[t];
+        k.interleave = interleave;
+        k.interleaved_group_bytes = group_bytes;
+        k.interleaved_row = row;
+        k.interleaved_tile = tile;
+        k.in_place_tile = in_place;
+        k.in_place_until_copied = true;
+      };
   switch (level) {
     case CpuLevel::kScalar:
       set(GgmlType::kQ2_K, QuantizeRowQ2KRef, DequantizeRowQ2KScalar, VecDotQ2KScalar);
@@ -354,6 +433,12 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
       set_tile(GgmlType::kQ4_K, VecDotTileQ4KAvx512);
       set_tile(GgmlType::kQ5_K, VecDotTileQ5KAvx512);
       set_tile(GgmlType::kQ6_K, VecDotTileQ6KAvx512);
+      set_copy(GgmlType::kQ4_K, InterleaveQuadsQ4K, QuadGroupBytesQ4K, QuadRowQ4K,
+               QuadTileQ4KAvx512, VecDotTileQ4KAvx512);
+      set_copy(GgmlType::kQ5_K, InterleaveQuadsQ5K, QuadGroupBytesQ5K, QuadRowQ5K,
+               QuadTileQ5KAvx512, VecDotTileQ5KAvx512);
+      set_copy(GgmlType::kQ6_K, InterleaveQuadsQ6K, QuadGroupBytesQ6K, QuadRowQ6K,
+               QuadTileQ6KAvx512, VecDotTileQ6KAvx512);
       break;
 #endif
     default:

@@ -376,14 +376,19 @@ TEST(MatMulTest, RowRangesEqualTheWholeMatMulBitwise) {
 
 // The copies are written in the background: the matmuls run at once on the rows and give the same
 // bits before, while and after the copies are written; a store destroyed while writing stops its
-// writer first (ASan, TSan).
+// writer first (ASan, TSan). Q4_1 (the integer order's x16 copy) and, where the level copies it
+// (AVX-512), Q6_K (the K-quants' quads).
 TEST(MatMulTest, BackgroundCopiesGiveTheSameBits) {
   std::mt19937 rng(8);
-  const int64_t n_in = 2048, n_out = 1000;  // 1.3 MB each; the last group partial
+  const int64_t n_in = 2048, n_out = 1000;  // 1.1-1.7 MB each; the last group partial
+  const bool k_quant_copy = GetQuantKernels(GgmlType::kQ6_K)->in_place_until_copied;
   std::vector<std::vector<uint8_t>> weights;
   std::vector<WeightView> views;
-  for (int i = 0; i < 8; ++i) weights.push_back(MakeWeights(GgmlType::kQ4_1, n_in, n_out, rng));
-  for (const auto& w : weights) views.push_back(WeightView{GgmlType::kQ4_1, w.data(), n_in, n_out});
+  for (int i = 0; i < 8; ++i) {
+    const GgmlType type = i % 2 == 1 && k_quant_copy ? GgmlType::kQ6_K : GgmlType::kQ4_1;
+    weights.push_back(MakeWeights(type, n_in, n_out, rng));
+    views.push_back(WeightView{type, weights.back().data(), n_in, n_out});
+  }
   std::vector<WeightView*> matrices;
   for (WeightView& v : views) matrices.push_back(&v);
   CpuBackend backend(2);
@@ -410,14 +415,16 @@ TEST(MatMulTest, BackgroundCopiesGiveTheSameBits) {
   EXPECT_EQ(0, std::memcmp(early1.data(), late1.data(), late1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(early9.data(), late9.data(), late9.size() * sizeof(float)));
   // The copy's rows, as the file's (an embedding lookup reads them).
-  std::vector<float> from_copy(n_in), from_file(n_in);
-  const int32_t token = static_cast<int32_t>(n_out - 1);
-  ASSERT_TRUE(backend.EmbeddingGather(views[0], {&token, 1}, from_copy.data()).ok());
-  ASSERT_TRUE(backend
-                  .EmbeddingGather(WeightView{GgmlType::kQ4_1, weights[0].data(), n_in, n_out},
-                                   {&token, 1}, from_file.data())
-                  .ok());
-  EXPECT_EQ(0, std::memcmp(from_copy.data(), from_file.data(), n_in * sizeof(float)));
+  for (int i : {0, 1}) {
+    std::vector<float> from_copy(n_in), from_file(n_in);
+    const int32_t token = static_cast<int32_t>(n_out - 1);
+    ASSERT_TRUE(backend.EmbeddingGather(views[i], {&token, 1}, from_copy.data()).ok());
+    ASSERT_TRUE(backend
+                    .EmbeddingGather(WeightView{views[i].type, weights[i].data(), n_in, n_out},
+                                     {&token, 1}, from_file.data())
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(from_copy.data(), from_file.data(), n_in * sizeof(float)));
+  }
   for (int i = 0; i < 3; ++i) {  // destroyed while (most likely) still writing
     auto again = PrepareCpuWeights(matrices, false);
     ASSERT_TRUE(again.ok());
@@ -519,18 +526,21 @@ TEST(EmbeddingTest, MatchesReferenceExactly) {
 // whole groups of 16 and a partial one) still gives the reference's values of the original.
 TEST(EmbeddingTest, ReadsRowsFromTheInterleavedCopy) {
   std::mt19937 rng(4);
-  const int64_t n_embd = 96, n_vocab = 37;
+  const int64_t n_vocab = 37;
   std::vector<int32_t> tokens(n_vocab);
   for (int32_t t = 0; t < n_vocab; ++t) tokens[t] = (t * 7) % n_vocab;
-  // The types that get a copy (Q8_0 is read in place).
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0}) {
+  // Types that get a copy (Q8_0 is read in place; the K-quants' copy: their AVX-512 kernels').
+  for (GgmlType type :
+       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const QuantKernels* k = GetQuantKernels(type);
+    if (k->interleave == nullptr) continue;
+    const int64_t n_embd =
+        GgmlTypeInfoOf(static_cast<uint32_t>(type))->block_size == 256 ? 512 : 96;
     std::vector<uint8_t> table = MakeWeights(type, n_embd, n_vocab, rng);
     WeightView tv{type, table.data(), n_embd, n_vocab};
     std::vector<float> expect(tokens.size() * n_embd), out(expect.size());
     ASSERT_TRUE(ref::EmbeddingGather(tv, tokens, expect.data()).ok());
-    const QuantKernels* k = GetQuantKernels(type);
-    ASSERT_NE(k->interleave, nullptr);
     const int64_t groups = (n_vocab + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
     std::vector<uint8_t> copy(groups * k->interleaved_group_bytes(n_embd));
     k->interleave(table.data(), table.size() / n_vocab, n_embd, n_vocab, copy.data());

@@ -873,11 +873,12 @@ TEST(VecDotTileKQuants, RegisteredForEveryLevelAboveScalar) {
 // token counts covering the 8/4-token passes and their 4 + 2 + 1 tails, one token over several
 // rows (the AVX-512 four-row blocks and the rows after them), the AVX-512 packed path's 16-token
 // groups (full, partial, and more than one pass of 64 tokens) with row counts around its 4-row
-// blocks and 16-row stores, padded strides, out_stride past n_rows left untouched.
+// blocks and 16-row stores, padded strides, out_stride past n_rows left untouched. Where the
+// level has the interleaved copy (AVX-512), its kernel on the copy too.
 TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
-  constexpr std::pair<int, int> kShapes[] = {{1, 1},  {6, 1},  {9, 1},  {3, 2},  {5, 7},
-                                             {16, 9}, {2, 15}, {4, 8},  {1, 17}, {7, 3},
-                                             {9, 33}, {5, 64}, {6, 70}, {37, 20}};  // rows x tokens
+  constexpr std::pair<int, int> kShapes[] = {
+      {1, 1}, {6, 1},  {9, 1},  {3, 2},  {5, 7},   {16, 9}, {2, 15}, {4, 8}, {1, 17},
+      {7, 3}, {9, 33}, {5, 64}, {6, 70}, {37, 20}, {19, 1}, {22, 9}, {35, 4}};  // rows x tokens
   std::mt19937 rng(77);
   int checked = 0;
   for (CpuLevel level : Levels()) {
@@ -893,22 +894,32 @@ TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
           const std::vector<uint8_t> w = RandomRows(type, n, rows, w_stride, rng);
           const std::vector<uint8_t> a = Q8KActivations(n, tokens, a_stride, level, rng);
           const size_t out_stride = rows + 2;
-          std::vector<float> got(out_stride * tokens, -5.0f);
-          k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
-                          out_stride);
-          for (int t = 0; t < tokens; ++t) {
-            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-              const float g = got[t * out_stride + r];
-              if (r >= rows) {
-                ASSERT_EQ(g, -5.0f) << "wrote past n_rows at token " << t << " slot " << r;
-                continue;
+          for (const bool on_copy : {false, true}) {
+            if (on_copy && k->interleaved_tile == nullptr) continue;
+            std::vector<float> got(out_stride * tokens, -5.0f);
+            if (on_copy) {
+              const std::vector<Line> copy = Interleave(*k, w, w_stride, n, rows);
+              k->interleaved_tile(n, copy.data(), rows, a.data(), a_stride, tokens, got.data(),
+                                  out_stride);
+            } else {
+              k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
+                              out_stride);
+            }
+            for (int t = 0; t < tokens; ++t) {
+              for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+                const float g = got[t * out_stride + r];
+                if (r >= rows) {
+                  ASSERT_EQ(g, -5.0f) << "wrote past n_rows at token " << t << " slot " << r;
+                  continue;
+                }
+                const float want =
+                    ref->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
+                ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+                    << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                    << (on_copy ? " copy" : " rows") << " n " << n << " tile " << rows << "x"
+                    << tokens << " row " << r << " token " << t << ": " << g << " vs " << want;
+                ++checked;
               }
-              const float want = ref->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
-              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
-                  << " n " << n << " tile " << rows << "x" << tokens << " row " << r << " token "
-                  << t << ": " << g << " vs " << want;
-              ++checked;
             }
           }
         }
@@ -920,35 +931,93 @@ TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
   }
 }
 
+// The copy of the AVX-512 K-quant kernels (kernels/cpu/kquants.h): row r's super-block i at
+// quad r / 4, slot 4i + r % 4, byte for byte; rows past the last one zero; the row extractor
+// gives the file's rows back.
+TEST(VecDotTileKQuants, CopyLayout) {
+  std::mt19937 rng(5);
+  for (GgmlType type : kKQuantTileTypes) {
+    const QuantKernels* k = InterleavedKernels(type);
+    if (k == nullptr) GTEST_SKIP() << "no K-quant copy at " << CpuLevelName(BestCpuLevel());
+    EXPECT_TRUE(k->in_place_until_copied);
+    EXPECT_NE(k->in_place_tile, nullptr);
+    const int64_t n = 768, nb = n / 256;
+    const size_t block = RowBytes(type, 256), stride = RowBytes(type, n) + 3;
+    const int rows = 21;  // a whole group, a partial one
+    const std::vector<uint8_t> w = RandomRows(type, n, rows, stride, rng);
+    const std::vector<Line> lines = Interleave(*k, w, stride, n, rows);
+    ASSERT_EQ(k->interleaved_group_bytes(n), 16 * nb * block);
+    const auto* copy = reinterpret_cast<const uint8_t*>(lines.data());
+    const std::vector<uint8_t> zero(block, 0);
+    for (int r = 0; r < 32; ++r) {
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* got = copy + ((r / 4) * nb * 4 + i * 4 + r % 4) * block;
+        const uint8_t* want = r < rows ? w.data() + r * stride + i * block : zero.data();
+        ASSERT_EQ(std::memcmp(got, want, block), 0) << "row " << r << " super-block " << i;
+      }
+    }
+    std::vector<uint8_t> back(RowBytes(type, n));
+    for (int r = 0; r < rows; ++r) {
+      k->interleaved_row(lines.data(), n, r, back.data());
+      ASSERT_EQ(std::memcmp(back.data(), w.data() + r * stride, back.size()), 0) << r;
+    }
+  }
+}
+
 // MatMul on K-quant weights (the tile path, one token included) is batch invariant with 1 and 2
 // threads, and every output equals the scalar reference vec_dot of the token's Q8_K row, on the
-// Gemma 3 270M / SmolLM2 feed-forward and attention-output row lengths.
+// Gemma 3 270M / SmolLM2 feed-forward and attention-output row lengths; where the level has the
+// copy, on the rows in place, on the copy and on a copy written up to its first 32 rows.
 TEST(VecDotTileKQuants, MatMulBatchInvariantAndEqualToReference) {
   std::mt19937 rng(13);
   for (CpuLevel level : Levels()) {
     for (GgmlType type : kKQuantTileTypes) {
       const QuantKernels* ref = GetQuantKernels(type, CpuLevel::kScalar);
+      const QuantKernels* k = GetQuantKernels(type, level);
       for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{1536, 45}, {1024, 33}, {256, 20}}) {
         const size_t row_bytes = RowBytes(type, n_in);
         const std::vector<uint8_t> w =
             RandomRows(type, n_in, static_cast<int>(n_out), row_bytes, rng);
-        const cpu::WeightView wv{type, w.data(), n_in, n_out};
-        for (int64_t n_tokens : {2, 5, 9, 19, 67}) {
-          std::vector<float> x, single;
-          ASSERT_NO_FATAL_FAILURE(
-              ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
-          std::vector<uint8_t> qa(RowBytes(GgmlType::kQ8_K, n_in));
-          for (int64_t t : {int64_t{0}, n_tokens - 1}) {
-            ActivationQuantizer(GgmlType::kQ8_K, level)(x.data() + t * n_in, qa.data(), n_in);
-            for (int64_t o = 0; o < n_out; ++o) {
-              const float want = ref->vec_dot(n_in, w.data() + o * row_bytes, qa.data());
-              const float got = single[t * n_out + o];
-              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
-                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
-                  << " token " << t << " output " << o;
-            }
+        cpu::WeightView rows{type, w.data(), n_in, n_out};
+        std::vector<cpu::WeightView> views = {rows};
+        std::vector<Line> copy, unwritten;
+        const std::atomic<int64_t> first_rows{std::min<int64_t>(32, n_out)};
+        if (k->interleaved_tile != nullptr) {
+          rows.in_place = true;
+          copy = Interleave(*k, w, row_bytes, n_in, static_cast<int>(n_out));
+          unwritten = copy;  // rows past the first 32 not written yet: garbage
+          const size_t written = 2 * k->interleaved_group_bytes(n_in);
+          if (written < unwritten.size() * sizeof(Line)) {
+            std::memset(reinterpret_cast<uint8_t*>(unwritten.data()) + written, 0x5A,
+                        unwritten.size() * sizeof(Line) - written);
           }
+          cpu::WeightView on_copy = rows, part = rows;
+          on_copy.interleaved = copy.data();
+          part.interleaved = unwritten.data();
+          part.copied_rows = &first_rows;
+          views = {rows, on_copy, part};
         }
+        for (const cpu::WeightView& wv : views)
+          for (int64_t n_tokens : {2, 5, 9, 19, 67}) {
+            SCOPED_TRACE(wv.interleaved == nullptr   ? "in place"
+                         : wv.copied_rows != nullptr ? "partly copied"
+                                                     : "copy");
+            std::vector<float> x, single;
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectMatMulBatchInvariant(wv, n_tokens, level, rng, &x, &single));
+            std::vector<uint8_t> qa(RowBytes(GgmlType::kQ8_K, n_in));
+            for (int64_t t : {int64_t{0}, n_tokens - 1}) {
+              ActivationQuantizer(GgmlType::kQ8_K, level)(x.data() + t * n_in, qa.data(), n_in);
+              for (int64_t o = 0; o < n_out; ++o) {
+                const float want = ref->vec_dot(n_in, w.data() + o * row_bytes, qa.data());
+                const float got = single[t * n_out + o];
+                ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+                    << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
+                    << " token " << t << " output " << o;
+              }
+            }
+            ASSERT_NO_FATAL_FAILURE(ExpectMatMulRowsEqualSingle(wv, x, n_tokens, 3, single, level));
+          }
       }
     }
   }

@@ -204,9 +204,10 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
       }
     });
   };
-  // The integer order: the rows the interleaved copy holds from it (groups of 16 rows; chunks hold
-  // whole groups), the others in place (all of them for Q8_0; those of a copy still being written
-  // in the background), with the same bits.
+  // The kernels of the interleaved copies (the integer order's; the K-quants' quads, in vec_dot's
+  // order): the rows the copy holds from it (groups of 16 rows; chunks hold whole groups), the
+  // others in place (all of them for Q8_0; those of a copy still being written in the
+  // background), with the same bits.
   const bool integer = act != nullptr && plan.k->interleaved_tile != nullptr;
   const int64_t copied_end =
       integer ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
