@@ -7,7 +7,7 @@
 // --tile runs only the matmul kernel comparison on the SmolLM2 shapes (K-quants: Gemma 3 270M's
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
 // integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K,
-// q5_K, q6_K; q8_0's in place on its rows; --types filters them too). --attention runs only the
+// q5_K, q6_K; --types filters them too). --attention runs only the
 // paged-attention table (f16, q8_0 and f32 caches at contexts 128, 1,024 and 4,096). --peak prints
 // only the int8 dot-product peak of 1 and 2 threads (also printed before the tile tables, whose
 // last column is the default order's kernel as a share of the 1-thread peak). --stream prints only
@@ -300,21 +300,13 @@ void BenchTile(GgmlType type, double peak_gmacs) {
                           y.data() + tb * sh.n_out, sh.n_out);
         }
       };
-      // What MatMul runs: Q8_0's in-place kernel on the rows (256 tokens a call), the others'
-      // interleaved kernel on their copy (64).
+      // What MatMul runs once the copy is written: the interleaved kernel on it, 64 tokens a
+      // call.
       auto integer_path = [&] {
-        const int64_t block = k->in_place_tile != nullptr ? 256 : 64;
-        for (int64_t tb = 0; tb < n_tok; tb += block) {
-          const int64_t te = std::min(n_tok, tb + block);
-          if (k->in_place_tile != nullptr) {
-            k->in_place_tile(sh.n_in, w.data(), w_row, static_cast<int>(sh.n_out),
-                             a.data() + tb * a_row, a_row, static_cast<int>(te - tb),
-                             y.data() + tb * sh.n_out, sh.n_out);
-          } else {
-            k->interleaved_tile(sh.n_in, il, static_cast<int>(sh.n_out), a.data() + tb * a_row,
-                                a_row, static_cast<int>(te - tb), y.data() + tb * sh.n_out,
-                                sh.n_out);
-          }
+        for (int64_t tb = 0; tb < n_tok; tb += 64) {
+          const int64_t te = std::min(n_tok, tb + 64);
+          k->interleaved_tile(sh.n_in, il, static_cast<int>(sh.n_out), a.data() + tb * a_row,
+                              a_row, static_cast<int>(te - tb), y.data() + tb * sh.n_out, sh.n_out);
         }
       };
       const double flops = 2.0 * sh.n_in * sh.n_out * n_tok;
@@ -470,7 +462,7 @@ void BenchStream(GgmlType type) {
   }
   Buffer copy;
   size_t copy_matrix = 0;
-  if (k->in_place_until_copied) {
+  if (k->interleave != nullptr) {
     copy_matrix = (kOut / quant::kInterleaveRows) * k->interleaved_group_bytes(kIn);
     copy.reset(static_cast<uint8_t*>(platform::AlignedAllocLarge(copy_matrix * kMatrices)));
     for (int64_t m = 0; m < kMatrices; ++m) {

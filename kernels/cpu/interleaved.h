@@ -104,11 +104,10 @@ void InterleavedTileQ8_0Q8_0Avx2(int64_t n, const void* w, int n_rows, const voi
 void InterleavedTileQ8_0Q8_0Avx512(int64_t n, const void* w, int n_rows, const void* a,
                                    size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
-// Q8_0 weights read in place: the rows as the file stores them (w_stride bytes apart), so a model
-// needs no interleaved copy of them (whose writing into fresh memory costs more than the whole
-// load of a mapped file). The contract of VecDotTileFn (tile_kernels.h) with the integer order's
-// bits: out[t * out_stride + r] is bit for bit what InterleavedTileQ8_0Q8_0* gives on the
-// interleaved copy of the same rows. The SIMD levels pack each group of 16 rows into per-thread
+// Q8_0 weights read in place: the rows as the file stores them (w_stride bytes apart), until the
+// interleaved copy written in the background after load holds them. The contract of VecDotTileFn
+// (tile_kernels.h) with the integer order's bits: out[t * out_stride + r] is bit for bit what
+// InterleavedTileQ8_0Q8_0* gives on the interleaved copy of the same rows. The SIMD levels pack each group of 16 rows into per-thread
 // scratch as they go (PackQ8_0x16*) and run their interleaved kernel on it; the scalar level
 // follows the reference row by row.
 void InPlaceTileQ8_0Q8_0Scalar(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,

@@ -29,10 +29,9 @@ struct WeightView {
   // Where `interleaved` is still being written (the CPU backend's background copy): rows
   // [0, *copied_rows) of it are complete (a multiple of 16, or n_out). Null: all of it.
   const std::atomic<int64_t>* copied_rows = nullptr;
-  // Set by the CPU backend's PrepareWeights for the types whose integer-order kernel reads `data`
-  // in place (QuantKernels::in_place_tile: Q8_0 instead of a copy; the nibble types until their
-  // copy is written): the kiln numeric order multiplies `data` with it, where no copied rows
-  // serve; the llama.cpp order ignores it.
+  // Set by the CPU backend's PrepareWeights for the types whose copy's kernel has an in-place form
+  // (QuantKernels::in_place_tile, the same bits): the kiln numeric order multiplies `data` with it
+  // where no copied rows serve (until the copy is written); the llama.cpp order ignores it.
   bool in_place = false;
   std::string_view name = {};  // the GGUF tensor name ("" for views made by tests and benchmarks)
   // A device backend's copy of `data` in device memory (Backend::PrepareWeights of the CUDA

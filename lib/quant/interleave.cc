@@ -117,6 +117,11 @@ void PutQ8_0Row(BlockQ8_0x16& p, int r, const BlockQ8_0& src) {
   std::memcpy(p.d[r], src.d, 2);
 }
 
+void GetQ8_0Row(BlockQ8_0& dst, const BlockQ8_0x16& p, int r) {
+  for (int i = 0; i < kQK / 4; ++i) FlipTopBits4(&p.qs[i][4 * r], dst.qs + 4 * i);
+  std::memcpy(dst.d, p.d[r], 2);
+}
+
 }  // namespace
 
 void InterleaveQ8_0(const void* w, size_t w_stride, int64_t n_in, int64_t n_rows, void* out) {
@@ -140,6 +145,9 @@ void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out
 void InterleavedRowQ5_1(const void* groups, int64_t n_in, int64_t row, void* out) {
   ExtractRow<BlockQ5_1, BlockQ5_1x16>(groups, n_in, row, out,
                                       GetNibbleRow<BlockQ5_1, BlockQ5_1x16>);
+}
+void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out) {
+  ExtractRow<BlockQ8_0, BlockQ8_0x16>(groups, n_in, row, out, GetQ8_0Row);
 }
 
 namespace {

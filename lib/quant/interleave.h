@@ -6,8 +6,9 @@
 // Layout ("x16", kernels/cpu/interleaved.h): a matrix's rows in groups of kInterleaveRows = 16,
 // each group stored block by block, so one 512-bit register holds the same 4 elements of all 16
 // rows (a lane per row) and a dot product never needs a horizontal reduction. Rows past the
-// matrix's last one are zero. Q8_0 keeps no such copy (it would be as large as the file): its
-// in-place kernels (QuantKernels::in_place_tile) make the layout from the rows as they go.
+// matrix's last one are zero. Until the CPU backend has written a matrix's copy (in the
+// background after load), in-place kernels (QuantKernels::in_place_tile) make the layout from the
+// rows as they go.
 //
 // The same hooks (InterleaveFn, InterleavedTileFn, ...) also carry the AVX-512 K-quant kernels'
 // copy, which keeps vec_dot's order and only reorders the super-blocks (groups of 16 rows, each
@@ -76,6 +77,7 @@ void InterleavedRowQ4_0(const void* groups, int64_t n_in, int64_t row, void* out
 void InterleavedRowQ4_1(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ5_0(const void* groups, int64_t n_in, int64_t row, void* out);
 void InterleavedRowQ5_1(const void* groups, int64_t n_in, int64_t row, void* out);
+void InterleavedRowQ8_0(const void* groups, int64_t n_in, int64_t row, void* out);
 
 // The plain references of the integer order for one weight row and one activation row (the
 // original, not interleaved, layouts).

@@ -398,7 +398,6 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
         k.interleaved_row = row;
         k.interleaved_tile = tile;
         k.in_place_tile = in_place;
-        k.in_place_until_copied = true;
       };
   switch (level) {
     case CpuLevel::kScalar:

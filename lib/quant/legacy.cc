@@ -15,7 +15,7 @@ namespace {
 // An in-place form of an interleaved kernel for the levels without a kernel of their own that
 // reads the rows: each group of 16 rows packed into per-thread scratch as the copy's
 // packer packs it, then the kernel. It serves only until the background copy holds the rows
-// (QuantKernels::in_place_until_copied), so its per-call packing, about what writing the copy
+// (QuantKernels::in_place_tile), so its per-call packing, about what writing the copy
 // costs once, lasts as long as the copy takes to write.
 template <quant::InterleaveFn kPack, quant::InterleavedGroupBytesFn kGroupBytes,
           quant::InterleavedTileFn kTile>
@@ -31,8 +31,8 @@ void PackingInPlaceTile(int64_t n, const void* w, size_t w_stride, int n_rows, c
 
 // The integer order on interleaved weights (interleave.h), one kernel per level with the same
 // bits: the default numeric mode's matmul on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at every level.
-// Q8_0 is read in place (q8_0_in_place); the nibble types are read in place (by the packing form
-// above, unless a level registers its own) until their copy is written.
+// Each is read in place until its copy is written: Q8_0 by q8_0_in_place, the nibble types by
+// the packing form above unless a level registers its own.
 template <quant::InterleavedTileFn kQ4_0, quant::InterleavedTileFn kQ4_1,
           quant::InterleavedTileFn kQ5_0, quant::InterleavedTileFn kQ5_1>
 void SetInterleaved(QuantRegistry& r, quant::InterleavedTileFn q8_0, VecDotTileFn q8_0_in_place) {
@@ -45,7 +45,6 @@ void SetInterleaved(QuantRegistry& r, quant::InterleavedTileFn q8_0, VecDotTileF
     k.interleaved_row = row;
     k.interleaved_tile = tile;
     k.in_place_tile = in_place;
-    k.in_place_until_copied = t != GgmlType::kQ8_0;
   };
   set(GgmlType::kQ4_0, InterleaveQ4_0, InterleavedGroupBytesQ4_0, InterleavedRowQ4_0, kQ4_0,
       PackingInPlaceTile<InterleaveQ4_0, InterleavedGroupBytesQ4_0, kQ4_0>);
@@ -55,7 +54,8 @@ void SetInterleaved(QuantRegistry& r, quant::InterleavedTileFn q8_0, VecDotTileF
       PackingInPlaceTile<InterleaveQ5_0, InterleavedGroupBytesQ5_0, kQ5_0>);
   set(GgmlType::kQ5_1, InterleaveQ5_1, InterleavedGroupBytesQ5_1, InterleavedRowQ5_1, kQ5_1,
       PackingInPlaceTile<InterleaveQ5_1, InterleavedGroupBytesQ5_1, kQ5_1>);
-  set(GgmlType::kQ8_0, InterleaveQ8_0, InterleavedGroupBytesQ8_0, nullptr, q8_0, q8_0_in_place);
+  set(GgmlType::kQ8_0, InterleaveQ8_0, InterleavedGroupBytesQ8_0, InterleavedRowQ8_0, q8_0,
+      q8_0_in_place);
 }
 
 }  // namespace

@@ -69,7 +69,6 @@ std::array<QuantRegistry, kLevels> BuildRegistries() {
         dst.interleaved_row = src.interleaved_row;
         dst.interleaved_tile = src.interleaved_tile;
         dst.in_place_tile = src.in_place_tile;
-        dst.in_place_until_copied = src.in_place_until_copied;
       }
     }
   }

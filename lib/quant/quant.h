@@ -63,24 +63,19 @@ struct QuantKernels {
   // vec_dot_tile is also the fastest path for a single token (otherwise one token keeps
   // vec_dot_rows / vec_dot).
   bool tile_for_one_token = false;
-  // Row-interleaved form and its integer-order tile kernel (interleave.h): the default numeric
-  // mode's matmul where set (null: the type keeps vec_dot's order in every mode).
+  // Row-interleaved form and its tile kernel (interleave.h; the integer order's x16 groups of the
+  // legacy types, the AVX-512 K-quants' quads in vec_dot's order): the default numeric mode's
+  // matmul where set (null: the type keeps vec_dot's order in every mode). The CPU backend writes
+  // the copy in the background after load (PrepareCpuWeights), the file's pages released behind
+  // it: the kernels on the copy stream it faster (the legacy types 2.3-3x at one token, the
+  // K-quants 15-25%: one stream where the rows are four).
   InterleaveFn interleave = nullptr;
   InterleavedGroupBytesFn interleaved_group_bytes = nullptr;
   InterleavedRowFn interleaved_row = nullptr;  // one row back out of the interleaved form
   InterleavedTileFn interleaved_tile = nullptr;
-  // The integer order reading the file's rows in place (kernels/cpu/interleaved.h; the
-  // VecDotTileFn signature, interleaved_tile's bits): where set, the CPU backend's default mode
-  // multiplies the type's matrices with this (WeightView::in_place). Q8_0: instead of a copy,
-  // which would be as large as the file.
+  // The same order reading the file's rows in place (the VecDotTileFn signature,
+  // interleaved_tile's bits), until the copy holds them (WeightView::in_place).
   VecDotTileFn in_place_tile = nullptr;
-  // in_place_tile serves only until the interleaved copy is written, which the CPU backend then
-  // writes in the background after load (PrepareCpuWeights): the nibble types, whose kernels on
-  // the copy run 2.3-3x as fast at one token (the rows' 16-row transposes, or the packing of each
-  // group per call, cost more than the dot products); at AVX-512 Q4_K, Q5_K and Q6_K, whose
-  // one-token kernels read four rows a pass and stream the copy's one stream 15-25% faster than
-  // the file's four.
-  bool in_place_until_copied = false;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
 };
 

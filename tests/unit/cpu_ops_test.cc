@@ -381,7 +381,7 @@ TEST(MatMulTest, RowRangesEqualTheWholeMatMulBitwise) {
 TEST(MatMulTest, BackgroundCopiesGiveTheSameBits) {
   std::mt19937 rng(8);
   const int64_t n_in = 2048, n_out = 1000;  // 1.1-1.7 MB each; the last group partial
-  const bool k_quant_copy = GetQuantKernels(GgmlType::kQ6_K)->in_place_until_copied;
+  const bool k_quant_copy = GetQuantKernels(GgmlType::kQ6_K)->interleave != nullptr;
   std::vector<std::vector<uint8_t>> weights;
   std::vector<WeightView> views;
   for (int i = 0; i < 8; ++i) {
@@ -529,9 +529,9 @@ TEST(EmbeddingTest, ReadsRowsFromTheInterleavedCopy) {
   const int64_t n_vocab = 37;
   std::vector<int32_t> tokens(n_vocab);
   for (int32_t t = 0; t < n_vocab; ++t) tokens[t] = (t * 7) % n_vocab;
-  // Types that get a copy (Q8_0 is read in place; the K-quants' copy: their AVX-512 kernels').
-  for (GgmlType type :
-       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  // Types that get a copy (the K-quants' copy: their AVX-512 kernels').
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ8_0,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
     const QuantKernels* k = GetQuantKernels(type);
     if (k->interleave == nullptr) continue;

@@ -476,7 +476,8 @@ void ExpectNibblePackerLayout(GgmlType type, int64_t n, int rows, std::mt19937& 
 }
 
 // The packers: the nibble formats' (above); Q8_0 element 4i + j of row r plus 128 at
-// qs[i][4r + j], d at [r], rows past the last one of a group zero.
+// qs[i][4r + j], d at [r], rows past the last one of a group zero, and its row extractor gives
+// the source blocks back.
 TEST(IntegerOrder, PackerLayouts) {
   std::mt19937 rng(3);
   const int64_t n = 96;
@@ -503,6 +504,11 @@ TEST(IntegerOrder, PackerLayouts) {
       }
       ASSERT_EQ(std::memcmp(blk.d[r], row < rows ? src->d : kZero, 2), 0) << "row " << row;
     }
+  }
+  std::vector<uint8_t> back(RowBytes(GgmlType::kQ8_0, n));
+  for (int row = 0; row < rows; ++row) {
+    q8_0->interleaved_row(lines.data(), n, row, back.data());
+    ASSERT_EQ(std::memcmp(back.data(), w.data() + row * stride, back.size()), 0) << row;
   }
 }
 
@@ -770,11 +776,10 @@ TEST(IntegerOrder, ReferencesAgreeWithVecDotAndExactValue) {
   }
 }
 
-// MatMul with the interleaved copy set (Q8_0: in_place; the nibble types at AVX-512 also in
-// place, and partly copied, as while their copy is written in the background) computes the
-// integer order (every output
-// equals the reference on MatMul's own quantized activations) and stays batch invariant over the
-// verification widths and a prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
+// MatMul on the interleaved copy, in place and partly copied (as while the copy is written in the
+// background) computes the integer order (every output equals the reference on MatMul's own
+// quantized activations) and stays batch invariant over the verification widths and a
+// prefill-sized batch, with 1 and 2 threads, and in MatMulRows.
 TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
   std::mt19937 rng(13);
   int checked = 0;
@@ -787,9 +792,8 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
         const std::vector<uint8_t> w =
             IntegerOrderRows(it.type, n_in, static_cast<int>(n_out), w_stride, rng);
         const std::vector<Line> p = Interleave(*k, w, w_stride, n_in, static_cast<int>(n_out));
-        // As the CPU backend prepares it: Q8_0 read in place, the others from their copy; where
-        // the level reads them in place until the copy is written (in the background), also
-        // before any row of it is and with its first 32 rows written.
+        // As the CPU backend prepares it: from the copy, and read in place until the copy is
+        // written (in the background): before any row of it is and with its first 32 written.
         cpu::WeightView rows{it.type, w.data(), n_in, n_out};
         rows.in_place = k->in_place_tile != nullptr;
         cpu::WeightView copy = rows;
@@ -804,9 +808,8 @@ TEST(IntegerOrder, MatMulUsesItAndIsBatchInvariant) {
         cpu::WeightView part = copy;
         part.interleaved = unwritten.data();
         part.copied_rows = &first_rows;
-        std::vector<cpu::WeightView> views = {rows};
-        if (k->in_place_tile == nullptr) views = {copy};
-        if (k->in_place_until_copied) views = {copy, rows, part};
+        ASSERT_NE(k->in_place_tile, nullptr);
+        const cpu::WeightView views[] = {copy, rows, part};
         for (const cpu::WeightView& wv : views) {
           SCOPED_TRACE(wv.interleaved == nullptr   ? "in place"
                        : wv.copied_rows != nullptr ? "partly copied"
@@ -939,7 +942,6 @@ TEST(VecDotTileKQuants, CopyLayout) {
   for (GgmlType type : kKQuantTileTypes) {
     const QuantKernels* k = InterleavedKernels(type);
     if (k == nullptr) GTEST_SKIP() << "no K-quant copy at " << CpuLevelName(BestCpuLevel());
-    EXPECT_TRUE(k->in_place_until_copied);
     EXPECT_NE(k->in_place_tile, nullptr);
     const int64_t n = 768, nb = n / 256;
     const size_t block = RowBytes(type, 256), stride = RowBytes(type, n) + 3;

@@ -191,7 +191,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
   constexpr size_t kAlign = 64;
   auto bytes_of = [](const WeightView& w) -> size_t {
     const QuantKernels* k = GetQuantKernels(w.type);
-    if (k == nullptr || k->interleave == nullptr || !k->in_place_until_copied) return 0;
+    if (k == nullptr || k->interleave == nullptr) return 0;
     const int64_t groups = (w.n_out + quant::kInterleaveRows - 1) / quant::kInterleaveRows;
     const size_t bytes = groups * k->interleaved_group_bytes(w.n_in);
     return (bytes + kAlign - 1) / kAlign * kAlign;

@@ -17,12 +17,13 @@ namespace kiln::cpu {
 void StoreKvRow(const float* src, int64_t n, GgmlType type, std::byte* dst);
 
 // CpuBackend::PrepareWeights without a backend: row-interleaved copies of the matrices whose type
-// is read in place only until its copy is written (QuantKernels::in_place_until_copied: Q4_0,
-// Q4_1, Q5_0, Q5_1; at AVX-512 Q4_K, Q5_K, Q6_K), in one allocation, written by a thread of the store's own after this returns
+// has an interleaved form (QuantKernels::interleave: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; at AVX-512
+// Q4_K, Q5_K, Q6_K), in one allocation, written by a thread of the store's own after this returns
 // (WeightView::copied_rows counts each matrix's rows written; WeightStore::WaitUntilPrepared). The
 // mapped file's pages of those matrices are then read only in the llama.cpp order (or for an
 // embedding row not yet copied), so they are released behind the copy when release_file_pages.
-// Every matrix whose type has an in-place kernel is marked in_place (Q8_0: for good).
+// Every matrix whose type has an in-place kernel is marked in_place: it serves until the copy is
+// written, and for good where the memory for the copies could not be had.
 absl::StatusOr<std::unique_ptr<WeightStore>> PrepareCpuWeights(
     std::span<WeightView* const> matrices, bool release_file_pages);
 

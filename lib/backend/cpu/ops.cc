@@ -79,9 +79,9 @@ static_assert(kMatMulRowAlign % kRowChunk == 0, "a row range must start on a til
 constexpr int64_t kTokenTile = 32;  // activation rows per tile
 // Tokens per vec_dot_tile call: their repacked activations (~2 bytes per element) stay in L2.
 constexpr int64_t kTileTokenBlock = 64;
-// Tokens per in_place_tile call: for more than 8 tokens the AVX-512 kernel packs each group of 16
-// weight rows 64 blocks at a time and runs every token over each chunk, so more tokens a call
-// pack less often (256 tokens' activations of one chunk: 557 KiB, within L2). llama-1b Q8_0
+// Tokens per in_place_tile call: for more than 8 tokens the AVX-512 Q8_0 kernel packs each group
+// of 16 weight rows 64 blocks at a time and runs every token over each chunk, so more tokens a
+// call pack less often (256 tokens' activations of one chunk: 557 KiB, within L2). llama-1b Q8_0
 // prefill512, 1 thread: 140 tok/s at 256 tokens a call, the interleaved copy's 151 at 64.
 constexpr int64_t kInPlaceTokenBlock = 256;
 
@@ -206,8 +206,8 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   };
   // The kernels of the interleaved copies (the integer order's; the K-quants' quads, in vec_dot's
   // order): the rows the copy holds from it (groups of 16 rows; chunks hold whole groups), the
-  // others in place (all of them for Q8_0; those of a copy still being written in the
-  // background), with the same bits.
+  // others in place (those of a copy still being written in the background, or all of them where
+  // the copies' memory could not be had), with the same bits.
   const bool integer = act != nullptr && plan.k->interleaved_tile != nullptr;
   const int64_t copied_end =
       integer ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
