@@ -60,13 +60,14 @@ inline __m512i BlockDot(const __m512i w[8], const int8_t* qa) {
   return _mm512_add_epi32(p0, p1);
 }
 
-// Weights stream from memory once per call (kernels/cpu/prefetch.h), prefetched only where more
-// than one token tile passes over each group (prefill). One tile (decode, verification passes)
-// reads the groups' one contiguous stream faster with the hardware prefetcher alone: alternating
-// runs on the 2-core Zen 4 VM, decode128 at 1 thread llama-1b-q4_0 37.5 -> 51.2 tok/s, q4_1 34.4
-// -> 46.1, the default model 232.4 -> 259.2; 2 threads llama-1b-q4_0 56.9 -> 59.9; prefill512
-// unchanged (153.5 -> 153.4; without the prefetch there too: 3% slower). The AVX2 kernels, which
-// read each group twice (once per octet), keep it for one token (without it: 0.87x).
+// Weights stream from memory once per call (kernels/cpu/prefetch.h), prefetched where more than
+// one token tile passes over each group (prefill), and for one tile (decode, verification passes)
+// on the cores that stream the groups' one contiguous stream faster so (PrefetchOneTokenStream:
+// on Zen 4 the hardware prefetcher alone was faster, decode128 at 1 thread llama-1b-q4_0 37.5 ->
+// 51.2 tok/s, q4_1 34.4 -> 46.1, the default model 232.4 -> 259.2; 2 threads llama-1b-q4_0 56.9
+// -> 59.9; prefill512 unchanged, 153.5 -> 153.4, and without the prefetch there too 3% slower).
+// The AVX2 kernels, which read each group twice (once per octet), keep it for one token (without
+// it: 0.87x on Zen 4).
 template <typename Block>
 inline void PrefetchAhead(const Block* w, int64_t b) {
   PrefetchStreamAhead(w + b, sizeof(Block));
@@ -116,7 +117,8 @@ struct HighBits {
 
 // Where a tile's weight blocks come from. Load(b, q, &dw, &mw) gives block b of the group: its 32
 // elements of 16 rows as the eight lines the formats multiply (unsigned bytes, bit 4 added), the
-// rows' scales and (Q4_1, Q5_1) mins; Prefetch(b, many_tiles) is called before it.
+// rows' scales and (Q4_1, Q5_1) mins; Prefetch(b, stream) is called before it (stream: the
+// caller wants the copy's stream prefetched, see PrefetchAhead).
 
 // The interleaved copy's group.
 template <typename B>
@@ -128,11 +130,11 @@ struct CopyBlocks {
   HighBits high;
 
   explicit CopyBlocks(const B* group) : w(group) {}
-  // Q5_1 prefetches its one-token stream too (unlike the other formats, see PrefetchAhead):
-  // alternating runs, 1 thread, decode128 of the default model requantized to Q5_1 183-191 ->
-  // 218-228 tok/s, llama-1b-q5_1 26.5-26.8 -> 27.9-28.6 (Q5_0 the same either way).
-  __attribute__((always_inline)) void Prefetch(int64_t b, bool many_tiles) const {
-    if (many_tiles || (kFiveBit && kMins)) PrefetchAhead(w, b);
+  // Q5_1 prefetches its one-token stream on every core (on Zen 4, unlike the other formats, see
+  // PrefetchAhead: alternating runs, 1 thread, decode128 of the default model requantized to Q5_1
+  // 183-191 -> 218-228 tok/s, llama-1b-q5_1 26.5-26.8 -> 27.9-28.6; Q5_0 the same either way).
+  __attribute__((always_inline)) void Prefetch(int64_t b, bool stream) const {
+    if (stream || (kFiveBit && kMins)) PrefetchAhead(w, b);
   }
   __attribute__((always_inline)) void Load(int64_t b, __m512i q[8], __m512* dw, __m512* mw) const {
     if constexpr (kBytes) {
@@ -174,7 +176,7 @@ struct NibbleRows {
             _mm512_set1_epi32(static_cast<int>(stride)),
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))) {}
 
-  __attribute__((always_inline)) void Prefetch(int64_t b, bool /*many_tiles*/) const {
+  __attribute__((always_inline)) void Prefetch(int64_t b, bool /*stream*/) const {
     const char* ahead =
         reinterpret_cast<const char*>(w + groups_ahead * kInterleaveRows * w_stride) +
         b * kInterleaveRows * sizeof(S);
@@ -318,9 +320,10 @@ template <typename F>
 void GroupTiles(const typename F::Block* g, int64_t nb, int n_rows, const uint8_t* a,
                 size_t a_stride, int n_tokens, const float* d, const typename F::Aux* aux,
                 float* out, size_t out_stride) {
+  const bool prefetch = n_tokens > kTileTokens || PrefetchOneTokenStream();
   ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
     F::template Tile<T>(CopyBlocks(g), nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb,
-                        n_rows, out + t * out_stride, out_stride, n_tokens > kTileTokens);
+                        n_rows, out + t * out_stride, out_stride, prefetch);
   });
 }
 

@@ -19,6 +19,16 @@ namespace kiln {
 
 constexpr size_t kStreamPrefetchBytes = 8192;
 
+// Whether the AVX-512 kernels on an interleaved copy prefetch its one contiguous stream for a
+// single token too (decode), which the hardware prefetcher follows alone. Measured both ways: on
+// Zen 4 (the 2-core VM of 2026-12-01..05) the stream went faster without (decode128, 1 thread:
+// llama-1b-q4_0 37.5 -> 51.2 tok/s, the default model 232 -> 259); on Zen 5 (the same VM's cores
+// from 2026-12-06) faster with (llama-1b-q4_0 57-58 -> 64, q5_0 45 -> 53, the default model
+// 324-332 -> 389-396; cpu_ops_bench --stream Q5_0 75% -> 89% of a plain read). The quant
+// registry sets it from the CPU before it hands out a kernel (lib/quant/quant.cc); off until then.
+void SetPrefetchOneTokenStream(bool on);
+bool PrefetchOneTokenStream();
+
 // Prefetches into L2 the cache lines of [p + distance, + bytes): call it for the bytes about to
 // be read, once each. (Kernels reading several streams at once may need a longer distance:
 // kquants_avx512.cc's four-row kernels.)

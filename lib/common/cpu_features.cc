@@ -14,7 +14,13 @@ CpuFeatures Detect() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    f.amd = b == 0x68747541 && d == 0x69746E65 && c == 0x444D4163;  // "AuthenticAMD"
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const unsigned base_family = (a >> 8) & 0xF;
+  f.x86_family =
+      static_cast<int>(base_family == 0xF ? base_family + ((a >> 20) & 0xFF) : base_family);
   const bool osxsave = c & (1u << 27);
   f.fma = c & (1u << 12);
   f.f16c = c & (1u << 29);

@@ -15,6 +15,10 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512vnni = false;
   bool avx512bf16 = false;
+  // The core, where a kernel's best choice was measured to differ between microarchitectures:
+  // AMD's, and the x86 family (CPUID leaf 1, base + extended: 0x19 Zen 3/4, 0x1A Zen 5).
+  bool amd = false;
+  int x86_family = 0;
   // NEON would go here for aarch64 builds.
 
   // The AVX2 kernels need all three.

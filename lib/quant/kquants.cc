@@ -387,18 +387,6 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
     r[t].vec_dot_tile = tile;
     r[t].tile_for_one_token = true;
   };
-  // The AVX-512 kernels' interleaved copy (kernels/cpu/kquants.h), written after load while the
-  // same kernels read the file's rows in place (the same bits: vec_dot's).
-  [[maybe_unused]] auto set_copy =
-      [&r](GgmlType t, quant::InterleaveFn interleave, quant::InterleavedGroupBytesFn group_bytes,
-           quant::InterleavedRowFn row, quant::InterleavedTileFn tile, VecDotTileFn in_place) {
-        QuantKernels& k = r[t];
-        k.interleave = interleave;
-        k.interleaved_group_bytes = group_bytes;
-        k.interleaved_row = row;
-        k.interleaved_tile = tile;
-        k.in_place_tile = in_place;
-      };
   switch (level) {
     case CpuLevel::kScalar:
       set(GgmlType::kQ2_K, QuantizeRowQ2KRef, DequantizeRowQ2KScalar, VecDotQ2KScalar);
@@ -432,12 +420,14 @@ void RegisterKQuantTypes(QuantRegistry& r, CpuLevel level) {
       set_tile(GgmlType::kQ4_K, VecDotTileQ4KAvx512);
       set_tile(GgmlType::kQ5_K, VecDotTileQ5KAvx512);
       set_tile(GgmlType::kQ6_K, VecDotTileQ6KAvx512);
-      set_copy(GgmlType::kQ4_K, InterleaveQuadsQ4K, QuadGroupBytesQ4K, QuadRowQ4K,
-               QuadTileQ4KAvx512, VecDotTileQ4KAvx512);
-      set_copy(GgmlType::kQ5_K, InterleaveQuadsQ5K, QuadGroupBytesQ5K, QuadRowQ5K,
-               QuadTileQ5KAvx512, VecDotTileQ5KAvx512);
-      set_copy(GgmlType::kQ6_K, InterleaveQuadsQ6K, QuadGroupBytesQ6K, QuadRowQ6K,
-               QuadTileQ6KAvx512, VecDotTileQ6KAvx512);
+      // The interleaved copy (kernels/cpu/kquants.h), written after load while the same kernels
+      // read the file's rows in place (the same bits: vec_dot's).
+      r[GgmlType::kQ4_K].SetInterleavedForm(InterleaveQuadsQ4K, QuadGroupBytesQ4K, QuadRowQ4K,
+                                            QuadTileQ4KAvx512, VecDotTileQ4KAvx512);
+      r[GgmlType::kQ5_K].SetInterleavedForm(InterleaveQuadsQ5K, QuadGroupBytesQ5K, QuadRowQ5K,
+                                            QuadTileQ5KAvx512, VecDotTileQ5KAvx512);
+      r[GgmlType::kQ6_K].SetInterleavedForm(InterleaveQuadsQ6K, QuadGroupBytesQ6K, QuadRowQ6K,
+                                            QuadTileQ6KAvx512, VecDotTileQ6KAvx512);
       break;
 #endif
     default:

@@ -39,12 +39,7 @@ void SetInterleaved(QuantRegistry& r, quant::InterleavedTileFn q8_0, VecDotTileF
   using namespace quant;
   auto set = [&r](GgmlType t, InterleaveFn pack, InterleavedGroupBytesFn group_bytes,
                   InterleavedRowFn row, InterleavedTileFn tile, VecDotTileFn in_place) {
-    QuantKernels& k = r[t];
-    k.interleave = pack;
-    k.interleaved_group_bytes = group_bytes;
-    k.interleaved_row = row;
-    k.interleaved_tile = tile;
-    k.in_place_tile = in_place;
+    r[t].SetInterleavedForm(pack, group_bytes, row, tile, in_place);
   };
   set(GgmlType::kQ4_0, InterleaveQ4_0, InterleavedGroupBytesQ4_0, InterleavedRowQ4_0, kQ4_0,
       PackingInPlaceTile<InterleaveQ4_0, InterleavedGroupBytesQ4_0, kQ4_0>);

@@ -77,6 +77,15 @@ struct QuantKernels {
   // interleaved_tile's bits), until the copy holds them (WeightView::in_place).
   VecDotTileFn in_place_tile = nullptr;
   bool IsSupported() const { return quantize && dequantize && vec_dot; }
+  // The interleaved form's hooks, which serve only together.
+  void SetInterleavedForm(InterleaveFn pack, InterleavedGroupBytesFn group_bytes,
+                          InterleavedRowFn row, InterleavedTileFn tile, VecDotTileFn in_place) {
+    interleave = pack;
+    interleaved_group_bytes = group_bytes;
+    interleaved_row = row;
+    interleaved_tile = tile;
+    in_place_tile = in_place;
+  }
 };
 
 // Kernels of `type` at `level` (falling back to lower levels where a type has no faster path),
