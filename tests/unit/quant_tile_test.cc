@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/interleaved.h"
@@ -29,6 +30,29 @@ constexpr GgmlType kTileTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::k
 
 size_t RowBytes(GgmlType t, int64_t n) {
   return GgmlRowBytes(*GgmlTypeInfoOf(static_cast<uint32_t>(t)), n);
+}
+
+// A tile's outputs got [tokens][out_stride], filled with `untouched` before the call: each of row
+// r < rows and token t bitwise ref(n, w + r * w_stride, a + t * a_stride), the slots past n_rows
+// untouched. Counts the outputs compared in *checked.
+void ExpectTileMatches(const std::vector<float>& got, int rows, int tokens, size_t out_stride,
+                       float untouched, VecDotFn ref, int64_t n, const uint8_t* w, size_t w_stride,
+                       const uint8_t* a, size_t a_stride, const std::string& what,
+                       int* checked = nullptr) {
+  for (int t = 0; t < tokens; ++t) {
+    for (int r = 0; r < static_cast<int>(out_stride); ++r) {
+      const float g = got[t * out_stride + r];
+      if (r >= rows) {
+        ASSERT_EQ(g, untouched) << what << ": wrote past n_rows at token " << t << " slot " << r;
+        continue;
+      }
+      const float want = ref(n, w + r * w_stride, a + t * a_stride);
+      ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+          << what << " n " << n << " tile " << rows << "x" << tokens << " row " << r << " token "
+          << t << ": " << g << " vs " << want;
+      if (checked != nullptr) ++*checked;
+    }
+  }
 }
 
 // `rows` rows of `type`, each `stride` bytes apart (padding bytes random), quantized from normal
@@ -78,20 +102,10 @@ TEST(VecDotTile, BitwiseEqualToVecDot) {
           std::vector<float> got(out_stride * tokens, 123.0f);
           k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
                           out_stride);
-          for (int t = 0; t < tokens; ++t) {
-            for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-              const float g = got[t * out_stride + r];
-              if (r >= rows) {
-                ASSERT_EQ(g, 123.0f) << "wrote past n_rows at token " << t << " slot " << r;
-                continue;
-              }
-              const float want = k->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
-              ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                  << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
-                  << " n " << n << " tile " << rows << "x" << tokens << " row " << r << " token "
-                  << t << ": " << g << " vs " << want;
-            }
-          }
+          ASSERT_NO_FATAL_FAILURE(ExpectTileMatches(
+              got, rows, tokens, out_stride, 123.0f, k->vec_dot, n, w.data(), w_stride, a.data(),
+              a_stride,
+              GgmlTypeName(static_cast<uint32_t>(type)) + " level " + CpuLevelName(level)));
         }
       }
     }
@@ -283,20 +297,9 @@ TEST(VecDotTileQ4_1, BitwiseEqualToVecDotWithActivationQuantizer) {
         std::vector<float> got(out_stride * tokens, -7.0f);
         k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
                         out_stride);
-        for (int t = 0; t < tokens; ++t) {
-          for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-            const float g = got[t * out_stride + r];
-            if (r >= rows) {
-              ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
-              continue;
-            }
-            const float want = k->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
-            ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                << "level " << CpuLevelName(level) << " n " << n << " tile " << rows << "x"
-                << tokens << " row " << r << " token " << t << ": " << g << " vs " << want;
-            ++checked;
-          }
-        }
+        ASSERT_NO_FATAL_FAILURE(ExpectTileMatches(
+            got, rows, tokens, out_stride, -7.0f, k->vec_dot, n, w.data(), w_stride, a.data(),
+            a_stride, std::string("level ") + CpuLevelName(level), &checked));
       }
     }
   }
@@ -604,22 +607,12 @@ TEST(IntegerOrder, KernelsBitwiseEqualToReferences) {
               k->interleaved_tile(n, p.data(), rows, a.data(), a_stride, tokens, got.data(),
                                   out_stride);
             }
-            for (int t = 0; t < tokens; ++t) {
-              for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-                const float g = got[t * out_stride + r];
-                if (r >= rows) {
-                  ASSERT_EQ(g, -7.0f) << "wrote past n_rows at token " << t << " slot " << r;
-                  continue;
-                }
-                const float want = it.ref(n, w.data() + r * w_stride, a.data() + t * a_stride);
-                ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                    << GgmlTypeName(static_cast<uint32_t>(it.type)) << " level "
-                    << CpuLevelName(level) << (in_place ? " in place" : " interleaved") << " n "
-                    << n << " tile " << rows << "x" << tokens << " row " << r << " token " << t
-                    << ": " << g << " vs " << want;
-                ++checked;
-              }
-            }
+            ASSERT_NO_FATAL_FAILURE(ExpectTileMatches(got, rows, tokens, out_stride, -7.0f, it.ref,
+                                                      n, w.data(), w_stride, a.data(), a_stride,
+                                                      GgmlTypeName(static_cast<uint32_t>(it.type)) +
+                                                          " level " + CpuLevelName(level) +
+                                                          (in_place ? " in place" : " interleaved"),
+                                                      &checked));
           }
         }
       }
@@ -908,22 +901,12 @@ TEST(VecDotTileKQuants, BitwiseEqualToScalarVecDot) {
               k->vec_dot_tile(n, w.data(), w_stride, rows, a.data(), a_stride, tokens, got.data(),
                               out_stride);
             }
-            for (int t = 0; t < tokens; ++t) {
-              for (int r = 0; r < static_cast<int>(out_stride); ++r) {
-                const float g = got[t * out_stride + r];
-                if (r >= rows) {
-                  ASSERT_EQ(g, -5.0f) << "wrote past n_rows at token " << t << " slot " << r;
-                  continue;
-                }
-                const float want =
-                    ref->vec_dot(n, w.data() + r * w_stride, a.data() + t * a_stride);
-                ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
-                    << GgmlTypeName(static_cast<uint32_t>(type)) << " level " << CpuLevelName(level)
-                    << (on_copy ? " copy" : " rows") << " n " << n << " tile " << rows << "x"
-                    << tokens << " row " << r << " token " << t << ": " << g << " vs " << want;
-                ++checked;
-              }
-            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectTileMatches(got, rows, tokens, out_stride, -5.0f, ref->vec_dot, n, w.data(),
+                                  w_stride, a.data(), a_stride,
+                                  GgmlTypeName(static_cast<uint32_t>(type)) + " level " +
+                                      CpuLevelName(level) + (on_copy ? " copy" : " rows"),
+                                  &checked));
           }
         }
       }
@@ -999,7 +982,7 @@ TEST(VecDotTileKQuants, MatMulBatchInvariantAndEqualToReference) {
           part.copied_rows = &first_rows;
           views = {rows, on_copy, part};
         }
-        for (const cpu::WeightView& wv : views)
+        for (const cpu::WeightView& wv : views) {
           for (int64_t n_tokens : {2, 5, 9, 19, 67}) {
             SCOPED_TRACE(wv.interleaved == nullptr   ? "in place"
                          : wv.copied_rows != nullptr ? "partly copied"
@@ -1020,6 +1003,7 @@ TEST(VecDotTileKQuants, MatMulBatchInvariantAndEqualToReference) {
             }
             ASSERT_NO_FATAL_FAILURE(ExpectMatMulRowsEqualSingle(wv, x, n_tokens, 3, single, level));
           }
+        }
       }
     }
   }
