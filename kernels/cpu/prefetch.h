@@ -4,11 +4,10 @@
 // Why: decode reads each weight byte once, and the hardware prefetcher restarts on every short
 // row; fetching the bytes kStreamPrefetchBytes ahead into L2 keeps the stream going. The AVX-512
 // float dot: smollm2-f16 decode 63 -> 82 tok/s (llama-1b-f16 without it: 0.84x). The AVX2
-// interleaved kernels use it at every width; the AVX-512 ones only for prefill, since one long
-// contiguous stream read once (their decode) goes faster with the hardware prefetcher alone
-// (interleaved_avx512.cc, PrefetchAhead). (Measured, not kept: into L1, 2 KB ahead, for tiles of
-// 3+ tokens: as fast at 8 tokens, slower at 3-4 with 2 threads, where the two cores share the
-// bandwidth.)
+// interleaved kernels use it at every width; the AVX-512 ones for prefill, and for decode only on
+// the cores where one long contiguous stream read once goes faster so (PrefetchOneTokenStream).
+// (Measured, not kept: into L1, 2 KB ahead, for tiles of 3+ tokens: as fast at 8 tokens, slower at
+// 3-4 with 2 threads, where the two cores share the bandwidth.)
 #pragma once
 
 #include <xmmintrin.h>
