@@ -208,9 +208,9 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
   // order): the rows the copy holds from it (groups of 16 rows; chunks hold whole groups), the
   // others in place (those of a copy still being written in the background, or all of them where
   // the copies' memory could not be had), with the same bits.
-  const bool integer = act != nullptr && plan.k->interleaved_tile != nullptr;
+  const bool has_copy_kernels = act != nullptr && plan.k->interleaved_tile != nullptr;
   const int64_t copied_end =
-      integer ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
+      has_copy_kernels ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
   if (copied_end > row_begin) {
     static_assert(kRowChunk % quant::kInterleaveRows == 0);
     const InterleavedTileFn tile = plan.k->interleaved_tile;
@@ -223,7 +223,7 @@ absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, c
                   });
     if (copied_end == row_end) return absl::OkStatus();
   }
-  if (integer && w.in_place && plan.k->in_place_tile != nullptr) {
+  if (has_copy_kernels && w.in_place && plan.k->in_place_tile != nullptr) {
     const VecDotTileFn tile = plan.k->in_place_tile;
     for_each_tile(
         copied_end, row_end,
