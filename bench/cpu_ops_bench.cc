@@ -8,7 +8,9 @@
 // and a 4096 x 4096 one): old path (vec_dot_rows, or vec_dot per row) vs vec_dot_tile vs the
 // integer order on interleaved rows (types with a tile kernel: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K,
 // q5_K, q6_K; --types filters them too). --attention runs only the
-// paged-attention table (f16, q8_0 and f32 caches at contexts 128, 1,024 and 4,096). --peak prints
+// paged-attention tables (f16, q8_0 and f32 caches at contexts 128, 1,024 and 4,096 on one
+// layer; one decode step's kernels apart; f16 and q8_0 decode over a whole model's layers from
+// memory). --peak prints
 // only the int8 dot-product peak of 1 and 2 threads (also printed before the tile tables, whose
 // last column is the default order's kernel as a share of the 1-thread peak). --stream prints only
 // each type's one-token kernel streaming matrices from memory, on the file's rows and on the
@@ -31,9 +33,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
 #include "lib/common/half.h"
 #include "lib/common/platform.h"
+#include "lib/quant/activation.h"
 
 namespace kiln::cpu {
 namespace {
@@ -305,8 +309,8 @@ void BenchTile(GgmlType type, double peak_gmacs) {
       auto integer_path = [&] {
         for (int64_t tb = 0; tb < n_tok; tb += 64) {
           const int64_t te = std::min(n_tok, tb + 64);
-          k->interleaved_tile(sh.n_in, il, static_cast<int>(sh.n_out), a.data() + tb * a_row,
-                              a_row, static_cast<int>(te - tb), y.data() + tb * sh.n_out, sh.n_out);
+          k->interleaved_tile(sh.n_in, il, static_cast<int>(sh.n_out), a.data() + tb * a_row, a_row,
+                              static_cast<int>(te - tb), y.data() + tb * sh.n_out, sh.n_out);
         }
       };
       const double flops = 2.0 * sh.n_in * sh.n_out * n_tok;
@@ -498,6 +502,145 @@ void BenchStream(GgmlType type) {
          bytes / 1048576.0, read, cell(on_rows).c_str(), cell(on_copy).c_str());
 }
 
+// --attention: one decode step's attention kernels on one kv head (K/V rows in L2), ns per
+// visible row: the scores of a GQA group, their softmax, the V accumulation (what PagedAttention
+// costs where memory is not the bound).
+void BenchDecodeKernels(const char* name, int32_t group, int32_t d) {
+  printf("\n== Decode attention kernels (%s: %d heads a kv head, head_dim %d), 1 thread, ns/row\n",
+         name, group, d);
+  printf("%-5s %8s %10s %10s %10s %10s\n", "kv", "rows", "scores", "softmax", "V", "total");
+  const OpKernels& k = GetOpKernels(BestCpuLevel());
+  constexpr int64_t kRows = 1024;
+  std::mt19937 rng(5);
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    KvElem elem;
+    (void)KvElemOf(type, &elem);
+    const size_t row_bytes = type == GgmlType::kQ8_0 ? d / 32 * 34 : d * 2;
+    std::vector<uint8_t> k_rows(kRows * row_bytes), v_rows(kRows * row_bytes);
+    const QuantizeRowFn to_q8 = ActivationQuantizer(GgmlType::kQ8_0, BestCpuLevel());
+    for (std::vector<uint8_t>* rows : {&k_rows, &v_rows}) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        const std::vector<float> x = RandomVector(d, rng);
+        uint8_t* row = rows->data() + r * row_bytes;
+        if (type == GgmlType::kQ8_0) {
+          to_q8(x.data(), row, d);
+        } else {
+          for (int32_t i = 0; i < d; ++i) {
+            const uint16_t h = Fp32ToFp16(x[i]);
+            std::memcpy(row + 2 * i, &h, 2);
+          }
+        }
+      }
+    }
+    std::vector<const void*> k_list(kRows), v_list(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      k_list[r] = k_rows.data() + r * row_bytes;
+      v_list[r] = v_rows.data() + r * row_bytes;
+    }
+    const std::vector<float> q = RandomVector(static_cast<size_t>(group) * d, rng);
+    std::vector<uint8_t> q8(group * (d / 32) * 34);
+    for (int32_t g = 0; g < group; ++g) to_q8(q.data() + g * d, q8.data() + g * (d / 32) * 34, d);
+    std::vector<float> scores(group * kRows), p(group * kRows), out(group * d);
+    const double scores_s = TimePerCall([&] {
+      if (type == GgmlType::kQ8_0) {
+        k.kv_scores_rows_q8_0(q8.data(), group, k_list.data(), kRows, d, scores.data(), kRows);
+      } else {
+        k.kv_scores_rows(q.data(), group, k_list.data(), kRows, elem, d, scores.data(), kRows);
+      }
+    });
+    const double softmax_s = TimePerCall([&] {
+      for (int32_t g = 0; g < group; ++g) {
+        float* pg = p.data() + g * kRows;
+        std::copy(scores.begin() + g * kRows, scores.begin() + (g + 1) * kRows, pg);
+        k.scale(pg, 0.125f, kRows);
+        const double sum = k.softmax_exp(pg, k.max(pg, kRows), kRows, pg);
+        k.scale(pg, static_cast<float>(1.0 / sum), kRows);
+      }
+    });
+    const double v_s = TimePerCall([&] {
+      std::fill(out.begin(), out.end(), 0.0f);
+      k.kv_accumulate_rows(out.data(), p.data(), kRows, group, v_list.data(), kRows, elem, d);
+    });
+    const double ns = 1e9 / kRows;
+    printf("%-5s %8lld %10.2f %10.2f %10.2f %10.2f\n",
+           GgmlTypeName(static_cast<uint32_t>(type)).c_str(), static_cast<long long>(kRows),
+           scores_s * ns, softmax_s * ns, v_s * ns, (scores_s + softmax_s + v_s) * ns);
+    fflush(stdout);
+  }
+}
+
+// --attention: one decode token's attention over a whole model's layers, as the
+// engine reads them: a tile-major pool (kv_storage.h) whose blocks were handed out in order, so
+// each kv head's rows of a layer are one run of memory, and every layer's K/V together far beyond
+// the caches. GB/s of K/V read against one core's plain read of the same pool.
+void BenchAttentionFromMemory(const char* name, int32_t n_layers, int32_t n_heads, int32_t n_kv,
+                              int32_t d) {
+  printf(
+      "\n== Decode attention from memory (%s: %d layers, %d q heads, %d kv heads, head_dim "
+      "%d), 1 thread\n",
+      name, n_layers, n_heads, n_kv, d);
+  printf("%-5s %8s %10s %13s %14s %16s\n", "kv", "context", "pool MiB", "read GB/s", "ns/row",
+         "GB/s (share)");
+  constexpr int32_t kBlock = 16;
+  ThreadPool pool(1);
+  Scratch scratch;
+  std::mt19937 rng(3);
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    const size_t row_bytes = type == GgmlType::kQ8_0 ? d / 32 * 34 : d * 2;
+    const size_t tile = kBlock * row_bytes;
+    for (int32_t ctx : {1024, 4096}) {
+      const int32_t n_blocks = ctx / kBlock;
+      const size_t head_run = n_blocks * tile;  // one tile index of every block
+      // Several copies of the model's layers, so that together they are far beyond the L3 (a
+      // decode step's weights evict the K/V between two steps).
+      const int32_t copies = static_cast<int32_t>(std::max<size_t>(
+          1, (size_t{512} << 20) / (static_cast<size_t>(n_layers) * 2 * n_kv * head_run)));
+      const int32_t n_views = n_layers * copies;
+      const size_t bytes = static_cast<size_t>(n_views) * 2 * n_kv * head_run;
+      std::unique_ptr<uint8_t, platform::AlignedFreeDeleter> pool_bytes(
+          static_cast<uint8_t*>(platform::AlignedAllocLarge(bytes)));
+      uint8_t* base = pool_bytes.get();
+      for (size_t i = 0; i < bytes / 2; ++i) {  // finite f16 values; q8_0 scales set below
+        const uint16_t h = Fp32ToFp16(static_cast<float>(i % 97) / 97.0f - 0.5f);
+        std::memcpy(base + 2 * i, &h, 2);
+      }
+      if (type == GgmlType::kQ8_0) {
+        const uint16_t scale = Fp32ToFp16(0.01f);
+        for (size_t b = 0; b < bytes / 34; ++b) std::memcpy(base + 34 * b, &scale, 2);
+      }
+      std::vector<int32_t> indptr = {0, n_blocks}, indices(n_blocks), seq = {0}, nv = {ctx};
+      for (int32_t i = 0; i < n_blocks; ++i) indices[i] = i;
+      const AttentionBatch batch{seq, indptr, indices, nv, {}, {}};
+      const std::vector<float> q = RandomVector(static_cast<size_t>(n_heads) * d, rng);
+      std::vector<float> out(q.size());
+      auto layer_view = [&](int32_t layer) {
+        PagedKvView kv;
+        uint8_t* k = base + static_cast<size_t>(layer) * 2 * n_kv * head_run;
+        kv.k = {k, type, static_cast<int64_t>(tile), static_cast<int64_t>(head_run)};
+        kv.v = {k + n_kv * head_run, type, static_cast<int64_t>(tile),
+                static_cast<int64_t>(head_run)};
+        kv.block_size = kBlock;
+        kv.n_kv_heads = n_kv;
+        kv.head_dim = d;
+        kv.n_blocks = n_blocks;
+        return kv;
+      };
+      const double read = bytes / TimePerCall([&] { ReadPass256(base, bytes); }) * 1e-9;
+      const double s = TimePerCall([&] {
+        for (int32_t layer = 0; layer < n_views; ++layer) {
+          (void)PagedAttention(pool, layer_view(layer), batch, q.data(), n_heads, out.data(), 0,
+                               scratch);
+        }
+      });
+      const double gbs = bytes / s * 1e-9;
+      printf("%-5s %8d %10.1f %13.1f %14.2f %9.1f (%3.0f%%)\n",
+             GgmlTypeName(static_cast<uint32_t>(type)).c_str(), ctx, bytes / 1048576.0, read,
+             s * 1e9 / (static_cast<double>(n_views) * n_kv * ctx), gbs, 100.0 * gbs / read);
+      fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cpu
 
@@ -531,6 +674,10 @@ int main(int argc, char** argv) {
          cpu::PhysicalCoreCount());
   if (attention_only) {
     cpu::BenchAttentionShapes();
+    cpu::BenchDecodeKernels("SmolLM2-135M", 3, 64);
+    cpu::BenchDecodeKernels("Gemma 3 270M", 4, 256);
+    cpu::BenchAttentionFromMemory("SmolLM2-135M", 30, 9, 3, 64);
+    cpu::BenchAttentionFromMemory("Gemma 3 270M", 18, 4, 1, 256);
     return 0;
   }
   if (stream_only) {
