@@ -280,7 +280,9 @@ inline int64_t RowBytes(KvElem elem, int64_t d) {
 // fetch the whole row kPrefetchRows ahead into L1 while this one is read. Whole rows, also where
 // a pass reads only some columns, so that the later passes over the same rows find them in L2.
 constexpr int64_t kPrefetchRows = 8;
-inline void PrefetchRow(const void* const* rows, int64_t j, int64_t n_rows, int64_t row_bytes) {
+// (always_inline: see kernels/cpu/prefetch.h.)
+__attribute__((always_inline)) inline void PrefetchRow(const void* const* rows, int64_t j,
+                                                       int64_t n_rows, int64_t row_bytes) {
   if (j + kPrefetchRows >= n_rows) return;
   const char* row = static_cast<const char*>(rows[j + kPrefetchRows]);
   for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);

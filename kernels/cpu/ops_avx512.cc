@@ -14,6 +14,7 @@
 #include "kernels/cpu/f16_avx512.h"
 #include "kernels/cpu/kv_elem_dispatch.h"
 #include "kernels/cpu/op_kernels.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/transpose_avx512.h"
 #include "kernels/cpu/unroll.h"
@@ -53,17 +54,38 @@ inline int64_t RowBytes(KvElem elem, int64_t d) {
   return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
 }
 
-// Asks for the cache lines of K/V rows [first, last) of `rows` (each row_bytes long), into L2.
-// The rows of a paged cache lie in blocks scattered over the pool (a block's tile of one layer
-// and head is a few KiB inside its own 4 KiB page), too short for the hardware prefetchers, which
-// stop at page boundaries: the attention kernels fetch kPrefetchRows ahead this way. Measured on
-// the default model at context 1,024 (engine_bench, 4 interleaved runs each, Zen 4): 1 thread
-// 106-117 -> 133-146 tok/s, 2 threads 133-155 -> 161-186; prefetching into L1 instead, 32 rows
-// ahead, gave 111-119.
-inline void PrefetchRows(const void* const* rows, int64_t first, int64_t last, int64_t row_bytes) {
-  for (int64_t j = first; j < last; ++j) {
-    const char* r = static_cast<const char*>(rows[j]);
-    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(r + off, _MM_HINT_T2);
+// How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRowsAhead):
+// into L2, kPrefetchRows rows (32 and 128 measured within noise of 64, Zen 4); into L1,
+// kL1PrefetchBytes (2 and 8 KiB measured, Zen 5).
+constexpr int64_t kPrefetchRows = 64;
+constexpr int64_t kL1PrefetchBytes = 4096;
+
+// Asks for the cache lines of the 16 K/V rows of `elem` that start a prefetch distance after row
+// j of `rows` (none past n_rows). A kv head's rows of one layer are contiguous within a block (16
+// rows), the blocks anywhere in the pool: the kernels do not rely on the hardware prefetchers
+// following them. Into L2 measured on the default model at context 1,024 (engine_bench, 4
+// interleaved runs each, Zen 4): 1 thread 106-117 -> 133-146 tok/s, 2 threads 133-155 -> 161-186;
+// into L1 instead, 32 rows ahead, gave 111-119 there. Into L1 (non-temporal) where
+// PrefetchKvIntoL1() (prefetch.h), for rows of floats: on Zen 5 the default model's f16 K/V at
+// context 4,096 from memory (cpu_ops_bench --attention) 10.6 -> 9.4 ns a row. Not q8_0 rows, whose
+// scores kernel keeps a 16 KiB transposed tile in L1: 7.4 -> 8.1 ns a row there (Gemma 3's wider
+// q8_0 rows went the other way, 42 -> 36). always_inline: see prefetch.h.
+__attribute__((always_inline)) inline void PrefetchRowsAhead(const void* const* rows, int64_t j,
+                                                             int64_t n_rows, KvElem elem,
+                                                             int64_t row_bytes) {
+  const bool into_l1 = elem != KvElem::kQ8_0 && PrefetchKvIntoL1();
+  const int64_t ahead =
+      into_l1 ? std::max<int64_t>(16, kL1PrefetchBytes / row_bytes) : kPrefetchRows;
+  const int64_t last = std::min(n_rows, j + ahead + 16);
+  for (int64_t r = std::min(n_rows, j + ahead); r < last; ++r) {
+    const char* row = static_cast<const char*>(rows[r]);
+    for (int64_t off = 0; off < row_bytes; off += 64) {
+      if (into_l1) {
+        _mm_prefetch(row + off, _MM_HINT_NTA);
+      } else {
+        _mm_prefetch(row + off, _MM_HINT_T2);
+      }
+    }
   }
 }
 
@@ -378,17 +400,14 @@ inline __m256 TransposeSum8(const __m512 a[8]) {
                                               _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(3, 1, 3, 1))));
 }
 
-// How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRows; 32 and 128
-// measured within noise of 64).
-constexpr int64_t kPrefetchRows = 64;
-
 // Scores of NQ <= 3 heads (q: [NQ, d]) against 8 rows (missing rows point at zeros), into
 // scores[g * score_stride + r] for r < n_valid. Each slice of 16 K elements is widened once in a
 // register for the NQ heads: 8 NQ accumulators, no widened copy in memory (see
 // kMaxRegisterHeads for what that saves).
 template <int NQ, KvElem kElem>
-inline void ScoresOf8Rows(const float* q, int64_t d, const void* const rows[8], int n_valid,
-                          float* scores, int64_t score_stride) {
+__attribute__((always_inline)) inline void ScoresOf8Rows(const float* q, int64_t d,
+                                                         const void* const rows[8], int n_valid,
+                                                         float* scores, int64_t score_stride) {
   __m512 acc[NQ][8];
   Unroll<NQ>([&](auto g) { Unroll<8>([&](auto r) { acc[g][r] = _mm512_setzero_ps(); }); });
   for (int64_t i = 0; i < d; i += 16) {
@@ -441,8 +460,7 @@ void WidenedScores(const float* q, int64_t n_q, const void* const* k_rows, int64
   const int64_t row_bytes = RowBytes(kElem, d);
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
-    PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
-                 std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
+    PrefetchRowsAhead(k_rows, j0, n_rows, kElem, row_bytes);
     WidenRows<kElem>(k_rows + j0, rows, d, widened);
     for (int64_t g = 0; g < n_q; ++g) {
       const float* qg = q + g * d;
@@ -483,11 +501,14 @@ void KvScoresRowsOf(const float* q, int64_t n_q, const void* const* k_rows, int6
   for (int64_t j0 = 0; j0 < n_rows; j0 += 8) {
     const int rows = n_rows - j0 < 8 ? static_cast<int>(n_rows - j0) : 8;
     if (j0 % 16 == 0) {
-      PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
-                   std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
+      PrefetchRowsAhead(k_rows, j0, n_rows, kElem, row_bytes);
     }
-    const void* block[8];
-    for (int r = 0; r < 8; ++r) block[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
+    const void* tail[8];
+    const void* const* block = k_rows + j0;
+    if (rows < 8) {
+      for (int r = 0; r < 8; ++r) tail[r] = r < rows ? k_rows[j0 + r] : kZeroRow;
+      block = tail;
+    }
     ForEachTile<3>(static_cast<int>(n_q), [&]<int NQ>(int g) {
       ScoresOf8Rows<NQ, kElem>(q + g * d, d, block, rows, scores + g * score_stride + j0,
                                score_stride);
@@ -534,8 +555,7 @@ void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, in
   }
   for (int64_t j0 = 0; j0 < n_rows; j0 += 16) {
     const int rows = n_rows - j0 < 16 ? static_cast<int>(n_rows - j0) : 16;
-    PrefetchRows(k_rows, std::min(n_rows, j0 + kPrefetchRows),
-                 std::min(n_rows, j0 + kPrefetchRows + 16), row_bytes);
+    PrefetchRowsAhead(k_rows, j0, n_rows, KvElem::kQ8_0, row_bytes);
     const uint8_t* row[16];
     for (int r = 0; r < 16; ++r) {
       row[r] = r < rows ? static_cast<const uint8_t*>(k_rows[j0 + r]) : kZeroRow;
@@ -598,8 +618,7 @@ inline void KvAccumulateColumns(float* out, const float* p, int64_t p_stride,
   });
   for (int64_t j = 0; j < n_rows; ++j) {
     if (c0 == 0 && j % 16 == 0) {
-      PrefetchRows(v_rows, std::min(n_rows, j + kPrefetchRows),
-                   std::min(n_rows, j + kPrefetchRows + 16), row_bytes);
+      PrefetchRowsAhead(v_rows, j, n_rows, kElem, row_bytes);
     }
     __m512 pj[NQ];
     Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });

@@ -6,6 +6,7 @@ namespace kiln {
 namespace {
 
 std::atomic<bool> g_prefetch_one_token_stream{false};
+std::atomic<bool> g_prefetch_kv_into_l1{false};
 
 }  // namespace
 
@@ -16,5 +17,9 @@ void SetPrefetchOneTokenStream(bool on) {
 bool PrefetchOneTokenStream() {
   return g_prefetch_one_token_stream.load(std::memory_order_relaxed);
 }
+
+void SetPrefetchKvIntoL1(bool on) { g_prefetch_kv_into_l1.store(on, std::memory_order_relaxed); }
+
+bool PrefetchKvIntoL1() { return g_prefetch_kv_into_l1.load(std::memory_order_relaxed); }
 
 }  // namespace kiln
