@@ -24,6 +24,7 @@
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/transpose_avx512.h"
+#include "kernels/cpu/unroll.h"
 
 namespace kiln::kquants {
 namespace {
@@ -894,34 +895,35 @@ inline void UnpackQ6KBytes(const BlockQ6K& b, UnpackedBytes& u) {
 template <bool kQ6K, int kRows>
 inline void DotPackedGroup(const UnpackedBytes* u, const PackedQ8KGroup& p, __m512 acc[][4],
                            int g) {
-  // Q4_K/Q5_K: 8 sub-blocks of 8 dwords; Q6_K: 16 groups of 4.
+  // Q4_K/Q5_K: 8 sub-blocks of 8 dwords; Q6_K: 16 groups of 4. (Unroll: every register array
+  // indexed by constants, see unroll.h; with loops GCC kept isum on the stack and copied the
+  // chains between registers every k.)
   constexpr int kScales = kQ6K ? 16 : 8, kDwords = 64 / kScales;
   __m512i isum[kRows];
-  for (int r = 0; r < kRows; ++r) isum[r] = _mm512_setzero_si512();
+  Unroll<kRows>([&](auto r) { isum[r] = _mm512_setzero_si512(); });
   for (int j = 0; j < kScales; ++j) {
     __m512i s[kRows];
-    for (int r = 0; r < kRows; ++r) s[r] = _mm512_setzero_si512();
-    for (int k = kDwords * j; k < kDwords * (j + 1); ++k) {
+    Unroll<kRows>([&](auto r) { s[r] = _mm512_setzero_si512(); });
+    Unroll<kDwords>([&](auto kk) {
+      const int k = kDwords * j + kk;
       const __m512i a = _mm512_load_si512(p.qs[k]);
-      for (int r = 0; r < kRows; ++r) {
-        s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(u[r].codes[k]), a);
-      }
-    }
-    for (int r = 0; r < kRows; ++r) {
+      Unroll<kRows>(
+          [&](auto r) { s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(u[r].codes[k]), a); });
+    });
+    Unroll<kRows>([&](auto r) {
       isum[r] =
           _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], _mm512_set1_epi32(u[r].scale[j])));
-    }
+    });
   }
   __m512i aux[kRows];  // msum (Q4_K/Q5_K) or the Q6_K "- 32" correction / 32
-  for (int r = 0; r < kRows; ++r) aux[r] = _mm512_setzero_si512();
-  for (int q = 0; q < 8; ++q) {
+  Unroll<kRows>([&](auto r) { aux[r] = _mm512_setzero_si512(); });
+  Unroll<8>([&](auto q) {
     const __m512i b = _mm512_load_si512(p.bsums[q]);
-    for (int r = 0; r < kRows; ++r) {
-      aux[r] = _mm512_dpwssd_epi32(aux[r], b, _mm512_set1_epi32(u[r].pair[q]));
-    }
-  }
+    Unroll<kRows>(
+        [&](auto r) { aux[r] = _mm512_dpwssd_epi32(aux[r], b, _mm512_set1_epi32(u[r].pair[q])); });
+  });
   const __m512 ad = _mm512_load_ps(p.d);
-  for (int r = 0; r < kRows; ++r) {
+  Unroll<kRows>([&](auto r) {
     const __m512 d = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].d));
     __m512 term;
     if constexpr (kQ6K) {
@@ -933,7 +935,7 @@ inline void DotPackedGroup(const UnpackedBytes* u, const PackedQ8KGroup& p, __m5
                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(aux[r])));
     }
     acc[r][g] = _mm512_add_ps(acc[r][g], term);
-  }
+  });
 }
 
 constexpr int kPackedMinTokens = 8;  // below: the per-token path (TileRowsK512)
