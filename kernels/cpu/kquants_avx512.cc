@@ -890,51 +890,67 @@ inline void UnpackQ6KBytes(const BlockQ6K& b, UnpackedBytes& u) {
   u.dmin = 0.0f;
 }
 
-// acc[r] (lane t: row r, token t of the group) plus the float step of one super-block, for
-// kRows weight rows sharing every activation load.
-template <bool kQ6K, int kRows>
-inline void DotPackedGroup(const UnpackedBytes* u, const PackedQ8KGroup& p, __m512 acc[][4],
-                           int g) {
+// acc[r][g0 + c] (lane t: row r, token t of group g0 + c) plus the float step of one
+// super-block, for kRows weight rows and kGroups token groups p[c]: each weight dword broadcast
+// once for the kGroups groups, each activation load shared by the kRows rows. (noinline: inlined
+// into PackedRowsK512 with both group counts, the one-group pass of Q4_K/Q5_K ran at half speed.)
+template <bool kQ6K, int kRows, int kGroups>
+__attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
+                                               const PackedQ8KGroup* const* p, __m512 acc[][4],
+                                               int g0) {
   // Q4_K/Q5_K: 8 sub-blocks of 8 dwords; Q6_K: 16 groups of 4. (Unroll: every register array
   // indexed by constants, see unroll.h; with loops GCC kept isum on the stack and copied the
   // chains between registers every k.)
   constexpr int kScales = kQ6K ? 16 : 8, kDwords = 64 / kScales;
-  __m512i isum[kRows];
-  Unroll<kRows>([&](auto r) { isum[r] = _mm512_setzero_si512(); });
+  __m512i isum[kRows][kGroups];
+  Unroll<kRows>(
+      [&](auto r) { Unroll<kGroups>([&](auto c) { isum[r][c] = _mm512_setzero_si512(); }); });
   for (int j = 0; j < kScales; ++j) {
-    __m512i s[kRows];
-    Unroll<kRows>([&](auto r) { s[r] = _mm512_setzero_si512(); });
+    __m512i s[kRows][kGroups];
+    Unroll<kRows>(
+        [&](auto r) { Unroll<kGroups>([&](auto c) { s[r][c] = _mm512_setzero_si512(); }); });
     Unroll<kDwords>([&](auto kk) {
       const int k = kDwords * j + kk;
-      const __m512i a = _mm512_load_si512(p.qs[k]);
-      Unroll<kRows>(
-          [&](auto r) { s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(u[r].codes[k]), a); });
+      __m512i a[kGroups];
+      Unroll<kGroups>([&](auto c) { a[c] = _mm512_load_si512(p[c]->qs[k]); });
+      Unroll<kRows>([&](auto r) {
+        const __m512i w = _mm512_set1_epi32(u[r].codes[k]);
+        Unroll<kGroups>([&](auto c) { s[r][c] = _mm512_dpbusd_epi32(s[r][c], w, a[c]); });
+      });
     });
     Unroll<kRows>([&](auto r) {
-      isum[r] =
-          _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], _mm512_set1_epi32(u[r].scale[j])));
+      const __m512i scale = _mm512_set1_epi32(u[r].scale[j]);
+      Unroll<kGroups>([&](auto c) {
+        isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(s[r][c], scale));
+      });
     });
   }
-  __m512i aux[kRows];  // msum (Q4_K/Q5_K) or the Q6_K "- 32" correction / 32
-  Unroll<kRows>([&](auto r) { aux[r] = _mm512_setzero_si512(); });
+  __m512i aux[kRows][kGroups];  // msum (Q4_K/Q5_K) or the Q6_K "- 32" correction / 32
+  Unroll<kRows>(
+      [&](auto r) { Unroll<kGroups>([&](auto c) { aux[r][c] = _mm512_setzero_si512(); }); });
   Unroll<8>([&](auto q) {
-    const __m512i b = _mm512_load_si512(p.bsums[q]);
-    Unroll<kRows>(
-        [&](auto r) { aux[r] = _mm512_dpwssd_epi32(aux[r], b, _mm512_set1_epi32(u[r].pair[q])); });
+    __m512i b[kGroups];
+    Unroll<kGroups>([&](auto c) { b[c] = _mm512_load_si512(p[c]->bsums[q]); });
+    Unroll<kRows>([&](auto r) {
+      const __m512i pair = _mm512_set1_epi32(u[r].pair[q]);
+      Unroll<kGroups>([&](auto c) { aux[r][c] = _mm512_dpwssd_epi32(aux[r][c], b[c], pair); });
+    });
   });
-  const __m512 ad = _mm512_load_ps(p.d);
-  Unroll<kRows>([&](auto r) {
-    const __m512 d = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].d));
-    __m512 term;
-    if constexpr (kQ6K) {
-      term = _mm512_mul_ps(
-          d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r], _mm512_slli_epi32(aux[r], 5))));
-    } else {
-      const __m512 dmin = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].dmin));
-      term = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])),
-                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(aux[r])));
-    }
-    acc[r][g] = _mm512_add_ps(acc[r][g], term);
+  Unroll<kGroups>([&](auto c) {
+    const __m512 ad = _mm512_load_ps(p[c]->d);
+    Unroll<kRows>([&](auto r) {
+      const __m512 d = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].d));
+      __m512 term;
+      if constexpr (kQ6K) {
+        term = _mm512_mul_ps(
+            d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][c], _mm512_slli_epi32(aux[r][c], 5))));
+      } else {
+        const __m512 dmin = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].dmin));
+        term = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r][c])),
+                             _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(aux[r][c])));
+      }
+      acc[r][g0 + c] = _mm512_add_ps(acc[r][g0 + c], term);
+    });
   });
 }
 
@@ -969,7 +985,16 @@ __attribute__((noinline)) void PackedRowsK512(int64_t nb, const SuperBlockRows& 
       PrefetchStreamAhead(&b, sizeof(Block), 4 * rows.sb_stride);
       unpack(b, u[r]);
     }
-    for (int g = 0; g < n_groups; ++g) DotPackedGroup<kQ6K, kRows>(u, packed[g * nb + i], acc, g);
+    // Groups in pairs (a weight broadcast serves two), then a last one alone.
+    int g = 0;
+    for (; g + 2 <= n_groups; g += 2) {
+      const PackedQ8KGroup* p[2] = {&packed[g * nb + i], &packed[(g + 1) * nb + i]};
+      DotPackedGroups<kQ6K, kRows, 2>(u, p, acc, g);
+    }
+    if (g < n_groups) {
+      const PackedQ8KGroup* p[1] = {&packed[g * nb + i]};
+      DotPackedGroups<kQ6K, kRows, 1>(u, p, acc, g);
+    }
   }
   for (int r = 0; r < kRows; ++r) {
     for (int g = 0; g < n_groups; ++g) {
