@@ -531,8 +531,8 @@ void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, in
                                               _mm256_permute2x128_si256(h0, h1, 0x31));
         uint16_t hq;
         std::memcpy(&hq, qb, 2);
-        // (_cvtsh_ss: exact, as Fp16ToFp32, whose portable bit steps and branches were a third
-        // of this loop's instructions.)
+        // (_cvtsh_ss: exact, as Fp16ToFp32, without its portable bit steps and branches in the
+        // innermost loop.)
         const __m256 scale = _mm256_mul_ps(_mm256_load_ps(dk[b]), _mm256_set1_ps(_cvtsh_ss(hq)));
         s = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), s);
       }
