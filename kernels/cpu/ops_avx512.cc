@@ -319,7 +319,13 @@ void KvScores(const float* q, int64_t n_q, const void* k_rows, int64_t n_rows, K
 double SoftmaxExp(const float* x, float max, int64_t n, float* y) {
   const __m512 mv = _mm512_set1_ps(max);
   double sum = 0.0;
-  for (int64_t i = 0; i < n; i += 16) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {  // whole vectors without masks, then the tail
+    const __m512 e = ExpGgml512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(y + i, e);
+    sum += static_cast<double>(Reduce16(e));
+  }
+  if (i < n) {
     const __mmask16 m = TailMask(n - i);
     const __m512 e =
         _mm512_maskz_mov_ps(m, ExpGgml512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mv)));
