@@ -22,4 +22,10 @@ void SetPrefetchKvIntoL1(bool on) { g_prefetch_kv_into_l1.store(on, std::memory_
 
 bool PrefetchKvIntoL1() { return g_prefetch_kv_into_l1.load(std::memory_order_relaxed); }
 
+void SetPrefetchForCore(bool amd, int x86_family) {
+  const bool zen5_or_later = amd && x86_family >= 0x1A;
+  SetPrefetchOneTokenStream(zen5_or_later);
+  SetPrefetchKvIntoL1(zen5_or_later);
+}
+
 }  // namespace kiln

@@ -23,18 +23,22 @@ constexpr size_t kStreamPrefetchBytes = 8192;
 // Zen 4 (the 2-core VM of 2026-12-01..05) the stream went faster without (decode128, 1 thread:
 // llama-1b-q4_0 37.5 -> 51.2 tok/s, the default model 232 -> 259); on Zen 5 (the same VM's cores
 // from 2026-12-06) faster with (llama-1b-q4_0 57-58 -> 64, q5_0 45 -> 53, the default model
-// 324-332 -> 389-396; cpu_ops_bench --stream Q5_0 75% -> 89% of a plain read). The quant
-// registry sets it from the CPU before it hands out a kernel (lib/quant/quant.cc); off until then.
+// 324-332 -> 389-396; cpu_ops_bench --stream Q5_0 75% -> 89% of a plain read). Off until set
+// (SetPrefetchForCore).
 void SetPrefetchOneTokenStream(bool on);
 bool PrefetchOneTokenStream();
 
 // Whether the AVX-512 attention kernels prefetch the K/V rows into L1 (non-temporal, a few KiB
 // ahead) rather than into L2 (64 rows ahead), measured per core like the above: into L2 on Zen 4
 // (kernels/cpu/ops_avx512.cc), into L1 on Zen 5 (decode from memory 15-17% faster for an f16
-// cache). Set with the other by the CPU backend's op table (lib/backend/cpu/ops.cc); off until
-// then.
+// cache). Off until set.
 void SetPrefetchKvIntoL1(bool on);
 bool PrefetchKvIntoL1();
+
+// Sets both choices above for the running core, the one place that says which cores take which:
+// AMD's from Zen 5 (family 0x1A) both on, every other core as measured on Zen 4. Called by each
+// kernel table before it hands out a kernel (lib/quant/quant.cc, lib/backend/cpu/ops.cc).
+void SetPrefetchForCore(bool amd, int x86_family);
 
 // Prefetches into L2 the cache lines of [p + distance, + bytes): call it for the bytes about to
 // be read, once each. (Kernels reading several streams at once may need a longer distance:

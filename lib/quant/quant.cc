@@ -35,10 +35,8 @@ constexpr int kLevels = 3;
 // out, so no kernel of an instruction set the CPU lacks is even registered); level L starts as a
 // copy of level L-1, then the families overwrite the slots they accelerate at L.
 std::array<QuantRegistry, kLevels> BuildRegistries() {
-  // The cores measured to stream one token's copy faster with a software prefetch too: AMD's from
-  // Zen 5 (kernels/cpu/prefetch.h).
   const CpuFeatures& cpu = GetCpuFeatures();
-  SetPrefetchOneTokenStream(cpu.amd && cpu.x86_family >= 0x1A);
+  SetPrefetchForCore(cpu.amd, cpu.x86_family);  // kernels/cpu/prefetch.h
   std::array<QuantRegistry, kLevels> regs{};
   for (int t = 0; t < static_cast<int>(GgmlType::kCount); ++t) {
     regs[0].kernels[t].type = static_cast<GgmlType>(t);

@@ -22,10 +22,8 @@ const OpKernels& GetOpKernels(CpuLevel level) {
   // Built on first use, and only up to this CPU's level: a level's Fill function is compiled
   // with its instruction set and may execute it. Levels above stay empty and are never handed out.
   static const std::array<OpKernels, 3> tables = [] {
-    // The cores measured to stream K/V faster prefetched into L1: AMD's from Zen 5
-    // (kernels/cpu/prefetch.h).
     const CpuFeatures& cpu = GetCpuFeatures();
-    SetPrefetchKvIntoL1(cpu.amd && cpu.x86_family >= 0x1A);
+    SetPrefetchForCore(cpu.amd, cpu.x86_family);  // kernels/cpu/prefetch.h
     const CpuLevel best = BestCpuLevel();
     std::array<OpKernels, 3> t{};
     FillOpKernelsScalar(&t[0]);
