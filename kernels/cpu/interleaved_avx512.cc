@@ -217,6 +217,41 @@ struct NibbleRows {
   }
 };
 
+// A group's blocks decoded once for all the token tiles of a call (more than kTileTokens tokens):
+// each tile then loads the lines and scales where it would decode them again (the nibble formats'
+// AND and shift, the 5-bit formats' 20 mask operations, the scale conversions). 640 B a block, in
+// per-thread scratch (slot 2).
+struct DecodedBlock {
+  __m512i q[8];
+  __m512 dw, mw;  // mw: zero where the format has no mins
+};
+
+struct DecodedBlocks {
+  const DecodedBlock* w;
+  __attribute__((always_inline)) void Prefetch(int64_t, bool) const {}
+  __attribute__((always_inline)) void Load(int64_t b, __m512i q[8], __m512* dw, __m512* mw) const {
+    Unroll<8>([&](auto i) { q[i] = _mm512_load_si512(&w[b].q[i]); });
+    *dw = w[b].dw;
+    *mw = w[b].mw;
+  }
+};
+
+// Blocks [0, nb) of `source` (CopyBlocks or NibbleRows), prefetched as a tile over them would.
+template <typename Src>
+DecodedBlock* DecodeGroup(const Src& source, int64_t nb) {
+  auto* out = static_cast<DecodedBlock*>(kernels::ThreadScratch(2, nb * sizeof(DecodedBlock)));
+  for (int64_t b = 0; b < nb; ++b) {
+    source.Prefetch(b, /*stream=*/true);
+    __m512i q[8];
+    __m512 dw, mw = _mm512_setzero_ps();
+    source.Load(b, q, &dw, &mw);
+    Unroll<8>([&](auto i) { _mm512_store_si512(&out[b].q[i], q[i]); });
+    out[b].dw = dw;
+    out[b].mw = mw;
+  }
+  return out;
+}
+
 // Q4_1 and Q5_1 (bit 4 from the rows' qh) weights x Q8_1 activations: P = Σ q * qa,
 // and the mins.
 template <typename B>
@@ -314,17 +349,31 @@ using Q4_0Format = OffsetFormat<BlockQ4_0x16, 8>;
 using Q5_0Format = OffsetFormat<BlockQ5_0x16, 16>;
 using Q8_0Format = OffsetFormat<BlockQ8_0x16, 128>;
 
-// One group of 16 rows (n_rows of them real) x every token, in register tiles of up to
-// kTileTokens tokens.
+// One group of 16 rows (n_rows of them real, blocks from `source`) x every token, in register
+// tiles of up to kTileTokens tokens.
+template <typename F, typename Src>
+void SourceTiles(const Src& source, int64_t nb, int n_rows, const uint8_t* a, size_t a_stride,
+                 int n_tokens, const float* d, const typename F::Aux* aux, float* out,
+                 size_t out_stride, bool prefetch) {
+  ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
+    F::template Tile<T>(source, nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb, n_rows,
+                        out + t * out_stride, out_stride, prefetch);
+  });
+}
+
+// The copy's group g: decoded once where more than one tile passes over it (Q8_0's copy holds its
+// lines as they are multiplied: nothing to decode).
 template <typename F>
 void GroupTiles(const typename F::Block* g, int64_t nb, int n_rows, const uint8_t* a,
                 size_t a_stride, int n_tokens, const float* d, const typename F::Aux* aux,
                 float* out, size_t out_stride) {
-  const bool prefetch = n_tokens > kTileTokens || PrefetchOneTokenStream();
-  ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
-    F::template Tile<T>(CopyBlocks(g), nb, a + t * a_stride, a_stride, d + t * nb, aux + t * nb,
-                        n_rows, out + t * out_stride, out_stride, prefetch);
-  });
+  const CopyBlocks<typename F::Block> copy(g);
+  if (n_tokens > kTileTokens && !copy.kBytes) {
+    return SourceTiles<F>(DecodedBlocks{DecodeGroup(copy, nb)}, nb, n_rows, a, a_stride, n_tokens,
+                          d, aux, out, out_stride, false);
+  }
+  SourceTiles<F>(copy, nb, n_rows, a, a_stride, n_tokens, d, aux, out, out_stride,
+                 n_tokens > kTileTokens || PrefetchOneTokenStream());
 }
 
 // Block b of 16 Q8_0 rows (w_stride bytes apart) as an x16 block in registers: q[i] = line i
@@ -529,15 +578,13 @@ void InPlaceTileQ8_0Q8_0Avx512(int64_t n, const void* w, size_t w_stride, int n_
 namespace {
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1 rows (S) in place for format F: up to kTileTokens tokens, each group's
-// lines made in registers (NibbleRows, F's tile as on the copy); more, each group's x16 blocks
-// written to per-thread scratch (slot 2: 384 B per block) once and every token tile run over them
-// (GroupTiles). A last partial group is first copied to scratch (slot 3) with zero rows after it,
-// the rows InterleaveFn adds.
+// lines made in registers (NibbleRows, F's tile as on the copy); more, each group decoded once
+// (DecodeGroup) and every token tile run over it. A last partial group is first copied to scratch
+// (slot 3) with zero rows after it, the rows InterleaveFn adds.
 template <typename S, typename F>
 void RowsTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a, size_t a_stride,
               int n_tokens, float* out, size_t out_stride) {
   if (n_rows <= 0 || n_tokens <= 0) return;
-  using X = typename F::Block;
   const int64_t nb = n / kQK;
   const auto* ap = static_cast<const uint8_t*>(a);
   float* d;
@@ -554,25 +601,12 @@ void RowsTile(int64_t n, const void* w, size_t w_stride, int n_rows, const void*
     }
     const NibbleRows<S> rows(group, w_stride);
     if (n_tokens <= kTileTokens) {
-      ForEachTile<kTileTokens>(n_tokens, [&]<int T>(int t) {
-        F::template Tile<T>(rows, nb, ap + t * a_stride, a_stride, d + t * nb, aux + t * nb,
-                            group_rows, out + t * out_stride + r, out_stride, false);
-      });
-      continue;
+      SourceTiles<F>(rows, nb, group_rows, ap, a_stride, n_tokens, d, aux, out + r, out_stride,
+                     false);
+    } else {
+      SourceTiles<F>(DecodedBlocks{DecodeGroup(rows, nb)}, nb, group_rows, ap, a_stride, n_tokens,
+                     d, aux, out + r, out_stride, false);
     }
-    auto* blocks = static_cast<X*>(kernels::ThreadScratch(2, nb * sizeof(X)));
-    for (int64_t b = 0; b < nb; ++b) {
-      __m512i packed[4], head, qh;
-      rows.Raw(b, packed, &head, &qh);
-      Unroll<4>([&](auto i) { _mm512_storeu_si512(blocks[b].qs[i], packed[i]); });
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blocks[b].d), _mm512_cvtepi32_epi16(head));
-      if constexpr (NibbleRows<S>::kMins) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(blocks[b].m),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-      }
-      if constexpr (NibbleRows<S>::kFiveBit) _mm512_storeu_si512(blocks[b].qh, qh);
-    }
-    GroupTiles<F>(blocks, nb, group_rows, ap, a_stride, n_tokens, d, aux, out + r, out_stride);
   }
 }
 
