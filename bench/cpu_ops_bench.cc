@@ -183,6 +183,58 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t Int8PeakLoopAvx51
   return iters * 12 * 64;
 }
 
+// The peak loop with one other instruction for every kEvery vpdpbusd, on chains of its own: what
+// the prefill kernels' companions of the dot products (K-quant scale multiplies, minimums, the
+// per-block float steps) cost the dot products, one thread. C::Apply(side, u) is the companion.
+// Returns the int8 multiply-adds done.
+template <int kEvery, typename C>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t Int8MixLoopAvx512(int64_t iters,
+                                                                                 int32_t* sink) {
+  constexpr int kDots = 48;  // a pass: 4 x the 12 chains
+  __m512i acc[12], side[4];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (int i = 0; i < 4; ++i) side[i] = _mm512_set1_epi32(i + 1);
+  const __m512i u = _mm512_set1_epi8(3), s8 = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 48
+    for (int k = 0; k < kDots; ++k) {
+      acc[k % 12] = _mm512_dpbusd_epi32(acc[k % 12], u, s8);
+      if (k % kEvery == kEvery - 1) {
+        __m512i& x = side[(k / kEvery) % 4];
+        x = C::Apply(x, u);
+        __asm__("" : "+v"(x));  // each companion done as written, not combined with the next
+      }
+    }
+  }
+  __m512i t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm512_add_epi32(t, acc[i]);
+  for (int i = 0; i < 4; ++i) t = _mm512_xor_si512(t, side[i]);
+  int32_t lanes[16];
+  _mm512_storeu_si512(lanes, t);
+  *sink += lanes[0];
+  return iters * kDots * 64;
+}
+
+#define KILN_MIX_COMPANION(Name, expr)                                                        \
+  struct Name {                                                                               \
+    __attribute__((target("avx512f,avx512vnni"), always_inline)) static inline __m512i Apply( \
+        __m512i x, __m512i y) {                                                               \
+      return expr;                                                                            \
+    }                                                                                         \
+  }
+KILN_MIX_COMPANION(MixAdd, _mm512_add_epi32(x, y));
+KILN_MIX_COMPANION(MixMulLo, _mm512_mullo_epi32(x, y));
+KILN_MIX_COMPANION(MixDpwssd, _mm512_dpwssd_epi32(x, y, y));
+KILN_MIX_COMPANION(MixCvt, _mm512_castps_si512(_mm512_maskz_cvtepi32_ps(0xFFFF, x)));
+KILN_MIX_COMPANION(MixAddPs, _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(x),
+                                                               _mm512_castsi512_ps(y))));
+KILN_MIX_COMPANION(MixMulPs, _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x),
+                                                               _mm512_castsi512_ps(y))));
+KILN_MIX_COMPANION(MixFma, _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(x),
+                                                               _mm512_castsi512_ps(y),
+                                                               _mm512_castsi512_ps(y))));
+#undef KILN_MIX_COMPANION
+
 // G int8 multiply-adds per second of the peak loop on n_threads threads at once (wall time;
 // best of 5 rounds of `iters` each), or 0 below AVX2.
 double Int8PeakGmacs(int n_threads, int64_t iters) {
@@ -217,6 +269,37 @@ double PrintInt8Peak() {
       BestCpuLevel() == CpuLevel::kAvx512 ? "vpdpbusd" : "vpmaddubsw + vpmaddwd + vpaddd", one,
       2 * one, two, two / one);
   return one;
+}
+
+// The int8 peak with companions (Int8MixLoopAvx512), as a share of the plain peak: an
+// instruction that takes s of the dot products' pipe slots costs 1 / (1 + s / N) at one per N.
+template <typename C>
+void PrintInt8MixRow(const char* name, double peak_gmacs) {
+  auto share = [&](auto loop) {
+    double best = 0;
+    for (int round = 0; round < 5; ++round) {
+      int32_t sink = 0;
+      const double t0 = NowSeconds();
+      const int64_t macs = loop(5'000'000, &sink);
+      best = std::max(best, macs / (NowSeconds() - t0) * 1e-9);
+    }
+    return 100.0 * best / peak_gmacs;
+  };
+  printf("%-34s %7.0f%% %7.0f%% %7.0f%%\n", name, share(Int8MixLoopAvx512<4, C>),
+         share(Int8MixLoopAvx512<8, C>), share(Int8MixLoopAvx512<16, C>));
+}
+
+void PrintInt8Mix(double peak_gmacs) {
+  if (BestCpuLevel() != CpuLevel::kAvx512 || peak_gmacs <= 0) return;
+  printf("\nvpdpbusd with one other instruction per N of them (1 thread, share of the peak)\n");
+  printf("%-34s %8s %8s %8s\n", "companion", "N = 4", "N = 8", "N = 16");
+  PrintInt8MixRow<MixAdd>("vpaddd (integer add)", peak_gmacs);
+  PrintInt8MixRow<MixMulLo>("vpmulld (K-quant scale multiply)", peak_gmacs);
+  PrintInt8MixRow<MixDpwssd>("vpdpwssd (K-quant minimums)", peak_gmacs);
+  PrintInt8MixRow<MixCvt>("vcvtdq2ps (sums to float)", peak_gmacs);
+  PrintInt8MixRow<MixAddPs>("vaddps (float add)", peak_gmacs);
+  PrintInt8MixRow<MixMulPs>("vmulps (float scale)", peak_gmacs);
+  PrintInt8MixRow<MixFma>("vfmadd231ps (float accumulate)", peak_gmacs);
 }
 
 // Matmul kernels of a type with vec_dot_tile (Q8_0, Q4_0, Q4_1, Q5_0) on the SmolLM2-135M shapes,
@@ -691,7 +774,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (peak_only) {
-    cpu::PrintInt8Peak();
+    cpu::PrintInt8Mix(cpu::PrintInt8Peak());
     return 0;
   }
   if (tile_only) {
