@@ -10,11 +10,14 @@ the repo) next to kiln's engine_bench, alternating which side goes first from re
 It measures the read bandwidth (engine_bench --bandwidth, 1 GiB) per thread count once per
 repeat and prints each decode figure as a share of the roofline
   bandwidth / (weight bytes per token + KV bytes per position * (context + N/2)),
-with kiln's byte counts (engine_bench --json).
+with kiln's byte counts (engine_bench --json). --probe-each also measures it right before each
+model's pair of runs at that run's thread count and divides each run by its own probe (the
+shares' median over the repeats): on a machine whose bandwidth drifts within minutes (a VM's
+two-thread read swung 47-80 GB/s within one run), a probe minutes away says little.
 
 Usage: python3 bench/bench_llama_bench.py --model A.gguf [--model B.gguf ...] [--build build]
            [--llama-bench PATH] [--threads 1,2] [--repeats 3] [--decode 64] [--bandwidth 27.9,34.2]
-           [--metrics prefill512,decode128,decode1024] [--kv-type f16|q8_0]
+           [--metrics prefill512,decode128,decode1024] [--kv-type f16|q8_0] [--probe-each]
 --metrics: the rows to measure and print, of prefill512, decode128, decode1024 and decode4096
 (llama-bench runs only what they need; kiln's engine_bench measures the first three in one run
 either way, and decode4096 only when asked: its 4,096-token context costs a long prefill).
@@ -35,6 +38,11 @@ DEFAULT_METRICS = ('prefill512', 'decode128', 'decode1024')
 
 def fmt(xs, prec=1):
     return f'{statistics.median(xs):.{prec}f} ({min(xs):.{prec}f}-{max(xs):.{prec}f})'
+
+
+def roof_share(tps, gbs, bytes_per_token):
+    """The median over the runs of tokens/s as a share of the roofline of each run's GB/s."""
+    return statistics.median(v * bytes_per_token / (g * 1e9) for v, g in zip(tps, gbs))
 
 
 def run_kiln(exe, model, threads, n_decode, extra_args=()):
@@ -81,6 +89,8 @@ def main():
     ap.add_argument('--decode', type=int, default=64)
     ap.add_argument('--metrics', default=','.join(DEFAULT_METRICS))
     ap.add_argument('--kv-type', default='f16', choices=('f16', 'q8_0'))
+    ap.add_argument('--probe-each', action='store_true',
+                    help='probe the bandwidth before each pair of runs and divide by it')
     ap.add_argument('--bandwidth', default='',
                     help='GB/s per thread count, e.g. 27.9,34.2, instead of measuring it (a '
                          'loaded machine measures its load, not its memory)')
@@ -94,11 +104,14 @@ def main():
     configs = [(m, t) for m in args.model for t in threads]
     res = {c: {'kiln': [], 'llama': []} for c in configs}
     bw = {t: [] for t in threads}
+    probes = {c: [] for c in configs}  # --probe-each: the probe before each pair, per repeat
     for rep in range(args.repeats):
         for i, t in enumerate(threads):
             bw[t].append(float(args.bandwidth.split(',')[i]) if args.bandwidth else
                          bandwidth(engine, t))
         for c in configs:
+            if args.probe_each:
+                probes[c].append(bandwidth(engine, c[1]))
             kiln_args = ['--kv-type', args.kv_type]
             if 'decode4096' in metrics:
                 kiln_args.append('--decode4096')
@@ -128,14 +141,16 @@ def main():
             roof_k = roof_l = ''
             if metric in CONTEXT:
                 ctx = CONTEXT[metric] + args.decode / 2
-                roofline = statistics.median(bw[t]) * 1e9 / (wbytes + kvpos * ctx)
-                roof_k = f'{statistics.median(kv) / roofline:.0%}'
-                roof_l = f'{statistics.median(lv) / roofline:.0%}'
+                bytes_per_token = wbytes + kvpos * ctx
+                gbs = probes[(m, t)] if args.probe_each else [statistics.median(bw[t])] * len(kv)
+                roof_k = f'{roof_share(kv, gbs, bytes_per_token):.0%}'
+                roof_l = f'{roof_share(lv, gbs, bytes_per_token):.0%}'
             print(f'{os.path.basename(m):<30} {t:>3} {metric:<11} {fmt(kv):>22} {fmt(lv):>22} '
                   f'{fmt(ratio, 2):>17} {roof_k:>9} {roof_l:>10}')
         rss = max(x['peak_rss_kib'] for x in k) / 1024
         print(f'    weights/token {wbytes / 1e6:.1f} MB, KV/position {kvpos / 1e3:.1f} KB, '
-              f'kiln peak RSS {rss:.1f} MiB, file {os.path.getsize(m) / 2**20:.1f} MiB')
+              f'kiln peak RSS {rss:.1f} MiB, file {os.path.getsize(m) / 2**20:.1f} MiB' +
+              (f', probes {fmt(probes[(m, t)], 2)} GB/s' if args.probe_each else ''))
 
 
 if __name__ == '__main__':
