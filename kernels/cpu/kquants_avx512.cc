@@ -822,13 +822,15 @@ inline void TileRowsK512(int64_t nb, const SuperBlockRows& rows, int r0, int n_r
 // the same IEEE operations in the same order: the same bits.
 
 // One super-block of a group of 16 tokens. Tokens past the end are zero (d = 0).
+// Q4_K/Q5_K: qs[k][t] is token t's bytes 4k..4k+3 (signed, against the unsigned codes), and
+// bsums[q][t] for q < 4 token t's sub-block sums 2q, 2q+1 (bsums 4q + 4q+1 and 4q+2 + 4q+3,
+// |sum| <= 32 * 128: an int16 pair), so the minimums take 4 vpdpwssd where the 16 bsums would
+// take 8. Q6_K: qs holds the bytes plus 128 (unsigned, against the signed codes q - 32), so the
+// "- 32" of the contract needs no activation sums: sum (a + 128)(q - 32) = sum a (q - 32) +
+// 128 sum (q - 32), and the second term is the weights' own (UnpackQ6KBytes); bsums unused.
 struct PackedQ8KGroup {
-  int32_t qs[64][16];  // qs[k][t]: token t's bytes 4k..4k+3
-  // Q6_K: bsums[p][t] is token t's bsums 2p, 2p+1 (an int16 pair). Q4_K/Q5_K (32-element
-  // sub-blocks, whose minimum is one per sub-block): bsums[q][t] for q < 4 is token t's
-  // sub-block sums 2q, 2q+1 (bsums 4q + 4q+1 and 4q+2 + 4q+3, |sum| <= 32 * 128: an int16 pair),
-  // so the minimums take 4 vpdpwssd where the 16 bsums would take 8.
-  int32_t bsums[8][16];
+  int32_t qs[64][16];
+  int32_t bsums[4][16];
   float d[16];
 };
 static_assert(sizeof(PackedQ8KGroup) % 64 == 0);
@@ -849,36 +851,32 @@ inline void PackQ8KGroup(const uint8_t* a, size_t a_stride, int n_tokens, int64_
         r[t] = y[t] != nullptr ? Load512(y[t]->qs + 4 * k0) : _mm512_setzero_si512();
       }
       Transpose16x16(r);
-      for (int k = 0; k < 16; ++k) _mm512_store_si512(p.qs[k0 + k], r[k]);
+      for (int k = 0; k < 16; ++k) {
+        if constexpr (kQ6K) r[k] = _mm512_xor_si512(r[k], _mm512_set1_epi8(-128));  // + 128
+        _mm512_store_si512(p.qs[k0 + k], r[k]);
+      }
     }
-    constexpr int kPairs = kQ6K ? 8 : 4;
-    for (int t = 0; t < 16; ++t) {  // dwords 0..kPairs-1 are the pairs; the rest unused
+    for (int t = 0; t < 16; ++t) p.d[t] = y[t] != nullptr ? y[t]->d : 0.0f;
+    if constexpr (kQ6K) continue;
+    for (int t = 0; t < 16; ++t) {  // dwords 0..3 are the pairs; the rest unused
       r[t] = _mm512_setzero_si512();
-      if (y[t] == nullptr) {
-        p.d[t] = 0.0f;
-        continue;
-      }
-      const __m256i bsums = Load256(y[t]->bsums);
-      if constexpr (kQ6K) {
-        r[t] = _mm512_castsi256_si512(bsums);
-      } else {
-        const __m256i sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));  // 8 int32
-        const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(sums),  // exact: <= 4096
-                                               _mm256_extracti128_si256(sums, 1));
-        r[t] = _mm512_castsi128_si512(packed);
-      }
-      p.d[t] = y[t]->d;
+      if (y[t] == nullptr) continue;
+      const __m256i sums = _mm256_madd_epi16(Load256(y[t]->bsums), _mm256_set1_epi16(1));
+      const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(sums),  // exact: <= 4096
+                                             _mm256_extracti128_si256(sums, 1));
+      r[t] = _mm512_castsi128_si512(packed);
     }
     Transpose16x16(r);
-    for (int q = 0; q < kPairs; ++q) _mm512_store_si512(p.bsums[q], r[q]);
+    for (int q = 0; q < 4; ++q) _mm512_store_si512(p.bsums[q], r[q]);
   }
 }
 
 // One weight super-block for the packed path.
 struct UnpackedBytes {
-  int32_t codes[64];  // codes[k]: the unsigned codes of elements 4k..4k+3
+  int32_t codes[64];  // codes[k]: elements 4k..4k+3, Q4_K/Q5_K unsigned, Q6_K q - 32 (signed)
   int32_t scale[16];  // Q4_K/Q5_K: sub-block j's scale at j (8 used); Q6_K: group g's at g
-  int32_t pair[8];    // int16 pairs against the packed sums: (m_2q, m_2q+1) | (s_2p, s_2p+1)
+  int32_t pair[4];    // Q4_K/Q5_K: int16 pairs (m_2q, m_2q+1) against the packed sub-block sums
+  int32_t offset;     // Q6_K: 128 * sum_g scale_g * sum (q - 32), what the + 128 adds to isum
   float d;
   float dmin;
 };
@@ -898,10 +896,23 @@ inline void UnpackQ45KBytes(const Block& b, UnpackedBytes& u) {
 inline void UnpackQ6KBytes(const BlockQ6K& b, UnpackedBytes& u) {
   __m512i codes[4];
   Q6KCodes512(b, codes);
-  for (int k = 0; k < 4; ++k) _mm512_storeu_si512(u.codes + 16 * k, codes[k]);
   const __m128i s8 = Load128(b.scales);
-  _mm512_storeu_si512(u.scale, _mm512_cvtepi8_epi32(s8));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.pair), _mm256_cvtepi8_epi16(s8));
+  const __m512i scales = _mm512_cvtepi8_epi32(s8);
+  // sum_g scale_g * sum of group g's codes: codes[k] holds groups 4k..4k+3, 16 bytes each, and
+  // 128-bit lane L of a byte vector of scale 4k + L (vpshufb within lanes) meets group 4k + L.
+  const __m512i s8_lanes = _mm512_broadcast_i32x4(s8);
+  const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512i scaled_codes = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    const __m512i index = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(4 * k)),
+                                             _mm512_set1_epi32(0x01010101));
+    scaled_codes =
+        _mm512_dpbusd_epi32(scaled_codes, codes[k], _mm512_shuffle_epi8(s8_lanes, index));
+    _mm512_storeu_si512(u.codes + 16 * k, _mm512_sub_epi8(codes[k], _mm512_set1_epi8(32)));
+  }
+  // Group g's sum of q - 32 is its code sum - 16 * 32; |offset| <= 128 * 16 * 128 * 512 < 2^31.
+  u.offset = 128 * (_mm512_reduce_add_epi32(scaled_codes) - 512 * _mm512_reduce_add_epi32(scales));
+  _mm512_storeu_si512(u.scale, scales);
   u.d = F16(b.d);
   u.dmin = 0.0f;
 }
@@ -918,12 +929,12 @@ __attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
   // indexed by constants, see unroll.h; with loops GCC kept isum on the stack and copied the
   // chains between registers every k.)
   constexpr int kScales = kQ6K ? 16 : 8, kDwords = 64 / kScales;
-  // msum (Q4_K/Q5_K) or the Q6_K "- 32" correction / 32. First: its chains then overlap the
+  // msum (Q4_K/Q5_K; Q6_K has none, see PackedQ8KGroup). First: its chains then overlap the
   // main loop's instead of delaying the float step. (Zen 5, 4 rows x 2 groups with the data in
-  // L1: this first and Q4_K/Q5_K's 4 pairs instead of 8 took it from 62% to 70% of the int8
-  // peak; the dot products, the scale multiplies, the minimums and the float step share the two
-  // multiply pipes.)
-  constexpr int kPairs = kQ6K ? 8 : 4;
+  // L1: this first and 4 pairs instead of 8 took it from 62% to 70% of the int8 peak; the dot
+  // products, the scale multiplies, the minimums and the float step share the two multiply
+  // pipes, cpu_ops_bench --peak.)
+  constexpr int kPairs = kQ6K ? 0 : 4;
   __m512i aux[kRows][kGroups];
   Unroll<kRows>(
       [&](auto r) { Unroll<kGroups>([&](auto c) { aux[r][c] = _mm512_setzero_si512(); }); });
@@ -948,7 +959,10 @@ __attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
       Unroll<kGroups>([&](auto c) { a[c] = _mm512_load_si512(p[c]->qs[k]); });
       Unroll<kRows>([&](auto r) {
         const __m512i w = _mm512_set1_epi32(u[r].codes[k]);
-        Unroll<kGroups>([&](auto c) { s[r][c] = _mm512_dpbusd_epi32(s[r][c], w, a[c]); });
+        Unroll<kGroups>([&](auto c) {  // the unsigned operand first
+          s[r][c] =
+              kQ6K ? _mm512_dpbusd_epi32(s[r][c], a[c], w) : _mm512_dpbusd_epi32(s[r][c], w, a[c]);
+        });
       });
     });
     Unroll<kRows>([&](auto r) {
@@ -965,7 +979,7 @@ __attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
       __m512 term;
       if constexpr (kQ6K) {
         term = _mm512_mul_ps(
-            d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][c], _mm512_slli_epi32(aux[r][c], 5))));
+            d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][c], _mm512_set1_epi32(u[r].offset))));
       } else {
         const __m512 dmin = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].dmin));
         term = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r][c])),
