@@ -618,20 +618,19 @@ void KvScoresRowsQ8_0(const void* q8, int64_t n_q, const void* const* k_rows, in
   }
 }
 
-// NQ heads x 64 columns [c0, c0 + 64) per pass over the rows (kFull: all 64 inside d; otherwise
-// the tail of d, masked), one V element type, continuing the chains in out: 4 * NQ accumulators
-// stay in registers, each V slice is widened once for the NQ heads.
-template <int NQ, KvElem kElem, bool kFull>
+// NQ heads x kSlices slices of 16 columns [c0, c0 + 16 kSlices) per pass over the rows (the last
+// slice masked by last_mask: the tail of d), one V element type, continuing the chains in out:
+// NQ * kSlices accumulators stay in registers, each V slice is widened once for the NQ heads.
+template <int NQ, KvElem kElem, int kSlices>
 inline void KvAccumulateColumns(float* out, const float* p, int64_t p_stride,
-                                const void* const* v_rows, int64_t n_rows, int64_t d, int64_t c0) {
+                                const void* const* v_rows, int64_t n_rows, int64_t d, int64_t c0,
+                                __mmask16 last_mask) {
   const int64_t row_bytes = RowBytes(kElem, d);
-  __mmask16 m[4];
-  for (int s = 0; s < 4; ++s) {
-    m[s] = kFull ? 0xFFFF : c0 + 16 * s < d ? TailMask(d - c0 - 16 * s) : 0;
-  }
-  __m512 acc[NQ][4];
+  auto mask = [&](int s) { return s == kSlices - 1 ? last_mask : static_cast<__mmask16>(0xFFFF); };
+  __m512 acc[NQ][kSlices];
   Unroll<NQ>([&](auto g) {
-    Unroll<4>([&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(m[s], out + g * d + c0 + 16 * s); });
+    Unroll<kSlices>(
+        [&](auto s) { acc[g][s] = _mm512_maskz_loadu_ps(mask(s), out + g * d + c0 + 16 * s); });
   });
   for (int64_t j = 0; j < n_rows; ++j) {
     if (c0 == 0 && j % 16 == 0) {
@@ -640,39 +639,50 @@ inline void KvAccumulateColumns(float* out, const float* p, int64_t p_stride,
     __m512 pj[NQ];
     Unroll<NQ>([&](auto g) { pj[g] = _mm512_set1_ps(p[g * p_stride + j]); });
     // q8_0: each block's scale once for its two slices (LoadKv's product, the same bits).
-    __m512 q8_scale[2];
+    constexpr int kBlocks = (kSlices + 1) / 2;
+    __m512 q8_scale[kBlocks];
     if constexpr (kElem == KvElem::kQ8_0) {
-      Unroll<2>([&](auto h) {
-        if (kFull || m[2 * h] != 0) q8_scale[h] = Q8BlockScale(v_rows[j], c0 / 32 + h);
-      });
+      Unroll<kBlocks>([&](auto h) { q8_scale[h] = Q8BlockScale(v_rows[j], c0 / 32 + h); });
     }
-    Unroll<4>([&](auto s) {
-      if (!kFull && m[s] == 0) return;  // d - c0 < 64: the same slices skipped for every row
-      const __mmask16 ms = kFull ? 0xFFFF : m[s];
+    Unroll<kSlices>([&](auto s) {
       __m512 v;
       if constexpr (kElem == KvElem::kQ8_0) {
-        v = _mm512_mul_ps(q8_scale[s / 2], Q8Ints(v_rows[j], c0 + 16 * s, ms));
+        v = _mm512_mul_ps(q8_scale[s / 2], Q8Ints(v_rows[j], c0 + 16 * s, mask(s)));
       } else {
-        v = LoadKv(v_rows[j], kElem, c0 + 16 * s, ms);
+        v = LoadKv(v_rows[j], kElem, c0 + 16 * s, mask(s));
       }
       Unroll<NQ>([&](auto g) { acc[g][s] = _mm512_fmadd_ps(v, pj[g], acc[g][s]); });
     });
   }
   Unroll<NQ>([&](auto g) {
-    Unroll<4>([&](auto s) { _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, m[s], acc[g][s]); });
+    Unroll<kSlices>(
+        [&](auto s) { _mm512_mask_storeu_ps(out + g * d + c0 + 16 * s, mask(s), acc[g][s]); });
   });
 }
 
-// The columns of d in passes of 64: whole passes without masks (no per-row mask tests), then the
-// tail.
+// The columns of d in passes of 64, then the tail in as many slices as it needs (a q8_0 row's
+// tail is one whole block: two unmasked slices).
 template <int NQ, KvElem kElem>
 void KvAccumulateRowsOf(float* out, const float* p, int64_t p_stride, const void* const* v_rows,
                         int64_t n_rows, int64_t d) {
   int64_t c0 = 0;
   for (; c0 + 64 <= d; c0 += 64) {
-    KvAccumulateColumns<NQ, kElem, true>(out, p, p_stride, v_rows, n_rows, d, c0);
+    KvAccumulateColumns<NQ, kElem, 4>(out, p, p_stride, v_rows, n_rows, d, c0, 0xFFFF);
   }
-  if (c0 < d) KvAccumulateColumns<NQ, kElem, false>(out, p, p_stride, v_rows, n_rows, d, c0);
+  const int64_t tail = d - c0;
+  if (tail == 0) return;
+  const __mmask16 last = TailMask(tail - 16 * ((tail - 1) / 16));
+  switch ((tail + 15) / 16) {
+    case 1:
+      KvAccumulateColumns<NQ, kElem, 1>(out, p, p_stride, v_rows, n_rows, d, c0, last);
+      break;
+    case 2:
+      KvAccumulateColumns<NQ, kElem, 2>(out, p, p_stride, v_rows, n_rows, d, c0, last);
+      break;
+    default:
+      KvAccumulateColumns<NQ, kElem, 3>(out, p, p_stride, v_rows, n_rows, d, c0, last);
+      break;
+  }
 }
 
 // kv_accumulate_rows for one V element type, in groups of up to 4 heads. (Widening 16 rows into

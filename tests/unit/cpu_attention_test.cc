@@ -567,16 +567,16 @@ TEST(PagedAttentionTest, SlidingWindowSeesOnlyItsWindow) {
   EXPECT_NE(st.message().find("first_visible has 2 entries"), std::string::npos) << st;
 }
 
-// A decode token with long context and fewer kv heads than threads is split by rows (scores)
-// and by columns (V . P) over the threads; one thread never splits. The bits
+// A decode token with long context and kv heads that do not divide among the threads is split
+// by rows (scores) and by columns (V . P) over the threads; one thread never splits. The bits
 // must be the same at every thread count and level, with windows and tree extras, and near the
 // contiguous reference.
 TEST(PagedAttentionTest, DecodeSplitOverThreadsGivesTheSameBits) {
   std::mt19937 rng(11);
   ThreadPool pool1(1), pool2(2), pool3(3), pool4(4);
   Scratch scratch;
-  // (9, 3, 64): the default model (split on 4 threads); (4, 1, 256): Gemma 3 270M (on 2, 3
-  // and 4); d 72: no column split; 2 kv heads split on 3 and 4 threads.
+  // (9, 3, 64): the default model (split on 2 and 4 threads, whole heads on 3); (4, 1, 256):
+  // Gemma 3 270M (on 2, 3 and 4); d 72: no column split; 2 kv heads split on 3 and 4 threads.
   const AttnShape shapes[] = {{9, 3, 64, 16}, {4, 1, 256, 16}, {6, 3, 72, 8}, {8, 2, 32, 16}};
   for (const AttnShape& sh : shapes) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {

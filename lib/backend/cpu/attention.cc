@@ -1,9 +1,13 @@
 // Paged attention over block tables with causal or tree visibility (contract in ops.h).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "lib/backend/cpu/dispatch.h"
 #include "lib/backend/cpu/ops.h"
+#include "lib/common/platform.h"
 #include "lib/quant/activation.h"
 
 namespace kiln::cpu {
@@ -360,23 +364,28 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
       });
 }
 
-// One token (a decode step) with fewer kv heads than threads (Gemma 3 270M's one kv head on 2
-// threads: one thread would do all the work). Two phases, each a whole multiple of the threads'
-// count when possible:
-//   scores: (kv head, a slice of the visible rows) tasks, into one shared [n_kv, G, n_vis];
-//   V . P:  (kv head, a slice of 32 columns) tasks, each normalizing its head's scores itself.
+// One token (a decode step) whose kv heads do not divide among the threads: whole heads would
+// leave threads idle (Gemma 3 270M's one kv head on 2 threads: one thread does all the work;
+// SmolLM2's 3 on 2: one thread does 2 heads, the other 1). The work is a list of units taken in
+// order by whichever thread is free: first every head's scores (in one row chunk a thread when
+// the heads are fewer than the threads, else whole), into one shared [n_kv, G, n_vis]; then
+// every head's V . P (in column pieces of whole 32-column slices when the heads are fewer),
+// each normalizing its head's scores itself once they are all written. (3 kv heads on 2
+// threads: scores 0 | 1, then scores 2 | V 0, then V 1 | V 2: three units each, not four.)
 // Every score is a function of its own row and every output element one FMA chain over the
 // rows in order (op_kernels.h), so the bits are BatchInvariantAttention's for the same token.
-// Measured (cpu_ops_bench --attention, 2 threads on the 2-vCPU development VM): one kv head at
-// context 1,024 132 -> 88 us; 3 kv heads on 2 threads (split 2 + 1 otherwise) gained nothing
-// there, so they stay whole. From kSplitDecodeMinRows rows on (below, the second ParallelFor
-// costs about what the split saves).
+// From kSplitDecodeMinRows rows on (below, the units cost more than the balance saves).
+// Measured (cpu_ops_bench --attention, 2 threads, Zen 5): SmolLM2's layer at context 4,096
+// 51-56 -> 41-48 us (f16 and q8_0), Gemma 3's 78-83 -> 55-68 us; against the two phases of
+// whole 32-column tasks this replaced, whose slices of a q8_0 row (34 of its 68 bytes) each
+// thread fetched from memory alone.
 constexpr int64_t kSplitDecodeMinRows = 256;
 constexpr int64_t kSplitDecodeColumns = 32;  // whole Q8_0 blocks, whole SIMD steps
 
 bool UseSplitDecode(const ThreadPool& pool, const PagedKvView& kv, int64_t n_tokens,
                     int64_t max_visible) {
-  return n_tokens == 1 && kv.n_kv_heads < pool.n_threads() && max_visible >= kSplitDecodeMinRows;
+  return n_tokens == 1 && kv.n_kv_heads % pool.n_threads() != 0 &&
+         max_visible >= kSplitDecodeMinRows;
 }
 
 // Workspace: the shared scores [n_kv, G, n_vis] and the token's query in Q8_0 blocks [n_kv * G,
@@ -445,39 +454,49 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
   };
   kv_scores.Quantize(q, n_kv * group, workspace(0).q8);
 
-  const int64_t row_slices = pool.n_threads();
-  pool.ParallelFor(n_kv * row_slices, [&](int64_t task0, int64_t task1, int thread) {
-    const SplitDecodeWorkspace w = workspace(thread);
-    for (int64_t task = task0; task < task1; ++task) {
-      const int64_t h = task / row_slices, s = task % row_slices;
-      const int64_t j0 = n_vis * s / row_slices, j1 = n_vis * (s + 1) / row_slices;
-      rows_of(kv.k, k_row_bytes, h, j0, j1, 0, w.rows);
-      kv_scores(q + h * group * d, w.q8 + h * group * Q8RowBytes(d), group, w.rows, j1 - j0,
-                w.scores + h * group * n_vis + j0, n_vis);
-    }
-  });
-
+  const int64_t n_threads = pool.n_threads();
+  const bool few_heads = n_kv < n_threads;
+  const int64_t row_chunks = few_heads ? n_threads : 1;
   const int64_t col_slices = d % kSplitDecodeColumns == 0 ? d / kSplitDecodeColumns : 1;
-  const int64_t width = d / col_slices;
-  pool.ParallelFor(n_kv * col_slices, [&](int64_t task0, int64_t task1, int thread) {
-    const SplitDecodeWorkspace w = workspace(thread);
-    int64_t normalized = -1;  // the kv head whose probabilities p holds
-    for (int64_t task = task0; task < task1; ++task) {
-      const int64_t h = task / col_slices, c0 = task % col_slices * width;
-      if (normalized != h) {
-        std::copy(w.scores + h * group * n_vis, w.scores + (h + 1) * group * n_vis, w.p);
-        for (int64_t g = 0; g < group; ++g) {
-          float* pg = w.p + g * n_vis;
-          ScaledSoftmax(k, pg, n_vis, scale);
-        }
-        normalized = h;
+  const int64_t col_pieces = few_heads ? std::min(n_threads, col_slices) : 1;
+  const int64_t n_score_units = n_kv * row_chunks, n_units = n_score_units + n_kv * col_pieces;
+  std::atomic<int64_t> next_unit{0};
+  std::vector<std::atomic<int64_t>> chunks_scored(n_kv);  // per head, release after the scores
+
+  auto score_unit = [&](const SplitDecodeWorkspace& w, int64_t h, int64_t chunk) {
+    const int64_t j0 = n_vis * chunk / row_chunks, j1 = n_vis * (chunk + 1) / row_chunks;
+    rows_of(kv.k, k_row_bytes, h, j0, j1, 0, w.rows);
+    kv_scores(q + h * group * d, w.q8 + h * group * Q8RowBytes(d), group, w.rows, j1 - j0,
+              w.scores + h * group * n_vis + j0, n_vis);
+    chunks_scored[h].fetch_add(1, std::memory_order_release);
+  };
+  auto v_unit = [&](const SplitDecodeWorkspace& w, int64_t h, int64_t piece) {
+    // Every score unit was taken before this one; one still running is on another thread.
+    for (int spins = 0; chunks_scored[h].load(std::memory_order_acquire) < row_chunks; ++spins) {
+      if (spins < 128) {
+        platform::CpuRelax();
+      } else {
+        std::this_thread::yield();
       }
-      const size_t offset = RowBytes(v_elem, c0);
-      rows_of(kv.v, v_row_bytes, h, 0, n_vis, offset, w.rows);
-      std::fill(w.slice, w.slice + group * width, 0.0f);
-      k.kv_accumulate_rows(w.slice, w.p, n_vis, group, w.rows, n_vis, v_elem, width);
-      for (int64_t g = 0; g < group; ++g) {
-        std::copy(w.slice + g * width, w.slice + (g + 1) * width, out + (h * group + g) * d + c0);
+    }
+    const int64_t s0 = col_slices * piece / col_pieces, s1 = col_slices * (piece + 1) / col_pieces;
+    const int64_t width = d / col_slices, c0 = s0 * width, n_cols = (s1 - s0) * width;
+    std::copy(w.scores + h * group * n_vis, w.scores + (h + 1) * group * n_vis, w.p);
+    for (int64_t g = 0; g < group; ++g) ScaledSoftmax(k, w.p + g * n_vis, n_vis, scale);
+    rows_of(kv.v, v_row_bytes, h, 0, n_vis, RowBytes(v_elem, c0), w.rows);
+    std::fill(w.slice, w.slice + group * n_cols, 0.0f);
+    k.kv_accumulate_rows(w.slice, w.p, n_vis, group, w.rows, n_vis, v_elem, n_cols);
+    for (int64_t g = 0; g < group; ++g) {
+      std::copy(w.slice + g * n_cols, w.slice + (g + 1) * n_cols, out + (h * group + g) * d + c0);
+    }
+  };
+  pool.ParallelFor(n_threads, [&](int64_t, int64_t, int thread) {
+    const SplitDecodeWorkspace w = workspace(thread);
+    for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+      if (u < n_score_units) {
+        score_unit(w, u / row_chunks, u % row_chunks);
+      } else {
+        v_unit(w, (u - n_score_units) / col_pieces, (u - n_score_units) % col_pieces);
       }
     }
   });
