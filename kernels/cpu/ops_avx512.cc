@@ -54,10 +54,12 @@ inline int64_t RowBytes(KvElem elem, int64_t d) {
   return elem == KvElem::kF32 ? 4 * d : elem == KvElem::kQ8_0 ? d / 32 * 34 : 2 * d;
 }
 
-// How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRowsAhead):
-// into L2, kPrefetchRows rows (32 and 128 measured within noise of 64, Zen 4); into L1,
-// kL1PrefetchBytes (2 and 8 KiB measured, Zen 5).
-constexpr int64_t kPrefetchRows = 64;
+// How far ahead of the rows being computed the K/V kernels prefetch (PrefetchRowsAhead), in
+// bytes of rows, at least 16 rows: into L2, kL2PrefetchBytes (64 f16 rows of 64, where 32 and
+// 128 rows measured within noise, Zen 4; 120 q8_0 rows of 64 on Zen 5, where 64 rows ran
+// 6.9 ns a row from memory and 120 6.1-6.4); into L1, kL1PrefetchBytes (2 and 8 KiB measured,
+// Zen 5).
+constexpr int64_t kL2PrefetchBytes = 8192;
 constexpr int64_t kL1PrefetchBytes = 4096;
 
 // Asks for the cache lines of the 16 K/V rows of `elem` that start a prefetch distance after row
@@ -69,15 +71,17 @@ constexpr int64_t kL1PrefetchBytes = 4096;
 // PrefetchKvIntoL1() (prefetch.h), for rows of floats: on Zen 5 the default model's f16 K/V at
 // context 4,096 from memory (cpu_ops_bench --attention) 10.6 -> 9.4 ns a row. Not q8_0 rows, whose
 // scores kernel keeps a 16 KiB transposed tile in L1: 7.4 -> 8.1 ns a row there (Gemma 3's wider
-// q8_0 rows went the other way, 42 -> 36). always_inline: see prefetch.h.
+// q8_0 rows went the other way, 42 -> 36). The call at row 0 also asks for the rows before the
+// distance, which no call would otherwise (SmolLM2's q8_0 rows, Zen 5: 6.9 -> 6.7 ns a row at
+// context 4,096, 7.2 -> 6.7 at 1,024). always_inline: see prefetch.h.
 __attribute__((always_inline)) inline void PrefetchRowsAhead(const void* const* rows, int64_t j,
                                                              int64_t n_rows, KvElem elem,
                                                              int64_t row_bytes) {
   const bool into_l1 = elem != KvElem::kQ8_0 && PrefetchKvIntoL1();
   const int64_t ahead =
-      into_l1 ? std::max<int64_t>(16, kL1PrefetchBytes / row_bytes) : kPrefetchRows;
+      std::max<int64_t>(16, (into_l1 ? kL1PrefetchBytes : kL2PrefetchBytes) / row_bytes);
   const int64_t last = std::min(n_rows, j + ahead + 16);
-  for (int64_t r = std::min(n_rows, j + ahead); r < last; ++r) {
+  for (int64_t r = j == 0 ? 0 : std::min(n_rows, j + ahead); r < last; ++r) {
     const char* row = static_cast<const char*>(rows[r]);
     for (int64_t off = 0; off < row_bytes; off += 64) {
       if (into_l1) {
