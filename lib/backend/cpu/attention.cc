@@ -374,11 +374,11 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
 // threads: scores 0 | 1, then scores 2 | V 0, then V 1 | V 2: three units each, not four.)
 // Every score is a function of its own row and every output element one FMA chain over the
 // rows in order (op_kernels.h), so the bits are BatchInvariantAttention's for the same token.
-// From kSplitDecodeMinRows rows on (below, the units cost more than the balance saves).
-// Measured (cpu_ops_bench --attention, 2 threads, Zen 5): SmolLM2's layer at context 4,096
-// 51-56 -> 41-48 us (f16 and q8_0), Gemma 3's 78-83 -> 55-68 us; against the two phases of
-// whole 32-column tasks this replaced, whose slices of a q8_0 row (34 of its 68 bytes) each
-// thread fetched from memory alone.
+// Measured (cpu_ops_bench --attention, 2 threads, Zen 5), us a token of one layer at context
+// 4,096: SmolLM2's, f16 and q8_0, 51-56 -> 41-48 (against whole heads, 2 + 1); Gemma 3's 78-83 ->
+// 55-68 (against two phases of 32-column V tasks, whose pieces of a q8_0 row, 34 of its 68 bytes,
+// each thread fetched from memory alone). From kSplitDecodeMinRows rows on: the threshold of that
+// two-phase split (below it, its second ParallelFor cost about what it saved), not measured again.
 constexpr int64_t kSplitDecodeMinRows = 256;
 constexpr int64_t kSplitDecodeColumns = 32;  // whole Q8_0 blocks, whole SIMD steps
 
