@@ -17,7 +17,7 @@
 #   (scripts/gen_arch_goldens.py --cli-text).
 # KILN_TEST_EMULATOR (set by CMake for a cross build: wine for the Windows one) runs both programs;
 # their \r\n line ends are cut to \n there so that every comparison stays exact.
-set -euo pipefail
+set -Eeuo pipefail
 kiln_program="$1"
 src="$2"
 mkmodel_program="$3"
@@ -27,6 +27,12 @@ mkmodel() { "${emulator[@]}" "$mkmodel_program" "$@" | tr -d '\r'; }
 model="${KILN_MODEL_DIR:-$HOME/.cache/kiln}/SmolLM2-135M-Instruct.Q4_1.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# A command that fails stops the test (set -e): say which, with the programs' captured stderr,
+# before the files go (a Windows run under wine once failed in 0.02 s and left nothing to read).
+# The trap runs where the failing command's stderr may be redirected: it writes to fd 3.
+exec 3>&2
+trap 'echo "kiln_cli_test: line $LINENO failed (exit $?)" >&3
+      for f in "$tmp"/*err*; do [[ -f "$f" ]] && { echo "--- $f:" >&3; cat "$f" >&3; }; done' ERR
 
 kiln generate -m "$model" --temp 0 -n 32 --threads 2 --quiet \
   -p "What is the capital of France? Answer in one sentence." >"$tmp/out" 2>"$tmp/err"
