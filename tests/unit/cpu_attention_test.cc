@@ -595,10 +595,10 @@ TEST(PagedAttentionTest, DecodeSplitOverThreadsGivesTheSameBits) {
         int32_t n_visible, first;
         std::vector<int32_t> extras;
       };
-      // Causal at 256 (the split's threshold), 257 and 700; a 300-row window; a tree node
+      // Causal at 32 (the split's threshold), 33, 256 and 700; a 300-row window; a tree node
       // after a 600-token prefix.
-      const Case cases[] = {
-          {256, 0, {}}, {257, 0, {}}, {700, 0, {}}, {650, 350, {}}, {600, 0, {610, 650, 699}}};
+      const Case cases[] = {{32, 0, {}},  {33, 0, {}},    {256, 0, {}},
+                            {700, 0, {}}, {650, 350, {}}, {600, 0, {610, 650, 699}}};
       for (const Case& c : cases) {
         SCOPED_TRACE(::testing::Message() << "n_visible " << c.n_visible << " first " << c.first
                                           << " extras " << c.extras.size());

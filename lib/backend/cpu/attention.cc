@@ -377,9 +377,10 @@ void BatchInvariantAttention(ThreadPool& pool, const PagedKvView& kv, const Atte
 // Measured (cpu_ops_bench --attention, 2 threads, Zen 5), us a token of one layer at context
 // 4,096: SmolLM2's, f16 and q8_0, 51-56 -> 41-48 (against whole heads, 2 + 1); Gemma 3's 78-83 ->
 // 55-68 (against two phases of 32-column V tasks, whose pieces of a q8_0 row, 34 of its 68 bytes,
-// each thread fetched from memory alone). From kSplitDecodeMinRows rows on: the threshold of that
-// two-phase split (below it, its second ParallelFor cost about what it saved), not measured again.
-constexpr int64_t kSplitDecodeMinRows = 256;
+// each thread fetched from memory alone). From kSplitDecodeMinRows rows on: engine_bench
+// decode128 on 2 threads, the default model 443-498 -> 502-510 tok/s against 256 rows (the
+// two-phase split's threshold), Gemma 3 unchanged (219-235 both).
+constexpr int64_t kSplitDecodeMinRows = 32;
 constexpr int64_t kSplitDecodeColumns = 32;  // whole Q8_0 blocks, whole SIMD steps
 
 bool UseSplitDecode(const ThreadPool& pool, const PagedKvView& kv, int64_t n_tokens,
