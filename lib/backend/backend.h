@@ -65,6 +65,21 @@ class Backend {
   // ---- ops -----------------------------------------------------------------------------------
   // y[t, o] = W[o, :] . x[t, :]             x: [n_tokens, w.n_in]   y: [n_tokens, w.n_out]
   virtual absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) = 0;
+  // MatMul of one input by several matrices (a layer's Q, K and V; its gate and up):
+  // targets[i].y gets MatMul(*targets[i].w, x)'s bits; every weight takes n_in inputs. A backend
+  // may prepare the input once and run the matrices as one job; this default runs MatMul on each.
+  virtual absl::Status MatMulEach(const float* x, int64_t n_tokens,
+                                  std::span<const MatMulTarget> targets) {
+    for (const MatMulTarget& t : targets) {
+      if (t.w == nullptr)
+        return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
+      if (t.w->n_in != targets[0].w->n_in) {
+        return absl::InvalidArgumentError("MatMulEach: the weights' n_in differ");
+      }
+    }
+    for (const MatMulTarget& t : targets) KILN_RETURN_IF_ERROR(MatMul(*t.w, x, n_tokens, t.y));
+    return absl::OkStatus();
+  }
   // MatMul with expert `expert` of a stack of n_expert matrices (a 3-D GGUF tensor bound with
   // w.n_out = n_expert · rows): y[t, o] = W[expert · rows + o, :] . x[t, :], the other experts'
   // rows never read.                 x: [n_tokens, w.n_in]   y: [n_tokens, rows]

@@ -65,4 +65,10 @@ struct WeightView {
   }
 };
 
+// One output of a matmul of a shared input (Backend::MatMulEach): y = W x.
+struct MatMulTarget {
+  const WeightView* w = nullptr;
+  float* y = nullptr;  // [n_tokens, w->n_out]
+};
+
 }  // namespace kiln

@@ -403,9 +403,13 @@ absl::Status DecoderBlock::Attention(const DecoderLayer& L, KvCache& cache, int3
       std::memcpy(v_.data() + i * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
     }
   } else {
-    KILN_RETURN_IF_ERROR(Linear(*L.wq, L.bq, h, n, q_.data()));  // [n, q_dim]
-    KILN_RETURN_IF_ERROR(Linear(*L.wk, L.bk, h, n, k_.data()));  // [n, kv_dim]
-    KILN_RETURN_IF_ERROR(Linear(*L.wv, L.bv, h, n, v_.data()));  // [n, kv_dim]
+    const MatMulTarget qkv[] = {{L.wq, q_.data()},   // [n, q_dim]
+                                {L.wk, k_.data()},   // [n, kv_dim]
+                                {L.wv, v_.data()}};  // [n, kv_dim]
+    KILN_RETURN_IF_ERROR(backend_.MatMulEach(h, n, qkv));
+    if (L.bq != nullptr) backend_.AddRowBias(q_.data(), L.bq->AsF32(), n, q_dim);
+    if (L.bk != nullptr) backend_.AddRowBias(k_.data(), L.bk->AsF32(), n, kv_dim);
+    if (L.bv != nullptr) backend_.AddRowBias(v_.data(), L.bv->AsF32(), n, kv_dim);
   }
   if (graph_.qk_norm) {  // each head's row of head_dim
     backend_.RmsNorm(q_.data(), L.q_norm->AsF32(), n * shape_.n_head, hd, eps, q_.data());
@@ -454,8 +458,8 @@ absl::Status DecoderBlock::FeedForward(const DecoderLayer& L, float* x, int64_t 
       std::memcpy(up_.data() + i * ff, row + ff, ff * sizeof(float));
     }
   } else {
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+    const MatMulTarget gate_up[] = {{L.ffn_gate, gate_.data()}, {L.ffn_up, up_.data()}};
+    KILN_RETURN_IF_ERROR(backend_.MatMulEach(h, rows, gate_up));  // [rows, n_ff] each
   }
   if (graph_.ffn == FfnActivation::kGeGlu) {
     backend_.GeGlu(gate_.data(), up_.data(), rows * ff, gate_.data());  // [rows, n_ff]

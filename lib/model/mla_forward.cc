@@ -392,8 +392,8 @@ absl::Status MlaForward::RunAttention(const KvCache& cache, int32_t il, float sc
     Grow(seq_q_, n_s * n_head * qk);
     Grow(seq_out_, n_s * n_head * vd);
     KILN_RETURN_IF_ERROR(backend_.ReadLatent(cache, il, d.context, ctx_c_.data(), ctx_kr_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(w_uk, ctx_c_.data(), n_ctx, ctx_k_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(w_uv, ctx_c_.data(), n_ctx, ctx_v_.data()));
+    const MatMulTarget k_v[] = {{&w_uk, ctx_k_.data()}, {&w_uv, ctx_v_.data()}};
+    KILN_RETURN_IF_ERROR(backend_.MatMulEach(ctx_c_.data(), n_ctx, k_v));
     for (int64_t a = 0; a < n_s; ++a) {
       std::memcpy(seq_q_.data() + a * n_head * qk, q_.data() + d.tokens[a] * n_head * qk,
                   n_head * qk * sizeof(float));
@@ -550,14 +550,16 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
     const MlaLayer& L = layers_[il];
     // Attention block.                                         x, h: [n, n_embd]
     backend_.RmsNorm(x, L.attn_norm->AsF32(), n, d, hp_.rms_eps, h);
+    // The query's first matrix (wq_a: [n, q_lora_rank]; or wq: [n, H·qk]) and wkv_a ([n, kvl +
+    // rd]) take h alike.
+    const MatMulTarget from_h[] = {
+        L.wq_a != nullptr ? MatMulTarget{L.wq_a, qa_.data()} : MatMulTarget{L.wq, q_.data()},
+        {L.wkv_a, kva_.data()}};
+    KILN_RETURN_IF_ERROR(backend_.MatMulEach(h, n, from_h));
     if (L.wq_a != nullptr) {
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wq_a, h, n, qa_.data()));  // [n, q_lora_rank]
       backend_.RmsNorm(qa_.data(), L.q_a_norm->AsF32(), n, m.q_lora_rank, hp_.rms_eps, qa_.data());
       KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wq_b, qa_.data(), n, q_.data()));  // [n, H·qk]
-    } else {
-      KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wq, h, n, q_.data()));  // [n, H·qk]
     }
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.wkv_a, h, n, kva_.data()));  // [n, kvl + rd]
     for (int64_t i = 0; i < n; ++i) {
       // latent = [rmsnorm(c) · kv_a_norm | rope(kr)]
       backend_.RmsNorm(kva_.data() + i * row, L.kv_a_norm->AsF32(), 1, kvl, hp_.rms_eps,
@@ -605,8 +607,8 @@ absl::Status MlaForward::Forward(const ForwardBatch& batch, KvCache& cache, Forw
       continue;
     }
     // Dense SwiGLU feed-forward.                            x, h: [rows, n_embd]
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_gate, h, rows, gate_.data()));
-    KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_up, h, rows, up_.data()));
+    const MatMulTarget gate_up[] = {{L.ffn_gate, gate_.data()}, {L.ffn_up, up_.data()}};
+    KILN_RETURN_IF_ERROR(backend_.MatMulEach(h, rows, gate_up));
     backend_.SwiGlu(gate_.data(), up_.data(), rows * ff, gate_.data());
     KILN_RETURN_IF_ERROR(backend_.MatMul(*L.ffn_down, gate_.data(), rows, proj_.data()));
     backend_.Add(x, proj_.data(), rows * d, x);

@@ -287,8 +287,8 @@ absl::Status MoeFeedForward::Forward(Backend& backend, int64_t layer, const floa
   grow(gate_, rows * shared_ff);
   grow(up_, rows * shared_ff);
   grow(rows_out_, rows * d);
-  KILN_RETURN_IF_ERROR(backend.MatMul(*L.gate_shexp, h, rows, gate_.data()));
-  KILN_RETURN_IF_ERROR(backend.MatMul(*L.up_shexp, h, rows, up_.data()));
+  const MatMulTarget gate_up[] = {{L.gate_shexp, gate_.data()}, {L.up_shexp, up_.data()}};
+  KILN_RETURN_IF_ERROR(backend.MatMulEach(h, rows, gate_up));
   backend.SwiGlu(gate_.data(), up_.data(), rows * shared_ff, gate_.data());
   KILN_RETURN_IF_ERROR(backend.MatMul(*L.down_shexp, gate_.data(), rows, rows_out_.data()));
   backend.Add(out, rows_out_.data(), rows * d, out);

@@ -374,6 +374,88 @@ TEST(MatMulTest, RowRangesEqualTheWholeMatMulBitwise) {
   }
 }
 
+// One input by several matrices as one job (a layer's Q, K and V; gate and up): each output has
+// MatMul's bits. Every registered type beside Q8_0 (another activation format, except for Q8_0
+// itself) and f32 (the f32 copy of one token's input), on the file's rows and on the prepared
+// copies, at 1 to 3 threads, for one token, a few and more than a token block.
+TEST(MatMulTest, EachEqualsOneMatMulPerWeight) {
+  std::mt19937 rng(11);
+  const int64_t n_in = 256;
+  const int64_t n_outs[] = {300, 48, 16};  // more rows than threads, and fewer chunks
+  ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+  Scratch scratch;
+  CpuBackend backend(2);
+  for (GgmlType type : RegisteredTypes()) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    const GgmlType types[] = {type, GgmlType::kQ8_0, GgmlType::kF32};
+    std::vector<std::vector<uint8_t>> w;
+    std::vector<WeightView> file, prepared;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(MakeWeights(types[i], n_in, n_outs[i], rng));
+      file.push_back(WeightView{types[i], w[i].data(), n_in, n_outs[i]});
+    }
+    prepared = file;
+    std::vector<WeightView*> matrices;
+    for (WeightView& v : prepared) matrices.push_back(&v);
+    auto store = backend.PrepareWeights(matrices, /*release_file_pages=*/false);
+    ASSERT_TRUE(store.ok()) << store.status();
+    (*store)->WaitUntilPrepared();
+    for (int64_t n_tokens : {1, 5, 70}) {
+      SCOPED_TRACE(n_tokens);
+      const std::vector<float> x = RandomVector(n_in * n_tokens, rng);
+      for (const std::vector<WeightView>* views : {&file, &prepared}) {
+        std::vector<std::vector<float>> one(3), each(3);
+        std::vector<MatMulTarget> targets;
+        for (int i = 0; i < 3; ++i) {
+          one[i].resize(n_tokens * n_outs[i]);
+          each[i].assign(n_tokens * n_outs[i], 7.5f);
+          targets.push_back({&(*views)[i], each[i].data()});
+          ASSERT_TRUE(backend.MatMul((*views)[i], x.data(), n_tokens, one[i].data()).ok());
+        }
+        auto expect_same = [&](const char* what) {
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(0, std::memcmp(one[i].data(), each[i].data(), one[i].size() * 4))
+                << what << ", matrix " << i;
+            std::fill(each[i].begin(), each[i].end(), 7.5f);
+          }
+        };
+        ASSERT_TRUE(backend.MatMulEach(x.data(), n_tokens, targets).ok());
+        expect_same("backend");
+        for (ThreadPool& pool : pools) {
+          ASSERT_TRUE(MatMulEach(pool, x.data(), n_tokens, targets, scratch).ok());
+          expect_same((std::to_string(pool.n_threads()) + " threads").c_str());
+        }
+      }
+    }
+  }
+}
+
+TEST(MatMulTest, EachErrors) {
+  ThreadPool pool(2);
+  Scratch scratch;
+  CpuBackend backend(2);
+  std::vector<float> w(64 * 4, 0.5f), x(64, 1.0f), y(8);
+  const WeightView a{GgmlType::kF32, w.data(), 64, 4}, b{GgmlType::kF32, w.data(), 32, 8};
+  const MatMulTarget differ[] = {{&a, y.data()}, {&b, y.data()}};
+  absl::Status s = MatMulEach(pool, x.data(), 1, differ, scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("one input must fit every weight"), std::string::npos) << s;
+  EXPECT_EQ(backend.MatMulEach(x.data(), 1, differ).code(), absl::StatusCode::kInvalidArgument);
+  const MatMulTarget null_weight[] = {{&a, y.data()}, {nullptr, y.data()}};
+  s = MatMulEach(pool, x.data(), 1, null_weight, scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("weight is null"), std::string::npos) << s;
+  const MatMulTarget null_out[] = {{&a, nullptr}};
+  EXPECT_EQ(MatMulEach(pool, x.data(), 1, null_out, scratch).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MatMulEach(pool, x.data(), -1, null_out, scratch).code(),
+            absl::StatusCode::kInvalidArgument);
+  const WeightView iq{GgmlType::kIQ2_XXS, w.data(), 64, 1};
+  const MatMulTarget no_kernels[] = {{&a, y.data()}, {&iq, y.data()}};
+  s = MatMulEach(pool, x.data(), 1, no_kernels, scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+}
+
 // The copies are written in the background: the matmuls run at once on the rows and give the same
 // bits before, while and after the copies are written; a store destroyed while writing stops its
 // writer first (ASan, TSan). Q4_1 (the integer order's x16 copy) and, where the level copies it

@@ -259,6 +259,13 @@ absl::Status CpuBackend::MatMul(const WeightView& w, const float* x, int64_t n_t
   return cpu::MatMul(pool_, ForOrder(w), x, n_tokens, y, scratch_);
 }
 
+absl::Status CpuBackend::MatMulEach(const float* x, int64_t n_tokens,
+                                    std::span<const MatMulTarget> targets) {
+  // The llama.cpp order's matmuls stay one at a time (each splits its rows as ggml does).
+  if (llama_cpp_order_) return Backend::MatMulEach(x, n_tokens, targets);
+  return cpu::MatMulEach(pool_, x, n_tokens, targets, scratch_);
+}
+
 // The expert's rows as a matrix of their own. Its interleaved copy is the stack's groups from
 // row expert · rows on when the experts start on group boundaries (rows a multiple of 16);
 // otherwise it multiplies its rows from the file (the same results up to float rounding).

@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   int n_threads() const override { return pool_.n_threads(); }
 
   absl::Status MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y) override;
+  absl::Status MatMulEach(const float* x, int64_t n_tokens,
+                          std::span<const MatMulTarget> targets) override;
   absl::Status ExpertMatMul(const WeightView& w, int64_t n_expert, int64_t expert, const float* x,
                             int64_t n_tokens, float* y) override;
   absl::Status MatMulRange(const WeightView& w, const float* x, int64_t n_tokens, int64_t row_begin,

@@ -144,146 +144,220 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const WeightView& w, CpuLevel level) {
   return p;
 }
 
+// One matmul ready to run: its plan, where its activations are and which kernels its rows take.
+// Chunk c is the weight rows [row_begin + c * kRowChunk, row_begin + (c + 1) * kRowChunk) cut at
+// row_end; a thread runs a contiguous range of chunks (RunChunks). MatMul runs one job's chunks
+// in one ParallelFor, MatMulEach several jobs' in one.
+struct MatMulJob {
+  MatMulPlan plan;
+  const WeightView* w = nullptr;
+  const float* x = nullptr;
+  const int32_t* rows = nullptr;  // null: rows 0..n_rows-1 of x
+  int64_t n_rows = 0;
+  int64_t row_begin = 0, row_end = 0;
+  float* y = nullptr;
+  // Filled by PrepareActivations: the quantized activations [n_rows][plan.act_row_bytes], or
+  // one token's f32 copy (shifted_x), or neither (x read as it is).
+  const uint8_t* act = nullptr;
+  const float* shifted_x = nullptr;
+  int act_owner = -1;  // the job (index in PrepareActivations' span) whose copy this one reads
+  size_t act_offset = 0;
+  // Rows below copied_end come from the interleaved copy, the rest take rest_path.
+  int64_t copied_end = 0;
+  enum class RestPath { kInPlaceTile, kVecDotTile, kVecDot } rest_path = RestPath::kVecDot;
+
+  int64_t n_chunks() const { return (row_end - row_begin + kRowChunk - 1) / kRowChunk; }
+  const float* XRow(int64_t r) const { return x + (rows ? rows[r] : r) * w->n_in; }
+  // One token's f32 activations (float weights, decode) are read from a copy that starts 16 bytes
+  // past a 64-byte boundary. Why: the AVX-512 float dots stream the weights faster with the
+  // activations there (Zen 4, kiln generate, 1 thread, four alternating runs: llama-1b-f16
+  // 10.3-11.0 -> 11.5-11.8 tok/s, llama-1b-bf16 11.9-12.2 -> 13.3-13.6; 64-byte aligned:
+  // 10.0-10.2); the copy is n_in floats per input.
+  static constexpr size_t kShift = 16;
+  bool WantsShiftedX() const { return plan.act == nullptr && n_rows == 1; }
+  // What the tile kernels read: the quantized activations, or x itself for f32 activations
+  // (float weights) when its rows are consecutive; null: no tile.
+  const uint8_t* TileAct() const {
+    if (act != nullptr) return act;
+    return rows == nullptr ? reinterpret_cast<const uint8_t*>(x) : nullptr;
+  }
+  void RunChunks(int64_t c0, int64_t c1) const;
+};
+
+// Plans a job over the weight rows [row_begin, row_end) and picks its kernels; *empty when there
+// is nothing to compute.
+absl::Status PrepareJob(const WeightView& w, const float* x, const int32_t* rows, int64_t n_rows,
+                        int64_t row_begin, int64_t row_end, float* y, CpuLevel level,
+                        MatMulJob* job, bool* empty) {
+  KILN_ASSIGN_OR_RETURN(job->plan, PlanMatMul(w, level));
+  *empty = n_rows <= 0 || row_begin == row_end;
+  if (*empty) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) return absl::InvalidArgumentError("MatMul: x or y is null");
+  job->w = &w;
+  job->x = x;
+  job->rows = rows;
+  job->n_rows = n_rows;
+  job->row_begin = row_begin;
+  job->row_end = row_end;
+  job->y = y;
+  const QuantKernels& k = *job->plan.k;
+  // The kernels of the interleaved copies (the integer order's; the K-quants' quads, in vec_dot's
+  // order): the rows the copy holds from it (groups of 16 rows; chunks hold whole groups), the
+  // others in place (those of a copy still being written in the background, or all of them where
+  // the copies' memory could not be had), with the same bits.
+  static_assert(kRowChunk % quant::kInterleaveRows == 0);
+  const bool has_copy_kernels = job->plan.act != nullptr && k.interleaved_tile != nullptr;
+  job->copied_end =
+      has_copy_kernels ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
+  if (has_copy_kernels && w.in_place && k.in_place_tile != nullptr) {
+    job->rest_path = MatMulJob::RestPath::kInPlaceTile;
+  } else if (job->copied_end < row_end && job->copied_end > row_begin) {
+    // PrepareCpuWeights copies in the background only types with an in-place kernel.
+    return absl::InternalError(absl::StrFormat(
+        "MatMul: %s is partly copied and has no in-place kernel", std::string(w.name)));
+  } else if (k.vec_dot_tile != nullptr && (job->plan.act != nullptr || rows == nullptr) &&
+             (n_rows >= 2 || k.tile_for_one_token)) {
+    job->rest_path = MatMulJob::RestPath::kVecDotTile;
+  } else {
+    job->rest_path = MatMulJob::RestPath::kVecDot;
+  }
+  return absl::OkStatus();
+}
+
+// Quantizes the activations of `jobs` (one input x and rows for all of them, so jobs whose
+// weights take the same activation format share one copy) and makes the f32 copy of one token's
+// input, in one scratch buffer. Rows are quantized in parallel, each by one thread.
+absl::Status PrepareActivations(ThreadPool& pool, std::span<MatMulJob> jobs, Scratch& scratch) {
+  constexpr size_t kAlign = 64;
+  size_t total = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    MatMulJob& job = jobs[j];
+    if (job.plan.act == nullptr && !job.WantsShiftedX()) continue;
+    for (size_t o = 0; o < j && job.act_owner < 0; ++o) {
+      if (jobs[o].act_owner == static_cast<int>(o) &&
+          jobs[o].plan.quantize_act == job.plan.quantize_act && jobs[o].w->n_in == job.w->n_in) {
+        job.act_owner = static_cast<int>(o);
+      }
+    }
+    if (job.act_owner >= 0) continue;
+    job.act_owner = static_cast<int>(j);
+    job.act_offset = total;
+    const size_t bytes = job.plan.act != nullptr ? job.n_rows * job.plan.act_row_bytes
+                                                 : MatMulJob::kShift + job.w->n_in * sizeof(float);
+    total += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  if (total == 0) return absl::OkStatus();
+  auto* buf = static_cast<uint8_t*>(scratch.Get(total));
+  if (buf == nullptr) return absl::ResourceExhaustedError("MatMul: scratch allocation failed");
+  for (MatMulJob& job : jobs) {
+    if (job.act_owner < 0) continue;
+    uint8_t* copy = buf + jobs[job.act_owner].act_offset;
+    if (job.plan.act != nullptr) {
+      job.act = copy;
+    } else {
+      job.shifted_x = reinterpret_cast<const float*>(copy + MatMulJob::kShift);
+    }
+  }
+  pool.ParallelFor(jobs[0].n_rows, [&](int64_t b, int64_t e, int) {
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const MatMulJob& job = jobs[j];
+      if (job.act_owner != static_cast<int>(j)) continue;
+      uint8_t* copy = buf + job.act_offset;
+      for (int64_t r = b; r < e; ++r) {
+        if (job.plan.act != nullptr) {
+          job.plan.quantize_act(job.XRow(r), copy + r * job.plan.act_row_bytes, job.w->n_in);
+        } else {
+          std::memcpy(copy + MatMulJob::kShift, job.XRow(0), job.w->n_in * sizeof(float));
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+void MatMulJob::RunChunks(int64_t c0, int64_t c1) const {
+  const int64_t r0 = row_begin + c0 * kRowChunk;
+  const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
+  const int64_t n_in = w->n_in, n_out = w->n_out;
+  const uint8_t* wdata = static_cast<const uint8_t*>(w->data);
+  const QuantKernels& k = *plan.k;
+  const uint8_t* tile_act = TileAct();
+  // call(r0, n_rows, act, n_tokens, y) computes y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out]
+  // for each block of token_block tokens: a kernel prepares those tokens' activations once for
+  // all its rows and reads each weight row once per token block.
+  auto tiles = [&](int64_t b, int64_t e, int64_t token_block, auto&& call) {
+    if (b >= e) return;
+    for (int64_t tb = 0; tb < n_rows; tb += token_block) {
+      const int64_t te = std::min(n_rows, tb + token_block);
+      call(b, static_cast<int>(e - b), tile_act + tb * plan.act_row_bytes,
+           static_cast<int>(te - tb), y + tb * n_out + b);
+    }
+  };
+  const int64_t split = std::clamp(copied_end, r0, r1);
+  if (split > r0) {
+    const InterleavedTileFn tile = k.interleaved_tile;
+    const size_t group_bytes = k.interleaved_group_bytes(n_in);
+    const auto* groups = static_cast<const uint8_t*>(w->interleaved);
+    tiles(r0, split, kTileTokenBlock,
+          [&](int64_t rb, int n, const uint8_t* a, int tokens, float* yt) {
+            tile(n_in, groups + rb / quant::kInterleaveRows * group_bytes, n, a, plan.act_row_bytes,
+                 tokens, yt, static_cast<size_t>(n_out));
+          });
+  }
+  if (split == r1) return;
+  if (rest_path != RestPath::kVecDot) {
+    const bool in_place = rest_path == RestPath::kInPlaceTile;
+    const VecDotTileFn tile = in_place ? k.in_place_tile : k.vec_dot_tile;
+    // Rows x tokens tile kernels: the same bits as vec_dot for every output.
+    tiles(split, r1, in_place ? kInPlaceTokenBlock : kTileTokenBlock,
+          [&](int64_t rb, int n, const uint8_t* a, int tokens, float* yt) {
+            tile(n_in, wdata + rb * plan.w_row_bytes, plan.w_row_bytes, n, a, plan.act_row_bytes,
+                 tokens, yt, static_cast<size_t>(n_out));
+          });
+    return;
+  }
+  auto act_row = [&](int64_t r) -> const void* {
+    if (shifted_x != nullptr) return shifted_x;
+    return act ? static_cast<const void*>(act + r * plan.act_row_bytes) : XRow(r);
+  };
+  const VecDotFn vec_dot = k.vec_dot;
+  // Multi-row kernel: same bits as vec_dot per row. For a single token streaming Q8_0 weights
+  // from memory it measured 1.5-2x slower than row-by-row vec_dot (the 4 interleaved 612-byte
+  // row streams defeat the prefetcher; the nibble types are fine), so decode skips it there.
+  const VecDotRowsFn vec_dot_rows =
+      (n_rows > 1 || w->type != GgmlType::kQ8_0) ? k.vec_dot_rows : nullptr;
+  // Tiles of kRowChunk weight rows x kTokenTile tokens: each weight row is read from memory once
+  // per token tile; every output is one vec_dot (or the bit-identical vec_dot_rows) of its weight
+  // row and its token's activations (batch invariance).
+  for (int64_t tb = 0; tb < n_rows; tb += kTokenTile) {
+    const int64_t te = std::min(n_rows, tb + kTokenTile);
+    for (int64_t rb = split; rb < r1; rb += kRowChunk) {
+      const int64_t re = std::min(r1, rb + kRowChunk);
+      for (int64_t t = tb; t < te; ++t) {
+        const void* a = act_row(t);
+        float* yt = y + t * n_out;
+        if (vec_dot_rows != nullptr) {
+          vec_dot_rows(n_in, wdata + rb * plan.w_row_bytes, plan.w_row_bytes,
+                       static_cast<int>(re - rb), a, yt + rb);
+        } else {
+          for (int64_t r = rb; r < re; ++r) yt[r] = vec_dot(n_in, wdata + r * plan.w_row_bytes, a);
+        }
+      }
+    }
+  }
+}
+
 // rows == nullptr means rows 0..n_rows-1 of x. Computes the weight rows [row_begin, row_end)
 // (row_begin a multiple of kRowChunk), so each tile holds the rows it holds in the whole matmul.
 absl::Status MatMulImpl(ThreadPool& pool, const WeightView& w, const float* x, const int32_t* rows,
                         int64_t n_rows, int64_t row_begin, int64_t row_end, float* y,
                         Scratch& scratch, CpuLevel level) {
-  KILN_ASSIGN_OR_RETURN(const MatMulPlan plan, PlanMatMul(w, level));
-  if (n_rows <= 0 || row_begin == row_end) return absl::OkStatus();
-  if (x == nullptr || y == nullptr) return absl::InvalidArgumentError("MatMul: x or y is null");
-  const int64_t n_in = w.n_in, n_out = w.n_out;
-  auto x_row = [&](int64_t r) { return x + (rows ? rows[r] : r) * n_in; };
-
-  // Activations: [n_rows] rows of the vec_dot type, each quantized once by one thread.
-  const uint8_t* act = nullptr;
-  if (plan.act != nullptr) {
-    uint8_t* buf = static_cast<uint8_t*>(scratch.Get(n_rows * plan.act_row_bytes));
-    if (buf == nullptr) return absl::ResourceExhaustedError("MatMul: scratch allocation failed");
-    pool.ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r) {
-        plan.quantize_act(x_row(r), buf + r * plan.act_row_bytes, n_in);
-      }
-    });
-    act = buf;
-  }
-  // One token's f32 activations (float weights, decode) are read from a copy that starts 16 bytes
-  // past a 64-byte boundary. Why: the AVX-512 float dots stream the weights faster with the
-  // activations there (Zen 4, kiln generate, 1 thread, four alternating runs: llama-1b-f16
-  // 10.3-11.0 -> 11.5-11.8 tok/s, llama-1b-bf16 11.9-12.2 -> 13.3-13.6; 64-byte aligned:
-  // 10.0-10.2); the copy is n_in floats per matmul.
-  const float* shifted_x = nullptr;
-  if (act == nullptr && n_rows == 1) {
-    constexpr size_t kShift = 16;
-    auto* buf = static_cast<uint8_t*>(scratch.Get(kShift + n_in * sizeof(float)));
-    if (buf == nullptr) return absl::ResourceExhaustedError("MatMul: scratch allocation failed");
-    auto* copy = reinterpret_cast<float*>(buf + kShift);
-    std::memcpy(copy, x_row(0), n_in * sizeof(float));
-    shifted_x = copy;
-  }
-  auto act_row = [&](int64_t r) -> const void* {
-    if (shifted_x != nullptr) return shifted_x;
-    return act ? static_cast<const void*>(act + r * plan.act_row_bytes) : x_row(r);
-  };
-  // What the tile kernels read: the quantized activations, or x itself for f32 activations
-  // (float weights) when its rows are consecutive; null: no tile.
-  const uint8_t* tile_act = act;
-  if (act == nullptr && rows == nullptr) tile_act = reinterpret_cast<const uint8_t*>(x);
-
-  const uint8_t* wdata = static_cast<const uint8_t*>(w.data);
-  const int64_t n_chunks = (row_end - row_begin + kRowChunk - 1) / kRowChunk;
-  // Tile kernels: each thread takes its rows (whole chunks of [begin, end)) in one call per block
-  // of token_block tokens, so a kernel prepares those tokens' activations once for all its rows
-  // and reads each weight row once per token block. call(r0, n_rows, act, n_tokens, y) computes
-  // y[tb..te, r0..r0 + n_rows] of y [n_rows, n_out].
-  auto for_each_tile = [&](int64_t begin, int64_t end, auto&& call,
-                           int64_t token_block = kTileTokenBlock) {
-    pool.ParallelFor((end - begin + kRowChunk - 1) / kRowChunk, [&](int64_t c0, int64_t c1, int) {
-      const int64_t r0 = begin + c0 * kRowChunk;
-      const int64_t r1 = std::min(end, begin + c1 * kRowChunk);
-      for (int64_t tb = 0; tb < n_rows; tb += token_block) {
-        const int64_t te = std::min(n_rows, tb + token_block);
-        call(r0, static_cast<int>(r1 - r0), tile_act + tb * plan.act_row_bytes,
-             static_cast<int>(te - tb), y + tb * n_out + r0);
-      }
-    });
-  };
-  // The kernels of the interleaved copies (the integer order's; the K-quants' quads, in vec_dot's
-  // order): the rows the copy holds from it (groups of 16 rows; chunks hold whole groups), the
-  // others in place (those of a copy still being written in the background, or all of them where
-  // the copies' memory could not be had), with the same bits.
-  const bool has_copy_kernels = act != nullptr && plan.k->interleaved_tile != nullptr;
-  const int64_t copied_end =
-      has_copy_kernels ? std::clamp(w.InterleavedRows(), row_begin, row_end) : row_begin;
-  if (copied_end > row_begin) {
-    static_assert(kRowChunk % quant::kInterleaveRows == 0);
-    const InterleavedTileFn tile = plan.k->interleaved_tile;
-    const size_t group_bytes = plan.k->interleaved_group_bytes(n_in);
-    const auto* groups = static_cast<const uint8_t*>(w.interleaved);
-    for_each_tile(row_begin, copied_end,
-                  [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
-                    tile(n_in, groups + r0 / quant::kInterleaveRows * group_bytes, rows, a,
-                         plan.act_row_bytes, tokens, yt, static_cast<size_t>(n_out));
-                  });
-    if (copied_end == row_end) return absl::OkStatus();
-  }
-  if (has_copy_kernels && w.in_place && plan.k->in_place_tile != nullptr) {
-    const VecDotTileFn tile = plan.k->in_place_tile;
-    for_each_tile(
-        copied_end, row_end,
-        [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
-          tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a, plan.act_row_bytes,
-               tokens, yt, static_cast<size_t>(n_out));
-        },
-        kInPlaceTokenBlock);
-    return absl::OkStatus();
-  }
-  if (copied_end > row_begin) {  // PrepareCpuWeights copies in the background only such types
-    return absl::InternalError(absl::StrFormat(
-        "MatMul: %s is partly copied and has no in-place kernel", std::string(w.name)));
-  }
-  if (plan.k->vec_dot_tile != nullptr && tile_act != nullptr &&
-      (n_rows >= 2 || plan.k->tile_for_one_token)) {
-    // Rows x tokens tile kernel: the same bits as vec_dot for every output.
-    const VecDotTileFn tile = plan.k->vec_dot_tile;
-    for_each_tile(row_begin, row_end,
-                  [&](int64_t r0, int rows, const uint8_t* a, int tokens, float* yt) {
-                    tile(n_in, wdata + r0 * plan.w_row_bytes, plan.w_row_bytes, rows, a,
-                         plan.act_row_bytes, tokens, yt, static_cast<size_t>(n_out));
-                  });
-    return absl::OkStatus();
-  }
-  const VecDotFn vec_dot = plan.k->vec_dot;
-  // Multi-row kernel: same bits as vec_dot per row. For a single token streaming Q8_0 weights
-  // from memory it measured 1.5-2x slower than row-by-row vec_dot (the 4 interleaved 612-byte
-  // row streams defeat the prefetcher; the nibble types are fine), so decode skips it there.
-  const VecDotRowsFn vec_dot_rows =
-      (n_rows > 1 || w.type != GgmlType::kQ8_0) ? plan.k->vec_dot_rows : nullptr;
-  pool.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1, int) {
-    const int64_t r0 = row_begin + c0 * kRowChunk;
-    const int64_t r1 = std::min(row_end, row_begin + c1 * kRowChunk);
-    // Tiles of kRowChunk weight rows x kTokenTile tokens: each weight row is read from memory
-    // once per token tile; every output is one vec_dot (or the bit-identical vec_dot_rows)
-    // of its weight row and its token's activations (batch invariance).
-    for (int64_t tb = 0; tb < n_rows; tb += kTokenTile) {
-      const int64_t te = std::min(n_rows, tb + kTokenTile);
-      for (int64_t rb = r0; rb < r1; rb += kRowChunk) {
-        const int64_t re = std::min(r1, rb + kRowChunk);
-        for (int64_t t = tb; t < te; ++t) {
-          const void* a = act_row(t);
-          float* yt = y + t * n_out;
-          if (vec_dot_rows != nullptr) {
-            vec_dot_rows(n_in, wdata + rb * plan.w_row_bytes, plan.w_row_bytes,
-                         static_cast<int>(re - rb), a, yt + rb);
-          } else {
-            for (int64_t r = rb; r < re; ++r) {
-              yt[r] = vec_dot(n_in, wdata + r * plan.w_row_bytes, a);
-            }
-          }
-        }
-      }
-    }
-  });
+  MatMulJob job;
+  bool empty = false;
+  KILN_RETURN_IF_ERROR(PrepareJob(w, x, rows, n_rows, row_begin, row_end, y, level, &job, &empty));
+  if (empty) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(PrepareActivations(pool, std::span(&job, 1), scratch));
+  pool.ParallelFor(job.n_chunks(), [&](int64_t c0, int64_t c1, int) { job.RunChunks(c0, c1); });
   return absl::OkStatus();
 }
 
@@ -332,6 +406,48 @@ absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, i
   }
   return MatMulImpl(pool, w, x, rows.data(), static_cast<int64_t>(rows.size()), 0, w.n_out, y,
                     scratch, level);
+}
+
+absl::Status MatMulEach(ThreadPool& pool, const float* x, int64_t n_tokens,
+                        std::span<const MatMulTarget> targets, Scratch& scratch, CpuLevel level) {
+  if (n_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("MatMulEach: n_tokens %d < 0", n_tokens));
+  }
+  for (const MatMulTarget& t : targets) {
+    if (t.w == nullptr) return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
+    if (t.w->n_in != targets[0].w->n_in) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "MatMulEach: %s takes %d inputs, %s %d: one input must fit every weight",
+          std::string(t.w->name), t.w->n_in, std::string(targets[0].w->name), targets[0].w->n_in));
+    }
+  }
+  // Up to kMaxJobs matrices a job (no allocation a call; a layer has at most three).
+  constexpr size_t kMaxJobs = 4;
+  for (size_t first = 0; first < targets.size(); first += kMaxJobs) {
+    std::array<MatMulJob, kMaxJobs> jobs;
+    size_t n_jobs = 0;
+    for (size_t i = first; i < std::min(targets.size(), first + kMaxJobs); ++i) {
+      bool empty = false;
+      KILN_RETURN_IF_ERROR(PrepareJob(*targets[i].w, x, nullptr, n_tokens, 0, targets[i].w->n_out,
+                                      targets[i].y, level, &jobs[n_jobs], &empty));
+      if (!empty) ++n_jobs;
+    }
+    if (n_jobs == 0) continue;
+    const std::span<MatMulJob> prepared(jobs.data(), n_jobs);
+    KILN_RETURN_IF_ERROR(PrepareActivations(pool, prepared, scratch));
+    // Thread t takes the chunks of every matrix that MatMul's split would give it.
+    const int n_threads = pool.n_threads();
+    pool.ParallelFor(n_threads, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (const MatMulJob& job : prepared) {
+          int64_t c0, c1;
+          ThreadPool::StaticRange(job.n_chunks(), n_threads, static_cast<int>(t), &c0, &c1);
+          if (c0 < c1) job.RunChunks(c0, c1);
+        }
+      }
+    });
+  }
+  return absl::OkStatus();
 }
 
 // ---- Embedding ----------------------------------------------------------------------------

@@ -82,6 +82,15 @@ absl::Status MatMulRows(ThreadPool& pool, const WeightView& w, const float* x, i
 absl::Status MatMulRange(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
                          int64_t row_begin, int64_t row_end, float* y, Scratch& scratch,
                          CpuLevel level = BestCpuLevel());
+// MatMul of one input by several matrices (a layer's Q, K and V; its gate and up): each
+// targets[i].y gets MatMul(*targets[i].w, x)'s bits. The input is quantized once for all the
+// weights that take the same activation format, and the matrices' rows are split over the pool
+// as one job (each thread takes MatMul's share of every matrix), so a decode step waits for the
+// pool once instead of once per matrix.   x: [n_tokens, n_in]   targets[i].y: [n_tokens, n_out_i]
+// Errors as MatMul, plus a null weight or weights whose n_in differ.
+absl::Status MatMulEach(ThreadPool& pool, const float* x, int64_t n_tokens,
+                        std::span<const MatMulTarget> targets, Scratch& scratch,
+                        CpuLevel level = BestCpuLevel());
 // MatMulRange's checks of n_tokens and the row range alone (the CUDA backend's range uses them).
 absl::Status CheckMatMulRange(const WeightView& w, int64_t n_tokens, int64_t row_begin,
                               int64_t row_end);
