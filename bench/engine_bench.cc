@@ -7,6 +7,7 @@
 //   engine_bench [--model PATH] [--threads T] [--repeats R] [--decode N] [--tokens FILE]
 //                [--json] [--mla-prefill absorbed|measured] [--llama-cpp-order] [--backend
 //                cpu|cuda] [--decode4096] [--block-size B] [--kv-type f16|q8_0]
+//                [--pool-breakdown]
 //     --tokens: whitespace-separated prompt token ids (at least 1,024; default: ids derived from
 //     a fixed seed). Decode continues each prompt greedily (argmax) for N tokens (default 64).
 //     Prints, per metric, the median and min-max tokens/s over R repeats, the greedy tokens, the
@@ -16,7 +17,11 @@
 //     order (EngineOptions::llama_cpp_order; docs/numerics.md). --backend cuda: the engine on
 //     CUDA device 0 (EngineOptions::backend; the backend it got is printed). --block-size: the
 //     K/V cache's tokens per block (EngineOptions::block_size, default 16). --kv-type: the K/V
-//     cache's element type (EngineOptions::kv_type, default f16).
+//     cache's element type (EngineOptions::kv_type, default f16). --pool-breakdown: where
+//     decode128's wall time goes, per token, from the CPU thread pool's tracing (wall clock only;
+//     ThreadPool::SetWaitTracing): pool jobs, the caller's time outside them, in its own ranges and
+//     waiting for the workers' ranges after its own, the workers' ranges and their wake-up from a
+//     job's publication (sums over the workers).
 //   engine_bench --widths [--tree] [--model PATH] [--threads T] [--repeats R] [--context N]
 //     The cost of a speculative verification pass: after an N-token prefill (default 256,
 //     at most 1,000), one Forward of w = 1..9 causal tokens with logits for every row (then
@@ -53,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "lib/backend/cpu/thread_pool.h"
 #include "lib/engine/engine.h"
 #include "lib/kv/kv_cache.h"
 #include "lib/model/forward_batch.h"
@@ -294,7 +300,7 @@ int main(int argc, char** argv) {
   int block_size = kiln::EngineOptions().block_size;
   kiln::GgmlType kv_type = kiln::GgmlType::kF16;
   bool json = false, bandwidth = false, widths = false, widths_tree = false,
-       llama_cpp_order = false, decode4096 = false;
+       llama_cpp_order = false, decode4096 = false, pool_breakdown = false;
   kiln::MlaPrefillMode mla_prefill = kiln::MlaPrefillMode::kAbsorbed;
   kiln::BackendKind backend = kiln::BackendKind::kCpu;
   for (int i = 1; i < argc; ++i) {
@@ -330,6 +336,8 @@ int main(int argc, char** argv) {
       block_size = std::atoi(next().c_str());
     } else if (a == "--decode4096") {
       decode4096 = true;
+    } else if (a == "--pool-breakdown") {
+      pool_breakdown = true;
     } else if (a == "--llama-cpp-order") {
       llama_cpp_order = true;
     } else if (a == "--backend") {
@@ -413,6 +421,11 @@ int main(int argc, char** argv) {
   if (widths) return RunWidths(e, prompt, threads, repeats, widths_context, widths_tree);
 
   std::vector<double> prefill_tps, d128_tps, d1024_tps, d4096_tps;
+  struct PoolBreakdown {  // --pool-breakdown, one per repeat
+    double step_us, jobs, caller_outside_us, caller_range_us, caller_wait_us, worker_range_us,
+        worker_wake_us;
+  };
+  std::vector<PoolBreakdown> breakdown;
   std::vector<int32_t> gen128, gen1024, gen4096;
   for (int r = 0; r < repeats; ++r) {
     // prefill512, then extend to 1024 and decode.
@@ -439,10 +452,21 @@ int main(int argc, char** argv) {
 
     seq = e.Cache([](kiln::KvCache& c) { return c.CreateSequence(); });
     e.Prefill(seq, prompt, 0, kShortCtx);
+    if (pool_breakdown) kiln::cpu::ThreadPool::SetWaitTracing(true, /*cpu_time=*/false);
     t0 = Clock::now();
     e.Decode(seq, kShortCtx, n_decode, &gen128);
     t1 = Clock::now();
     d128_tps.push_back(n_decode / Seconds(t0, t1));
+    if (pool_breakdown) {
+      kiln::cpu::ThreadPool::SetWaitTracing(false);
+      const auto w = kiln::cpu::ThreadPool::TakeWaitStats();
+      const double per_token_us = 1e6 / n_decode;
+      breakdown.push_back(
+          {1e6 * Seconds(t0, t1) / n_decode, static_cast<double>(w.jobs) / n_decode,
+           w.caller_between_seconds * per_token_us, w.caller_range_seconds * per_token_us,
+           w.caller_wait_seconds * per_token_us, w.worker_range_seconds * per_token_us,
+           w.worker_wake_seconds * per_token_us});
+    }
     e.Check(e.Cache([&](kiln::KvCache& c) { return c.Free(seq); }), "Free");
 
     if (json) {
@@ -475,6 +499,13 @@ int main(int argc, char** argv) {
     std::printf("  weight bytes/token %.2f MB, KV bytes/position %.1f KB, peak RSS %.1f MiB\n",
                 weight_bytes / 1e6, kv_bytes_per_token / 1e3, PeakRssKiB() / 1024.0);
     std::printf("  greedy@128: %s\n", JoinTokens(gen128).c_str());
+    for (const PoolBreakdown& b : breakdown) {
+      std::printf(
+          "  decode128 pool, us/token: step %.1f | %.1f jobs | caller outside jobs %.1f, own "
+          "ranges %.1f, waiting %.1f | workers' ranges %.1f, wake-up %.1f\n",
+          b.step_us, b.jobs, b.caller_outside_us, b.caller_range_us, b.caller_wait_us,
+          b.worker_range_us, b.worker_wake_us);
+    }
   }
   return 0;
 }

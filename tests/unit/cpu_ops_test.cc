@@ -109,6 +109,41 @@ TEST(ThreadPoolTest, NestedCallRunsInline) {
   for (int h : hits) EXPECT_EQ(h, 1);
 }
 
+// The wall-clock tracing (engine_bench --pool-breakdown): jobs counted, the caller's time between
+// its jobs (here 2 ms sleeps) and inside its ranges (1 ms busy waits) accounted, every worker
+// start counted; nothing while tracing is off.
+TEST(ThreadPoolTest, WaitTracingAccountsTheCallersTime) {
+  ThreadPool pool(2);
+  auto busy_ms = [](double ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(ms / 1e3);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
+  auto jobs = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      pool.ParallelFor(2, [&](int64_t, int64_t, int) { busy_ms(1.0); });
+    }
+  };
+  ThreadPool::TakeWaitStats();
+  jobs(3);  // untraced
+  ThreadPool::WaitStats w = ThreadPool::TakeWaitStats();
+  EXPECT_EQ(w.jobs, 0);
+  EXPECT_EQ(w.worker_wakes, 0);
+  EXPECT_EQ(w.caller_between_seconds, 0.0);
+  ThreadPool::SetWaitTracing(true, /*cpu_time=*/false);
+  jobs(5);
+  ThreadPool::SetWaitTracing(false);
+  w = ThreadPool::TakeWaitStats();
+  EXPECT_EQ(w.jobs, 5);
+  EXPECT_GE(w.caller_between_seconds, 4 * 2e-3);  // the 4 gaps between the 5 jobs
+  EXPECT_GE(w.caller_range_seconds + w.worker_range_seconds, 5 * 2 * 1e-3);
+  EXPECT_EQ(w.caller_range_cpu_seconds + w.worker_range_cpu_seconds, 0.0);  // cpu_time off
+  EXPECT_GE(w.worker_wakes, 1);  // the worker starts most jobs (the caller may take its range)
+  EXPECT_LE(w.worker_wakes, 5);
+  EXPECT_GE(w.worker_wake_seconds, 0.0);
+}
+
 TEST(ThreadPoolTest, ConcurrentCallersAreSerialized) {
   ThreadPool pool(2);
   std::vector<int64_t> sums(4, 0);

@@ -8,6 +8,8 @@ namespace {
 
 // Set while a thread runs a task of some pool: nested ParallelFor calls then run inline.
 thread_local bool t_inside_task = false;
+// When this thread's last traced job ended (0: none yet since tracing began).
+thread_local int64_t t_last_job_end_ns = 0;
 
 // Pause-only polls before yielding starts (~5 us at ~40 ns a pause): long enough to cover the
 // gap between back-to-back ops in decode (SmolLM2-135M at 2 threads: 98% of the gaps between
@@ -36,10 +38,14 @@ bool SpinUntil(Done done, int spin_us) {
 }
 
 // ThreadPool::WaitStats as nanoseconds, summed by every pool's threads while tracing is on.
-std::atomic<bool> g_trace_waits{false};
+std::atomic<bool> g_trace_waits{false}, g_trace_cpu_time{false};
+// Bumped when tracing is switched on: a thread's t_last_job_end_ns from before is stale.
+std::atomic<int64_t> g_trace_epoch{0};
+thread_local int64_t t_trace_epoch = -1;
 std::atomic<int64_t> g_jobs{0}, g_caller_waits{0}, g_caller_wait_ns{0}, g_max_caller_wait_ns{0};
 std::atomic<int64_t> g_caller_range_ns{0}, g_caller_range_cpu_ns{0};
 std::atomic<int64_t> g_worker_range_ns{0}, g_worker_range_cpu_ns{0};
+std::atomic<int64_t> g_caller_between_ns{0}, g_worker_wake_ns{0}, g_worker_wakes{0};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -51,7 +57,11 @@ int64_t ThreadCpuNs() { return static_cast<int64_t>(1e9 * platform::ThreadCpuSec
 
 }  // namespace
 
-void ThreadPool::SetWaitTracing(bool on) { g_trace_waits.store(on, std::memory_order_relaxed); }
+void ThreadPool::SetWaitTracing(bool on, bool cpu_time) {
+  g_trace_cpu_time.store(cpu_time, std::memory_order_relaxed);
+  if (on) g_trace_epoch.fetch_add(1, std::memory_order_relaxed);
+  g_trace_waits.store(on, std::memory_order_relaxed);
+}
 
 ThreadPool::WaitStats ThreadPool::TakeWaitStats() {
   auto take = [](std::atomic<int64_t>& v) { return v.exchange(0, std::memory_order_relaxed); };
@@ -65,6 +75,9 @@ ThreadPool::WaitStats ThreadPool::TakeWaitStats() {
   s.caller_range_cpu_seconds = seconds(g_caller_range_cpu_ns);
   s.worker_range_seconds = seconds(g_worker_range_ns);
   s.worker_range_cpu_seconds = seconds(g_worker_range_cpu_ns);
+  s.caller_between_seconds = seconds(g_caller_between_ns);
+  s.worker_wake_seconds = seconds(g_worker_wake_ns);
+  s.worker_wakes = take(g_worker_wakes);
   return s;
 }
 
@@ -100,7 +113,17 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
     t_inside_task = was_inside;
     return;
   }
+  const bool trace = g_trace_waits.load(std::memory_order_relaxed);
+  if (trace) {
+    const int64_t epoch = g_trace_epoch.load(std::memory_order_relaxed);
+    const int64_t now = NowNs();
+    if (t_trace_epoch == epoch && t_last_job_end_ns != 0) {
+      g_caller_between_ns.fetch_add(now - t_last_job_end_ns, std::memory_order_relaxed);
+    }
+    t_trace_epoch = epoch;
+  }
   std::lock_guard<std::mutex> lock(call_mutex_);
+  if (trace) published_ns_.store(NowNs(), std::memory_order_relaxed);
   job_fn_ = fn;
   job_ctx_ = ctx;
   job_tasks_ = n_tasks;
@@ -111,7 +134,6 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
   // Range 0, then whatever the workers have not started (a worker the OS is not running).
   RunRanges(generation, 0);
 
-  const bool trace = g_trace_waits.load(std::memory_order_relaxed);
   if (trace) g_jobs.fetch_add(1, std::memory_order_relaxed);
   const int64_t wait_start = trace && pending_.load(std::memory_order_acquire) != 0 ? NowNs() : 0;
   // Wait for the ranges that workers are still running: spin, then sleep on `pending_`.
@@ -132,6 +154,7 @@ void ThreadPool::Run(int64_t n_tasks, TaskFn fn, void* ctx) {
     while (waited > longest && !g_max_caller_wait_ns.compare_exchange_weak(longest, waited)) {
     }
   }
+  if (trace) t_last_job_end_ns = NowNs();
 }
 
 void ThreadPool::RunRanges(uint32_t generation, int first_range) {
@@ -146,7 +169,8 @@ void ThreadPool::RunRanges(uint32_t generation, int first_range) {
     StaticRange(job_tasks_, n_threads_, range, &b, &e);
     if (b < e) {
       const bool trace = g_trace_waits.load(std::memory_order_relaxed);
-      const int64_t start = trace ? NowNs() : 0, start_cpu = trace ? ThreadCpuNs() : 0;
+      const bool cpu_time = trace && g_trace_cpu_time.load(std::memory_order_relaxed);
+      const int64_t start = trace ? NowNs() : 0, start_cpu = cpu_time ? ThreadCpuNs() : 0;
       t_inside_task = true;
       job_fn_(job_ctx_, b, e, range);
       t_inside_task = false;
@@ -154,8 +178,10 @@ void ThreadPool::RunRanges(uint32_t generation, int first_range) {
         const bool caller = first_range == 0;
         (caller ? g_caller_range_ns : g_worker_range_ns)
             .fetch_add(NowNs() - start, std::memory_order_relaxed);
-        (caller ? g_caller_range_cpu_ns : g_worker_range_cpu_ns)
-            .fetch_add(ThreadCpuNs() - start_cpu, std::memory_order_relaxed);
+        if (cpu_time) {
+          (caller ? g_caller_range_cpu_ns : g_worker_range_cpu_ns)
+              .fetch_add(ThreadCpuNs() - start_cpu, std::memory_order_relaxed);
+        }
       }
     }
     if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
@@ -192,6 +218,12 @@ void ThreadPool::WorkerLoop(int thread_idx) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
+    if (g_trace_waits.load(std::memory_order_relaxed)) {
+      // published_ns_ may already be a later job's (this worker missed one): a lower bound.
+      g_worker_wake_ns.fetch_add(NowNs() - published_ns_.load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
+      g_worker_wakes.fetch_add(1, std::memory_order_relaxed);
+    }
     RunRanges(g, thread_idx);
   }
 }

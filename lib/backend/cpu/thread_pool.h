@@ -76,9 +76,16 @@ class ThreadPool {
     double caller_range_cpu_seconds = 0;
     double worker_range_seconds = 0;  // wall time of the ranges workers ran
     double worker_range_cpu_seconds = 0;
+    // Wall time a calling thread spent between the end of one of its jobs and the start of its
+    // next: the work outside the pool (a decode step's norms, quantization, sampling).
+    double caller_between_seconds = 0;
+    // Wall time from a job's publication until a worker began its ranges, summed over workers.
+    double worker_wake_seconds = 0;
+    int64_t worker_wakes = 0;
   };
-  // Tracing costs two clock reads and two thread CPU time reads per range; off by default.
-  static void SetWaitTracing(bool on);
+  // Tracing costs a few clock reads per job and range, plus (cpu_time) two reads of the thread's
+  // CPU time per range, which are system calls; off by default.
+  static void SetWaitTracing(bool on, bool cpu_time = true);
   // The sums since the last call (resets them).
   static WaitStats TakeWaitStats();
 
@@ -109,8 +116,9 @@ class ThreadPool {
   TaskFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
   int64_t job_tasks_ = 0;
-  std::atomic<uint32_t> generation_{0};  // futex word: bumped once per job (and at shutdown)
-  std::atomic<uint32_t> pending_{0};     // futex word: ranges of the current job not yet done
+  std::atomic<uint32_t> generation_{0};   // futex word: bumped once per job (and at shutdown)
+  std::atomic<int64_t> published_ns_{0};  // when the current job was published (tracing only)
+  std::atomic<uint32_t> pending_{0};      // futex word: ranges of the current job not yet done
   // claimed_[i] is the generation of the last job whose range i was claimed. Every range of
   // job g-1 was claimed before job g began, so range i of job g is claimed by the one
   // compare-exchange from g-1 to g; a late thread still holding an older g fails it (unless
