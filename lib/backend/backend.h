@@ -71,8 +71,9 @@ class Backend {
   virtual absl::Status MatMulEach(const float* x, int64_t n_tokens,
                                   std::span<const MatMulTarget> targets) {
     for (const MatMulTarget& t : targets) {
-      if (t.w == nullptr)
+      if (t.w == nullptr) {
         return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
+      }
       if (t.w->n_in != targets[0].w->n_in) {
         return absl::InvalidArgumentError("MatMulEach: the weights' n_in differ");
       }
