@@ -471,7 +471,9 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
               w.scores + h * group * n_vis + j0, n_vis);
     chunks_scored[h].fetch_add(1, std::memory_order_release);
   };
-  auto v_unit = [&](const SplitDecodeWorkspace& w, int64_t h, int64_t piece) {
+  // normalized: the head whose probabilities w.p holds (-1: none yet), so a thread that takes two
+  // column pieces of one head normalizes its scores once.
+  auto v_unit = [&](const SplitDecodeWorkspace& w, int64_t h, int64_t piece, int64_t& normalized) {
     // Every score unit was taken before this one; one still running is on another thread.
     for (int spins = 0; chunks_scored[h].load(std::memory_order_acquire) < row_chunks; ++spins) {
       if (spins < 128) {
@@ -482,8 +484,11 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
     }
     const int64_t s0 = col_slices * piece / col_pieces, s1 = col_slices * (piece + 1) / col_pieces;
     const int64_t width = d / col_slices, c0 = s0 * width, n_cols = (s1 - s0) * width;
-    std::copy(w.scores + h * group * n_vis, w.scores + (h + 1) * group * n_vis, w.p);
-    for (int64_t g = 0; g < group; ++g) ScaledSoftmax(k, w.p + g * n_vis, n_vis, scale);
+    if (normalized != h) {
+      std::copy(w.scores + h * group * n_vis, w.scores + (h + 1) * group * n_vis, w.p);
+      for (int64_t g = 0; g < group; ++g) ScaledSoftmax(k, w.p + g * n_vis, n_vis, scale);
+      normalized = h;
+    }
     rows_of(kv.v, v_row_bytes, h, 0, n_vis, RowBytes(v_elem, c0), w.rows);
     std::fill(w.slice, w.slice + group * n_cols, 0.0f);
     k.kv_accumulate_rows(w.slice, w.p, n_vis, group, w.rows, n_vis, v_elem, n_cols);
@@ -493,11 +498,12 @@ void SplitDecodeAttention(ThreadPool& pool, const PagedKvView& kv, const Attenti
   };
   pool.ParallelFor(n_threads, [&](int64_t, int64_t, int thread) {
     const SplitDecodeWorkspace w = workspace(thread);
+    int64_t normalized = -1;
     for (int64_t u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
       if (u < n_score_units) {
         score_unit(w, u / row_chunks, u % row_chunks);
       } else {
-        v_unit(w, (u - n_score_units) / col_pieces, (u - n_score_units) % col_pieces);
+        v_unit(w, (u - n_score_units) / col_pieces, (u - n_score_units) % col_pieces, normalized);
       }
     }
   });
