@@ -910,65 +910,65 @@ inline void UnpackQ6KBytes(const BlockQ6K& b, UnpackedBytes& u) {
         _mm512_dpbusd_epi32(scaled_codes, codes[k], _mm512_shuffle_epi8(s8_lanes, index));
     _mm512_storeu_si512(u.codes + 16 * k, _mm512_sub_epi8(codes[k], _mm512_set1_epi8(32)));
   }
-  // Group g's sum of q - 32 is its code sum - 16 * 32; |offset| <= 128 * 16 * 128 * 512 < 2^31.
-  u.offset = 128 * (_mm512_reduce_add_epi32(scaled_codes) - 512 * _mm512_reduce_add_epi32(scales));
+  // Group g's sum of q - 32 is its code sum - 16 * 32 (lane g of scales: scale_g), one
+  // reduction for both; |offset| <= 128 * 16 * 128 * 512 < 2^31.
+  u.offset =
+      128 * _mm512_reduce_add_epi32(_mm512_sub_epi32(scaled_codes, _mm512_slli_epi32(scales, 9)));
   _mm512_storeu_si512(u.scale, scales);
   u.d = F16(b.d);
   u.dmin = 0.0f;
 }
 
-// acc[r][g0 + c] (lane t: row r, token t of group g0 + c) plus the float step of one
+constexpr int kPackedMinTokens = 8;  // below: the per-token path (TileRowsK512)
+constexpr int kPackedGroups = 4;     // token groups of 16 per pass over the weights
+
+// acc[r][16 (g0 + c) + t] (row r, token t of group g0 + c) plus the float step of one
 // super-block, for kRows weight rows and kGroups token groups p[c]: each weight dword broadcast
 // once for the kGroups groups, each activation load shared by the kRows rows. (noinline: inlined
 // into PackedRowsK512 with both group counts, the one-group pass of Q4_K/Q5_K ran at half speed.)
 template <bool kQ6K, int kRows, int kGroups>
 __attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
-                                               const PackedQ8KGroup* const* p, __m512 acc[][4],
-                                               int g0) {
+                                               const PackedQ8KGroup* const* p,
+                                               float (*acc)[16 * kPackedGroups], int g0) {
   // Q4_K/Q5_K: 8 sub-blocks of 8 dwords; Q6_K: 16 groups of 4. (Unroll: every register array
   // indexed by constants, see unroll.h; with loops GCC kept isum on the stack and copied the
   // chains between registers every k.)
   constexpr int kScales = kQ6K ? 16 : 8, kDwords = 64 / kScales;
-  // msum (Q4_K/Q5_K; Q6_K has none, see PackedQ8KGroup). First: its chains then overlap the
-  // main loop's instead of delaying the float step. (Zen 5, 4 rows x 2 groups with the data in
-  // L1: this first and 4 pairs instead of 8 took it from 62% to 70% of the int8 peak; the dot
-  // products, the scale multiplies, the minimums and the float step share the two multiply
-  // pipes, cpu_ops_bench --peak.)
-  constexpr int kPairs = kQ6K ? 0 : 4;
-  __m512i aux[kRows][kGroups];
-  Unroll<kRows>(
-      [&](auto r) { Unroll<kGroups>([&](auto c) { aux[r][c] = _mm512_setzero_si512(); }); });
-  Unroll<kPairs>([&](auto q) {
-    __m512i b[kGroups];
-    Unroll<kGroups>([&](auto c) { b[c] = _mm512_load_si512(p[c]->bsums[q]); });
-    Unroll<kRows>([&](auto r) {
-      const __m512i pair = _mm512_set1_epi32(u[r].pair[q]);
-      Unroll<kGroups>([&](auto c) { aux[r][c] = _mm512_dpwssd_epi32(aux[r][c], b[c], pair); });
-    });
-  });
+  // Two scale groups at a time, their dword steps interleaved: 2 x kRows x kGroups independent
+  // vpdpbusd chains. With the 8 chains of one group this core (2 vpdpbusd a cycle, 4 cycles of
+  // latency) ran at 89% of its rate on vpdpbusd alone and the K-quants' loop well below the
+  // instruction mix's bound; two groups made the 1536 x 576 x 512-token tiles 2-4% faster
+  // (Zen 5).
+  constexpr int kInterleave = 2;
   __m512i isum[kRows][kGroups];
   Unroll<kRows>(
       [&](auto r) { Unroll<kGroups>([&](auto c) { isum[r][c] = _mm512_setzero_si512(); }); });
-  for (int j = 0; j < kScales; ++j) {
-    __m512i s[kRows][kGroups];
-    Unroll<kRows>(
-        [&](auto r) { Unroll<kGroups>([&](auto c) { s[r][c] = _mm512_setzero_si512(); }); });
+  for (int j0 = 0; j0 < kScales; j0 += kInterleave) {
+    __m512i s[kInterleave][kRows][kGroups];
+    Unroll<kInterleave>([&](auto h) {
+      Unroll<kRows>(
+          [&](auto r) { Unroll<kGroups>([&](auto c) { s[h][r][c] = _mm512_setzero_si512(); }); });
+    });
     Unroll<kDwords>([&](auto kk) {
-      const int k = kDwords * j + kk;
-      __m512i a[kGroups];
-      Unroll<kGroups>([&](auto c) { a[c] = _mm512_load_si512(p[c]->qs[k]); });
-      Unroll<kRows>([&](auto r) {
-        const __m512i w = _mm512_set1_epi32(u[r].codes[k]);
-        Unroll<kGroups>([&](auto c) {  // the unsigned operand first
-          s[r][c] =
-              kQ6K ? _mm512_dpbusd_epi32(s[r][c], a[c], w) : _mm512_dpbusd_epi32(s[r][c], w, a[c]);
+      Unroll<kInterleave>([&](auto h) {
+        const int k = kDwords * (j0 + h) + kk;
+        __m512i a[kGroups];
+        Unroll<kGroups>([&](auto c) { a[c] = _mm512_load_si512(p[c]->qs[k]); });
+        Unroll<kRows>([&](auto r) {
+          const __m512i w = _mm512_set1_epi32(u[r].codes[k]);
+          Unroll<kGroups>([&](auto c) {  // the unsigned operand first
+            s[h][r][c] = kQ6K ? _mm512_dpbusd_epi32(s[h][r][c], a[c], w)
+                              : _mm512_dpbusd_epi32(s[h][r][c], w, a[c]);
+          });
         });
       });
     });
-    Unroll<kRows>([&](auto r) {
-      const __m512i scale = _mm512_set1_epi32(u[r].scale[j]);
-      Unroll<kGroups>([&](auto c) {
-        isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(s[r][c], scale));
+    Unroll<kInterleave>([&](auto h) {
+      Unroll<kRows>([&](auto r) {
+        const __m512i scale = _mm512_set1_epi32(u[r].scale[j0 + h]);
+        Unroll<kGroups>([&](auto c) {
+          isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(s[h][r][c], scale));
+        });
       });
     });
   }
@@ -981,39 +981,45 @@ __attribute__((noinline)) void DotPackedGroups(const UnpackedBytes* u,
         term = _mm512_mul_ps(
             d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][c], _mm512_set1_epi32(u[r].offset))));
       } else {
+        // msum: 4 vpdpwssd on the sub-block pairs. After the main loop, so that its registers
+        // are free for the interleaved chains (computed first, they were live throughout).
+        __m512i msum = _mm512_setzero_si512();
+        Unroll<4>([&](auto q) {
+          msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(p[c]->bsums[q]),
+                                     _mm512_set1_epi32(u[r].pair[q]));
+        });
         const __m512 dmin = _mm512_mul_ps(ad, _mm512_set1_ps(u[r].dmin));
         term = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r][c])),
-                             _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(aux[r][c])));
+                             _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
       }
-      acc[r][g0 + c] = _mm512_add_ps(acc[r][g0 + c], term);
+      float* lanes = &acc[r][16 * (g0 + c)];
+      _mm512_store_ps(lanes, _mm512_add_ps(_mm512_load_ps(lanes), term));
     });
   });
 }
 
-constexpr int kPackedMinTokens = 8;  // below: the per-token path (TileRowsK512)
-constexpr int kPackedGroups = 4;     // token groups of 16 per pass over the weights
-constexpr int kPackedRows = 4;       // weight rows sharing each activation load
+constexpr int kPackedRows = 4;  // weight rows sharing each activation load
 // Rows whose outputs are gathered before they are stored, so that a token's 16 outputs fill one
 // cache line: stored 4 rows at a time, each token's line (out_stride apart: with a 4,096-float
 // stride all 64 fall into one L1 set) came back once per 4 rows.
 constexpr int kStoreRows = 16;
 
-// out[t * out_stride + r] for the n_tokens tokens packed in `packed` ([n_groups][nb]) and rows
-// r0 .. r0 + kRows - 1 (r0 a multiple of 4 when kRows is 4). Each row's super-blocks are
-// prefetched 4 ahead: the 4 interleaved row streams of a matrix larger than L2 are not followed
-// by the hardware prefetcher. (noinline: inlined into the kStoreRows loop, GCC 12's code ran 25%
-// slower.)
+// acc[r][t] = row r0 + r's dot with token t, for the n_tokens tokens packed in `packed`
+// ([n_groups][nb]) and rows r0 .. r0 + kRows - 1 (r0 a multiple of 4 when kRows is 4). Each
+// row's super-blocks are prefetched 4 ahead: the 4 interleaved row streams of a matrix larger
+// than L2 are not followed by the hardware prefetcher. (noinline: inlined into the kStoreRows
+// loop, GCC 12's code ran 25% slower.)
 template <int kRows, typename Block, bool kQ6K, typename UnpackFn>
 __attribute__((noinline)) void PackedRowsK512(int64_t nb, const SuperBlockRows& rows, int r0,
                                               const PackedQ8KGroup* packed, int n_tokens,
-                                              float* out, size_t out_stride, UnpackFn unpack) {
+                                              float (*acc)[16 * kPackedGroups], UnpackFn unpack) {
   const uint8_t* w = rows.Row(r0);
   const int n_groups = (n_tokens + 15) / 16;
   // Every group zeroed, unrolled: the loop over n_groups became a rep stos a row (2.5% of a
   // 512-token Q4_K tile).
-  __m512 acc[kRows][kPackedGroups];
-  Unroll<kRows>(
-      [&](auto r) { Unroll<kPackedGroups>([&](auto g) { acc[r][g] = _mm512_setzero_ps(); }); });
+  Unroll<kRows>([&](auto r) {
+    Unroll<kPackedGroups>([&](auto g) { _mm512_store_ps(&acc[r][16 * g], _mm512_setzero_ps()); });
+  });
   for (int64_t i = 0; i < nb; ++i) {
     UnpackedBytes u[kRows];
     for (int r = 0; r < kRows; ++r) {
@@ -1031,14 +1037,6 @@ __attribute__((noinline)) void PackedRowsK512(int64_t nb, const SuperBlockRows& 
     if (g < n_groups) {
       const PackedQ8KGroup* p[1] = {&packed[g * nb + i]};
       DotPackedGroups<kQ6K, kRows, 1>(u, p, acc, g);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int g = 0; g < n_groups; ++g) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, acc[r][g]);
-      const int count = n_tokens - 16 * g < 16 ? n_tokens - 16 * g : 16;
-      for (int t = 0; t < count; ++t) out[(16 * g + t) * out_stride + r] = lanes[t];
     }
   }
 }
@@ -1061,19 +1059,28 @@ inline void VecDotTilePackedK512(int64_t n, const SuperBlockRows& w, int n_rows,
       const int rows = n_rows - r0 < kStoreRows ? n_rows - r0 : kStoreRows;
       // The copy's last quad is computed whole (its rows past n_rows are zero).
       const int computed = w.whole_quads ? (rows + kQuadRows - 1) / kQuadRows * kQuadRows : rows;
-      alignas(64) float tile[16 * kPackedGroups][kStoreRows];  // [token][row]
+      alignas(64) float tile[kStoreRows][16 * kPackedGroups];  // [row][token]
       int r = 0;
       for (; r + kPackedRows <= computed; r += kPackedRows) {
-        PackedRowsK512<kPackedRows, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[0][r],
-                                                 kStoreRows, unpack);
+        PackedRowsK512<kPackedRows, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[r], unpack);
       }
       for (; r < computed; ++r) {
-        PackedRowsK512<1, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[0][r], kStoreRows,
-                                       unpack);
+        PackedRowsK512<1, Block, kQ6K>(nb, w, r0 + r, packed, tokens, &tile[r], unpack);
       }
+      // A 16 x 16 transpose per token group: token t's outputs of the rows are one masked store
+      // (stored one float at a time from each row's vector, they took 4% of a Q6_K tile).
       const __mmask16 store = static_cast<__mmask16>((1u << rows) - 1);
-      for (int t = 0; t < tokens; ++t) {
-        _mm512_mask_storeu_ps(o + t * out_stride + r0, store, _mm512_load_ps(tile[t]));
+      for (int g = 0; 16 * g < tokens; ++g) {
+        __m512i v[16];
+        for (int i = 0; i < 16; ++i) {
+          v[i] = i < computed ? _mm512_load_si512(&tile[i][16 * g]) : _mm512_setzero_si512();
+        }
+        Transpose16x16(v);
+        const int count = tokens - 16 * g < 16 ? tokens - 16 * g : 16;
+        for (int t = 0; t < count; ++t) {
+          _mm512_mask_storeu_ps(o + (16 * g + t) * out_stride + r0, store,
+                                _mm512_castsi512_ps(v[t]));
+        }
       }
     }
   }
