@@ -7,6 +7,18 @@
 
 namespace kiln {
 
+absl::Status CheckMatMulTargets(std::span<const MatMulTarget> targets) {
+  for (const MatMulTarget& t : targets) {
+    if (t.w == nullptr) return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
+    if (t.w->n_in != targets[0].w->n_in) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "MatMulEach: %s takes %d inputs, %s %d: one input must fit every weight",
+          std::string(t.w->name), t.w->n_in, std::string(targets[0].w->name), targets[0].w->n_in));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string DescribeBackends() {
   std::string out = StrCat("cpu: ", CpuLevelName(BestCpuLevel()),
                            " kernels (CPU features: ", GetCpuFeatures().ToString(), ")\n");

@@ -70,14 +70,7 @@ class Backend {
   // may prepare the input once and run the matrices as one job; this default runs MatMul on each.
   virtual absl::Status MatMulEach(const float* x, int64_t n_tokens,
                                   std::span<const MatMulTarget> targets) {
-    for (const MatMulTarget& t : targets) {
-      if (t.w == nullptr) {
-        return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
-      }
-      if (t.w->n_in != targets[0].w->n_in) {
-        return absl::InvalidArgumentError("MatMulEach: the weights' n_in differ");
-      }
-    }
+    KILN_RETURN_IF_ERROR(CheckMatMulTargets(targets));
     for (const MatMulTarget& t : targets) KILN_RETURN_IF_ERROR(MatMul(*t.w, x, n_tokens, t.y));
     return absl::OkStatus();
   }

@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "lib/common/ggml_type.h"
+#include "lib/common/status.h"
 
 namespace kiln {
 
@@ -70,5 +72,8 @@ struct MatMulTarget {
   const WeightView* w = nullptr;
   float* y = nullptr;  // [n_tokens, w->n_out]
 };
+
+// InvalidArgument unless every target has a weight and all take the same n_in (one input).
+absl::Status CheckMatMulTargets(std::span<const MatMulTarget> targets);
 
 }  // namespace kiln

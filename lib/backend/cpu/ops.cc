@@ -433,14 +433,7 @@ absl::Status MatMulEach(ThreadPool& pool, const float* x, int64_t n_tokens,
   if (n_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("MatMulEach: n_tokens %d < 0", n_tokens));
   }
-  for (const MatMulTarget& t : targets) {
-    if (t.w == nullptr) return absl::InvalidArgumentError("MatMulEach: a target's weight is null");
-    if (t.w->n_in != targets[0].w->n_in) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "MatMulEach: %s takes %d inputs, %s %d: one input must fit every weight",
-          std::string(t.w->name), t.w->n_in, std::string(targets[0].w->name), targets[0].w->n_in));
-    }
-  }
+  KILN_RETURN_IF_ERROR(CheckMatMulTargets(targets));
   // Up to kMaxJobs matrices a job (no allocation a call; a layer has at most three).
   constexpr size_t kMaxJobs = 4;
   for (size_t first = 0; first < targets.size(); first += kMaxJobs) {
