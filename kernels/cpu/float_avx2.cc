@@ -243,5 +243,9 @@ void VecDotTileF16F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows,
                           size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   Tile<LoadF16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
+void VecDotTileBf16F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                           size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  Tile<LoadBf16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
 
 }  // namespace kiln::quant

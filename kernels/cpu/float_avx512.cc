@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL) dot kernels of the float types (F32, F16, BF16 weights; F32 activations) and
-// the rows x tokens tiles of F32 and F16. Compiled with -ffp-contract=off
+// the rows x tokens tiles of all three. Compiled with -ffp-contract=off
 // (kernels/cpu/CMakeLists.txt); every FMA is explicit.
 //
 // Dot order: the one of every level (legacy.h, "Float types"): elements in chunks of 64; element
@@ -236,6 +236,10 @@ void VecDotTileF32F32Avx512(int64_t n, const void* w, size_t w_stride, int n_row
 void VecDotTileF16F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                             size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   Tile<LoadF16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
+void VecDotTileBf16F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                             size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  Tile<LoadBf16>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
 
 float VecDotF32F32Avx512(int64_t n, const void* w, const void* a) { return Dot<LoadF32>(n, w, a); }

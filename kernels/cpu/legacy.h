@@ -163,20 +163,24 @@ float VecDotF32F32Avx512(int64_t n, const void* w, const void* a);
 float VecDotF16F32Avx512(int64_t n, const void* w, const void* a);
 float VecDotBf16F32Avx512(int64_t n, const void* w, const void* a);
 
-// Rows x tokens tiles (QuantKernels::vec_dot_tile) of F32 and F16 weights x F32 activations:
+// Rows x tokens tiles (QuantKernels::vec_dot_tile) of F32, F16 and BF16 weights x F32 activations:
 // out[t * out_stride + r] = the same level's vec_dot of weight row r and activation row t, bit
 // for bit (the dot order above, per pair); register tiles of several rows and tokens, each
 // accumulator lane group in turn, when n % 64 == 0; vec_dot per pair otherwise. The scalar
-// references are VecDotTileF32F32Ref and VecDotTileF16F32Ref (lib/quant/float_types.cc):
-// the scalar vec_dot per pair.
+// references are VecDotTileF32F32Ref, VecDotTileF16F32Ref and VecDotTileBf16F32Ref
+// (lib/quant/float_types.cc): the scalar vec_dot per pair.
 void VecDotTileF32F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                           size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void VecDotTileF16F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                           size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileBf16F32Avx2(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                           size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void VecDotTileF32F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                             size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void VecDotTileF16F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                             size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileBf16F32Avx512(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                             size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 // --- MatMul's activation quantizers (rules: lib/quant/activation.h), AVX2 and AVX-512
 // (kernels/cpu/activation_avx2.cc, activation_avx512.cc): the same bytes as the scalar ones.

@@ -118,13 +118,17 @@ void VecDotTileF16F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, 
                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
   TilePerPair<VecDotF16F32Ref>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
 }
+void VecDotTileBf16F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                          size_t a_stride, int n_tokens, float* out, size_t out_stride) {
+  TilePerPair<VecDotBf16F32Ref>(n, w, w_stride, n_rows, a, a_stride, n_tokens, out, out_stride);
+}
 
 }  // namespace quant
 
 void RegisterFloatTypes(QuantRegistry& r, CpuLevel level) {
   using namespace quant;
-  // MatMul runs the tiles (F32 and F16; BF16 keeps vec_dot) for two or more tokens: decode's one
-  // token streams each weight row once either way.
+  // MatMul runs the tiles for two or more tokens: decode's one token streams each weight row once
+  // either way.
   auto set = [&r](GgmlType t, QuantizeRowFn q, DequantizeRowFn dq, VecDotFn dot,
                   VecDotTileFn tile = nullptr) {
     QuantKernels& k = r[t];
@@ -141,18 +145,20 @@ void RegisterFloatTypes(QuantRegistry& r, CpuLevel level) {
           VecDotTileF32F32Ref);
       set(GgmlType::kF16, QuantizeRowF16Ref, DequantizeRowF16Ref, VecDotF16F32Ref,
           VecDotTileF16F32Ref);
-      set(GgmlType::kBF16, QuantizeRowBf16Ref, DequantizeRowBf16Ref, VecDotBf16F32Ref);
+      set(GgmlType::kBF16, QuantizeRowBf16Ref, DequantizeRowBf16Ref, VecDotBf16F32Ref,
+          VecDotTileBf16F32Ref);
       break;
     case CpuLevel::kAvx2:
       set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx2, VecDotTileF32F32Avx2);
       set(GgmlType::kF16, QuantizeRowF16Avx2, DequantizeRowF16Avx2, VecDotF16F32Avx2,
           VecDotTileF16F32Avx2);
-      set(GgmlType::kBF16, QuantizeRowBf16Avx2, DequantizeRowBf16Avx2, VecDotBf16F32Avx2);
+      set(GgmlType::kBF16, QuantizeRowBf16Avx2, DequantizeRowBf16Avx2, VecDotBf16F32Avx2,
+          VecDotTileBf16F32Avx2);
       break;
     case CpuLevel::kAvx512:
       set(GgmlType::kF32, nullptr, nullptr, VecDotF32F32Avx512, VecDotTileF32F32Avx512);
       set(GgmlType::kF16, nullptr, nullptr, VecDotF16F32Avx512, VecDotTileF16F32Avx512);
-      set(GgmlType::kBF16, nullptr, nullptr, VecDotBf16F32Avx512);
+      set(GgmlType::kBF16, nullptr, nullptr, VecDotBf16F32Avx512, VecDotTileBf16F32Avx512);
       break;
   }
 }

@@ -47,11 +47,14 @@ void DequantizeRowBf16Ref(const void* x, float* y, int64_t n);
 float VecDotF32F32Ref(int64_t n, const void* w, const void* a);
 float VecDotF16F32Ref(int64_t n, const void* w, const void* a);
 float VecDotBf16F32Ref(int64_t n, const void* w, const void* a);
-// The plain rows x tokens tiles of F32 and F16 weights (VecDotTileFn): the Ref vec_dot of every
-// (row, token) pair; what the AVX2 and AVX-512 tiles (kernels/cpu/legacy.h) are checked against.
+// The plain rows x tokens tiles of F32, F16 and BF16 weights (VecDotTileFn): the Ref vec_dot of
+// every (row, token) pair; what the AVX2 and AVX-512 tiles (kernels/cpu/legacy.h) are checked
+// against.
 void VecDotTileF32F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride);
 void VecDotTileF16F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
                          size_t a_stride, int n_tokens, float* out, size_t out_stride);
+void VecDotTileBf16F32Ref(int64_t n, const void* w, size_t w_stride, int n_rows, const void* a,
+                          size_t a_stride, int n_tokens, float* out, size_t out_stride);
 
 }  // namespace kiln::quant

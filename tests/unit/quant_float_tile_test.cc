@@ -1,9 +1,9 @@
-// Rows x tokens tiles of F32 and F16 weights x F32 activations (QuantKernels::vec_dot_tile,
+// Rows x tokens tiles of F32, F16 and BF16 weights x F32 activations (QuantKernels::vec_dot_tile,
 // kernels/cpu/float_avx2.cc and float_avx512.cc; MLA's decompression matmuls K = C W_UKᵀ and
 // V = C W_UV run on them): every level's tile bitwise equal to the plain reference tile
-// (VecDotTileF32F32Ref / VecDotTileF16F32Ref: the scalar vec_dot per pair) and to its own level's
-// vec_dot, for row lengths with and without a partial 64-element chunk, row and token counts
-// with tails below the register tiles, and padded strides; MatMul on float weights (the tile
+// (VecDotTileF32F32Ref / F16F32Ref / Bf16F32Ref: the scalar vec_dot per pair) and to its own
+// level's vec_dot, for row lengths with and without a partial 64-element chunk, row and token
+// counts with tails below the register tiles, and padded strides; MatMul on float weights (the tile
 // path for two or more tokens) batch invariant with 1 and 2 threads.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 namespace kiln {
 namespace {
 
-constexpr GgmlType kFloatTileTypes[] = {GgmlType::kF32, GgmlType::kF16};
+constexpr GgmlType kFloatTileTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16};
 
 size_t ElemBytes(GgmlType t) { return t == GgmlType::kF32 ? 4 : 2; }
 
@@ -37,7 +37,7 @@ std::vector<uint8_t> RandomRows(GgmlType type, int64_t n, int rows, size_t strid
       if (type == GgmlType::kF32) {
         std::memcpy(dst, &v, 4);
       } else {
-        const uint16_t h = Fp32ToFp16(v);
+        const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(v) : Fp32ToBf16(v);
         std::memcpy(dst, &h, 2);
       }
     }
@@ -46,7 +46,14 @@ std::vector<uint8_t> RandomRows(GgmlType type, int64_t n, int rows, size_t strid
 }
 
 VecDotTileFn ReferenceTile(GgmlType type) {
-  return type == GgmlType::kF32 ? quant::VecDotTileF32F32Ref : quant::VecDotTileF16F32Ref;
+  switch (type) {
+    case GgmlType::kF32:
+      return quant::VecDotTileF32F32Ref;
+    case GgmlType::kF16:
+      return quant::VecDotTileF16F32Ref;
+    default:
+      return quant::VecDotTileBf16F32Ref;
+  }
 }
 
 TEST(FloatTile, RegisteredAtEveryLevel) {
