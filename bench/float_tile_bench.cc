@@ -1,4 +1,4 @@
-// The float tile kernels (QuantKernels::vec_dot_tile of F32 / F16 weights x F32 activations,
+// The float tile kernels (QuantKernels::vec_dot_tile of F32 / F16 / BF16 weights x F32 activations,
 // kernels/cpu/float_avx2.cc and float_avx512.cc) against vec_dot per (row, token) pair (what
 // MatMul ran on float weights before them) and against the CPU's f32 FMA peak, on one thread.
 // Times are the thread's CPU time, so a loaded machine's time-sharing does not count (its
@@ -117,8 +117,11 @@ int main(int argc, char** argv) {
   std::vector<float> out(rows * tokens);
   for (float& v : w32) v = dist(rng);
   for (float& v : a) v = dist(rng);
-  std::vector<uint16_t> w16(w32.size());
-  for (size_t i = 0; i < w32.size(); ++i) w16[i] = kiln::Fp32ToFp16(w32[i]);
+  std::vector<uint16_t> w16(w32.size()), wbf16(w32.size());
+  for (size_t i = 0; i < w32.size(); ++i) {
+    w16[i] = kiln::Fp32ToFp16(w32[i]);
+    wbf16[i] = kiln::Fp32ToBf16(w32[i]);
+  }
   const double macs = static_cast<double>(rows) * static_cast<double>(n) * tokens;
   std::printf(
       "float tiles: %lld rows x %lld tokens, n %lld; one thread, thread CPU time, best of 3\n",
@@ -139,11 +142,14 @@ int main(int argc, char** argv) {
   for (kiln::CpuLevel level :
        {kiln::CpuLevel::kScalar, kiln::CpuLevel::kAvx2, kiln::CpuLevel::kAvx512}) {
     if (static_cast<int>(level) > static_cast<int>(best)) continue;
-    for (kiln::GgmlType type : {kiln::GgmlType::kF32, kiln::GgmlType::kF16}) {
+    for (kiln::GgmlType type :
+         {kiln::GgmlType::kF32, kiln::GgmlType::kF16, kiln::GgmlType::kBF16}) {
       const kiln::QuantKernels* k = kiln::GetQuantKernels(type, level);
       if (k == nullptr || k->vec_dot_tile == nullptr) continue;
       const bool f32 = type == kiln::GgmlType::kF32;
-      const void* w = f32 ? static_cast<const void*>(w32.data()) : w16.data();
+      const void* w = f32                            ? static_cast<const void*>(w32.data())
+                      : type == kiln::GgmlType::kF16 ? w16.data()
+                                                     : wbf16.data();
       const size_t w_stride = static_cast<size_t>(n) * (f32 ? 4 : 2);
       const size_t a_stride = static_cast<size_t>(n) * 4;
       // As MatMul calls it: blocks of 16 weight rows, each over all tokens.
@@ -164,7 +170,8 @@ int main(int argc, char** argv) {
           },
           min_s);
       std::printf("%-7s %-4s %22.2f %22.2f %7.1fx\n", kiln::CpuLevelName(level),
-                  f32 ? "f32" : "f16", macs / pairs / 1e9, macs / tile / 1e9, pairs / tile);
+                  kiln::GgmlTypeName(static_cast<uint32_t>(type)).c_str(), macs / pairs / 1e9,
+                  macs / tile / 1e9, pairs / tile);
     }
   }
   return 0;
