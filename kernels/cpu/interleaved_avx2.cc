@@ -53,12 +53,6 @@ inline __m256 HalvesToFloats(const uint8_t (*h)[2]) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
-inline float HalfToFloat(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return _cvtsh_ss(v);
-}
-
 // Weights stream from memory once per call (kernels/cpu/prefetch.h).
 template <typename Block>
 inline void PrefetchAhead(const Block* w, int64_t b) {
@@ -163,8 +157,8 @@ struct MinFormat {
   using ActBlock = BlockQ8_1;
   using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = HalfToFloat(a.d);
-    *aux = HalfToFloat(a.s);
+    *d = interleaved::HalfToFloat(a.d);
+    *aux = interleaved::HalfToFloat(a.s);
   }
   // Octet `half` of one group x T tokens; a: the T tokens' rows; d, aux: their scales (stride
   // nb). flatten: keep the Unroll lambdas inline (as in the AVX-512 kernels).
@@ -208,8 +202,8 @@ struct OffsetFormat {
   using ActBlock = BlockQ8_0;
   using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = HalfToFloat(a.d);
-    *aux = -kOffset * SumQs(a);
+    *d = interleaved::HalfToFloat(a.d);
+    *aux = -kOffset * interleaved::SumQsSad(a);
   }
   template <int T>
   __attribute__((flatten)) static void Tile(const Block* w, int64_t nb, int half, const uint8_t* a,
@@ -264,7 +258,7 @@ struct Q8_0Format {
   using ActBlock = BlockQ8_0;
   using Aux = float;  // unused
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = HalfToFloat(a.d);
+    *d = interleaved::HalfToFloat(a.d);
     *aux = 0.0f;
   }
   template <int T>

@@ -260,8 +260,8 @@ struct MinFormat {
   using ActBlock = BlockQ8_1;
   using Aux = float;  // sa: f32 of the activation block's s (d * Σ qa)
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = LoadHalf(a.d);
-    *aux = LoadHalf(a.s);
+    *d = interleaved::HalfToFloat(a.d);
+    *aux = interleaved::HalfToFloat(a.s);
   }
   // One group of 16 rows x T tokens; a: the T tokens' rows; d, aux: their scales (stride nb).
   // flatten: GCC otherwise leaves some Unroll lambdas as calls (2-4x slower at 3-7 tokens).
@@ -325,8 +325,8 @@ struct OffsetFormat {
   using ActBlock = BlockQ8_0;
   using Aux = int32_t;  // -kOffset * Σ qa: the correction for the weights' offset
   static void Scales(const ActBlock& a, float* d, Aux* aux) {
-    *d = LoadHalf(a.d);
-    *aux = -kOffset * SumQs(a);
+    *d = interleaved::HalfToFloat(a.d);
+    *aux = -kOffset * interleaved::SumQsSad(a);
   }
   template <int T, typename Src>
   __attribute__((flatten)) static void Tile(const Src& w, int64_t nb, const uint8_t* a,

@@ -98,13 +98,6 @@ static inline void StoreHalf(uint8_t* p, float f) {
   const uint16_t h = Fp32ToFp16(f);
   std::memcpy(p, &h, 2);
 }
-// Σ qs of an activation block: the integer-order kernels' correction for weights stored with an
-// offset (Q4_0's 8, Q5_0's 16, Q8_0's 128 when read as unsigned bytes) is -offset * this.
-static inline int32_t SumQs(const BlockQ8_0& a) {
-  int32_t sum = 0;
-  for (int8_t v : a.qs) sum += v;
-  return sum;
-}
 
 // --- AVX2 + FMA + F16C (kernels/cpu/legacy_avx2.cc). Same signatures and results as the scalar
 // references (kernels/cpu/legacy.h) for quantize/dequantize; dots follow the SIMD order documented
