@@ -28,8 +28,8 @@ static inline float HalfToFloat(const uint8_t* p) {
 
 // Σ qs of an activation block, by vpsadbw on the bytes + 128, eight at a time: the correction
 // for weights stored with an offset (Q4_0's 8, Q5_0's 16, Q8_0's 128 when read as unsigned
-// bytes) is -offset * this. (32 widened adds and a software f16 conversion took about 50
-// instructions a block: 3-8% of a 576 x 192 matrix's call, whose 12 groups of rows share them.)
+// bytes) is -offset * this. Once per (token, block) a call, so it weighs most where few rows
+// share it (a 576 x 192 matrix: 12 groups of 16).
 static inline int32_t SumQsSad(const BlockQ8_0& a) {
   const __m256i biased = _mm256_xor_si256(
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)), _mm256_set1_epi8(-128));
